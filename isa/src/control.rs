@@ -1,0 +1,241 @@
+//! Operands and answers of the control opcodes HELLO and STAT.
+
+use crate::limits::{MAX_REGION_NAME_BYTES, MAX_STAT_ENTRIES, MAX_STAT_NAME_BYTES};
+use crate::status::Status;
+use crate::wire::DecodeError;
+
+/// Bytes of the HELLO operand: requested datagram size (u32), reserved (u32).
+pub const HELLO_OPERAND_LEN: usize = 8;
+/// Bytes of the fixed part of the HELLO answer.
+pub const HELLO_ANSWER_FIXED_LEN: usize = 16;
+/// Bytes of a region entry before its name.
+pub const REGION_ENTRY_FIXED_LEN: usize = 12;
+/// Region entry flag: the region is persistent.
+pub const REGION_FLAG_PERSISTENT: u8 = 0x01;
+
+/// Encodes the HELLO operand.
+pub fn encode_hello_operand(max_datagram_bytes: u32) -> [u8; HELLO_OPERAND_LEN] {
+    let mut operand = [0u8; HELLO_OPERAND_LEN];
+    operand[0..4].copy_from_slice(&max_datagram_bytes.to_le_bytes());
+    operand
+}
+
+/// Decodes the HELLO operand: the datagram size the initiator asks for.
+pub fn decode_hello_operand(operand: &[u8]) -> Result<u32, Status> {
+    if operand.len() != HELLO_OPERAND_LEN || operand[4..8] != [0; 4] {
+        return Err(Status::Malformed);
+    }
+    Ok(u32::from_le_bytes([operand[0], operand[1], operand[2], operand[3]]))
+}
+
+/// One region as HELLO lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// The id instructions address it by.
+    pub id: u16,
+    /// Its name.
+    pub name: String,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// Whether acknowledged writes are persisted.
+    pub persistent: bool,
+}
+
+/// What HELLO answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloAnswer {
+    /// Session id for the initiator's requests.
+    pub session: u32,
+    /// Negotiated datagram size: the smaller of both sides' limits.
+    pub max_datagram_bytes: u32,
+    /// Instructions per datagram the target accepts.
+    pub max_instructions: u16,
+    /// The regions the target serves.
+    pub regions: Vec<RegionInfo>,
+}
+
+/// Writes the HELLO answer into `out` without allocating; returns its length.
+pub fn encode_hello_answer<'r>(
+    out: &mut [u8],
+    session: u32,
+    max_datagram_bytes: u32,
+    max_instructions: u16,
+    regions: impl ExactSizeIterator<Item = (u16, &'r str, u64, bool)>,
+) -> Result<usize, Status> {
+    let count = u16::try_from(regions.len()).map_err(|_| Status::TooLarge)?;
+    if out.len() < HELLO_ANSWER_FIXED_LEN {
+        return Err(Status::TooLarge);
+    }
+    out[0..4].copy_from_slice(&session.to_le_bytes());
+    out[4..8].copy_from_slice(&max_datagram_bytes.to_le_bytes());
+    out[8..10].copy_from_slice(&max_instructions.to_le_bytes());
+    out[10..12].copy_from_slice(&count.to_le_bytes());
+    out[12..16].fill(0);
+    let mut len = HELLO_ANSWER_FIXED_LEN;
+    for (id, name, size_bytes, persistent) in regions {
+        assert!(name.len() <= MAX_REGION_NAME_BYTES, "region names are validated at start-up");
+        let end = len + REGION_ENTRY_FIXED_LEN + name.len();
+        if end > out.len() {
+            return Err(Status::TooLarge);
+        }
+        let entry = &mut out[len..end];
+        entry[0..2].copy_from_slice(&id.to_le_bytes());
+        entry[2] = if persistent { REGION_FLAG_PERSISTENT } else { 0 };
+        entry[3] = name.len() as u8;
+        entry[4..12].copy_from_slice(&size_bytes.to_le_bytes());
+        entry[12..].copy_from_slice(name.as_bytes());
+        len = end;
+    }
+    Ok(len)
+}
+
+/// Decodes a HELLO answer.
+pub fn decode_hello_answer(data: &[u8]) -> Result<HelloAnswer, DecodeError> {
+    if data.len() < HELLO_ANSWER_FIXED_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    let count = u16::from_le_bytes([data[10], data[11]]);
+    if data[12..16] != [0; 4] {
+        return Err(DecodeError::ReservedNotZero);
+    }
+    let mut regions = Vec::with_capacity(usize::from(count));
+    let mut rest = &data[HELLO_ANSWER_FIXED_LEN..];
+    for _ in 0..count {
+        if rest.len() < REGION_ENTRY_FIXED_LEN {
+            return Err(DecodeError::Truncated);
+        }
+        let name_len = usize::from(rest[3]);
+        let end = REGION_ENTRY_FIXED_LEN + name_len;
+        if rest.len() < end {
+            return Err(DecodeError::Truncated);
+        }
+        if rest[2] & !REGION_FLAG_PERSISTENT != 0 {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        let mut size = [0u8; 8];
+        size.copy_from_slice(&rest[4..12]);
+        regions.push(RegionInfo {
+            id: u16::from_le_bytes([rest[0], rest[1]]),
+            name: String::from_utf8_lossy(&rest[REGION_ENTRY_FIXED_LEN..end]).into_owned(),
+            size_bytes: u64::from_le_bytes(size),
+            persistent: rest[2] & REGION_FLAG_PERSISTENT != 0,
+        });
+        rest = &rest[end..];
+    }
+    if !rest.is_empty() {
+        return Err(DecodeError::TrailingBytes);
+    }
+    Ok(HelloAnswer {
+        session: u32::from_le_bytes([data[0], data[1], data[2], data[3]]),
+        max_datagram_bytes: u32::from_le_bytes([data[4], data[5], data[6], data[7]]),
+        max_instructions: u16::from_le_bytes([data[8], data[9]]),
+        regions,
+    })
+}
+
+/// Writes a STAT answer (named counters) into a buffer without allocating.
+#[derive(Debug)]
+pub struct StatWriter<'b> {
+    out: &'b mut [u8],
+    len: usize,
+    count: u16,
+}
+
+impl<'b> StatWriter<'b> {
+    /// Starts an answer in `out`.
+    pub fn new(out: &'b mut [u8]) -> Result<StatWriter<'b>, Status> {
+        if out.len() < 2 {
+            return Err(Status::TooLarge);
+        }
+        Ok(StatWriter { out, len: 2, count: 0 })
+    }
+
+    /// Appends one counter.
+    pub fn push(&mut self, name: &str, value: u64) -> Result<(), Status> {
+        assert!(name.len() <= MAX_STAT_NAME_BYTES, "counter names are compile-time constants");
+        if usize::from(self.count) >= MAX_STAT_ENTRIES {
+            return Err(Status::TooLarge);
+        }
+        let end = self.len + 1 + name.len() + 8;
+        if end > self.out.len() {
+            return Err(Status::TooLarge);
+        }
+        self.out[self.len] = name.len() as u8;
+        self.out[self.len + 1..self.len + 1 + name.len()].copy_from_slice(name.as_bytes());
+        self.out[end - 8..end].copy_from_slice(&value.to_le_bytes());
+        self.len = end;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Writes the entry count; returns the answer's length.
+    pub fn finish(self) -> usize {
+        self.out[0..2].copy_from_slice(&self.count.to_le_bytes());
+        self.len
+    }
+}
+
+/// Decodes a STAT answer into (name, value) pairs in target order.
+pub fn decode_stat_answer(data: &[u8]) -> Result<Vec<(String, u64)>, DecodeError> {
+    if data.len() < 2 {
+        return Err(DecodeError::Truncated);
+    }
+    let count = usize::from(u16::from_le_bytes([data[0], data[1]]));
+    let mut rest = &data[2..];
+    let mut entries = Vec::with_capacity(count.min(MAX_STAT_ENTRIES));
+    for _ in 0..count {
+        let name_len = usize::from(*rest.first().ok_or(DecodeError::Truncated)?);
+        let end = 1 + name_len + 8;
+        if rest.len() < end {
+            return Err(DecodeError::Truncated);
+        }
+        let name = String::from_utf8_lossy(&rest[1..1 + name_len]).into_owned();
+        let mut value = [0u8; 8];
+        value.copy_from_slice(&rest[1 + name_len..end]);
+        entries.push((name, u64::from_le_bytes(value)));
+        rest = &rest[end..];
+    }
+    if !rest.is_empty() {
+        return Err(DecodeError::TrailingBytes);
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_answer_round_trips() {
+        let mut out = [0u8; 256];
+        let regions = [(0u16, "default", 1u64 << 26, true), (1, "scratch", 4096, false)];
+        let len = encode_hello_answer(&mut out, 7, 9000, 64, regions.iter().map(|r| (r.0, r.1, r.2, r.3))).unwrap();
+        let answer = decode_hello_answer(&out[..len]).unwrap();
+        assert_eq!(answer.session, 7);
+        assert_eq!(answer.max_datagram_bytes, 9000);
+        assert_eq!(answer.regions.len(), 2);
+        assert_eq!(answer.regions[0].name, "default");
+        assert!(answer.regions[0].persistent);
+        assert_eq!(answer.regions[1].size_bytes, 4096);
+        assert_eq!(decode_hello_answer(&out[..len - 1]), Err(DecodeError::Truncated));
+    }
+
+    #[test]
+    fn stat_answer_round_trips_and_refuses_overflow() {
+        let mut out = [0u8; 64];
+        let mut writer = StatWriter::new(&mut out).unwrap();
+        writer.push("datagrams_received", 12).unwrap();
+        writer.push("dropped_bad_crc", 3).unwrap();
+        assert_eq!(writer.push("a_name_that_does_not_fit_anymore", 1), Err(Status::TooLarge));
+        let len = writer.finish();
+        let entries = decode_stat_answer(&out[..len]).unwrap();
+        assert_eq!(entries, vec![("datagrams_received".to_string(), 12), ("dropped_bad_crc".to_string(), 3)]);
+    }
+
+    #[test]
+    fn hello_operand_rejects_reserved_bytes() {
+        assert_eq!(decode_hello_operand(&encode_hello_operand(9000)), Ok(9000));
+        assert_eq!(decode_hello_operand(&[0; 7]), Err(Status::Malformed));
+        assert_eq!(decode_hello_operand(&[0, 0, 0, 0, 1, 0, 0, 0]), Err(Status::Malformed));
+    }
+}

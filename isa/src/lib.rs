@@ -1,0 +1,25 @@
+//! NetDAM ISA v1: the wire format, the instruction semantics and the types every other crate
+//! shares. `docs/PROTOCOL.md` is the byte-level truth; this crate matches it.
+//!
+//! - [`wire`]: checked datagram views and encoders.
+//! - [`semantics`]: what memory and compute instructions do, over [`memory::SharedMemory`].
+//! - [`control`]: HELLO and STAT payloads.
+//! - [`limits`]: every bound, in one place.
+//! - [`time`]: the protocol's own `Instant` and `Duration`.
+//! - [`engine`]: the trait execution engines implement.
+
+pub mod control;
+pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod limits;
+pub mod memory;
+pub mod opcode;
+pub mod semantics;
+pub mod status;
+pub mod time;
+pub mod wire;
+
+pub use opcode::{LaneType, Opcode};
+pub use status::Status;
+pub use time::{Duration, Instant};

@@ -1,0 +1,67 @@
+//! Every bound of the protocol and of the target in one place.
+//!
+//! A value here is either a hard protocol limit or the default of a validated setting. Pools are
+//! sized from these at start-up and never grow: a full queue is back-pressure, not an allocation.
+
+use crate::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+
+/// Largest UDP payload over IPv4 (65535 - 20 byte IP header - 8 byte UDP header).
+pub const MAX_DATAGRAM_BYTES: usize = 65_507;
+
+/// Smallest datagram size a peer may negotiate: enough for a HELLO answer listing every region.
+pub const MIN_DATAGRAM_BYTES: usize = 4_096;
+
+/// Default datagram size: one jumbo frame, which holds a VADD of 2048 f32 lanes with its result.
+pub const DEFAULT_DATAGRAM_BYTES: usize = 9_000;
+
+/// Instructions one datagram may carry.
+pub const MAX_INSTRUCTIONS_PER_DATAGRAM: usize = 64;
+
+/// Largest VADD operand: 2048 f32 lanes, the NetDAM Allreduce primitive.
+pub const MAX_VADD_BYTES: usize = 2048 * 4;
+
+/// Regions (memory address spaces) one target serves.
+pub const MAX_REGIONS: usize = 64;
+
+/// Longest region name, in bytes of UTF-8.
+pub const MAX_REGION_NAME_BYTES: usize = 32;
+
+/// Entries a STAT answer may carry.
+pub const MAX_STAT_ENTRIES: usize = 64;
+
+/// Longest STAT counter name.
+pub const MAX_STAT_NAME_BYTES: usize = 40;
+
+/// Worker threads one target runs.
+pub const MAX_WORKERS: usize = 64;
+
+/// Datagrams a worker takes from its socket in one pass (bounded work per loop pass).
+pub const RECEIVE_BATCH: usize = 16;
+
+/// Requests one initiator session keeps in flight.
+pub const MAX_IN_FLIGHT: usize = 256;
+
+// A datagram of the default size must carry the largest VADD with its request header, and its
+// answer with the result (the Allreduce primitive must fit in one jumbo frame).
+const _: () = assert!(HEADER_LEN + INSTRUCTION_HEADER_LEN + MAX_VADD_BYTES <= DEFAULT_DATAGRAM_BYTES);
+const _: () = assert!(HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN + MAX_VADD_BYTES <= DEFAULT_DATAGRAM_BYTES);
+const _: () = assert!(MIN_DATAGRAM_BYTES <= DEFAULT_DATAGRAM_BYTES);
+const _: () = assert!(DEFAULT_DATAGRAM_BYTES <= MAX_DATAGRAM_BYTES);
+// A full instruction list must fit in the smallest datagram a peer may negotiate.
+const _: () = assert!(HEADER_LEN + MAX_INSTRUCTIONS_PER_DATAGRAM * INSTRUCTION_HEADER_LEN <= MIN_DATAGRAM_BYTES);
+// The HELLO answer lists every region in one datagram of the smallest negotiable size.
+const _: () = assert!(
+    HEADER_LEN
+        + RESPONSE_INSTRUCTION_HEADER_LEN
+        + crate::control::HELLO_ANSWER_FIXED_LEN
+        + MAX_REGIONS * (crate::control::REGION_ENTRY_FIXED_LEN + MAX_REGION_NAME_BYTES)
+        <= MIN_DATAGRAM_BYTES
+);
+// So does the STAT answer.
+const _: () = assert!(
+    HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN + 2 + MAX_STAT_ENTRIES * (1 + MAX_STAT_NAME_BYTES + 8)
+        <= MIN_DATAGRAM_BYTES
+);
+// Region ids and counts travel as u16.
+const _: () = assert!(MAX_REGIONS <= u16::MAX as usize);
+const _: () = assert!(MAX_INSTRUCTIONS_PER_DATAGRAM <= u16::MAX as usize);

@@ -1,0 +1,173 @@
+//! Opcode numbers of ISA v1 and the properties the transport needs from each.
+
+/// An instruction's operation. Numbers are grouped by DESIGN's instruction table; numbers not
+/// listed are unknown, except 0x80..=0xFF which belong to registered extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Session setup: negotiates the datagram size and lists regions.
+    Hello = 0x01,
+    /// Liveness and round-trip probe.
+    Ping = 0x02,
+    /// Target counters.
+    Stat = 0x03,
+    /// Read bytes of a region.
+    Read = 0x10,
+    /// Write bytes into a region.
+    Write = 0x11,
+    /// Compare-and-swap of an aligned 8-byte word.
+    Cas = 0x12,
+    /// Fetch-and-add of an aligned 8-byte word.
+    FetchAdd = 0x13,
+    /// Copy a range within the target, between or within regions.
+    Memcpy = 0x14,
+    /// Set a range to one byte value.
+    Fill = 0x15,
+    /// Element-wise add of the operand's lanes into memory.
+    Vadd = 0x20,
+    /// CRC32 of a range.
+    Crc32 = 0x28,
+    /// AEAD-encrypt a range with a key slot (reserved).
+    Encrypt = 0x30,
+    /// AEAD-decrypt a range with a key slot (reserved).
+    Decrypt = 0x31,
+    /// Read blocks of a namespace (reserved).
+    BlockRead = 0x40,
+    /// Write blocks of a namespace (reserved).
+    BlockWrite = 0x41,
+    /// Make acknowledged block writes durable (reserved).
+    Flush = 0x42,
+    /// Deallocate blocks (reserved).
+    Trim = 0x43,
+    /// Zero blocks (reserved).
+    WriteZeroes = 0x44,
+}
+
+/// First opcode number of the extension range dispatched to registered handlers.
+pub const EXTENSION_OPCODE_FIRST: u8 = 0x80;
+
+impl Opcode {
+    /// Every defined opcode.
+    pub const ALL: [Opcode; 18] = [
+        Opcode::Hello,
+        Opcode::Ping,
+        Opcode::Stat,
+        Opcode::Read,
+        Opcode::Write,
+        Opcode::Cas,
+        Opcode::FetchAdd,
+        Opcode::Memcpy,
+        Opcode::Fill,
+        Opcode::Vadd,
+        Opcode::Crc32,
+        Opcode::Encrypt,
+        Opcode::Decrypt,
+        Opcode::BlockRead,
+        Opcode::BlockWrite,
+        Opcode::Flush,
+        Opcode::Trim,
+        Opcode::WriteZeroes,
+    ];
+
+    /// The opcode with this number, if one is defined.
+    pub fn from_u8(value: u8) -> Option<Opcode> {
+        Opcode::ALL.iter().copied().find(|opcode| *opcode as u8 == value)
+    }
+
+    /// Whether executing the instruction twice has the same effect as once, so a lost answer
+    /// may be recovered by sending the request again.
+    pub fn is_idempotent(self) -> bool {
+        match self {
+            Opcode::Hello
+            | Opcode::Ping
+            | Opcode::Stat
+            | Opcode::Read
+            | Opcode::Write
+            | Opcode::Memcpy
+            | Opcode::Fill
+            | Opcode::Crc32
+            | Opcode::BlockRead
+            | Opcode::BlockWrite
+            | Opcode::Flush
+            | Opcode::Trim
+            | Opcode::WriteZeroes => true,
+            // MEMCPY is idempotent only while source and destination do not overlap; the
+            // initiator marks an overlapping copy as not idempotent itself.
+            Opcode::Cas | Opcode::FetchAdd | Opcode::Vadd | Opcode::Encrypt | Opcode::Decrypt => false,
+        }
+    }
+
+    /// A stable lower-case name, used in counters and CLI output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Opcode::Hello => "hello",
+            Opcode::Ping => "ping",
+            Opcode::Stat => "stat",
+            Opcode::Read => "read",
+            Opcode::Write => "write",
+            Opcode::Cas => "cas",
+            Opcode::FetchAdd => "fetch_add",
+            Opcode::Memcpy => "memcpy",
+            Opcode::Fill => "fill",
+            Opcode::Vadd => "vadd",
+            Opcode::Crc32 => "crc32",
+            Opcode::Encrypt => "encrypt",
+            Opcode::Decrypt => "decrypt",
+            Opcode::BlockRead => "bread",
+            Opcode::BlockWrite => "bwrite",
+            Opcode::Flush => "flush",
+            Opcode::Trim => "trim",
+            Opcode::WriteZeroes => "write_zeroes",
+        }
+    }
+}
+
+/// Element type of VADD lanes, carried in the instruction's `aux` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum LaneType {
+    /// IEEE 754 binary32.
+    F32 = 0,
+    /// Two's-complement 32-bit integer; addition wraps.
+    I32 = 1,
+    /// bfloat16 (the upper half of a binary32); sums round to nearest even.
+    Bf16 = 2,
+}
+
+impl LaneType {
+    /// The lane type with this `aux` value.
+    pub fn from_u32(value: u32) -> Option<LaneType> {
+        match value {
+            0 => Some(LaneType::F32),
+            1 => Some(LaneType::I32),
+            2 => Some(LaneType::Bf16),
+            _ => None,
+        }
+    }
+
+    /// Bytes per lane.
+    pub fn lane_bytes(self) -> usize {
+        match self {
+            LaneType::F32 | LaneType::I32 => 4,
+            LaneType::Bf16 => 2,
+        }
+    }
+}
+
+/// Instruction flag of VADD: also return the lanes' new values.
+pub const VADD_FLAG_RETURN_RESULT: u8 = 0x01;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_round_trip_and_do_not_collide_with_extensions() {
+        for opcode in Opcode::ALL {
+            assert_eq!(Opcode::from_u8(opcode as u8), Some(opcode));
+            assert!((opcode as u8) < EXTENSION_OPCODE_FIRST);
+        }
+        assert_eq!(Opcode::from_u8(0x00), None);
+        assert_eq!(Opcode::from_u8(0x80), None);
+    }
+}
