@@ -1,1 +1,21 @@
+//! The netdam client library: byte-addressable access to a target's regions.
+//!
+//! - [`Client`]: blocking, with `submit`/`wait` pipelining and chunked `read`/`write`.
+//! - [`AsyncClient`]: tokio-based, clonable across tasks.
+//! - [`session::Session`]: the sans-IO core both drive (sequencing, in-flight window,
+//!   retransmission of idempotent requests).
+//! - [`Op`]: one instruction to send.
 
+pub mod async_client;
+pub mod client;
+pub mod error;
+pub mod op;
+pub mod session;
+pub mod target_info;
+
+pub use async_client::AsyncClient;
+pub use client::{Client, ClientOptions, ClientPoll, Ticket};
+pub use error::ClientError;
+pub use op::Op;
+pub use session::{Reply, SessionConfig};
+pub use target_info::TargetInfo;

@@ -42,7 +42,7 @@ pub struct RegionInfo {
 }
 
 /// What HELLO answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HelloAnswer {
     /// Session id for the initiator's requests.
     pub session: u32,

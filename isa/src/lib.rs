@@ -18,6 +18,7 @@ pub mod opcode;
 pub mod semantics;
 pub mod status;
 pub mod time;
+pub mod units;
 pub mod wire;
 
 pub use opcode::{LaneType, Opcode};

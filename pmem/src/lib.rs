@@ -1,1 +1,313 @@
+//! Byte-addressable memory regions: the I/O memory pool the network touches.
+//!
+//! A region is one mapping, created at start-up and never resized: anonymous memory (volatile),
+//! a file mapping persisted with `msync` of the touched pages, or a DAX mapping (`MAP_SYNC`)
+//! persisted with cache-line write-back (`clwb`) and `sfence`. Mappings are pre-faulted
+//! (`MAP_POPULATE`) and locked (`mlock`) so the request path never takes a page fault; when the
+//! lock limit forbids it the region still works and the log says why.
 
+mod flush;
+
+pub use flush::CacheLineFlush as CacheLineFlushProbe;
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use netdam_isa::memory::SharedMemory;
+
+/// How a region's contents survive a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Lost when the target stops.
+    Volatile,
+    /// Acknowledged writes survive a crash.
+    Persistent,
+}
+
+/// Where a region's bytes live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// Anonymous memory (`mem:`): volatile.
+    Anonymous,
+    /// A file mapped shared; persisted with `msync`.
+    File(PathBuf),
+    /// A file on a DAX file system mapped with `MAP_SYNC`; persisted with `clwb` + `sfence`.
+    Dax(PathBuf),
+}
+
+/// Why a region could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    /// The size is zero or not a whole number of pages.
+    #[error("region {name:?}: size {size_bytes} bytes must be a non-zero multiple of the {page_bytes}-byte page")]
+    BadSize {
+        /// Region name.
+        name: String,
+        /// Size asked for.
+        size_bytes: u64,
+        /// The page size.
+        page_bytes: usize,
+    },
+    /// The backing file exists with another size.
+    #[error("region {name:?}: {path} holds {actual_bytes} bytes but the configuration says {size_bytes}; fix the size or move the file away")]
+    SizeMismatch {
+        /// Region name.
+        name: String,
+        /// Backing file.
+        path: PathBuf,
+        /// Its size on disk.
+        actual_bytes: u64,
+        /// Size asked for.
+        size_bytes: u64,
+    },
+    /// The file system does not support DAX mappings.
+    #[error("region {name:?}: {path} is not on a DAX-capable file system (mmap with MAP_SYNC failed: {source}); use backend \"file\" for msync-based persistence instead")]
+    DaxUnsupported {
+        /// Region name.
+        name: String,
+        /// Backing file.
+        path: PathBuf,
+        /// What mmap said.
+        source: io::Error,
+    },
+    /// Any other system call failed.
+    #[error("region {name:?}: {what} failed: {source}")]
+    System {
+        /// Region name.
+        name: String,
+        /// The call and its subject.
+        what: String,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// How `persist` makes bytes durable.
+#[derive(Debug, Clone, Copy)]
+enum PersistMethod {
+    Nothing,
+    Msync,
+    CacheFlush(flush::CacheLineFlush),
+}
+
+/// One mapped region.
+#[derive(Debug)]
+pub struct Region {
+    name: String,
+    base: *mut u8,
+    len: usize,
+    backing: Backing,
+    persist_method: PersistMethod,
+    locked: bool,
+}
+
+// SAFETY: the mapping is owned by the Region and lives until Drop; all access to its bytes goes
+// through SharedMemory, which is built for concurrent use.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+/// The system page size.
+pub fn page_bytes() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096)
+}
+
+fn last_error(name: &str, what: String) -> RegionError {
+    RegionError::System { name: name.to_string(), what, source: io::Error::last_os_error() }
+}
+
+impl Region {
+    /// Maps a region of `size_bytes` named `name` on `backing`, creating a missing file.
+    pub fn open(name: &str, backing: Backing, size_bytes: u64) -> Result<Region, RegionError> {
+        let page = page_bytes();
+        let len = usize::try_from(size_bytes).unwrap_or(usize::MAX);
+        if len == 0 || len % page != 0 || len == usize::MAX {
+            return Err(RegionError::BadSize { name: name.to_string(), size_bytes, page_bytes: page });
+        }
+        let (base, persist_method) = match &backing {
+            Backing::Anonymous => (map_anonymous(name, len)?, PersistMethod::Nothing),
+            Backing::File(path) => (map_file(name, path, size_bytes, false)?, PersistMethod::Msync),
+            Backing::Dax(path) => {
+                let method = flush::CacheLineFlush::detect().ok_or_else(|| RegionError::System {
+                    name: name.to_string(),
+                    what: "finding a cache-line flush instruction (clwb, clflushopt, clflush)".to_string(),
+                    source: io::Error::from(io::ErrorKind::Unsupported),
+                })?;
+                (map_file(name, path, size_bytes, true)?, PersistMethod::CacheFlush(method))
+            }
+        };
+        // SAFETY: base..base+len is the mapping just created.
+        let locked = unsafe { libc::mlock(base.cast(), len) } == 0;
+        if !locked {
+            let error = io::Error::last_os_error();
+            tracing::warn!(
+                region = name,
+                bytes = len,
+                %error,
+                "could not lock the region in memory (RLIMIT_MEMLOCK too low?); it works, but requests may take page faults. Raise the limit (ulimit -l, LimitMEMLOCK=) or run with CAP_IPC_LOCK"
+            );
+        }
+        Ok(Region { name: name.to_string(), base, len, backing, persist_method, locked })
+    }
+
+    /// The region's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never, for an opened region).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Where its bytes live.
+    pub fn backing(&self) -> &Backing {
+        &self.backing
+    }
+
+    /// Whether acknowledged writes survive a crash.
+    pub fn durability(&self) -> Durability {
+        match self.backing {
+            Backing::Anonymous => Durability::Volatile,
+            Backing::File(_) | Backing::Dax(_) => Durability::Persistent,
+        }
+    }
+
+    /// Whether the mapping is locked in memory.
+    pub fn is_locked(&self) -> bool {
+        self.locked
+    }
+
+    /// The view instructions execute on.
+    pub fn memory(&self) -> SharedMemory<'_> {
+        // SAFETY: the mapping is page-aligned, writable and lives as long as &self.
+        unsafe { SharedMemory::from_raw(self.base, self.len) }
+    }
+
+    /// Makes `len` bytes at `offset` durable; a no-op on volatile regions.
+    pub fn persist(&self, offset: usize, len: usize) -> io::Result<()> {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "persist {offset}+{len} beyond region {:?} of {} bytes",
+            self.name,
+            self.len
+        );
+        if len == 0 {
+            return Ok(());
+        }
+        match self.persist_method {
+            PersistMethod::Nothing => Ok(()),
+            PersistMethod::Msync => {
+                let page = page_bytes();
+                let start = offset / page * page;
+                let end = (offset + len).div_ceil(page) * page;
+                // SAFETY: start..end lies within the mapping (page-rounded, and len is a page multiple).
+                let result = unsafe { libc::msync(self.base.add(start).cast(), end - start, libc::MS_SYNC) };
+                if result == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            }
+            PersistMethod::CacheFlush(method) => {
+                // SAFETY: offset..offset+len lies within the mapping (asserted above).
+                unsafe { method.flush(self.base.add(offset), len) };
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: base..base+len is our mapping and nothing borrows it past &self's lifetime.
+        unsafe {
+            if self.locked {
+                libc::munlock(self.base.cast(), self.len);
+            }
+            libc::munmap(self.base.cast(), self.len);
+        }
+    }
+}
+
+fn map_anonymous(name: &str, len: usize) -> Result<*mut u8, RegionError> {
+    // SAFETY: a fresh anonymous mapping; no existing memory is affected.
+    let base = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(last_error(name, format!("mmap of {len} anonymous bytes")));
+    }
+    Ok(base.cast())
+}
+
+fn map_file(name: &str, path: &Path, size_bytes: u64, dax: bool) -> Result<*mut u8, RegionError> {
+    let system = |what: &str, source: io::Error| RegionError::System {
+        name: name.to_string(),
+        what: format!("{what} {}", path.display()),
+        source,
+    };
+    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|source| system("creating the directory of", source))?;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| system("opening", source))?;
+    let actual_bytes = file.metadata().map_err(|source| system("reading the size of", source))?.len();
+    if actual_bytes == 0 {
+        file.set_len(size_bytes).map_err(|source| system("sizing", source))?;
+        file.sync_all().map_err(|source| system("syncing", source))?;
+    } else if actual_bytes != size_bytes {
+        return Err(RegionError::SizeMismatch { name: name.to_string(), path: path.to_path_buf(), actual_bytes, size_bytes });
+    }
+    let flags = if dax { libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC } else { libc::MAP_SHARED | libc::MAP_POPULATE };
+    // SAFETY: maps the open file; the mapping stays valid after the descriptor is closed.
+    let base = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            size_bytes as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        let source = io::Error::last_os_error();
+        if dax && matches!(source.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)) {
+            return Err(RegionError::DaxUnsupported { name: name.to_string(), path: path.to_path_buf(), source });
+        }
+        return Err(system("mmap of", source));
+    }
+    if dax {
+        // MAP_POPULATE is not combined with MAP_SYNC; touch every page once instead.
+        let page = page_bytes();
+        for offset in (0..size_bytes as usize).step_by(page) {
+            // SAFETY: offset is within the mapping; a volatile read only faults the page in.
+            unsafe { core::ptr::read_volatile(base.cast::<u8>().add(offset)) };
+        }
+    }
+    Ok(base.cast())
+}

@@ -1,1 +1,22 @@
+//! The netdam storage target: serves the NetDAM ISA over UDP.
+//!
+//! - [`config`]: settings, defaults and validation.
+//! - [`server`]: start and stop a [`server::Target`].
+//! - [`worker`]: the per-core polling loop (socket I/O and time).
+//! - [`dispatch`]: what happens to one datagram (sans-IO).
+//! - [`engine`]: the software execution engine.
+//! - [`regions`]: the table of memory regions.
+//! - [`socket`]: the shared-port socket and batched receive.
+//! - [`stats`]: per-worker counters.
 
+pub mod config;
+pub mod dispatch;
+pub mod engine;
+pub mod regions;
+pub mod server;
+pub mod socket;
+pub mod stats;
+pub mod worker;
+
+pub use config::{Config, PollMode};
+pub use server::{StartError, Target};

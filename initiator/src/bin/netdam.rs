@@ -1,0 +1,375 @@
+//! `netdam`: talk to a netdam target from the shell.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use netdam_initiator::{Client, ClientError};
+use netdam_isa::units::parse_bytes;
+use netdam_isa::LaneType;
+use serde_json::json;
+
+/// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
+/// the target's memory regions. Regions are named as the target lists them (`netdam regions`)
+/// or by number. Offsets and lengths take 0x hex and KiB/MiB/GiB suffixes.
+#[derive(Debug, Parser)]
+#[command(name = "netdam", version)]
+struct Cli {
+    /// Target address.
+    #[arg(long, global = true, env = "NETDAM_TARGET", default_value = "127.0.0.1:7800")]
+    target: SocketAddr,
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Measure round trips; shows the target's service time, queue depth and received TTL.
+    Ping {
+        /// Round trips to make.
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
+    /// Show the target's counters (requests, drops by reason, statuses).
+    Stat,
+    /// List the target's regions.
+    Regions,
+    /// Read bytes; prints a hex dump, or writes them raw to --out.
+    Read {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        #[arg(value_parser = parse_bytes)]
+        len: u64,
+        /// File to write the bytes to ("-" for raw stdout).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Write bytes from --file, --data, or standard input.
+    Write {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        /// File whose bytes to write.
+        #[arg(long, value_name = "FILE", conflicts_with = "data")]
+        file: Option<PathBuf>,
+        /// Text whose UTF-8 bytes to write.
+        #[arg(long)]
+        data: Option<String>,
+    },
+    /// Compare-and-swap the aligned 8-byte word at OFFSET; prints the old value.
+    Cas {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        #[arg(value_parser = parse_word)]
+        expected: u64,
+        #[arg(value_parser = parse_word)]
+        desired: u64,
+    },
+    /// Atomically add to the aligned 8-byte word at OFFSET (wrapping); prints the old value.
+    FetchAdd {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        /// Addend; negative values subtract.
+        #[arg(value_parser = parse_word, allow_hyphen_values = true)]
+        addend: u64,
+    },
+    /// Add comma-separated lanes element-wise into memory at OFFSET.
+    Vadd {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        /// Lanes, e.g. 1.5,2,-3.
+        #[arg(allow_hyphen_values = true)]
+        values: String,
+        /// Lane type.
+        #[arg(long = "type", value_enum, default_value_t = Lane::F32)]
+        lane: Lane,
+        /// Print the lanes' new values.
+        #[arg(long = "return")]
+        return_result: bool,
+    },
+    /// CRC32 of LEN bytes at OFFSET, computed by the target.
+    Crc {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        #[arg(value_parser = parse_bytes)]
+        len: u64,
+    },
+    /// Set LEN bytes at OFFSET to BYTE.
+    Fill {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        #[arg(value_parser = parse_bytes)]
+        len: u64,
+        #[arg(value_parser = parse_word)]
+        byte: u64,
+    },
+    /// Copy LEN bytes from SOURCE_REGION at SOURCE_OFFSET to REGION at OFFSET, within the target.
+    Memcpy {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        source_region: String,
+        #[arg(value_parser = parse_bytes)]
+        source_offset: u64,
+        #[arg(value_parser = parse_bytes)]
+        len: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Lane {
+    F32,
+    I32,
+    Bf16,
+}
+
+fn parse_word(text: &str) -> Result<u64, String> {
+    if let Some(negative) = text.strip_prefix('-') {
+        return negative.parse::<u64>().map(|value| value.wrapping_neg()).map_err(|error| format!("{text:?}: {error}"));
+    }
+    parse_bytes(text)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            if cli.json {
+                println!("{}", json!({ "error": message }));
+            } else {
+                eprintln!("netdam: {message}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn u32_length(len: u64, what: &str) -> Result<u32, String> {
+    u32::try_from(len).map_err(|_| format!("{what} of {len} bytes is over the 4 GiB an instruction can address"))
+}
+
+fn region_id(client: &Client, name: &str) -> Result<u16, String> {
+    client.region(name).map(|region| region.id).map_err(|error| error.to_string())
+}
+
+fn run(cli: &Cli) -> Result<(), String> {
+    let text = |error: ClientError| error.to_string();
+    let mut client = Client::connect(cli.target).map_err(text)?;
+    match &cli.command {
+        Command::Ping { count } => {
+            for _ in 0..*count {
+                let reply = client.ping().map_err(text)?;
+                let header = reply.response().header;
+                let rtt_us = reply.rtt.as_nanos() as f64 / 1e3;
+                let service_us = f64::from(header.service_time_ns) / 1e3;
+                if cli.json {
+                    println!(
+                        "{}",
+                        json!({"target": cli.target.to_string(), "rtt_us": rtt_us, "service_time_us": service_us,
+                               "queue_depth": header.queue_depth, "received_ttl": header.ttl, "attempts": reply.attempts})
+                    );
+                } else {
+                    println!(
+                        "reply from {}: rtt {rtt_us:.1} µs, target service {service_us:.1} µs, queue depth {}, received ttl {}",
+                        cli.target, header.queue_depth, header.ttl
+                    );
+                }
+            }
+        }
+        Command::Stat => {
+            let entries = client.stat().map_err(text)?;
+            if cli.json {
+                let object: serde_json::Map<String, serde_json::Value> =
+                    entries.into_iter().map(|(name, value)| (name, json!(value))).collect();
+                println!("{}", serde_json::Value::Object(object));
+            } else {
+                let width = entries.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+                for (name, value) in entries {
+                    println!("{name:<width$}  {value}");
+                }
+            }
+        }
+        Command::Regions => {
+            let regions = &client.info().hello.regions;
+            if cli.json {
+                let list: Vec<_> = regions
+                    .iter()
+                    .map(|r| json!({"id": r.id, "name": r.name, "size_bytes": r.size_bytes, "persistent": r.persistent}))
+                    .collect();
+                println!("{}", json!(list));
+            } else {
+                for region in regions {
+                    let durability = if region.persistent { "persistent" } else { "volatile" };
+                    println!("{:>3}  {:<32} {:>14} bytes  {durability}", region.id, region.name, region.size_bytes);
+                }
+            }
+        }
+        Command::Read { region, offset, len, out } => {
+            let space = region_id(&client, region)?;
+            let len = usize::try_from(*len).map_err(|_| "length too large for this machine".to_string())?;
+            let mut buffer = vec![0u8; len];
+            let started = Instant::now();
+            client.read(space, *offset, &mut buffer).map_err(text)?;
+            let elapsed = started.elapsed();
+            match out.as_deref() {
+                Some(path) if path.as_os_str() == "-" => {
+                    std::io::stdout().write_all(&buffer).map_err(|error| format!("writing stdout: {error}"))?;
+                }
+                Some(path) => {
+                    std::fs::write(path, &buffer).map_err(|error| format!("writing {}: {error}", path.display()))?;
+                    report_transfer(cli.json, "read", region, *offset, len, elapsed, Some(path));
+                }
+                None if cli.json => {
+                    let hex: String = buffer.iter().map(|byte| format!("{byte:02x}")).collect();
+                    println!("{}", json!({"region": region, "offset": offset, "length": len, "hex": hex}));
+                }
+                None => print_hex_dump(*offset, &buffer),
+            }
+        }
+        Command::Write { region, offset, file, data } => {
+            let space = region_id(&client, region)?;
+            let bytes = match (file, data) {
+                (Some(path), _) => std::fs::read(path).map_err(|error| format!("reading {}: {error}", path.display()))?,
+                (None, Some(text)) => text.as_bytes().to_vec(),
+                (None, None) => {
+                    let mut bytes = Vec::new();
+                    std::io::stdin().read_to_end(&mut bytes).map_err(|error| format!("reading stdin: {error}"))?;
+                    bytes
+                }
+            };
+            let started = Instant::now();
+            client.write(space, *offset, &bytes).map_err(text)?;
+            report_transfer(cli.json, "wrote", region, *offset, bytes.len(), started.elapsed(), None);
+        }
+        Command::Cas { region, offset, expected, desired } => {
+            let space = region_id(&client, region)?;
+            let old = client.cas(space, *offset, *expected, *desired).map_err(text)?;
+            let swapped = old == *expected;
+            if cli.json {
+                println!("{}", json!({"old": old, "swapped": swapped}));
+            } else {
+                println!("old value {old} ({old:#x}); {}", if swapped { "swapped" } else { "not swapped" });
+            }
+        }
+        Command::FetchAdd { region, offset, addend } => {
+            let space = region_id(&client, region)?;
+            let old = client.fetch_add(space, *offset, *addend).map_err(text)?;
+            let new = old.wrapping_add(*addend);
+            if cli.json {
+                println!("{}", json!({"old": old, "new": new}));
+            } else {
+                println!("old value {old}, new value {new}");
+            }
+        }
+        Command::Vadd { region, offset, values, lane, return_result } => {
+            let space = region_id(&client, region)?;
+            let (lane_type, lanes) = encode_lanes(values, *lane)?;
+            let result = client.vadd(space, *offset, lane_type, &lanes, *return_result).map_err(text)?;
+            let count = lanes.len() / lane_type.lane_bytes();
+            let shown = decode_lanes(&result, *lane);
+            if cli.json {
+                println!("{}", json!({"lanes": count, "result": shown}));
+            } else if *return_result {
+                println!("{}", shown.iter().map(|value| value.to_string()).collect::<Vec<_>>().join(","));
+            } else {
+                println!("added {count} {lane:?} lanes at {offset}");
+            }
+        }
+        Command::Crc { region, offset, len } => {
+            let space = region_id(&client, region)?;
+            let crc = client.crc32(space, *offset, u32_length(*len, "CRC")?).map_err(text)?;
+            if cli.json {
+                println!("{}", json!({"crc32": crc}));
+            } else {
+                println!("crc32 {crc:#010x}");
+            }
+        }
+        Command::Fill { region, offset, len, byte } => {
+            let space = region_id(&client, region)?;
+            let value = u8::try_from(*byte).map_err(|_| format!("fill byte {byte} is over 255"))?;
+            client.fill(space, *offset, u32_length(*len, "fill")?, value).map_err(text)?;
+            if cli.json {
+                println!("{}", json!({"filled": len}));
+            } else {
+                println!("filled {len} bytes with {value:#04x}");
+            }
+        }
+        Command::Memcpy { region, offset, source_region, source_offset, len } => {
+            let space = region_id(&client, region)?;
+            let source = region_id(&client, source_region)?;
+            client.memcpy(space, *offset, source, *source_offset, u32_length(*len, "copy")?).map_err(text)?;
+            if cli.json {
+                println!("{}", json!({"copied": len}));
+            } else {
+                println!("copied {len} bytes");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn report_transfer(json_out: bool, verb: &str, region: &str, offset: u64, len: usize, elapsed: std::time::Duration, path: Option<&std::path::Path>) {
+    let mib_per_s = len as f64 / (1 << 20) as f64 / elapsed.as_secs_f64().max(1e-9);
+    if json_out {
+        println!("{}", json!({"region": region, "offset": offset, "length": len, "seconds": elapsed.as_secs_f64(), "file": path.map(|p| p.display().to_string())}));
+    } else {
+        let into = path.map(|p| format!(" into {}", p.display())).unwrap_or_default();
+        println!("{verb} {len} bytes at {offset} of region {region}{into} in {:.3} s ({mib_per_s:.1} MiB/s)", elapsed.as_secs_f64());
+    }
+}
+
+fn print_hex_dump(offset: u64, bytes: &[u8]) {
+    for (line, chunk) in bytes.chunks(16).enumerate() {
+        let hex: Vec<String> = chunk.iter().map(|byte| format!("{byte:02x}")).collect();
+        let text: String = chunk.iter().map(|byte| if byte.is_ascii_graphic() || *byte == b' ' { *byte as char } else { '.' }).collect();
+        println!("{:012x}  {:<47}  |{text}|", offset + line as u64 * 16, hex.join(" "));
+    }
+}
+
+fn encode_lanes(values: &str, lane: Lane) -> Result<(LaneType, Vec<u8>), String> {
+    let mut bytes = Vec::new();
+    for value in values.split(',').map(str::trim).filter(|value| !value.is_empty()) {
+        let bad = |error: &dyn std::fmt::Display| format!("lane {value:?}: {error}");
+        match lane {
+            Lane::F32 => bytes.extend(value.parse::<f32>().map_err(|e| bad(&e))?.to_le_bytes()),
+            Lane::I32 => bytes.extend(value.parse::<i32>().map_err(|e| bad(&e))?.to_le_bytes()),
+            Lane::Bf16 => {
+                let parsed = value.parse::<f32>().map_err(|e| bad(&e))?;
+                bytes.extend(netdam_isa::semantics::f32_to_bf16(parsed).to_le_bytes());
+            }
+        }
+    }
+    if bytes.is_empty() {
+        return Err("give at least one lane value, e.g. 1.5,2,-3".to_string());
+    }
+    let lane_type = match lane {
+        Lane::F32 => LaneType::F32,
+        Lane::I32 => LaneType::I32,
+        Lane::Bf16 => LaneType::Bf16,
+    };
+    Ok((lane_type, bytes))
+}
+
+fn decode_lanes(bytes: &[u8], lane: Lane) -> Vec<serde_json::Value> {
+    match lane {
+        Lane::F32 => bytes.chunks_exact(4).map(|c| json!(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        Lane::I32 => bytes.chunks_exact(4).map(|c| json!(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        Lane::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|c| json!(netdam_isa::semantics::bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))))
+            .collect(),
+    }
+}

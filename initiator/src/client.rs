@@ -1,0 +1,302 @@
+//! The blocking client: one session over a connected UDP socket, several requests in flight.
+//!
+//! `submit` + `wait` pipeline requests by hand; `read` and `write` split large transfers into
+//! datagram-sized requests and keep the session's window full.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+
+use netdam_isa::control::{decode_stat_answer, RegionInfo};
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_VADD_BYTES};
+use netdam_isa::{Instant, LaneType};
+
+use crate::error::ClientError;
+use crate::op::Op;
+use crate::session::{Reply, Session, SessionConfig, SessionStats};
+use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
+
+/// How a client waits for answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClientPoll {
+    /// Sleep in the kernel until the socket is readable.
+    #[default]
+    Blocking,
+    /// Spin on the socket: lowest latency, burns a core.
+    Busy,
+}
+
+/// Client settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Session settings (window, retransmission).
+    pub session: SessionConfig,
+    /// How to wait for answers.
+    pub poll: ClientPoll,
+}
+
+impl Default for ClientOptions {
+    fn default() -> ClientOptions {
+        ClientOptions { session: SessionConfig::default(), poll: ClientPoll::Blocking }
+    }
+}
+
+/// A request submitted and not yet waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(u64);
+
+/// Reads the monotonic clock as the protocol's `Instant`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock(std::time::Instant);
+
+impl Clock {
+    pub(crate) fn new() -> Clock {
+        Clock(std::time::Instant::now())
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// A blocking session with one target.
+#[derive(Debug)]
+pub struct Client {
+    socket: UdpSocket,
+    session: Session,
+    info: TargetInfo,
+    poll: ClientPoll,
+    clock: Clock,
+    receive_buffer: Vec<u8>,
+    next_token: u64,
+    finished: HashMap<u64, Result<Reply, ClientError>>,
+}
+
+/// Receive buffer asked for; the kernel caps it at net.core.rmem_max.
+const RECEIVE_BUFFER_BYTES: usize = 4 << 20;
+
+/// Asks for a deep receive buffer, then bounds the session's window by what the kernel granted:
+/// answers in flight beyond it would be dropped and wait out a retransmission timeout. The
+/// kernel accounts a datagram at about twice its payload.
+pub(crate) fn fit_window_to_receive_buffer(socket: &socket2::SockRef<'_>, config: SessionConfig) -> SessionConfig {
+    let _ = socket.set_recv_buffer_size(RECEIVE_BUFFER_BYTES);
+    let granted = socket.recv_buffer_size().unwrap_or(0);
+    let fits = (granted / (2 * config.max_datagram_bytes.max(1))).max(1);
+    SessionConfig { max_in_flight: config.max_in_flight.min(fits), ..config }
+}
+
+impl Client {
+    /// Connects with default options and says HELLO.
+    pub fn connect(addr: SocketAddr) -> Result<Client, ClientError> {
+        Client::connect_with(addr, ClientOptions::default())
+    }
+
+    /// Connects with `options` and says HELLO.
+    pub fn connect_with(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
+        let local: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("valid literal");
+        let socket = UdpSocket::bind(local)?;
+        socket.connect(addr)?;
+        socket.set_nonblocking(true)?;
+        let session_config = fit_window_to_receive_buffer(&socket2::SockRef::from(&socket), options.session);
+        let wanted = options.session.max_datagram_bytes;
+        let mut client = Client {
+            socket,
+            // Until HELLO answers, use the default size: every target accepts it.
+            session: Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0),
+            info: TargetInfo { addr, hello: Default::default() },
+            poll: options.poll,
+            clock: Clock::new(),
+            receive_buffer: vec![0u8; MAX_DATAGRAM_BYTES],
+            next_token: 0,
+            finished: HashMap::new(),
+        };
+        let reply = client.call(&[Op::hello(wanted as u32)])?;
+        client.info = TargetInfo::from_hello(addr, &reply)?;
+        client.session.establish(client.info.hello.session, client.info.hello.max_datagram_bytes as usize);
+        Ok(client)
+    }
+
+    /// What HELLO said about the target.
+    pub fn info(&self) -> &TargetInfo {
+        &self.info
+    }
+
+    /// The region named (or numbered) `name`.
+    pub fn region(&self, name: &str) -> Result<&RegionInfo, ClientError> {
+        self.info.region(name)
+    }
+
+    /// Session counters (transmissions, retransmissions, timeouts).
+    pub fn session_stats(&self) -> SessionStats {
+        self.session.stats()
+    }
+
+    /// Sends one datagram carrying `ops` without waiting; waits first if the window is full.
+    pub fn submit(&mut self, ops: &[Op]) -> Result<Ticket, ClientError> {
+        while !self.session.has_room() {
+            self.pump()?;
+        }
+        let token = self.next_token;
+        self.next_token += 1;
+        self.session.submit(ops, token)?;
+        self.flush()?;
+        Ok(Ticket(token))
+    }
+
+    /// Waits for the answer to `ticket`.
+    pub fn wait(&mut self, ticket: Ticket) -> Result<Reply, ClientError> {
+        loop {
+            if let Some(result) = self.finished.remove(&ticket.0) {
+                return result;
+            }
+            self.pump()?;
+        }
+    }
+
+    /// Sends `ops` in one datagram and waits for the answer.
+    pub fn call(&mut self, ops: &[Op]) -> Result<Reply, ClientError> {
+        let ticket = self.submit(ops)?;
+        self.wait(ticket)
+    }
+
+    /// Runs one instruction per request, keeping the window full; hands each reply to `on_reply`
+    /// with the op's index, in submission order.
+    pub fn pipeline(
+        &mut self,
+        ops: impl IntoIterator<Item = Op>,
+        mut on_reply: impl FnMut(usize, Reply) -> Result<(), ClientError>,
+    ) -> Result<(), ClientError> {
+        let mut pending = VecDeque::new();
+        let mut ops = ops.into_iter().enumerate();
+        loop {
+            while self.session.has_room() {
+                let Some((index, op)) = ops.next() else { break };
+                pending.push_back((index, self.submit(std::slice::from_ref(&op))?));
+            }
+            let Some((index, ticket)) = pending.pop_front() else {
+                return Ok(());
+            };
+            on_reply(index, self.wait(ticket)?)?;
+        }
+    }
+
+    /// Round trip with no work at the target.
+    pub fn ping(&mut self) -> Result<Reply, ClientError> {
+        let reply = self.call(&[Op::ping()])?;
+        reply.data(0)?;
+        Ok(reply)
+    }
+
+    /// The target's counters.
+    pub fn stat(&mut self) -> Result<Vec<(String, u64)>, ClientError> {
+        let reply = self.call(&[Op::stat()])?;
+        Ok(decode_stat_answer(reply.data(0)?)?)
+    }
+
+    /// Reads `out.len()` bytes at `offset` of region `space`.
+    pub fn read(&mut self, space: u16, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
+        let pieces: Vec<_> = chunks(offset, out.len(), self.info.read_chunk_bytes()).collect();
+        let ops = pieces.iter().map(|(at, _, len)| Op::read(space, *at, *len as u32));
+        self.pipeline(ops, |index, reply| {
+            let (_, position, len) = pieces[index];
+            let data = reply.data(0)?;
+            if data.len() != len {
+                return Err(ClientError::MissingResult(0));
+            }
+            out[position..position + len].copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    /// Writes `data` at `offset` of region `space`.
+    pub fn write(&mut self, space: u16, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        let ops = chunks(offset, data.len(), self.info.write_chunk_bytes())
+            .map(|(at, position, len)| Op::write(space, at, &data[position..position + len]));
+        self.pipeline(ops, |_, reply| reply.data(0).map(|_| ()))
+    }
+
+    /// Compare-and-swap; returns the old value (swapped if it equals `expected`).
+    pub fn cas(&mut self, space: u16, offset: u64, expected: u64, desired: u64) -> Result<u64, ClientError> {
+        word_result(&self.call(&[Op::cas(space, offset, expected, desired)])?)
+    }
+
+    /// Fetch-and-add; returns the old value.
+    pub fn fetch_add(&mut self, space: u16, offset: u64, addend: u64) -> Result<u64, ClientError> {
+        word_result(&self.call(&[Op::fetch_add(space, offset, addend)])?)
+    }
+
+    /// Copies `len` bytes within the target.
+    pub fn memcpy(&mut self, space: u16, offset: u64, source_space: u16, source_offset: u64, len: u32) -> Result<(), ClientError> {
+        self.call(&[Op::memcpy(space, offset, source_space, source_offset, len)])?.data(0).map(|_| ())
+    }
+
+    /// Sets `len` bytes to `value`.
+    pub fn fill(&mut self, space: u16, offset: u64, len: u32, value: u8) -> Result<(), ClientError> {
+        self.call(&[Op::fill(space, offset, len, value)])?.data(0).map(|_| ())
+    }
+
+    /// Adds `lanes` into memory lane by lane; returns the new values when `return_result`.
+    pub fn vadd(&mut self, space: u16, offset: u64, lane: LaneType, lanes: &[u8], return_result: bool) -> Result<Vec<u8>, ClientError> {
+        if lanes.len() > MAX_VADD_BYTES {
+            return Err(ClientError::InvalidArgument(format!(
+                "VADD carries at most {MAX_VADD_BYTES} bytes of lanes per instruction, not {}",
+                lanes.len()
+            )));
+        }
+        let reply = self.call(&[Op::vadd(space, offset, lane, lanes, return_result)])?;
+        Ok(reply.data(0)?.to_vec())
+    }
+
+    /// CRC32 of `len` bytes.
+    pub fn crc32(&mut self, space: u16, offset: u64, len: u32) -> Result<u32, ClientError> {
+        crc_result(&self.call(&[Op::crc32(space, offset, len)])?)
+    }
+
+    fn flush(&mut self) -> Result<(), ClientError> {
+        let now = self.clock.now();
+        while let Some(datagram) = self.session.poll_transmit(now) {
+            match self.socket.send(datagram) {
+                Ok(_) => {}
+                // A full socket buffer is a lost datagram: retransmission recovers it.
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
+                    return Err(ClientError::NotListening(self.info.addr));
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// One round of I/O: wait (bounded by the next retransmission deadline) for answers, take
+    /// them, handle timeouts, send what is due.
+    fn pump(&mut self) -> Result<(), ClientError> {
+        self.flush()?;
+        if self.poll == ClientPoll::Blocking {
+            if let Some(deadline) = self.session.poll_timeout() {
+                let wait = deadline.saturating_since(self.clock.now());
+                let wait_ms = wait.as_nanos().div_ceil(1_000_000).min(i32::MAX as u64) as i32;
+                let mut poll = libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut poll, 1, wait_ms) };
+            }
+        }
+        loop {
+            match self.socket.recv(&mut self.receive_buffer) {
+                Ok(len) => self.session.handle_datagram(self.clock.now(), &self.receive_buffer[..len]),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
+                    return Err(ClientError::NotListening(self.info.addr));
+                }
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        self.session.handle_timeout(self.clock.now());
+        while let Some(completion) = self.session.poll_completion() {
+            self.finished.insert(completion.token, completion.result);
+        }
+        self.flush()
+    }
+}

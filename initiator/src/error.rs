@@ -1,0 +1,74 @@
+//! What can go wrong for a client, split by who is at fault.
+
+use std::io;
+use std::net::SocketAddr;
+
+use netdam_isa::wire::DecodeError;
+use netdam_isa::{Opcode, Status};
+
+/// A client-side failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing listens at the address (the kernel reported the port unreachable).
+    #[error("nothing is listening at {0} (is netdam-target running there?)")]
+    NotListening(SocketAddr),
+    /// A socket call failed.
+    #[error("socket error: {0}")]
+    Io(#[from] io::Error),
+    /// An idempotent request got no answer after every attempt.
+    #[error("no answer after {attempts} attempts: the target is down or unreachable")]
+    TimedOut {
+        /// Transmissions made.
+        attempts: u32,
+    },
+    /// A non-idempotent request got no answer; it may or may not have executed.
+    #[error("no answer after {attempts} attempt(s) to a non-idempotent request: it may or may not have executed")]
+    OutcomeUnknown {
+        /// Transmissions made.
+        attempts: u32,
+    },
+    /// The target refused one instruction.
+    #[error("target refused {}: {status}", opcode_name(*opcode))]
+    Refused {
+        /// Opcode number of the refused instruction.
+        opcode: u8,
+        /// The status it gave.
+        status: Status,
+    },
+    /// The target refused the whole datagram.
+    #[error("target refused the datagram: {0}")]
+    DatagramRefused(Status),
+    /// The answer has fewer results than the request had instructions.
+    #[error("answer lacks result {0}")]
+    MissingResult(usize),
+    /// The answer did not decode.
+    #[error("undecodable answer: {0}")]
+    Protocol(#[from] DecodeError),
+    /// The request does not fit in one datagram.
+    #[error("request does not fit in the negotiated datagram size of {0} bytes")]
+    TooLarge(usize),
+    /// A request with no instructions.
+    #[error("a request needs at least one instruction")]
+    Empty,
+    /// Too many requests in flight.
+    #[error("{0} requests already in flight")]
+    WindowFull(usize),
+    /// No region with that name or id.
+    #[error("the target has no region {name:?} (it has: {available})")]
+    NoSuchRegion {
+        /// What was asked for.
+        name: String,
+        /// What exists.
+        available: String,
+    },
+    /// An argument is out of range for the operation.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The client's I/O task ended.
+    #[error("client is shut down")]
+    Closed,
+}
+
+fn opcode_name(opcode: u8) -> String {
+    Opcode::from_u8(opcode).map(|known| known.name().to_uppercase()).unwrap_or_else(|| format!("opcode {opcode:#04x}"))
+}

@@ -1,0 +1,129 @@
+//! Owned instructions a client sends, with a constructor per opcode that fills the operand
+//! layout of docs/PROTOCOL.md.
+
+use netdam_isa::control::encode_hello_operand;
+use netdam_isa::opcode::VADD_FLAG_RETURN_RESULT;
+use netdam_isa::wire::Instruction;
+use netdam_isa::{LaneType, Opcode};
+
+/// One instruction to send, owning its operand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    /// Opcode number.
+    pub opcode: u8,
+    /// Per-opcode flags.
+    pub flags: u8,
+    /// Region id.
+    pub space: u16,
+    /// Byte offset.
+    pub offset: u64,
+    /// Bytes addressed.
+    pub length: u32,
+    /// Per-opcode extra operand.
+    pub aux: u32,
+    /// Operand bytes.
+    pub operand: Vec<u8>,
+}
+
+impl Op {
+    fn new(opcode: Opcode, space: u16, offset: u64, length: u32) -> Op {
+        Op { opcode: opcode as u8, flags: 0, space, offset, length, aux: 0, operand: Vec::new() }
+    }
+
+    /// Borrowed view for encoding.
+    pub fn as_instruction(&self) -> Instruction<'_> {
+        Instruction {
+            opcode: self.opcode,
+            flags: self.flags,
+            space: self.space,
+            offset: self.offset,
+            length: self.length,
+            aux: self.aux,
+            operand: &self.operand,
+        }
+    }
+
+    /// Whether sending it twice is harmless, so a lost answer may be recovered by retransmission.
+    pub fn is_idempotent(&self) -> bool {
+        match Opcode::from_u8(self.opcode) {
+            // An overlapping copy reads what it wrote the first time: not idempotent.
+            Some(Opcode::Memcpy) => {
+                let source_space = u16::from_le_bytes([self.operand[0], self.operand[1]]);
+                let mut source = [0u8; 8];
+                source.copy_from_slice(&self.operand[8..16]);
+                let source_offset = u64::from_le_bytes(source);
+                let length = u64::from(self.length);
+                source_space != self.space
+                    || source_offset.saturating_add(length) <= self.offset
+                    || self.offset.saturating_add(length) <= source_offset
+            }
+            Some(opcode) => opcode.is_idempotent(),
+            None => false,
+        }
+    }
+
+    /// HELLO asking for datagrams of up to `max_datagram_bytes`.
+    pub fn hello(max_datagram_bytes: u32) -> Op {
+        Op { operand: encode_hello_operand(max_datagram_bytes).to_vec(), ..Op::new(Opcode::Hello, 0, 0, 0) }
+    }
+
+    /// PING.
+    pub fn ping() -> Op {
+        Op::new(Opcode::Ping, 0, 0, 0)
+    }
+
+    /// STAT.
+    pub fn stat() -> Op {
+        Op::new(Opcode::Stat, 0, 0, 0)
+    }
+
+    /// READ `length` bytes at `offset`.
+    pub fn read(space: u16, offset: u64, length: u32) -> Op {
+        Op::new(Opcode::Read, space, offset, length)
+    }
+
+    /// WRITE `data` at `offset`.
+    pub fn write(space: u16, offset: u64, data: &[u8]) -> Op {
+        Op { operand: data.to_vec(), ..Op::new(Opcode::Write, space, offset, data.len() as u32) }
+    }
+
+    /// Compare-and-swap of the aligned word at `offset`.
+    pub fn cas(space: u16, offset: u64, expected: u64, desired: u64) -> Op {
+        let mut operand = expected.to_le_bytes().to_vec();
+        operand.extend_from_slice(&desired.to_le_bytes());
+        Op { operand, ..Op::new(Opcode::Cas, space, offset, 8) }
+    }
+
+    /// Fetch-and-add (wrapping) of the aligned word at `offset`.
+    pub fn fetch_add(space: u16, offset: u64, addend: u64) -> Op {
+        Op { operand: addend.to_le_bytes().to_vec(), ..Op::new(Opcode::FetchAdd, space, offset, 8) }
+    }
+
+    /// Copy `length` bytes from (`source_space`, `source_offset`) to (`space`, `offset`).
+    pub fn memcpy(space: u16, offset: u64, source_space: u16, source_offset: u64, length: u32) -> Op {
+        let mut operand = vec![0u8; 16];
+        operand[0..2].copy_from_slice(&source_space.to_le_bytes());
+        operand[8..16].copy_from_slice(&source_offset.to_le_bytes());
+        Op { operand, ..Op::new(Opcode::Memcpy, space, offset, length) }
+    }
+
+    /// Set `length` bytes at `offset` to `value`.
+    pub fn fill(space: u16, offset: u64, length: u32, value: u8) -> Op {
+        Op { aux: u32::from(value), ..Op::new(Opcode::Fill, space, offset, length) }
+    }
+
+    /// Add `lanes` (little-endian values of `lane`) into memory at `offset`.
+    pub fn vadd(space: u16, offset: u64, lane: LaneType, lanes: &[u8], return_result: bool) -> Op {
+        Op {
+            flags: if return_result { VADD_FLAG_RETURN_RESULT } else { 0 },
+            aux: lane as u32,
+            operand: lanes.to_vec(),
+            ..Op::new(Opcode::Vadd, space, offset, lanes.len() as u32)
+        }
+    }
+
+    /// CRC32 of `length` bytes at `offset`.
+    pub fn crc32(space: u16, offset: u64, length: u32) -> Op {
+        Op::new(Opcode::Crc32, space, offset, length)
+    }
+}

@@ -1,0 +1,67 @@
+//! What a client learned from HELLO, and the helpers both clients share to turn it into requests
+//! and to read answers.
+
+use std::net::SocketAddr;
+
+use netdam_isa::control::{decode_hello_answer, HelloAnswer, RegionInfo};
+use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+
+use crate::error::ClientError;
+use crate::session::Reply;
+
+/// A target as HELLO described it.
+#[derive(Debug, Clone)]
+pub struct TargetInfo {
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Its HELLO answer.
+    pub hello: HelloAnswer,
+}
+
+impl TargetInfo {
+    /// Decodes the HELLO reply.
+    pub fn from_hello(addr: SocketAddr, reply: &Reply) -> Result<TargetInfo, ClientError> {
+        let hello = decode_hello_answer(reply.data(0)?)?;
+        Ok(TargetInfo { addr, hello })
+    }
+
+    /// The region named `name`, or with id `name` when it is a number.
+    pub fn region(&self, name: &str) -> Result<&RegionInfo, ClientError> {
+        let by_id = name.parse::<u16>().ok();
+        self.hello.regions.iter().find(|region| region.name == name || Some(region.id) == by_id).ok_or_else(|| {
+            ClientError::NoSuchRegion {
+                name: name.to_string(),
+                available: self.hello.regions.iter().map(|region| region.name.as_str()).collect::<Vec<_>>().join(", "),
+            }
+        })
+    }
+
+    /// Most bytes one READ instruction may return within the negotiated datagram size.
+    pub fn read_chunk_bytes(&self) -> usize {
+        self.hello.max_datagram_bytes as usize - HEADER_LEN - RESPONSE_INSTRUCTION_HEADER_LEN
+    }
+
+    /// Most bytes one WRITE instruction may carry.
+    pub fn write_chunk_bytes(&self) -> usize {
+        self.hello.max_datagram_bytes as usize - HEADER_LEN - INSTRUCTION_HEADER_LEN
+    }
+}
+
+/// The 8-byte word answered by CAS or FETCH_ADD (its old value).
+pub fn word_result(reply: &Reply) -> Result<u64, ClientError> {
+    let data = reply.data(0)?;
+    let word: [u8; 8] = data.try_into().map_err(|_| ClientError::MissingResult(0))?;
+    Ok(u64::from_le_bytes(word))
+}
+
+/// The CRC32 answered by CRC32.
+pub fn crc_result(reply: &Reply) -> Result<u32, ClientError> {
+    let data = reply.data(0)?;
+    let word: [u8; 4] = data.try_into().map_err(|_| ClientError::MissingResult(0))?;
+    Ok(u32::from_le_bytes(word))
+}
+
+/// Splits `offset..offset + len` into pieces of at most `chunk` bytes: (offset, position, len).
+pub fn chunks(offset: u64, len: usize, chunk: usize) -> impl Iterator<Item = (u64, usize, usize)> {
+    (0..len).step_by(chunk.max(1)).map(move |position| (offset + position as u64, position, chunk.min(len - position)))
+}

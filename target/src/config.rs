@@ -1,0 +1,300 @@
+//! Target settings: defaults, the TOML file, command-line overrides, and their validation.
+//!
+//! Everything a user can set is checked here, once, with a message that names the setting; the
+//! rest of the target trusts a [`Config`] that passed [`Config::validate`].
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use netdam_isa::limits::{
+    DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_REGIONS, MAX_REGION_NAME_BYTES, MAX_WORKERS, MIN_DATAGRAM_BYTES,
+};
+use serde::{Deserialize, Serialize};
+
+/// Address the target listens on when nothing else is said: loopback only, because v1 has no
+/// authentication yet.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7800";
+/// Size of the embedded default region.
+pub const DEFAULT_REGION_BYTES: u64 = 64 << 20;
+/// Name of the embedded default region.
+pub const DEFAULT_REGION_NAME: &str = "default";
+
+/// How a worker waits for datagrams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum PollMode {
+    /// Spin on the socket: lowest, flattest latency; burns a core per worker.
+    Busy,
+    /// Spin for `adaptive_spin_us` after the last datagram, then block.
+    Adaptive,
+    /// Block in the kernel: no idle CPU, higher latency.
+    Blocking,
+}
+
+/// Where a region's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegionBackend {
+    /// Anonymous memory: volatile.
+    Mem,
+    /// A file mapping persisted with msync.
+    File,
+    /// A DAX file mapping persisted with clwb + sfence.
+    Dax,
+}
+
+/// A byte count written as a number or a string with a unit ("64MiB").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "SizeText", into = "SizeText")]
+pub struct ByteSize(pub u64);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum SizeText {
+    Number(u64),
+    Text(String),
+}
+
+impl TryFrom<SizeText> for ByteSize {
+    type Error = String;
+    fn try_from(value: SizeText) -> Result<ByteSize, String> {
+        match value {
+            SizeText::Number(bytes) => Ok(ByteSize(bytes)),
+            SizeText::Text(text) => netdam_isa::units::parse_bytes(&text).map(ByteSize),
+        }
+    }
+}
+
+impl From<ByteSize> for SizeText {
+    fn from(value: ByteSize) -> SizeText {
+        SizeText::Number(value.0)
+    }
+}
+
+/// One region.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegionConfig {
+    /// Name initiators address it by.
+    pub name: String,
+    /// Where its bytes live.
+    pub backend: RegionBackend,
+    /// Backing file for `file` and `dax`; relative paths are under `data_dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Size: a whole number of pages.
+    pub size: ByteSize,
+}
+
+/// All target settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// UDP address the workers share.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Where region files live; default: `$XDG_DATA_HOME/netdam` or `~/.local/share/netdam`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Worker threads (each owns a socket on the shared port).
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// How workers wait for datagrams.
+    #[serde(default = "default_poll")]
+    pub poll: PollMode,
+    /// Spin time before blocking, in adaptive mode.
+    #[serde(default = "default_adaptive_spin_us")]
+    pub adaptive_spin_us: u64,
+    /// Largest datagram the target receives or sends.
+    #[serde(default = "default_max_datagram_bytes")]
+    pub max_datagram_bytes: usize,
+    /// Regions; none configured means the embedded default region.
+    #[serde(default, rename = "region", skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<RegionConfig>,
+}
+
+fn default_listen() -> SocketAddr {
+    DEFAULT_LISTEN.parse().expect("the default listen address is valid")
+}
+fn default_workers() -> usize {
+    1
+}
+fn default_poll() -> PollMode {
+    PollMode::Adaptive
+}
+fn default_adaptive_spin_us() -> u64 {
+    50
+}
+fn default_max_datagram_bytes() -> usize {
+    DEFAULT_DATAGRAM_BYTES
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            listen: default_listen(),
+            data_dir: None,
+            workers: default_workers(),
+            poll: default_poll(),
+            adaptive_spin_us: default_adaptive_spin_us(),
+            max_datagram_bytes: default_max_datagram_bytes(),
+            regions: Vec::new(),
+        }
+    }
+}
+
+/// A setting that cannot work, named with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    /// The file is not valid TOML for these settings.
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// A value is out of its range or contradicts another.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The user's data directory for netdam: `$XDG_DATA_HOME/netdam`, else `$HOME/.local/share/netdam`.
+pub fn default_data_dir() -> Result<PathBuf, ConfigError> {
+    if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|value| !value.is_empty()) {
+        return Ok(PathBuf::from(xdg).join("netdam"));
+    }
+    match std::env::var_os("HOME").filter(|value| !value.is_empty()) {
+        Some(home) => Ok(PathBuf::from(home).join(".local/share/netdam")),
+        None => Err(ConfigError::Invalid(
+            "neither XDG_DATA_HOME nor HOME is set: pass --data-dir to say where region files live".to_string(),
+        )),
+    }
+}
+
+impl Config {
+    /// Reads settings from a TOML file.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        toml::from_str(&text).map_err(|error| ConfigError::Parse { path: path.to_path_buf(), message: error.to_string() })
+    }
+
+    /// The data directory in force.
+    pub fn data_dir(&self) -> Result<PathBuf, ConfigError> {
+        match &self.data_dir {
+            Some(dir) => Ok(dir.clone()),
+            None => default_data_dir(),
+        }
+    }
+
+    /// The regions to serve: the configured ones, or the embedded default.
+    pub fn effective_regions(&self) -> Vec<RegionConfig> {
+        if !self.regions.is_empty() {
+            return self.regions.clone();
+        }
+        vec![RegionConfig {
+            name: DEFAULT_REGION_NAME.to_string(),
+            backend: RegionBackend::File,
+            path: Some(PathBuf::from("default.region")),
+            size: ByteSize(DEFAULT_REGION_BYTES),
+        }]
+    }
+
+    /// Checks every setting; the message names the one at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        if !(1..=MAX_WORKERS).contains(&self.workers) {
+            return invalid(format!("workers = {}: must be between 1 and {MAX_WORKERS}", self.workers));
+        }
+        if !(MIN_DATAGRAM_BYTES..=MAX_DATAGRAM_BYTES).contains(&self.max_datagram_bytes) {
+            return invalid(format!(
+                "max_datagram_bytes = {}: must be between {MIN_DATAGRAM_BYTES} and {MAX_DATAGRAM_BYTES}",
+                self.max_datagram_bytes
+            ));
+        }
+        if self.adaptive_spin_us > 1_000_000 {
+            return invalid(format!("adaptive_spin_us = {}: at most 1000000 (one second)", self.adaptive_spin_us));
+        }
+        let regions = self.effective_regions();
+        if regions.len() > MAX_REGIONS {
+            return invalid(format!("{} regions configured: at most {MAX_REGIONS}", regions.len()));
+        }
+        for (index, region) in regions.iter().enumerate() {
+            let name = &region.name;
+            let name_ok = !name.is_empty()
+                && name.len() <= MAX_REGION_NAME_BYTES
+                && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"_.-".contains(&byte));
+            if !name_ok {
+                return invalid(format!(
+                    "region name {name:?}: use 1 to {MAX_REGION_NAME_BYTES} characters of A-Z a-z 0-9 _ . -"
+                ));
+            }
+            if regions[..index].iter().any(|other| other.name == *name) {
+                return invalid(format!("region name {name:?} is used twice"));
+            }
+            match (region.backend, &region.path) {
+                (RegionBackend::Mem, Some(_)) => {
+                    return invalid(format!("region {name:?}: backend \"mem\" takes no path"));
+                }
+                (RegionBackend::File | RegionBackend::Dax, None) => {
+                    return invalid(format!("region {name:?}: backend {:?} needs a path", region.backend));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The effective settings as TOML, for `netdam-target config`.
+    pub fn to_toml(&self) -> String {
+        let mut shown = self.clone();
+        shown.regions = self.effective_regions();
+        toml::to_string_pretty(&shown).expect("settings always serialize")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_settings_parse_with_units_and_defaults() {
+        let config: Config = toml::from_str(
+            r#"
+            listen = "127.0.0.1:9000"
+            poll = "busy"
+            [[region]]
+            name = "scratch"
+            backend = "mem"
+            size = "2MiB"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.workers, 1);
+        assert_eq!(config.poll, PollMode::Busy);
+        assert_eq!(config.regions[0].size, ByteSize(2 << 20));
+        config.validate().unwrap();
+        let back: Config = toml::from_str(&config.to_toml()).unwrap();
+        assert_eq!(back, config);
+    }
+
+    #[test]
+    fn unknown_and_invalid_settings_are_named() {
+        let unknown = toml::from_str::<Config>("listen = \"127.0.0.1:1\"\nworkerz = 2").unwrap_err().to_string();
+        assert!(unknown.contains("workerz"), "{unknown}");
+        let config = Config { workers: 0, ..Config::default() };
+        assert!(config.validate().unwrap_err().to_string().contains("workers"));
+        let twice = RegionConfig { name: "a".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
+        let config = Config { regions: vec![twice.clone(), twice], ..Config::default() };
+        assert!(config.validate().unwrap_err().to_string().contains("used twice"));
+        let pathless = RegionConfig { name: "f".into(), backend: RegionBackend::File, path: None, size: ByteSize(4096) };
+        let config = Config { regions: vec![pathless], ..Config::default() };
+        assert!(config.validate().unwrap_err().to_string().contains("needs a path"));
+    }
+
+    #[test]
+    fn no_regions_means_the_persistent_default() {
+        let regions = Config::default().effective_regions();
+        assert_eq!(regions.len(), 1);
+        assert_eq!(regions[0].name, DEFAULT_REGION_NAME);
+        assert_eq!(regions[0].backend, RegionBackend::File);
+    }
+}

@@ -1,0 +1,187 @@
+//! The worker's UDP socket: shared port (`SO_REUSEPORT`), received-TTL ancillary data, and
+//! batched receive (`recvmmsg`) into buffers allocated once at start-up.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use netdam_isa::limits::RECEIVE_BATCH;
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// Kernel socket buffer asked for: deep enough for bursts, bounded like every queue.
+const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+/// Room for one TTL/hop-limit control message.
+const CONTROL_BYTES: usize = 64;
+/// How long a blocking receive waits before the worker checks for shutdown.
+pub const BLOCKING_WAKE_MS: u64 = 100;
+
+/// Opens a socket bound to `addr` that other workers can bind too.
+pub fn bind_shared(addr: SocketAddr) -> io::Result<OwnedFd> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_port(true)?;
+    // Best effort: the kernel caps these at net.core.{r,w}mem_max.
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    let (level, option) = if addr.is_ipv4() {
+        (libc::IPPROTO_IP, libc::IP_RECVTTL)
+    } else {
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT)
+    };
+    let enable: libc::c_int = 1;
+    // SAFETY: a valid socket and a pointer to an int of the stated size.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            option,
+            (&enable as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let timeout = std::time::Duration::from_millis(BLOCKING_WAKE_MS);
+    socket.set_read_timeout(Some(timeout))?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// The address a socket is bound to.
+pub fn local_addr(fd: &OwnedFd) -> io::Result<SocketAddr> {
+    let socket = socket2::SockRef::from(fd);
+    socket.local_addr()?.as_socket().ok_or_else(|| io::Error::other("socket has no IP address"))
+}
+
+/// One received datagram of a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Received {
+    /// Bytes received (the datagram's length, or the buffer's if `truncated`).
+    pub len: usize,
+    /// The datagram was longer than the buffer; the kernel cut it.
+    pub truncated: bool,
+    /// IP TTL or IPv6 hop limit it arrived with; 0 if the kernel did not say.
+    pub ttl: u8,
+}
+
+/// Buffers and kernel headers for one `recvmmsg` batch, allocated once per worker.
+pub struct ReceiveBatch {
+    buffers: Vec<u8>,
+    buffer_bytes: usize,
+    iovecs: Vec<libc::iovec>,
+    addresses: Vec<libc::sockaddr_storage>,
+    controls: Vec<[u8; CONTROL_BYTES]>,
+    headers: Vec<libc::mmsghdr>,
+    received: [Received; RECEIVE_BATCH],
+    count: usize,
+}
+
+impl ReceiveBatch {
+    /// Room for `RECEIVE_BATCH` datagrams of `buffer_bytes` each.
+    pub fn new(buffer_bytes: usize) -> ReceiveBatch {
+        let mut batch = ReceiveBatch {
+            buffers: vec![0u8; RECEIVE_BATCH * buffer_bytes],
+            buffer_bytes,
+            // SAFETY: iovec, sockaddr_storage and mmsghdr are plain C structs; all-zero is valid.
+            iovecs: vec![unsafe { zeroed() }; RECEIVE_BATCH],
+            addresses: vec![unsafe { zeroed() }; RECEIVE_BATCH],
+            controls: vec![[0u8; CONTROL_BYTES]; RECEIVE_BATCH],
+            headers: vec![unsafe { zeroed() }; RECEIVE_BATCH],
+            received: [Received { len: 0, truncated: false, ttl: 0 }; RECEIVE_BATCH],
+            count: 0,
+        };
+        // The vectors never grow, so these pointers stay valid for the batch's life.
+        for index in 0..RECEIVE_BATCH {
+            batch.iovecs[index] = libc::iovec {
+                iov_base: batch.buffers[index * buffer_bytes..].as_mut_ptr().cast(),
+                iov_len: buffer_bytes,
+            };
+            let header = &mut batch.headers[index].msg_hdr;
+            header.msg_iov = &mut batch.iovecs[index];
+            header.msg_iovlen = 1;
+        }
+        batch
+    }
+
+    /// Receives up to `RECEIVE_BATCH` datagrams. With `wait`, blocks until one arrives (or the
+    /// socket's timeout passes); without, returns at once. Returns how many arrived.
+    pub fn receive(&mut self, fd: &OwnedFd, wait: bool) -> io::Result<usize> {
+        for index in 0..RECEIVE_BATCH {
+            let header = &mut self.headers[index].msg_hdr;
+            header.msg_name = (&mut self.addresses[index] as *mut libc::sockaddr_storage).cast();
+            header.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            header.msg_control = self.controls[index].as_mut_ptr().cast();
+            header.msg_controllen = CONTROL_BYTES;
+            header.msg_flags = 0;
+        }
+        let flags = if wait { libc::MSG_WAITFORONE } else { libc::MSG_DONTWAIT };
+        // SAFETY: every header points into buffers owned by self, sized as stated.
+        let count = unsafe {
+            libc::recvmmsg(fd.as_raw_fd(), self.headers.as_mut_ptr(), RECEIVE_BATCH as u32, flags, core::ptr::null_mut())
+        };
+        if count < 0 {
+            self.count = 0;
+            return Err(io::Error::last_os_error());
+        }
+        self.count = count as usize;
+        for index in 0..self.count {
+            let header = &self.headers[index];
+            self.received[index] = Received {
+                len: (header.msg_len as usize).min(self.buffer_bytes),
+                truncated: header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+                ttl: received_ttl(&header.msg_hdr),
+            };
+        }
+        Ok(self.count)
+    }
+
+    /// Datagram `index` of the last batch, with its bytes.
+    pub fn get(&self, index: usize) -> (Received, &[u8]) {
+        assert!(index < self.count, "datagram {index} beyond the batch of {}", self.count);
+        let received = self.received[index];
+        let start = index * self.buffer_bytes;
+        (received, &self.buffers[start..start + received.len])
+    }
+
+    /// Sends `bytes` back to the sender of datagram `index`.
+    pub fn reply(&self, fd: &OwnedFd, index: usize, bytes: &[u8]) -> io::Result<()> {
+        assert!(index < self.count, "reply to datagram {index} beyond the batch of {}", self.count);
+        let header = &self.headers[index].msg_hdr;
+        // SAFETY: the address was filled in by recvmmsg with msg_namelen bytes.
+        let sent = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT,
+                header.msg_name.cast(),
+                header.msg_namelen,
+            )
+        };
+        if sent < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn received_ttl(header: &libc::msghdr) -> u8 {
+    // SAFETY: the control buffer was filled by the kernel; CMSG_* walk it within msg_controllen.
+    unsafe {
+        let mut control = libc::CMSG_FIRSTHDR(header);
+        while !control.is_null() {
+            let level = (*control).cmsg_level;
+            let kind = (*control).cmsg_type;
+            if (level == libc::IPPROTO_IP && kind == libc::IP_TTL)
+                || (level == libc::IPPROTO_IPV6 && kind == libc::IPV6_HOPLIMIT)
+            {
+                let value = core::ptr::read_unaligned(libc::CMSG_DATA(control).cast::<libc::c_int>());
+                return u8::try_from(value).unwrap_or(0);
+            }
+            control = libc::CMSG_NXTHDR(header, control);
+        }
+    }
+    0
+}

@@ -1,0 +1,137 @@
+//! Per-worker counters: plain atomics each worker bumps without contention, summed on demand for
+//! STAT (and, later, metrics).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use netdam_isa::Status;
+
+macro_rules! counters {
+    ($($variant:ident => $name:literal: $doc:literal,)*) => {
+        /// A named event a worker counts.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Counter {
+            $(#[doc = $doc] $variant,)*
+        }
+
+        impl Counter {
+            /// Every counter, in STAT order.
+            pub const ALL: &'static [Counter] = &[$(Counter::$variant,)*];
+
+            /// The name STAT reports it under.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(Counter::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    DatagramsReceived => "datagrams_received": "Datagrams taken from the socket.",
+    ResponsesSent => "responses_sent": "Responses handed to the kernel.",
+    InstructionsExecuted => "instructions_executed": "Instructions answered, whatever their status.",
+    DroppedTooShort => "dropped_too_short": "Dropped: shorter than a header.",
+    DroppedBadMagic => "dropped_bad_magic": "Dropped: wrong magic.",
+    DroppedBadCrc => "dropped_bad_crc": "Dropped: CRC mismatch.",
+    DroppedOversized => "dropped_oversized": "Dropped: larger than max_datagram_bytes (truncated by the kernel).",
+    DroppedNotRequest => "dropped_not_request": "Dropped: carries the response flag.",
+    AnsweredUnsupportedVersion => "answered_unsupported_version": "Answered with datagram status unsupported_version.",
+    AnsweredMalformed => "answered_malformed": "Answered with datagram status malformed.",
+    SendErrors => "send_errors": "Responses the kernel refused to send.",
+    ReceiveErrors => "receive_errors": "Receive calls that failed other than for lack of data.",
+}
+
+/// Counters of one worker, on their own cache lines so workers never share one.
+#[derive(Debug)]
+#[repr(align(128))]
+pub struct WorkerStats {
+    counters: [AtomicU64; Counter::ALL.len()],
+    by_status: [AtomicU64; Status::ALL.len()],
+}
+
+impl Default for WorkerStats {
+    fn default() -> WorkerStats {
+        WorkerStats {
+            counters: std::array::from_fn(|_| AtomicU64::new(0)),
+            by_status: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl WorkerStats {
+    /// Adds `count` to `counter`.
+    pub fn add(&self, counter: Counter, count: u64) {
+        self.counters[counter as usize].fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// Counts one instruction answered with `status`.
+    pub fn count_status(&self, status: Status) {
+        self.by_status[status as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Current value of `counter`.
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.counters[counter as usize].load(Ordering::Relaxed)
+    }
+
+    /// Instructions answered with `status` so far.
+    pub fn status_count(&self, status: Status) -> u64 {
+        self.by_status[status as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Sums of every worker's counters: a plain snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    /// Values of [`Counter::ALL`], in order.
+    pub counters: Vec<(&'static str, u64)>,
+    /// Instructions answered per status, in wire order.
+    pub by_status: Vec<(Status, u64)>,
+}
+
+impl StatsSnapshot {
+    /// Sums `workers`.
+    pub fn sum(workers: &[WorkerStats]) -> StatsSnapshot {
+        StatsSnapshot {
+            counters: Counter::ALL
+                .iter()
+                .map(|counter| (counter.name(), workers.iter().map(|worker| worker.get(*counter)).sum()))
+                .collect(),
+            by_status: Status::ALL
+                .iter()
+                .map(|status| (*status, workers.iter().map(|worker| worker.status_count(*status)).sum()))
+                .collect(),
+        }
+    }
+
+    /// The value of the counter named `name`.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.counters.iter().find(|(counter, _)| *counter == name).map(|(_, value)| *value)
+    }
+}
+
+/// Name of the STAT entry counting instructions answered with `status`.
+pub fn status_counter_name(status: Status) -> &'static str {
+    match status {
+        Status::Ok => "status_ok",
+        Status::Malformed => "status_malformed",
+        Status::UnsupportedVersion => "status_unsupported_version",
+        Status::UnknownOpcode => "status_unknown_opcode",
+        Status::NotSupported => "status_not_supported",
+        Status::NoSuchSpace => "status_no_such_space",
+        Status::OutOfRange => "status_out_of_range",
+        Status::Unaligned => "status_unaligned",
+        Status::TooLarge => "status_too_large",
+        Status::IoError => "status_io_error",
+        Status::Busy => "status_busy",
+        Status::NoSession => "status_no_session",
+        Status::PermissionDenied => "status_permission_denied",
+        Status::Stale => "status_stale",
+    }
+}
+
+// STAT carries every counter, every status and the target-wide entries in one answer.
+const _: () = assert!(
+    Counter::ALL.len() + Status::ALL.len() + crate::dispatch::TARGET_STAT_ENTRIES <= netdam_isa::limits::MAX_STAT_ENTRIES
+);

@@ -1,0 +1,104 @@
+//! A worker: one thread, one socket on the shared port, running every request to completion.
+//!
+//! Each pass takes at most `RECEIVE_BATCH` datagrams (bounded work per pass), executes each and
+//! sends its response before taking the next. All buffers are allocated before the loop starts;
+//! inside it there is no allocation, no lock, and no system call but receive and send.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use netdam_isa::engine::Engine;
+use netdam_isa::{Duration, Instant};
+
+use crate::config::PollMode;
+use crate::dispatch::Dispatcher;
+use crate::socket::ReceiveBatch;
+use crate::stats::Counter;
+
+/// Reads the monotonic clock as the protocol's own `Instant`; drivers own time, cores take it.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    origin: std::time::Instant,
+}
+
+impl Clock {
+    /// A clock whose origin is now.
+    pub fn new() -> Clock {
+        Clock { origin: std::time::Instant::now() }
+    }
+
+    /// Time since the origin.
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Clock {
+        Clock::new()
+    }
+}
+
+/// How one worker runs.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerSettings {
+    /// How it waits for datagrams.
+    pub poll: PollMode,
+    /// In adaptive mode, how long it spins after the last datagram before blocking.
+    pub adaptive_spin: Duration,
+    /// Largest datagram received or sent.
+    pub max_datagram_bytes: usize,
+}
+
+/// Runs a worker until `shutdown` is set.
+pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: WorkerSettings, shutdown: Arc<AtomicBool>) {
+    let mut batch = ReceiveBatch::new(settings.max_datagram_bytes);
+    let mut out = vec![0u8; settings.max_datagram_bytes];
+    let clock = Clock::new();
+    let mut last_datagram = clock.now();
+    while !shutdown.load(Ordering::Relaxed) {
+        let wait = match settings.poll {
+            PollMode::Busy => false,
+            PollMode::Blocking => true,
+            PollMode::Adaptive => clock.now().saturating_since(last_datagram) > settings.adaptive_spin,
+        };
+        let count = match batch.receive(&fd, wait) {
+            Ok(count) => count,
+            Err(error) => {
+                match error.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::EINTR) => {}
+                    _ => {
+                        dispatcher.count(Counter::ReceiveErrors);
+                        tracing::warn!(%error, "receive failed");
+                    }
+                }
+                if !wait {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+        };
+        let received_at = clock.now();
+        last_datagram = received_at;
+        for index in 0..count {
+            let (received, datagram) = batch.get(index);
+            if received.truncated {
+                dispatcher.count(Counter::DatagramsReceived);
+                dispatcher.count(Counter::DroppedOversized);
+                continue;
+            }
+            let Some(response) = dispatcher.handle(datagram, &mut out) else {
+                continue;
+            };
+            let service_time_ns = u32::try_from(clock.now().saturating_since(received_at).as_nanos()).unwrap_or(u32::MAX);
+            // Datagrams of this batch still waiting behind this one: the worker's queue.
+            let queue_depth = (count - 1 - index) as u16;
+            let len = response.finish(received.ttl, service_time_ns, queue_depth);
+            match batch.reply(&fd, index, &out[..len]) {
+                Ok(()) => dispatcher.count(Counter::ResponsesSent),
+                Err(_) => dispatcher.count(Counter::SendErrors),
+            }
+        }
+    }
+}
