@@ -137,7 +137,14 @@ impl AsyncClient {
     }
 
     /// Adds lanes into memory; returns the new values when `return_result`.
-    pub async fn vadd(&self, space: u16, offset: u64, lane: LaneType, lanes: &[u8], return_result: bool) -> Result<Vec<u8>, ClientError> {
+    pub async fn vadd(
+        &self,
+        space: u16,
+        offset: u64,
+        lane: LaneType,
+        lanes: &[u8],
+        return_result: bool,
+    ) -> Result<Vec<u8>, ClientError> {
         Ok(self.call(vec![Op::vadd(space, offset, lane, lanes, return_result)]).await?.data(0)?.to_vec())
     }
 
@@ -196,9 +203,9 @@ async fn drive(
         if !open && waiting.is_empty() && backlog.is_empty() {
             return;
         }
-        let sleep_until = session.poll_timeout().map(|deadline| {
-            tokio::time::Instant::now() + deadline.saturating_since(clock.now()).to_std()
-        });
+        let sleep_until = session
+            .poll_timeout()
+            .map(|deadline| tokio::time::Instant::now() + deadline.saturating_since(clock.now()).to_std());
         tokio::select! {
             command = commands.recv(), if open && backlog.len() < COMMAND_QUEUE => match command {
                 Some(command) => backlog.push_back(command),

@@ -227,7 +227,14 @@ impl Client {
     }
 
     /// Copies `len` bytes within the target.
-    pub fn memcpy(&mut self, space: u16, offset: u64, source_space: u16, source_offset: u64, len: u32) -> Result<(), ClientError> {
+    pub fn memcpy(
+        &mut self,
+        space: u16,
+        offset: u64,
+        source_space: u16,
+        source_offset: u64,
+        len: u32,
+    ) -> Result<(), ClientError> {
         self.call(&[Op::memcpy(space, offset, source_space, source_offset, len)])?.data(0).map(|_| ())
     }
 
@@ -237,7 +244,14 @@ impl Client {
     }
 
     /// Adds `lanes` into memory lane by lane; returns the new values when `return_result`.
-    pub fn vadd(&mut self, space: u16, offset: u64, lane: LaneType, lanes: &[u8], return_result: bool) -> Result<Vec<u8>, ClientError> {
+    pub fn vadd(
+        &mut self,
+        space: u16,
+        offset: u64,
+        lane: LaneType,
+        lanes: &[u8],
+        return_result: bool,
+    ) -> Result<Vec<u8>, ClientError> {
         if lanes.len() > MAX_VADD_BYTES {
             return Err(ClientError::InvalidArgument(format!(
                 "VADD carries at most {MAX_VADD_BYTES} bytes of lanes per instruction, not {}",

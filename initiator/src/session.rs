@@ -137,10 +137,7 @@ pub struct Session {
 impl Session {
     /// A session with id `session_id` (0 before HELLO has assigned one).
     pub fn new(config: SessionConfig, session_id: u32) -> Session {
-        assert!(
-            (1..=MAX_IN_FLIGHT).contains(&config.max_in_flight),
-            "max_in_flight must be 1..={MAX_IN_FLIGHT}"
-        );
+        assert!((1..=MAX_IN_FLIGHT).contains(&config.max_in_flight), "max_in_flight must be 1..={MAX_IN_FLIGHT}");
         Session {
             config,
             session_id,

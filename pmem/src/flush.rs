@@ -52,8 +52,12 @@ impl CacheLineFlush {
             // instruction in CPUID.
             unsafe {
                 match self {
-                    CacheLineFlush::WriteBack => core::arch::asm!("clwb [{0}]", in(reg) line, options(nostack, preserves_flags)),
-                    CacheLineFlush::FlushOpt => core::arch::asm!("clflushopt [{0}]", in(reg) line, options(nostack, preserves_flags)),
+                    CacheLineFlush::WriteBack => {
+                        core::arch::asm!("clwb [{0}]", in(reg) line, options(nostack, preserves_flags))
+                    }
+                    CacheLineFlush::FlushOpt => {
+                        core::arch::asm!("clflushopt [{0}]", in(reg) line, options(nostack, preserves_flags))
+                    }
                     CacheLineFlush::Flush => core::arch::x86_64::_mm_clflush(line as *const u8),
                 }
             }

@@ -280,7 +280,12 @@ fn map_file(name: &str, path: &Path, size_bytes: u64, dax: bool) -> Result<*mut 
         file.set_len(size_bytes).map_err(|source| system("sizing", source))?;
         file.sync_all().map_err(|source| system("syncing", source))?;
     } else if actual_bytes != size_bytes {
-        return Err(RegionError::SizeMismatch { name: name.to_string(), path: path.to_path_buf(), actual_bytes, size_bytes });
+        return Err(RegionError::SizeMismatch {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            actual_bytes,
+            size_bytes,
+        });
     }
     let flags = if dax { libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC } else { libc::MAP_SHARED | libc::MAP_POPULATE };
     // SAFETY: maps the open file; the mapping stays valid after the descriptor is closed.

@@ -173,8 +173,10 @@ pub fn default_data_dir() -> Result<PathBuf, ConfigError> {
 impl Config {
     /// Reads settings from a TOML file.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        toml::from_str(&text).map_err(|error| ConfigError::Parse { path: path.to_path_buf(), message: error.to_string() })
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        toml::from_str(&text)
+            .map_err(|error| ConfigError::Parse { path: path.to_path_buf(), message: error.to_string() })
     }
 
     /// The data directory in force.
@@ -285,7 +287,8 @@ mod tests {
         let twice = RegionConfig { name: "a".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
         let config = Config { regions: vec![twice.clone(), twice], ..Config::default() };
         assert!(config.validate().unwrap_err().to_string().contains("used twice"));
-        let pathless = RegionConfig { name: "f".into(), backend: RegionBackend::File, path: None, size: ByteSize(4096) };
+        let pathless =
+            RegionConfig { name: "f".into(), backend: RegionBackend::File, path: None, size: ByteSize(4096) };
         let config = Config { regions: vec![pathless], ..Config::default() };
         assert!(config.validate().unwrap_err().to_string().contains("needs a path"));
     }

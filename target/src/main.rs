@@ -95,9 +95,7 @@ extern "C" fn request_stop(_signal: libc::c_int) {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NETDAM_LOG").unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NETDAM_LOG").unwrap_or_else(|_| "info".into()))
         .init();
     let cli = Cli::parse();
     let (serve, settings) = match cli.command {

@@ -59,8 +59,11 @@ impl Target {
         let regions = Arc::new(RegionTable::open(&config.effective_regions(), &data_dir)?);
         let shared = Arc::new(Shared::new(regions.clone(), config.workers, config.max_datagram_bytes));
         let sockets = bind_workers(config.listen, config.workers)?;
-        let local_addr = socket::local_addr(&sockets[0])
-            .map_err(|source| StartError::Bind { addr: config.listen, source, hint: "" })?;
+        let local_addr = socket::local_addr(&sockets[0]).map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
+            hint: "",
+        })?;
         let settings = WorkerSettings {
             poll: config.poll,
             adaptive_spin: Duration::from_micros(config.adaptive_spin_us),
@@ -69,8 +72,14 @@ impl Target {
         let shutdown = Arc::new(AtomicBool::new(false));
         let engine = SoftwareEngine::new(regions);
         let engine_name = engine.name();
-        let mut target =
-            Target { local_addr, shared: shared.clone(), shutdown: shutdown.clone(), threads: Vec::new(), engine_name, data_dir };
+        let mut target = Target {
+            local_addr,
+            shared: shared.clone(),
+            shutdown: shutdown.clone(),
+            threads: Vec::new(),
+            engine_name,
+            data_dir,
+        };
         for (index, fd) in sockets.into_iter().enumerate() {
             let dispatcher = Dispatcher::new(engine.clone(), shared.clone(), index);
             let shutdown = shutdown.clone();

@@ -118,7 +118,13 @@ impl ReceiveBatch {
         let flags = if wait { libc::MSG_WAITFORONE } else { libc::MSG_DONTWAIT };
         // SAFETY: every header points into buffers owned by self, sized as stated.
         let count = unsafe {
-            libc::recvmmsg(fd.as_raw_fd(), self.headers.as_mut_ptr(), RECEIVE_BATCH as u32, flags, core::ptr::null_mut())
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                self.headers.as_mut_ptr(),
+                RECEIVE_BATCH as u32,
+                flags,
+                core::ptr::null_mut(),
+            )
         };
         if count < 0 {
             self.count = 0;

@@ -133,5 +133,6 @@ pub fn status_counter_name(status: Status) -> &'static str {
 
 // STAT carries every counter, every status and the target-wide entries in one answer.
 const _: () = assert!(
-    Counter::ALL.len() + Status::ALL.len() + crate::dispatch::TARGET_STAT_ENTRIES <= netdam_isa::limits::MAX_STAT_ENTRIES
+    Counter::ALL.len() + Status::ALL.len() + crate::dispatch::TARGET_STAT_ENTRIES
+        <= netdam_isa::limits::MAX_STAT_ENTRIES
 );

@@ -91,7 +91,8 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             let Some(response) = dispatcher.handle(datagram, &mut out) else {
                 continue;
             };
-            let service_time_ns = u32::try_from(clock.now().saturating_since(received_at).as_nanos()).unwrap_or(u32::MAX);
+            let service_time_ns =
+                u32::try_from(clock.now().saturating_since(received_at).as_nanos()).unwrap_or(u32::MAX);
             // Datagrams of this batch still waiting behind this one: the worker's queue.
             let queue_depth = (count - 1 - index) as u16;
             let len = response.finish(received.ttl, service_time_ns, queue_depth);

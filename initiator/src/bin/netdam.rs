@@ -207,7 +207,9 @@ fn run(cli: &Cli) -> Result<(), String> {
             if cli.json {
                 let list: Vec<_> = regions
                     .iter()
-                    .map(|r| json!({"id": r.id, "name": r.name, "size_bytes": r.size_bytes, "persistent": r.persistent}))
+                    .map(
+                        |r| json!({"id": r.id, "name": r.name, "size_bytes": r.size_bytes, "persistent": r.persistent}),
+                    )
                     .collect();
                 println!("{}", json!(list));
             } else {
@@ -242,7 +244,9 @@ fn run(cli: &Cli) -> Result<(), String> {
         Command::Write { region, offset, file, data } => {
             let space = region_id(&client, region)?;
             let bytes = match (file, data) {
-                (Some(path), _) => std::fs::read(path).map_err(|error| format!("reading {}: {error}", path.display()))?,
+                (Some(path), _) => {
+                    std::fs::read(path).map_err(|error| format!("reading {}: {error}", path.display()))?
+                }
                 (None, Some(text)) => text.as_bytes().to_vec(),
                 (None, None) => {
                     let mut bytes = Vec::new();
@@ -321,20 +325,37 @@ fn run(cli: &Cli) -> Result<(), String> {
     Ok(())
 }
 
-fn report_transfer(json_out: bool, verb: &str, region: &str, offset: u64, len: usize, elapsed: std::time::Duration, path: Option<&std::path::Path>) {
+fn report_transfer(
+    json_out: bool,
+    verb: &str,
+    region: &str,
+    offset: u64,
+    len: usize,
+    elapsed: std::time::Duration,
+    path: Option<&std::path::Path>,
+) {
     let mib_per_s = len as f64 / (1 << 20) as f64 / elapsed.as_secs_f64().max(1e-9);
     if json_out {
-        println!("{}", json!({"region": region, "offset": offset, "length": len, "seconds": elapsed.as_secs_f64(), "file": path.map(|p| p.display().to_string())}));
+        println!(
+            "{}",
+            json!({"region": region, "offset": offset, "length": len, "seconds": elapsed.as_secs_f64(), "file": path.map(|p| p.display().to_string())})
+        );
     } else {
         let into = path.map(|p| format!(" into {}", p.display())).unwrap_or_default();
-        println!("{verb} {len} bytes at {offset} of region {region}{into} in {:.3} s ({mib_per_s:.1} MiB/s)", elapsed.as_secs_f64());
+        println!(
+            "{verb} {len} bytes at {offset} of region {region}{into} in {:.3} s ({mib_per_s:.1} MiB/s)",
+            elapsed.as_secs_f64()
+        );
     }
 }
 
 fn print_hex_dump(offset: u64, bytes: &[u8]) {
     for (line, chunk) in bytes.chunks(16).enumerate() {
         let hex: Vec<String> = chunk.iter().map(|byte| format!("{byte:02x}")).collect();
-        let text: String = chunk.iter().map(|byte| if byte.is_ascii_graphic() || *byte == b' ' { *byte as char } else { '.' }).collect();
+        let text: String = chunk
+            .iter()
+            .map(|byte| if byte.is_ascii_graphic() || *byte == b' ' { *byte as char } else { '.' })
+            .collect();
         println!("{:012x}  {:<47}  |{text}|", offset + line as u64 * 16, hex.join(" "));
     }
 }

@@ -1,0 +1,155 @@
+//! Every kind of bad datagram gets its documented answer, or is dropped and counted by reason;
+//! the target keeps serving throughout.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use common::{region, start};
+use netdam_isa::wire::{datagram_crc, Instruction, RequestBuilder, Response, HEADER_LEN};
+use netdam_isa::{Opcode, Status};
+use netdam_target::stats::StatsSnapshot;
+
+const MAX_DATAGRAM: usize = 4096;
+
+struct Probe {
+    socket: UdpSocket,
+}
+
+impl Probe {
+    fn new(addr: std::net::SocketAddr) -> Probe {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.connect(addr).unwrap();
+        socket.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        Probe { socket }
+    }
+
+    /// Sends `bytes`; returns the answer, or None when none came within the timeout.
+    fn exchange(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        self.socket.send(bytes).unwrap();
+        let mut buffer = vec![0u8; 65_536];
+        match self.socket.recv(&mut buffer) {
+            Ok(len) => Some(buffer[..len].to_vec()),
+            Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => None,
+            Err(error) => panic!("recv: {error}"),
+        }
+    }
+}
+
+fn request(sequence: u64, instructions: &[Instruction<'_>]) -> Vec<u8> {
+    let mut buffer = vec![0u8; 65_536];
+    let mut builder = RequestBuilder::new(&mut buffer, 3, sequence).unwrap();
+    for instruction in instructions {
+        builder.push(instruction).unwrap();
+    }
+    let len = builder.finish();
+    buffer.truncate(len);
+    buffer
+}
+
+fn read(offset: u64, length: u32) -> Instruction<'static> {
+    Instruction { opcode: Opcode::Read as u8, flags: 0, space: 0, offset, length, aux: 0, operand: &[] }
+}
+
+fn fix_crc(bytes: &mut [u8]) {
+    let crc = datagram_crc(bytes);
+    bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn delta(before: &StatsSnapshot, after: &StatsSnapshot, name: &str) -> u64 {
+    after.get(name).unwrap() - before.get(name).unwrap()
+}
+
+#[test]
+fn bad_datagrams_are_answered_or_dropped_by_reason() {
+    let test = start(vec![region("mem", 65536, false)], 1, MAX_DATAGRAM);
+    let probe = Probe::new(test.target.local_addr());
+    let good = request(1, &[read(0, 8)]);
+    assert!(probe.exchange(&good).is_some(), "a good request is answered");
+    let before = test.target.stats();
+
+    // Dropped, each with its reason.
+    assert_eq!(probe.exchange(&good[..HEADER_LEN - 1]), None, "truncated below a header");
+    let mut magic = good.clone();
+    magic[0] = b'X';
+    assert_eq!(probe.exchange(&magic), None, "wrong magic");
+    let mut garbled = good.clone();
+    garbled[HEADER_LEN + 9] ^= 0x40;
+    assert_eq!(probe.exchange(&garbled), None, "garbled: CRC mismatch");
+    assert_eq!(probe.exchange(&good[..good.len() - 3]), None, "cut short: CRC mismatch");
+    let oversized = request(2, &[Instruction { operand: &[7u8; MAX_DATAGRAM], ..read(0, 0) }]);
+    assert_eq!(probe.exchange(&oversized), None, "over max_datagram_bytes");
+    let mut response_flag = good.clone();
+    response_flag[3] = 0x01;
+    fix_crc(&mut response_flag);
+    assert_eq!(probe.exchange(&response_flag), None, "a response is never answered");
+
+    // Answered with a datagram status naming the request.
+    let mut version = request(77, &[read(0, 8)]);
+    version[2] = 9;
+    let answer = probe.exchange(&version).expect("wrong version is answered");
+    let response = Response::parse(&answer).unwrap();
+    assert_eq!(
+        (response.status(), response.header.sequence, response.header.count),
+        (Status::UnsupportedVersion, 77, 0)
+    );
+    assert!(answer.len() <= version.len(), "an error answer is never larger than the request");
+
+    let mut trailing = request(78, &[read(0, 8)]);
+    trailing.push(0);
+    fix_crc(&mut trailing);
+    let response_bytes = probe.exchange(&trailing).expect("trailing bytes are answered");
+    assert_eq!(Response::parse(&response_bytes).unwrap().status(), Status::Malformed);
+
+    let mut lying_length = request(79, &[read(0, 8)]);
+    lying_length[HEADER_LEN + 4] = 200; // operand length beyond the datagram
+    fix_crc(&mut lying_length);
+    let response_bytes = probe.exchange(&lying_length).expect("a lying operand length is answered");
+    assert_eq!(Response::parse(&response_bytes).unwrap().status(), Status::Malformed);
+
+    let mut reserved = request(80, &[read(0, 8)]);
+    reserved[26] = 1;
+    fix_crc(&mut reserved);
+    let response_bytes = probe.exchange(&reserved).expect("a reserved header byte is answered");
+    assert_eq!(Response::parse(&response_bytes).unwrap().status(), Status::Malformed);
+
+    // Per-instruction statuses.
+    let eight = [1u8; 8];
+    let cases: Vec<(Instruction<'_>, Status)> = vec![
+        (Instruction { opcode: 0x7F, ..read(0, 8) }, Status::UnknownOpcode),
+        (Instruction { opcode: 0xC0, ..read(0, 8) }, Status::UnknownOpcode),
+        (read(65_535, 2), Status::OutOfRange),
+        (read(u64::MAX, 1), Status::OutOfRange),
+        (Instruction { opcode: Opcode::FetchAdd as u8, operand: &eight, ..read(4, 8) }, Status::Unaligned),
+        (Instruction { opcode: Opcode::Cas as u8, operand: &eight, ..read(0, 8) }, Status::Malformed),
+        (Instruction { space: 3, ..read(0, 8) }, Status::NoSuchSpace),
+        (read(0, 4096), Status::TooLarge),
+        (Instruction { opcode: Opcode::Ping as u8, ..read(0, 8) }, Status::Malformed),
+        (Instruction { opcode: Opcode::Encrypt as u8, ..read(0, 8) }, Status::NotSupported),
+    ];
+    for (index, (instruction, status)) in cases.iter().enumerate() {
+        let answer = probe.exchange(&request(100 + index as u64, &[*instruction])).expect("answered");
+        let response = Response::parse(&answer).unwrap();
+        let result = response.results().next().unwrap();
+        assert_eq!(result.status, *status, "{instruction:?}");
+    }
+
+    // Still serving.
+    let answer = probe.exchange(&request(999, &[read(0, 8)])).expect("still serving");
+    assert_eq!(Response::parse(&answer).unwrap().results().next().unwrap().status, Status::Ok);
+
+    let after = test.target.stats();
+    assert_eq!(delta(&before, &after, "dropped_too_short"), 1);
+    assert_eq!(delta(&before, &after, "dropped_bad_magic"), 1);
+    assert_eq!(delta(&before, &after, "dropped_bad_crc"), 2);
+    assert_eq!(delta(&before, &after, "dropped_oversized"), 1);
+    assert_eq!(delta(&before, &after, "dropped_not_request"), 1);
+    assert_eq!(delta(&before, &after, "answered_unsupported_version"), 1);
+    assert_eq!(delta(&before, &after, "answered_malformed"), 3);
+    assert_eq!(delta(&before, &after, "datagrams_received"), 6 + 4 + cases.len() as u64 + 1);
+    let by_status = |status: Status| after.by_status[status as usize].1 - before.by_status[status as usize].1;
+    assert_eq!(by_status(Status::UnknownOpcode), 2);
+    assert_eq!(by_status(Status::OutOfRange), 2);
+    assert_eq!(by_status(Status::Malformed), 2);
+}

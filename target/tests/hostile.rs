@@ -1,0 +1,263 @@
+//! 100,000 random and mutated datagrams against one target: it stays up, answers a ping after
+//! every burst, touches no byte outside the ranges the datagrams legitimately address, and STAT
+//! accounts for every datagram by reason.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+use common::{region, seed, start, Rng};
+use netdam_initiator::Client;
+use netdam_isa::wire::{datagram_crc, Instruction, Request, RequestBuilder, Response, HEADER_LEN};
+use netdam_isa::Opcode;
+
+const DATAGRAMS: usize = 100_000;
+const BURST: usize = 128;
+const REGION_BYTES: usize = 256 << 10;
+/// Well-formed requests address only this prefix of each region; mutations may aim anywhere.
+const SCRATCH_BYTES: u64 = 64 << 10;
+const MAX_DATAGRAM: usize = 4096;
+
+fn fix_crc(bytes: &mut [u8]) {
+    if bytes.len() >= HEADER_LEN {
+        let crc = datagram_crc(bytes);
+        bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// A well-formed request of one to four instructions, valid or not in its fields.
+fn well_formed(rng: &mut Rng, sequence: u64) -> Vec<u8> {
+    const OPCODES: [Opcode; 11] = [
+        Opcode::Read,
+        Opcode::Write,
+        Opcode::Cas,
+        Opcode::FetchAdd,
+        Opcode::Memcpy,
+        Opcode::Fill,
+        Opcode::Vadd,
+        Opcode::Crc32,
+        Opcode::Ping,
+        Opcode::Stat,
+        Opcode::Hello,
+    ];
+    let mut buffer = vec![0u8; MAX_DATAGRAM];
+    let mut builder = RequestBuilder::new(&mut buffer, rng.below(4) as u32, sequence).unwrap();
+    for _ in 0..1 + rng.below(4) {
+        let opcode = if rng.below(20) == 0 { rng.next_u64() as u8 } else { OPCODES[rng.below(11) as usize] as u8 };
+        let length = rng.below(700) as u32;
+        let operand_len = match Opcode::from_u8(opcode) {
+            Some(Opcode::Write | Opcode::Vadd) => length as usize,
+            Some(Opcode::Cas | Opcode::Memcpy) => 16,
+            Some(Opcode::FetchAdd | Opcode::Hello) => 8,
+            _ => 0,
+        };
+        let mut operand = rng.bytes(operand_len);
+        if opcode == Opcode::Memcpy as u8 {
+            operand[2..8].fill(0);
+            operand[0..2].copy_from_slice(&(rng.below(3) as u16).to_le_bytes());
+            operand[8..16].copy_from_slice(&rng.below(SCRATCH_BYTES).to_le_bytes());
+        }
+        let instruction = Instruction {
+            opcode,
+            flags: if rng.below(8) == 0 { rng.next_u64() as u8 } else { 0 },
+            space: rng.below(3) as u16,
+            offset: rng.below(SCRATCH_BYTES) & !if rng.below(2) == 0 { 7 } else { 0 },
+            length,
+            aux: if rng.below(8) == 0 { rng.below(4) as u32 } else { 0 },
+            operand: &operand,
+        };
+        if builder.push(&instruction).is_err() {
+            break;
+        }
+    }
+    let len = builder.finish();
+    buffer.truncate(len);
+    buffer
+}
+
+fn hostile(rng: &mut Rng, sequence: u64) -> Vec<u8> {
+    let mut bytes = well_formed(rng, sequence);
+    match rng.below(10) {
+        0 | 1 => {} // well-formed
+        2 | 3 => {
+            // Flip bytes; half the time fix the CRC so the mutation reaches the decoder.
+            for _ in 0..1 + rng.below(6) {
+                let at = rng.below(bytes.len() as u64) as usize;
+                bytes[at] = rng.next_u64() as u8;
+            }
+            if rng.below(2) == 0 {
+                fix_crc(&mut bytes);
+            }
+        }
+        4 => bytes.truncate(rng.below(bytes.len() as u64) as usize),
+        5 => {
+            // Grow or cut, CRC fixed: framing errors.
+            if rng.below(2) == 0 {
+                let extra = 1 + rng.below(40) as usize;
+                bytes.extend(rng.bytes(extra));
+            } else {
+                bytes.truncate(HEADER_LEN + rng.below((bytes.len() - HEADER_LEN) as u64) as usize);
+            }
+            fix_crc(&mut bytes);
+        }
+        6 => {
+            // Random bytes, sometimes behind a valid magic and version.
+            let len = rng.below(600) as usize;
+            bytes = rng.bytes(len);
+            if bytes.len() >= 3 && rng.below(2) == 0 {
+                bytes[..3].copy_from_slice(&[0x4E, 0x44, 0x01]);
+                fix_crc(&mut bytes);
+            }
+        }
+        7 => {
+            let len = MAX_DATAGRAM + 1 + rng.below(2000) as usize;
+            bytes = rng.bytes(len);
+        }
+        8 => {
+            bytes[2] = 2 + rng.below(250) as u8;
+        }
+        _ => {
+            bytes[3] |= 0x01;
+            fix_crc(&mut bytes);
+        }
+    }
+    bytes
+}
+
+/// Marks the bytes a datagram may legitimately modify: every in-bounds target range of a
+/// mutating instruction the protocol's own decoder accepts.
+fn mark_footprint(bytes: &[u8], touched: &mut [Vec<bool>; 2]) {
+    let Ok(request) = Request::parse(bytes) else { return };
+    for instruction in request.instructions() {
+        let mutating = matches!(
+            Opcode::from_u8(instruction.opcode),
+            Some(Opcode::Write | Opcode::Cas | Opcode::FetchAdd | Opcode::Memcpy | Opcode::Fill | Opcode::Vadd)
+        );
+        let Some(region) = touched.get_mut(usize::from(instruction.space)) else { continue };
+        let length = if matches!(Opcode::from_u8(instruction.opcode), Some(Opcode::Cas | Opcode::FetchAdd)) {
+            8
+        } else {
+            u64::from(instruction.length)
+        };
+        if let Some(end) = instruction.offset.checked_add(length).filter(|end| *end <= REGION_BYTES as u64) {
+            if mutating {
+                region[instruction.offset as usize..end as usize].fill(true);
+            }
+        }
+    }
+}
+
+#[test]
+fn target_survives_100k_hostile_datagrams() {
+    let seed = seed();
+    let mut rng = Rng::new(seed);
+    let test = start(
+        vec![region("guard0", REGION_BYTES as u64, false), region("guard1", REGION_BYTES as u64, false)],
+        1,
+        MAX_DATAGRAM,
+    );
+    let addr = test.target.local_addr();
+
+    let mut client = Client::connect(addr).unwrap();
+    let patterns = [rng.bytes(REGION_BYTES), rng.bytes(REGION_BYTES)];
+    for (space, pattern) in patterns.iter().enumerate() {
+        client.write(space as u16, 0, pattern).unwrap();
+    }
+
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.connect(addr).unwrap();
+    socket.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let before = test.target.stats();
+    let mut touched = [vec![false; REGION_BYTES], vec![false; REGION_BYTES]];
+    let mut receive = vec![0u8; 65_536];
+    let mut pings = 0u64;
+    let started = Instant::now();
+    for burst in 0..DATAGRAMS / BURST {
+        for index in 0..BURST {
+            let bytes = hostile(&mut rng, (burst * BURST + index) as u64);
+            mark_footprint(&bytes, &mut touched);
+            socket.send(&bytes).unwrap();
+        }
+        // Barrier: one worker serves this socket in order, so the ping's answer means every
+        // datagram before it has been handled.
+        pings += 1;
+        let sequence = u64::MAX - burst as u64;
+        let mut ping = vec![0u8; 64];
+        let mut builder = RequestBuilder::new(&mut ping, 0, sequence).unwrap();
+        builder
+            .push(&Instruction {
+                opcode: Opcode::Ping as u8,
+                flags: 0,
+                space: 0,
+                offset: 0,
+                length: 0,
+                aux: 0,
+                operand: &[],
+            })
+            .unwrap();
+        let len = builder.finish();
+        socket.send(&ping[..len]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            assert!(Instant::now() < deadline, "SEED={seed}: the target stopped answering after burst {burst}");
+            let Ok(len) = socket.recv(&mut receive) else { continue };
+            if Response::parse(&receive[..len]).is_ok_and(|response| response.header.sequence == sequence) {
+                break;
+            }
+        }
+    }
+    let sent = (DATAGRAMS / BURST * BURST) as u64;
+    assert!(sent >= 99_968);
+    println!("sent {sent} hostile datagrams and {pings} barrier pings in {:.1} s", started.elapsed().as_secs_f64());
+
+    // Every datagram was received and accounted for by reason.
+    let after = test.target.stats();
+    let delta = |name: &str| after.get(name).unwrap() - before.get(name).unwrap();
+    assert_eq!(delta("datagrams_received"), sent + pings, "SEED={seed}: datagrams lost or double counted");
+    let stat = client.stat().unwrap();
+    for (name, value) in &stat {
+        println!("{name:<30} {value}");
+    }
+    let value = |name: &str| stat.iter().find(|(n, _)| n == name).map(|(_, v)| *v).unwrap();
+    for reason in [
+        "dropped_too_short",
+        "dropped_bad_magic",
+        "dropped_bad_crc",
+        "dropped_oversized",
+        "dropped_not_request",
+        "answered_unsupported_version",
+        "answered_malformed",
+        "status_ok",
+        "status_malformed",
+        "status_unknown_opcode",
+        "status_no_such_space",
+        "status_out_of_range",
+        "status_unaligned",
+    ] {
+        assert!(value(reason) > 0, "SEED={seed}: STAT shows no {reason}");
+    }
+    let answered = delta("responses_sent");
+    let dropped: u64 =
+        ["dropped_too_short", "dropped_bad_magic", "dropped_bad_crc", "dropped_oversized", "dropped_not_request"]
+            .iter()
+            .map(|name| delta(name))
+            .sum();
+    assert_eq!(answered + dropped, sent + pings, "SEED={seed}: every datagram is either answered or dropped");
+
+    // Memory outside the addressed ranges is exactly as it was.
+    for (space, pattern) in patterns.iter().enumerate() {
+        let mut now = vec![0u8; REGION_BYTES];
+        client.read(space as u16, 0, &mut now).unwrap();
+        let untouched = touched[space].iter().filter(|t| !**t).count();
+        assert!(untouched > REGION_BYTES / 2, "the check must cover most of the region");
+        for offset in 0..REGION_BYTES {
+            if !touched[space][offset] {
+                assert_eq!(
+                    now[offset], pattern[offset],
+                    "SEED={seed}: region {space} byte {offset} changed outside every addressed range"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! A real target on loopback, driven through the client library: every implemented opcode.
+
+mod common;
+
+use common::{region, start};
+use netdam_initiator::{AsyncClient, Client, ClientError, Op};
+use netdam_isa::semantics::{bf16_to_f32, f32_to_bf16};
+use netdam_isa::{LaneType, Status};
+
+#[test]
+fn every_memory_opcode_round_trips() {
+    let test = start(vec![region("mem", 1 << 20, false), region("file", 1 << 20, true)], 1, 9000);
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let regions = &client.info().hello.regions;
+    assert_eq!(regions.len(), 2);
+    assert!(!regions[0].persistent && regions[1].persistent);
+    let (mem, file) = (client.region("mem").unwrap().id, client.region("file").unwrap().id);
+    assert_eq!(client.region("1").unwrap().name, "file");
+    assert!(matches!(client.region("nope"), Err(ClientError::NoSuchRegion { .. })));
+
+    let reply = client.ping().unwrap();
+    assert_eq!(reply.response().header.ttl, 64, "loopback delivers the default TTL, which the target echoes");
+
+    // READ/WRITE across many datagrams in both region kinds.
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    for space in [mem, file] {
+        client.write(space, 12_345, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        client.read(space, 12_345, &mut back).unwrap();
+        assert_eq!(back, data);
+    }
+
+    // Atomics.
+    assert_eq!(client.fetch_add(file, 8, 40).unwrap(), 0, "offset 8 lies before the data written at 12345");
+    assert_eq!(client.fetch_add(file, 8, 2).unwrap(), 40);
+    assert_eq!(client.cas(file, 8, 41, 7).unwrap(), 42, "failed CAS returns the current value");
+    assert_eq!(client.cas(file, 8, 42, 7).unwrap(), 42);
+    assert_eq!(client.fetch_add(file, 8, 0).unwrap(), 7);
+
+    // FILL, MEMCPY across regions, CRC32.
+    client.fill(mem, 500_000, 1000, 0x5A).unwrap();
+    client.memcpy(file, 600_000, mem, 500_000, 1000).unwrap();
+    let mut copied = vec![0u8; 1000];
+    client.read(file, 600_000, &mut copied).unwrap();
+    assert_eq!(copied, vec![0x5A; 1000]);
+    assert_eq!(client.crc32(file, 600_000, 1000).unwrap(), crc32fast::hash(&copied));
+
+    // VADD: 2048 f32 lanes (one jumbo datagram), i32, bf16.
+    let lanes: Vec<u8> = (0..2048).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    client.vadd(mem, 0, LaneType::F32, &lanes, false).unwrap();
+    let result = client.vadd(mem, 0, LaneType::F32, &lanes, true).unwrap();
+    let sums: Vec<f32> = result.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(sums.len(), 2048);
+    assert!(sums.iter().enumerate().all(|(i, v)| *v == 2.0 * i as f32));
+    let ints: Vec<u8> = [5i32, -9].iter().flat_map(|v| v.to_le_bytes()).collect();
+    client.fill(mem, 9000, 8, 0).unwrap();
+    let result = client.vadd(mem, 9000, LaneType::I32, &ints, true).unwrap();
+    assert_eq!(result, ints);
+    let halves: Vec<u8> = [0.5f32, 3.0].iter().flat_map(|v| f32_to_bf16(*v).to_le_bytes()).collect();
+    client.fill(mem, 9100, 4, 0).unwrap();
+    client.vadd(mem, 9100, LaneType::Bf16, &halves, false).unwrap();
+    let result = client.vadd(mem, 9100, LaneType::Bf16, &halves, true).unwrap();
+    assert_eq!(bf16_to_f32(u16::from_le_bytes([result[0], result[1]])), 1.0);
+    assert_eq!(bf16_to_f32(u16::from_le_bytes([result[2], result[3]])), 6.0);
+
+    // STAT counts what happened.
+    let stats = client.stat().unwrap();
+    let value = |name: &str| stats.iter().find(|(n, _)| n == name).map(|(_, v)| *v).unwrap();
+    assert!(value("status_ok") > 70);
+    assert_eq!(value("regions"), 2);
+    assert_eq!(value("dropped_bad_crc"), 0);
+}
+
+#[test]
+fn several_instructions_in_one_datagram_each_get_a_status() {
+    let test = start(vec![region("mem", 65536, false)], 1, 9000);
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let reply = client
+        .call(&[
+            Op::write(0, 0, b"abcdefgh"),
+            Op::read(0, 65_530, 16),           // out of range
+            Op::fetch_add(0, 3, 1),            // unaligned
+            Op { opcode: 0x7E, ..Op::ping() }, // unknown opcode
+            Op::read(9, 0, 1),                 // no such region
+            Op { opcode: 0x40, ..Op::ping() }, // block read: reserved, not served here
+            Op::read(0, 0, 8),                 // still executed after the failures
+        ])
+        .unwrap();
+    let results = reply.results().unwrap();
+    let statuses: Vec<Status> = results.iter().map(|(_, status, _)| *status).collect();
+    assert_eq!(
+        statuses,
+        [
+            Status::Ok,
+            Status::OutOfRange,
+            Status::Unaligned,
+            Status::UnknownOpcode,
+            Status::NoSuchSpace,
+            Status::NotSupported,
+            Status::Ok
+        ]
+    );
+    assert_eq!(results[6].2, b"abcdefgh");
+    // A READ whose answer cannot fit in a datagram is refused, not truncated.
+    let reply = client.call(&[Op::read(0, 0, 9000)]).unwrap();
+    assert!(matches!(reply.data(0), Err(ClientError::Refused { status: Status::TooLarge, .. })));
+}
+
+#[test]
+fn pipelined_requests_complete_in_any_order() {
+    let test = start(vec![region("mem", 65536, false)], 1, 9000);
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let tickets: Vec<_> =
+        (0..20u64).map(|i| client.submit(&[Op::write(0, i * 8, &i.to_le_bytes())]).unwrap()).collect();
+    // Wait in reverse order: answers that arrive first are kept for their own ticket.
+    for ticket in tickets.into_iter().rev() {
+        client.wait(ticket).unwrap().data(0).unwrap();
+    }
+    let mut back = vec![0u8; 160];
+    client.read(0, 0, &mut back).unwrap();
+    for (i, word) in back.chunks_exact(8).enumerate() {
+        assert_eq!(u64::from_le_bytes(word.try_into().unwrap()), i as u64);
+    }
+}
+
+#[test]
+fn workers_share_the_port_and_atomics_stay_exact() {
+    let test = start(vec![region("counters", 4096, false)], 2, 9000);
+    let addr = test.target.local_addr();
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(move || {
+                let mut client = Client::connect(addr).unwrap();
+                for _ in 0..500 {
+                    client.fetch_add(0, 0, 1).unwrap();
+                    client.vadd(0, 8, LaneType::I32, &1i32.to_le_bytes(), false).unwrap();
+                }
+            });
+        }
+    });
+    let mut client = Client::connect(addr).unwrap();
+    assert_eq!(client.fetch_add(0, 0, 0).unwrap(), 2000);
+    let mut lane = [0u8; 4];
+    client.read(0, 8, &mut lane).unwrap();
+    assert_eq!(i32::from_le_bytes(lane), 2000);
+    let stats = test.target.stats();
+    assert!(stats.get("datagrams_received").unwrap() >= 4000);
+}
+
+#[test]
+fn async_client_runs_many_requests_concurrently() {
+    let test = start(vec![region("mem", 1 << 20, false)], 1, 9000);
+    let addr = test.target.local_addr();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async move {
+        let client = AsyncClient::connect(addr).await.unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        client.write(0, 100, &data).await.unwrap();
+        assert_eq!(client.read(0, 100, data.len()).await.unwrap(), data);
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..50 {
+                    client.fetch_add(0, 1 << 19, 1).await.unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(client.fetch_add(0, 1 << 19, 0).await.unwrap(), 400);
+        assert_eq!(client.crc32(0, 100, 1000).await.unwrap(), crc32fast::hash(&data[..1000]));
+        assert!(client.ping().await.is_ok());
+        assert!(client.stat().await.unwrap().iter().any(|(name, value)| name == "status_ok" && *value > 400));
+    });
+}
+
+#[test]
+fn a_missing_target_is_reported_as_such() {
+    // Bind and drop a socket to find a port nobody listens on.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    match Client::connect(port) {
+        Err(ClientError::NotListening(addr)) => assert_eq!(addr, port),
+        other => panic!("expected NotListening, got {other:?}"),
+    }
+}
