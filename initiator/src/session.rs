@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT};
-use netdam_isa::wire::{RequestBuilder, Response};
+use netdam_isa::wire::{InstructionResult, RequestBuilder, Response};
 use netdam_isa::{Duration, Instant, Status};
 
 use crate::error::ClientError;
@@ -77,12 +77,12 @@ impl Reply {
     }
 
     /// Every result's status and data, failing on a datagram-level status only.
-    pub fn results(&self) -> Result<Vec<(u8, Status, &[u8])>, ClientError> {
+    pub fn results(&self) -> Result<Vec<InstructionResult<'_>>, ClientError> {
         let response = self.response();
         if response.status() != Status::Ok {
             return Err(ClientError::DatagramRefused(response.status()));
         }
-        Ok(response.results().map(|result| (result.opcode, result.status, result.data)).collect())
+        Ok(response.results().collect())
     }
 }
 

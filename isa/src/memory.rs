@@ -38,7 +38,7 @@ impl<'a> SharedMemory<'a> {
     /// # Safety
     /// `base..base + len` must be mapped, writable, 8-byte aligned at `base`, and stay so for `'a`.
     pub unsafe fn from_raw(base: *mut u8, len: usize) -> SharedMemory<'a> {
-        assert!(base as usize % 8 == 0, "shared memory base must be 8-byte aligned");
+        assert!((base as usize).is_multiple_of(8), "shared memory base must be 8-byte aligned");
         SharedMemory { base, len, _lifetime: PhantomData }
     }
 
@@ -115,7 +115,7 @@ impl<'a> SharedMemory<'a> {
         self.assert_within(offset, size);
         // SAFETY: in bounds (asserted).
         let pointer = unsafe { self.base.add(offset) };
-        assert!(pointer as usize % size == 0, "atomic access at {offset} not aligned to {size}");
+        assert!((pointer as usize).is_multiple_of(size), "atomic access at {offset} not aligned to {size}");
         pointer
     }
 

@@ -102,7 +102,7 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
             let operand_len = if opcode == Opcode::Cas { CAS_OPERAND_LEN } else { FETCH_ADD_OPERAND_LEN };
             require(plain && length == 8 && instruction.operand.len() == operand_len, Status::Malformed)?;
             let memory = lookup(spaces, instruction.space)?;
-            require(instruction.offset % 8 == 0, Status::Unaligned)?;
+            require(instruction.offset.is_multiple_of(8), Status::Unaligned)?;
             let start = within(&memory, instruction.offset, 8)?;
             require(out.len() >= 8, Status::TooLarge)?;
             let word = memory.atomic_u64(start);
@@ -154,12 +154,12 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
             require(
                 instruction.flags & !VADD_FLAG_RETURN_RESULT == 0
                     && instruction.operand.len() == length
-                    && length % lane_bytes == 0,
+                    && length.is_multiple_of(lane_bytes),
                 Status::Malformed,
             )?;
             require(length <= MAX_VADD_BYTES, Status::TooLarge)?;
             let memory = lookup(spaces, instruction.space)?;
-            require(instruction.offset % lane_bytes as u64 == 0, Status::Unaligned)?;
+            require(instruction.offset.is_multiple_of(lane_bytes as u64), Status::Unaligned)?;
             let start = within(&memory, instruction.offset, length)?;
             let return_result = instruction.flags & VADD_FLAG_RETURN_RESULT != 0;
             require(!return_result || length <= out.len(), Status::TooLarge)?;

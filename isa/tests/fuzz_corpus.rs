@@ -34,7 +34,7 @@ fn regenerate_seed_corpus() {
     use netdam_isa::{Opcode, Status};
     let dir = Path::new(CORPUS);
     std::fs::create_dir_all(dir).unwrap();
-    let mut write = |name: &str, bytes: &[u8]| std::fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();
+    let write = |name: &str, bytes: &[u8]| std::fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();
     for opcode in Opcode::ALL {
         let operand = [0x11u8; 16];
         let mut buffer = [0u8; 256];

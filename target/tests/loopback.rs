@@ -87,7 +87,7 @@ fn several_instructions_in_one_datagram_each_get_a_status() {
         ])
         .unwrap();
     let results = reply.results().unwrap();
-    let statuses: Vec<Status> = results.iter().map(|(_, status, _)| *status).collect();
+    let statuses: Vec<Status> = results.iter().map(|result| result.status).collect();
     assert_eq!(
         statuses,
         [
@@ -100,7 +100,7 @@ fn several_instructions_in_one_datagram_each_get_a_status() {
             Status::Ok
         ]
     );
-    assert_eq!(results[6].2, b"abcdefgh");
+    assert_eq!(results[6].data, b"abcdefgh");
     // A READ whose answer cannot fit in a datagram is refused, not truncated.
     let reply = client.call(&[Op::read(0, 0, 9000)]).unwrap();
     assert!(matches!(reply.data(0), Err(ClientError::Refused { status: Status::TooLarge, .. })));

@@ -1,0 +1,86 @@
+//! The floor: a raw UDP echo with the same thread layout and polling as netdam, answering with a
+//! datagram of the same size netdam would. No protocol, no work: the least any UDP request/response
+//! protocol can cost on this machine.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+/// An echo server thread on loopback.
+pub struct EchoServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl EchoServer {
+    /// Starts the server; `busy` spins on a non-blocking socket, otherwise it blocks.
+    pub fn start(busy: bool, response_bytes: usize) -> EchoServer {
+        let socket = UdpSocket::bind("127.0.0.1:0").expect("bind echo socket");
+        let addr = socket.local_addr().expect("echo address");
+        if busy {
+            socket.set_nonblocking(true).expect("non-blocking echo socket");
+        } else {
+            socket.set_read_timeout(Some(Duration::from_millis(100))).expect("echo timeout");
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buffer = vec![0u8; 65_536];
+            let response = vec![0x5Au8; response_bytes];
+            while !stop_flag.load(Ordering::Relaxed) {
+                match socket.recv_from(&mut buffer) {
+                    Ok((_, from)) => {
+                        let _ = socket.send_to(&response, from);
+                    }
+                    Err(_) => std::hint::spin_loop(),
+                }
+            }
+        });
+        EchoServer { addr, stop, thread }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops and joins the thread.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}
+
+/// Times `requests` round trips of `request_bytes` after `warmup` unmeasured ones.
+pub fn measure(addr: SocketAddr, busy: bool, request_bytes: usize, warmup: u64, requests: u64) -> Histogram<u64> {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind client socket");
+    socket.connect(addr).expect("connect to echo");
+    if busy {
+        socket.set_nonblocking(true).expect("non-blocking client socket");
+    } else {
+        socket.set_read_timeout(Some(Duration::from_secs(1))).expect("client timeout");
+    }
+    let request = vec![0xA5u8; request_bytes];
+    let mut buffer = vec![0u8; 65_536];
+    let mut histogram = crate::histogram();
+    for index in 0..warmup + requests {
+        let started = Instant::now();
+        socket.send(&request).expect("send to echo");
+        loop {
+            match socket.recv(&mut buffer) {
+                Ok(_) => break,
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock && busy => std::hint::spin_loop(),
+                Err(error) => panic!("echo did not answer: {error}"),
+            }
+        }
+        if index >= warmup {
+            crate::record(&mut histogram, started.elapsed());
+        }
+    }
+    histogram
+}
