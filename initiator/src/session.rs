@@ -132,6 +132,8 @@ pub struct Session {
     transmit_queue: VecDeque<u64>,
     completions: VecDeque<Completion>,
     stats: SessionStats,
+    /// Encoding space of the negotiated datagram size, reused so a request costs only its bytes.
+    scratch: Vec<u8>,
 }
 
 impl Session {
@@ -146,6 +148,7 @@ impl Session {
             transmit_queue: VecDeque::with_capacity(config.max_in_flight),
             completions: VecDeque::new(),
             stats: SessionStats::default(),
+            scratch: Vec::new(),
         }
     }
 
@@ -181,8 +184,8 @@ impl Session {
             return Err(ClientError::WindowFull(self.config.max_in_flight));
         }
         let sequence = self.next_sequence;
-        let mut datagram = vec![0u8; self.config.max_datagram_bytes];
-        let mut builder = RequestBuilder::new(&mut datagram, self.session_id, sequence)
+        self.scratch.resize(self.config.max_datagram_bytes, 0);
+        let mut builder = RequestBuilder::new(&mut self.scratch, self.session_id, sequence)
             .map_err(|_| ClientError::TooLarge(self.config.max_datagram_bytes))?;
         for op in ops {
             builder.push(&op.as_instruction()).map_err(|_| ClientError::TooLarge(self.config.max_datagram_bytes))?;
@@ -191,7 +194,7 @@ impl Session {
             return Err(ClientError::Empty);
         }
         let len = builder.finish();
-        datagram.truncate(len);
+        let datagram = self.scratch[..len].to_vec();
         self.next_sequence += 1;
         self.in_flight.push(InFlight {
             token,
