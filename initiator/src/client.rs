@@ -28,7 +28,7 @@ pub enum ClientPoll {
 }
 
 /// Client settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClientOptions {
     /// Session settings (window, retransmission).
     pub session: SessionConfig,

@@ -11,6 +11,7 @@ pub mod client;
 pub mod error;
 pub mod op;
 pub mod session;
+pub mod swift;
 pub mod target_info;
 
 pub use async_client::AsyncClient;

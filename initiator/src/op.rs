@@ -43,23 +43,9 @@ impl Op {
         }
     }
 
-    /// Whether sending it twice is harmless, so a lost answer may be recovered by retransmission.
+    /// Whether sending it twice is harmless (see `Instruction::is_idempotent`).
     pub fn is_idempotent(&self) -> bool {
-        match Opcode::from_u8(self.opcode) {
-            // An overlapping copy reads what it wrote the first time: not idempotent.
-            Some(Opcode::Memcpy) => {
-                let source_space = u16::from_le_bytes([self.operand[0], self.operand[1]]);
-                let mut source = [0u8; 8];
-                source.copy_from_slice(&self.operand[8..16]);
-                let source_offset = u64::from_le_bytes(source);
-                let length = u64::from(self.length);
-                source_space != self.space
-                    || source_offset.saturating_add(length) <= self.offset
-                    || self.offset.saturating_add(length) <= source_offset
-            }
-            Some(opcode) => opcode.is_idempotent(),
-            None => false,
-        }
+        self.as_instruction().is_idempotent()
     }
 
     /// HELLO asking for datagrams of up to `max_datagram_bytes`.

@@ -1,8 +1,12 @@
-//! The initiator's session as a sans-IO state machine: sequencing, requests in flight,
-//! retransmission of idempotent requests, completion.
+//! The initiator's session as a sans-IO state machine: sequencing, the bound on requests in
+//! flight, congestion control (Swift), retransmission with an RTT-based timeout, BUSY back-off,
+//! and completion.
 //!
 //! It never reads a clock or touches a socket: the driver hands it `now` and datagrams and asks
-//! it what to send and when to wake up (`poll_transmit`, `poll_timeout`, `handle_timeout`).
+//! what to send and when to wake up (`poll_transmit`, `poll_timeout`, `handle_timeout`).
+//!
+//! Every request may be retransmitted: the target's replay window answers a retransmitted
+//! non-idempotent request from its stored answer instead of executing it twice.
 
 use std::collections::VecDeque;
 
@@ -12,32 +16,41 @@ use netdam_isa::{Duration, Instant, Status};
 
 use crate::error::ClientError;
 use crate::op::Op;
+use crate::swift::{hops_from_ttl, Swift, SwiftConfig, SwiftMetrics};
 
 /// Settings of a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SessionConfig {
-    /// Requests in flight at once.
+    /// Requests submitted and not yet answered, at most (the application's bound; congestion
+    /// control decides how many of them are on the wire).
     pub max_in_flight: usize,
-    /// Wait before the first retransmission.
+    /// Retransmission timeout before the first RTT sample.
     pub initial_rto: Duration,
-    /// Ceiling of the exponential back-off.
+    /// Floor of the retransmission timeout.
+    pub min_rto: Duration,
+    /// Ceiling of the retransmission timeout and its back-off.
     pub max_rto: Duration,
     /// Transmissions of one request before it fails.
     pub max_attempts: u32,
+    /// BUSY answers one request may get before it fails.
+    pub max_busy_retries: u32,
     /// Largest datagram sent or expected back.
     pub max_datagram_bytes: usize,
+    /// Swift settings; `None` sends up to `max_in_flight` with no congestion control.
+    pub congestion: Option<SwiftConfig>,
 }
 
 impl Default for SessionConfig {
     fn default() -> SessionConfig {
         SessionConfig {
             max_in_flight: 32,
-            // A persistent write waits for msync, which takes milliseconds on a disk; retransmitting
-            // sooner only adds load. The RTT estimator of the congestion-control work refines this.
             initial_rto: Duration::from_millis(200),
+            min_rto: Duration::from_millis(2),
             max_rto: Duration::from_millis(2_000),
-            max_attempts: 5,
+            max_attempts: 8,
+            max_busy_retries: 64,
             max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
+            congestion: Some(SwiftConfig::default()),
         }
     }
 }
@@ -76,7 +89,7 @@ impl Reply {
         }
     }
 
-    /// Every result's status and data, failing on a datagram-level status only.
+    /// Every result, failing on a datagram-level status only.
     pub fn results(&self) -> Result<Vec<InstructionResult<'_>>, ClientError> {
         let response = self.response();
         if response.status() != Status::Ok {
@@ -95,31 +108,83 @@ pub struct Completion {
     pub result: Result<Reply, ClientError>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Queued for (re)transmission.
+    Waiting,
+    /// On the wire; retransmit at `deadline`.
+    Sent { deadline: Instant },
+    /// Answered BUSY: send again at `until`.
+    Held { until: Instant },
+}
+
 #[derive(Debug)]
-struct InFlight {
+struct Request {
     token: u64,
     sequence: u64,
     datagram: Vec<u8>,
     idempotent: bool,
     attempts: u32,
-    rto: Duration,
-    /// When the latest transmission left; None while queued for (re)transmission.
-    sent_at: Option<Instant>,
+    busy_retries: u32,
+    state: State,
+    /// When the latest transmission left.
+    sent_at: Instant,
 }
 
-/// Counters of one session.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Smoothed RTT and variance (RFC 6298) for the retransmission timeout.
+#[derive(Debug, Clone, Copy, Default)]
+struct RttEstimator {
+    smoothed_ns: Option<f64>,
+    variance_ns: f64,
+}
+
+impl RttEstimator {
+    fn update(&mut self, sample: Duration) {
+        let sample = sample.as_nanos() as f64;
+        match self.smoothed_ns {
+            None => {
+                self.smoothed_ns = Some(sample);
+                self.variance_ns = sample / 2.0;
+            }
+            Some(smoothed) => {
+                self.variance_ns = 0.75 * self.variance_ns + 0.25 * (smoothed - sample).abs();
+                self.smoothed_ns = Some(0.875 * smoothed + 0.125 * sample);
+            }
+        }
+    }
+
+    fn rto(&self, config: &SessionConfig) -> Duration {
+        match self.smoothed_ns {
+            None => config.initial_rto,
+            Some(smoothed) => Duration::from_nanos((smoothed + 4.0 * self.variance_ns) as u64),
+        }
+        .clamp(config.min_rto, config.max_rto)
+    }
+}
+
+/// Counters and controller state of one session: a plain struct for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SessionStats {
     /// Requests submitted.
     pub submitted: u64,
     /// Datagrams sent, retransmissions included.
     pub transmissions: u64,
-    /// Retransmissions.
+    /// Retransmissions after a timeout.
     pub retransmissions: u64,
     /// Requests that failed after their last attempt.
     pub timeouts: u64,
-    /// Datagrams received that answered nothing in flight (late duplicates) or did not parse.
+    /// BUSY answers received.
+    pub busy: u64,
+    /// Datagrams received that answered nothing waiting (late duplicates) or did not parse.
     pub ignored: u64,
+    /// Smoothed RTT.
+    pub smoothed_rtt: Duration,
+    /// Current retransmission timeout.
+    pub rto: Duration,
+    /// Effective congestion window in requests (`max_in_flight` without congestion control).
+    pub window: f64,
+    /// Congestion controller state, when there is one.
+    pub swift: Option<SwiftMetrics>,
 }
 
 /// One session with a target.
@@ -128,9 +193,11 @@ pub struct Session {
     config: SessionConfig,
     session_id: u32,
     next_sequence: u64,
-    in_flight: Vec<InFlight>,
-    transmit_queue: VecDeque<u64>,
+    requests: Vec<Request>,
+    send_queue: VecDeque<u64>,
     completions: VecDeque<Completion>,
+    rtt: RttEstimator,
+    swift: Option<Swift>,
     stats: SessionStats,
     /// Encoding space of the negotiated datagram size, reused so a request costs only its bytes.
     scratch: Vec<u8>,
@@ -144,9 +211,11 @@ impl Session {
             config,
             session_id,
             next_sequence: 1,
-            in_flight: Vec::with_capacity(config.max_in_flight),
-            transmit_queue: VecDeque::with_capacity(config.max_in_flight),
+            requests: Vec::with_capacity(config.max_in_flight),
+            send_queue: VecDeque::with_capacity(config.max_in_flight),
             completions: VecDeque::new(),
+            rtt: RttEstimator::default(),
+            swift: config.congestion.map(Swift::new),
             stats: SessionStats::default(),
             scratch: Vec::new(),
         }
@@ -163,19 +232,25 @@ impl Session {
         &self.config
     }
 
-    /// Counters so far.
+    /// Counters and controller state so far.
     pub fn stats(&self) -> SessionStats {
-        self.stats
+        SessionStats {
+            smoothed_rtt: Duration::from_nanos(self.rtt.smoothed_ns.unwrap_or(0.0) as u64),
+            rto: self.rtt.rto(&self.config),
+            window: self.swift.as_ref().map_or(self.config.max_in_flight as f64, Swift::window),
+            swift: self.swift.as_ref().map(Swift::metrics),
+            ..self.stats
+        }
     }
 
-    /// Requests sent and not yet answered.
+    /// Requests submitted and not yet answered.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.requests.len()
     }
 
     /// Whether another request may be submitted now.
     pub fn has_room(&self) -> bool {
-        self.in_flight.len() < self.config.max_in_flight
+        self.requests.len() < self.config.max_in_flight
     }
 
     /// Queues one datagram carrying `ops`; its completion will carry `token`.
@@ -185,8 +260,8 @@ impl Session {
         }
         let sequence = self.next_sequence;
         self.scratch.resize(self.config.max_datagram_bytes, 0);
-        let mut builder = RequestBuilder::new(&mut self.scratch, self.session_id, sequence)
-            .map_err(|_| ClientError::TooLarge(self.config.max_datagram_bytes))?;
+        let too_large = ClientError::TooLarge(self.config.max_datagram_bytes);
+        let mut builder = RequestBuilder::new(&mut self.scratch, self.session_id, sequence).map_err(|_| too_large)?;
         for op in ops {
             builder.push(&op.as_instruction()).map_err(|_| ClientError::TooLarge(self.config.max_datagram_bytes))?;
         }
@@ -194,36 +269,59 @@ impl Session {
             return Err(ClientError::Empty);
         }
         let len = builder.finish();
-        let datagram = self.scratch[..len].to_vec();
         self.next_sequence += 1;
-        self.in_flight.push(InFlight {
+        self.requests.push(Request {
             token,
             sequence,
-            datagram,
+            datagram: self.scratch[..len].to_vec(),
             idempotent: ops.iter().all(Op::is_idempotent),
             attempts: 0,
-            rto: self.config.initial_rto,
-            sent_at: None,
+            busy_retries: 0,
+            state: State::Waiting,
+            sent_at: Instant::ZERO,
         });
-        self.transmit_queue.push_back(sequence);
+        self.send_queue.push_back(sequence);
         self.stats.submitted += 1;
         Ok(())
     }
 
-    /// The next datagram to send, if any; the caller sends it now.
+    /// Requests sent at least once and not answered: what congestion control counts.
+    fn on_wire(&self) -> usize {
+        self.requests.iter().filter(|request| request.attempts > 0).count()
+    }
+
+    /// The next datagram to send now, if any; the caller sends it at once.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<&[u8]> {
-        while let Some(sequence) = self.transmit_queue.pop_front() {
-            let Some(index) = self.in_flight.iter().position(|request| request.sequence == sequence) else {
+        while let Some(&sequence) = self.send_queue.front() {
+            let Some(index) = self.requests.iter().position(|request| request.sequence == sequence) else {
+                self.send_queue.pop_front();
                 continue;
             };
-            let request = &mut self.in_flight[index];
+            let first_send = self.requests[index].attempts == 0;
+            // A retransmission replaces a request already counted on the wire; a first
+            // transmission needs room in the congestion window (or its pacing slot).
+            if first_send {
+                if let Some(swift) = &self.swift {
+                    if swift.may_send(now, self.on_wire()).is_err() {
+                        return None;
+                    }
+                }
+            }
+            self.send_queue.pop_front();
+            let rto = self.rtt.rto(&self.config);
+            let request = &mut self.requests[index];
             request.attempts += 1;
-            request.sent_at = Some(now);
+            let backed_off = Duration::from_nanos(rto.as_nanos().saturating_mul(1 << (request.attempts - 1).min(16)));
+            request.state = State::Sent { deadline: now + backed_off.min(self.config.max_rto) };
+            request.sent_at = now;
             self.stats.transmissions += 1;
-            if request.attempts > 1 {
+            if !first_send {
                 self.stats.retransmissions += 1;
             }
-            return Some(&self.in_flight[index].datagram);
+            if let Some(swift) = &mut self.swift {
+                swift.on_send(now);
+            }
+            return Some(&self.requests[index].datagram);
         }
         None
     }
@@ -235,51 +333,103 @@ impl Session {
             return;
         };
         let header = response.header;
-        let found = self.in_flight.iter().position(|request| {
-            request.sequence == header.sequence && (header.session == self.session_id || header.session == 0)
+        // A request queued for retransmission may still get the answer to its earlier send.
+        let found = self.requests.iter().position(|request| {
+            request.sequence == header.sequence
+                && request.attempts > 0
+                && !matches!(request.state, State::Held { .. })
+                && (header.session == self.session_id || header.session == 0)
         });
         let Some(index) = found else {
             self.stats.ignored += 1;
             return;
         };
-        let request = self.in_flight.swap_remove(index);
-        let rtt = request.sent_at.map(|sent| now.saturating_since(sent)).unwrap_or(Duration::ZERO);
+        if response.status() == Status::Busy {
+            self.stats.busy += 1;
+            if let Some(swift) = &mut self.swift {
+                swift.on_busy(now);
+            }
+            let request = &mut self.requests[index];
+            request.busy_retries += 1;
+            if request.busy_retries <= self.config.max_busy_retries {
+                let hint = Duration::from_micros(u64::from(header.queueing_us).max(1));
+                request.state = State::Held { until: now + hint };
+                // A BUSY answer is not a lost datagram: the attempt does not count.
+                request.attempts -= 1;
+                return;
+            }
+        }
+        let request = self.requests.swap_remove(index);
+        let rtt = now.saturating_since(request.sent_at);
+        // Karn: a retransmitted request's RTT is ambiguous; only first transmissions are samples.
+        if request.attempts == 1 && response.status() != Status::Busy {
+            self.rtt.update(rtt);
+            if let Some(swift) = &mut self.swift {
+                let service = Duration::from_nanos(u64::from(header.service_time_ns));
+                let queueing = Duration::from_micros(u64::from(header.queueing_us));
+                swift.on_answer(now, rtt, service, queueing, hops_from_ttl(header.ttl), 1);
+            }
+        }
         self.completions.push_back(Completion {
             token: request.token,
             result: Ok(Reply { bytes: bytes.to_vec(), rtt, attempts: request.attempts }),
         });
     }
 
-    /// When `handle_timeout` should next be called, if anything is in flight.
+    /// When `handle_timeout` (or `poll_transmit`, for pacing) should next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.in_flight.iter().filter_map(|request| request.sent_at.map(|sent| sent + request.rto)).min()
+        let timers = self.requests.iter().filter_map(|request| match request.state {
+            State::Sent { deadline, .. } => Some(deadline),
+            State::Held { until } => Some(until),
+            State::Waiting => None,
+        });
+        let pacing = self.swift.as_ref().and_then(|swift| {
+            let front = self.send_queue.front()?;
+            let waiting_first_send =
+                self.requests.iter().any(|request| request.sequence == *front && request.attempts == 0);
+            // Asked "at the origin", may_send returns the pacing release time whenever pacing holds.
+            match swift.may_send(Instant::ZERO, self.on_wire()) {
+                Err(Some(release)) if waiting_first_send => Some(release),
+                _ => None,
+            }
+        });
+        timers.chain(pacing).min()
     }
 
-    /// Retransmits idempotent requests whose time is up, and fails those out of attempts.
+    /// Retransmits requests whose time is up, releases BUSY holds, and fails requests out of
+    /// attempts.
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut index = 0;
-        while index < self.in_flight.len() {
-            let request = &mut self.in_flight[index];
-            let expired = request.sent_at.is_some_and(|sent| sent + request.rto <= now);
-            if !expired {
-                index += 1;
-                continue;
+        while index < self.requests.len() {
+            let request = &mut self.requests[index];
+            match request.state {
+                State::Held { until } if until <= now => {
+                    request.state = State::Waiting;
+                    self.send_queue.push_front(request.sequence);
+                }
+                State::Sent { deadline, .. } if deadline <= now => {
+                    if let Some(swift) = &mut self.swift {
+                        swift.on_timeout(now);
+                    }
+                    if request.attempts < self.config.max_attempts {
+                        request.state = State::Waiting;
+                        // Retransmissions go before new requests.
+                        self.send_queue.push_front(request.sequence);
+                    } else {
+                        let request = self.requests.swap_remove(index);
+                        self.stats.timeouts += 1;
+                        let error = if request.idempotent {
+                            ClientError::TimedOut { attempts: request.attempts }
+                        } else {
+                            ClientError::OutcomeUnknown { attempts: request.attempts }
+                        };
+                        self.completions.push_back(Completion { token: request.token, result: Err(error) });
+                        continue;
+                    }
+                }
+                _ => {}
             }
-            if request.idempotent && request.attempts < self.config.max_attempts {
-                request.rto = request.rto.doubled().min(self.config.max_rto);
-                request.sent_at = None;
-                self.transmit_queue.push_back(request.sequence);
-                index += 1;
-                continue;
-            }
-            let request = self.in_flight.swap_remove(index);
-            self.stats.timeouts += 1;
-            let error = if request.idempotent {
-                ClientError::TimedOut { attempts: request.attempts }
-            } else {
-                ClientError::OutcomeUnknown { attempts: request.attempts }
-            };
-            self.completions.push_back(Completion { token: request.token, result: Err(error) });
+            index += 1;
         }
     }
 

@@ -24,6 +24,7 @@ pub fn check_decode_round_trip(bytes: &[u8]) {
             writer.commit(result.opcode, result.status, result.data.len());
         }
         writer.set_status(response.status());
+        writer.set_queueing_us(header.queueing_us);
         let len = writer.finish(header.ttl, header.service_time_ns, header.queue_depth);
         assert_eq!(&buf[..len], bytes, "response re-encoded differently");
     }

@@ -41,6 +41,26 @@ pub const RECEIVE_BATCH: usize = 16;
 /// Requests one initiator session keeps in flight.
 pub const MAX_IN_FLIGHT: usize = 256;
 
+/// Sessions one target worker holds (session ids carry the slot in their low byte).
+pub const SESSIONS_PER_WORKER: usize = 256;
+
+/// Sequences per session the target remembers: a request this far behind the newest one
+/// executed is answered `stale`, never executed again.
+pub const REPLAY_WINDOW: usize = 256;
+
+/// Bytes per worker for stored answers of non-idempotent requests, replayed to retransmissions.
+/// Written as a ring: an answer overwritten before its retransmission arrives makes that
+/// retransmission `stale`.
+pub const REPLAY_ARENA_BYTES: usize = 4 << 20;
+
+// The window must cover every request a session may have in flight, or a retransmission of a
+// request still in flight could be refused as stale.
+const _: () = assert!(REPLAY_WINDOW >= MAX_IN_FLIGHT);
+// Session ids: slot in bits 0..8, worker in bits 8..14, generation above.
+const _: () = assert!(SESSIONS_PER_WORKER == 256 && MAX_WORKERS <= 64);
+// The arena holds at least one full window of the largest answers.
+const _: () = assert!(REPLAY_ARENA_BYTES >= 2 * MAX_DATAGRAM_BYTES);
+
 // A datagram of the default size must carry the largest VADD with its request header, and its
 // answer with the result (the Allreduce primitive must fit in one jumbo frame).
 const _: () = assert!(HEADER_LEN + INSTRUCTION_HEADER_LEN + MAX_VADD_BYTES <= DEFAULT_DATAGRAM_BYTES);

@@ -91,8 +91,8 @@ impl Opcode {
             | Opcode::Flush
             | Opcode::Trim
             | Opcode::WriteZeroes => true,
-            // MEMCPY is idempotent only while source and destination do not overlap; the
-            // initiator marks an overlapping copy as not idempotent itself.
+            // MEMCPY is idempotent only while source and destination do not overlap:
+            // Instruction::is_idempotent checks that.
             Opcode::Cas | Opcode::FetchAdd | Opcode::Vadd | Opcode::Encrypt | Opcode::Decrypt => false,
         }
     }

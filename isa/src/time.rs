@@ -61,6 +61,11 @@ impl Duration {
         self.nanos
     }
 
+    /// `self - other`, zero if `other` is longer.
+    pub const fn saturating_sub(self, other: Duration) -> Duration {
+        Duration { nanos: self.nanos.saturating_sub(other.nanos) }
+    }
+
     /// Twice as long, saturating: the exponential back-off step.
     pub const fn doubled(self) -> Duration {
         Duration { nanos: self.nanos.saturating_mul(2) }

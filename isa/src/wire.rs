@@ -40,7 +40,7 @@ mod header_field {
     pub const TTL: usize = 19;
     pub const SERVICE_TIME_NS: Range<usize> = 20..24;
     pub const QUEUE_DEPTH: Range<usize> = 24..26;
-    pub const RESERVED: Range<usize> = 26..28;
+    pub const QUEUEING_US: Range<usize> = 26..28;
     pub const CRC: Range<usize> = 28..32;
 }
 
@@ -213,6 +213,10 @@ pub struct Header {
     pub service_time_ns: u32,
     /// Datagrams waiting behind this one at the worker when it was taken. Zero in requests.
     pub queue_depth: u16,
+    /// How long the request waited at the target before execution began, µs (saturating): the
+    /// endpoint's queueing, which congestion control reacts to. In a BUSY answer, the wait the
+    /// target expects, which the initiator takes as its back-off. Zero in requests.
+    pub queueing_us: u16,
 }
 
 impl Header {
@@ -232,7 +236,7 @@ impl Header {
         buf[header_field::TTL] = self.ttl;
         buf[header_field::SERVICE_TIME_NS].copy_from_slice(&self.service_time_ns.to_le_bytes());
         buf[header_field::QUEUE_DEPTH].copy_from_slice(&self.queue_depth.to_le_bytes());
-        buf[header_field::RESERVED].fill(0);
+        buf[header_field::QUEUEING_US].copy_from_slice(&self.queueing_us.to_le_bytes());
         buf[header_field::CRC].fill(0);
     }
 
@@ -259,8 +263,9 @@ impl Header {
             ttl: bytes[header_field::TTL],
             service_time_ns: read_u32(bytes, header_field::SERVICE_TIME_NS),
             queue_depth: read_u16(bytes, header_field::QUEUE_DEPTH),
+            queueing_us: read_u16(bytes, header_field::QUEUEING_US),
         };
-        if header.flags & !FLAGS_KNOWN != 0 || read_u16(bytes, header_field::RESERVED) != 0 {
+        if header.flags & !FLAGS_KNOWN != 0 {
             return Err(DecodeError::ReservedNotZero);
         }
         Ok(header)
@@ -304,6 +309,24 @@ impl Instruction<'_> {
     /// Bytes this instruction takes in a request datagram.
     pub fn encoded_len(&self) -> usize {
         INSTRUCTION_HEADER_LEN + self.operand.len()
+    }
+
+    /// Whether executing it twice has the same effect as once. Unknown opcodes are not; a MEMCPY
+    /// is only while source and destination do not overlap (a second copy would read what the
+    /// first one wrote).
+    pub fn is_idempotent(&self) -> bool {
+        match crate::Opcode::from_u8(self.opcode) {
+            Some(crate::Opcode::Memcpy) if self.operand.len() == 16 => {
+                let source_space = u16::from_le_bytes([self.operand[0], self.operand[1]]);
+                let source_offset = read_u64(self.operand, 8..16);
+                let length = u64::from(self.length);
+                source_space != self.space
+                    || source_offset.saturating_add(length) <= self.offset
+                    || self.offset.saturating_add(length) <= source_offset
+            }
+            Some(opcode) => opcode.is_idempotent(),
+            None => false,
+        }
     }
 }
 
@@ -369,7 +392,8 @@ impl<'a> Request<'a> {
         if header.is_response() {
             return Err(DecodeError::WrongDirection);
         }
-        if header.status != 0 || header.ttl != 0 || header.service_time_ns != 0 || header.queue_depth != 0 {
+        let measured = header.ttl != 0 || header.service_time_ns != 0 || header.queue_depth != 0;
+        if header.status != 0 || measured || header.queueing_us != 0 {
             return Err(DecodeError::ReservedNotZero);
         }
         if header.count == 0 || usize::from(header.count) > MAX_INSTRUCTIONS_PER_DATAGRAM {
@@ -502,6 +526,11 @@ impl<'b> ResponseWriter<'b> {
     /// Sets the datagram status (for a datagram none of whose instructions were executed).
     pub fn set_status(&mut self, status: Status) {
         self.header.status = status as u8;
+    }
+
+    /// Sets the queueing the request saw (or, in a BUSY answer, the wait to expect).
+    pub fn set_queueing_us(&mut self, hint_us: u16) {
+        self.header.queueing_us = hint_us;
     }
 
     /// Results committed so far.

@@ -108,6 +108,9 @@ pub struct Config {
     /// Largest datagram the target receives or sends.
     #[serde(default = "default_max_datagram_bytes")]
     pub max_datagram_bytes: usize,
+    /// A request that queued longer than this (µs) is answered BUSY instead of executed.
+    #[serde(default = "default_busy_threshold_us")]
+    pub busy_threshold_us: u64,
     /// Regions; none configured means the embedded default region.
     #[serde(default, rename = "region", skip_serializing_if = "Vec::is_empty")]
     pub regions: Vec<RegionConfig>,
@@ -128,6 +131,11 @@ fn default_adaptive_spin_us() -> u64 {
 fn default_max_datagram_bytes() -> usize {
     DEFAULT_DATAGRAM_BYTES
 }
+fn default_busy_threshold_us() -> u64 {
+    // Past this a request has queued longer than any healthy answer takes; an initiator would
+    // soon retransmit it (its minimum timeout is 2 ms) and add to the queue.
+    1_000
+}
 
 impl Default for Config {
     fn default() -> Config {
@@ -138,6 +146,7 @@ impl Default for Config {
             poll: default_poll(),
             adaptive_spin_us: default_adaptive_spin_us(),
             max_datagram_bytes: default_max_datagram_bytes(),
+            busy_threshold_us: default_busy_threshold_us(),
             regions: Vec::new(),
         }
     }
@@ -211,6 +220,9 @@ impl Config {
                 "max_datagram_bytes = {}: must be between {MIN_DATAGRAM_BYTES} and {MAX_DATAGRAM_BYTES}",
                 self.max_datagram_bytes
             ));
+        }
+        if !(10..=60_000).contains(&self.busy_threshold_us) {
+            return invalid(format!("busy_threshold_us = {}: must be between 10 and 60000", self.busy_threshold_us));
         }
         if self.adaptive_spin_us > 1_000_000 {
             return invalid(format!("adaptive_spin_us = {}: at most 1000000 (one second)", self.adaptive_spin_us));

@@ -7,7 +7,6 @@
 //! instruction of a well-framed request gets its own status, and a failed instruction does not
 //! stop the ones after it.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use netdam_isa::control::{decode_hello_operand, encode_hello_answer, StatWriter};
@@ -16,14 +15,15 @@ use netdam_isa::limits::{MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES};
 use netdam_isa::wire::{
     peek_is_response, peek_session_sequence, DecodeError, Disposition, Instruction, Request, ResponseWriter,
 };
-use netdam_isa::{Opcode, Status};
+use netdam_isa::{Duration, Instant, Opcode, Status};
 use netdam_pmem::Durability;
 
 use crate::regions::RegionTable;
+use crate::sessions::{Admission, RecordTicket, SessionTable};
 use crate::stats::{status_counter_name, Counter, WorkerStats};
 
 /// STAT entries that describe the target rather than count events.
-pub const TARGET_STAT_ENTRIES: usize = 3;
+pub const TARGET_STAT_ENTRIES: usize = 2;
 
 /// State every worker of one target shares; read-mostly.
 #[derive(Debug)]
@@ -34,34 +34,40 @@ pub struct Shared {
     pub stats: Arc<[WorkerStats]>,
     /// Largest datagram received or sent.
     pub max_datagram_bytes: usize,
-    next_session: AtomicU32,
+    /// Distinguishes this run's session ids from an earlier run's (e.g. the start time).
+    pub epoch: u64,
+    /// A request that queued longer than this is answered BUSY instead of executed.
+    pub busy_threshold: Duration,
 }
 
 impl Shared {
     /// State for `workers` workers over `regions`.
-    pub fn new(regions: Arc<RegionTable>, workers: usize, max_datagram_bytes: usize) -> Shared {
-        Shared {
-            regions,
-            stats: (0..workers).map(|_| WorkerStats::default()).collect(),
-            max_datagram_bytes,
-            next_session: AtomicU32::new(1),
-        }
+    pub fn new(
+        regions: Arc<RegionTable>,
+        workers: usize,
+        max_datagram_bytes: usize,
+        epoch: u64,
+        busy_threshold: Duration,
+    ) -> Shared {
+        let stats = (0..workers).map(|_| WorkerStats::default()).collect();
+        Shared { regions, stats, max_datagram_bytes, epoch, busy_threshold }
     }
+}
 
-    /// Sessions handed out by HELLO so far.
-    pub fn sessions_opened(&self) -> u64 {
-        u64::from(self.next_session.load(Ordering::Relaxed) - 1)
-    }
-
-    fn open_session(&self) -> u32 {
-        loop {
-            let session = self.next_session.fetch_add(1, Ordering::Relaxed);
-            // Session 0 means "no session"; skip it when the counter wraps.
-            if session != 0 {
-                return session;
-            }
-        }
-    }
+/// What to do with a handled datagram.
+#[derive(Debug)]
+pub enum Handled<'b> {
+    /// Nothing to send (dropped and counted).
+    Dropped,
+    /// Send this response once finished; then `record` it if a ticket is given.
+    Answer {
+        /// The response, to be finished with TTL, service time and queue depth.
+        response: ResponseWriter<'b>,
+        /// Where to record the executed request, and whether its answer must be stored.
+        record: Option<(RecordTicket, bool)>,
+    },
+    /// Send the first `len` bytes of `out` as they are: a stored answer replayed.
+    Replay(usize),
 }
 
 /// One worker's datagram handler.
@@ -70,38 +76,69 @@ pub struct Dispatcher<E> {
     engine: E,
     shared: Arc<Shared>,
     worker: usize,
+    sessions: SessionTable,
 }
 
 impl<E: Engine> Dispatcher<E> {
     /// The handler of worker `worker`, executing with `engine`.
     pub fn new(engine: E, shared: Arc<Shared>, worker: usize) -> Dispatcher<E> {
         assert!(worker < shared.stats.len(), "worker index beyond the stats table");
-        Dispatcher { engine, shared, worker }
+        let sessions = SessionTable::new(worker, shared.epoch);
+        Dispatcher { engine, shared, worker, sessions }
     }
 
     fn stats(&self) -> &WorkerStats {
         &self.shared.stats[self.worker]
     }
 
-    /// Handles one received datagram. Returns the response to send, still to be finished with the
-    /// TTL, service time and queue depth, or `None` when the datagram is dropped.
-    ///
+    /// Handles one datagram whose execution starts at `now` after it queued for `queueing`.
     /// `out` must be `max_datagram_bytes` long.
-    pub fn handle<'b>(&mut self, datagram: &[u8], out: &'b mut [u8]) -> Option<ResponseWriter<'b>> {
+    pub fn handle<'b>(&mut self, now: Instant, queueing: Duration, datagram: &[u8], out: &'b mut [u8]) -> Handled<'b> {
         self.stats().add(Counter::DatagramsReceived, 1);
         if peek_is_response(datagram) {
             // Answering a response could start a loop between two targets.
             self.stats().add(Counter::DroppedNotRequest, 1);
-            return None;
+            return Handled::Dropped;
         }
         let request = match Request::parse(datagram) {
             Ok(request) => request,
             Err(error) => return self.refuse(datagram, error, out),
         };
-        let mut response = ResponseWriter::new(out, request.header.session, request.header.sequence);
+        let header = request.header;
+        let queueing_us = u16::try_from(queueing.as_nanos() / 1000).unwrap_or(u16::MAX);
+        if queueing > self.shared.busy_threshold {
+            // Overloaded: the queue is the problem, so do not add to it. The initiator waits about
+            // as long as this request waited, then retries; nothing was executed.
+            self.count(Counter::AnsweredBusy);
+            let mut response = ResponseWriter::new(out, header.session, header.sequence);
+            response.set_status(Status::Busy);
+            response.set_queueing_us(queueing_us);
+            return Handled::Answer { response, record: None };
+        }
+        let mut record = None;
+        if header.session != 0 {
+            let idempotent = request.instructions().all(|instruction| instruction.is_idempotent());
+            match self.sessions.admit(now, header.session, header.sequence, idempotent, out) {
+                Admission::Execute(ticket) => record = Some((ticket, !idempotent)),
+                Admission::ExecuteAgain => self.count(Counter::DuplicatesExecutedAgain),
+                Admission::Replay(len) => {
+                    self.count(Counter::DuplicatesReplayed);
+                    return Handled::Replay(len);
+                }
+                Admission::Stale => return self.datagram_status(out, header.session, header.sequence, Status::Stale),
+                Admission::UnknownSession => {
+                    return self.datagram_status(out, header.session, header.sequence, Status::NoSession);
+                }
+            }
+        } else if !request.instructions().all(|instruction| is_control(instruction.opcode)) {
+            // Without a session only HELLO, PING and STAT: anything else needs the replay window.
+            return self.datagram_status(out, 0, header.sequence, Status::NoSession);
+        }
+        let mut response = ResponseWriter::new(out, header.session, header.sequence);
+        response.set_queueing_us(queueing_us);
         for instruction in request.instructions() {
             let capacity = response.data_capacity();
-            let result = self.execute(&instruction, &mut response.data_area()[..capacity]);
+            let result = self.execute(now, &instruction, &mut response.data_area()[..capacity]);
             let (status, data_len) = match result {
                 Ok(data_len) => (Status::Ok, data_len),
                 Err(status) => (status, 0),
@@ -110,10 +147,27 @@ impl<E: Engine> Dispatcher<E> {
             response.commit(instruction.opcode, status, data_len);
         }
         self.stats().add(Counter::InstructionsExecuted, u64::from(response.count()));
-        Some(response)
+        Handled::Answer { response, record }
     }
 
-    fn refuse<'b>(&mut self, datagram: &[u8], error: DecodeError, out: &'b mut [u8]) -> Option<ResponseWriter<'b>> {
+    /// Records an executed request in its session's replay window; `answer` (the finished
+    /// response) is kept when the ticket asked for it.
+    pub fn record(&mut self, ticket: RecordTicket, answer: Option<&[u8]>) {
+        self.sessions.record(ticket, answer);
+    }
+
+    fn datagram_status<'b>(&self, out: &'b mut [u8], session: u32, sequence: u64, status: Status) -> Handled<'b> {
+        self.count(match status {
+            Status::Stale => Counter::AnsweredStale,
+            Status::NoSession => Counter::AnsweredNoSession,
+            _ => Counter::AnsweredMalformed,
+        });
+        let mut response = ResponseWriter::new(out, session, sequence);
+        response.set_status(status);
+        Handled::Answer { response, record: None }
+    }
+
+    fn refuse<'b>(&mut self, datagram: &[u8], error: DecodeError, out: &'b mut [u8]) -> Handled<'b> {
         let counter = match (error, error.disposition()) {
             (DecodeError::TooShort, _) => Counter::DroppedTooShort,
             (DecodeError::BadMagic, _) => Counter::DroppedBadMagic,
@@ -124,18 +178,20 @@ impl<E: Engine> Dispatcher<E> {
         };
         self.stats().add(counter, 1);
         let Disposition::Answer(status) = error.disposition() else {
-            return None;
+            return Handled::Dropped;
         };
         // A readable header names the request; the answer is no longer than it (no amplification).
-        let (session, sequence) = peek_session_sequence(datagram)?;
+        let Some((session, sequence)) = peek_session_sequence(datagram) else {
+            return Handled::Dropped;
+        };
         let mut response = ResponseWriter::new(out, session, sequence);
         response.set_status(status);
-        Some(response)
+        Handled::Answer { response, record: None }
     }
 
-    fn execute(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+    fn execute(&mut self, now: Instant, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
         match Opcode::from_u8(instruction.opcode) {
-            Some(Opcode::Hello) => self.hello(instruction, out),
+            Some(Opcode::Hello) => self.hello(now, instruction, out),
             Some(Opcode::Ping) => control_fields_empty(instruction).map(|()| 0),
             Some(Opcode::Stat) => {
                 control_fields_empty(instruction)?;
@@ -145,7 +201,7 @@ impl<E: Engine> Dispatcher<E> {
         }
     }
 
-    fn hello(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+    fn hello(&mut self, now: Instant, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
         let plain = Instruction { operand: &[], ..*instruction };
         control_fields_empty(&plain)?;
         let requested = decode_hello_operand(instruction.operand)?;
@@ -156,7 +212,8 @@ impl<E: Engine> Dispatcher<E> {
         let regions = self.shared.regions.iter().map(|(id, region)| {
             (id, region.name(), region.len() as u64, region.durability() == Durability::Persistent)
         });
-        let session = self.shared.open_session();
+        let session = self.sessions.open(now).ok_or(Status::Busy)?;
+        self.count(Counter::SessionsOpened);
         encode_hello_answer(out, session, negotiated, MAX_INSTRUCTIONS_PER_DATAGRAM as u16, regions)
     }
 
@@ -166,7 +223,6 @@ impl<E: Engine> Dispatcher<E> {
         let mut writer = StatWriter::new(out)?;
         writer.push("workers", self.shared.stats.len() as u64)?;
         writer.push("regions", self.shared.regions.iter().len() as u64)?;
-        writer.push("sessions_opened", self.shared.sessions_opened())?;
         for counter in Counter::ALL {
             writer.push(counter.name(), workers.iter().map(|worker| worker.get(*counter)).sum())?;
         }
@@ -175,6 +231,11 @@ impl<E: Engine> Dispatcher<E> {
         }
         Ok(writer.finish())
     }
+}
+
+/// HELLO, PING and STAT: the opcodes a datagram without a session may carry.
+fn is_control(opcode: u8) -> bool {
+    matches!(Opcode::from_u8(opcode), Some(Opcode::Hello | Opcode::Ping | Opcode::Stat))
 }
 
 /// Control instructions address nothing: every field but the opcode is zero.

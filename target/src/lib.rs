@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod regions;
 pub mod server;
+pub mod sessions;
 pub mod socket;
 pub mod stats;
 pub mod worker;

@@ -57,7 +57,14 @@ impl Target {
         let data_dir = config.data_dir()?;
         std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
         let regions = Arc::new(RegionTable::open(&config.effective_regions(), &data_dir)?);
-        let shared = Arc::new(Shared::new(regions.clone(), config.workers, config.max_datagram_bytes));
+        // The start time makes this run's session ids differ from an earlier run's.
+        let epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|since| since.as_nanos() as u64)
+            .unwrap_or(0);
+        let busy_threshold = Duration::from_micros(config.busy_threshold_us);
+        let shared =
+            Arc::new(Shared::new(regions.clone(), config.workers, config.max_datagram_bytes, epoch, busy_threshold));
         let sockets = bind_workers(config.listen, config.workers)?;
         let local_addr = socket::local_addr(&sockets[0]).map_err(|source| StartError::Bind {
             addr: config.listen,

@@ -11,8 +11,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 /// Kernel socket buffer asked for: deep enough for bursts, bounded like every queue.
 const SOCKET_BUFFER_BYTES: usize = 4 << 20;
-/// Room for one TTL/hop-limit control message.
-const CONTROL_BYTES: usize = 64;
+/// Room for the TTL/hop-limit and receive-timestamp control messages.
+const CONTROL_BYTES: usize = 128;
 /// How long a blocking receive waits before the worker checks for shutdown.
 pub const BLOCKING_WAKE_MS: u64 = 100;
 
@@ -42,6 +42,20 @@ pub fn bind_shared(addr: SocketAddr) -> io::Result<OwnedFd> {
     if result != 0 {
         return Err(io::Error::last_os_error());
     }
+    // Kernel receive timestamps: how long a datagram waited in the socket is the target's queueing.
+    // SAFETY: as above.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&enable as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
     let timeout = std::time::Duration::from_millis(BLOCKING_WAKE_MS);
     socket.set_read_timeout(Some(timeout))?;
     socket.bind(&addr.into())?;
@@ -63,6 +77,8 @@ pub struct Received {
     pub truncated: bool,
     /// IP TTL or IPv6 hop limit it arrived with; 0 if the kernel did not say.
     pub ttl: u8,
+    /// When the kernel received it (CLOCK_REALTIME, ns); 0 if the kernel did not say.
+    pub kernel_realtime_ns: u64,
 }
 
 /// Buffers and kernel headers for one `recvmmsg` batch, allocated once per worker.
@@ -88,7 +104,7 @@ impl ReceiveBatch {
             addresses: vec![unsafe { zeroed() }; RECEIVE_BATCH],
             controls: vec![[0u8; CONTROL_BYTES]; RECEIVE_BATCH],
             headers: vec![unsafe { zeroed() }; RECEIVE_BATCH],
-            received: [Received { len: 0, truncated: false, ttl: 0 }; RECEIVE_BATCH],
+            received: [Received { len: 0, truncated: false, ttl: 0, kernel_realtime_ns: 0 }; RECEIVE_BATCH],
             count: 0,
         };
         // The vectors never grow, so these pointers stay valid for the batch's life.
@@ -133,10 +149,12 @@ impl ReceiveBatch {
         self.count = count as usize;
         for index in 0..self.count {
             let header = &self.headers[index];
+            let (ttl, kernel_realtime_ns) = ancillary(&header.msg_hdr);
             self.received[index] = Received {
                 len: (header.msg_len as usize).min(self.buffer_bytes),
                 truncated: header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
-                ttl: received_ttl(&header.msg_hdr),
+                ttl,
+                kernel_realtime_ns,
             };
         }
         Ok(self.count)
@@ -173,7 +191,9 @@ impl ReceiveBatch {
     }
 }
 
-fn received_ttl(header: &libc::msghdr) -> u8 {
+/// The received TTL and kernel receive timestamp from a message's control data.
+fn ancillary(header: &libc::msghdr) -> (u8, u64) {
+    let (mut ttl, mut timestamp_ns) = (0u8, 0u64);
     // SAFETY: the control buffer was filled by the kernel; CMSG_* walk it within msg_controllen.
     unsafe {
         let mut control = libc::CMSG_FIRSTHDR(header);
@@ -184,10 +204,21 @@ fn received_ttl(header: &libc::msghdr) -> u8 {
                 || (level == libc::IPPROTO_IPV6 && kind == libc::IPV6_HOPLIMIT)
             {
                 let value = core::ptr::read_unaligned(libc::CMSG_DATA(control).cast::<libc::c_int>());
-                return u8::try_from(value).unwrap_or(0);
+                ttl = u8::try_from(value).unwrap_or(0);
+            } else if level == libc::SOL_SOCKET && kind == libc::SCM_TIMESTAMPNS {
+                let stamp = core::ptr::read_unaligned(libc::CMSG_DATA(control).cast::<libc::timespec>());
+                timestamp_ns = (stamp.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(stamp.tv_nsec as u64);
             }
             control = libc::CMSG_NXTHDR(header, control);
         }
     }
-    0
+    (ttl, timestamp_ns)
+}
+
+/// CLOCK_REALTIME in ns, the clock of kernel receive timestamps (a vDSO call, no system call).
+pub fn realtime_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
+    (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
 }

@@ -38,6 +38,12 @@ counters! {
     DroppedNotRequest => "dropped_not_request": "Dropped: carries the response flag.",
     AnsweredUnsupportedVersion => "answered_unsupported_version": "Answered with datagram status unsupported_version.",
     AnsweredMalformed => "answered_malformed": "Answered with datagram status malformed.",
+    AnsweredBusy => "answered_busy": "Answered busy: queued longer than busy_threshold_us, not executed.",
+    AnsweredStale => "answered_stale": "Answered stale: older than the replay window, never executed.",
+    AnsweredNoSession => "answered_no_session": "Answered no_session: unknown session, or no session for a non-control instruction.",
+    SessionsOpened => "sessions_opened": "Sessions opened by HELLO.",
+    DuplicatesReplayed => "duplicates_replayed": "Retransmissions of non-idempotent requests answered from the replay window.",
+    DuplicatesExecutedAgain => "duplicates_executed_again": "Retransmissions of idempotent requests executed again.",
     SendErrors => "send_errors": "Responses the kernel refused to send.",
     ReceiveErrors => "receive_errors": "Receive calls that failed other than for lack of data.",
 }

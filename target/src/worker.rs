@@ -12,8 +12,8 @@ use netdam_isa::engine::Engine;
 use netdam_isa::{Duration, Instant};
 
 use crate::config::PollMode;
-use crate::dispatch::Dispatcher;
-use crate::socket::ReceiveBatch;
+use crate::dispatch::{Dispatcher, Handled};
+use crate::socket::{self, ReceiveBatch};
 use crate::stats::Counter;
 
 /// Reads the monotonic clock as the protocol's own `Instant`; drivers own time, cores take it.
@@ -80,6 +80,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             }
         };
         let received_at = clock.now();
+        let received_at_realtime_ns = socket::realtime_ns();
         last_datagram = received_at;
         for index in 0..count {
             let (received, datagram) = batch.get(index);
@@ -88,14 +89,27 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 dispatcher.count(Counter::DroppedOversized);
                 continue;
             }
-            let Some(response) = dispatcher.handle(datagram, &mut out) else {
-                continue;
+            // Queueing: the wait in the kernel's socket queue, then behind earlier datagrams of
+            // this batch.
+            let started = clock.now();
+            let in_kernel = Duration::from_nanos(received_at_realtime_ns.saturating_sub(received.kernel_realtime_ns));
+            let in_kernel = if received.kernel_realtime_ns == 0 { Duration::ZERO } else { in_kernel };
+            let queueing = in_kernel + started.saturating_since(received_at);
+            let len = match dispatcher.handle(started, queueing, datagram, &mut out) {
+                Handled::Dropped => continue,
+                Handled::Replay(len) => len,
+                Handled::Answer { response, record } => {
+                    let held = queueing + clock.now().saturating_since(started);
+                    let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
+                    // Datagrams of this batch still waiting behind this one: the worker's queue.
+                    let queue_depth = (count - 1 - index) as u16;
+                    let len = response.finish(received.ttl, service_time_ns, queue_depth);
+                    if let Some((ticket, store_answer)) = record {
+                        dispatcher.record(ticket, store_answer.then_some(&out[..len]));
+                    }
+                    len
+                }
             };
-            let service_time_ns =
-                u32::try_from(clock.now().saturating_since(received_at).as_nanos()).unwrap_or(u32::MAX);
-            // Datagrams of this batch still waiting behind this one: the worker's queue.
-            let queue_depth = (count - 1 - index) as u16;
-            let len = response.finish(received.ttl, service_time_ns, queue_depth);
             match batch.reply(&fd, index, &out[..len]) {
                 Ok(()) => dispatcher.count(Counter::ResponsesSent),
                 Err(_) => dispatcher.count(Counter::SendErrors),

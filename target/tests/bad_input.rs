@@ -6,7 +6,7 @@ mod common;
 use std::net::UdpSocket;
 use std::time::Duration;
 
-use common::{region, start};
+use common::{hello, region, start};
 use netdam_isa::wire::{datagram_crc, Instruction, RequestBuilder, Response, HEADER_LEN};
 use netdam_isa::{Opcode, Status};
 use netdam_target::stats::StatsSnapshot;
@@ -37,9 +37,9 @@ impl Probe {
     }
 }
 
-fn request(sequence: u64, instructions: &[Instruction<'_>]) -> Vec<u8> {
+fn request(session: u32, sequence: u64, instructions: &[Instruction<'_>]) -> Vec<u8> {
     let mut buffer = vec![0u8; 65_536];
-    let mut builder = RequestBuilder::new(&mut buffer, 3, sequence).unwrap();
+    let mut builder = RequestBuilder::new(&mut buffer, session, sequence).unwrap();
     for instruction in instructions {
         builder.push(instruction).unwrap();
     }
@@ -65,6 +65,8 @@ fn delta(before: &StatsSnapshot, after: &StatsSnapshot, name: &str) -> u64 {
 fn bad_datagrams_are_answered_or_dropped_by_reason() {
     let test = start(vec![region("mem", 65536, false)], 1, MAX_DATAGRAM);
     let probe = Probe::new(test.target.local_addr());
+    let session = hello(&probe.socket);
+    let request = |sequence, instructions: &[Instruction<'_>]| request(session, sequence, instructions);
     let good = request(1, &[read(0, 8)]);
     assert!(probe.exchange(&good).is_some(), "a good request is answered");
     let before = test.target.stats();
@@ -152,4 +154,59 @@ fn bad_datagrams_are_answered_or_dropped_by_reason() {
     assert_eq!(by_status(Status::UnknownOpcode), 2);
     assert_eq!(by_status(Status::OutOfRange), 2);
     assert_eq!(by_status(Status::Malformed), 2);
+}
+
+fn fetch_add(offset: u64, addend: &[u8; 8]) -> Instruction<'_> {
+    Instruction { opcode: Opcode::FetchAdd as u8, operand: addend, ..read(offset, 8) }
+}
+
+#[test]
+fn sessions_make_non_idempotent_requests_execute_at_most_once() {
+    let test = start(vec![region("mem", 65536, false)], 1, MAX_DATAGRAM);
+    let probe = Probe::new(test.target.local_addr());
+    let session = hello(&probe.socket);
+    let one = 1u64.to_le_bytes();
+    let result = |answer: Vec<u8>| {
+        let response = Response::parse(&answer).unwrap();
+        assert_eq!(response.status(), Status::Ok);
+        let result = response.results().next().unwrap();
+        (result.status, result.data.to_vec())
+    };
+
+    // The same FETCH_ADD datagram three times: executed once, answered three times alike.
+    let add = request(session, 1, &[fetch_add(0, &one)]);
+    let first = probe.exchange(&add).unwrap();
+    assert_eq!(probe.exchange(&add).unwrap(), first, "the replay is the stored answer, byte for byte");
+    assert_eq!(probe.exchange(&add).unwrap(), first);
+    assert_eq!(result(first).1, 0u64.to_le_bytes());
+    let check = probe.exchange(&request(session, 2, &[read(0, 8)])).unwrap();
+    assert_eq!(result(check).1, 1u64.to_le_bytes(), "executed exactly once");
+
+    // An idempotent duplicate is executed again: it reads the current value.
+    let add_again = request(session, 3, &[fetch_add(0, &one)]);
+    probe.exchange(&add_again).unwrap();
+    let reread = probe.exchange(&request(session, 2, &[read(0, 8)])).unwrap();
+    assert_eq!(result(reread).1, 2u64.to_le_bytes());
+
+    // Far behind the newest sequence: stale, never executed.
+    probe.exchange(&request(session, 1_000, &[read(0, 8)])).unwrap();
+    let stale = probe.exchange(&request(session, 500, &[fetch_add(0, &one)])).unwrap();
+    assert_eq!(Response::parse(&stale).unwrap().status(), Status::Stale);
+
+    // Unknown sessions, and non-control instructions without a session, are refused.
+    let unknown = probe.exchange(&request(session ^ 0x0100_0000, 1, &[read(0, 8)])).unwrap();
+    assert_eq!(Response::parse(&unknown).unwrap().status(), Status::NoSession);
+    let sessionless = probe.exchange(&request(0, 1, &[fetch_add(0, &one)])).unwrap();
+    assert_eq!(Response::parse(&sessionless).unwrap().status(), Status::NoSession);
+    let ping = Instruction { opcode: Opcode::Ping as u8, ..read(0, 0) };
+    let control = probe.exchange(&request(0, 1, &[ping])).unwrap();
+    assert_eq!(Response::parse(&control).unwrap().status(), Status::Ok, "PING needs no session");
+
+    let stats = test.target.stats();
+    assert_eq!(stats.get("duplicates_replayed"), Some(2));
+    assert_eq!(stats.get("duplicates_executed_again"), Some(1));
+    assert_eq!(stats.get("answered_stale"), Some(1));
+    assert_eq!(stats.get("answered_no_session"), Some(2));
+    let final_value = probe.exchange(&request(session, 1_001, &[read(0, 8)])).unwrap();
+    assert_eq!(result(final_value).1, 2u64.to_le_bytes(), "refused requests changed nothing");
 }

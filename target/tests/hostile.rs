@@ -7,7 +7,7 @@ mod common;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use common::{region, seed, start, Rng};
+use common::{hello, region, seed, start, Rng};
 use netdam_initiator::Client;
 use netdam_isa::wire::{datagram_crc, Instruction, Request, RequestBuilder, Response, HEADER_LEN};
 use netdam_isa::Opcode;
@@ -27,7 +27,7 @@ fn fix_crc(bytes: &mut [u8]) {
 }
 
 /// A well-formed request of one to four instructions, valid or not in its fields.
-fn well_formed(rng: &mut Rng, sequence: u64) -> Vec<u8> {
+fn well_formed(rng: &mut Rng, session: u32, sequence: u64) -> Vec<u8> {
     const OPCODES: [Opcode; 11] = [
         Opcode::Read,
         Opcode::Write,
@@ -42,7 +42,8 @@ fn well_formed(rng: &mut Rng, sequence: u64) -> Vec<u8> {
         Opcode::Hello,
     ];
     let mut buffer = vec![0u8; MAX_DATAGRAM];
-    let mut builder = RequestBuilder::new(&mut buffer, rng.below(4) as u32, sequence).unwrap();
+    let session = if rng.below(50) == 0 { rng.next_u64() as u32 } else { session };
+    let mut builder = RequestBuilder::new(&mut buffer, session, sequence).unwrap();
     for _ in 0..1 + rng.below(4) {
         let opcode = if rng.below(20) == 0 { rng.next_u64() as u8 } else { OPCODES[rng.below(11) as usize] as u8 };
         let length = rng.below(700) as u32;
@@ -76,10 +77,15 @@ fn well_formed(rng: &mut Rng, sequence: u64) -> Vec<u8> {
     buffer
 }
 
-fn hostile(rng: &mut Rng, sequence: u64) -> Vec<u8> {
-    let mut bytes = well_formed(rng, sequence);
-    match rng.below(10) {
-        0 | 1 => {} // well-formed
+/// A hostile datagram. Well-formed ones use `clean_session`; mutated ones are built on
+/// `mutated_session`, whose window a mutated sequence number may push far ahead.
+fn hostile(rng: &mut Rng, clean_session: u32, mutated_session: u32, sequence: u64) -> Vec<u8> {
+    let kind = rng.below(10);
+    if kind < 2 {
+        return well_formed(rng, clean_session, sequence);
+    }
+    let mut bytes = well_formed(rng, mutated_session, sequence);
+    match kind {
         2 | 3 => {
             // Flip bytes; half the time fix the CRC so the mutation reaches the decoder.
             for _ in 0..1 + rng.below(6) {
@@ -168,6 +174,8 @@ fn target_survives_100k_hostile_datagrams() {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.connect(addr).unwrap();
     socket.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let clean_session = hello(&socket);
+    let mutated_session = hello(&socket);
     let before = test.target.stats();
     let mut touched = [vec![false; REGION_BYTES], vec![false; REGION_BYTES]];
     let mut receive = vec![0u8; 65_536];
@@ -175,7 +183,7 @@ fn target_survives_100k_hostile_datagrams() {
     let started = Instant::now();
     for burst in 0..DATAGRAMS / BURST {
         for index in 0..BURST {
-            let bytes = hostile(&mut rng, (burst * BURST + index) as u64);
+            let bytes = hostile(&mut rng, clean_session, mutated_session, (burst * BURST + index) as u64 + 1);
             mark_footprint(&bytes, &mut touched);
             socket.send(&bytes).unwrap();
         }
@@ -214,6 +222,7 @@ fn target_survives_100k_hostile_datagrams() {
     // Every datagram was received and accounted for by reason.
     let after = test.target.stats();
     let delta = |name: &str| after.get(name).unwrap() - before.get(name).unwrap();
+    // The two HELLOs came before `before`.
     assert_eq!(delta("datagrams_received"), sent + pings, "SEED={seed}: datagrams lost or double counted");
     let stat = client.stat().unwrap();
     for (name, value) in &stat {
@@ -234,6 +243,8 @@ fn target_survives_100k_hostile_datagrams() {
         "status_no_such_space",
         "status_out_of_range",
         "status_unaligned",
+        "answered_no_session",
+        "answered_stale",
     ] {
         assert!(value(reason) > 0, "SEED={seed}: STAT shows no {reason}");
     }

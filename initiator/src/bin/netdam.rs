@@ -30,7 +30,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Measure round trips; shows the target's service time, queue depth and received TTL.
+    /// Measure round trips; shows the target's service time, its queueing, queue depth and the TTL it received.
     Ping {
         /// Round trips to make.
         #[arg(long, default_value_t = 1)]
@@ -175,15 +175,17 @@ fn run(cli: &Cli) -> Result<(), String> {
                 let header = reply.response().header;
                 let rtt_us = reply.rtt.as_nanos() as f64 / 1e3;
                 let service_us = f64::from(header.service_time_ns) / 1e3;
+                let queueing_us = header.queueing_us;
                 if cli.json {
                     println!(
                         "{}",
                         json!({"target": cli.target.to_string(), "rtt_us": rtt_us, "service_time_us": service_us,
-                               "queue_depth": header.queue_depth, "received_ttl": header.ttl, "attempts": reply.attempts})
+                               "queueing_us": queueing_us, "queue_depth": header.queue_depth, "received_ttl": header.ttl,
+                               "attempts": reply.attempts})
                     );
                 } else {
                     println!(
-                        "reply from {}: rtt {rtt_us:.1} µs, target service {service_us:.1} µs, queue depth {}, received ttl {}",
+                        "reply from {}: rtt {rtt_us:.1} µs, target service {service_us:.1} µs (queued {queueing_us} µs), queue depth {}, received ttl {}",
                         cli.target, header.queue_depth, header.ttl
                     );
                 }

@@ -72,3 +72,36 @@ pub fn seed() -> u64 {
     println!("SEED={seed}");
     seed
 }
+
+/// Opens a session over a raw socket with HELLO (session 0 may carry control instructions only);
+/// returns the session id.
+pub fn hello(socket: &std::net::UdpSocket) -> u32 {
+    use netdam_isa::control::{decode_hello_answer, encode_hello_operand};
+    use netdam_isa::wire::{Instruction, RequestBuilder, Response};
+    let operand = encode_hello_operand(9000);
+    let mut buffer = [0u8; 128];
+    let mut builder = RequestBuilder::new(&mut buffer, 0, u64::MAX / 2).unwrap();
+    let hello = Instruction {
+        opcode: netdam_isa::Opcode::Hello as u8,
+        flags: 0,
+        space: 0,
+        offset: 0,
+        length: 0,
+        aux: 0,
+        operand: &operand,
+    };
+    builder.push(&hello).unwrap();
+    let len = builder.finish();
+    socket.send(&buffer[..len]).unwrap();
+    let mut answer = vec![0u8; 65_536];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no HELLO answer");
+        let Ok(len) = socket.recv(&mut answer) else { continue };
+        let Ok(response) = Response::parse(&answer[..len]) else { continue };
+        if response.header.sequence == u64::MAX / 2 {
+            let result = response.results().next().expect("HELLO result");
+            return decode_hello_answer(result.data).expect("HELLO answer decodes").session;
+        }
+    }
+}
