@@ -34,6 +34,69 @@ enum Command {
     Latency(LatencyArgs),
     /// Only the raw UDP echo floor.
     Floor(LatencyArgs),
+    /// One run of the deterministic simulator (initiators and a target on a virtual clock).
+    Sim(SimArgs),
+    /// Print the table of simulated results (docs/SIMULATION.md) to standard output.
+    SimTable,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct SimArgs {
+    /// Seed of every random choice; the same seed gives the same run.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Initiators sharing the bottleneck to the target.
+    #[arg(long, default_value_t = 8)]
+    initiators: usize,
+    /// incast: 4 KiB writes as fast as the window allows for --millis; checked: --ops operations
+    /// per initiator checked for exactly-once execution.
+    #[arg(long, value_enum, default_value_t = SimWorkload::Incast)]
+    workload: SimWorkload,
+    /// Simulated milliseconds of incast.
+    #[arg(long, default_value_t = 10)]
+    millis: u64,
+    /// Operations per initiator (checked workload).
+    #[arg(long, default_value_t = 1000)]
+    ops: u64,
+    /// Congestion control (Swift) on, or a fixed window of --window requests.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    cc: OnOff,
+    /// Requests each initiator keeps in flight at most.
+    #[arg(long, default_value_t = 32)]
+    window: usize,
+    /// Probability of losing a datagram at the bottleneck.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Probability of duplicating one.
+    #[arg(long, default_value_t = 0.0)]
+    duplicate: f64,
+    /// Probability of delaying one past later ones.
+    #[arg(long, default_value_t = 0.0)]
+    reorder: f64,
+    /// One-way propagation delay per link, µs.
+    #[arg(long, default_value_t = 2)]
+    propagation_us: u64,
+    /// Swift's initial window, requests.
+    #[arg(long)]
+    initial_window: Option<f64>,
+    /// Buffer of the bottleneck port, KiB.
+    #[arg(long, default_value_t = 256)]
+    buffer_kib: usize,
+    /// Floor of the retransmission timeout, µs.
+    #[arg(long)]
+    min_rto_us: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SimWorkload {
+    Incast,
+    Checked,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -66,6 +129,47 @@ fn main() {
     match cli.command {
         Command::Latency(args) => latency(&args, true),
         Command::Floor(args) => latency(&args, false),
+        Command::Sim(args) => simulate(&args),
+        Command::SimTable => match netdam_bench::sim::table::generate() {
+            Ok(table) => print!("{table}"),
+            Err(error) => {
+                eprintln!("{error}");
+                std::process::exit(1);
+            }
+        },
+    }
+}
+
+fn simulate(args: &SimArgs) {
+    use netdam_bench::sim::{self, Scenario, Workload};
+    use netdam_isa::Duration;
+    println!("SEED={}", args.seed);
+    let workload = match args.workload {
+        SimWorkload::Incast => Workload::Incast { write_bytes: 4096, duration: Duration::from_millis(args.millis) },
+        SimWorkload::Checked => Workload::Checked { ops: args.ops },
+    };
+    let mut scenario = Scenario::new(args.seed, args.initiators, workload);
+    scenario.session.max_in_flight = args.window;
+    if args.cc == OnOff::Off {
+        scenario.session.congestion = None;
+    }
+    scenario.network.loss = args.loss;
+    scenario.network.duplicate = args.duplicate;
+    scenario.network.reorder = args.reorder;
+    scenario.network.propagation = Duration::from_micros(args.propagation_us);
+    scenario.network.bottleneck_buffer_bytes = args.buffer_kib << 10;
+    if let Some(min_rto_us) = args.min_rto_us {
+        scenario.session.min_rto = Duration::from_micros(min_rto_us);
+    }
+    if let (Some(window), Some(swift)) = (args.initial_window, scenario.session.congestion.as_mut()) {
+        swift.initial_window = window;
+    }
+    match sim::run(&scenario) {
+        Ok(report) => println!("{report:#?}"),
+        Err(error) => {
+            eprintln!("{error}");
+            std::process::exit(1);
+        }
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT};
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT, REPLAY_WINDOW};
 use netdam_isa::wire::{InstructionResult, RequestBuilder, Response};
 use netdam_isa::{Duration, Instant, Status};
 
@@ -45,7 +45,7 @@ impl Default for SessionConfig {
         SessionConfig {
             max_in_flight: 32,
             initial_rto: Duration::from_millis(200),
-            min_rto: Duration::from_millis(2),
+            min_rto: Duration::from_micros(500),
             max_rto: Duration::from_millis(2_000),
             max_attempts: 8,
             max_busy_retries: 64,
@@ -248,15 +248,18 @@ impl Session {
         self.requests.len()
     }
 
-    /// Whether another request may be submitted now.
+    /// Whether another request may be submitted now: under `max_in_flight`, and not so far ahead
+    /// of the oldest unanswered request that the target's replay window would no longer cover it
+    /// (one request stuck in retransmission must not let the rest run 256 sequences ahead).
     pub fn has_room(&self) -> bool {
-        self.requests.len() < self.config.max_in_flight
+        let oldest = self.requests.iter().map(|request| request.sequence).min().unwrap_or(self.next_sequence);
+        self.requests.len() < self.config.max_in_flight && self.next_sequence - oldest < REPLAY_WINDOW as u64
     }
 
     /// Queues one datagram carrying `ops`; its completion will carry `token`.
     pub fn submit(&mut self, ops: &[Op], token: u64) -> Result<(), ClientError> {
         if !self.has_room() {
-            return Err(ClientError::WindowFull(self.config.max_in_flight));
+            return Err(ClientError::WindowFull(self.requests.len()));
         }
         let sequence = self.next_sequence;
         self.scratch.resize(self.config.max_datagram_bytes, 0);
@@ -285,9 +288,9 @@ impl Session {
         Ok(())
     }
 
-    /// Requests sent at least once and not answered: what congestion control counts.
+    /// Requests on the wire now (sent, not answered, not timed out): what the window bounds.
     fn on_wire(&self) -> usize {
-        self.requests.iter().filter(|request| request.attempts > 0).count()
+        self.requests.iter().filter(|request| matches!(request.state, State::Sent { .. })).count()
     }
 
     /// The next datagram to send now, if any; the caller sends it at once.
@@ -298,13 +301,11 @@ impl Session {
                 continue;
             };
             let first_send = self.requests[index].attempts == 0;
-            // A retransmission replaces a request already counted on the wire; a first
-            // transmission needs room in the congestion window (or its pacing slot).
-            if first_send {
-                if let Some(swift) = &self.swift {
-                    if swift.may_send(now, self.on_wire()).is_err() {
-                        return None;
-                    }
+            // Retransmissions too need room in the window (or their pacing slot): resending every
+            // lost request at once after a loss burst would only repeat the burst.
+            if let Some(swift) = &self.swift {
+                if swift.may_send(now, self.on_wire()).is_err() {
+                    return None;
                 }
             }
             self.send_queue.pop_front();
@@ -384,12 +385,11 @@ impl Session {
             State::Waiting => None,
         });
         let pacing = self.swift.as_ref().and_then(|swift| {
-            let front = self.send_queue.front()?;
-            let waiting_first_send =
-                self.requests.iter().any(|request| request.sequence == *front && request.attempts == 0);
-            // Asked "at the origin", may_send returns the pacing release time whenever pacing holds.
+            // Something is waiting to be sent (new or retransmission) and pacing holds it. Asked
+            // "at the origin", may_send returns the release time whenever pacing holds.
+            self.send_queue.front()?;
             match swift.may_send(Instant::ZERO, self.on_wire()) {
-                Err(Some(release)) if waiting_first_send => Some(release),
+                Err(Some(release)) => Some(release),
                 _ => None,
             }
         });

@@ -58,7 +58,7 @@ impl Default for SwiftConfig {
             endpoint_target: Duration::from_micros(100),
             min_window: 0.01,
             max_window: 256.0,
-            initial_window: 8.0,
+            initial_window: 1.0,
             timeouts_to_reset: 5,
         }
     }
@@ -199,24 +199,23 @@ impl Swift {
         self.metrics.decreases += u64::from(decreased_fabric) + u64::from(decreased_endpoint);
     }
 
-    /// A request timed out: decrease once per RTT, and fall to the minimum after repeated timeouts.
+    /// A request timed out. Timeouts within one smoothed RTT of the last decrease are one loss
+    /// event (a burst of requests lost together): the window shrinks once by `max_decrease`, and
+    /// after `timeouts_to_reset` such events in a row, without an answer between, to the minimum.
     pub fn on_timeout(&mut self, now: Instant) {
         self.metrics.timeouts += 1;
+        if !self.can_decrease(Which::Fabric, now) || !self.can_decrease(Which::Endpoint, now) {
+            return;
+        }
         self.consecutive_timeouts += 1;
         let reset = self.consecutive_timeouts >= self.config.timeouts_to_reset;
         for which in [Which::Fabric, Which::Endpoint] {
-            let min_window = self.config.min_window;
-            let max_decrease = self.config.max_decrease;
-            let can_decrease = self.can_decrease(which, now);
+            let (min_window, max_decrease) = (self.config.min_window, self.config.max_decrease);
             let window = self.window_mut(which);
-            if reset {
-                window.size = min_window;
-                window.last_decrease = Some(now);
-            } else if can_decrease {
-                window.size = (window.size * (1.0 - max_decrease)).max(min_window);
-                window.last_decrease = Some(now);
-            }
+            window.size = if reset { min_window } else { (window.size * (1.0 - max_decrease)).max(min_window) };
+            window.last_decrease = Some(now);
         }
+        self.metrics.decreases += 2;
     }
 
     /// The target answered BUSY: an endpoint signal, so only the endpoint window shrinks.
@@ -367,16 +366,23 @@ mod tests {
     #[test]
     fn paces_below_one_request_per_rtt_and_resets_after_repeated_timeouts() {
         let mut swift = Swift::new(SwiftConfig { initial_window: 1.0, ..SwiftConfig::default() });
-        swift.on_answer(at_us(0), Duration::from_micros(100), Duration::from_micros(1), Duration::ZERO, 0, 1);
-        for step in 1..=5 {
+        // Below target: the window grows from 1 to 2; the smoothed RTT is 20 µs.
+        swift.on_answer(at_us(0), Duration::from_micros(20), Duration::from_micros(1), Duration::ZERO, 0, 1);
+        assert_eq!(swift.window(), 2.0);
+        // A burst of timeouts within one RTT is one event: halved once.
+        swift.on_timeout(at_us(1000));
+        swift.on_timeout(at_us(1001));
+        swift.on_timeout(at_us(1002));
+        assert_eq!(swift.window(), 1.0);
+        for step in 2..=5 {
             swift.on_timeout(at_us(step * 1000));
         }
-        assert_eq!(swift.window(), SwiftConfig::default().min_window);
+        assert_eq!(swift.window(), SwiftConfig::default().min_window, "five events in a row reset the window");
         swift.on_send(at_us(10_000));
         assert_eq!(swift.may_send(at_us(10_000), 1), Err(None), "one at a time");
-        // rtt 100 µs / window 0.01 = 10 ms between requests.
-        assert_eq!(swift.may_send(at_us(10_001), 0), Err(Some(at_us(20_000))));
-        assert_eq!(swift.may_send(at_us(20_000), 0), Ok(()));
+        // rtt 20 µs / window 0.01 = 2 ms between requests.
+        assert_eq!(swift.may_send(at_us(10_001), 0), Err(Some(at_us(12_000))));
+        assert_eq!(swift.may_send(at_us(12_000), 0), Ok(()));
     }
 
     #[test]

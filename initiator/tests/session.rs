@@ -7,8 +7,11 @@ use netdam_initiator::{ClientError, Op};
 use netdam_isa::wire::{Request, ResponseWriter};
 use netdam_isa::{Duration, Instant, Status};
 
+/// Settings for the transport tests: congestion control off, so only the transport decides what
+/// is sent (the window test turns it on).
 fn config() -> SessionConfig {
     SessionConfig {
+        congestion: None,
         max_in_flight: 4,
         initial_rto: Duration::from_millis(10),
         max_rto: Duration::from_millis(25),

@@ -87,7 +87,8 @@ impl<E: Engine> Dispatcher<E> {
         Dispatcher { engine, shared, worker, sessions }
     }
 
-    fn stats(&self) -> &WorkerStats {
+    /// This worker's counters.
+    pub fn stats(&self) -> &WorkerStats {
         &self.shared.stats[self.worker]
     }
 

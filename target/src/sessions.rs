@@ -7,9 +7,9 @@
 //! from a closed session or an earlier target run does not match a new one.
 //!
 //! Per session the table remembers the last `REPLAY_WINDOW` sequences executed. A retransmitted
-//! request is answered from the stored response when it was not idempotent, executed again when
-//! it was, and refused `stale` when it is older than the window or its stored answer has been
-//! overwritten. Stored answers live in a fixed ring of bytes, so memory never grows.
+//! request is answered from the stored response when it was not idempotent and executed again
+//! when it was; a non-idempotent request older than the window, or whose stored answer has been
+//! overwritten, is refused `stale`. Stored answers live in a fixed ring of bytes, so memory never grows.
 
 use netdam_isa::limits::{REPLAY_ARENA_BYTES, REPLAY_WINDOW, SESSIONS_PER_WORKER};
 use netdam_isa::{Duration, Instant};
@@ -173,7 +173,8 @@ impl SessionTable {
         };
         session.last_active = now;
         if sequence.saturating_add(REPLAY_WINDOW as u64) <= session.highest_sequence {
-            return Admission::Stale;
+            // Beyond memory: harmless to run again if idempotent, never otherwise.
+            return if idempotent { Admission::ExecuteAgain } else { Admission::Stale };
         }
         let remembered = session.window[(sequence % REPLAY_WINDOW as u64) as usize];
         if remembered.executed && remembered.sequence == sequence {
@@ -235,7 +236,12 @@ mod tests {
         let far = REPLAY_WINDOW as u64 + 10;
         let Admission::Execute(ticket) = table.admit(Instant::ZERO, id, far, false, &mut out) else { panic!() };
         table.record(ticket, Some(b"x"));
-        assert_eq!(table.admit(Instant::ZERO, id, 10, true, &mut out), Admission::Stale);
+        assert_eq!(table.admit(Instant::ZERO, id, 10, false, &mut out), Admission::Stale);
+        assert_eq!(
+            table.admit(Instant::ZERO, id, 10, true, &mut out),
+            Admission::ExecuteAgain,
+            "idempotent: run again"
+        );
         assert!(matches!(table.admit(Instant::ZERO, id, 11, true, &mut out), Admission::Execute(_)));
     }
 
