@@ -38,6 +38,40 @@ enum Command {
     Sim(SimArgs),
     /// Print the table of simulated results (docs/SIMULATION.md) to standard output.
     SimTable,
+    /// One initiator writing to a running target as fast as its window allows, for a while;
+    /// prints one JSON line. Used by ops/netns-incast.sh, one per network namespace.
+    Load(LoadArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct LoadArgs {
+    /// Target address.
+    #[arg(long)]
+    target: SocketAddr,
+    /// Region to write into (name or id).
+    #[arg(long, default_value = "0")]
+    region: String,
+    /// Where this initiator's writes start; they cycle through --span bytes from here.
+    #[arg(long, default_value_t = 0)]
+    offset: u64,
+    /// Bytes the writes cycle through.
+    #[arg(long, default_value_t = 1 << 20)]
+    span: u64,
+    /// Bytes per write.
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// How long to write, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Requests in flight at most.
+    #[arg(long, default_value_t = 32)]
+    window: usize,
+    /// Congestion control (Swift) on, or a fixed window.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    cc: OnOff,
+    /// Swift's fabric base target delay, µs: must exceed the fabric's unloaded round trip.
+    #[arg(long)]
+    base_target_us: Option<u64>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -130,6 +164,7 @@ fn main() {
         Command::Latency(args) => latency(&args, true),
         Command::Floor(args) => latency(&args, false),
         Command::Sim(args) => simulate(&args),
+        Command::Load(args) => load(&args),
         Command::SimTable => match netdam_bench::sim::table::generate() {
             Ok(table) => print!("{table}"),
             Err(error) => {
@@ -138,6 +173,69 @@ fn main() {
             }
         },
     }
+}
+
+fn load(args: &LoadArgs) {
+    use netdam_initiator::{session::SessionConfig, ClientOptions};
+    let mut session = SessionConfig { max_in_flight: args.window, ..SessionConfig::default() };
+    match (args.cc, args.base_target_us) {
+        (OnOff::Off, _) => session.congestion = None,
+        (OnOff::On, Some(base_us)) => {
+            if let Some(swift) = session.congestion.as_mut() {
+                swift.base_target = netdam_isa::Duration::from_micros(base_us);
+            }
+        }
+        (OnOff::On, None) => {}
+    }
+    let fail = |message: String| -> ! {
+        println!("{}", serde_json::json!({ "error": message }));
+        std::process::exit(1);
+    };
+    let mut client = Client::connect_with(args.target, ClientOptions { session, ..ClientOptions::default() })
+        .unwrap_or_else(|error| fail(format!("connect: {error}")));
+    let space = client.region(&args.region).map(|region| region.id).unwrap_or_else(|error| fail(error.to_string()));
+    let data = vec![0xA5u8; args.size];
+    let mut latency = histogram();
+    let mut rtt = histogram();
+    let mut pending = std::collections::VecDeque::new();
+    let mut failed = 0u64;
+    let mut written = 0u64;
+    let started = Instant::now();
+    let stop_at = started + Duration::from_secs_f64(args.seconds);
+    let slots = (args.span / args.size as u64).max(1);
+    let mut next = 0u64;
+    loop {
+        let now = Instant::now();
+        while now < stop_at && pending.len() < args.window {
+            let offset = args.offset + (next % slots) * args.size as u64;
+            next += 1;
+            let ticket = client.submit(&[Op::write(space, offset, &data)]).unwrap_or_else(|e| fail(e.to_string()));
+            pending.push_back((Instant::now(), ticket));
+        }
+        let Some((submitted, ticket)) = pending.pop_front() else { break };
+        match client.wait(ticket).and_then(|reply| reply.data(0).map(|_| reply.rtt)) {
+            Ok(round_trip) => {
+                written += args.size as u64;
+                record(&mut latency, submitted.elapsed());
+                record(&mut rtt, round_trip.to_std());
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let stats = client.session_stats();
+    let us = |histogram: &Histogram<u64>, q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "{}",
+        serde_json::json!({
+            "operations": latency.len(), "failed": failed, "seconds": elapsed,
+            "mbit_per_s": written as f64 * 8.0 / elapsed / 1e6,
+            "latency_p50_us": us(&latency, 0.5), "latency_p99_us": us(&latency, 0.99),
+            "rtt_p50_us": us(&rtt, 0.5), "rtt_p99_us": us(&rtt, 0.99),
+            "transmissions": stats.transmissions, "retransmissions": stats.retransmissions,
+            "busy": stats.busy, "window": stats.window,
+        })
+    );
 }
 
 fn simulate(args: &SimArgs) {

@@ -353,8 +353,12 @@ impl Session {
             let request = &mut self.requests[index];
             request.busy_retries += 1;
             if request.busy_retries <= self.config.max_busy_retries {
-                let hint = Duration::from_micros(u64::from(header.queueing_us).max(1));
-                request.state = State::Held { until: now + hint };
+                // Wait as long as the target says its queue is, doubling with each BUSY this
+                // request gets in a row, so requests that keep losing the race stop adding to it.
+                let hint = u64::from(header.queueing_us).max(1) * 1000;
+                let backoff = hint.saturating_mul(1 << (request.busy_retries - 1).min(16));
+                let hold = Duration::from_nanos(backoff).min(self.config.max_rto);
+                request.state = State::Held { until: now + hold };
                 // A BUSY answer is not a lost datagram: the attempt does not count.
                 request.attempts -= 1;
                 return;

@@ -260,3 +260,73 @@ impl<E> Dispatcher<E> {
         self.shared.stats[self.worker].add(counter, 1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ByteSize, RegionBackend, RegionConfig};
+    use crate::engine::SoftwareEngine;
+    use netdam_isa::control::{decode_hello_answer, encode_hello_operand};
+    use netdam_isa::wire::{RequestBuilder, Response};
+
+    fn dispatcher() -> Dispatcher<SoftwareEngine> {
+        let config = RegionConfig { name: "r".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
+        let regions = Arc::new(RegionTable::open(&[config], std::path::Path::new(".")).unwrap());
+        let shared = Arc::new(Shared::new(regions.clone(), 1, 9000, 1, Duration::from_millis(1)));
+        Dispatcher::new(SoftwareEngine::new(regions), shared, 0)
+    }
+
+    fn instruction(opcode: Opcode, length: u32, operand: &[u8]) -> Instruction<'_> {
+        Instruction { opcode: opcode as u8, flags: 0, space: 0, offset: 0, length, aux: 0, operand }
+    }
+
+    /// Hands one request to the dispatcher after it queued for `queued`; returns the finished
+    /// answer and whether the request was recorded as executed.
+    fn exchange(
+        dispatcher: &mut Dispatcher<SoftwareEngine>,
+        session: u32,
+        queued: Duration,
+        op: Instruction<'_>,
+    ) -> (Vec<u8>, bool) {
+        let mut request = vec![0u8; 256];
+        let mut builder = RequestBuilder::new(&mut request, session, 1).unwrap();
+        builder.push(&op).unwrap();
+        let len = builder.finish();
+        let mut out = vec![0u8; 9000];
+        match dispatcher.handle(Instant::ZERO, queued, &request[..len], &mut out) {
+            Handled::Answer { response, record } => {
+                let len = response.finish(64, 0, 0);
+                if let Some((ticket, store)) = record {
+                    dispatcher.record(ticket, store.then_some(&out[..len]));
+                }
+                (out[..len].to_vec(), record.is_some())
+            }
+            other => panic!("expected an answer, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_that_queued_too_long_is_answered_busy_and_not_executed() {
+        let mut dispatcher = dispatcher();
+        let operand = encode_hello_operand(9000);
+        let (hello, _) = exchange(&mut dispatcher, 0, Duration::ZERO, instruction(Opcode::Hello, 0, &operand));
+        let hello = Response::parse(&hello).unwrap();
+        let session = decode_hello_answer(hello.results().next().unwrap().data).unwrap().session;
+
+        let add = 1u64.to_le_bytes();
+        let (busy, executed) =
+            exchange(&mut dispatcher, session, Duration::from_micros(2500), instruction(Opcode::FetchAdd, 8, &add));
+        let busy = Response::parse(&busy).unwrap();
+        assert_eq!((busy.status(), busy.header.count, busy.header.queueing_us), (Status::Busy, 0, 2500));
+        assert!(!executed, "a BUSY answer executes nothing");
+
+        // Once the queue has drained, the same request executes: BUSY left no trace.
+        let (done, executed) =
+            exchange(&mut dispatcher, session, Duration::from_micros(20), instruction(Opcode::FetchAdd, 8, &add));
+        let done = Response::parse(&done).unwrap();
+        assert!(executed);
+        assert_eq!(done.header.queueing_us, 20, "the answer reports the queueing it saw");
+        assert_eq!(done.results().next().unwrap().data, 0u64.to_le_bytes());
+        assert_eq!(dispatcher.stats().get(Counter::AnsweredBusy), 1);
+    }
+}

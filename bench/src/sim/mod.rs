@@ -215,6 +215,8 @@ const SLOT_BYTES: u64 = 64;
 const INCAST_AREA_BYTES: u64 = 64 << 10;
 /// The switch is one hop: the target sees TTL 63.
 const RECEIVED_TTL: u8 = 63;
+/// Target time for an answer that executes nothing.
+const NON_EXECUTING_ANSWER: Duration = Duration::from_nanos(300);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OpKind {
@@ -611,19 +613,22 @@ impl Sim {
             + Duration::from_nanos((bytes.len() as f64 * self.scenario.target_ns_per_byte) as u64);
         let depth = self.target.queue.len().min(u16::MAX as usize) as u16;
         let target = &mut self.target;
-        let response = match target.dispatcher.handle(self.now, queueing, &bytes, &mut target.out) {
-            Handled::Dropped => None,
-            Handled::Replay(len) => Some(target.out[..len].to_vec()),
+        // An answer that executes nothing (BUSY, stale, no session, a replay) costs the target a
+        // decode and a send, not an execution.
+        let (response, spent) = match target.dispatcher.handle(self.now, queueing, &bytes, &mut target.out) {
+            Handled::Dropped => (None, NON_EXECUTING_ANSWER),
+            Handled::Replay(len) => (Some(target.out[..len].to_vec()), NON_EXECUTING_ANSWER),
             Handled::Answer { response, record } => {
-                let service = u32::try_from((queueing + execution).as_nanos()).unwrap_or(u32::MAX);
+                let spent = if response.count() == 0 { NON_EXECUTING_ANSWER } else { execution };
+                let service = u32::try_from((queueing + spent).as_nanos()).unwrap_or(u32::MAX);
                 let len = response.finish(RECEIVED_TTL, service, depth);
                 if let Some((ticket, store)) = record {
                     target.dispatcher.record(ticket, store.then_some(&target.out[..len]));
                 }
-                Some(target.out[..len].to_vec())
+                (Some(target.out[..len].to_vec()), spent)
             }
         };
-        self.schedule(self.now + execution, Event::TargetDone { to: from, response });
+        self.schedule(self.now + spent, Event::TargetDone { to: from, response });
     }
 
     fn target_done(&mut self, to: usize, response: Option<Vec<u8>>) {
