@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::rng::Rng;
+
 /// Fault probabilities, applied to each datagram in each direction.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Faults {
@@ -81,18 +83,6 @@ impl Proxy {
     }
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn chance(&mut self, probability: f64) -> bool {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let draw = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
-        probability > 0.0 && (draw as f64 / (1u64 << 53) as f64) < probability
-    }
-}
-
 /// Where a datagram goes: back to an initiator through the front socket, or upstream through
 /// the initiator's own socket.
 #[derive(Debug, Clone, Copy)]
@@ -102,7 +92,7 @@ enum Route {
 }
 
 fn relay(front: UdpSocket, target: SocketAddr, faults: Faults, stop: &AtomicBool) -> io::Result<ProxyCounts> {
-    let mut rng = Rng(faults.seed.max(1));
+    let mut rng = Rng::new(faults.seed);
     let mut counts = ProxyCounts::default();
     let mut upstream: Vec<(SocketAddr, UdpSocket)> = Vec::new();
     let mut by_client: HashMap<SocketAddr, usize> = HashMap::new();

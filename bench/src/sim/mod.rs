@@ -26,6 +26,7 @@ use netdam_target::dispatch::{Dispatcher, Handled, Shared};
 use netdam_target::engine::SoftwareEngine;
 use netdam_target::regions::RegionTable;
 
+use crate::rng::Rng;
 use network::Port;
 
 /// The simulated network.
@@ -188,23 +189,6 @@ impl std::fmt::Display for SimError {
     }
 }
 
-/// xorshift64*: small, seeded, and the same on every machine.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn chance(&mut self, probability: f64) -> bool {
-        probability > 0.0 && (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= probability
-    }
-}
-
 const HELLO_TOKEN: u64 = u64::MAX;
 const COUNTER_OFFSET: u64 = 0;
 const LANES_OFFSET: u64 = 64;
@@ -328,7 +312,7 @@ impl Sim {
             now: Instant::ZERO,
             events: BTreeMap::new(),
             next_event: 0,
-            rng: Rng(scenario.seed.max(1)),
+            rng: Rng::new(scenario.seed),
             uplinks: (0..scenario.initiators).map(|_| port(network.edge_gbps, edge_buffer)).collect(),
             downlinks: (0..scenario.initiators).map(|_| port(network.edge_gbps, edge_buffer)).collect(),
             to_target: port(network.bottleneck_gbps, network.bottleneck_buffer_bytes),
