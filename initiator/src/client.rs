@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 
 use netdam_isa::control::{decode_stat_answer, RegionInfo};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_VADD_BYTES};
-use netdam_isa::{Instant, LaneType};
+use netdam_isa::{Instant, LaneType, Status};
 
 use crate::error::ClientError;
 use crate::op::Op;
@@ -71,6 +71,7 @@ pub struct Client {
     receive_buffer: Vec<u8>,
     next_token: u64,
     finished: HashMap<u64, Result<Reply, ClientError>>,
+    requested_datagram_bytes: u32,
 }
 
 /// Receive buffer asked for; the kernel caps it at net.core.rmem_max.
@@ -99,7 +100,7 @@ impl Client {
         socket.connect(addr)?;
         socket.set_nonblocking(true)?;
         let session_config = fit_window_to_receive_buffer(&socket2::SockRef::from(&socket), options.session);
-        let wanted = options.session.max_datagram_bytes;
+        let wanted = options.session.max_datagram_bytes as u32;
         let mut client = Client {
             socket,
             // Until HELLO answers, use the default size: every target accepts it.
@@ -110,11 +111,21 @@ impl Client {
             receive_buffer: vec![0u8; MAX_DATAGRAM_BYTES],
             next_token: 0,
             finished: HashMap::new(),
+            requested_datagram_bytes: 0,
         };
-        let reply = client.call(&[Op::hello(wanted as u32)])?;
-        client.info = TargetInfo::from_hello(addr, &reply)?;
-        client.session.establish(client.info.hello.session, client.info.hello.max_datagram_bytes as usize);
+        client.requested_datagram_bytes = wanted;
+        client.hello()?;
         Ok(client)
+    }
+
+    /// Says HELLO (without a session) and adopts the session it opens.
+    fn hello(&mut self) -> Result<(), ClientError> {
+        self.session.forget();
+        let ticket = self.submit(&[Op::hello(self.requested_datagram_bytes)])?;
+        let reply = self.wait(ticket)?;
+        self.info = TargetInfo::from_hello(self.info.addr, &reply)?;
+        self.session.establish(self.info.hello.session, self.info.hello.max_datagram_bytes as usize);
+        Ok(())
     }
 
     /// What HELLO said about the target.
@@ -154,8 +165,19 @@ impl Client {
         }
     }
 
-    /// Sends `ops` in one datagram and waits for the answer.
+    /// Sends `ops` in one datagram and waits for the answer. If the target no longer knows the
+    /// session (it restarted), says HELLO again and resends idempotent requests once; a
+    /// non-idempotent one fails with `SessionLost`, since it may have run before the restart.
     pub fn call(&mut self, ops: &[Op]) -> Result<Reply, ClientError> {
+        let ticket = self.submit(ops)?;
+        let reply = self.wait(ticket)?;
+        if reply.response().status() != Status::NoSession {
+            return Ok(reply);
+        }
+        self.hello()?;
+        if !ops.iter().all(Op::is_idempotent) {
+            return Err(ClientError::SessionLost);
+        }
         let ticket = self.submit(ops)?;
         self.wait(ticket)
     }

@@ -35,6 +35,10 @@ pub enum ClientError {
         /// The status it gave.
         status: Status,
     },
+    /// The target no longer knows the session (it restarted, or evicted the session after a long
+    /// silence) while a non-idempotent request was outstanding.
+    #[error("the target no longer knows this session (restarted or evicted it); the non-idempotent request may or may not have executed before")]
+    SessionLost,
     /// The target refused the whole datagram.
     #[error("target refused the datagram: {0}")]
     DatagramRefused(Status),

@@ -227,6 +227,12 @@ impl Session {
         self.config.max_datagram_bytes = max_datagram_bytes;
     }
 
+    /// Forgets the session id (the target no longer knows it): what is sent next, a HELLO first
+    /// of all, goes out without a session.
+    pub fn forget(&mut self) {
+        self.session_id = 0;
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &SessionConfig {
         &self.config

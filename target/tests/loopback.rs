@@ -185,3 +185,37 @@ fn a_missing_target_is_reported_as_such() {
         other => panic!("expected NotListening, got {other:?}"),
     }
 }
+
+/// A target on `addr` with one anonymous region, as after a restart.
+fn start_at(addr: std::net::SocketAddr) -> netdam_target::Target {
+    let config = netdam_target::Config {
+        listen: addr,
+        data_dir: Some(std::env::temp_dir()),
+        poll: netdam_target::PollMode::Blocking,
+        regions: vec![region("mem", 65536, false)],
+        ..netdam_target::Config::default()
+    };
+    netdam_target::Target::start(&config).unwrap()
+}
+
+#[test]
+fn a_client_rejoins_a_restarted_target_for_idempotent_requests_only() {
+    let first = start(vec![region("mem", 65536, false)], 1, 9000);
+    let addr = first.target.local_addr();
+    let mut client = Client::connect(addr).unwrap();
+    client.write(0, 0, b"before").unwrap();
+    drop(first);
+
+    // The new target knows no session: the client says HELLO again and resends the READ.
+    let second = start_at(addr);
+    let reply = client.call(&[Op::read(0, 0, 6)]).unwrap();
+    assert_eq!(reply.data(0).unwrap(), [0u8; 6], "a fresh anonymous region");
+    assert_eq!(second.stats().get("answered_no_session"), Some(1));
+    second.stop();
+
+    // A FETCH_ADD refused for want of a session is not resent: it may have run before the restart.
+    let third = start_at(addr);
+    assert!(matches!(client.call(&[Op::fetch_add(0, 0, 1)]), Err(ClientError::SessionLost)));
+    assert_eq!(client.fetch_add(0, 0, 0).unwrap(), 0, "the refused FETCH_ADD did not run; the new session works");
+    third.stop();
+}
