@@ -7,7 +7,8 @@
 #   ops/netns-incast.sh [--initiators 8] [--seconds 5] [--rate 100mbit] [--size 1024] [--bin DIR]
 #
 # Needs root, ip netns, veth, a bridge and the tbf qdisc. Exits 77 with a reason when the
-# machine lacks one; exits 1 if any initiator failed an operation. Everything it creates lives in
+# machine lacks one; exits 1 if an initiator wrote nothing, or failed a write with Swift on (a
+# fixed window may legitimately exhaust a request's attempts; that is reported). Everything it creates lives in
 # namespaces named after its process id and is removed on exit.
 set -euo pipefail
 initiators=8 seconds=5 rate=100mbit size=1024 bin="$(cd "$(dirname "$0")/.." && pwd)/build/release"
@@ -99,7 +100,10 @@ print(f"| {'swift on' if mode == 'on' else 'fixed window 32'} | {sum(r['mbit_per
       f"| {statistics.median(r['rtt_p50_us'] for r in rows):.0f} | {max(r['rtt_p99_us'] for r in rows):.0f} "
       f"| {sum(r['operations'] for r in rows)} | {sum(r['retransmissions'] for r in rows)} | {drops} "
       f"| {sum(r['failed'] for r in rows)} |")
-sys.exit(1 if sum(r['failed'] for r in rows) or min(r['operations'] for r in rows) == 0 else 0)
+# With the controller every write must complete. A fixed window overflowing the bottleneck may
+# exhaust a request's attempts: that is part of what it shows, so it is reported, not failed.
+failed = sum(r['failed'] for r in rows) if mode == 'on' else 0
+sys.exit(1 if failed or min(r['operations'] for r in rows) == 0 else 0)
 PY
 }
 echo "incast: $initiators initiators -> 1 target, bottleneck tbf $rate (64 KiB queue), ${size}-byte writes, ${seconds} s per mode"
