@@ -5,5 +5,4 @@
 //! - [`proxy`]: a fault-injecting UDP proxy for tests on real sockets.
 
 pub mod proxy;
-pub mod rng;
 pub mod sim;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::rng::Rng;
+use netdam_isa::rng::Rng;
 
 /// Fault probabilities, applied to each datagram in each direction.
 #[derive(Debug, Clone, Copy, PartialEq)]

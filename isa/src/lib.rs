@@ -7,6 +7,7 @@
 //! - [`limits`]: every bound, in one place.
 //! - [`time`]: the protocol's own `Instant` and `Duration`.
 //! - [`engine`]: the trait execution engines implement.
+//! - [`rng`]: the seeded generator of simulators, fault injectors and tests.
 
 pub mod control;
 pub mod engine;
@@ -15,6 +16,7 @@ pub mod fuzzing;
 pub mod limits;
 pub mod memory;
 pub mod opcode;
+pub mod rng;
 pub mod semantics;
 pub mod status;
 pub mod time;

@@ -178,8 +178,9 @@ fn async_client_runs_many_requests_concurrently() {
 
 #[test]
 fn a_missing_target_is_reported_as_such() {
-    // Bind and drop a socket to find a port nobody listens on.
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // Bind and drop a socket to find a free port, on a loopback address no other test binds (a
+    // target started by a parallel test on 127.0.0.1 could otherwise take the port meanwhile).
+    let port = std::net::UdpSocket::bind("127.45.67.89:0").unwrap().local_addr().unwrap();
     match Client::connect(port) {
         Err(ClientError::NotListening(addr)) => assert_eq!(addr, port),
         other => panic!("expected NotListening, got {other:?}"),

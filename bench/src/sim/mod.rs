@@ -26,7 +26,7 @@ use netdam_target::dispatch::{Dispatcher, Handled, Shared};
 use netdam_target::engine::SoftwareEngine;
 use netdam_target::regions::RegionTable;
 
-use crate::rng::Rng;
+use netdam_isa::rng::Rng;
 use network::Port;
 
 /// The simulated network.

@@ -39,30 +39,9 @@ pub fn start(regions: Vec<RegionConfig>, workers: usize, max_datagram_bytes: usi
     TestTarget { target, dir }
 }
 
-/// xorshift64*: a small seeded generator, so a failing run can be repeated from its seed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in 0..bound (bound > 0).
-    pub fn below(&mut self, bound: u64) -> u64 {
-        self.next_u64() % bound
-    }
-
-    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next_u64() as u8).collect()
-    }
-}
+// Not every test file that includes this module draws random numbers.
+#[allow(unused_imports)]
+pub use netdam_isa::rng::Rng;
 
 /// The seed for a randomized test: $NETDAM_SEED, or one drawn from the clock; printed first.
 pub fn seed() -> u64 {
