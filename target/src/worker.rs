@@ -110,9 +110,10 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                     len
                 }
             };
-            match batch.reply(&fd, index, &out[..len]) {
-                Ok(()) => dispatcher.count(Counter::ResponsesSent),
-                Err(_) => dispatcher.count(Counter::SendErrors),
+            // Counted before the send, so whoever has received an answer also sees it counted.
+            dispatcher.count(Counter::ResponsesSent);
+            if batch.reply(&fd, index, &out[..len]).is_err() {
+                dispatcher.count(Counter::SendErrors);
             }
         }
     }
