@@ -47,7 +47,6 @@ pub struct Target {
     shutdown: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     engine_name: &'static str,
-    data_dir: PathBuf,
 }
 
 impl Target {
@@ -79,14 +78,8 @@ impl Target {
         let shutdown = Arc::new(AtomicBool::new(false));
         let engine = SoftwareEngine::new(regions);
         let engine_name = engine.name();
-        let mut target = Target {
-            local_addr,
-            shared: shared.clone(),
-            shutdown: shutdown.clone(),
-            threads: Vec::new(),
-            engine_name,
-            data_dir,
-        };
+        let mut target =
+            Target { local_addr, shared: shared.clone(), shutdown: shutdown.clone(), threads: Vec::new(), engine_name };
         for (index, fd) in sockets.into_iter().enumerate() {
             let dispatcher = Dispatcher::new(engine.clone(), shared.clone(), index);
             let shutdown = shutdown.clone();
@@ -112,11 +105,6 @@ impl Target {
     /// Which engine executes instructions.
     pub fn engine_name(&self) -> &'static str {
         self.engine_name
-    }
-
-    /// The data directory region files are under.
-    pub fn data_dir(&self) -> &PathBuf {
-        &self.data_dir
     }
 
     /// Every worker's counters, summed.
