@@ -10,7 +10,7 @@ use netdam_isa::LaneType;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::client::{fit_window_to_receive_buffer, ClientOptions, Clock};
+use crate::client::{fit_window_to_receive_buffer, ClientOptions};
 use crate::error::ClientError;
 use crate::op::Op;
 use crate::session::{Reply, Session, SessionConfig};
@@ -164,7 +164,7 @@ async fn drive(
     mut establish: oneshot::Receiver<(u32, usize)>,
     addr: SocketAddr,
 ) {
-    let clock = Clock::new();
+    let clock = netdam_isa::time::MonotonicClock::new();
     let mut waiting: HashMap<u64, oneshot::Sender<Result<Reply, ClientError>>> = HashMap::new();
     let mut backlog: VecDeque<Command> = VecDeque::new();
     let mut next_token = 0u64;

@@ -9,8 +9,9 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 
 use netdam_isa::control::{decode_stat_answer, RegionInfo};
-use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_VADD_BYTES};
-use netdam_isa::{Instant, LaneType, Status};
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
+use netdam_isa::time::MonotonicClock;
+use netdam_isa::{LaneType, Status};
 
 use crate::error::ClientError;
 use crate::op::Op;
@@ -46,20 +47,6 @@ impl Default for ClientOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ticket(u64);
 
-/// Reads the monotonic clock as the protocol's `Instant`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Clock(std::time::Instant);
-
-impl Clock {
-    pub(crate) fn new() -> Clock {
-        Clock(std::time::Instant::now())
-    }
-
-    pub(crate) fn now(&self) -> Instant {
-        Instant::from_nanos(u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX))
-    }
-}
-
 /// A blocking session with one target.
 #[derive(Debug)]
 pub struct Client {
@@ -67,7 +54,7 @@ pub struct Client {
     session: Session,
     info: TargetInfo,
     poll: ClientPoll,
-    clock: Clock,
+    clock: MonotonicClock,
     receive_buffer: Vec<u8>,
     next_token: u64,
     finished: HashMap<u64, Result<Reply, ClientError>>,
@@ -107,7 +94,7 @@ impl Client {
             session: Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0),
             info: TargetInfo { addr, hello: Default::default() },
             poll: options.poll,
-            clock: Clock::new(),
+            clock: MonotonicClock::new(),
             receive_buffer: vec![0u8; MAX_DATAGRAM_BYTES],
             next_token: 0,
             finished: HashMap::new(),
@@ -274,12 +261,6 @@ impl Client {
         lanes: &[u8],
         return_result: bool,
     ) -> Result<Vec<u8>, ClientError> {
-        if lanes.len() > MAX_VADD_BYTES {
-            return Err(ClientError::InvalidArgument(format!(
-                "VADD carries at most {MAX_VADD_BYTES} bytes of lanes per instruction, not {}",
-                lanes.len()
-            )));
-        }
         let reply = self.call(&[Op::vadd(space, offset, lane, lanes, return_result)])?;
         Ok(reply.data(0)?.to_vec())
     }

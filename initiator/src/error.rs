@@ -65,9 +65,6 @@ pub enum ClientError {
         /// What exists.
         available: String,
     },
-    /// An argument is out of range for the operation.
-    #[error("{0}")]
-    InvalidArgument(String),
     /// The client's I/O task ended.
     #[error("client is shut down")]
     Closed,

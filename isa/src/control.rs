@@ -152,16 +152,24 @@ impl<'b> StatWriter<'b> {
 
     /// Appends one counter.
     pub fn push(&mut self, name: &str, value: u64) -> Result<(), Status> {
-        assert!(name.len() <= MAX_STAT_NAME_BYTES, "counter names are compile-time constants");
+        self.push_prefixed("", name, value)
+    }
+
+    /// Appends one counter named `prefix` then `name`, without building the name anywhere.
+    pub fn push_prefixed(&mut self, prefix: &str, name: &str, value: u64) -> Result<(), Status> {
+        let name_len = prefix.len() + name.len();
+        assert!(name_len <= MAX_STAT_NAME_BYTES, "counter names are compile-time constants");
         if usize::from(self.count) >= MAX_STAT_ENTRIES {
             return Err(Status::TooLarge);
         }
-        let end = self.len + 1 + name.len() + 8;
+        let end = self.len + 1 + name_len + 8;
         if end > self.out.len() {
             return Err(Status::TooLarge);
         }
-        self.out[self.len] = name.len() as u8;
-        self.out[self.len + 1..self.len + 1 + name.len()].copy_from_slice(name.as_bytes());
+        self.out[self.len] = name_len as u8;
+        let name_start = self.len + 1;
+        self.out[name_start..name_start + prefix.len()].copy_from_slice(prefix.as_bytes());
+        self.out[name_start + prefix.len()..name_start + name_len].copy_from_slice(name.as_bytes());
         self.out[end - 8..end].copy_from_slice(&value.to_le_bytes());
         self.len = end;
         self.count += 1;

@@ -78,6 +78,31 @@ impl From<core::time::Duration> for Duration {
     }
 }
 
+/// Reads the monotonic clock as the protocol's `Instant`, counted from the clock's creation.
+/// For drivers only: sans-IO cores take `now` from them and never read a clock.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: std::time::Instant,
+}
+
+impl MonotonicClock {
+    /// A clock whose origin is now.
+    pub fn new() -> MonotonicClock {
+        MonotonicClock { origin: std::time::Instant::now() }
+    }
+
+    /// Time since the origin.
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> MonotonicClock {
+        MonotonicClock::new()
+    }
+}
+
 impl Add<Duration> for Instant {
     type Output = Instant;
     fn add(self, rhs: Duration) -> Instant {

@@ -102,6 +102,8 @@ pub struct Region {
     backing: Backing,
     persist_method: PersistMethod,
     locked: bool,
+    /// The system page size, read once: `msync` works on whole pages.
+    page_bytes: usize,
 }
 
 // SAFETY: the mapping is owned by the Region and lives until Drop; all access to its bytes goes
@@ -152,7 +154,7 @@ impl Region {
                 "could not lock the region in memory (RLIMIT_MEMLOCK too low?); it works, but requests may take page faults. Raise the limit (ulimit -l, LimitMEMLOCK=) or run with CAP_IPC_LOCK"
             );
         }
-        Ok(Region { name: name.to_string(), base, len, backing, persist_method, locked })
+        Ok(Region { name: name.to_string(), base, len, backing, persist_method, locked, page_bytes: page })
     }
 
     /// The region's name.
@@ -208,7 +210,7 @@ impl Region {
         match self.persist_method {
             PersistMethod::Nothing => Ok(()),
             PersistMethod::Msync => {
-                let page = page_bytes();
+                let page = self.page_bytes;
                 let start = offset / page * page;
                 let end = (offset + len).div_ceil(page) * page;
                 // SAFETY: start..end lies within the mapping (page-rounded, and len is a page multiple).

@@ -20,7 +20,7 @@ use netdam_pmem::Durability;
 
 use crate::regions::RegionTable;
 use crate::sessions::{Admission, RecordTicket, SessionTable};
-use crate::stats::{status_counter_name, Counter, WorkerStats};
+use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
 
 /// STAT entries that describe the target rather than count events.
 pub const TARGET_STAT_ENTRIES: usize = 2;
@@ -228,7 +228,8 @@ impl<E: Engine> Dispatcher<E> {
             writer.push(counter.name(), workers.iter().map(|worker| worker.get(*counter)).sum())?;
         }
         for status in Status::ALL {
-            writer.push(status_counter_name(status), workers.iter().map(|worker| worker.status_count(status)).sum())?;
+            let count = workers.iter().map(|worker| worker.status_count(status)).sum();
+            writer.push_prefixed(STATUS_COUNTER_PREFIX, status.name(), count)?;
         }
         Ok(writer.finish())
     }

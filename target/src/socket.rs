@@ -109,6 +109,7 @@ impl ReceiveBatch {
         };
         // The vectors never grow, so these pointers stay valid for the batch's life.
         for index in 0..RECEIVE_BATCH {
+            batch.reset_header(index);
             batch.iovecs[index] = libc::iovec {
                 iov_base: batch.buffers[index * buffer_bytes..].as_mut_ptr().cast(),
                 iov_len: buffer_bytes,
@@ -120,16 +121,23 @@ impl ReceiveBatch {
         batch
     }
 
+    /// Points header `index` at its address and control buffers, at full length.
+    fn reset_header(&mut self, index: usize) {
+        let header = &mut self.headers[index].msg_hdr;
+        header.msg_name = (&mut self.addresses[index] as *mut libc::sockaddr_storage).cast();
+        header.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        header.msg_control = self.controls[index].as_mut_ptr().cast();
+        header.msg_controllen = CONTROL_BYTES;
+        header.msg_flags = 0;
+    }
+
     /// Receives up to `RECEIVE_BATCH` datagrams. With `wait`, blocks until one arrives (or the
     /// socket's timeout passes); without, returns at once. Returns how many arrived.
     pub fn receive(&mut self, fd: &OwnedFd, wait: bool) -> io::Result<usize> {
-        for index in 0..RECEIVE_BATCH {
-            let header = &mut self.headers[index].msg_hdr;
-            header.msg_name = (&mut self.addresses[index] as *mut libc::sockaddr_storage).cast();
-            header.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            header.msg_control = self.controls[index].as_mut_ptr().cast();
-            header.msg_controllen = CONTROL_BYTES;
-            header.msg_flags = 0;
+        // The kernel shortens the lengths only of the headers it filled, so only the previous
+        // batch's need resetting: an empty busy-polling pass resets nothing.
+        for index in 0..self.count {
+            self.reset_header(index);
         }
         let flags = if wait { libc::MSG_WAITFORONE } else { libc::MSG_DONTWAIT };
         // SAFETY: every header points into buffers owned by self, sized as stated.

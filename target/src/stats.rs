@@ -117,25 +117,8 @@ impl StatsSnapshot {
     }
 }
 
-/// Name of the STAT entry counting instructions answered with `status`.
-pub fn status_counter_name(status: Status) -> &'static str {
-    match status {
-        Status::Ok => "status_ok",
-        Status::Malformed => "status_malformed",
-        Status::UnsupportedVersion => "status_unsupported_version",
-        Status::UnknownOpcode => "status_unknown_opcode",
-        Status::NotSupported => "status_not_supported",
-        Status::NoSuchSpace => "status_no_such_space",
-        Status::OutOfRange => "status_out_of_range",
-        Status::Unaligned => "status_unaligned",
-        Status::TooLarge => "status_too_large",
-        Status::IoError => "status_io_error",
-        Status::Busy => "status_busy",
-        Status::NoSession => "status_no_session",
-        Status::PermissionDenied => "status_permission_denied",
-        Status::Stale => "status_stale",
-    }
-}
+/// Prefix of the STAT entries counting instructions per status: `status_` + the status's name.
+pub const STATUS_COUNTER_PREFIX: &str = "status_";
 
 // STAT carries every counter, every status and the target-wide entries in one answer.
 const _: () = assert!(

@@ -9,36 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use netdam_isa::engine::Engine;
-use netdam_isa::{Duration, Instant};
+use netdam_isa::time::MonotonicClock;
+use netdam_isa::Duration;
 
 use crate::config::PollMode;
 use crate::dispatch::{Dispatcher, Handled};
 use crate::socket::{self, ReceiveBatch};
 use crate::stats::Counter;
-
-/// Reads the monotonic clock as the protocol's own `Instant`; drivers own time, cores take it.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock {
-    origin: std::time::Instant,
-}
-
-impl Clock {
-    /// A clock whose origin is now.
-    pub fn new() -> Clock {
-        Clock { origin: std::time::Instant::now() }
-    }
-
-    /// Time since the origin.
-    pub fn now(&self) -> Instant {
-        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Clock {
-        Clock::new()
-    }
-}
 
 /// How one worker runs.
 #[derive(Debug, Clone, Copy)]
@@ -55,7 +32,7 @@ pub struct WorkerSettings {
 pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: WorkerSettings, shutdown: Arc<AtomicBool>) {
     let mut batch = ReceiveBatch::new(settings.max_datagram_bytes);
     let mut out = vec![0u8; settings.max_datagram_bytes];
-    let clock = Clock::new();
+    let clock = MonotonicClock::new();
     let mut last_datagram = clock.now();
     while !shutdown.load(Ordering::Relaxed) {
         let wait = match settings.poll {
