@@ -1,24 +1,58 @@
 //! Block namespaces: the interface the target's worker loop drives for BREAD, BWRITE, FLUSH,
-//! TRIM and WRITE_ZEROES.
+//! TRIM and WRITE_ZEROES, and its backends.
 //!
 //! A device is submitted to and reaped from by the same worker loop that serves memory
-//! instructions, so a block request never blocks that loop: `submit` queues, `reap` collects
-//! what finished. The io_uring backend (O_DIRECT files and block devices) implements this trait.
+//! instructions, so a block request never blocks that loop: `submit` queues, `reap` pushes the
+//! queued requests to the device and collects what finished, without waiting. Each worker opens
+//! its own device on a namespace (its own ring, its own buffers): nothing is shared between
+//! workers but the backing store.
+//!
+//! Backends:
+//! - [`UringDevice`]: io_uring on an O_DIRECT file or block device, with registered buffers.
+//! - [`RegionDevice`]: a persistent memory region (`netdam-pmem`), executed by copying.
+//! - [`CrashTestDevice`]: keeps written and durable bytes apart, for crash tests.
+
+mod buffers;
+mod crash;
+mod region;
+mod uring;
 
 use std::io;
 
-/// Shape of a namespace.
+pub use buffers::AlignedBuffers;
+pub use crash::{CrashImage, CrashTestDevice};
+pub use region::RegionDevice;
+pub use uring::{BackingKind, UringDevice};
+
+/// Shape of a namespace as one worker's device sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
     /// Bytes per logical block.
     pub block_bytes: u32,
     /// Logical blocks in the namespace.
     pub capacity_blocks: u64,
-    /// Requests the device accepts before `submit` answers `QueueFull`.
+    /// Requests the device accepts before `submit` answers `QueueFull`; also its buffer count.
     pub queue_depth: u32,
+    /// Largest read or write, in blocks: one buffer.
+    pub max_transfer_blocks: u32,
 }
 
-/// Index of a buffer in the pool the device registered at start-up.
+impl Geometry {
+    /// Checks that `num_blocks` from `offset_blocks` lie inside the namespace.
+    pub fn check_range(&self, offset_blocks: u64, num_blocks: u32) -> Result<(), BlockError> {
+        match offset_blocks.checked_add(u64::from(num_blocks)) {
+            Some(end) if end <= self.capacity_blocks => Ok(()),
+            _ => Err(BlockError::OutOfRange { offset_blocks, num_blocks, capacity_blocks: self.capacity_blocks }),
+        }
+    }
+
+    /// Byte offset and length of a block range (which `check_range` accepted).
+    pub fn byte_range(&self, offset_blocks: u64, num_blocks: u32) -> (u64, usize) {
+        (offset_blocks * u64::from(self.block_bytes), num_blocks as usize * self.block_bytes as usize)
+    }
+}
+
+/// Index of a buffer in the pool the device registered at start-up: `0..queue_depth`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufferIndex(pub u16);
 
@@ -30,12 +64,50 @@ pub enum BlockRequest {
     /// Write `num_blocks` at `offset_blocks` from a registered buffer; with `fua` the data is
     /// durable before completion.
     Write { offset_blocks: u64, num_blocks: u32, buffer: BufferIndex, fua: bool },
-    /// Make every previously completed write durable.
+    /// Make every write completed before this was submitted durable.
     Flush,
     /// Deallocate blocks; later reads return zeroes.
     Trim { offset_blocks: u64, num_blocks: u32 },
     /// Set blocks to zero.
     WriteZeroes { offset_blocks: u64, num_blocks: u32 },
+}
+
+impl BlockRequest {
+    /// The block range it addresses, if any (FLUSH addresses none).
+    pub fn range(&self) -> Option<(u64, u32)> {
+        match *self {
+            BlockRequest::Read { offset_blocks, num_blocks, .. }
+            | BlockRequest::Write { offset_blocks, num_blocks, .. }
+            | BlockRequest::Trim { offset_blocks, num_blocks }
+            | BlockRequest::WriteZeroes { offset_blocks, num_blocks } => Some((offset_blocks, num_blocks)),
+            BlockRequest::Flush => None,
+        }
+    }
+
+    /// The buffer it reads into or writes from, if any.
+    pub fn buffer(&self) -> Option<BufferIndex> {
+        match *self {
+            BlockRequest::Read { buffer, .. } | BlockRequest::Write { buffer, .. } => Some(buffer),
+            _ => None,
+        }
+    }
+
+    /// Checks the request against the device's geometry before it is queued.
+    pub fn validate(&self, geometry: &Geometry) -> Result<(), BlockError> {
+        if let Some((offset_blocks, num_blocks)) = self.range() {
+            geometry.check_range(offset_blocks, num_blocks)?;
+            let transfers = matches!(self, BlockRequest::Read { .. } | BlockRequest::Write { .. });
+            if transfers && (num_blocks == 0 || num_blocks > geometry.max_transfer_blocks) {
+                return Err(BlockError::TooLarge { num_blocks, max_transfer_blocks: geometry.max_transfer_blocks });
+            }
+        }
+        if let Some(BufferIndex(index)) = self.buffer() {
+            if u32::from(index) >= geometry.queue_depth {
+                return Err(BlockError::NoSuchBuffer { index, buffers: geometry.queue_depth });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Why a block request failed, with the blocks it concerned.
@@ -57,10 +129,26 @@ pub enum BlockError {
         /// Namespace size.
         capacity_blocks: u64,
     },
+    /// A transfer of no blocks, or of more than one buffer holds.
+    #[error("a transfer of {num_blocks} blocks: must be 1 to {max_transfer_blocks}")]
+    TooLarge {
+        /// Block count asked for.
+        num_blocks: u32,
+        /// The most one request moves.
+        max_transfer_blocks: u32,
+    },
+    /// The buffer index is not one of the device's.
+    #[error("buffer {index} does not exist (the device has {buffers})")]
+    NoSuchBuffer {
+        /// The index given.
+        index: u16,
+        /// Buffers the device has.
+        buffers: u32,
+    },
     /// A read failed.
     #[error("read of blocks {offset_blocks}+{num_blocks} failed: {source}")]
     ReadFailed { offset_blocks: u64, num_blocks: u32, source: io::Error },
-    /// A write failed.
+    /// A write (or trim, or write-zeroes) failed.
     #[error("write of blocks {offset_blocks}+{num_blocks} failed: {source}")]
     WriteFailed { offset_blocks: u64, num_blocks: u32, source: io::Error },
     /// A flush failed: earlier writes may not be durable.
@@ -79,15 +167,36 @@ pub struct Completion {
 
 /// A block namespace driven by one worker loop.
 pub trait BlockDevice: Send {
-    /// Block size, capacity and queue depth.
+    /// Block size, capacity, queue depth and largest transfer.
     fn geometry(&self) -> Geometry;
 
-    /// Queues a request under `tag`; never waits for the device.
+    /// Queues a request under `tag`; never waits for the device. The request's buffer belongs
+    /// to the device until its completion is reaped.
     fn submit(&mut self, tag: u64, request: BlockRequest) -> Result<(), BlockError>;
 
-    /// Hands every finished request to `on_completion` without waiting; returns how many.
+    /// Pushes queued requests to the device and hands every finished one to `on_completion`,
+    /// without waiting; returns how many finished.
     fn reap(&mut self, on_completion: &mut dyn FnMut(Completion)) -> usize;
 
-    /// The registered buffer behind `index`, for filling writes and reading reads.
+    /// Requests submitted and not yet reaped.
+    fn in_flight(&self) -> usize;
+
+    /// The registered buffer behind `index` (`max_transfer_blocks` blocks long), for filling
+    /// writes and reading reads.
     fn buffer(&mut self, index: BufferIndex) -> &mut [u8];
+}
+
+/// Error for a failed request of `request`, from an `errno`-style error.
+pub(crate) fn failure(request: &BlockRequest, source: io::Error) -> BlockError {
+    match *request {
+        BlockRequest::Read { offset_blocks, num_blocks, .. } => {
+            BlockError::ReadFailed { offset_blocks, num_blocks, source }
+        }
+        BlockRequest::Write { offset_blocks, num_blocks, .. }
+        | BlockRequest::Trim { offset_blocks, num_blocks }
+        | BlockRequest::WriteZeroes { offset_blocks, num_blocks } => {
+            BlockError::WriteFailed { offset_blocks, num_blocks, source }
+        }
+        BlockRequest::Flush => BlockError::FlushFailed { source },
+    }
 }

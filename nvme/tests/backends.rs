@@ -1,0 +1,186 @@
+//! One suite of block-device behaviour, written once and run against every backend: a file
+//! through io_uring, a persistent memory region, and the crash-test device.
+
+use std::sync::Arc;
+
+use netdam_isa::rng::Rng;
+use netdam_nvme::{
+    BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, RegionDevice, UringDevice,
+};
+use netdam_pmem::{Backing, Region};
+
+const BLOCK: u32 = 4096;
+const BLOCKS: u64 = 256;
+const DEPTH: u32 = 32;
+const MAX_TRANSFER: usize = 8 * BLOCK as usize;
+
+/// Submits `request` and reaps until it completes; other completions are not expected.
+fn run(device: &mut dyn BlockDevice, request: BlockRequest) -> Result<(), BlockError> {
+    device.submit(7, request)?;
+    let mut outcome = None;
+    for _ in 0..10_000_000 {
+        device.reap(&mut |completion: Completion| {
+            assert_eq!(completion.tag, 7);
+            outcome = Some(completion.result);
+        });
+        if let Some(outcome) = outcome.take() {
+            return outcome;
+        }
+        std::hint::spin_loop();
+    }
+    panic!("request {request:?} never completed");
+}
+
+fn write(device: &mut dyn BlockDevice, offset_blocks: u64, data: &[u8], fua: bool) {
+    device.buffer(BufferIndex(0))[..data.len()].copy_from_slice(data);
+    let num_blocks = (data.len() / BLOCK as usize) as u32;
+    run(device, BlockRequest::Write { offset_blocks, num_blocks, buffer: BufferIndex(0), fua }).unwrap();
+}
+
+fn read(device: &mut dyn BlockDevice, offset_blocks: u64, num_blocks: u32) -> Vec<u8> {
+    run(device, BlockRequest::Read { offset_blocks, num_blocks, buffer: BufferIndex(1) }).unwrap();
+    device.buffer(BufferIndex(1))[..num_blocks as usize * BLOCK as usize].to_vec()
+}
+
+/// The suite: geometry, read after write with random patterns, trim and write-zeroes read as
+/// zeroes, flush and FUA complete, refusals name the problem, and a full queue pushes back.
+fn conformance(device: &mut dyn BlockDevice) {
+    let geometry = device.geometry();
+    assert_eq!((geometry.block_bytes, geometry.capacity_blocks, geometry.queue_depth), (BLOCK, BLOCKS, DEPTH));
+    assert_eq!(geometry.max_transfer_blocks, 8);
+    assert_eq!(device.in_flight(), 0);
+
+    let mut rng = Rng::new(0x5eed);
+    let mut model = vec![0u8; (BLOCKS * u64::from(BLOCK)) as usize];
+    for round in 0..200 {
+        let blocks = 1 + rng.below(8) as u32;
+        let offset = rng.below(BLOCKS - u64::from(blocks) + 1);
+        let data = rng.bytes(blocks as usize * BLOCK as usize);
+        write(device, offset, &data, round % 3 == 0);
+        let start = (offset * u64::from(BLOCK)) as usize;
+        model[start..start + data.len()].copy_from_slice(&data);
+        let check_blocks = 1 + rng.below(8) as u32;
+        let check = rng.below(BLOCKS - u64::from(check_blocks) + 1);
+        let start = (check * u64::from(BLOCK)) as usize;
+        let same = read(device, check, check_blocks) == model[start..start + check_blocks as usize * BLOCK as usize];
+        assert!(same, "round {round}: blocks {check}+{check_blocks} read other bytes than written");
+    }
+    run(device, BlockRequest::Flush).unwrap();
+
+    run(device, BlockRequest::Trim { offset_blocks: 10, num_blocks: 3 }).unwrap();
+    assert!(read(device, 10, 3).iter().all(|&byte| byte == 0), "trimmed blocks read as zeroes");
+    run(device, BlockRequest::WriteZeroes { offset_blocks: 20, num_blocks: 5 }).unwrap();
+    assert!(read(device, 20, 5).iter().all(|&byte| byte == 0), "zeroed blocks read as zeroes");
+    model[10 * BLOCK as usize..13 * BLOCK as usize].fill(0);
+    model[20 * BLOCK as usize..25 * BLOCK as usize].fill(0);
+    let neighbour = (25 * BLOCK) as usize;
+    assert_eq!(read(device, 25, 1), &model[neighbour..neighbour + BLOCK as usize], "the next block is untouched");
+
+    let beyond = BlockRequest::Read { offset_blocks: BLOCKS - 1, num_blocks: 2, buffer: BufferIndex(0) };
+    let error = device.submit(1, beyond).unwrap_err();
+    assert!(matches!(error, BlockError::OutOfRange { capacity_blocks: BLOCKS, .. }), "{error}");
+    let huge = BlockRequest::Write { offset_blocks: 0, num_blocks: 9, buffer: BufferIndex(0), fua: false };
+    assert!(matches!(device.submit(1, huge).unwrap_err(), BlockError::TooLarge { .. }));
+    let no_buffer = BlockRequest::Read { offset_blocks: 0, num_blocks: 1, buffer: BufferIndex(DEPTH as u16) };
+    assert!(matches!(device.submit(1, no_buffer).unwrap_err(), BlockError::NoSuchBuffer { .. }));
+    assert_eq!(device.in_flight(), 0, "refused requests take no slot");
+
+    // A full queue: DEPTH reads in flight at once, then one more is refused; all complete.
+    for index in 0..DEPTH {
+        let request =
+            BlockRequest::Read { offset_blocks: u64::from(index), num_blocks: 1, buffer: BufferIndex(index as u16) };
+        device.submit(u64::from(index), request).unwrap();
+    }
+    let extra = BlockRequest::Flush;
+    assert!(matches!(device.submit(99, extra).unwrap_err(), BlockError::QueueFull { queue_depth: DEPTH }));
+    let mut seen = vec![false; DEPTH as usize];
+    let mut passes = 0;
+    while seen.iter().any(|done| !done) {
+        device.reap(&mut |completion: Completion| {
+            completion.result.unwrap();
+            assert!(!std::mem::replace(&mut seen[completion.tag as usize], true), "one completion per tag");
+        });
+        passes += 1;
+        assert!(passes < 10_000_000, "queued reads never completed");
+    }
+    for index in 0..DEPTH as usize {
+        let start = index * BLOCK as usize;
+        let same = device.buffer(BufferIndex(index as u16))[..BLOCK as usize] == model[start..start + BLOCK as usize];
+        assert!(same, "queued read {index} returned other bytes");
+    }
+    assert_eq!(device.in_flight(), 0);
+}
+
+#[test]
+fn uring_file_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ns.img");
+    std::fs::File::create(&path).unwrap().set_len(BLOCKS * u64::from(BLOCK)).unwrap();
+    let mut device = UringDevice::open(&path, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+    conformance(&mut device);
+    // Written through the ring, read back through the file system: the bytes are on the file.
+    let bytes = std::fs::read(&path).unwrap();
+    let mut device = UringDevice::open(&path, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+    assert_eq!(read(&mut device, 30, 4), &bytes[30 * BLOCK as usize..34 * BLOCK as usize]);
+}
+
+#[test]
+fn pmem_region_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ns.region");
+    let region = Arc::new(Region::open("ns", Backing::File(path.clone()), BLOCKS * u64::from(BLOCK)).unwrap());
+    let mut device = RegionDevice::new(region.clone(), BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+    conformance(&mut device);
+    drop(device);
+    drop(region);
+    let region = Arc::new(Region::open("ns", Backing::File(path), BLOCKS * u64::from(BLOCK)).unwrap());
+    let mut reopened = RegionDevice::new(region, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+    assert!(read(&mut reopened, 20, 5).iter().all(|&byte| byte == 0), "the region kept the zeroed range");
+}
+
+#[test]
+fn crash_test_backend() {
+    let image = CrashImage::new(BLOCK, BLOCKS);
+    let mut device = image.device(DEPTH, MAX_TRANSFER).unwrap();
+    conformance(&mut device);
+}
+
+#[test]
+fn crash_test_backend_keeps_only_fua_and_flushed_writes() {
+    let image = CrashImage::new(BLOCK, 8);
+    let mut device = image.device(4, MAX_TRANSFER).unwrap();
+    let block = |byte: u8| vec![byte; BLOCK as usize];
+    write(&mut device, 0, &block(1), false);
+    write(&mut device, 1, &block(2), true);
+    let crashed = image.crash();
+    assert_eq!(&crashed[..BLOCK as usize], &block(0)[..], "a plain write is not durable yet");
+    assert_eq!(&crashed[BLOCK as usize..2 * BLOCK as usize], &block(2)[..], "a FUA write is");
+    run(&mut device, BlockRequest::Flush).unwrap();
+    assert_eq!(&image.crash()[..BLOCK as usize], &block(1)[..], "FLUSH made the completed write durable");
+
+    // A FLUSH covers only writes completed before it was submitted.
+    device.buffer(BufferIndex(0)).fill(3);
+    device.submit(1, BlockRequest::Flush).unwrap();
+    device
+        .submit(2, BlockRequest::Write { offset_blocks: 2, num_blocks: 1, buffer: BufferIndex(0), fua: false })
+        .unwrap();
+    let mut done = 0;
+    while done < 2 {
+        done += device.reap(&mut |completion: Completion| completion.result.unwrap());
+    }
+    assert_eq!(&image.written()[2 * BLOCK as usize..3 * BLOCK as usize], &block(3)[..]);
+    assert_eq!(&image.crash()[2 * BLOCK as usize..3 * BLOCK as usize], &block(0)[..], "written after the FLUSH began");
+
+    // A FUA write that completes while an earlier FLUSH is in flight stays durable.
+    device.buffer(BufferIndex(1)).fill(4);
+    device.submit(3, BlockRequest::Flush).unwrap();
+    device.reap(&mut |_| {});
+    device
+        .submit(4, BlockRequest::Write { offset_blocks: 2, num_blocks: 1, buffer: BufferIndex(1), fua: true })
+        .unwrap();
+    let mut done = 0;
+    while done < 2 {
+        done += device.reap(&mut |completion: Completion| completion.result.unwrap());
+    }
+    assert_eq!(&image.crash()[2 * BLOCK as usize..3 * BLOCK as usize], &block(4)[..]);
+}
