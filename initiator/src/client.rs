@@ -8,7 +8,7 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 
-use netdam_isa::control::{decode_stat_answer, RegionInfo};
+use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::{LaneType, Status};
@@ -223,6 +223,95 @@ impl Client {
         let ops = chunks(offset, data.len(), self.info.write_chunk_bytes())
             .map(|(at, position, len)| Op::write(space, at, &data[position..position + len]));
         self.pipeline(ops, |_, reply| reply.data(0).map(|_| ()))
+    }
+
+    /// The namespace named `name` (or with id `name`), as HELLO listed it.
+    pub fn namespace(&self, name: &str) -> Result<&NamespaceInfo, ClientError> {
+        self.info.namespace(name)
+    }
+
+    /// Reads whole blocks from `offset_blocks` of `namespace` into `out` (a multiple of the
+    /// block size), in as many pipelined BREADs as the datagram size requires.
+    pub fn block_read(
+        &mut self,
+        namespace: &NamespaceInfo,
+        offset_blocks: u64,
+        out: &mut [u8],
+    ) -> Result<(), ClientError> {
+        let block_bytes = namespace.block_bytes;
+        let pieces = self.block_pieces(namespace, offset_blocks, out.len())?;
+        let ops = pieces.iter().map(|(at, _, blocks)| Op::block_read(namespace.id, *at, *blocks));
+        self.pipeline(ops, |index, reply| {
+            let (_, position, blocks) = pieces[index];
+            let len = blocks as usize * block_bytes as usize;
+            let data = reply.data(0)?;
+            if data.len() != len {
+                return Err(ClientError::MissingResult(0));
+            }
+            out[position..position + len].copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    /// Writes whole blocks at `offset_blocks` of `namespace`; with `fua` every block is durable
+    /// when this returns.
+    pub fn block_write(
+        &mut self,
+        namespace: &NamespaceInfo,
+        offset_blocks: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        let block_bytes = namespace.block_bytes;
+        let pieces = self.block_pieces(namespace, offset_blocks, data.len())?;
+        let ops = pieces.iter().map(|(at, position, blocks)| {
+            let len = *blocks as usize * block_bytes as usize;
+            Op::block_write(namespace.id, *at, block_bytes, &data[*position..*position + len], fua)
+        });
+        self.pipeline(ops, |_, reply| reply.data(0).map(|_| ()))
+    }
+
+    /// Makes every block write answered before it durable.
+    pub fn block_flush(&mut self, namespace: &NamespaceInfo) -> Result<(), ClientError> {
+        self.call(&[Op::flush(namespace.id)])?.data(0).map(|_| ())
+    }
+
+    /// Deallocates `num_blocks` from `offset_blocks`: they read as zeroes afterwards.
+    pub fn trim(&mut self, namespace: &NamespaceInfo, offset_blocks: u64, num_blocks: u32) -> Result<(), ClientError> {
+        self.call(&[Op::trim(namespace.id, offset_blocks, num_blocks)])?.data(0).map(|_| ())
+    }
+
+    /// Writes zeroes over `num_blocks` from `offset_blocks`.
+    pub fn write_zeroes(
+        &mut self,
+        namespace: &NamespaceInfo,
+        offset_blocks: u64,
+        num_blocks: u32,
+    ) -> Result<(), ClientError> {
+        self.call(&[Op::write_zeroes(namespace.id, offset_blocks, num_blocks)])?.data(0).map(|_| ())
+    }
+
+    /// Splits a transfer of `len` bytes into (first block, byte position, blocks) pieces that
+    /// fit one datagram each.
+    fn block_pieces(
+        &self,
+        namespace: &NamespaceInfo,
+        offset_blocks: u64,
+        len: usize,
+    ) -> Result<Vec<(u64, usize, u32)>, ClientError> {
+        let block_bytes = namespace.block_bytes;
+        if len % block_bytes as usize != 0 {
+            return Err(ClientError::PartialBlock { len, block_bytes });
+        }
+        let per_transfer = self.info.blocks_per_transfer(block_bytes).max(1);
+        let blocks = (len / block_bytes as usize) as u64;
+        Ok((0..blocks)
+            .step_by(per_transfer as usize)
+            .map(|first| {
+                let count = (blocks - first).min(u64::from(per_transfer)) as u32;
+                (offset_blocks + first, first as usize * block_bytes as usize, count)
+            })
+            .collect())
     }
 
     /// Compare-and-swap; returns the old value (swapped if it equals `expected`).

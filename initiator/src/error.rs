@@ -65,6 +65,22 @@ pub enum ClientError {
         /// What exists.
         available: String,
     },
+    /// No namespace with that name or id.
+    #[error("the target has no namespace {name:?} (it has: {available})")]
+    NoSuchNamespace {
+        /// What was asked for.
+        name: String,
+        /// What exists.
+        available: String,
+    },
+    /// A block transfer that is not a whole number of blocks.
+    #[error("{len} bytes is not a whole number of {block_bytes}-byte blocks")]
+    PartialBlock {
+        /// Bytes given.
+        len: usize,
+        /// The namespace's block size.
+        block_bytes: u32,
+    },
     /// The client's I/O task ended.
     #[error("client is shut down")]
     Closed,

@@ -2,7 +2,7 @@
 //! layout of docs/PROTOCOL.md.
 
 use netdam_isa::control::encode_hello_operand;
-use netdam_isa::opcode::VADD_FLAG_RETURN_RESULT;
+use netdam_isa::opcode::{BWRITE_FLAG_FUA, VADD_FLAG_RETURN_RESULT};
 use netdam_isa::wire::Instruction;
 use netdam_isa::{LaneType, Opcode};
 
@@ -13,11 +13,11 @@ pub struct Op {
     pub opcode: u8,
     /// Per-opcode flags.
     pub flags: u8,
-    /// Region id.
+    /// Region id (namespace id for block opcodes).
     pub space: u16,
-    /// Byte offset.
+    /// Byte offset (first block for block opcodes).
     pub offset: u64,
-    /// Bytes addressed.
+    /// Bytes addressed (blocks for block opcodes).
     pub length: u32,
     /// Per-opcode extra operand.
     pub aux: u32,
@@ -111,5 +111,36 @@ impl Op {
     /// CRC32 of `length` bytes at `offset`.
     pub fn crc32(space: u16, offset: u64, length: u32) -> Op {
         Op::new(Opcode::Crc32, space, offset, length)
+    }
+
+    /// BREAD: `num_blocks` blocks from block `offset_blocks` of namespace `namespace`.
+    pub fn block_read(namespace: u16, offset_blocks: u64, num_blocks: u32) -> Op {
+        Op::new(Opcode::BlockRead, namespace, offset_blocks, num_blocks)
+    }
+
+    /// BWRITE: `data` (whole blocks of `block_bytes`) at block `offset_blocks`; with `fua` the
+    /// answer comes once the data is durable.
+    pub fn block_write(namespace: u16, offset_blocks: u64, block_bytes: u32, data: &[u8], fua: bool) -> Op {
+        let num_blocks = (data.len() / block_bytes.max(1) as usize) as u32;
+        Op {
+            flags: if fua { BWRITE_FLAG_FUA } else { 0 },
+            operand: data.to_vec(),
+            ..Op::new(Opcode::BlockWrite, namespace, offset_blocks, num_blocks)
+        }
+    }
+
+    /// FLUSH: every write answered before it becomes durable.
+    pub fn flush(namespace: u16) -> Op {
+        Op::new(Opcode::Flush, namespace, 0, 0)
+    }
+
+    /// TRIM: deallocate blocks; they read as zeroes.
+    pub fn trim(namespace: u16, offset_blocks: u64, num_blocks: u32) -> Op {
+        Op::new(Opcode::Trim, namespace, offset_blocks, num_blocks)
+    }
+
+    /// WRITE_ZEROES: set blocks to zero.
+    pub fn write_zeroes(namespace: u16, offset_blocks: u64, num_blocks: u32) -> Op {
+        Op::new(Opcode::WriteZeroes, namespace, offset_blocks, num_blocks)
     }
 }

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use netdam_isa::control::{decode_hello_answer, HelloAnswer, RegionInfo};
+use netdam_isa::control::{decode_hello_answer, HelloAnswer, NamespaceInfo, RegionInfo};
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 
 use crate::error::ClientError;
@@ -34,6 +34,25 @@ impl TargetInfo {
                 available: self.hello.regions.iter().map(|region| region.name.as_str()).collect::<Vec<_>>().join(", "),
             }
         })
+    }
+
+    /// The namespace named `name`, or with id `name` when it is a number.
+    pub fn namespace(&self, name: &str) -> Result<&NamespaceInfo, ClientError> {
+        let by_id = name.parse::<u16>().ok();
+        let namespaces = &self.hello.namespaces;
+        namespaces.iter().find(|namespace| namespace.name == name || Some(namespace.id) == by_id).ok_or_else(|| {
+            let available = namespaces.iter().map(|namespace| namespace.name.as_str()).collect::<Vec<_>>();
+            ClientError::NoSuchNamespace {
+                name: name.to_string(),
+                available: if available.is_empty() { "none".to_string() } else { available.join(", ") },
+            }
+        })
+    }
+
+    /// Most whole blocks one BREAD may return, or one BWRITE carry, within the datagram size.
+    pub fn blocks_per_transfer(&self, block_bytes: u32) -> u32 {
+        let bytes = self.read_chunk_bytes().min(self.write_chunk_bytes());
+        (bytes / block_bytes.max(1) as usize) as u32
     }
 
     /// Most bytes one READ instruction may return within the negotiated datagram size.

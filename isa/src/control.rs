@@ -12,6 +12,8 @@ pub const HELLO_ANSWER_FIXED_LEN: usize = 16;
 pub const REGION_ENTRY_FIXED_LEN: usize = 12;
 /// Region entry flag: the region is persistent.
 pub const REGION_FLAG_PERSISTENT: u8 = 0x01;
+/// Bytes of a namespace entry before its name.
+pub const NAMESPACE_ENTRY_FIXED_LEN: usize = 16;
 
 /// Encodes the HELLO operand.
 pub fn encode_hello_operand(max_datagram_bytes: u32) -> [u8; HELLO_OPERAND_LEN] {
@@ -41,6 +43,19 @@ pub struct RegionInfo {
     pub persistent: bool,
 }
 
+/// One block namespace as HELLO lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    /// The id block instructions address it by.
+    pub id: u16,
+    /// Its name.
+    pub name: String,
+    /// Bytes per block.
+    pub block_bytes: u32,
+    /// Blocks in the namespace.
+    pub capacity_blocks: u64,
+}
+
 /// What HELLO answers.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HelloAnswer {
@@ -52,6 +67,8 @@ pub struct HelloAnswer {
     pub max_instructions: u16,
     /// The regions the target serves.
     pub regions: Vec<RegionInfo>,
+    /// The block namespaces the target serves.
+    pub namespaces: Vec<NamespaceInfo>,
 }
 
 /// Writes the HELLO answer into `out` without allocating; returns its length.
@@ -61,8 +78,10 @@ pub fn encode_hello_answer<'r>(
     max_datagram_bytes: u32,
     max_instructions: u16,
     regions: impl ExactSizeIterator<Item = (u16, &'r str, u64, bool)>,
+    namespaces: impl ExactSizeIterator<Item = (u16, &'r str, u32, u64)>,
 ) -> Result<usize, Status> {
     let count = u16::try_from(regions.len()).map_err(|_| Status::TooLarge)?;
+    let namespace_count = u16::try_from(namespaces.len()).map_err(|_| Status::TooLarge)?;
     if out.len() < HELLO_ANSWER_FIXED_LEN {
         return Err(Status::TooLarge);
     }
@@ -70,7 +89,8 @@ pub fn encode_hello_answer<'r>(
     out[4..8].copy_from_slice(&max_datagram_bytes.to_le_bytes());
     out[8..10].copy_from_slice(&max_instructions.to_le_bytes());
     out[10..12].copy_from_slice(&count.to_le_bytes());
-    out[12..16].fill(0);
+    out[12..14].copy_from_slice(&namespace_count.to_le_bytes());
+    out[14..16].fill(0);
     let mut len = HELLO_ANSWER_FIXED_LEN;
     for (id, name, size_bytes, persistent) in regions {
         assert!(name.len() <= MAX_REGION_NAME_BYTES, "region names are validated at start-up");
@@ -86,6 +106,21 @@ pub fn encode_hello_answer<'r>(
         entry[12..].copy_from_slice(name.as_bytes());
         len = end;
     }
+    for (id, name, block_bytes, capacity_blocks) in namespaces {
+        assert!(name.len() <= MAX_REGION_NAME_BYTES, "namespace names are validated at start-up");
+        let end = len + NAMESPACE_ENTRY_FIXED_LEN + name.len();
+        if end > out.len() {
+            return Err(Status::TooLarge);
+        }
+        let entry = &mut out[len..end];
+        entry[0..2].copy_from_slice(&id.to_le_bytes());
+        entry[2] = 0;
+        entry[3] = name.len() as u8;
+        entry[4..8].copy_from_slice(&block_bytes.to_le_bytes());
+        entry[8..16].copy_from_slice(&capacity_blocks.to_le_bytes());
+        entry[16..].copy_from_slice(name.as_bytes());
+        len = end;
+    }
     Ok(len)
 }
 
@@ -95,7 +130,8 @@ pub fn decode_hello_answer(data: &[u8]) -> Result<HelloAnswer, DecodeError> {
         return Err(DecodeError::Truncated);
     }
     let count = u16::from_le_bytes([data[10], data[11]]);
-    if data[12..16] != [0; 4] {
+    let namespace_count = u16::from_le_bytes([data[12], data[13]]);
+    if data[14..16] != [0; 2] {
         return Err(DecodeError::ReservedNotZero);
     }
     let mut regions = Vec::with_capacity(usize::from(count));
@@ -122,6 +158,28 @@ pub fn decode_hello_answer(data: &[u8]) -> Result<HelloAnswer, DecodeError> {
         });
         rest = &rest[end..];
     }
+    let mut namespaces = Vec::with_capacity(usize::from(namespace_count));
+    for _ in 0..namespace_count {
+        if rest.len() < NAMESPACE_ENTRY_FIXED_LEN {
+            return Err(DecodeError::Truncated);
+        }
+        let end = NAMESPACE_ENTRY_FIXED_LEN + usize::from(rest[3]);
+        if rest.len() < end {
+            return Err(DecodeError::Truncated);
+        }
+        if rest[2] != 0 {
+            return Err(DecodeError::ReservedNotZero);
+        }
+        let mut capacity = [0u8; 8];
+        capacity.copy_from_slice(&rest[8..16]);
+        namespaces.push(NamespaceInfo {
+            id: u16::from_le_bytes([rest[0], rest[1]]),
+            name: String::from_utf8_lossy(&rest[NAMESPACE_ENTRY_FIXED_LEN..end]).into_owned(),
+            block_bytes: u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]),
+            capacity_blocks: u64::from_le_bytes(capacity),
+        });
+        rest = &rest[end..];
+    }
     if !rest.is_empty() {
         return Err(DecodeError::TrailingBytes);
     }
@@ -130,6 +188,7 @@ pub fn decode_hello_answer(data: &[u8]) -> Result<HelloAnswer, DecodeError> {
         max_datagram_bytes: u32::from_le_bytes([data[4], data[5], data[6], data[7]]),
         max_instructions: u16::from_le_bytes([data[8], data[9]]),
         regions,
+        namespaces,
     })
 }
 
@@ -217,8 +276,19 @@ mod tests {
     fn hello_answer_round_trips() {
         let mut out = [0u8; 256];
         let regions = [(0u16, "default", 1u64 << 26, true), (1, "scratch", 4096, false)];
-        let len = encode_hello_answer(&mut out, 7, 9000, 64, regions.iter().map(|r| (r.0, r.1, r.2, r.3))).unwrap();
+        let namespaces = [(0u16, "disk", 4096u32, 1u64 << 20)];
+        let len = encode_hello_answer(
+            &mut out,
+            7,
+            9000,
+            64,
+            regions.iter().map(|r| (r.0, r.1, r.2, r.3)),
+            namespaces.iter().map(|n| (n.0, n.1, n.2, n.3)),
+        )
+        .unwrap();
         let answer = decode_hello_answer(&out[..len]).unwrap();
+        let disk = NamespaceInfo { id: 0, name: "disk".into(), block_bytes: 4096, capacity_blocks: 1 << 20 };
+        assert_eq!(answer.namespaces, vec![disk]);
         assert_eq!(answer.session, 7);
         assert_eq!(answer.max_datagram_bytes, 9000);
         assert_eq!(answer.regions.len(), 2);

@@ -9,6 +9,7 @@
 //! - [`engine`]: the trait execution engines implement.
 //! - [`rng`]: the seeded generator of simulators, fault injectors and tests.
 
+pub mod block;
 pub mod control;
 pub mod engine;
 #[doc(hidden)]

@@ -53,6 +53,20 @@ pub const REPLAY_WINDOW: usize = 256;
 /// retransmission `stale`.
 pub const REPLAY_ARENA_BYTES: usize = 4 << 20;
 
+/// Namespaces one target serves.
+pub const MAX_NAMESPACES: usize = 64;
+
+/// Datagrams with block instructions one worker holds while their I/O is in flight; past this,
+/// a datagram with block instructions is answered `busy` without executing anything.
+pub const PENDING_BLOCK_DATAGRAMS: usize = 64;
+
+/// Block requests (and transfer buffers) one worker keeps in flight per namespace.
+pub const BLOCK_QUEUE_DEPTH: u32 = 128;
+
+/// Largest TRIM or WRITE_ZEROES one instruction may address, in bytes: a zeroed range on a
+/// memory-backed namespace is written by the worker itself, so this bounds its pause.
+pub const MAX_BLOCK_ZERO_BYTES: u64 = 64 << 20;
+
 // The window must cover every request a session may have in flight, or a retransmission of a
 // request still in flight could be refused as stale.
 const _: () = assert!(REPLAY_WINDOW >= MAX_IN_FLIGHT);

@@ -117,6 +117,11 @@ impl Opcode {
         }
     }
 
+    /// Whether it addresses a block namespace (and completes asynchronously on the target).
+    pub fn is_block(self) -> bool {
+        matches!(self, Opcode::BlockRead | Opcode::BlockWrite | Opcode::Flush | Opcode::Trim | Opcode::WriteZeroes)
+    }
+
     /// A stable lower-case name, used in counters and CLI output.
     pub fn name(self) -> &'static str {
         match self {
@@ -176,6 +181,9 @@ impl LaneType {
 
 /// Instruction flag of VADD: also return the lanes' new values.
 pub const VADD_FLAG_RETURN_RESULT: u8 = 0x01;
+
+/// BWRITE flag: force unit access, the data is durable before the answer.
+pub const BWRITE_FLAG_FUA: u8 = 0x01;
 
 #[cfg(test)]
 mod tests {

@@ -548,6 +548,33 @@ impl<'b> ResponseWriter<'b> {
     }
 }
 
+/// A response under construction, detached from its buffer while block I/O is in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseProgress {
+    header: Header,
+    len: usize,
+}
+
+impl ResponseProgress {
+    /// Results committed so far.
+    pub fn count(&self) -> u16 {
+        self.header.count
+    }
+}
+
+impl<'b> ResponseWriter<'b> {
+    /// Detaches the response from its buffer; `resume` with the same buffer continues it.
+    pub fn suspend(self) -> ResponseProgress {
+        ResponseProgress { header: self.header, len: self.len }
+    }
+
+    /// Continues a suspended response in the buffer it was started in.
+    pub fn resume(buf: &'b mut [u8], progress: ResponseProgress) -> ResponseWriter<'b> {
+        assert!(buf.len() >= progress.len, "a response resumes in the buffer it was started in");
+        ResponseWriter { buf, header: progress.header, len: progress.len }
+    }
+}
+
 /// One instruction's result within a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstructionResult<'a> {

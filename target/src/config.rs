@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use netdam_isa::limits::{
-    DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_REGIONS, MAX_REGION_NAME_BYTES, MAX_WORKERS, MIN_DATAGRAM_BYTES,
+    DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_NAMESPACES, MAX_REGIONS, MAX_REGION_NAME_BYTES, MAX_WORKERS,
+    MIN_DATAGRAM_BYTES,
 };
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +33,7 @@ pub enum PollMode {
 }
 
 /// Where a region's bytes live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum RegionBackend {
     /// Anonymous memory: volatile.
@@ -41,6 +42,121 @@ pub enum RegionBackend {
     File,
     /// A DAX file mapping persisted with clwb + sfence.
     Dax,
+}
+
+/// Where a block namespace's blocks live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum NamespaceBackend {
+    /// A regular file, through io_uring with O_DIRECT; created sparse at `size` when missing.
+    File,
+    /// A block device (e.g. /dev/nvme0n1), through io_uring with O_DIRECT.
+    Blockdev,
+    /// A persistent memory region: a file mapping persisted with msync (or a DAX file).
+    Pmem,
+}
+
+/// Default bytes per block of a namespace.
+pub const DEFAULT_BLOCK_BYTES: u32 = 4096;
+
+fn default_block_size() -> u32 {
+    DEFAULT_BLOCK_BYTES
+}
+
+/// One block namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// Name initiators address it by.
+    pub name: String,
+    /// Where its blocks live.
+    pub backend: NamespaceBackend,
+    /// The file, device or region file; relative paths are under `data_dir`.
+    pub path: PathBuf,
+    /// Size for `file` and `pmem`, used to create the backing file when it is missing; a block
+    /// device's size is its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<ByteSize>,
+    /// Bytes per block: a power of two from 512 to 65536.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+}
+
+impl NamespaceConfig {
+    /// Checks this namespace's own fields; the message names it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let name = &self.name;
+        check_name("namespace", name)?;
+        let invalid = |message: String| Err(ConfigError::Invalid(format!("namespace {name:?}: {message}")));
+        if !self.block_size.is_power_of_two() || !(512..=65536).contains(&self.block_size) {
+            return invalid(format!("block_size = {}: use a power of two from 512 to 65536", self.block_size));
+        }
+        match (self.backend, self.size) {
+            (NamespaceBackend::Blockdev, Some(_)) => {
+                invalid("backend \"blockdev\" takes its size from the device: remove size".into())
+            }
+            (_, Some(ByteSize(bytes))) if bytes == 0 || bytes % u64::from(self.block_size) != 0 => {
+                invalid(format!("size = {bytes}: must be a positive multiple of block_size {}", self.block_size))
+            }
+            (NamespaceBackend::Pmem, Some(ByteSize(bytes))) if bytes % 4096 != 0 => {
+                invalid(format!("size = {bytes}: a pmem namespace is a whole number of 4096-byte pages"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn check_name(kind: &str, name: &str) -> Result<(), ConfigError> {
+    let name_ok = !name.is_empty()
+        && name.len() <= MAX_REGION_NAME_BYTES
+        && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"_.-".contains(&byte));
+    if name_ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "{kind} name {name:?}: use 1 to {MAX_REGION_NAME_BYTES} characters of A-Z a-z 0-9 _ . -"
+        )))
+    }
+}
+
+impl RegionConfig {
+    /// Checks this region's own fields; the message names it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let name = &self.name;
+        check_name("region", name)?;
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        match (self.backend, &self.path) {
+            (RegionBackend::Mem, Some(_)) => invalid(format!("region {name:?}: backend \"mem\" takes no path")),
+            (RegionBackend::File | RegionBackend::Dax, None) => {
+                invalid(format!("region {name:?}: backend {:?} needs a path", self.backend))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Checks a whole set of regions and namespaces: each valid, names unique, counts bounded.
+pub fn validate_spaces(regions: &[RegionConfig], namespaces: &[NamespaceConfig]) -> Result<(), ConfigError> {
+    let invalid = |message: String| Err(ConfigError::Invalid(message));
+    if regions.len() > MAX_REGIONS {
+        return invalid(format!("{} regions configured: at most {MAX_REGIONS}", regions.len()));
+    }
+    if namespaces.len() > MAX_NAMESPACES {
+        return invalid(format!("{} namespaces configured: at most {MAX_NAMESPACES}", namespaces.len()));
+    }
+    for (index, region) in regions.iter().enumerate() {
+        region.validate()?;
+        if regions[..index].iter().any(|other| other.name == region.name) {
+            return invalid(format!("region name {:?} is used twice", region.name));
+        }
+    }
+    for (index, namespace) in namespaces.iter().enumerate() {
+        namespace.validate()?;
+        if namespaces[..index].iter().any(|other| other.name == namespace.name) {
+            return invalid(format!("namespace name {:?} is used twice", namespace.name));
+        }
+    }
+    Ok(())
 }
 
 /// A byte count written as a number or a string with a unit ("64MiB").
@@ -111,9 +227,13 @@ pub struct Config {
     /// A request that queued longer than this (µs) is answered BUSY instead of executed.
     #[serde(default = "default_busy_threshold_us")]
     pub busy_threshold_us: u64,
-    /// Regions; none configured means the embedded default region.
+    /// Regions; none configured means the embedded default region. Regions created with
+    /// `netdam-target region create` are served as well.
     #[serde(default, rename = "region", skip_serializing_if = "Vec::is_empty")]
     pub regions: Vec<RegionConfig>,
+    /// Block namespaces, besides those created with `netdam-target namespace create`.
+    #[serde(default, rename = "namespace", skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<NamespaceConfig>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -148,6 +268,7 @@ impl Default for Config {
             max_datagram_bytes: default_max_datagram_bytes(),
             busy_threshold_us: default_busy_threshold_us(),
             regions: Vec::new(),
+            namespaces: Vec::new(),
         }
     }
 }
@@ -227,33 +348,7 @@ impl Config {
         if self.adaptive_spin_us > 1_000_000 {
             return invalid(format!("adaptive_spin_us = {}: at most 1000000 (one second)", self.adaptive_spin_us));
         }
-        let regions = self.effective_regions();
-        if regions.len() > MAX_REGIONS {
-            return invalid(format!("{} regions configured: at most {MAX_REGIONS}", regions.len()));
-        }
-        for (index, region) in regions.iter().enumerate() {
-            let name = &region.name;
-            let name_ok = !name.is_empty()
-                && name.len() <= MAX_REGION_NAME_BYTES
-                && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"_.-".contains(&byte));
-            if !name_ok {
-                return invalid(format!(
-                    "region name {name:?}: use 1 to {MAX_REGION_NAME_BYTES} characters of A-Z a-z 0-9 _ . -"
-                ));
-            }
-            if regions[..index].iter().any(|other| other.name == *name) {
-                return invalid(format!("region name {name:?} is used twice"));
-            }
-            match (region.backend, &region.path) {
-                (RegionBackend::Mem, Some(_)) => {
-                    return invalid(format!("region {name:?}: backend \"mem\" takes no path"));
-                }
-                (RegionBackend::File | RegionBackend::Dax, None) => {
-                    return invalid(format!("region {name:?}: backend {:?} needs a path", region.backend));
-                }
-                _ => {}
-            }
-        }
+        validate_spaces(&self.effective_regions(), &self.namespaces)?;
         Ok(())
     }
 

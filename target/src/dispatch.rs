@@ -9,27 +9,34 @@
 
 use std::sync::Arc;
 
+use netdam_isa::block::BlockOp;
 use netdam_isa::control::{decode_hello_operand, encode_hello_answer, StatWriter};
 use netdam_isa::engine::Engine;
 use netdam_isa::limits::{MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES};
 use netdam_isa::wire::{
     peek_is_response, peek_session_sequence, DecodeError, Disposition, Instruction, Request, ResponseWriter,
+    RESPONSE_INSTRUCTION_HEADER_LEN,
 };
 use netdam_isa::{Duration, Instant, Opcode, Status};
+use netdam_nvme::{BlockDevice, BlockRequest, BufferIndex};
 use netdam_pmem::Durability;
 
+use crate::block::{self, BlockPath, Pending, ReplyTo, RunEntry};
+use crate::namespaces::NamespaceTable;
 use crate::regions::RegionTable;
 use crate::sessions::{Admission, RecordTicket, SessionTable};
 use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
 
 /// STAT entries that describe the target rather than count events.
-pub const TARGET_STAT_ENTRIES: usize = 2;
+pub const TARGET_STAT_ENTRIES: usize = 3;
 
 /// State every worker of one target shares; read-mostly.
 #[derive(Debug)]
 pub struct Shared {
     /// The regions served.
     pub regions: Arc<RegionTable>,
+    /// The block namespaces served.
+    pub namespaces: Arc<NamespaceTable>,
     /// Each worker's counters, by worker index.
     pub stats: Arc<[WorkerStats]>,
     /// Largest datagram received or sent.
@@ -41,16 +48,17 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// State for `workers` workers over `regions`.
+    /// State for `workers` workers over `regions` and `namespaces`.
     pub fn new(
         regions: Arc<RegionTable>,
+        namespaces: Arc<NamespaceTable>,
         workers: usize,
         max_datagram_bytes: usize,
         epoch: u64,
         busy_threshold: Duration,
     ) -> Shared {
         let stats = (0..workers).map(|_| WorkerStats::default()).collect();
-        Shared { regions, stats, max_datagram_bytes, epoch, busy_threshold }
+        Shared { regions, namespaces, stats, max_datagram_bytes, epoch, busy_threshold }
     }
 }
 
@@ -68,6 +76,9 @@ pub enum Handled<'b> {
     },
     /// Send the first `len` bytes of `out` as they are: a stored answer replayed.
     Replay(usize),
+    /// Waiting for block I/O in this slot: the driver says where the answer goes
+    /// ([`Dispatcher::set_reply_to`]) and sends it when [`Dispatcher::poll_block`] hands it over.
+    Deferred(u16),
 }
 
 /// One worker's datagram handler.
@@ -77,14 +88,17 @@ pub struct Dispatcher<E> {
     shared: Arc<Shared>,
     worker: usize,
     sessions: SessionTable,
+    block: BlockPath,
 }
 
 impl<E: Engine> Dispatcher<E> {
-    /// The handler of worker `worker`, executing with `engine`.
-    pub fn new(engine: E, shared: Arc<Shared>, worker: usize) -> Dispatcher<E> {
+    /// The handler of worker `worker`, executing memory instructions with `engine` and block
+    /// instructions on `devices` (this worker's, by namespace id).
+    pub fn new(engine: E, shared: Arc<Shared>, worker: usize, devices: Vec<Box<dyn BlockDevice>>) -> Dispatcher<E> {
         assert!(worker < shared.stats.len(), "worker index beyond the stats table");
         let sessions = SessionTable::new(worker, shared.epoch);
-        Dispatcher { engine, shared, worker, sessions }
+        let block = BlockPath::new(devices, shared.max_datagram_bytes);
+        Dispatcher { engine, shared, worker, sessions, block }
     }
 
     /// This worker's counters.
@@ -127,6 +141,10 @@ impl<E: Engine> Dispatcher<E> {
                     return Handled::Replay(len);
                 }
                 Admission::Stale => return self.datagram_status(out, header.session, header.sequence, Status::Stale),
+                Admission::InProgress => {
+                    self.count(Counter::DuplicatesInProgress);
+                    return Handled::Dropped;
+                }
                 Admission::UnknownSession => {
                     return self.datagram_status(out, header.session, header.sequence, Status::NoSession);
                 }
@@ -135,20 +153,252 @@ impl<E: Engine> Dispatcher<E> {
             // Without a session only HELLO, PING and STAT: anything else needs the replay window.
             return self.datagram_status(out, 0, header.sequence, Status::NoSession);
         }
+        let serves_blocks = !self.block.devices.is_empty();
+        if serves_blocks && request.instructions().any(|instruction| is_block(instruction.opcode)) {
+            return self.defer(now, queueing, datagram, record, out);
+        }
         let mut response = ResponseWriter::new(out, header.session, header.sequence);
         response.set_queueing_us(queueing_us);
         for instruction in request.instructions() {
-            let capacity = response.data_capacity();
-            let result = self.execute(now, &instruction, &mut response.data_area()[..capacity]);
-            let (status, data_len) = match result {
-                Ok(data_len) => (Status::Ok, data_len),
-                Err(status) => (status, 0),
-            };
-            self.stats().count_status(status);
-            response.commit(instruction.opcode, status, data_len);
+            self.execute_into(now, &instruction, &mut response);
         }
         self.stats().add(Counter::InstructionsExecuted, u64::from(response.count()));
         Handled::Answer { response, record }
+    }
+
+    /// Executes one memory or control instruction and writes its result.
+    fn execute_into(&mut self, now: Instant, instruction: &Instruction<'_>, response: &mut ResponseWriter<'_>) {
+        let capacity = response.data_capacity();
+        let result = self.execute(now, instruction, &mut response.data_area()[..capacity]);
+        let (status, data_len) = match result {
+            Ok(data_len) => (Status::Ok, data_len),
+            Err(status) => (status, 0),
+        };
+        self.stats().count_status(status);
+        response.commit(instruction.opcode, status, data_len);
+    }
+
+    /// Takes a datagram with block instructions into a pending slot and starts executing it.
+    fn defer<'b>(
+        &mut self,
+        now: Instant,
+        queueing: Duration,
+        datagram: &[u8],
+        record: Option<(RecordTicket, bool)>,
+        out: &'b mut [u8],
+    ) -> Handled<'b> {
+        let (session, sequence) = peek_session_sequence(datagram).expect("a parsed request has a header");
+        let Some(slot) = self.block.free_slots.pop() else {
+            // Nothing was executed: the initiator backs off and sends it again.
+            self.count(Counter::BusyBlockSlotsFull);
+            let mut response = ResponseWriter::new(out, session, sequence);
+            response.set_status(Status::Busy);
+            response.set_queueing_us(u16::try_from(queueing.as_nanos() / 1000).unwrap_or(u16::MAX));
+            return Handled::Answer { response, record: None };
+        };
+        self.count(Counter::BlockDatagramsDeferred);
+        if let Some((ticket, _)) = record {
+            self.sessions.mark_in_progress(ticket);
+        }
+        let pending = &mut self.block.slots[usize::from(slot)];
+        pending.request[..datagram.len()].copy_from_slice(datagram);
+        pending.request_len = datagram.len();
+        let mut response = ResponseWriter::new(&mut pending.response, session, sequence);
+        response.set_queueing_us(u16::try_from(queueing.as_nanos() / 1000).unwrap_or(u16::MAX));
+        pending.progress = Some(response.suspend());
+        pending.next_instruction = 0;
+        pending.run_len = 0;
+        pending.outstanding = 0;
+        pending.record = record;
+        pending.reply_to = None;
+        pending.queueing = queueing;
+        pending.started = now;
+        self.advance(now, slot);
+        Handled::Deferred(slot)
+    }
+
+    /// Says where the answer of the datagram deferred in `slot` goes.
+    pub fn set_reply_to(&mut self, slot: u16, reply_to: ReplyTo) {
+        self.block.slots[usize::from(slot)].reply_to = Some(reply_to);
+    }
+
+    /// Datagrams waiting for block I/O (or to be sent): while any are, the driver must keep
+    /// calling [`Dispatcher::poll_block`] rather than sleep.
+    pub fn block_pending(&self) -> usize {
+        self.block.pending()
+    }
+
+    /// Reaps block completions, continues the datagrams they complete, and hands each finished
+    /// answer to `send` with where it goes; returns how many were handed over.
+    pub fn poll_block(&mut self, now: Instant, send: &mut dyn FnMut(ReplyTo, &[u8])) -> usize {
+        if self.block.pending() == 0 {
+            return 0;
+        }
+        self.block.reap();
+        while let Some(slot) = self.block.ready.pop() {
+            let mut pending = std::mem::take(&mut self.block.slots[usize::from(slot)]);
+            self.write_run_results(&mut pending);
+            self.block.slots[usize::from(slot)] = pending;
+            self.advance(now, slot);
+        }
+        let mut sent = 0;
+        while let Some(slot) = self.block.finished.pop() {
+            let mut pending = std::mem::take(&mut self.block.slots[usize::from(slot)]);
+            let progress = pending.progress.take().expect("a finished answer has its progress");
+            let response = ResponseWriter::resume(&mut pending.response, progress);
+            let count = response.count();
+            let held = pending.queueing + now.saturating_since(pending.started);
+            let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
+            let depth = u16::try_from(self.block.pending() - 1).unwrap_or(u16::MAX);
+            let reply_to = pending.reply_to.expect("the driver set where the answer goes");
+            let len = response.finish(reply_to.ttl, service_time_ns, depth);
+            self.stats().add(Counter::InstructionsExecuted, u64::from(count));
+            if let Some((ticket, store)) = pending.record.take() {
+                self.sessions.record(ticket, store.then_some(&pending.response[..len]));
+            }
+            send(reply_to, &pending.response[..len]);
+            sent += 1;
+            self.block.slots[usize::from(slot)] = pending;
+            self.block.free_slots.push(slot);
+        }
+        sent
+    }
+
+    /// Executes the datagram in `slot` from its next instruction until it waits for a run of
+    /// block requests or is finished.
+    fn advance(&mut self, now: Instant, slot: u16) {
+        // Taken out of the table so the engine and sessions can be used alongside it; moving the
+        // boxes allocates nothing.
+        let mut pending = std::mem::take(&mut self.block.slots[usize::from(slot)]);
+        let waiting = self.advance_pending(now, slot, &mut pending);
+        self.block.slots[usize::from(slot)] = pending;
+        if !waiting {
+            self.block.finished.push(slot);
+        }
+    }
+
+    /// Returns whether the datagram now waits for block I/O.
+    fn advance_pending(&mut self, now: Instant, slot: u16, pending: &mut Pending) -> bool {
+        let Pending { request, request_len, response, progress, next_instruction, run, run_len, outstanding, .. } =
+            pending;
+        let request = Request::parse(&request[..*request_len]).expect("the datagram was accepted before");
+        let mut response = ResponseWriter::resume(response, progress.take().expect("a pending answer"));
+        let mut instructions = request.instructions().skip(*next_instruction).peekable();
+        while let Some(instruction) = instructions.next() {
+            *next_instruction += 1;
+            if !is_block(instruction.opcode) {
+                self.execute_into(now, &instruction, &mut response);
+                continue;
+            }
+            // A run: this block instruction and the ones right after it, but a FLUSH runs alone
+            // so that every write before it has completed when it is submitted.
+            *run_len = 0;
+            *outstanding = 0;
+            let mut reserved = 0;
+            let mut current = instruction;
+            loop {
+                let room = response.data_capacity().saturating_sub(reserved);
+                let entry = self.submit_block(slot, *run_len, &current, room);
+                reserved += RESPONSE_INSTRUCTION_HEADER_LEN + entry.data_len;
+                run[*run_len] = entry;
+                *run_len += 1;
+                let alone = current.opcode == Opcode::Flush as u8;
+                match instructions.peek() {
+                    Some(next) if !alone && is_block(next.opcode) && next.opcode != Opcode::Flush as u8 => {
+                        current = instructions.next().expect("peeked");
+                        *next_instruction += 1;
+                    }
+                    _ => break,
+                }
+            }
+            *outstanding = run[..*run_len].iter().filter(|entry| entry.in_flight).count();
+            if *outstanding > 0 {
+                *progress = Some(response.suspend());
+                return true;
+            }
+            write_results(&mut self.block.devices, &mut self.block.free_buffers, &run[..*run_len], &mut response);
+            self.count_run(&run[..*run_len]);
+        }
+        *progress = Some(response.suspend());
+        false
+    }
+
+    /// Writes the results of a completed run into the pending answer.
+    fn write_run_results(&mut self, pending: &mut Pending) {
+        let progress = pending.progress.take().expect("a pending answer");
+        let mut response = ResponseWriter::resume(&mut pending.response, progress);
+        let run = &pending.run[..pending.run_len];
+        write_results(&mut self.block.devices, &mut self.block.free_buffers, run, &mut response);
+        self.count_run(run);
+        pending.progress = Some(response.suspend());
+    }
+
+    fn count_run(&self, run: &[RunEntry]) {
+        for entry in run {
+            self.stats().count_status(entry.status);
+        }
+    }
+
+    /// Checks one block instruction and submits it; the entry says whether it is in flight or
+    /// already answered.
+    fn submit_block(&mut self, slot: u16, index: usize, instruction: &Instruction<'_>, room: usize) -> RunEntry {
+        let namespace = instruction.space;
+        let mut entry = RunEntry { opcode: instruction.opcode, namespace, ..RunEntry::default() };
+        let Some(shape) = self.block.shapes.get(usize::from(namespace)) else {
+            entry.status = Status::NoSuchSpace;
+            return entry;
+        };
+        let op = match netdam_isa::block::decode(instruction, shape, room) {
+            Ok(op) => op,
+            Err(status) => {
+                entry.status = status;
+                return entry;
+            }
+        };
+        let block_bytes = shape.block_bytes as usize;
+        let namespace = usize::from(namespace);
+        let buffer = match op {
+            BlockOp::Read { .. } | BlockOp::Write { .. } => match self.block.free_buffers[namespace].pop() {
+                Some(buffer) => Some(BufferIndex(buffer)),
+                None => {
+                    entry.status = Status::Busy;
+                    return entry;
+                }
+            },
+            _ => None,
+        };
+        let device = &mut self.block.devices[namespace];
+        let request = match (op, buffer) {
+            (BlockOp::Read { offset_blocks, num_blocks }, Some(buffer)) => {
+                entry.data_len = num_blocks as usize * block_bytes;
+                BlockRequest::Read { offset_blocks, num_blocks, buffer }
+            }
+            (BlockOp::Write { offset_blocks, data, fua }, Some(buffer)) => {
+                device.buffer(buffer)[..data.len()].copy_from_slice(data);
+                BlockRequest::Write { offset_blocks, num_blocks: (data.len() / block_bytes) as u32, buffer, fua }
+            }
+            (BlockOp::Flush, _) => BlockRequest::Flush,
+            (BlockOp::Trim { offset_blocks, num_blocks }, _) => BlockRequest::Trim { offset_blocks, num_blocks },
+            (BlockOp::WriteZeroes { offset_blocks, num_blocks }, _) => {
+                BlockRequest::WriteZeroes { offset_blocks, num_blocks }
+            }
+            (BlockOp::Read { .. } | BlockOp::Write { .. }, None) => unreachable!("transfers took a buffer above"),
+        };
+        match device.submit(block::tag(slot, index), request) {
+            Ok(()) => {
+                self.count(Counter::BlockRequestsSubmitted);
+                entry.in_flight = true;
+                entry.buffer = buffer.map(|buffer| buffer.0);
+            }
+            Err(error) => {
+                if let Some(buffer) = buffer {
+                    self.block.free_buffers[namespace].push(buffer.0);
+                }
+                entry.status = block::failure_status(&error);
+                entry.data_len = 0;
+            }
+        }
+        entry
     }
 
     /// Records an executed request in its session's replay window; `answer` (the finished
@@ -198,6 +448,8 @@ impl<E: Engine> Dispatcher<E> {
                 control_fields_empty(instruction)?;
                 self.stat(out)
             }
+            // Reached only when this target serves no namespace at all.
+            Some(opcode) if opcode.is_block() => Err(Status::NoSuchSpace),
             _ => self.engine.execute(instruction, out),
         }
     }
@@ -215,7 +467,12 @@ impl<E: Engine> Dispatcher<E> {
         });
         let session = self.sessions.open(now).ok_or(Status::Busy)?;
         self.count(Counter::SessionsOpened);
-        encode_hello_answer(out, session, negotiated, MAX_INSTRUCTIONS_PER_DATAGRAM as u16, regions)
+        let namespaces = self
+            .shared
+            .namespaces
+            .iter()
+            .map(|(id, namespace)| (id, namespace.name(), namespace.block_bytes(), namespace.capacity_blocks()));
+        encode_hello_answer(out, session, negotiated, MAX_INSTRUCTIONS_PER_DATAGRAM as u16, regions, namespaces)
     }
 
     fn stat(&self, out: &mut [u8]) -> Result<usize, Status> {
@@ -224,6 +481,7 @@ impl<E: Engine> Dispatcher<E> {
         let mut writer = StatWriter::new(out)?;
         writer.push("workers", self.shared.stats.len() as u64)?;
         writer.push("regions", self.shared.regions.iter().len() as u64)?;
+        writer.push("namespaces", self.shared.namespaces.iter().len() as u64)?;
         for counter in Counter::ALL {
             writer.push(counter.name(), workers.iter().map(|worker| worker.get(*counter)).sum())?;
         }
@@ -233,6 +491,33 @@ impl<E: Engine> Dispatcher<E> {
         }
         Ok(writer.finish())
     }
+}
+
+/// Writes a completed run's results in order, copying BREAD data out of the transfer buffers,
+/// and gives the buffers back.
+fn write_results(
+    devices: &mut [Box<dyn BlockDevice>],
+    free_buffers: &mut [Vec<u16>],
+    run: &[RunEntry],
+    response: &mut ResponseWriter<'_>,
+) {
+    for entry in run {
+        let namespace = usize::from(entry.namespace);
+        let mut data_len = 0;
+        if let Some(buffer) = entry.buffer {
+            if entry.status == Status::Ok && entry.opcode == Opcode::BlockRead as u8 {
+                data_len = entry.data_len;
+                let data = &devices[namespace].buffer(BufferIndex(buffer))[..data_len];
+                response.data_area()[..data_len].copy_from_slice(data);
+            }
+            free_buffers[namespace].push(buffer);
+        }
+        response.commit(entry.opcode, entry.status, data_len);
+    }
+}
+
+fn is_block(opcode: u8) -> bool {
+    Opcode::from_u8(opcode).is_some_and(Opcode::is_block)
 }
 
 /// HELLO, PING and STAT: the opcodes a datagram without a session may carry.
@@ -273,8 +558,9 @@ mod tests {
     fn dispatcher() -> Dispatcher<SoftwareEngine> {
         let config = RegionConfig { name: "r".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
         let regions = Arc::new(RegionTable::open(&[config], std::path::Path::new(".")).unwrap());
-        let shared = Arc::new(Shared::new(regions.clone(), 1, 9000, 1, Duration::from_millis(1)));
-        Dispatcher::new(SoftwareEngine::new(regions), shared, 0)
+        let namespaces = Arc::new(NamespaceTable::default());
+        let shared = Arc::new(Shared::new(regions.clone(), namespaces, 1, 9000, 1, Duration::from_millis(1)));
+        Dispatcher::new(SoftwareEngine::new(regions), shared, 0, Vec::new())
     }
 
     fn instruction(opcode: Opcode, length: u32, operand: &[u8]) -> Instruction<'_> {

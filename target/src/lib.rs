@@ -9,9 +9,12 @@
 //! - [`socket`]: the shared-port socket and batched receive.
 //! - [`stats`]: per-worker counters.
 
+pub mod block;
 pub mod config;
 pub mod dispatch;
 pub mod engine;
+pub mod metadata;
+pub mod namespaces;
 pub mod regions;
 pub mod server;
 pub mod sessions;

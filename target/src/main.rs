@@ -6,7 +6,13 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Args, Parser, Subcommand};
-use netdam_pmem::{Backing, Durability};
+use netdam_pmem::{Backing, Durability, Region};
+use netdam_target::config::{
+    validate_spaces, ByteSize, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig, DEFAULT_BLOCK_BYTES,
+};
+use netdam_target::metadata::MetadataStore;
+use netdam_target::namespaces::{open_namespace, resolve};
+use netdam_target::server::running_target;
 use netdam_target::{Config, PollMode, Target};
 
 /// A disaggregated storage target with low, deterministic latency: memory regions served over
@@ -29,6 +35,93 @@ enum Command {
     Serve(SettingsArgs),
     /// Print the settings in force (defaults, file and flags combined) as TOML, and exit.
     Config(SettingsArgs),
+    /// Create, delete or list memory regions kept in the metadata store of the data directory.
+    #[command(subcommand)]
+    Region(RegionCommand),
+    /// Create, delete or list block namespaces kept in the metadata store of the data directory.
+    #[command(subcommand)]
+    Namespace(NamespaceCommand),
+}
+
+/// Where the metadata store is: the data directory, from flags or the config file.
+#[derive(Debug, Args, Clone)]
+struct StoreArgs {
+    /// TOML settings file (its data_dir, and its regions and namespaces for name checks).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Data directory holding the metadata store [default: $XDG_DATA_HOME/netdam or ~/.local/share/netdam].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum RegionCommand {
+    /// Create a region (and its file), committed durably before this returns.
+    Create {
+        /// Name initiators address it by.
+        name: String,
+        /// mem (volatile), file (msync-persisted mapping) or dax (MAP_SYNC mapping on a DAX file system).
+        #[arg(long, value_enum)]
+        backend: RegionBackend,
+        /// Backing file for file and dax; relative paths are under the data directory.
+        #[arg(long, value_name = "PATH")]
+        path: Option<PathBuf>,
+        /// Size, e.g. 64MiB: a whole number of pages.
+        #[arg(long, value_parser = parse_size)]
+        size: ByteSize,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Remove a region from the store; its file is kept.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List the regions a target on this data directory serves.
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NamespaceCommand {
+    /// Create a namespace (and its backing file), committed durably before this returns.
+    Create {
+        /// Name initiators address it by.
+        name: String,
+        /// file (io_uring, O_DIRECT), blockdev (a block device, io_uring, O_DIRECT) or pmem (a
+        /// persistent memory region file).
+        #[arg(long, value_enum)]
+        backend: NamespaceBackend,
+        /// The file, device or region file; relative paths are under the data directory.
+        #[arg(long, value_name = "PATH")]
+        path: PathBuf,
+        /// Size for file and pmem when the file does not exist yet, e.g. 1GiB.
+        #[arg(long, value_parser = parse_size)]
+        size: Option<ByteSize>,
+        /// Bytes per block: a power of two from 512 to 65536.
+        #[arg(long, default_value_t = DEFAULT_BLOCK_BYTES)]
+        block_size: u32,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Remove a namespace from the store; its file or device is left as it is.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List the namespaces a target on this data directory serves.
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+fn parse_size(text: &str) -> Result<ByteSize, String> {
+    netdam_isa::units::parse_bytes(text).map(ByteSize)
 }
 
 /// Settings: a TOML file, then flags that override it.
@@ -102,6 +195,8 @@ fn main() -> ExitCode {
         None => (true, cli.settings),
         Some(Command::Serve(args)) => (true, args.merged_over(cli.settings)),
         Some(Command::Config(args)) => (false, args.merged_over(cli.settings)),
+        Some(Command::Region(command)) => return admin(|| region_command(command)),
+        Some(Command::Namespace(command)) => return admin(|| namespace_command(command)),
     };
     let config = match settings.to_config() {
         Ok(config) => config,
@@ -135,6 +230,154 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+fn admin(command: impl FnOnce() -> Result<(), String>) -> ExitCode {
+    match command() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("netdam-target: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The settings file's config and the data directory an admin command works on.
+fn store_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
+    let mut config = match &store.config {
+        Some(path) => Config::from_file(path).map_err(|error| error.to_string())?,
+        None => Config::default(),
+    };
+    if let Some(dir) = &store.data_dir {
+        config.data_dir = Some(dir.clone());
+    }
+    let data_dir = config.data_dir().map_err(|error| error.to_string())?;
+    std::fs::create_dir_all(&data_dir).map_err(|error| format!("cannot create {}: {error}", data_dir.display()))?;
+    Ok((config, data_dir))
+}
+
+/// Tells the user how a change reaches a target.
+fn after_change(data_dir: &std::path::Path) {
+    match running_target(data_dir) {
+        Some(pid) => println!(
+            "A target is running on this data directory (pid {pid}): it serves what it read at start; restart it to serve this change."
+        ),
+        None => println!("netdam-target serves it from its next start."),
+    }
+}
+
+fn region_command(command: RegionCommand) -> Result<(), String> {
+    match command {
+        RegionCommand::Create { name, backend, path, size, store } => {
+            let (config, data_dir) = store_context(&store)?;
+            let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
+            let region = RegionConfig { name, backend, path, size };
+            let mut regions = config.effective_regions();
+            regions.extend(metadata.regions().map_err(|error| error.to_string())?);
+            regions.push(region.clone());
+            let namespaces = metadata.namespaces().map_err(|error| error.to_string())?;
+            validate_spaces(&regions, &namespaces).map_err(|error| error.to_string())?;
+            // Open it once: creates the file and proves the backing works before it is recorded.
+            let backing = match (&region.backend, &region.path) {
+                (RegionBackend::File, Some(path)) => Some(Backing::File(resolve(path, &data_dir))),
+                (RegionBackend::Dax, Some(path)) => Some(Backing::Dax(resolve(path, &data_dir))),
+                _ => None,
+            };
+            if let Some(backing) = backing {
+                Region::open(&region.name, backing, region.size.0).map_err(|error| error.to_string())?;
+            }
+            metadata.create_region(&region).map_err(|error| error.to_string())?;
+            println!(
+                "created region {:?}: {} bytes, {:?} ({})",
+                region.name,
+                region.size.0,
+                region.backend,
+                metadata.path().display()
+            );
+            drop(metadata);
+            after_change(&data_dir);
+        }
+        RegionCommand::Delete { name, store } => {
+            let (_, data_dir) = store_context(&store)?;
+            let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
+            let region = metadata.delete_region(&name).map_err(|error| error.to_string())?;
+            let kept = region.path.map(|path| format!("; its file {} is kept", resolve(&path, &data_dir).display()));
+            println!("deleted region {name:?}{}", kept.unwrap_or_default());
+            drop(metadata);
+            after_change(&data_dir);
+        }
+        RegionCommand::List { store } => {
+            let (config, data_dir) = store_context(&store)?;
+            let stored = MetadataStore::load(&data_dir).map_err(|error| error.to_string())?;
+            let configured = config.effective_regions().into_iter().map(|region| (region, "config"));
+            for (id, (region, source)) in configured.chain(stored.regions.into_iter().map(|r| (r, "store"))).enumerate()
+            {
+                let path = region.path.map(|path| resolve(&path, &data_dir).display().to_string()).unwrap_or_default();
+                println!(
+                    "{id:>3}  {:<32} {:>14} bytes  {:<5} {source:<6} {path}",
+                    region.name,
+                    region.size.0,
+                    format!("{:?}", region.backend).to_lowercase()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
+    match command {
+        NamespaceCommand::Create { name, backend, path, size, block_size, store } => {
+            let (config, data_dir) = store_context(&store)?;
+            let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
+            let namespace = NamespaceConfig { name, backend, path, size, block_size };
+            let mut namespaces = config.namespaces.clone();
+            namespaces.extend(metadata.namespaces().map_err(|error| error.to_string())?);
+            namespaces.push(namespace.clone());
+            let mut regions = config.effective_regions();
+            regions.extend(metadata.regions().map_err(|error| error.to_string())?);
+            validate_spaces(&regions, &namespaces).map_err(|error| error.to_string())?;
+            // Open it once: creates a missing file and proves a device opens on it.
+            let opened = open_namespace(&namespace, &data_dir).map_err(|error| error.to_string())?;
+            metadata.create_namespace(&namespace).map_err(|error| error.to_string())?;
+            println!(
+                "created namespace {:?}: {} blocks of {} bytes on {} ({})",
+                namespace.name,
+                opened.capacity_blocks(),
+                opened.block_bytes(),
+                opened.backing(),
+                metadata.path().display()
+            );
+            drop(metadata);
+            after_change(&data_dir);
+        }
+        NamespaceCommand::Delete { name, store } => {
+            let (_, data_dir) = store_context(&store)?;
+            let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
+            let namespace = metadata.delete_namespace(&name).map_err(|error| error.to_string())?;
+            println!("deleted namespace {name:?}; {} is left as it is", resolve(&namespace.path, &data_dir).display());
+            drop(metadata);
+            after_change(&data_dir);
+        }
+        NamespaceCommand::List { store } => {
+            let (config, data_dir) = store_context(&store)?;
+            let stored = MetadataStore::load(&data_dir).map_err(|error| error.to_string())?;
+            let configured = config.namespaces.into_iter().map(|namespace| (namespace, "config"));
+            let all = configured.chain(stored.namespaces.into_iter().map(|n| (n, "store")));
+            for (id, (namespace, source)) in all.enumerate() {
+                let size =
+                    namespace.size.map(|size| format!("{} bytes", size.0)).unwrap_or_else(|| "device size".into());
+                println!(
+                    "{id:>3}  {:<32} {:<8} {:>6}-byte blocks  {size:<18} {source:<6} {}",
+                    namespace.name,
+                    format!("{:?}", namespace.backend).to_lowercase(),
+                    namespace.block_size,
+                    resolve(&namespace.path, &data_dir).display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn print_banner(target: &Target, config: &Config) {
     let addr = target.local_addr();
     let poll = format!("{:?}", config.poll).to_lowercase();
@@ -157,6 +400,15 @@ fn print_banner(target: &Target, config: &Config) {
         };
         let locked = if region.is_locked() { "locked in memory" } else { "NOT locked in memory (see log)" };
         println!("  region {id} {:?}: {} bytes, {durability}, {backing}, {locked}", region.name(), region.len());
+    }
+    for (id, namespace) in target.namespaces().iter() {
+        println!(
+            "  namespace {id} {:?}: {} blocks of {} bytes, {}",
+            namespace.name(),
+            namespace.capacity_blocks(),
+            namespace.block_bytes(),
+            namespace.backing()
+        );
     }
     println!("Reach it with:  netdam --target {addr} stat");
     println!("Stop with Ctrl-C.");

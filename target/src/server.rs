@@ -11,9 +11,11 @@ use netdam_isa::engine::Engine;
 use netdam_isa::Duration;
 use netdam_pmem::RegionError;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{validate_spaces, Config, ConfigError};
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
+use crate::metadata::{MetadataError, MetadataStore};
+use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
 use crate::regions::RegionTable;
 use crate::socket;
 use crate::stats::StatsSnapshot;
@@ -28,6 +30,12 @@ pub enum StartError {
     /// A region could not be opened.
     #[error(transparent)]
     Region(#[from] RegionError),
+    /// A namespace could not be opened.
+    #[error(transparent)]
+    Namespace(#[from] NamespaceError),
+    /// The metadata store could not be read.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
     /// The data directory could not be created.
     #[error("cannot create data directory {path}: {source}")]
     DataDir { path: PathBuf, source: io::Error },
@@ -43,6 +51,8 @@ pub enum StartError {
 #[derive(Debug)]
 pub struct Target {
     local_addr: SocketAddr,
+    // Held while the target runs: admin commands see it and say to restart the target.
+    _running: Option<RunningMarker>,
     shared: Arc<Shared>,
     shutdown: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -50,20 +60,48 @@ pub struct Target {
 }
 
 impl Target {
-    /// Validates `config`, opens its regions, binds its workers and starts them.
+    /// Validates `config`, opens its regions and namespaces (configured and stored), binds its
+    /// workers and starts them.
     pub fn start(config: &Config) -> Result<Target, StartError> {
+        Target::start_with(config, Vec::new())
+    }
+
+    /// Like [`Target::start`], serving `extra` namespaces after the configured and stored ones
+    /// (tests use this for devices that exist only in the process, like the crash-test device).
+    pub fn start_with(config: &Config, extra: Vec<Namespace>) -> Result<Target, StartError> {
         config.validate()?;
         let data_dir = config.data_dir()?;
         std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
-        let regions = Arc::new(RegionTable::open(&config.effective_regions(), &data_dir)?);
+        let stored = MetadataStore::load(&data_dir)?;
+        let mut region_configs = config.effective_regions();
+        region_configs.extend(stored.regions);
+        let mut namespace_configs = config.namespaces.clone();
+        namespace_configs.extend(stored.namespaces);
+        validate_spaces(&region_configs, &namespace_configs)?;
+        let regions = Arc::new(RegionTable::open(&region_configs, &data_dir)?);
+        let mut namespaces = NamespaceTable::open(&namespace_configs, &data_dir)?;
+        for namespace in extra {
+            namespaces.push(namespace);
+        }
+        let namespaces = Arc::new(namespaces);
+        // Every worker's devices are opened here, so a failure stops the start with its reason.
+        let devices = (0..config.workers)
+            .map(|_| namespaces.open_devices(config.max_datagram_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
         // The start time makes this run's session ids differ from an earlier run's.
         let epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|since| since.as_nanos() as u64)
             .unwrap_or(0);
         let busy_threshold = Duration::from_micros(config.busy_threshold_us);
-        let shared =
-            Arc::new(Shared::new(regions.clone(), config.workers, config.max_datagram_bytes, epoch, busy_threshold));
+        let shared = Arc::new(Shared::new(
+            regions.clone(),
+            namespaces,
+            config.workers,
+            config.max_datagram_bytes,
+            epoch,
+            busy_threshold,
+        ));
         let sockets = bind_workers(config.listen, config.workers)?;
         let local_addr = socket::local_addr(&sockets[0]).map_err(|source| StartError::Bind {
             addr: config.listen,
@@ -78,10 +116,16 @@ impl Target {
         let shutdown = Arc::new(AtomicBool::new(false));
         let engine = SoftwareEngine::new(regions);
         let engine_name = engine.name();
-        let mut target =
-            Target { local_addr, shared: shared.clone(), shutdown: shutdown.clone(), threads: Vec::new(), engine_name };
-        for (index, fd) in sockets.into_iter().enumerate() {
-            let dispatcher = Dispatcher::new(engine.clone(), shared.clone(), index);
+        let mut target = Target {
+            local_addr,
+            _running: RunningMarker::take(&data_dir),
+            shared: shared.clone(),
+            shutdown: shutdown.clone(),
+            threads: Vec::new(),
+            engine_name,
+        };
+        for ((index, fd), devices) in sockets.into_iter().enumerate().zip(devices) {
+            let dispatcher = Dispatcher::new(engine.clone(), shared.clone(), index, devices);
             let shutdown = shutdown.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("netdam-worker-{index}"))
@@ -100,6 +144,11 @@ impl Target {
     /// The regions served.
     pub fn regions(&self) -> &RegionTable {
         &self.shared.regions
+    }
+
+    /// The block namespaces served.
+    pub fn namespaces(&self) -> &NamespaceTable {
+        &self.shared.namespaces
     }
 
     /// Which engine executes instructions.
@@ -131,6 +180,45 @@ impl Drop for Target {
     fn drop(&mut self) {
         self.stop_workers();
     }
+}
+
+/// File in the data directory a running target holds locked.
+pub const RUNNING_FILE: &str = "target.lock";
+
+/// An exclusive `flock` on the data directory's `target.lock`, holding the target's pid.
+#[derive(Debug)]
+struct RunningMarker {
+    _file: std::fs::File,
+}
+
+impl RunningMarker {
+    fn take(data_dir: &std::path::Path) -> Option<RunningMarker> {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let path = data_dir.join(RUNNING_FILE);
+        let mut file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).ok()?;
+        // SAFETY: flock on an open descriptor has no memory effects.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            tracing::warn!(path = %path.display(), "another target serves this data directory too");
+            return None;
+        }
+        let _ = file.set_len(0);
+        let _ = writeln!(file, "{}", std::process::id());
+        Some(RunningMarker { _file: file })
+    }
+}
+
+/// The pid of a target running on `data_dir`, if one holds its lock.
+pub fn running_target(data_dir: &std::path::Path) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let path = data_dir.join(RUNNING_FILE);
+    let file = std::fs::File::open(&path).ok()?;
+    // SAFETY: as above; a shared lock we get is released when `file` closes.
+    let free = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+    if free {
+        return None;
+    }
+    std::fs::read_to_string(&path).ok().and_then(|text| text.trim().parse().ok()).or(Some(0))
 }
 
 fn bind_workers(listen: SocketAddr, workers: usize) -> Result<Vec<std::os::fd::OwnedFd>, StartError> {

@@ -31,6 +31,8 @@ pub enum Admission {
     Replay(usize),
     /// Older than the window, or its answer is gone: answer `stale`, never execute.
     Stale,
+    /// Still executing (waiting for block I/O): drop it, the answer is on its way.
+    InProgress,
     /// No such session: answer `no_session`.
     UnknownSession,
 }
@@ -39,6 +41,7 @@ pub enum Admission {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordTicket {
     slot: usize,
+    id: u32,
     sequence: u64,
 }
 
@@ -46,6 +49,8 @@ pub struct RecordTicket {
 struct Remembered {
     sequence: u64,
     executed: bool,
+    /// Admitted and not yet recorded: its block I/O is in flight.
+    in_progress: bool,
     /// Position and length of the stored answer in the arena (non-idempotent requests only).
     stored: Option<(u64, u32)>,
 }
@@ -177,6 +182,9 @@ impl SessionTable {
             return if idempotent { Admission::ExecuteAgain } else { Admission::Stale };
         }
         let remembered = session.window[(sequence % REPLAY_WINDOW as u64) as usize];
+        if remembered.in_progress && remembered.sequence == sequence {
+            return Admission::InProgress;
+        }
         if remembered.executed && remembered.sequence == sequence {
             return match remembered.stored {
                 Some((start, len)) => match self.arena.get(start, len) {
@@ -192,16 +200,30 @@ impl SessionTable {
                 None => Admission::Stale,
             };
         }
-        Admission::Execute(RecordTicket { slot, sequence })
+        Admission::Execute(RecordTicket { slot, id, sequence })
+    }
+
+    /// Marks a request admitted with `ticket` as executing until it is recorded, so that its
+    /// retransmissions are dropped instead of executed a second time.
+    pub fn mark_in_progress(&mut self, ticket: RecordTicket) {
+        let session = &mut self.slots[ticket.slot];
+        if session.id == ticket.id {
+            session.window[(ticket.sequence % REPLAY_WINDOW as u64) as usize] =
+                Remembered { sequence: ticket.sequence, executed: false, in_progress: true, stored: None };
+        }
     }
 
     /// Records that a request admitted with `ticket` executed; `answer` is kept for replay when
     /// the request was not idempotent.
     pub fn record(&mut self, ticket: RecordTicket, answer: Option<&[u8]>) {
+        if self.slots[ticket.slot].id != ticket.id {
+            // The session was replaced while the request waited for block I/O.
+            return;
+        }
         let stored = answer.and_then(|answer| self.arena.store(answer));
         let session = &mut self.slots[ticket.slot];
         session.window[(ticket.sequence % REPLAY_WINDOW as u64) as usize] =
-            Remembered { sequence: ticket.sequence, executed: true, stored };
+            Remembered { sequence: ticket.sequence, executed: true, in_progress: false, stored };
         session.highest_sequence = session.highest_sequence.max(ticket.sequence);
     }
 }
@@ -225,6 +247,11 @@ mod tests {
         table.record(ticket, None);
         assert_eq!(table.admit(now, id, 2, true, &mut out), Admission::ExecuteAgain);
         assert_eq!(table.admit(now, id ^ (1 << 20), 1, true, &mut out), Admission::UnknownSession);
+        let Admission::Execute(ticket) = table.admit(now, id, 3, false, &mut out) else { panic!("new sequence") };
+        table.mark_in_progress(ticket);
+        assert_eq!(table.admit(now, id, 3, false, &mut out), Admission::InProgress, "waiting for its block I/O");
+        table.record(ticket, Some(b"answer-3"));
+        assert_eq!(table.admit(now, id, 3, false, &mut out), Admission::Replay(8));
         assert_eq!(table.admit(now, 0, 1, true, &mut out), Admission::UnknownSession);
     }
 

@@ -176,6 +176,15 @@ impl ReceiveBatch {
         (received, &self.buffers[start..start + received.len])
     }
 
+    /// The sender of datagram `index`.
+    pub fn peer(&self, index: usize) -> Option<SocketAddr> {
+        assert!(index < self.count, "datagram {index} beyond the batch of {}", self.count);
+        let header = &self.headers[index].msg_hdr;
+        // SAFETY: recvmmsg filled the storage with msg_namelen bytes of a socket address.
+        let address = unsafe { socket2::SockAddr::new(self.addresses[index], header.msg_namelen) };
+        address.as_socket()
+    }
+
     /// Sends `bytes` back to the sender of datagram `index`.
     pub fn reply(&self, fd: &OwnedFd, index: usize, bytes: &[u8]) -> io::Result<()> {
         assert!(index < self.count, "reply to datagram {index} beyond the batch of {}", self.count);
@@ -229,4 +238,10 @@ pub fn realtime_ns() -> u64 {
     // SAFETY: a valid timespec to fill.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
     (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
+}
+
+/// Sends `bytes` to `peer` without blocking.
+pub fn send_to(fd: &OwnedFd, peer: &SocketAddr, bytes: &[u8]) -> io::Result<()> {
+    let socket = socket2::SockRef::from(fd);
+    socket.send_to_with_flags(bytes, &socket2::SockAddr::from(*peer), libc::MSG_DONTWAIT).map(|_| ())
 }

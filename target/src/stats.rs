@@ -44,6 +44,10 @@ counters! {
     SessionsOpened => "sessions_opened": "Sessions opened by HELLO.",
     DuplicatesReplayed => "duplicates_replayed": "Retransmissions of non-idempotent requests answered from the replay window.",
     DuplicatesExecutedAgain => "duplicates_executed_again": "Retransmissions of idempotent requests executed again.",
+    DuplicatesInProgress => "duplicates_in_progress": "Retransmissions dropped because the request still waits for block I/O.",
+    BlockDatagramsDeferred => "block_datagrams_deferred": "Datagrams with block instructions, answered when their I/O completed.",
+    BlockRequestsSubmitted => "block_requests_submitted": "Block requests handed to a namespace's device.",
+    BusyBlockSlotsFull => "busy_block_slots_full": "Answered busy: every slot for datagrams waiting on block I/O was taken.",
     SendErrors => "send_errors": "Responses the kernel refused to send.",
     ReceiveErrors => "receive_errors": "Receive calls that failed other than for lack of data.",
 }

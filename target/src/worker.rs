@@ -12,6 +12,7 @@ use netdam_isa::engine::Engine;
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::Duration;
 
+use crate::block::ReplyTo;
 use crate::config::PollMode;
 use crate::dispatch::{Dispatcher, Handled};
 use crate::socket::{self, ReceiveBatch};
@@ -35,11 +36,13 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     let clock = MonotonicClock::new();
     let mut last_datagram = clock.now();
     while !shutdown.load(Ordering::Relaxed) {
-        let wait = match settings.poll {
-            PollMode::Busy => false,
-            PollMode::Blocking => true,
-            PollMode::Adaptive => clock.now().saturating_since(last_datagram) > settings.adaptive_spin,
-        };
+        // While block I/O is in flight the worker must come back to reap it: it never sleeps.
+        let wait = dispatcher.block_pending() == 0
+            && match settings.poll {
+                PollMode::Busy => false,
+                PollMode::Blocking => true,
+                PollMode::Adaptive => clock.now().saturating_since(last_datagram) > settings.adaptive_spin,
+            };
         let count = match batch.receive(&fd, wait) {
             Ok(count) => count,
             Err(error) => {
@@ -50,6 +53,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                         tracing::warn!(%error, "receive failed");
                     }
                 }
+                poll_block(&fd, &mut dispatcher, &clock);
                 if !wait {
                     std::hint::spin_loop();
                 }
@@ -75,6 +79,14 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             let len = match dispatcher.handle(started, queueing, datagram, &mut out) {
                 Handled::Dropped => continue,
                 Handled::Replay(len) => len,
+                Handled::Deferred(slot) => {
+                    match batch.peer(index) {
+                        Some(peer) => dispatcher.set_reply_to(slot, ReplyTo { peer, ttl: received.ttl }),
+                        // recvmmsg always fills an IP sender for a UDP socket.
+                        None => unreachable!("a UDP datagram without an IP sender"),
+                    }
+                    continue;
+                }
                 Handled::Answer { response, record } => {
                     let held = queueing + clock.now().saturating_since(started);
                     let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
@@ -93,5 +105,22 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 dispatcher.count(Counter::SendErrors);
             }
         }
+        poll_block(&fd, &mut dispatcher, &clock);
+    }
+}
+
+/// Reaps block completions and sends the answers they finish.
+fn poll_block<E: Engine>(fd: &OwnedFd, dispatcher: &mut Dispatcher<E>, clock: &MonotonicClock) {
+    if dispatcher.block_pending() == 0 {
+        return;
+    }
+    let mut failed = 0;
+    dispatcher.poll_block(clock.now(), &mut |reply_to, answer| {
+        if socket::send_to(fd, &reply_to.peer, answer).is_err() {
+            failed += 1;
+        }
+    });
+    if failed > 0 {
+        dispatcher.stats().add(Counter::SendErrors, failed);
     }
 }

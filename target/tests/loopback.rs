@@ -82,7 +82,7 @@ fn several_instructions_in_one_datagram_each_get_a_status() {
             Op::fetch_add(0, 3, 1),            // unaligned
             Op { opcode: 0x7E, ..Op::ping() }, // unknown opcode
             Op::read(9, 0, 1),                 // no such region
-            Op { opcode: 0x40, ..Op::ping() }, // block read: reserved, not served here
+            Op { opcode: 0x40, ..Op::ping() }, // block read: this target has no namespace
             Op::read(0, 0, 8),                 // still executed after the failures
         ])
         .unwrap();
@@ -96,7 +96,7 @@ fn several_instructions_in_one_datagram_each_get_a_status() {
             Status::Unaligned,
             Status::UnknownOpcode,
             Status::NoSuchSpace,
-            Status::NotSupported,
+            Status::NoSuchSpace,
             Status::Ok
         ]
     );

@@ -24,6 +24,7 @@ use netdam_isa::{Duration, Instant, LaneType};
 use netdam_target::config::{ByteSize, RegionBackend, RegionConfig};
 use netdam_target::dispatch::{Dispatcher, Handled, Shared};
 use netdam_target::engine::SoftwareEngine;
+use netdam_target::namespaces::NamespaceTable;
 use netdam_target::regions::RegionTable;
 
 use netdam_isa::rng::Rng;
@@ -290,9 +291,17 @@ impl Sim {
             size: ByteSize(region_bytes),
         }];
         let regions = Arc::new(RegionTable::open(&regions, std::path::Path::new(".")).map_err(|e| e.to_string())?);
-        let shared =
-            Arc::new(Shared::new(regions.clone(), 1, DEFAULT_DATAGRAM_BYTES, scenario.seed, scenario.busy_threshold));
-        let dispatcher = Dispatcher::new(SoftwareEngine::new(regions.clone()), shared, 0);
+        // The simulated target serves memory only: no namespaces, so no block I/O to model.
+        let namespaces = Arc::new(NamespaceTable::default());
+        let shared = Arc::new(Shared::new(
+            regions.clone(),
+            namespaces,
+            1,
+            DEFAULT_DATAGRAM_BYTES,
+            scenario.seed,
+            scenario.busy_threshold,
+        ));
+        let dispatcher = Dispatcher::new(SoftwareEngine::new(regions.clone()), shared, 0, Vec::new());
         let edge_buffer = 16 << 20;
         let port = |gbps, buffer| Port::new(gbps, network.propagation, buffer);
         let initiators = (0..scenario.initiators)
@@ -602,6 +611,7 @@ impl Sim {
         let (response, spent) = match target.dispatcher.handle(self.now, queueing, &bytes, &mut target.out) {
             Handled::Dropped => (None, NON_EXECUTING_ANSWER),
             Handled::Replay(len) => (Some(target.out[..len].to_vec()), NON_EXECUTING_ANSWER),
+            Handled::Deferred(_) => unreachable!("the simulated target has no namespaces"),
             Handled::Answer { response, record } => {
                 let spent = if response.count() == 0 { NON_EXECUTING_ANSWER } else { execution };
                 let service = u32::try_from((queueing + spent).as_nanos()).unwrap_or(u32::MAX);

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use netdam_initiator::{Client, ClientError};
+use netdam_isa::control::NamespaceInfo;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
 use serde_json::json;
@@ -40,6 +41,42 @@ enum Command {
     Stat,
     /// List the target's regions.
     Regions,
+    /// List the target's block namespaces.
+    Namespaces,
+    /// Read BLOCKS whole blocks from block LBA of a namespace; prints a hex dump, or writes them
+    /// raw to --out.
+    Bread {
+        namespace: String,
+        lba: u64,
+        blocks: u64,
+        /// File to write the blocks to ("-" for raw stdout).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Write whole blocks at block LBA of a namespace from --file, --data, or standard input.
+    Bwrite {
+        namespace: String,
+        lba: u64,
+        /// File whose bytes to write.
+        #[arg(long, value_name = "FILE", conflicts_with = "data")]
+        file: Option<PathBuf>,
+        /// Text whose UTF-8 bytes to write.
+        #[arg(long)]
+        data: Option<String>,
+        /// Force unit access: each block is durable before the target answers.
+        #[arg(long)]
+        fua: bool,
+        /// Zero-fill the last block when the input is not a whole number of blocks (refused
+        /// otherwise, so nothing is written short by accident).
+        #[arg(long)]
+        pad: bool,
+    },
+    /// Make every block write answered so far durable on a namespace.
+    Flush { namespace: String },
+    /// Deallocate BLOCKS blocks from block LBA: they read as zeroes afterwards.
+    Trim { namespace: String, lba: u64, blocks: u32 },
+    /// Write zeroes over BLOCKS blocks from block LBA.
+    WriteZeroes { namespace: String, lba: u64, blocks: u32 },
     /// Read bytes; prints a hex dump, or writes them raw to --out.
     Read {
         region: String,
@@ -143,6 +180,12 @@ fn parse_word(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    // Like other command-line tools, end quietly when the reader of our output goes away
+    // (`netdam bread ... | head`) instead of failing on the broken pipe.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -221,6 +264,104 @@ fn run(cli: &Cli) -> Result<(), String> {
                 }
             }
         }
+        Command::Namespaces => {
+            let namespaces = &client.info().hello.namespaces;
+            if cli.json {
+                let list: Vec<_> = namespaces
+                    .iter()
+                    .map(|n| json!({"id": n.id, "name": n.name, "block_bytes": n.block_bytes, "blocks": n.capacity_blocks}))
+                    .collect();
+                println!("{}", json!(list));
+            } else if namespaces.is_empty() {
+                println!("the target serves no namespaces (create one with: netdam-target namespace create --help)");
+            } else {
+                for namespace in namespaces {
+                    let bytes = namespace.capacity_blocks * u64::from(namespace.block_bytes);
+                    println!(
+                        "{:>3}  {:<32} {:>12} blocks of {:>5} bytes  ({bytes} bytes)",
+                        namespace.id, namespace.name, namespace.capacity_blocks, namespace.block_bytes
+                    );
+                }
+            }
+        }
+        Command::Bread { namespace, lba, blocks, out } => {
+            let info = client.namespace(namespace).map_err(text)?.clone();
+            let len = usize::try_from(blocks.saturating_mul(u64::from(info.block_bytes)))
+                .map_err(|_| "length too large for this machine".to_string())?;
+            let mut buffer = vec![0u8; len];
+            let started = Instant::now();
+            client.block_read(&info, *lba, &mut buffer).map_err(text)?;
+            let elapsed = started.elapsed();
+            match out.as_deref() {
+                Some(path) if path.as_os_str() == "-" => {
+                    std::io::stdout().write_all(&buffer).map_err(|error| format!("writing stdout: {error}"))?;
+                }
+                Some(path) => {
+                    std::fs::write(path, &buffer).map_err(|error| format!("writing {}: {error}", path.display()))?;
+                    report_blocks(cli.json, "read", &info, *lba, len, elapsed, Some(path));
+                }
+                None if cli.json => {
+                    let hex: String = buffer.iter().map(|byte| format!("{byte:02x}")).collect();
+                    println!("{}", json!({"namespace": info.name, "lba": lba, "blocks": blocks, "hex": hex}));
+                }
+                None => print_hex_dump(lba * u64::from(info.block_bytes), &buffer),
+            }
+        }
+        Command::Bwrite { namespace, lba, file, data, fua, pad } => {
+            let info = client.namespace(namespace).map_err(text)?.clone();
+            let mut bytes = input_bytes(file.as_deref(), data.as_deref())?;
+            let block_bytes = info.block_bytes as usize;
+            let partial = bytes.len() % block_bytes;
+            if bytes.is_empty() {
+                return Err("nothing to write: the input is empty".to_string());
+            }
+            if partial != 0 {
+                if !pad {
+                    return Err(format!(
+                        "the input is {} bytes, not a whole number of {block_bytes}-byte blocks: pass --pad to zero-fill the last block",
+                        bytes.len()
+                    ));
+                }
+                bytes.resize(bytes.len() + block_bytes - partial, 0);
+            }
+            let started = Instant::now();
+            client.block_write(&info, *lba, &bytes, *fua).map_err(text)?;
+            report_blocks(
+                cli.json,
+                if *fua { "wrote (FUA)" } else { "wrote" },
+                &info,
+                *lba,
+                bytes.len(),
+                started.elapsed(),
+                None,
+            );
+        }
+        Command::Flush { namespace } => {
+            let info = client.namespace(namespace).map_err(text)?.clone();
+            let started = Instant::now();
+            client.block_flush(&info).map_err(text)?;
+            let micros = started.elapsed().as_secs_f64() * 1e6;
+            if cli.json {
+                println!("{}", json!({"namespace": info.name, "flushed": true, "micros": micros}));
+            } else {
+                println!("flushed namespace {} in {micros:.0} µs", info.name);
+            }
+        }
+        Command::Trim { namespace, lba, blocks } | Command::WriteZeroes { namespace, lba, blocks } => {
+            let info = client.namespace(namespace).map_err(text)?.clone();
+            let trim = matches!(cli.command, Command::Trim { .. });
+            if trim {
+                client.trim(&info, *lba, *blocks).map_err(text)?;
+            } else {
+                client.write_zeroes(&info, *lba, *blocks).map_err(text)?;
+            }
+            let verb = if trim { "trimmed" } else { "zeroed" };
+            if cli.json {
+                println!("{}", json!({"namespace": info.name, verb: blocks, "lba": lba}));
+            } else {
+                println!("{verb} {blocks} blocks at block {lba} of namespace {}", info.name);
+            }
+        }
         Command::Read { region, offset, len, out } => {
             let space = region_id(&client, region)?;
             let len = usize::try_from(*len).map_err(|_| "length too large for this machine".to_string())?;
@@ -245,17 +386,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Command::Write { region, offset, file, data } => {
             let space = region_id(&client, region)?;
-            let bytes = match (file, data) {
-                (Some(path), _) => {
-                    std::fs::read(path).map_err(|error| format!("reading {}: {error}", path.display()))?
-                }
-                (None, Some(text)) => text.as_bytes().to_vec(),
-                (None, None) => {
-                    let mut bytes = Vec::new();
-                    std::io::stdin().read_to_end(&mut bytes).map_err(|error| format!("reading stdin: {error}"))?;
-                    bytes
-                }
-            };
+            let bytes = input_bytes(file.as_deref(), data.as_deref())?;
             let started = Instant::now();
             client.write(space, *offset, &bytes).map_err(text)?;
             report_transfer(cli.json, "wrote", region, *offset, bytes.len(), started.elapsed(), None);
@@ -346,6 +477,45 @@ fn report_transfer(
         let into = path.map(|p| format!(" into {}", p.display())).unwrap_or_default();
         println!(
             "{verb} {len} bytes at {offset} of region {region}{into} in {:.3} s ({mib_per_s:.1} MiB/s)",
+            elapsed.as_secs_f64()
+        );
+    }
+}
+
+/// The bytes to write: from a file, from text, or from standard input.
+fn input_bytes(file: Option<&std::path::Path>, data: Option<&str>) -> Result<Vec<u8>, String> {
+    match (file, data) {
+        (Some(path), _) => std::fs::read(path).map_err(|error| format!("reading {}: {error}", path.display())),
+        (None, Some(text)) => Ok(text.as_bytes().to_vec()),
+        (None, None) => {
+            let mut bytes = Vec::new();
+            std::io::stdin().read_to_end(&mut bytes).map_err(|error| format!("reading stdin: {error}"))?;
+            Ok(bytes)
+        }
+    }
+}
+
+fn report_blocks(
+    json_out: bool,
+    verb: &str,
+    namespace: &NamespaceInfo,
+    lba: u64,
+    len: usize,
+    elapsed: std::time::Duration,
+    path: Option<&std::path::Path>,
+) {
+    let blocks = len / namespace.block_bytes as usize;
+    let mib_per_s = len as f64 / (1 << 20) as f64 / elapsed.as_secs_f64().max(1e-9);
+    if json_out {
+        println!(
+            "{}",
+            json!({"namespace": namespace.name, "lba": lba, "blocks": blocks, "bytes": len, "seconds": elapsed.as_secs_f64(), "file": path.map(|p| p.display().to_string())})
+        );
+    } else {
+        let into = path.map(|p| format!(" into {}", p.display())).unwrap_or_default();
+        println!(
+            "{verb} {blocks} blocks ({len} bytes) at block {lba} of namespace {}{into} in {:.3} s ({mib_per_s:.1} MiB/s)",
+            namespace.name,
             elapsed.as_secs_f64()
         );
     }

@@ -1,0 +1,181 @@
+//! One worker's block path: its devices on every namespace, their transfer buffers, and the
+//! datagrams waiting for block I/O.
+//!
+//! A datagram with block instructions is copied into a pending slot and executed in order, like
+//! any other; when execution reaches block instructions, it submits the whole run of consecutive
+//! ones (a FLUSH runs alone, after everything before it has completed, so that it covers them)
+//! and the datagram waits while the worker goes on serving other datagrams. When the run's last
+//! completion is reaped, its results are written in order and execution continues. Everything
+//! here is allocated when the worker starts: slots, buffers and lists are bounded.
+
+use std::net::SocketAddr;
+
+use netdam_isa::block::NamespaceShape;
+use netdam_isa::limits::{MAX_INSTRUCTIONS_PER_DATAGRAM, PENDING_BLOCK_DATAGRAMS};
+use netdam_isa::wire::ResponseProgress;
+use netdam_isa::{Duration, Instant, Status};
+use netdam_nvme::{BlockDevice, BlockError, Completion};
+
+use crate::sessions::RecordTicket;
+
+/// Where a deferred answer goes: set by the driver that received the datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyTo {
+    /// The sender.
+    pub peer: SocketAddr,
+    /// The IP TTL the datagram arrived with, echoed in the answer.
+    pub ttl: u8,
+}
+
+/// One block instruction of the run in flight.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunEntry {
+    pub opcode: u8,
+    pub namespace: u16,
+    pub status: Status,
+    /// Submitted and not yet completed.
+    pub in_flight: bool,
+    /// The transfer buffer it holds, until its result is written.
+    pub buffer: Option<u16>,
+    /// Bytes a BREAD returns.
+    pub data_len: usize,
+}
+
+impl Default for RunEntry {
+    fn default() -> RunEntry {
+        RunEntry { opcode: 0, namespace: 0, status: Status::Ok, in_flight: false, buffer: None, data_len: 0 }
+    }
+}
+
+/// A datagram waiting for block I/O.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    pub request: Box<[u8]>,
+    pub request_len: usize,
+    pub response: Box<[u8]>,
+    pub progress: Option<ResponseProgress>,
+    /// Index of the first instruction not yet executed or submitted.
+    pub next_instruction: usize,
+    pub run: Box<[RunEntry]>,
+    pub run_len: usize,
+    /// Entries of the run still waiting for their completion.
+    pub outstanding: usize,
+    pub record: Option<(RecordTicket, bool)>,
+    pub reply_to: Option<ReplyTo>,
+    pub queueing: Duration,
+    pub started: Instant,
+}
+
+/// The block side of one worker.
+pub struct BlockPath {
+    pub(crate) devices: Vec<Box<dyn BlockDevice>>,
+    pub(crate) shapes: Vec<NamespaceShape>,
+    /// Free transfer buffers per namespace.
+    pub(crate) free_buffers: Vec<Vec<u16>>,
+    pub(crate) slots: Vec<Pending>,
+    pub(crate) free_slots: Vec<u16>,
+    /// Slots whose run has completed: their execution continues.
+    pub(crate) ready: Vec<u16>,
+    /// Slots whose answer is complete: to be sent.
+    pub(crate) finished: Vec<u16>,
+}
+
+impl std::fmt::Debug for BlockPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockPath")
+            .field("namespaces", &self.shapes)
+            .field("pending", &(self.slots.len() - self.free_slots.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Tag of a block request: its slot and its entry in the slot's run.
+pub(crate) fn tag(slot: u16, entry: usize) -> u64 {
+    (u64::from(slot) << 8) | entry as u64
+}
+
+fn untag(tag: u64) -> (usize, usize) {
+    ((tag >> 8) as usize, (tag & 0xFF) as usize)
+}
+
+const _: () = assert!(MAX_INSTRUCTIONS_PER_DATAGRAM <= 256, "a run entry index fits a tag's low byte");
+
+impl BlockPath {
+    /// A block path over one worker's `devices` (by namespace id), for datagrams of up to
+    /// `max_datagram_bytes`. With no devices it holds no slots and allocates nothing.
+    pub fn new(devices: Vec<Box<dyn BlockDevice>>, max_datagram_bytes: usize) -> BlockPath {
+        let shapes = devices
+            .iter()
+            .map(|device| {
+                let geometry = device.geometry();
+                NamespaceShape {
+                    block_bytes: geometry.block_bytes,
+                    capacity_blocks: geometry.capacity_blocks,
+                    max_transfer_blocks: geometry.max_transfer_blocks,
+                }
+            })
+            .collect();
+        let free_buffers =
+            devices.iter().map(|device| (0..device.geometry().queue_depth as u16).rev().collect()).collect();
+        let slot_count = if devices.is_empty() { 0 } else { PENDING_BLOCK_DATAGRAMS };
+        let slots = (0..slot_count)
+            .map(|_| Pending {
+                request: vec![0u8; max_datagram_bytes].into_boxed_slice(),
+                response: vec![0u8; max_datagram_bytes].into_boxed_slice(),
+                run: vec![RunEntry::default(); MAX_INSTRUCTIONS_PER_DATAGRAM].into_boxed_slice(),
+                ..Pending::default()
+            })
+            .collect();
+        BlockPath {
+            devices,
+            shapes,
+            free_buffers,
+            slots,
+            free_slots: (0..slot_count as u16).rev().collect(),
+            ready: Vec::with_capacity(slot_count),
+            finished: Vec::with_capacity(slot_count),
+        }
+    }
+
+    /// Datagrams waiting for block I/O or to be sent.
+    pub fn pending(&self) -> usize {
+        self.slots.len() - self.free_slots.len()
+    }
+
+    /// Reaps every device; slots whose run completed move to `ready`.
+    pub(crate) fn reap(&mut self) {
+        let BlockPath { devices, slots, ready, .. } = self;
+        for device in devices.iter_mut() {
+            if device.in_flight() == 0 {
+                continue;
+            }
+            device.reap(&mut |completion: Completion| {
+                let (slot, entry) = untag(completion.tag);
+                let pending = &mut slots[slot];
+                pending.run[entry].in_flight = false;
+                pending.run[entry].status = match completion.result {
+                    Ok(()) => Status::Ok,
+                    Err(error) => failure_status(&error),
+                };
+                pending.outstanding -= 1;
+                if pending.outstanding == 0 {
+                    ready.push(slot as u16);
+                }
+            });
+        }
+    }
+}
+
+/// The status a failed block request answers with.
+pub(crate) fn failure_status(error: &BlockError) -> Status {
+    match error {
+        BlockError::QueueFull { .. } => Status::Busy,
+        BlockError::OutOfRange { .. } => Status::OutOfRange,
+        BlockError::TooLarge { .. } => Status::TooLarge,
+        BlockError::NoSuchBuffer { .. } => Status::IoError,
+        BlockError::ReadFailed { .. } | BlockError::WriteFailed { .. } | BlockError::FlushFailed { .. } => {
+            tracing::warn!(%error, "block request failed");
+            Status::IoError
+        }
+    }
+}

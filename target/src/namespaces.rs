@@ -1,0 +1,216 @@
+//! The block namespaces a target serves: opened once at start-up from the configuration and the
+//! metadata store, then each worker opens its own device on every namespace (its own ring and
+//! buffers), so workers share nothing but the backing store.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use netdam_isa::limits::BLOCK_QUEUE_DEPTH;
+use netdam_nvme::{BlockDevice, RegionDevice, UringDevice};
+use netdam_pmem::{Backing, Region};
+
+use crate::config::{NamespaceBackend, NamespaceConfig};
+
+/// Opens one worker's device on a namespace, given the largest transfer in bytes.
+pub type DeviceFactory = Arc<dyn Fn(usize) -> io::Result<Box<dyn BlockDevice>> + Send + Sync>;
+
+/// Why a namespace could not be opened; names the namespace and its backing.
+#[derive(Debug, thiserror::Error)]
+#[error("namespace {name:?} ({backing}): {message}")]
+pub struct NamespaceError {
+    /// The namespace.
+    pub name: String,
+    /// What backs it.
+    pub backing: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// One namespace.
+#[derive(Clone)]
+pub struct Namespace {
+    name: String,
+    backing: String,
+    block_bytes: u32,
+    capacity_blocks: u64,
+    factory: DeviceFactory,
+}
+
+impl std::fmt::Debug for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespace")
+            .field("name", &self.name)
+            .field("backing", &self.backing)
+            .field("block_bytes", &self.block_bytes)
+            .field("capacity_blocks", &self.capacity_blocks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Namespace {
+    /// A namespace whose devices `factory` opens (tests use this for the crash-test device).
+    pub fn new(name: &str, backing: &str, block_bytes: u32, capacity_blocks: u64, factory: DeviceFactory) -> Namespace {
+        Namespace { name: name.to_string(), backing: backing.to_string(), block_bytes, capacity_blocks, factory }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What backs it, for people.
+    pub fn backing(&self) -> &str {
+        &self.backing
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(&self) -> u32 {
+        self.block_bytes
+    }
+
+    /// Blocks it holds.
+    pub fn capacity_blocks(&self) -> u64 {
+        self.capacity_blocks
+    }
+
+    /// Opens a device on it for one worker.
+    pub fn open_device(&self, max_transfer_bytes: usize) -> Result<Box<dyn BlockDevice>, NamespaceError> {
+        (self.factory)(max_transfer_bytes).map_err(|error| self.error(error.to_string()))
+    }
+
+    fn error(&self, message: String) -> NamespaceError {
+        NamespaceError { name: self.name.clone(), backing: self.backing.clone(), message }
+    }
+}
+
+/// Namespaces by id: the id is the position (configured ones first, then stored ones).
+#[derive(Debug, Default)]
+pub struct NamespaceTable {
+    namespaces: Vec<Namespace>,
+}
+
+impl NamespaceTable {
+    /// Opens (creating missing files) every namespace; relative paths are under `data_dir`.
+    pub fn open(configs: &[NamespaceConfig], data_dir: &Path) -> Result<NamespaceTable, NamespaceError> {
+        let mut table = NamespaceTable::default();
+        for config in configs {
+            table.push(open_namespace(config, data_dir)?);
+        }
+        Ok(table)
+    }
+
+    /// Adds a namespace at the next id.
+    pub fn push(&mut self, namespace: Namespace) {
+        self.namespaces.push(namespace);
+    }
+
+    /// Every namespace with its id.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (u16, &Namespace)> {
+        // Config validation bounds the count by MAX_NAMESPACES, which fits u16.
+        self.namespaces.iter().enumerate().map(|(id, namespace)| (id as u16, namespace))
+    }
+
+    /// One worker's devices, by namespace id.
+    pub fn open_devices(&self, max_transfer_bytes: usize) -> Result<Vec<Box<dyn BlockDevice>>, NamespaceError> {
+        self.namespaces.iter().map(|namespace| namespace.open_device(max_transfer_bytes)).collect()
+    }
+}
+
+/// The absolute path of a namespace's backing.
+pub fn resolve(path: &Path, data_dir: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        data_dir.join(path)
+    }
+}
+
+/// Opens a namespace's backing, creating a missing file at the configured size, and checks that
+/// a device opens on it.
+pub fn open_namespace(config: &NamespaceConfig, data_dir: &Path) -> Result<Namespace, NamespaceError> {
+    let path = resolve(&config.path, data_dir);
+    let block_bytes = config.block_size;
+    let fail = |message: String| NamespaceError {
+        name: config.name.clone(),
+        backing: format!("{} {}", backend_name(config.backend), path.display()),
+        message,
+    };
+    let factory: DeviceFactory = match config.backend {
+        NamespaceBackend::File | NamespaceBackend::Blockdev => {
+            let metadata = std::fs::metadata(&path);
+            match (config.backend, metadata) {
+                (NamespaceBackend::File, Err(error)) if error.kind() == io::ErrorKind::NotFound => {
+                    let Some(size) = config.size else {
+                        return Err(fail("the file does not exist and no size is given to create it".into()));
+                    };
+                    create_sparse_file(&path, size.0).map_err(|error| fail(format!("cannot create it: {error}")))?;
+                }
+                (_, Err(error)) => return Err(fail(error.to_string())),
+                (NamespaceBackend::File, Ok(metadata)) => {
+                    use std::os::unix::fs::FileTypeExt;
+                    if metadata.file_type().is_block_device() {
+                        return Err(fail("this is a block device: use backend \"blockdev\"".into()));
+                    }
+                    if let Some(size) = config.size.filter(|size| size.0 != metadata.len()) {
+                        return Err(fail(format!(
+                            "the file holds {} bytes but size says {}: fix size or remove it",
+                            metadata.len(),
+                            size.0
+                        )));
+                    }
+                }
+                (_, Ok(metadata)) => {
+                    use std::os::unix::fs::FileTypeExt;
+                    if !metadata.file_type().is_block_device() {
+                        return Err(fail("not a block device: use backend \"file\" for a regular file".into()));
+                    }
+                }
+            }
+            let path = path.clone();
+            Arc::new(move |max_transfer: usize| {
+                let device = UringDevice::open(&path, block_bytes, BLOCK_QUEUE_DEPTH, max_transfer)?;
+                Ok(Box::new(device) as Box<dyn BlockDevice>)
+            })
+        }
+        NamespaceBackend::Pmem => {
+            let size = match (config.size, std::fs::metadata(&path)) {
+                (Some(size), _) => size.0,
+                (None, Ok(metadata)) => metadata.len(),
+                (None, Err(error)) => return Err(fail(format!("{error}, and no size is given to create it"))),
+            };
+            let region = Region::open(&config.name, Backing::File(path.clone()), size)
+                .map_err(|error| fail(error.to_string()))?;
+            let region = Arc::new(region);
+            Arc::new(move |max_transfer: usize| {
+                let device = RegionDevice::new(region.clone(), block_bytes, BLOCK_QUEUE_DEPTH, max_transfer)?;
+                Ok(Box::new(device) as Box<dyn BlockDevice>)
+            })
+        }
+    };
+    let probe = factory(block_bytes as usize).map_err(|error| fail(error.to_string()))?;
+    let capacity_blocks = probe.geometry().capacity_blocks;
+    drop(probe);
+    if capacity_blocks == 0 {
+        return Err(fail(format!("it holds less than one block of {block_bytes} bytes")));
+    }
+    let backing = format!("{} {}", backend_name(config.backend), path.display());
+    Ok(Namespace::new(&config.name, &backing, block_bytes, capacity_blocks, factory))
+}
+
+fn backend_name(backend: NamespaceBackend) -> &'static str {
+    match backend {
+        NamespaceBackend::File => "file",
+        NamespaceBackend::Blockdev => "block device",
+        NamespaceBackend::Pmem => "pmem region",
+    }
+}
+
+fn create_sparse_file(path: &Path, bytes: u64) -> io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
+    file.set_len(bytes)?;
+    file.sync_all()
+}

@@ -1,0 +1,310 @@
+//! Block namespaces end to end: the client, the target's worker loop and each backend.
+//!
+//! The data-verification test is written once and run against a file-backed and a pmem-backed
+//! namespace. The crash test runs the target on the crash-test device, which keeps written and
+//! durable bytes apart, and checks the durability promises at the moment each answer arrives.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::{seed, Rng, TestTarget};
+use netdam_initiator::{Client, ClientError, Op};
+use netdam_isa::control::NamespaceInfo;
+use netdam_isa::Status;
+use netdam_nvme::{
+    BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, CrashTestDevice, Geometry,
+};
+use netdam_target::config::{ByteSize, Config, NamespaceBackend, NamespaceConfig, PollMode};
+use netdam_target::namespaces::Namespace;
+use netdam_target::Target;
+
+const BLOCK: u32 = 4096;
+
+fn start(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>) -> TestTarget {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: Some(dir.path().to_path_buf()),
+        poll: PollMode::Blocking,
+        regions: vec![common::region("mem", 1 << 20, false)],
+        namespaces,
+        ..Config::default()
+    };
+    let target = Target::start_with(&config, extra).expect("target starts");
+    TestTarget { target, dir }
+}
+
+fn namespace(backend: NamespaceBackend, path: &str, bytes: u64) -> NamespaceConfig {
+    NamespaceConfig { name: "disk".into(), backend, path: path.into(), size: Some(ByteSize(bytes)), block_size: BLOCK }
+}
+
+/// Random-pattern writes of 1 to 40 blocks (so several datagrams each), some with FUA, each
+/// followed by a read of a random range checked against a model; then flush, trim and
+/// write-zeroes, and the refusals a user can run into.
+fn verify_data_through_the_client(backend: NamespaceBackend, path: &str) {
+    const BLOCKS: u64 = 1024;
+    let test = start(vec![namespace(backend, path, BLOCKS * u64::from(BLOCK))], Vec::new());
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let disk = client.namespace("disk").unwrap().clone();
+    assert_eq!((disk.id, disk.block_bytes, disk.capacity_blocks), (0, BLOCK, BLOCKS));
+    let mut rng = Rng::new(seed());
+    let mut model = vec![0u8; (BLOCKS * u64::from(BLOCK)) as usize];
+    let block = BLOCK as usize;
+    for round in 0..150 {
+        let blocks = 1 + rng.below(40);
+        let first = rng.below(BLOCKS - blocks + 1);
+        let data = rng.bytes(blocks as usize * block);
+        client.block_write(&disk, first, &data, rng.chance(0.3)).unwrap();
+        model[first as usize * block..][..data.len()].copy_from_slice(&data);
+        let blocks = 1 + rng.below(40);
+        let first = rng.below(BLOCKS - blocks + 1);
+        let mut read = vec![0u8; blocks as usize * block];
+        client.block_read(&disk, first, &mut read).unwrap();
+        assert!(read == model[first as usize * block..][..read.len()], "round {round}: blocks {first}+{blocks} differ");
+    }
+    client.block_flush(&disk).unwrap();
+    client.trim(&disk, 10, 20).unwrap();
+    client.write_zeroes(&disk, 100, 3).unwrap();
+    model[10 * block..30 * block].fill(0);
+    model[100 * block..103 * block].fill(0);
+    let mut all = vec![0u8; model.len()];
+    client.block_read(&disk, 0, &mut all).unwrap();
+    assert!(all == model, "the whole namespace matches the model after trim and write-zeroes");
+
+    // Refusals name the problem; none of them changes a byte.
+    let refused = |result: Result<(), ClientError>| match result {
+        Err(ClientError::Refused { status, .. }) => status,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let mut one = vec![0u8; block];
+    assert_eq!(refused(client.block_read(&disk, BLOCKS, &mut one)), Status::OutOfRange);
+    assert_eq!(refused(client.trim(&disk, BLOCKS - 1, 2)), Status::OutOfRange);
+    let missing = NamespaceInfo { id: 7, ..disk.clone() };
+    assert_eq!(refused(client.block_flush(&missing)), Status::NoSuchSpace);
+    assert!(matches!(client.block_write(&disk, 0, &[1, 2, 3], false), Err(ClientError::PartialBlock { .. })));
+    let wrong_length = Op { length: 2, ..Op::block_write(disk.id, 0, BLOCK, &one, false) };
+    let reply = client.call(&[wrong_length]).unwrap();
+    assert_eq!(reply.results().unwrap()[0].status, Status::Malformed, "operand must be exactly the blocks named");
+    assert!(matches!(client.namespace("nope"), Err(ClientError::NoSuchNamespace { .. })));
+    client.block_read(&disk, 0, &mut all).unwrap();
+    assert!(all == model, "refused requests changed nothing");
+
+    // Memory and block instructions in one datagram execute in order and each get a result.
+    let reply =
+        client.call(&[Op::write(0, 0, b"memory!!"), Op::block_read(0, 0, 1), Op::flush(0), Op::read(0, 0, 8)]).unwrap();
+    let results = reply.results().unwrap();
+    let statuses: Vec<Status> = results.iter().map(|result| result.status).collect();
+    assert_eq!(statuses, [Status::Ok; 4]);
+    assert_eq!(results[1].data, &model[..block]);
+    assert_eq!(results[3].data, b"memory!!");
+
+    // A restart serves the same bytes.
+    let addr = test.target.local_addr();
+    drop(client);
+    let TestTarget { target, dir } = test;
+    target.stop();
+    let config = Config {
+        listen: addr,
+        data_dir: Some(dir.path().to_path_buf()),
+        poll: PollMode::Blocking,
+        namespaces: vec![namespace(backend, path, BLOCKS * u64::from(BLOCK))],
+        ..Config::default()
+    };
+    let target = Target::start(&config).expect("target restarts");
+    let mut client = Client::connect(target.local_addr()).unwrap();
+    client.block_read(&disk, 0, &mut all).unwrap();
+    assert!(all == model, "the namespace kept its bytes across a restart");
+}
+
+#[test]
+fn random_data_round_trips_on_a_file_namespace() {
+    verify_data_through_the_client(NamespaceBackend::File, "disk.img");
+}
+
+#[test]
+fn random_data_round_trips_on_a_pmem_namespace() {
+    verify_data_through_the_client(NamespaceBackend::Pmem, "disk.region");
+}
+
+fn crash_namespace(image: &CrashImage, blocks: u64) -> Namespace {
+    let image = image.clone();
+    let factory = Arc::new(move |max_transfer: usize| {
+        let device = image.device(64, max_transfer)?;
+        Ok(Box::new(device) as Box<dyn BlockDevice>)
+    });
+    Namespace::new("crash", "crash-test device", BLOCK, blocks, factory)
+}
+
+/// After every answer, a simulated power cut must keep: each block written with FUA, and each
+/// block whose write was answered before a FLUSH that has been answered. Writes are pipelined
+/// 8 deep so that FLUSH and writes are in flight together.
+#[test]
+fn acknowledged_fua_and_flushed_writes_survive_a_crash() {
+    const BLOCKS: u64 = 64;
+    let image = CrashImage::new(BLOCK, BLOCKS);
+    let test = start(Vec::new(), vec![crash_namespace(&image, BLOCKS)]);
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let disk = client.namespace("crash").unwrap().clone();
+    let mut rng = Rng::new(seed());
+    let block = BLOCK as usize;
+    // Per block: the content that must survive (FUA-acknowledged or flushed), and the content
+    // of the newest acknowledged write.
+    let mut must_survive = vec![vec![0u8; block]; BLOCKS as usize];
+    let mut acknowledged = must_survive.clone();
+    let mut plain_writes_lost = 0;
+    for round in 0..300 {
+        if rng.chance(0.15) {
+            let answered_before = acknowledged.clone();
+            client.block_flush(&disk).unwrap();
+            must_survive = answered_before;
+            let crashed = image.crash();
+            for (index, expected) in must_survive.iter().enumerate() {
+                let survived = &crashed[index * block..(index + 1) * block];
+                assert!(survived == &expected[..], "round {round}: block {index} lost a write answered before a FLUSH");
+            }
+            continue;
+        }
+        // A pipelined batch of writes to distinct blocks, some with FUA.
+        let mut targets: Vec<u64> = (0..BLOCKS).collect();
+        let batch: Vec<(u64, Vec<u8>, bool)> = (0..8)
+            .map(|_| {
+                let pick = rng.below(targets.len() as u64) as usize;
+                (targets.swap_remove(pick), rng.bytes(block), rng.chance(0.4))
+            })
+            .collect();
+        let ops = batch.iter().map(|(first, data, fua)| Op::block_write(disk.id, *first, BLOCK, data, *fua));
+        client.pipeline(ops, |_, reply| reply.data(0).map(|_| ())).unwrap();
+        let crashed = image.crash();
+        for (first, data, fua) in &batch {
+            acknowledged[*first as usize] = data.clone();
+            let survived = &crashed[*first as usize * block..(*first as usize + 1) * block];
+            if *fua {
+                assert!(
+                    survived == &data[..],
+                    "round {round}: a FUA write to block {first} was answered before it was durable"
+                );
+                must_survive[*first as usize] = data.clone();
+            } else if survived != &data[..] {
+                plain_writes_lost += 1;
+            }
+        }
+    }
+    // The device really keeps written and durable apart: unflushed plain writes were not durable.
+    assert!(plain_writes_lost > 0, "no plain write was ever lost: the crash image is not separate");
+    let written = image.written();
+    for (index, expected) in acknowledged.iter().enumerate() {
+        assert!(
+            &written[index * block..(index + 1) * block] == &expected[..],
+            "block {index}: reads see the last write"
+        );
+    }
+}
+
+/// A device that completes nothing while its gate is shut: block I/O that takes as long as the
+/// test wants.
+struct GatedDevice {
+    inner: CrashTestDevice,
+    open: Arc<AtomicBool>,
+}
+
+impl BlockDevice for GatedDevice {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn submit(&mut self, tag: u64, request: BlockRequest) -> Result<(), BlockError> {
+        self.inner.submit(tag, request)
+    }
+    fn reap(&mut self, on_completion: &mut dyn FnMut(Completion)) -> usize {
+        if self.open.load(Ordering::Acquire) {
+            self.inner.reap(on_completion)
+        } else {
+            0
+        }
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+    fn buffer(&mut self, index: BufferIndex) -> &mut [u8] {
+        self.inner.buffer(index)
+    }
+}
+
+/// Sends one request datagram of `ops` on a raw socket.
+fn send_raw(socket: &std::net::UdpSocket, session: u32, sequence: u64, ops: &[Op]) {
+    let mut buffer = vec![0u8; 9000];
+    let mut builder = netdam_isa::wire::RequestBuilder::new(&mut buffer, session, sequence).unwrap();
+    for op in ops {
+        builder.push(&op.as_instruction()).unwrap();
+    }
+    let len = builder.finish();
+    socket.send(&buffer[..len]).unwrap();
+}
+
+/// Receives answers until one for `sequence` arrives; returns its datagram status and results.
+fn receive_raw(socket: &std::net::UdpSocket, sequence: u64) -> (Status, Vec<Status>) {
+    let mut answer = vec![0u8; 65_536];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no answer to sequence {sequence}");
+        let Ok(len) = socket.recv(&mut answer) else { continue };
+        let response = netdam_isa::wire::Response::parse(&answer[..len]).expect("answers decode");
+        if response.header.sequence == sequence {
+            return (response.status(), response.results().map(|result| result.status).collect());
+        }
+    }
+}
+
+/// While block writes wait on a stalled device, memory READs from another initiator are still
+/// answered at once; when every slot for waiting datagrams is taken, a further block datagram is
+/// answered BUSY without executing; and once the device moves, every waiting write completes.
+#[test]
+fn memory_reads_do_not_wait_behind_block_io() {
+    let image = CrashImage::new(BLOCK, 128);
+    let open = Arc::new(AtomicBool::new(false));
+    let gate = open.clone();
+    let device_image = image.clone();
+    let factory = Arc::new(move |max_transfer: usize| {
+        let device = GatedDevice { inner: device_image.device(256, max_transfer)?, open: gate.clone() };
+        Ok(Box::new(device) as Box<dyn BlockDevice>)
+    });
+    let test = start(Vec::new(), vec![Namespace::new("slow", "gated test device", BLOCK, 128, factory)]);
+    let writer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    writer.connect(test.target.local_addr()).unwrap();
+    writer.set_read_timeout(Some(std::time::Duration::from_millis(100))).unwrap();
+    let session = common::hello(&writer);
+    let data = vec![0xAB; BLOCK as usize];
+    let slots = netdam_isa::limits::PENDING_BLOCK_DATAGRAMS as u64;
+    for sequence in 1..=slots {
+        send_raw(&writer, session, sequence, &[Op::block_write(0, sequence, BLOCK, &data, false)]);
+    }
+    // One more block datagram finds no slot: BUSY, nothing executed.
+    send_raw(&writer, session, slots + 1, &[Op::block_write(0, 0, BLOCK, &data, false)]);
+    let (status, results) = receive_raw(&writer, slots + 1);
+    assert_eq!((status, results.len()), (Status::Busy, 0));
+    assert_eq!(test.target.stats().get("block_datagrams_deferred"), Some(slots));
+    assert_eq!(test.target.stats().get("busy_block_slots_full"), Some(1));
+
+    // Every slot is taken by a write that cannot complete; memory is still served.
+    let mut reader = Client::connect(test.target.local_addr()).unwrap();
+    for _ in 0..100 {
+        let started = std::time::Instant::now();
+        let reply = reader.call(&[Op::read(0, 0, 64)]).unwrap();
+        assert_eq!(reply.results().unwrap()[0].status, Status::Ok);
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "a READ waited behind block I/O");
+    }
+    assert!(image.written().iter().all(|&byte| byte == 0), "nothing completed while the device was stalled");
+
+    open.store(true, Ordering::Release);
+    for sequence in 1..=slots {
+        assert_eq!(receive_raw(&writer, sequence), (Status::Ok, vec![Status::Ok]));
+    }
+    let written = image.written();
+    let block = BLOCK as usize;
+    for index in 0..128 {
+        let expected = (1..=slots).contains(&(index as u64));
+        let is_written = written[index * block..(index + 1) * block].iter().all(|&byte| byte == 0xAB);
+        assert_eq!(is_written, expected, "block {index}: only the answered writes happened");
+    }
+}
