@@ -300,7 +300,7 @@ impl Client {
         len: usize,
     ) -> Result<Vec<(u64, usize, u32)>, ClientError> {
         let block_bytes = namespace.block_bytes;
-        if len % block_bytes as usize != 0 {
+        if !len.is_multiple_of(block_bytes as usize) {
             return Err(ClientError::PartialBlock { len, block_bytes });
         }
         let per_transfer = self.info.blocks_per_transfer(block_bytes).max(1);

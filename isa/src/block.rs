@@ -64,14 +64,13 @@ pub fn decode<'a>(instruction: &Instruction<'a>, shape: &NamespaceShape, room: u
         Some(end) if end <= shape.capacity_blocks => {}
         _ => return Err(Status::OutOfRange),
     }
-    match opcode {
-        Opcode::BlockRead | Opcode::BlockWrite => {
-            if num_blocks > shape.max_transfer_blocks || (opcode == Opcode::BlockRead && bytes > room as u64) {
-                return Err(Status::TooLarge);
-            }
-        }
-        _ if bytes > MAX_BLOCK_ZERO_BYTES => return Err(Status::TooLarge),
-        _ => {}
+    let too_large = match opcode {
+        Opcode::BlockRead => num_blocks > shape.max_transfer_blocks || bytes > room as u64,
+        Opcode::BlockWrite => num_blocks > shape.max_transfer_blocks,
+        _ => bytes > MAX_BLOCK_ZERO_BYTES,
+    };
+    if too_large {
+        return Err(Status::TooLarge);
     }
     Ok(match opcode {
         Opcode::BlockRead => BlockOp::Read { offset_blocks, num_blocks },

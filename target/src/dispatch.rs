@@ -256,6 +256,8 @@ impl<E: Engine> Dispatcher<E> {
             if let Some((ticket, store)) = pending.record.take() {
                 self.sessions.record(ticket, store.then_some(&pending.response[..len]));
             }
+            // Counted before the send, like every answer (see the worker).
+            self.count(Counter::ResponsesSent);
             send(reply_to, &pending.response[..len]);
             sent += 1;
             self.block.slots[usize::from(slot)] = pending;

@@ -195,10 +195,7 @@ fn acknowledged_fua_and_flushed_writes_survive_a_crash() {
     assert!(plain_writes_lost > 0, "no plain write was ever lost: the crash image is not separate");
     let written = image.written();
     for (index, expected) in acknowledged.iter().enumerate() {
-        assert!(
-            &written[index * block..(index + 1) * block] == &expected[..],
-            "block {index}: reads see the last write"
-        );
+        assert!(written[index * block..(index + 1) * block] == expected[..], "block {index}: reads see the last write");
     }
 }
 

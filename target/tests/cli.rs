@@ -119,3 +119,140 @@ fn bad_settings_are_refused_with_the_setting_named() {
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && message.contains("poling") && message.contains("bad.toml"), "{message}");
 }
+
+fn target_admin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_netdam-target")).args(args).output().expect("netdam-target runs")
+}
+
+/// `netdam-target namespace|region create|list|delete` keep spaces in the metadata store; a
+/// target started on that data directory serves them, a running one is named in the advice to
+/// restart, and `netdam bwrite`/`bread`/`flush`/`trim` work on the namespace.
+#[test]
+fn admin_commands_store_namespaces_that_the_target_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let created = target_admin(&[
+        "namespace",
+        "create",
+        "disk",
+        "--backend",
+        "file",
+        "--path",
+        "disk.img",
+        "--size",
+        "4MiB",
+        "--data-dir",
+        data,
+    ]);
+    let text = String::from_utf8_lossy(&created.stdout);
+    assert!(created.status.success() && text.contains("1024 blocks of 4096 bytes"), "{text}");
+    assert!(dir.path().join("disk.img").exists(), "create made the backing file");
+    let twice = target_admin(&[
+        "namespace",
+        "create",
+        "disk",
+        "--backend",
+        "pmem",
+        "--path",
+        "x.region",
+        "--size",
+        "4MiB",
+        "--data-dir",
+        data,
+    ]);
+    let message = String::from_utf8_lossy(&twice.stderr);
+    assert!(!twice.status.success() && message.contains("\"disk\" is used twice"), "{message}");
+    let bad_block = target_admin(&[
+        "namespace",
+        "create",
+        "odd",
+        "--backend",
+        "file",
+        "--path",
+        "odd.img",
+        "--size",
+        "1MiB",
+        "--block-size",
+        "1000",
+        "--data-dir",
+        data,
+    ]);
+    let message = String::from_utf8_lossy(&bad_block.stderr);
+    assert!(!bad_block.status.success() && message.contains("block_size = 1000"), "{message}");
+    assert!(!dir.path().join("odd.img").exists(), "a refused namespace leaves no file behind");
+    let region =
+        target_admin(&["region", "create", "scratch", "--backend", "mem", "--size", "1MiB", "--data-dir", data]);
+    assert!(region.status.success(), "{}", String::from_utf8_lossy(&region.stderr));
+    let list = target_admin(&["namespace", "list", "--data-dir", data]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(text.contains("disk") && text.contains("store"), "{text}");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir", data])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut banner = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 || line.starts_with("Reach it with") {
+            break;
+        }
+        banner.push(line);
+    }
+    let _daemon = Daemon(child);
+    let banner = banner.join("");
+    assert!(
+        banner.contains("region 1 \"scratch\"") && banner.contains("namespace 0 \"disk\": 1024 blocks"),
+        "{banner}"
+    );
+    let addr = banner.split_whitespace().nth(3).unwrap().to_string();
+
+    let late = target_admin(&[
+        "namespace",
+        "create",
+        "late",
+        "--backend",
+        "file",
+        "--path",
+        "late.img",
+        "--size",
+        "1MiB",
+        "--data-dir",
+        data,
+    ]);
+    let text = String::from_utf8_lossy(&late.stdout);
+    assert!(late.status.success() && text.contains("restart it to serve this change"), "{text}");
+
+    let input = dir.path().join("in.bin");
+    let output = dir.path().join("out.bin");
+    let bytes = Rng::new(seed()).bytes(3 * 4096);
+    std::fs::write(&input, &bytes).unwrap();
+    let target = ["--target", addr.as_str()];
+    let run = |args: &[&str]| netdam(&[&target[..], args].concat());
+    run(&["bwrite", "disk", "10", "--file", input.to_str().unwrap(), "--fua"]);
+    run(&["flush", "disk"]);
+    run(&["bread", "disk", "10", "3", "--out", output.to_str().unwrap()]);
+    assert!(std::fs::read(&output).unwrap() == bytes, "bread returned other bytes than bwrite wrote");
+    run(&["trim", "disk", "11", "1"]);
+    run(&["bread", "disk", "10", "3", "--out", output.to_str().unwrap()]);
+    let after_trim = std::fs::read(&output).unwrap();
+    assert!(after_trim[4096..8192].iter().all(|&byte| byte == 0) && after_trim[..4096] == bytes[..4096]);
+    let namespaces = run(&["--json", "namespaces"]);
+    let namespaces: serde_json::Value = serde_json::from_slice(&namespaces.stdout).unwrap();
+    assert_eq!(namespaces.as_array().unwrap().len(), 1, "the running target serves what it read at start");
+    let partial = Command::new(netdam_binary())
+        .args([&target[..], &["bwrite", "disk", "0", "--data", "abc"]].concat())
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&partial.stderr);
+    assert!(!partial.status.success() && message.contains("--pad"), "{message}");
+
+    let deleted = target_admin(&["namespace", "delete", "late", "--data-dir", data]);
+    let text = String::from_utf8_lossy(&deleted.stdout);
+    assert!(deleted.status.success() && text.contains("is left as it is"), "{text}");
+    let missing = target_admin(&["namespace", "delete", "late", "--data-dir", data]);
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no namespace named \"late\""));
+}

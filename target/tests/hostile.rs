@@ -7,10 +7,11 @@ mod common;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use common::{hello, region, seed, start, Rng};
+use common::{hello, region, seed, start_with_namespaces, Rng};
 use netdam_initiator::Client;
 use netdam_isa::wire::{datagram_crc, Instruction, Request, RequestBuilder, Response, HEADER_LEN};
 use netdam_isa::Opcode;
+use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
 
 const DATAGRAMS: usize = 100_000;
 const BURST: usize = 128;
@@ -18,6 +19,8 @@ const REGION_BYTES: usize = 1 << 20;
 /// Well-formed requests address only this prefix of each region; mutations may aim anywhere.
 const SCRATCH_BYTES: u64 = 64 << 10;
 const MAX_DATAGRAM: usize = 4096;
+const NAMESPACE_BLOCK: u32 = 512;
+const NAMESPACE_BLOCKS: u64 = 256;
 
 fn fix_crc(bytes: &mut [u8]) {
     if bytes.len() >= HEADER_LEN {
@@ -29,7 +32,7 @@ fn fix_crc(bytes: &mut [u8]) {
 /// A well-formed request of one to four instructions, valid or not in its fields.
 /// `space`: the region the instructions address, or `None` for any of 0, 1 and the missing 2.
 fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -> Vec<u8> {
-    const OPCODES: [Opcode; 11] = [
+    const OPCODES: [Opcode; 16] = [
         Opcode::Read,
         Opcode::Write,
         Opcode::Cas,
@@ -41,15 +44,27 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -
         Opcode::Ping,
         Opcode::Stat,
         Opcode::Hello,
+        Opcode::BlockRead,
+        Opcode::BlockWrite,
+        Opcode::Flush,
+        Opcode::Trim,
+        Opcode::WriteZeroes,
     ];
     let mut buffer = vec![0u8; MAX_DATAGRAM];
     let session = if rng.below(50) == 0 { rng.next_u64() as u32 } else { session };
     let mut builder = RequestBuilder::new(&mut buffer, session, sequence).unwrap();
     for _ in 0..1 + rng.below(4) {
-        let opcode = if rng.below(20) == 0 { rng.next_u64() as u8 } else { OPCODES[rng.below(11) as usize] as u8 };
-        let length = rng.below(700) as u32;
+        let opcode = if rng.below(20) == 0 {
+            rng.next_u64() as u8
+        } else {
+            OPCODES[rng.below(OPCODES.len() as u64) as usize] as u8
+        };
+        let block = Opcode::from_u8(opcode).is_some_and(Opcode::is_block);
+        // Block instructions count blocks: mostly one or two, so some are well formed.
+        let length = if block { rng.below(3) as u32 } else { rng.below(700) as u32 };
         let operand_len = match Opcode::from_u8(opcode) {
             Some(Opcode::Write | Opcode::Vadd) => length as usize,
+            Some(Opcode::BlockWrite) => length as usize * NAMESPACE_BLOCK as usize,
             Some(Opcode::Cas | Opcode::Memcpy) => 16,
             Some(Opcode::FetchAdd | Opcode::Hello) => 8,
             _ => 0,
@@ -64,7 +79,11 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -
             opcode,
             flags: if rng.below(8) == 0 { rng.next_u64() as u8 } else { 0 },
             space: space.unwrap_or_else(|| rng.below(3) as u16),
-            offset: rng.below(SCRATCH_BYTES) & !if rng.below(2) == 0 { 7 } else { 0 },
+            offset: if block {
+                rng.below(NAMESPACE_BLOCKS + 2)
+            } else {
+                rng.below(SCRATCH_BYTES) & !if rng.below(2) == 0 { 7 } else { 0 }
+            },
             length,
             aux: if rng.below(8) == 0 { rng.below(4) as u32 } else { 0 },
             operand: &operand,
@@ -161,8 +180,17 @@ fn mark_footprint(bytes: &[u8], touched: &mut [Vec<bool>; 2]) {
 fn target_survives_100k_hostile_datagrams() {
     let seed = seed();
     let mut rng = Rng::new(seed);
-    let test = start(
+    // Namespace 0 takes block instructions (it is not checked: the regions are).
+    let namespace = NamespaceConfig {
+        name: "scratch".into(),
+        backend: NamespaceBackend::File,
+        path: "scratch.img".into(),
+        size: Some(ByteSize(NAMESPACE_BLOCKS * u64::from(NAMESPACE_BLOCK))),
+        block_size: NAMESPACE_BLOCK,
+    };
+    let test = start_with_namespaces(
         vec![region("guard0", REGION_BYTES as u64, false), region("guard1", REGION_BYTES as u64, false)],
+        vec![namespace],
         1,
         MAX_DATAGRAM,
     );
@@ -223,7 +251,18 @@ fn target_survives_100k_hostile_datagrams() {
     println!("sent {sent} hostile datagrams and {pings} barrier pings in {:.1} s", started.elapsed().as_secs_f64());
 
     // Every datagram was received and accounted for by reason.
-    let after = test.target.stats();
+    // Datagrams with block instructions are answered when their I/O completes, which may be
+    // after the last barrier: wait until the counts settle.
+    let settle = Instant::now() + Duration::from_secs(5);
+    let mut after = test.target.stats();
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = test.target.stats();
+        if now == after || Instant::now() > settle {
+            break;
+        }
+        after = now;
+    }
     let delta = |name: &str| after.get(name).unwrap() - before.get(name).unwrap();
     // The two HELLOs came before `before`.
     assert_eq!(delta("datagrams_received"), sent + pings, "SEED={seed}: datagrams lost or double counted");
@@ -252,11 +291,18 @@ fn target_survives_100k_hostile_datagrams() {
         assert!(value(reason) > 0, "SEED={seed}: STAT shows no {reason}");
     }
     let answered = delta("responses_sent");
-    let dropped: u64 =
-        ["dropped_too_short", "dropped_bad_magic", "dropped_bad_crc", "dropped_oversized", "dropped_not_request"]
-            .iter()
-            .map(|name| delta(name))
-            .sum();
+    let dropped: u64 = [
+        "dropped_too_short",
+        "dropped_bad_magic",
+        "dropped_bad_crc",
+        "dropped_oversized",
+        "dropped_not_request",
+        "duplicates_in_progress",
+    ]
+    .iter()
+    .map(|name| delta(name))
+    .sum();
+    assert!(delta("block_requests_submitted") > 0, "SEED={seed}: no block instruction reached the namespace");
     assert_eq!(answered + dropped, sent + pings, "SEED={seed}: every datagram is either answered or dropped");
 
     // Memory outside the addressed ranges is exactly as it was.

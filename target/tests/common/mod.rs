@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use netdam_target::config::{ByteSize, Config, PollMode, RegionBackend, RegionConfig};
+use netdam_target::config::{ByteSize, Config, NamespaceConfig, PollMode, RegionBackend, RegionConfig};
 use netdam_target::Target;
 
 /// A running target and the directory its files live in (removed on drop).
@@ -25,6 +25,16 @@ pub fn region(name: &str, size: u64, file: bool) -> RegionConfig {
 /// Starts a target on 127.0.0.1 with an ephemeral port. Tests use blocking polling so that the
 /// parallel test threads do not compete with spinning workers for the machine's cores.
 pub fn start(regions: Vec<RegionConfig>, workers: usize, max_datagram_bytes: usize) -> TestTarget {
+    start_with_namespaces(regions, Vec::new(), workers, max_datagram_bytes)
+}
+
+/// Like [`start`], also serving `namespaces` (their files under the temporary data directory).
+pub fn start_with_namespaces(
+    regions: Vec<RegionConfig>,
+    namespaces: Vec<NamespaceConfig>,
+    workers: usize,
+    max_datagram_bytes: usize,
+) -> TestTarget {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -33,6 +43,7 @@ pub fn start(regions: Vec<RegionConfig>, workers: usize, max_datagram_bytes: usi
         poll: PollMode::Blocking,
         max_datagram_bytes,
         regions,
+        namespaces,
         ..Config::default()
     };
     let target = Target::start(&config).expect("target starts");
