@@ -1,6 +1,7 @@
 //! `netdam-bench`: where netdam stands on this machine, measured against the floor of the
 //! machine in the same run. Absolute times hold for this machine only; the ratios are the result.
 
+mod block;
 mod floor;
 mod report;
 
@@ -34,6 +35,9 @@ enum Command {
     Latency(LatencyArgs),
     /// Only the raw UDP echo floor.
     Floor(LatencyArgs),
+    /// 4 KiB random reads and writes on a namespace (QD1, QD32) beside fio's io_uring engine on
+    /// the same file, then memory READ latency with and without a block write load.
+    Block(block::BlockArgs),
     /// One run of the deterministic simulator (initiators and a target on a virtual clock).
     Sim(SimArgs),
     /// Print the table of simulated results (docs/SIMULATION.md) to standard output.
@@ -164,6 +168,12 @@ fn main() {
         Command::Latency(args) => latency(&args, true),
         Command::Floor(args) => latency(&args, false),
         Command::Sim(args) => simulate(&args),
+        Command::Block(args) => {
+            if let Err(message) = block::run(&args) {
+                eprintln!("netdam-bench block: {message}");
+                std::process::exit(1);
+            }
+        }
         Command::Load(args) => load(&args),
         Command::SimTable => match netdam_bench::sim::table::generate() {
             Ok(table) => print!("{table}"),

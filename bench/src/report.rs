@@ -37,7 +37,8 @@ impl Summary {
     }
 }
 
-fn machine() -> String {
+/// Cores, CPU model and kernel of this machine, for every report.
+pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|text| {

@@ -152,6 +152,21 @@ impl Client {
         }
     }
 
+    /// Waits for the answer to whichever submitted request finishes first; `None` when nothing
+    /// is outstanding. For drivers that keep many requests in flight and time each one.
+    pub fn wait_any(&mut self) -> Result<Option<(Ticket, Result<Reply, ClientError>)>, ClientError> {
+        loop {
+            if let Some(&token) = self.finished.keys().next() {
+                let result = self.finished.remove(&token).expect("the key was just seen");
+                return Ok(Some((Ticket(token), result)));
+            }
+            if self.session.in_flight() == 0 {
+                return Ok(None);
+            }
+            self.pump()?;
+        }
+    }
+
     /// Sends `ops` in one datagram and waits for the answer. If the target no longer knows the
     /// session (it restarted), says HELLO again and resends idempotent requests once; a
     /// non-idempotent one fails with `SessionLost`, since it may have run before the restart.

@@ -1,7 +1,7 @@
 //! The io_uring backend: O_DIRECT reads and writes from registered buffers, FUA as `RWF_DSYNC`,
-//! FLUSH as `fdatasync`, TRIM as a punched hole, WRITE_ZEROES as a zeroed range: on a regular
-//! file and on a block device alike (the kernel's block-device `fallocate` turns both into
-//! discard and write-zeroes commands).
+//! FLUSH as `fdatasync`, WRITE_ZEROES as a zeroed range (`fallocate`, which a block device turns
+//! into write-zeroes commands), TRIM as a punched hole on a file and as a discard on a block
+//! device (`BLOCK_URING_CMD_DISCARD`, Linux 6.12 and later).
 //!
 //! Each worker owns one ring per namespace. `submit` only fills a submission entry; `reap` makes
 //! one `io_uring_enter` for everything queued since the last pass and then reads the completion
@@ -33,6 +33,7 @@ pub struct UringDevice {
     // Kept open for the ring's registered file slot 0.
     _file: File,
     direct: bool,
+    kind: BackingKind,
     ring: IoUring,
     buffers: AlignedBuffers,
     geometry: Geometry,
@@ -54,6 +55,9 @@ impl std::fmt::Debug for UringDevice {
 }
 
 const FIXED_FILE: types::Fixed = types::Fixed(0);
+
+/// `_IO(0x12, 0)`: discard a byte range of a block device (include/uapi/linux/fs.h).
+const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
 
 impl UringDevice {
     /// Opens `path` with O_DIRECT (falling back to the page cache, with a warning, where the file
@@ -103,6 +107,7 @@ impl UringDevice {
             path: path.to_path_buf(),
             _file: file,
             direct,
+            kind,
             ring,
             buffers,
             geometry,
@@ -137,6 +142,14 @@ impl UringDevice {
                 opcode::WriteFixed::new(FIXED_FILE, ptr, len as u32, buffer.0).offset(offset).rw_flags(flags).build()
             }
             BlockRequest::Flush => opcode::Fsync::new(FIXED_FILE).flags(types::FsyncFlags::DATASYNC).build(),
+            BlockRequest::Trim { offset_blocks, num_blocks } if self.kind == BackingKind::BlockDevice => {
+                let (offset, len) = geometry.byte_range(offset_blocks, num_blocks);
+                // The kernel reads the range from the entry's addr (start) and addr3 (length),
+                // which is where the command bytes begin.
+                let mut command = [0u8; 16];
+                command[..8].copy_from_slice(&(len as u64).to_le_bytes());
+                opcode::UringCmd16::new(FIXED_FILE, BLOCK_URING_CMD_DISCARD).addr(Some(offset)).cmd(command).build()
+            }
             BlockRequest::Trim { offset_blocks, num_blocks } => {
                 let (offset, len) = geometry.byte_range(offset_blocks, num_blocks);
                 opcode::Fallocate::new(FIXED_FILE, len as u64)

@@ -184,3 +184,31 @@ fn crash_test_backend_keeps_only_fua_and_flushed_writes() {
     }
     assert_eq!(&image.crash()[2 * BLOCK as usize..3 * BLOCK as usize], &block(4)[..]);
 }
+
+/// A loop device over a file stands in for an NVMe drive: the same suite through the block-device
+/// path (device size from the kernel, TRIM as a discard command). Needs root and `losetup`, so
+/// ops/test.sh runs it when it can and says why when it cannot.
+#[test]
+#[ignore = "needs root and a loop device; ops/test.sh runs it where it can"]
+fn uring_block_device_backend_on_a_loop_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("loop.img");
+    std::fs::File::create(&backing).unwrap().set_len(BLOCKS * u64::from(BLOCK)).unwrap();
+    let output = std::process::Command::new("losetup")
+        .args(["--find", "--show", "--sector-size", "4096"])
+        .arg(&backing)
+        .output()
+        .expect("losetup runs");
+    assert!(output.status.success(), "losetup failed: {}", String::from_utf8_lossy(&output.stderr));
+    let device = std::path::PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    struct Detach(std::path::PathBuf);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup").arg("--detach").arg(&self.0).status();
+        }
+    }
+    let _detach = Detach(device.clone());
+    let mut uring = UringDevice::open(&device, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+    assert!(uring.is_direct(), "block devices take O_DIRECT");
+    conformance(&mut uring);
+}

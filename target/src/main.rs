@@ -15,8 +15,9 @@ use netdam_target::namespaces::{open_namespace, resolve};
 use netdam_target::server::running_target;
 use netdam_target::{Config, PollMode, Target};
 
-/// A disaggregated storage target with low, deterministic latency: memory regions served over
-/// UDP with the NetDAM instruction set (read, write, atomics, memcpy, fill, vector add, CRC).
+/// A disaggregated storage target with low, deterministic latency: memory regions and block
+/// namespaces served over UDP with the NetDAM instruction set (read, write, atomics, memcpy,
+/// fill, vector add, CRC; block read, write with FUA, flush, trim, write-zeroes).
 ///
 /// With no arguments it serves a persistent 64 MiB region named "default", kept in a file under
 /// the user's data directory, on 127.0.0.1:7800.
@@ -128,7 +129,9 @@ fn parse_size(text: &str) -> Result<ByteSize, String> {
 #[derive(Debug, Args, Default, Clone)]
 struct SettingsArgs {
     /// TOML file with settings (listen, data_dir, workers, poll, adaptive_spin_us,
-    /// max_datagram_bytes, and [[region]] tables with name, backend = mem|file|dax, path, size).
+    /// max_datagram_bytes, busy_threshold_us, [[region]] tables with name, backend =
+    /// mem|file|dax, path, size, and [[namespace]] tables with name, backend =
+    /// file|blockdev|pmem, path, size, block_size).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// UDP address to serve on [default: 127.0.0.1:7800].

@@ -1,0 +1,465 @@
+//! `netdam-bench block`: 4 KiB random reads and writes on a namespace through netdam, beside
+//! fio's io_uring engine on the same file in the same run (the device floor); then READ 64 B
+//! latency of memory with and without a concurrent 4 KiB random-write load on the namespace.
+//!
+//! The netdam target runs in this process with one worker, its namespace on the file; one
+//! client keeps `depth` requests in flight and times each from submission to answer. fio runs
+//! as a child process with O_DIRECT, registered files and buffers, like the target's backend.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use netdam_initiator::session::SessionConfig;
+use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
+use netdam_isa::control::NamespaceInfo;
+use netdam_isa::rng::Rng;
+use netdam_target::config::{
+    ByteSize, Config, NamespaceBackend, NamespaceConfig, PollMode, RegionBackend, RegionConfig,
+};
+use netdam_target::Target;
+use serde_json::json;
+
+use crate::{histogram, record};
+
+/// How the target worker and the timed client wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BlockPoll {
+    /// Worker and client spin: lowest latency, two cores busy.
+    Busy,
+    /// The worker spins briefly after each datagram (and while I/O is in flight), then sleeps;
+    /// the client sleeps. The target's default.
+    Adaptive,
+    /// Worker (when no I/O is in flight) and client sleep in the kernel.
+    Blocking,
+}
+
+impl BlockPoll {
+    fn target(self) -> PollMode {
+        match self {
+            BlockPoll::Busy => PollMode::Busy,
+            BlockPoll::Adaptive => PollMode::Adaptive,
+            BlockPoll::Blocking => PollMode::Blocking,
+        }
+    }
+
+    fn client(self) -> ClientPoll {
+        if self == BlockPoll::Busy {
+            ClientPoll::Busy
+        } else {
+            ClientPoll::Blocking
+        }
+    }
+}
+
+const BLOCK: u32 = 4096;
+
+/// Settings of the block benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BlockArgs {
+    /// Backing file, filled with data first if shorter than --file-size [default: a file in a
+    /// temporary directory under $TMPDIR, removed afterwards]. It must be on a file system
+    /// with O_DIRECT (not tmpfs).
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// Size of the backing file.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub file_size: u64,
+    /// Seconds each case is measured (after one second of warm-up).
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Requests in flight, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 32])]
+    pub depths: Vec<usize>,
+    /// How the target worker and the timed client wait (fio sleeps in io_uring_enter). The
+    /// write-load client of the READ measurement always sleeps.
+    #[arg(long, value_enum, default_value_t = BlockPoll::Adaptive)]
+    pub poll: BlockPoll,
+    /// Congestion control (Swift) of the timed clients on, or a fixed window of --depths
+    /// requests, like fio's queue depth.
+    #[arg(long, value_enum, default_value_t = crate::OnOff::On)]
+    pub cc: crate::OnOff,
+    /// Skip fio (when it is not installed).
+    #[arg(long)]
+    pub no_fio: bool,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    netdam_isa::units::parse_bytes(text)
+}
+
+/// One measured case.
+struct Case {
+    system: String,
+    pattern: &'static str,
+    depth: usize,
+    ops: u64,
+    seconds: f64,
+    p50_ns: u64,
+    p99_ns: u64,
+    p999_ns: u64,
+    /// netdam only: retransmissions, BUSY answers and the window at the end.
+    session: Option<(u64, u64, f64)>,
+}
+
+impl Case {
+    fn iops(&self) -> f64 {
+        self.ops as f64 / self.seconds
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        json!({"system": self.system, "pattern": self.pattern, "depth": self.depth, "ops": self.ops,
+               "seconds": self.seconds, "iops": self.iops(), "p50_ns": self.p50_ns, "p99_ns": self.p99_ns,
+               "p999_ns": self.p999_ns, "retransmissions": self.session.map(|s| s.0),
+               "busy": self.session.map(|s| s.1), "window": self.session.map(|s| s.2)})
+    }
+}
+
+/// Runs the benchmark and prints its tables.
+pub fn run(args: &BlockArgs) -> Result<(), String> {
+    let scratch = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
+    let file = args.file.clone().unwrap_or_else(|| scratch.path().join("netdam-bench-block.img"));
+    prepare_file(&file, args.file_size)?;
+    let fio = if args.no_fio { None } else { Some(fio_version()?) };
+    let mut cases = Vec::new();
+    for pattern in ["randread", "randwrite"] {
+        for &depth in &args.depths {
+            if fio.is_some() {
+                cases.push(fio_case(&file, args, pattern, depth)?);
+            }
+            cases.push(netdam_case(&file, scratch.path(), args, pattern, depth)?);
+        }
+    }
+    let under_load = read_under_write_load(&file, scratch.path(), args)?;
+    print(args, fio.as_deref(), &cases, &under_load);
+    Ok(())
+}
+
+/// Makes `path` at least `bytes` long with every block allocated and written (reads of holes
+/// would not reach the device).
+fn prepare_file(path: &Path, bytes: u64) -> Result<(), String> {
+    use std::io::Write;
+    let existing = std::fs::metadata(path).map(|metadata| metadata.len()).unwrap_or(0);
+    if existing >= bytes {
+        return Ok(());
+    }
+    let fail = |error: std::io::Error| format!("preparing {}: {error}", path.display());
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(fail)?;
+    let mut rng = Rng::new(42);
+    let chunk = rng.bytes(1 << 20);
+    let mut written = existing;
+    while written < bytes {
+        let len = (bytes - written).min(chunk.len() as u64) as usize;
+        file.write_all(&chunk[..len]).map_err(fail)?;
+        written += len as u64;
+    }
+    file.sync_all().map_err(fail)
+}
+
+fn fio_version() -> Result<String, String> {
+    let output = Command::new("fio").arg("--version").output().map_err(|error| {
+        format!("fio is needed for the device floor ({error}); install it (apt-get install fio) or pass --no-fio")
+    })?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+fn fio_case(file: &Path, args: &BlockArgs, pattern: &'static str, depth: usize) -> Result<Case, String> {
+    let output = Command::new("fio")
+        .args([
+            "--name=floor",
+            &format!("--filename={}", file.display()),
+            &format!("--size={}", args.file_size),
+            &format!("--rw={pattern}"),
+            "--bs=4k",
+            "--direct=1",
+            "--ioengine=io_uring",
+            "--fixedbufs=1",
+            "--registerfiles=1",
+            &format!("--iodepth={depth}"),
+            "--time_based=1",
+            "--ramp_time=1",
+            &format!("--runtime={}", args.seconds.max(1.0).ceil() as u64),
+            "--lat_percentiles=1",
+            "--percentile_list=50:99:99.9",
+            "--norandommap=1",
+            "--randrepeat=0",
+            "--output-format=json",
+        ])
+        .output()
+        .map_err(|error| format!("running fio: {error}"))?;
+    if !output.status.success() {
+        return Err(format!("fio failed: {}", String::from_utf8_lossy(&output.stderr)));
+    }
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .map_err(|error| format!("fio's JSON: {error}: {}", String::from_utf8_lossy(&output.stdout)))?;
+    let side = if pattern == "randread" { "read" } else { "write" };
+    let job = &report["jobs"][0][side];
+    let percentile = |key: &str| job["lat_ns"]["percentile"][key].as_u64().unwrap_or(0);
+    let ops = job["total_ios"].as_u64().unwrap_or(0);
+    let seconds = job["runtime"].as_f64().unwrap_or(0.0) / 1000.0;
+    Ok(Case {
+        system: "fio io_uring".into(),
+        pattern,
+        depth,
+        ops,
+        seconds,
+        p50_ns: percentile("50.000000"),
+        p99_ns: percentile("99.000000"),
+        p999_ns: percentile("99.900000"),
+        session: None,
+    })
+}
+
+fn target_config(file: &Path, data_dir: &Path, poll: BlockPoll) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().expect("valid literal"),
+        data_dir: Some(data_dir.to_path_buf()),
+        workers: 1,
+        poll: poll.target(),
+        regions: vec![RegionConfig {
+            name: "bench".into(),
+            backend: RegionBackend::Mem,
+            path: None,
+            size: ByteSize(64 << 20),
+        }],
+        namespaces: vec![NamespaceConfig {
+            name: "disk".into(),
+            backend: NamespaceBackend::File,
+            path: file.to_path_buf(),
+            size: None,
+            block_size: BLOCK,
+        }],
+        ..Config::default()
+    }
+}
+
+fn client(
+    target: &Target,
+    poll: ClientPoll,
+    depth: usize,
+    congestion_control: bool,
+) -> Result<(Client, NamespaceInfo), String> {
+    let mut session = SessionConfig { max_in_flight: depth.max(1), ..SessionConfig::default() };
+    if !congestion_control {
+        session.congestion = None;
+    }
+    let client = Client::connect_with(target.local_addr(), ClientOptions { session, poll })
+        .map_err(|error| format!("netdam client: {error}"))?;
+    let disk = client.namespace("disk").map_err(|error| error.to_string())?.clone();
+    Ok((client, disk))
+}
+
+/// Random 4 KiB reads or writes at `depth` for `seconds` (after `warmup`), each timed.
+fn drive(
+    client: &mut Client,
+    disk: &NamespaceInfo,
+    write: bool,
+    depth: usize,
+    warmup: Duration,
+    seconds: f64,
+    seed: u64,
+) -> Result<(Histogram<u64>, u64, f64), String> {
+    let mut rng = Rng::new(seed);
+    let data = rng.bytes(BLOCK as usize);
+    let mut histogram = histogram();
+    let mut submitted_at = std::collections::HashMap::with_capacity(depth * 2);
+    let started = Instant::now();
+    let measure_from = started + warmup;
+    let stop_at = measure_from + Duration::from_secs_f64(seconds);
+    let mut measured = 0u64;
+    let mut in_flight = 0usize;
+    loop {
+        let now = Instant::now();
+        while now < stop_at && in_flight < depth {
+            let block = rng.below(disk.capacity_blocks);
+            let op = if write {
+                Op::block_write(disk.id, block, BLOCK, &data, false)
+            } else {
+                Op::block_read(disk.id, block, 1)
+            };
+            let ticket = client.submit(&[op]).map_err(|error| error.to_string())?;
+            submitted_at.insert(ticket, Instant::now());
+            in_flight += 1;
+        }
+        let Some((ticket, result)) = client.wait_any().map_err(|error| error.to_string())? else { break };
+        in_flight -= 1;
+        let reply = result.map_err(|error| error.to_string())?;
+        reply.data(0).map_err(|error| error.to_string())?;
+        let submitted = submitted_at.remove(&ticket).expect("every ticket was timed");
+        let done = Instant::now();
+        if submitted >= measure_from && done <= stop_at {
+            record(&mut histogram, done - submitted);
+            measured += 1;
+        }
+    }
+    Ok((histogram, measured, seconds))
+}
+
+fn netdam_case(
+    file: &Path,
+    data_dir: &Path,
+    args: &BlockArgs,
+    pattern: &'static str,
+    depth: usize,
+) -> Result<Case, String> {
+    let target = Target::start(&target_config(file, data_dir, args.poll)).map_err(|error| error.to_string())?;
+    let (mut client, disk) = client(&target, args.poll.client(), depth, args.cc == crate::OnOff::On)?;
+    let write = pattern == "randwrite";
+    let (histogram, ops, seconds) = drive(&mut client, &disk, write, depth, Duration::from_secs(1), args.seconds, 7)?;
+    let stats = client.session_stats();
+    drop(client);
+    target.stop();
+    Ok(Case {
+        system: "netdam".into(),
+        pattern,
+        depth,
+        ops,
+        seconds,
+        p50_ns: histogram.value_at_quantile(0.5),
+        p99_ns: histogram.value_at_quantile(0.99),
+        p999_ns: histogram.value_at_quantile(0.999),
+        session: Some((stats.retransmissions, stats.busy, stats.window)),
+    })
+}
+
+/// READ 64 B round trips on the memory region: alone, then while another client keeps 32
+/// random 4 KiB writes in flight on the namespace served by the same worker.
+fn read_under_write_load(
+    file: &Path,
+    data_dir: &Path,
+    args: &BlockArgs,
+) -> Result<Vec<(String, Histogram<u64>, u64)>, String> {
+    let target = Target::start(&target_config(file, data_dir, args.poll)).map_err(|error| error.to_string())?;
+    let mut results = Vec::new();
+    for loaded in [false, true] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let load = loaded.then(|| {
+            let stop = stop.clone();
+            let addr = target.local_addr();
+            std::thread::spawn(move || -> Result<u64, String> {
+                // Sleeping, so that on a small machine the load competes for the worker, not for
+                // the CPU the timed client spins on.
+                let session = SessionConfig { max_in_flight: 32, ..SessionConfig::default() };
+                let options = ClientOptions { session, poll: ClientPoll::Blocking };
+                let mut client = Client::connect_with(addr, options).map_err(|e| e.to_string())?;
+                let disk = client.namespace("disk").map_err(|e| e.to_string())?.clone();
+                let mut writes = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let (_, done, _) = drive(&mut client, &disk, true, 32, Duration::ZERO, 0.2, writes)?;
+                    writes += done;
+                }
+                Ok(writes)
+            })
+        });
+        if loaded {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let (mut reader, _) = client(&target, args.poll.client(), 1, true)?;
+        let mut histogram = histogram();
+        let stop_at = Instant::now() + Duration::from_secs_f64(args.seconds);
+        let mut index = 0u64;
+        while Instant::now() < stop_at {
+            let offset = (index.wrapping_mul(2_654_435_761) % (1 << 20)) * 64;
+            index += 1;
+            let started = Instant::now();
+            let reply = reader.call(&[Op::read(0, offset, 64)]).map_err(|error| error.to_string())?;
+            reply.data(0).map_err(|error| error.to_string())?;
+            record(&mut histogram, started.elapsed());
+        }
+        stop.store(true, Ordering::Relaxed);
+        let writes = match load {
+            Some(thread) => thread.join().map_err(|_| "the write-load thread panicked".to_string())??,
+            None => 0,
+        };
+        let name = if loaded { "READ 64 B, 32 random 4 KiB writes in flight" } else { "READ 64 B, idle namespace" };
+        results.push((name.to_string(), histogram, writes));
+    }
+    target.stop();
+    Ok(results)
+}
+
+fn print(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &[(String, Histogram<u64>, u64)]) {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    if args.json {
+        let loads: Vec<_> = under_load
+            .iter()
+            .map(|(name, h, writes)| {
+                json!({"name": name, "count": h.len(), "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99),
+                       "p999_ns": h.value_at_quantile(0.999), "max_ns": h.max(), "concurrent_writes": writes})
+            })
+            .collect();
+        let rows: Vec<_> = cases.iter().map(Case::to_json).collect();
+        println!(
+            "{}",
+            json!({"machine": crate::report::machine(), "fio": fio, "poll": format!("{:?}", args.poll).to_lowercase(),
+                   "congestion_control": format!("{:?}", args.cc).to_lowercase(),
+                   "cases": rows, "read_under_write_load": loads})
+        );
+        return;
+    }
+    println!("machine: {} (absolute numbers hold for this machine only)", crate::report::machine());
+    println!(
+        "4 KiB random I/O on one {} MiB file, {:.0} s per case, {:?} polling, congestion control {:?}; fio: {}",
+        args.file_size >> 20,
+        args.seconds,
+        args.poll,
+        args.cc,
+        fio.unwrap_or("skipped")
+    );
+    println!(
+        "{:<14} {:<10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
+        "system", "pattern", "depth", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "IOPS x", "p99.9 x", "session"
+    );
+    for case in cases {
+        let floor = cases.iter().find(|other| {
+            other.system.starts_with("fio") && other.pattern == case.pattern && other.depth == case.depth
+        });
+        let (iops_ratio, tail_ratio) = match floor {
+            Some(floor) => (
+                format!("{:.2}", case.iops() / floor.iops()),
+                format!("{:.2}", case.p999_ns as f64 / floor.p999_ns as f64),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        let session = case
+            .session
+            .map(|(retransmissions, busy, window)| {
+                format!("{retransmissions} retransmitted, {busy} busy, window {window:.1}")
+            })
+            .unwrap_or_default();
+        println!(
+            "{:<14} {:<10} {:>5} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9} {:>9}  {session}",
+            case.system,
+            case.pattern,
+            case.depth,
+            case.iops(),
+            us(case.p50_ns),
+            us(case.p99_ns),
+            us(case.p999_ns),
+            iops_ratio,
+            tail_ratio
+        );
+    }
+    println!();
+    println!(
+        "{:<46} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "memory READ while the namespace works", "count", "p50 µs", "p99 µs", "p99.9 µs", "writes"
+    );
+    for (name, h, writes) in under_load {
+        println!(
+            "{:<46} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9}",
+            name,
+            h.len(),
+            us(h.value_at_quantile(0.5)),
+            us(h.value_at_quantile(0.99)),
+            us(h.value_at_quantile(0.999)),
+            writes
+        );
+    }
+}
