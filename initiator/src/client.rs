@@ -47,6 +47,9 @@ impl Default for ClientOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ticket(u64);
 
+/// A request that finished: its ticket and its outcome.
+pub type Finished = (Ticket, Result<Reply, ClientError>);
+
 /// A blocking session with one target.
 #[derive(Debug)]
 pub struct Client {
@@ -154,7 +157,7 @@ impl Client {
 
     /// Waits for the answer to whichever submitted request finishes first; `None` when nothing
     /// is outstanding. For drivers that keep many requests in flight and time each one.
-    pub fn wait_any(&mut self) -> Result<Option<(Ticket, Result<Reply, ClientError>)>, ClientError> {
+    pub fn wait_any(&mut self) -> Result<Option<Finished>, ClientError> {
         loop {
             if let Some(&token) = self.finished.keys().next() {
                 let result = self.finished.remove(&token).expect("the key was just seen");
