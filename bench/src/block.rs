@@ -413,8 +413,8 @@ fn print(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &[(Str
         fio.unwrap_or("skipped")
     );
     println!(
-        "{:<14} {:<10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
-        "system", "pattern", "depth", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "IOPS x", "p99.9 x", "session"
+        "{:<14} {:<10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  session",
+        "system", "pattern", "depth", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "IOPS x", "p99.9 x"
     );
     for case in cases {
         let floor = cases.iter().find(|other| {
