@@ -3,6 +3,7 @@
 
 mod block;
 mod floor;
+mod latency;
 mod report;
 
 use std::net::SocketAddr;
@@ -10,11 +11,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
-use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
-use netdam_target::config::{ByteSize, Config, PollMode, RegionBackend, RegionConfig};
-use netdam_target::Target;
-
-use crate::report::Summary;
+use netdam_initiator::{Client, Op};
 
 /// Benchmarks of netdam against the raw-UDP floor of this machine, measured in the same run.
 ///
@@ -31,10 +28,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Round-trip latency of one opcode beside the raw UDP echo floor.
-    Latency(LatencyArgs),
-    /// Only the raw UDP echo floor.
-    Floor(LatencyArgs),
+    /// Round-trip latency per opcode, size and polling mode, each beside the raw UDP echo floor
+    /// of the same sizes.
+    Latency(latency::LatencyArgs),
+    /// Only the raw UDP echo floor, for the same cases.
+    Floor(latency::LatencyArgs),
     /// 4 KiB random reads and writes on a namespace (QD1, QD32) beside fio's io_uring engine on
     /// the same file, then memory READ latency with and without a block write load.
     Block(block::BlockArgs),
@@ -135,31 +133,6 @@ enum SimWorkload {
 enum OnOff {
     On,
     Off,
-}
-
-#[derive(Debug, Clone, clap::Args)]
-struct LatencyArgs {
-    /// Measured round trips per system.
-    #[arg(long, default_value_t = 100_000)]
-    requests: u64,
-    /// Unmeasured round trips first.
-    #[arg(long, default_value_t = 10_000)]
-    warmup: u64,
-    /// Bytes per READ.
-    #[arg(long, default_value_t = 64)]
-    size: u32,
-    /// How the server side and the client wait: busy (both spin) or blocking (both sleep).
-    #[arg(long, value_enum, default_value_t = Poll::Busy)]
-    poll: Poll,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Poll {
-    Busy,
-    Blocking,
 }
 
 fn main() {
@@ -289,65 +262,13 @@ fn record(histogram: &mut Histogram<u64>, elapsed: Duration) {
     histogram.saturating_record(elapsed.as_nanos() as u64);
 }
 
-/// Netdam's datagram sizes for a READ of `size` bytes: (request, response).
-fn read_sizes(size: u32) -> (usize, usize) {
-    use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
-    (HEADER_LEN + INSTRUCTION_HEADER_LEN, HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN + size as usize)
-}
-
-fn latency(args: &LatencyArgs, with_netdam: bool) {
-    let busy = args.poll == Poll::Busy;
-    let (request_bytes, response_bytes) = read_sizes(args.size);
-    let mut summaries = Vec::new();
-
-    let echo = floor::EchoServer::start(busy, response_bytes);
-    let floor_histogram = floor::measure(echo.addr(), busy, request_bytes, args.warmup, args.requests);
-    echo.stop();
-    summaries.push(Summary::new(format!("udp echo ({request_bytes} B → {response_bytes} B)"), &floor_histogram));
-
-    if with_netdam {
-        let histogram = netdam_read(args, busy);
-        summaries.push(Summary::new(format!("netdam READ {} B", args.size), &histogram));
-    }
-    report::print(&summaries, args, args.json);
-}
-
-fn netdam_read(args: &LatencyArgs, busy: bool) -> Histogram<u64> {
-    let config = Config {
-        listen: "127.0.0.1:0".parse().expect("valid literal"),
-        data_dir: Some(std::env::temp_dir()),
-        workers: 1,
-        poll: if busy { PollMode::Busy } else { PollMode::Blocking },
-        regions: vec![RegionConfig {
-            name: "bench".to_string(),
-            backend: RegionBackend::Mem,
-            path: None,
-            size: ByteSize(64 << 20),
-        }],
-        ..Config::default()
-    };
-    let target = Target::start(&config).unwrap_or_else(|error| panic!("netdam target: {error}"));
-    let addr: SocketAddr = target.local_addr();
-    let options =
-        ClientOptions { poll: if busy { ClientPoll::Busy } else { ClientPoll::Blocking }, ..ClientOptions::default() };
-    let mut client = Client::connect_with(addr, options).unwrap_or_else(|error| panic!("netdam client: {error}"));
-    let mut histogram = histogram();
-    let span = (64u64 << 20) / u64::from(args.size.max(1));
-    for index in 0..args.warmup + args.requests {
-        let offset = (index.wrapping_mul(2_654_435_761) % span) * u64::from(args.size);
-        let op = Op::read(0, offset, args.size);
-        let started = Instant::now();
-        let reply = client.call(std::slice::from_ref(&op)).unwrap_or_else(|error| panic!("READ: {error}"));
-        let elapsed = started.elapsed();
-        assert_eq!(reply.data(0).map(<[u8]>::len).ok(), Some(args.size as usize), "READ answered wrongly");
-        if index >= args.warmup {
-            record(&mut histogram, elapsed);
+fn latency(args: &latency::LatencyArgs, with_netdam: bool) {
+    let cases = latency::run(args, with_netdam);
+    report::print_latency(&cases, args);
+    if let Some(dir) = &args.out {
+        if let Err(message) = report::write_latency(&cases, args, dir) {
+            eprintln!("netdam-bench: {message}");
+            std::process::exit(1);
         }
     }
-    let retransmissions = client.session_stats().retransmissions;
-    if retransmissions > 0 {
-        eprintln!("note: {retransmissions} retransmissions during the netdam run");
-    }
-    target.stop();
-    histogram
 }

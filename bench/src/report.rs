@@ -1,22 +1,31 @@
-//! Percentile tables and ratios against the first (floor) row.
+//! Reports: percentile tables with ratios against the floor measured in the same run, as text
+//! for people, JSON for machines and markdown for the README, each naming the machine.
+
+use std::path::Path;
 
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use crate::LatencyArgs;
+use crate::latency::{LatencyArgs, LatencyCase};
 
 /// Percentiles of one system, in nanoseconds.
+#[derive(Debug, Clone)]
 pub struct Summary {
-    name: String,
-    count: u64,
-    p50: u64,
-    p90: u64,
-    p99: u64,
-    p999: u64,
-    p9999: u64,
-    max: u64,
-    mean: f64,
-    stdev: f64,
+    /// What was measured.
+    pub name: String,
+    /// Samples.
+    pub count: u64,
+    /// Percentiles.
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub p9999: u64,
+    /// Largest sample.
+    pub max: u64,
+    /// Mean and standard deviation.
+    pub mean: f64,
+    pub stdev: f64,
 }
 
 impl Summary {
@@ -35,6 +44,17 @@ impl Summary {
             stdev: histogram.stdev(),
         }
     }
+
+    /// p99.9 − p50: how far the tail sits from the middle.
+    pub fn jitter(&self) -> u64 {
+        self.p999.saturating_sub(self.p50)
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        json!({"name": self.name, "count": self.count, "p50_ns": self.p50, "p90_ns": self.p90, "p99_ns": self.p99,
+               "p999_ns": self.p999, "p9999_ns": self.p9999, "max_ns": self.max, "mean_ns": self.mean,
+               "stdev_ns": self.stdev, "jitter_ns": self.jitter()})
+    }
 }
 
 /// Cores, CPU model and kernel of this machine, for every report.
@@ -52,45 +72,124 @@ pub fn machine() -> String {
     format!("{cores} cores, {cpu}, Linux {kernel}")
 }
 
-/// Prints every summary with its ratio to the first.
-pub fn print(summaries: &[Summary], args: &LatencyArgs, as_json: bool) {
-    let floor = &summaries[0];
-    let us = |ns: u64| ns as f64 / 1000.0;
-    if as_json {
-        let rows: Vec<_> = summaries
-            .iter()
-            .map(|s| {
-                json!({"name": s.name, "count": s.count, "p50_ns": s.p50, "p90_ns": s.p90, "p99_ns": s.p99,
-                       "p999_ns": s.p999, "p9999_ns": s.p9999, "max_ns": s.max, "mean_ns": s.mean, "stdev_ns": s.stdev,
-                       "jitter_ns": s.p999.saturating_sub(s.p50),
-                       "p50_ratio": s.p50 as f64 / floor.p50 as f64, "p999_ratio": s.p999 as f64 / floor.p999 as f64})
-            })
-            .collect();
-        println!(
-            "{}",
-            json!({"machine": machine(), "poll": format!("{:?}", args.poll).to_lowercase(), "results": rows})
-        );
+fn ratio(value: u64, floor: u64) -> f64 {
+    value as f64 / floor.max(1) as f64
+}
+
+fn latency_json(cases: &[LatencyCase], args: &LatencyArgs) -> serde_json::Value {
+    let rows: Vec<_> = cases
+        .iter()
+        .map(|case| {
+            let netdam = case.netdam.as_ref();
+            json!({"op": case.op, "bytes": case.size, "poll": case.poll.name(), "floor": case.floor.to_json(),
+                   "netdam": netdam.map(Summary::to_json),
+                   "p50_ratio": netdam.map(|n| ratio(n.p50, case.floor.p50)),
+                   "p999_ratio": netdam.map(|n| ratio(n.p999, case.floor.p999)),
+                   "idle_worker_cpu_percent": case.idle_worker_cpu, "retransmissions": case.retransmissions})
+        })
+        .collect();
+    json!({"machine": machine(), "note": "absolute times hold for this machine only; the ratios are the result",
+           "requests": args.requests, "warmup": args.warmup, "cases": rows})
+}
+
+/// Prints the latency cases as a table (or JSON).
+pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
+    if args.json {
+        println!("{}", latency_json(cases, args));
         return;
     }
+    let us = |ns: u64| ns as f64 / 1000.0;
     println!("machine: {} (absolute times hold for this machine only; ratios are the result)", machine());
-    println!("polling: {:?}, {} measured round trips each after {} warm-up", args.poll, args.requests, args.warmup);
+    println!("{} measured round trips per system and case, after {} warm-up", args.requests, args.warmup);
     println!(
-        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
-        "system (µs)", "p50", "p90", "p99", "p99.9", "p99.99", "max", "stdev", "p50 x", "p99.9 x"
+        "{:<34} {:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
+        "system (µs)", "poll", "p50", "p90", "p99", "p99.9", "p99.99", "max", "stdev", "jitter", "p50 x", "p99.9 x"
     );
-    for s in summaries {
-        println!(
-            "{:<28} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2}",
-            s.name,
-            us(s.p50),
-            us(s.p90),
-            us(s.p99),
-            us(s.p999),
-            us(s.p9999),
-            us(s.max),
-            s.stdev / 1000.0,
-            s.p50 as f64 / floor.p50 as f64,
-            s.p999 as f64 / floor.p999 as f64
-        );
+    for case in cases {
+        for (summary, is_floor) in [(Some(&case.floor), true), (case.netdam.as_ref(), false)] {
+            let Some(s) = summary else { continue };
+            let (p50x, p999x) = if is_floor {
+                (String::new(), String::new())
+            } else {
+                (format!("{:.2}", ratio(s.p50, case.floor.p50)), format!("{:.2}", ratio(s.p999, case.floor.p999)))
+            };
+            println!(
+                "{:<34} {:<8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7}",
+                s.name,
+                case.poll.name(),
+                us(s.p50),
+                us(s.p90),
+                us(s.p99),
+                us(s.p999),
+                us(s.p9999),
+                us(s.max),
+                s.stdev / 1000.0,
+                us(s.jitter()),
+                p50x,
+                p999x
+            );
+        }
     }
+    let idle: Vec<String> = cases
+        .iter()
+        .filter_map(|case| case.idle_worker_cpu.map(|cpu| (case.poll.name(), cpu)))
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into_iter()
+        .map(|(poll, cpu)| format!("{poll} {cpu:.1}%"))
+        .collect();
+    if !idle.is_empty() {
+        println!("idle worker CPU (share of one core over 2 s with no requests): {}", idle.join(", "));
+    }
+    let retransmissions: u64 = cases.iter().map(|case| case.retransmissions).sum();
+    if retransmissions > 0 {
+        println!("note: {retransmissions} retransmissions during the netdam runs");
+    }
+}
+
+/// The latency cases as a markdown table.
+pub fn latency_markdown(cases: &[LatencyCase], args: &LatencyArgs) -> String {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let mut text = format!(
+        "Machine: {}. {} round trips per case after {} warm-up. Absolute times hold for this machine only; the ratios to the floor (a raw UDP echo of the same sizes, same polling, same run) are the result.\n\n",
+        machine(),
+        args.requests,
+        args.warmup
+    );
+    text.push_str("| case | poll | floor p50 | netdam p50 | p90 | p99 | floor p99.9 | netdam p99.9 | p99.99 | max | jitter | p50 x | p99.9 x |\n");
+    text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for case in cases {
+        let Some(n) = &case.netdam else { continue };
+        text.push_str(&format!(
+            "| {} {} B | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |\n",
+            case.op,
+            case.size,
+            case.poll.name(),
+            us(case.floor.p50),
+            us(n.p50),
+            us(n.p90),
+            us(n.p99),
+            us(case.floor.p999),
+            us(n.p999),
+            us(n.p9999),
+            us(n.max),
+            us(n.jitter()),
+            ratio(n.p50, case.floor.p50),
+            ratio(n.p999, case.floor.p999)
+        ));
+    }
+    text.push_str("\nTimes in µs; jitter is p99.9 − p50.\n");
+    text
+}
+
+/// Writes latency.json and latency.md into `dir`.
+pub fn write_latency(cases: &[LatencyCase], args: &LatencyArgs, dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|error| format!("writing {}: {error}", path.display()))
+    };
+    write("latency.json", format!("{:#}\n", latency_json(cases, args)))?;
+    write("latency.md", latency_markdown(cases, args))?;
+    eprintln!("wrote {}/latency.json and latency.md", dir.display());
+    Ok(())
 }

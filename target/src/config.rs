@@ -221,6 +221,10 @@ pub struct Config {
     /// Spin time before blocking, in adaptive mode.
     #[serde(default = "default_adaptive_spin_us")]
     pub adaptive_spin_us: u64,
+    /// Pin worker i to the i-th CPU this process may run on (wrapping), so its caches, its
+    /// socket's receive path and its timing stay on one core.
+    #[serde(default = "default_pin_workers")]
+    pub pin_workers: bool,
     /// Largest datagram the target receives or sends.
     #[serde(default = "default_max_datagram_bytes")]
     pub max_datagram_bytes: usize,
@@ -245,6 +249,9 @@ fn default_workers() -> usize {
 fn default_poll() -> PollMode {
     PollMode::Adaptive
 }
+fn default_pin_workers() -> bool {
+    true
+}
 fn default_adaptive_spin_us() -> u64 {
     50
 }
@@ -265,6 +272,7 @@ impl Default for Config {
             workers: default_workers(),
             poll: default_poll(),
             adaptive_spin_us: default_adaptive_spin_us(),
+            pin_workers: default_pin_workers(),
             max_datagram_bytes: default_max_datagram_bytes(),
             busy_threshold_us: default_busy_threshold_us(),
             regions: Vec::new(),

@@ -8,6 +8,10 @@
 //! - [`regions`]: the table of memory regions.
 //! - [`socket`]: the shared-port socket and batched receive.
 //! - [`stats`]: per-worker counters.
+//! - [`block`]: one worker's block path (devices, buffers, datagrams waiting for I/O).
+//! - [`namespaces`]: the block namespaces served.
+//! - [`metadata`]: the redb store of regions and namespaces created by admin commands.
+//! - [`sessions`]: one worker's sessions and replay window.
 
 pub mod block;
 pub mod config;

@@ -124,12 +124,19 @@ impl Target {
             threads: Vec::new(),
             engine_name,
         };
+        let cpus = if config.pin_workers { worker::allowed_cpus() } else { Vec::new() };
         for ((index, fd), devices) in sockets.into_iter().enumerate().zip(devices) {
+            let cpu = (!cpus.is_empty()).then(|| cpus[index % cpus.len()]);
             let dispatcher = Dispatcher::new(engine.clone(), shared.clone(), index, devices);
             let shutdown = shutdown.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("netdam-worker-{index}"))
-                .spawn(move || worker::run(fd, dispatcher, settings, shutdown))
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        worker::pin_to_cpu(index, cpu);
+                    }
+                    worker::run(fd, dispatcher, settings, shutdown)
+                })
                 .map_err(StartError::Thread)?;
             target.threads.push(thread);
         }

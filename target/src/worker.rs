@@ -34,6 +34,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     let mut batch = ReceiveBatch::new(settings.max_datagram_bytes);
     let mut out = vec![0u8; settings.max_datagram_bytes];
     let clock = MonotonicClock::new();
+    // Last datagram received or block answer sent.
     let mut last_datagram = clock.now();
     while !shutdown.load(Ordering::Relaxed) {
         // While block I/O is in flight the worker must come back to reap it: it never sleeps.
@@ -53,7 +54,9 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                         tracing::warn!(%error, "receive failed");
                     }
                 }
-                poll_block(&fd, &mut dispatcher, &clock);
+                if poll_block(&fd, &mut dispatcher, &clock) > 0 {
+                    last_datagram = clock.now();
+                }
                 if !wait {
                     std::hint::spin_loop();
                 }
@@ -105,22 +108,50 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 dispatcher.count(Counter::SendErrors);
             }
         }
-        poll_block(&fd, &mut dispatcher, &clock);
+        if poll_block(&fd, &mut dispatcher, &clock) > 0 {
+            last_datagram = clock.now();
+        }
     }
 }
 
-/// Reaps block completions and sends the answers they finish.
-fn poll_block<E: Engine>(fd: &OwnedFd, dispatcher: &mut Dispatcher<E>, clock: &MonotonicClock) {
+/// Reaps block completions and sends the answers they finish; returns how many it sent. An
+/// answer counts as activity for adaptive polling: the initiator's next request usually follows
+/// it within the spin time, and a sleeping worker would add a wake-up to it.
+fn poll_block<E: Engine>(fd: &OwnedFd, dispatcher: &mut Dispatcher<E>, clock: &MonotonicClock) -> usize {
     if dispatcher.block_pending() == 0 {
-        return;
+        return 0;
     }
     let mut failed = 0;
-    dispatcher.poll_block(clock.now(), &mut |reply_to, answer| {
+    let sent = dispatcher.poll_block(clock.now(), &mut |reply_to, answer| {
         if socket::send_to(fd, &reply_to.peer, answer).is_err() {
             failed += 1;
         }
     });
     if failed > 0 {
         dispatcher.stats().add(Counter::SendErrors, failed);
+    }
+    sent
+}
+
+/// The CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is a plain bit set; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect()
+}
+
+/// Pins the calling thread (worker `index`) to `cpu`; logs and goes on unpinned if refused.
+pub fn pin_to_cpu(index: usize, cpu: usize) {
+    // SAFETY: as above; the set names one CPU.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        let error = std::io::Error::last_os_error();
+        tracing::warn!(worker = index, cpu, %error, "cannot pin worker to its CPU; it runs unpinned");
+    } else {
+        tracing::debug!(worker = index, cpu, "worker pinned");
     }
 }

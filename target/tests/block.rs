@@ -30,6 +30,9 @@ fn start(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>) -> TestTarget 
         poll: PollMode::Blocking,
         regions: vec![common::region("mem", 1 << 20, false)],
         namespaces,
+        // As in common::start: no BUSY answers because a loaded test machine was slow.
+        busy_threshold_us: 60_000,
+        pin_workers: false,
         ..Config::default()
     };
     let target = Target::start_with(&config, extra).expect("target starts");

@@ -1,0 +1,291 @@
+//! `netdam-bench latency` and `floor`: round trips of one instruction at a time, per opcode, size
+//! and polling mode, each beside a raw UDP echo of the same request and answer sizes measured in
+//! the same run (the floor).
+//!
+//! The target runs in this process with one worker, serving a memory region and a block
+//! namespace on a pmem region (so block numbers show netdam's path, not a disk); one client
+//! thread times each round trip.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
+use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+use netdam_isa::LaneType;
+use netdam_target::config::{
+    ByteSize, Config, NamespaceBackend, NamespaceConfig, PollMode, RegionBackend, RegionConfig,
+};
+use netdam_target::Target;
+
+use crate::floor;
+use crate::report::Summary;
+
+/// Instructions the latency benchmark can time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchOp {
+    Read,
+    Write,
+    Cas,
+    FetchAdd,
+    Vadd,
+    Crc32,
+    Bread,
+    Bwrite,
+}
+
+/// How the target worker and the client wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LatencyPoll {
+    /// Worker, client and echo spin.
+    Busy,
+    /// The worker spins for its adaptive spin time after each datagram, then sleeps; client and
+    /// echo spin (so the floor is the busy one, and back-to-back requests find the worker awake).
+    Adaptive,
+    /// Worker, client and echo sleep in the kernel.
+    Blocking,
+}
+
+impl LatencyPoll {
+    fn target(self) -> PollMode {
+        match self {
+            LatencyPoll::Busy => PollMode::Busy,
+            LatencyPoll::Adaptive => PollMode::Adaptive,
+            LatencyPoll::Blocking => PollMode::Blocking,
+        }
+    }
+
+    fn spins(self) -> bool {
+        self != LatencyPoll::Blocking
+    }
+
+    /// Name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            LatencyPoll::Busy => "busy",
+            LatencyPoll::Adaptive => "adaptive",
+            LatencyPoll::Blocking => "blocking",
+        }
+    }
+}
+
+/// Settings of the latency benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LatencyArgs {
+    /// Measured round trips per case and system.
+    #[arg(long, default_value_t = 100_000)]
+    pub requests: u64,
+    /// Unmeasured round trips first.
+    #[arg(long, default_value_t = 10_000)]
+    pub warmup: u64,
+    /// Instructions to time, comma-separated: read, write, cas, fetch-add, vadd, crc32, bread,
+    /// bwrite. CAS and FETCH_ADD always move 8 bytes; block sizes round up to 512-byte blocks.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["read"])]
+    pub ops: Vec<BenchOp>,
+    /// Bytes moved per instruction, comma-separated (64 B to 8 KiB).
+    #[arg(long, value_delimiter = ',', default_values_t = [64u32])]
+    pub sizes: Vec<u32>,
+    /// Polling modes, comma-separated: busy, adaptive, blocking.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["busy"])]
+    pub poll: Vec<LatencyPoll>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write latency.json and latency.md (and plots, where fonts exist) to this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
+}
+
+/// One case: an instruction, its size and a polling mode, with the floor and netdam.
+pub struct LatencyCase {
+    /// Instruction name.
+    pub op: &'static str,
+    /// Bytes moved.
+    pub size: u32,
+    /// Polling mode.
+    pub poll: LatencyPoll,
+    /// The UDP echo of the same sizes.
+    pub floor: Summary,
+    /// netdam, when measured.
+    pub netdam: Option<Summary>,
+    /// Percent of one core the idle worker used over two seconds before the case.
+    pub idle_worker_cpu: Option<f64>,
+    /// Retransmissions during the netdam run.
+    pub retransmissions: u64,
+}
+
+const NAMESPACE_BLOCK: u32 = 512;
+
+fn op_for(op: BenchOp, size: u32, index: u64, payload: &[u8]) -> (Op, &'static str, u32) {
+    let span = (32u64 << 20) / u64::from(size.max(8));
+    let offset = (index.wrapping_mul(2_654_435_761) % span) * u64::from(size.max(8));
+    let word = (offset / 8) * 8;
+    match op {
+        BenchOp::Read => (Op::read(0, offset, size), "READ", size),
+        BenchOp::Write => (Op::write(0, offset, &payload[..size as usize]), "WRITE", size),
+        BenchOp::Cas => (Op::cas(0, word, index, index + 1), "CAS", 8),
+        BenchOp::FetchAdd => (Op::fetch_add(0, word, 1), "FETCH_ADD", 8),
+        BenchOp::Vadd => {
+            let lanes = (size / 4).max(1) * 4;
+            let offset = (offset / 4) * 4;
+            (Op::vadd(0, offset, LaneType::F32, &payload[..lanes as usize], false), "VADD", lanes)
+        }
+        BenchOp::Crc32 => (Op::crc32(0, offset, size), "CRC32", size),
+        BenchOp::Bread | BenchOp::Bwrite => {
+            let blocks = size.div_ceil(NAMESPACE_BLOCK).max(1);
+            let span_blocks = (32u64 << 20) / u64::from(NAMESPACE_BLOCK) - u64::from(blocks);
+            let first = index.wrapping_mul(2_654_435_761) % span_blocks;
+            let bytes = blocks * NAMESPACE_BLOCK;
+            if op == BenchOp::Bread {
+                (Op::block_read(0, first, blocks), "BREAD", bytes)
+            } else {
+                let data = &payload[..bytes as usize];
+                (Op::block_write(0, first, NAMESPACE_BLOCK, data, false), "BWRITE", bytes)
+            }
+        }
+    }
+}
+
+/// Request and answer sizes of `op` on the wire, for the floor to echo alike.
+fn wire_sizes(op: &Op, answer_data: usize) -> (usize, usize) {
+    (HEADER_LEN + op.as_instruction().encoded_len(), HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN + answer_data)
+}
+
+fn answer_data(op: BenchOp, bytes: u32) -> usize {
+    match op {
+        BenchOp::Read | BenchOp::Bread => bytes as usize,
+        BenchOp::Cas | BenchOp::FetchAdd => 8,
+        BenchOp::Crc32 => 4,
+        _ => 0,
+    }
+}
+
+fn target_config(data_dir: &Path, poll: LatencyPoll) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().expect("valid literal"),
+        data_dir: Some(data_dir.to_path_buf()),
+        workers: 1,
+        poll: poll.target(),
+        regions: vec![RegionConfig {
+            name: "bench".to_string(),
+            backend: RegionBackend::Mem,
+            path: None,
+            size: ByteSize(64 << 20),
+        }],
+        namespaces: vec![NamespaceConfig {
+            name: "bench".into(),
+            backend: NamespaceBackend::Pmem,
+            path: "bench-namespace.region".into(),
+            size: Some(ByteSize(32 << 20)),
+            block_size: NAMESPACE_BLOCK,
+        }],
+        ..Config::default()
+    }
+}
+
+/// CPU time the thread named `name` of this process has used, from /proc.
+pub fn thread_cpu(name: &str) -> Option<Duration> {
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    for entry in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+        let after = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let used: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        return Some(Duration::from_nanos(used * 1_000_000_000 / ticks));
+    }
+    None
+}
+
+/// Percent of a core the idle worker uses over `window`.
+fn idle_cpu(window: Duration) -> Option<f64> {
+    let before = thread_cpu("netdam-worker-0")?;
+    std::thread::sleep(window);
+    let after = thread_cpu("netdam-worker-0")?;
+    Some((after - before).as_secs_f64() / window.as_secs_f64() * 100.0)
+}
+
+/// Runs every case.
+pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
+    let scratch = tempfile::tempdir().expect("temporary directory");
+    let payload = vec![0x3Cu8; 1 << 16];
+    let mut cases = Vec::new();
+    for &poll in &args.poll {
+        let start = || {
+            Target::start(&target_config(scratch.path(), poll)).unwrap_or_else(|error| panic!("netdam target: {error}"))
+        };
+        let idle_worker_cpu = if with_netdam {
+            let target = start();
+            let idle = idle_cpu(Duration::from_secs(2));
+            target.stop();
+            idle
+        } else {
+            None
+        };
+        for &op in &args.ops {
+            let sizes: &[u32] = if matches!(op, BenchOp::Cas | BenchOp::FetchAdd) { &[8] } else { &args.sizes };
+            for &size in sizes {
+                let (sample, name, bytes) = op_for(op, size, 0, &payload);
+                let (request_bytes, response_bytes) = wire_sizes(&sample, answer_data(op, bytes));
+                // The floor runs alone: a spinning netdam worker would take one of its cores.
+                let echo = floor::EchoServer::start(poll.spins(), response_bytes);
+                let floor = floor::measure(echo.addr(), poll.spins(), request_bytes, args.warmup, args.requests);
+                echo.stop();
+                let floor = Summary::new(format!("udp echo {request_bytes} B → {response_bytes} B"), &floor);
+                let (netdam, retransmissions) = if with_netdam {
+                    let target = start();
+                    let (histogram, retransmissions) = measure_netdam(&target, args, poll, op, size, &payload);
+                    target.stop();
+                    (Some(Summary::new(format!("netdam {name} {bytes} B"), &histogram)), retransmissions)
+                } else {
+                    (None, 0)
+                };
+                cases.push(LatencyCase {
+                    op: name,
+                    size: bytes,
+                    poll,
+                    floor,
+                    netdam,
+                    idle_worker_cpu,
+                    retransmissions,
+                });
+            }
+        }
+    }
+    cases
+}
+
+fn measure_netdam(
+    target: &Target,
+    args: &LatencyArgs,
+    poll: LatencyPoll,
+    op: BenchOp,
+    size: u32,
+    payload: &[u8],
+) -> (Histogram<u64>, u64) {
+    let options = ClientOptions {
+        poll: if poll.spins() { ClientPoll::Busy } else { ClientPoll::Blocking },
+        ..ClientOptions::default()
+    };
+    let mut client =
+        Client::connect_with(target.local_addr(), options).unwrap_or_else(|error| panic!("netdam client: {error}"));
+    let before = client.session_stats().retransmissions;
+    let mut histogram = crate::histogram();
+    for index in 0..args.warmup + args.requests {
+        let (request, name, _) = op_for(op, size, index, payload);
+        let started = Instant::now();
+        let reply = client.call(std::slice::from_ref(&request)).unwrap_or_else(|error| panic!("{name}: {error}"));
+        let elapsed = started.elapsed();
+        if let Err(error) = reply.data(0) {
+            panic!("{name} answered {error}");
+        }
+        if index >= args.warmup {
+            crate::record(&mut histogram, elapsed);
+        }
+    }
+    (histogram, client.session_stats().retransmissions - before)
+}
