@@ -18,8 +18,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   # fio: the device floor beside which `netdam-bench block` measures the namespace path.
-  apt-get install -y -qq --no-install-recommends build-essential pkg-config ca-certificates fio util-linux >/dev/null
-  echo "build-essential pkg-config ca-certificates fio util-linux: installed"
+  # fonts-dejavu-core: the font netdam-bench draws its plots' text with.
+  apt-get install -y -qq --no-install-recommends build-essential pkg-config ca-certificates fio util-linux \
+    fonts-dejavu-core >/dev/null
+  echo "build-essential pkg-config ca-certificates fio util-linux fonts-dejavu-core: installed"
 else
   skip "package installation (needs root and apt-get); assuming a C toolchain is present"
 fi
@@ -85,7 +87,12 @@ elif [ "$incast_status" != 0 ]; then
 fi
 
 step "benchmark smoke run (not a test: timings never fail the build)"
-./build/release/netdam-bench latency --requests 2000 --warmup 200 --poll blocking
+smoke_results="$(mktemp -d -t netdam-bench.XXXXXX)"
+./build/release/netdam-bench latency --requests 2000 --warmup 200 --poll blocking,adaptive \
+  --ops read,write,cas,fetch-add,vadd,crc32,bread,bwrite --sizes 64,4096 --out "$smoke_results"
+./build/release/netdam-bench throughput --depths 1,8,32 --seconds 0.3 --poll blocking --out "$smoke_results"
+ls "$smoke_results"
+rm -rf "$smoke_results"
 ./build/release/netdam-bench sim --workload incast --initiators 8 --millis 2 > /dev/null
 if command -v fio >/dev/null; then
   ./build/release/netdam-bench block --file-size 64MiB --seconds 0.5 --depths 1,8

@@ -283,8 +283,9 @@ fn drive(
             } else {
                 Op::block_read(disk.id, block, 1)
             };
+            let started = Instant::now();
             let ticket = client.submit(&[op]).map_err(|error| error.to_string())?;
-            submitted_at.insert(ticket, Instant::now());
+            submitted_at.insert(ticket, started);
             in_flight += 1;
         }
         let Some((ticket, result)) = client.wait_any().map_err(|error| error.to_string())? else { break };

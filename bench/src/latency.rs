@@ -88,6 +88,9 @@ pub struct LatencyArgs {
     /// Polling modes, comma-separated: busy, adaptive, blocking.
     #[arg(long, value_enum, value_delimiter = ',', default_values = ["busy"])]
     pub poll: Vec<LatencyPoll>,
+    /// Pin the target's worker to a core (the target's default), or let the scheduler move it.
+    #[arg(long, value_enum, default_value_t = crate::OnOff::On)]
+    pub pin: crate::OnOff,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -160,8 +163,9 @@ fn answer_data(op: BenchOp, bytes: u32) -> usize {
     }
 }
 
-fn target_config(data_dir: &Path, poll: LatencyPoll) -> Config {
+fn target_config(data_dir: &Path, poll: LatencyPoll, pin: bool) -> Config {
     Config {
+        pin_workers: pin,
         listen: "127.0.0.1:0".parse().expect("valid literal"),
         data_dir: Some(data_dir.to_path_buf()),
         workers: 1,
@@ -216,7 +220,8 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
     let mut cases = Vec::new();
     for &poll in &args.poll {
         let start = || {
-            Target::start(&target_config(scratch.path(), poll)).unwrap_or_else(|error| panic!("netdam target: {error}"))
+            Target::start(&target_config(scratch.path(), poll, args.pin == crate::OnOff::On))
+                .unwrap_or_else(|error| panic!("netdam target: {error}"))
         };
         let idle_worker_cpu = if with_netdam {
             let target = start();

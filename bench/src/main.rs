@@ -4,7 +4,9 @@
 mod block;
 mod floor;
 mod latency;
+mod plots;
 mod report;
+mod throughput;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -33,6 +35,9 @@ enum Command {
     Latency(latency::LatencyArgs),
     /// Only the raw UDP echo floor, for the same cases.
     Floor(latency::LatencyArgs),
+    /// Operations per second as requests in flight and sessions grow, beside a UDP echo driven
+    /// alike; latency and CPU time per operation at each point.
+    Throughput(throughput::ThroughputArgs),
     /// 4 KiB random reads and writes on a namespace (QD1, QD32) beside fio's io_uring engine on
     /// the same file, then memory READ latency with and without a block write load.
     Block(block::BlockArgs),
@@ -141,6 +146,12 @@ fn main() {
         Command::Latency(args) => latency(&args, true),
         Command::Floor(args) => latency(&args, false),
         Command::Sim(args) => simulate(&args),
+        Command::Throughput(args) => {
+            if let Err(message) = throughput::run(&args).and_then(|points| throughput::report(&points, &args)) {
+                eprintln!("netdam-bench throughput: {message}");
+                std::process::exit(1);
+            }
+        }
         Command::Block(args) => {
             if let Err(message) = block::run(&args) {
                 eprintln!("netdam-bench block: {message}");

@@ -191,5 +191,9 @@ pub fn write_latency(cases: &[LatencyCase], args: &LatencyArgs, dir: &Path) -> R
     write("latency.json", format!("{:#}\n", latency_json(cases, args)))?;
     write("latency.md", latency_markdown(cases, args))?;
     eprintln!("wrote {}/latency.json and latency.md", dir.display());
+    match crate::plots::latency(cases, dir) {
+        Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
+        Err(message) => eprintln!("{message}"),
+    }
     Ok(())
 }

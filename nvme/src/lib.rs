@@ -184,6 +184,14 @@ pub trait BlockDevice: Send {
     /// The registered buffer behind `index` (`max_transfer_blocks` blocks long), for filling
     /// writes and reading reads.
     fn buffer(&mut self, index: BufferIndex) -> &mut [u8];
+
+    /// Keeps the kernel threads that finish this device's requests for the calling thread (the
+    /// worker, once pinned) on `cpus`, away from the worker's own core. Devices without helper
+    /// threads ignore it.
+    fn place_helpers(&mut self, cpus: &[usize]) -> io::Result<()> {
+        let _ = cpus;
+        Ok(())
+    }
 }
 
 /// Error for a failed request of `request`, from an `errno`-style error.

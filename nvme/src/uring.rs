@@ -248,6 +248,18 @@ impl BlockDevice for UringDevice {
     fn buffer(&mut self, index: BufferIndex) -> &mut [u8] {
         self.buffers.get(usize::from(index.0))
     }
+
+    fn place_helpers(&mut self, cpus: &[usize]) -> io::Result<()> {
+        // io_uring's worker threads (io-wq: O_DIRECT writes that cannot be issued without
+        // blocking) inherit the submitting thread's affinity; next to a spinning worker pinned
+        // to one core they would wait for that core's time slice.
+        // SAFETY: cpu_set_t is a plain bit set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &cpu in cpus {
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        self.ring.submitter().register_iowq_aff(&set)
+    }
 }
 
 fn backing_kind(file: &File) -> io::Result<BackingKind> {

@@ -217,6 +217,16 @@ impl<E: Engine> Dispatcher<E> {
         Handled::Deferred(slot)
     }
 
+    /// Keeps the kernel's helper threads for this worker's block devices on `cpus` (called from
+    /// the worker's thread once it is pinned).
+    pub fn place_block_helpers(&mut self, cpus: &[usize]) {
+        for device in &mut self.block.devices {
+            if let Err(error) = device.place_helpers(cpus) {
+                tracing::warn!(worker = self.worker, %error, "cannot place io_uring helper threads");
+            }
+        }
+    }
+
     /// Says where the answer of the datagram deferred in `slot` goes.
     pub fn set_reply_to(&mut self, slot: u16, reply_to: ReplyTo) {
         self.block.slots[usize::from(slot)].reply_to = Some(reply_to);

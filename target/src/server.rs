@@ -126,14 +126,18 @@ impl Target {
         };
         let cpus = if config.pin_workers { worker::allowed_cpus() } else { Vec::new() };
         for ((index, fd), devices) in sockets.into_iter().enumerate().zip(devices) {
-            let cpu = (!cpus.is_empty()).then(|| cpus[index % cpus.len()]);
+            let cpu = (!cpus.is_empty()).then(|| cpus[cpus.len() - 1 - index % cpus.len()]);
+            let helper_cpus = cpus.clone();
             let dispatcher = Dispatcher::new(engine.clone(), shared.clone(), index, devices);
             let shutdown = shutdown.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("netdam-worker-{index}"))
                 .spawn(move || {
+                    let mut dispatcher = dispatcher;
                     if let Some(cpu) = cpu {
                         worker::pin_to_cpu(index, cpu);
+                        let others: Vec<usize> = helper_cpus.iter().copied().filter(|&other| other != cpu).collect();
+                        dispatcher.place_block_helpers(if others.is_empty() { &helper_cpus } else { &others });
                     }
                     worker::run(fd, dispatcher, settings, shutdown)
                 })

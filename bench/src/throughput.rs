@@ -1,0 +1,436 @@
+//! `netdam-bench throughput`: operations per second as requests in flight and sessions grow,
+//! beside a raw UDP echo driven the same way (same datagram sizes, same depth, same number of
+//! client threads) in the same run; latency and CPU time per operation at each point.
+//!
+//! CPU time comes from the kernel's per-thread accounting: the target's worker thread (from
+//! /proc) and each client thread (`getrusage(RUSAGE_THREAD)`).
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use netdam_initiator::session::SessionConfig;
+use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
+use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+use netdam_target::config::{
+    ByteSize, Config, NamespaceBackend, NamespaceConfig, PollMode, RegionBackend, RegionConfig,
+};
+use netdam_target::Target;
+use serde_json::json;
+
+use crate::floor;
+use crate::latency::{thread_cpu, LatencyPoll};
+
+/// Instructions the throughput benchmark drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ThroughputOp {
+    Read,
+    Write,
+    FetchAdd,
+    Bread,
+    Bwrite,
+}
+
+/// Settings of the throughput benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ThroughputArgs {
+    /// Instruction to drive.
+    #[arg(long, value_enum, default_value_t = ThroughputOp::Read)]
+    pub op: ThroughputOp,
+    /// Bytes per instruction (block instructions round up to 512-byte blocks).
+    #[arg(long, value_delimiter = ',', default_values_t = [64u32])]
+    pub sizes: Vec<u32>,
+    /// Requests in flight per session, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64, 128])]
+    pub depths: Vec<usize>,
+    /// Sessions (client threads), comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize])]
+    pub sessions: Vec<usize>,
+    /// Instructions per datagram.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Seconds per point (after a quarter of that as warm-up).
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// busy (worker, clients and echo spin), adaptive or blocking.
+    #[arg(long, value_enum, default_value_t = LatencyPoll::Busy)]
+    pub poll: LatencyPoll,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write throughput.json and throughput.md to this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
+}
+
+/// One point of the sweep.
+pub struct Point {
+    pub sessions: usize,
+    pub depth: usize,
+    pub size: u32,
+    /// Echo round trips per second.
+    pub floor_rate: f64,
+    /// netdam instructions per second.
+    pub ops_per_s: f64,
+    /// Payload bytes per second.
+    pub bytes_per_s: f64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    /// CPU time per instruction, ns: the target's worker, and the clients together.
+    pub target_cpu_ns: f64,
+    pub client_cpu_ns: f64,
+    pub retransmissions: u64,
+    pub busy: u64,
+}
+
+fn poll_spins(poll: LatencyPoll) -> bool {
+    poll != LatencyPoll::Blocking
+}
+
+fn thread_cpu_self() -> Duration {
+    // SAFETY: getrusage fills the struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
+
+fn ops(op: ThroughputOp, size: u32, batch: usize, index: u64, payload: &[u8]) -> (Vec<Op>, u32) {
+    const BLOCK: u32 = 512;
+    let blocks = size.div_ceil(BLOCK).max(1);
+    let moved = match op {
+        ThroughputOp::Bread | ThroughputOp::Bwrite => blocks * BLOCK,
+        ThroughputOp::FetchAdd => 8,
+        _ => size,
+    };
+    let list = (0..batch as u64)
+        .map(|k| {
+            let slot = (index * batch as u64 + k).wrapping_mul(2_654_435_761);
+            let offset = (slot % ((32u64 << 20) / u64::from(moved.max(8)))) * u64::from(moved.max(8));
+            let block = slot % ((32u64 << 20) / u64::from(BLOCK) - u64::from(blocks));
+            match op {
+                ThroughputOp::Read => Op::read(0, offset, size),
+                ThroughputOp::Write => Op::write(0, offset, &payload[..size as usize]),
+                ThroughputOp::FetchAdd => Op::fetch_add(0, offset / 8 * 8, 1),
+                ThroughputOp::Bread => Op::block_read(0, block, blocks),
+                ThroughputOp::Bwrite => Op::block_write(0, block, BLOCK, &payload[..moved as usize], false),
+            }
+        })
+        .collect();
+    (list, moved)
+}
+
+fn target_config(data_dir: &std::path::Path, poll: LatencyPoll) -> Config {
+    Config {
+        listen: "127.0.0.1:0".parse().expect("valid literal"),
+        data_dir: Some(data_dir.to_path_buf()),
+        workers: 1,
+        poll: match poll {
+            LatencyPoll::Busy => PollMode::Busy,
+            LatencyPoll::Adaptive => PollMode::Adaptive,
+            LatencyPoll::Blocking => PollMode::Blocking,
+        },
+        regions: vec![RegionConfig {
+            name: "bench".into(),
+            backend: RegionBackend::Mem,
+            path: None,
+            size: ByteSize(64 << 20),
+        }],
+        namespaces: vec![NamespaceConfig {
+            name: "bench".into(),
+            backend: NamespaceBackend::Pmem,
+            path: "throughput-namespace.region".into(),
+            size: Some(ByteSize(32 << 20)),
+            block_size: 512,
+        }],
+        ..Config::default()
+    }
+}
+
+/// Echo round trips per second with `sessions` threads each keeping `depth` datagrams in flight.
+fn floor_rate(poll: LatencyPoll, sessions: usize, depth: usize, sizes: (usize, usize), seconds: f64) -> f64 {
+    let spins = poll_spins(poll);
+    let echo = floor::EchoServer::start(spins, sizes.1);
+    let addr = echo.addr();
+    let barrier = Arc::new(Barrier::new(sessions));
+    let threads: Vec<_> = (0..sessions)
+        .map(|_| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || echo_client(addr, spins, depth, sizes.0, seconds, &barrier))
+        })
+        .collect();
+    let total: u64 = threads.into_iter().map(|thread| thread.join().unwrap_or(0)).sum();
+    echo.stop();
+    total as f64 / seconds
+}
+
+fn echo_client(
+    addr: SocketAddr,
+    spins: bool,
+    depth: usize,
+    request_bytes: usize,
+    seconds: f64,
+    barrier: &Barrier,
+) -> u64 {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    socket.connect(addr).expect("connect");
+    if spins {
+        socket.set_nonblocking(true).expect("non-blocking");
+    } else {
+        socket.set_read_timeout(Some(Duration::from_millis(20))).expect("timeout");
+    }
+    let request = vec![0xA5u8; request_bytes];
+    let mut buffer = vec![0u8; 65_536];
+    barrier.wait();
+    let warm_until = Instant::now() + Duration::from_secs_f64(seconds / 4.0);
+    let stop_at = warm_until + Duration::from_secs_f64(seconds);
+    let mut outstanding = 0;
+    let mut counted = 0;
+    loop {
+        while outstanding < depth {
+            if socket.send(&request).is_ok() {
+                outstanding += 1;
+            } else {
+                break;
+            }
+        }
+        let now = Instant::now();
+        if now >= stop_at {
+            return counted;
+        }
+        match socket.recv(&mut buffer) {
+            Ok(_) => {
+                outstanding -= 1;
+                if now >= warm_until {
+                    counted += 1;
+                }
+            }
+            // A lost datagram (full socket buffer at high depth): count it as no longer in flight.
+            Err(error)
+                if error.kind() == std::io::ErrorKind::TimedOut || error.kind() == std::io::ErrorKind::WouldBlock =>
+            {
+                if !spins {
+                    outstanding = outstanding.saturating_sub(1);
+                }
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+struct ClientResult {
+    histogram: Histogram<u64>,
+    instructions: u64,
+    cpu: Duration,
+    retransmissions: u64,
+    busy: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn netdam_client(
+    addr: SocketAddr,
+    poll: LatencyPoll,
+    op: ThroughputOp,
+    size: u32,
+    batch: usize,
+    depth: usize,
+    seconds: f64,
+    barrier: &Barrier,
+) -> Result<ClientResult, String> {
+    let session = SessionConfig { max_in_flight: depth, ..SessionConfig::default() };
+    let poll = if poll_spins(poll) { ClientPoll::Busy } else { ClientPoll::Blocking };
+    let mut client = Client::connect_with(addr, ClientOptions { session, poll }).map_err(|e| e.to_string())?;
+    let payload = vec![0x3Cu8; 1 << 16];
+    let mut histogram = crate::histogram();
+    let mut submitted_at = std::collections::HashMap::with_capacity(depth * 2);
+    barrier.wait();
+    let warm_until = Instant::now() + Duration::from_secs_f64(seconds / 4.0);
+    let stop_at = warm_until + Duration::from_secs_f64(seconds);
+    let mut cpu_start = None;
+    let mut index = 0u64;
+    let mut in_flight = 0;
+    let mut instructions = 0u64;
+    let stats_before = client.session_stats();
+    loop {
+        let now = Instant::now();
+        if now >= warm_until && cpu_start.is_none() {
+            cpu_start = Some(thread_cpu_self());
+        }
+        while now < stop_at && in_flight < depth {
+            let (list, _) = ops(op, size, batch, index, &payload);
+            index += 1;
+            let started = Instant::now();
+            let ticket = client.submit(&list).map_err(|e| e.to_string())?;
+            submitted_at.insert(ticket, started);
+            in_flight += 1;
+        }
+        let Some((ticket, result)) = client.wait_any().map_err(|e| e.to_string())? else { break };
+        in_flight -= 1;
+        let reply = result.map_err(|e| e.to_string())?;
+        let done = Instant::now();
+        let submitted = submitted_at.remove(&ticket).expect("timed");
+        if submitted >= warm_until && done <= stop_at {
+            for k in 0..batch {
+                reply.data(k).map_err(|e| e.to_string())?;
+            }
+            crate::record(&mut histogram, done - submitted);
+            instructions += batch as u64;
+        }
+    }
+    let cpu = thread_cpu_self().saturating_sub(cpu_start.unwrap_or_default());
+    let stats = client.session_stats();
+    Ok(ClientResult {
+        histogram,
+        instructions,
+        cpu,
+        retransmissions: stats.retransmissions - stats_before.retransmissions,
+        busy: stats.busy - stats_before.busy,
+    })
+}
+
+fn netdam_point(
+    target: &Target,
+    args: &ThroughputArgs,
+    sessions: usize,
+    depth: usize,
+    size: u32,
+) -> Result<Point, String> {
+    let addr = target.local_addr();
+    let barrier = Arc::new(Barrier::new(sessions + 1));
+    let threads: Vec<_> = (0..sessions)
+        .map(|_| {
+            let barrier = barrier.clone();
+            let (poll, op, batch, seconds) = (args.poll, args.op, args.batch, args.seconds);
+            std::thread::spawn(move || netdam_client(addr, poll, op, size, batch, depth, seconds, &barrier))
+        })
+        .collect();
+    barrier.wait();
+    std::thread::sleep(Duration::from_secs_f64(args.seconds / 4.0));
+    let worker_before = thread_cpu("netdam-worker-0").unwrap_or_default();
+    std::thread::sleep(Duration::from_secs_f64(args.seconds));
+    let worker_cpu = thread_cpu("netdam-worker-0").unwrap_or_default().saturating_sub(worker_before);
+    let mut histogram = crate::histogram();
+    let (mut instructions, mut client_cpu, mut retransmissions, mut busy) = (0, Duration::ZERO, 0, 0);
+    for thread in threads {
+        let result = thread.join().map_err(|_| "a client thread panicked".to_string())??;
+        histogram.add(&result.histogram).map_err(|e| e.to_string())?;
+        instructions += result.instructions;
+        client_cpu += result.cpu;
+        retransmissions += result.retransmissions;
+        busy += result.busy;
+    }
+    let (_, moved) = ops(args.op, size, 1, 0, &[0u8; 1 << 16]);
+    let per = |cpu: Duration| cpu.as_nanos() as f64 / instructions.max(1) as f64;
+    Ok(Point {
+        sessions,
+        depth,
+        size: moved,
+        floor_rate: 0.0,
+        ops_per_s: instructions as f64 / args.seconds,
+        bytes_per_s: instructions as f64 * f64::from(moved) / args.seconds,
+        p50_ns: histogram.value_at_quantile(0.5),
+        p99_ns: histogram.value_at_quantile(0.99),
+        target_cpu_ns: per(worker_cpu),
+        client_cpu_ns: per(client_cpu),
+        retransmissions,
+        busy,
+    })
+}
+
+/// Runs the sweep.
+pub fn run(args: &ThroughputArgs) -> Result<Vec<Point>, String> {
+    let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut points = Vec::new();
+    for &size in &args.sizes {
+        let payload = vec![0u8; 1 << 16];
+        let (sample, moved) = ops(args.op, size, args.batch, 0, &payload);
+        let request_bytes = HEADER_LEN + sample.iter().map(|op| op.as_instruction().encoded_len()).sum::<usize>();
+        let answer_data = match args.op {
+            ThroughputOp::Read | ThroughputOp::Bread => moved as usize,
+            ThroughputOp::FetchAdd => 8,
+            _ => 0,
+        };
+        let response_bytes = HEADER_LEN + args.batch * (RESPONSE_INSTRUCTION_HEADER_LEN + answer_data);
+        for &sessions in &args.sessions {
+            for &depth in &args.depths {
+                let floor = floor_rate(args.poll, sessions, depth, (request_bytes, response_bytes), args.seconds);
+                let target = Target::start(&target_config(scratch.path(), args.poll)).map_err(|e| e.to_string())?;
+                let mut point = netdam_point(&target, args, sessions, depth, size)?;
+                target.stop();
+                point.floor_rate = floor * args.batch as f64;
+                points.push(point);
+            }
+        }
+    }
+    Ok(points)
+}
+
+fn points_json(points: &[Point], args: &ThroughputArgs) -> serde_json::Value {
+    let rows: Vec<_> = points
+        .iter()
+        .map(|p| {
+            json!({"sessions": p.sessions, "depth": p.depth, "bytes": p.size, "floor_ops_per_s": p.floor_rate,
+                   "ops_per_s": p.ops_per_s, "ratio": p.ops_per_s / p.floor_rate.max(1.0), "bytes_per_s": p.bytes_per_s,
+                   "p50_ns": p.p50_ns, "p99_ns": p.p99_ns, "target_cpu_ns_per_op": p.target_cpu_ns,
+                   "client_cpu_ns_per_op": p.client_cpu_ns, "retransmissions": p.retransmissions, "busy": p.busy})
+        })
+        .collect();
+    json!({"machine": crate::report::machine(), "op": format!("{:?}", args.op).to_lowercase(), "batch": args.batch,
+           "poll": args.poll.name(), "seconds": args.seconds,
+           "note": "floor: a UDP echo with the same datagram sizes, depth and client threads, same run", "points": rows})
+}
+
+fn markdown(points: &[Point], args: &ThroughputArgs) -> String {
+    let mut text = format!(
+        "Machine: {}. {:?} of the sizes below, {} per datagram, {} polling, {} s per point. The floor is a UDP echo with the same datagram sizes, depth and client threads, in the same run.\n\n",
+        crate::report::machine(),
+        args.op,
+        args.batch,
+        args.poll.name(),
+        args.seconds
+    );
+    text.push_str("| sessions | depth | bytes | floor ops/s | netdam ops/s | x floor | MB/s | p50 µs | p99 µs | target CPU ns/op | client CPU ns/op |\n");
+    text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for p in points {
+        text.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} |\n",
+            p.sessions,
+            p.depth,
+            p.size,
+            p.floor_rate,
+            p.ops_per_s,
+            p.ops_per_s / p.floor_rate.max(1.0),
+            p.bytes_per_s / 1e6,
+            p.p50_ns as f64 / 1000.0,
+            p.p99_ns as f64 / 1000.0,
+            p.target_cpu_ns,
+            p.client_cpu_ns
+        ));
+    }
+    text
+}
+
+/// Prints the sweep and writes the files asked for.
+pub fn report(points: &[Point], args: &ThroughputArgs) -> Result<(), String> {
+    if args.json {
+        println!("{}", points_json(points, args));
+    } else {
+        print!("{}", markdown(points, args));
+        let rexmit: u64 = points.iter().map(|p| p.retransmissions).sum();
+        let busy: u64 = points.iter().map(|p| p.busy).sum();
+        println!("\nretransmissions: {rexmit}, busy answers: {busy}");
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        std::fs::write(dir.join("throughput.json"), format!("{:#}\n", points_json(points, args)))
+            .map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("throughput.md"), markdown(points, args)).map_err(|e| e.to_string())?;
+        eprintln!("wrote {}/throughput.json and throughput.md", dir.display());
+        match crate::plots::throughput(points, dir) {
+            Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
+            Err(message) => eprintln!("{message}"),
+        }
+    }
+    Ok(())
+}
