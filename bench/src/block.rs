@@ -88,6 +88,9 @@ pub struct BlockArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Also write block.json and block.md to this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -137,7 +140,19 @@ pub fn run(args: &BlockArgs) -> Result<(), String> {
         }
     }
     let under_load = read_under_write_load(&file, scratch.path(), args)?;
-    print(args, fio.as_deref(), &cases, &under_load);
+    if args.json {
+        println!("{}", report_json(args, fio.as_deref(), &cases, &under_load));
+    } else {
+        print!("{}", tables(args, fio.as_deref(), &cases, &under_load));
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
+        let json = format!("{:#}\n", report_json(args, fio.as_deref(), &cases, &under_load));
+        std::fs::write(dir.join("block.json"), json).map_err(|error| error.to_string())?;
+        let markdown = format!("```text\n{}```\n", tables(args, fio.as_deref(), &cases, &under_load));
+        std::fs::write(dir.join("block.md"), markdown).map_err(|error| error.to_string())?;
+        eprintln!("wrote {}/block.json and block.md", dir.display());
+    }
     Ok(())
 }
 
@@ -385,27 +400,29 @@ fn read_under_write_load(
     Ok(results)
 }
 
-fn print(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &[(String, Histogram<u64>, u64)]) {
+type UnderLoad = [(String, Histogram<u64>, u64)];
+
+fn report_json(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &UnderLoad) -> serde_json::Value {
+    let loads: Vec<_> = under_load
+        .iter()
+        .map(|(name, h, writes)| {
+            json!({"name": name, "count": h.len(), "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99),
+                   "p999_ns": h.value_at_quantile(0.999), "max_ns": h.max(), "concurrent_writes": writes})
+        })
+        .collect();
+    let rows: Vec<_> = cases.iter().map(Case::to_json).collect();
+    json!({"machine": crate::report::machine(), "fio": fio, "poll": format!("{:?}", args.poll).to_lowercase(),
+           "congestion_control": format!("{:?}", args.cc).to_lowercase(), "file_bytes": args.file_size,
+           "seconds": args.seconds, "cases": rows, "read_under_write_load": loads})
+}
+
+fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &UnderLoad) -> String {
+    use std::fmt::Write;
     let us = |ns: u64| ns as f64 / 1000.0;
-    if args.json {
-        let loads: Vec<_> = under_load
-            .iter()
-            .map(|(name, h, writes)| {
-                json!({"name": name, "count": h.len(), "p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99),
-                       "p999_ns": h.value_at_quantile(0.999), "max_ns": h.max(), "concurrent_writes": writes})
-            })
-            .collect();
-        let rows: Vec<_> = cases.iter().map(Case::to_json).collect();
-        println!(
-            "{}",
-            json!({"machine": crate::report::machine(), "fio": fio, "poll": format!("{:?}", args.poll).to_lowercase(),
-                   "congestion_control": format!("{:?}", args.cc).to_lowercase(),
-                   "cases": rows, "read_under_write_load": loads})
-        );
-        return;
-    }
-    println!("machine: {} (absolute numbers hold for this machine only)", crate::report::machine());
-    println!(
+    let mut text = String::new();
+    let _ = writeln!(text, "machine: {} (absolute numbers hold for this machine only)", crate::report::machine());
+    let _ = writeln!(
+        text,
         "4 KiB random I/O on one {} MiB file, {:.0} s per case, {:?} polling, congestion control {:?}; fio: {}",
         args.file_size >> 20,
         args.seconds,
@@ -413,7 +430,8 @@ fn print(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &[(Str
         args.cc,
         fio.unwrap_or("skipped")
     );
-    println!(
+    let _ = writeln!(
+        text,
         "{:<14} {:<10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  session",
         "system", "pattern", "depth", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "IOPS x", "p99.9 x"
     );
@@ -434,7 +452,8 @@ fn print(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &[(Str
                 format!("{retransmissions} retransmitted, {busy} busy, window {window:.1}")
             })
             .unwrap_or_default();
-        println!(
+        let _ = writeln!(
+            text,
             "{:<14} {:<10} {:>5} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9} {:>9}  {session}",
             case.system,
             case.pattern,
@@ -447,13 +466,15 @@ fn print(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &[(Str
             tail_ratio
         );
     }
-    println!();
-    println!(
+    let _ = writeln!(text);
+    let _ = writeln!(
+        text,
         "{:<46} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "memory READ while the namespace works", "count", "p50 µs", "p99 µs", "p99.9 µs", "writes"
     );
     for (name, h, writes) in under_load {
-        println!(
+        let _ = writeln!(
+            text,
             "{:<46} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9}",
             name,
             h.len(),
@@ -463,4 +484,5 @@ fn print(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &[(Str
             writes
         );
     }
+    text
 }
