@@ -115,6 +115,9 @@ pub struct LatencyCase {
     pub idle_worker_cpu: Option<f64>,
     /// Retransmissions during the netdam run.
     pub retransmissions: u64,
+    /// Median time the target held a request (from the kernel's receive timestamp to the
+    /// answer), as its answers report it: the part of netdam's round trip spent in the target.
+    pub target_service_p50_ns: Option<u64>,
 }
 
 const NAMESPACE_BLOCK: u32 = 512;
@@ -207,7 +210,15 @@ pub fn thread_cpu(name: &str) -> Option<Duration> {
 
 /// Percent of a core the idle worker uses over `window`.
 fn idle_cpu(window: Duration) -> Option<f64> {
-    let before = thread_cpu("netdam-worker-0")?;
+    // A new thread names itself once it runs: give it a moment.
+    let named_by = Instant::now() + Duration::from_secs(1);
+    let before = loop {
+        match thread_cpu("netdam-worker-0") {
+            Some(cpu) => break cpu,
+            None if Instant::now() < named_by => std::thread::sleep(Duration::from_millis(5)),
+            None => return None,
+        }
+    };
     std::thread::sleep(window);
     let after = thread_cpu("netdam-worker-0")?;
     Some((after - before).as_secs_f64() / window.as_secs_f64() * 100.0)
@@ -233,21 +244,27 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
         };
         for &op in &args.ops {
             let sizes: &[u32] = if matches!(op, BenchOp::Cas | BenchOp::FetchAdd) { &[8] } else { &args.sizes };
+            let mut measured_bytes = Vec::new();
             for &size in sizes {
                 let (sample, name, bytes) = op_for(op, size, 0, &payload);
+                // Block sizes round up to whole blocks: measure each resulting size once.
+                if measured_bytes.contains(&bytes) {
+                    continue;
+                }
+                measured_bytes.push(bytes);
                 let (request_bytes, response_bytes) = wire_sizes(&sample, answer_data(op, bytes));
                 // The floor runs alone: a spinning netdam worker would take one of its cores.
                 let echo = floor::EchoServer::start(poll.spins(), response_bytes);
                 let floor = floor::measure(echo.addr(), poll.spins(), request_bytes, args.warmup, args.requests);
                 echo.stop();
                 let floor = Summary::new(format!("udp echo {request_bytes} B → {response_bytes} B"), &floor);
-                let (netdam, retransmissions) = if with_netdam {
+                let (netdam, retransmissions, service) = if with_netdam {
                     let target = start();
-                    let (histogram, retransmissions) = measure_netdam(&target, args, poll, op, size, &payload);
+                    let (histogram, retransmissions, service) = measure_netdam(&target, args, poll, op, size, &payload);
                     target.stop();
-                    (Some(Summary::new(format!("netdam {name} {bytes} B"), &histogram)), retransmissions)
+                    (Some(Summary::new(format!("netdam {name} {bytes} B"), &histogram)), retransmissions, Some(service))
                 } else {
-                    (None, 0)
+                    (None, 0, None)
                 };
                 cases.push(LatencyCase {
                     op: name,
@@ -257,6 +274,7 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
                     netdam,
                     idle_worker_cpu,
                     retransmissions,
+                    target_service_p50_ns: service,
                 });
             }
         }
@@ -271,7 +289,7 @@ fn measure_netdam(
     op: BenchOp,
     size: u32,
     payload: &[u8],
-) -> (Histogram<u64>, u64) {
+) -> (Histogram<u64>, u64, u64) {
     let options = ClientOptions {
         poll: if poll.spins() { ClientPoll::Busy } else { ClientPoll::Blocking },
         ..ClientOptions::default()
@@ -280,6 +298,7 @@ fn measure_netdam(
         Client::connect_with(target.local_addr(), options).unwrap_or_else(|error| panic!("netdam client: {error}"));
     let before = client.session_stats().retransmissions;
     let mut histogram = crate::histogram();
+    let mut service = crate::histogram();
     for index in 0..args.warmup + args.requests {
         let (request, name, _) = op_for(op, size, index, payload);
         let started = Instant::now();
@@ -290,7 +309,8 @@ fn measure_netdam(
         }
         if index >= args.warmup {
             crate::record(&mut histogram, elapsed);
+            service.saturating_record(u64::from(reply.response().header.service_time_ns));
         }
     }
-    (histogram, client.session_stats().retransmissions - before)
+    (histogram, client.session_stats().retransmissions - before, service.value_at_quantile(0.5))
 }

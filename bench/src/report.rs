@@ -85,7 +85,8 @@ fn latency_json(cases: &[LatencyCase], args: &LatencyArgs) -> serde_json::Value 
                    "netdam": netdam.map(Summary::to_json),
                    "p50_ratio": netdam.map(|n| ratio(n.p50, case.floor.p50)),
                    "p999_ratio": netdam.map(|n| ratio(n.p999, case.floor.p999)),
-                   "idle_worker_cpu_percent": case.idle_worker_cpu, "retransmissions": case.retransmissions})
+                   "idle_worker_cpu_percent": case.idle_worker_cpu, "retransmissions": case.retransmissions,
+                   "target_service_p50_ns": case.target_service_p50_ns})
         })
         .collect();
     json!({"machine": machine(), "note": "absolute times hold for this machine only; the ratios are the result",
@@ -102,19 +103,35 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
     println!("machine: {} (absolute times hold for this machine only; ratios are the result)", machine());
     println!("{} measured round trips per system and case, after {} warm-up", args.requests, args.warmup);
     println!(
-        "{:<34} {:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
-        "system (µs)", "poll", "p50", "p90", "p99", "p99.9", "p99.99", "max", "stdev", "jitter", "p50 x", "p99.9 x"
+        "{:<34} {:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>9}",
+        "system (µs)",
+        "poll",
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "p99.99",
+        "max",
+        "stdev",
+        "jitter",
+        "p50 x",
+        "p99.9 x",
+        "in target"
     );
     for case in cases {
         for (summary, is_floor) in [(Some(&case.floor), true), (case.netdam.as_ref(), false)] {
             let Some(s) = summary else { continue };
-            let (p50x, p999x) = if is_floor {
-                (String::new(), String::new())
+            let (p50x, p999x, service) = if is_floor {
+                (String::new(), String::new(), String::new())
             } else {
-                (format!("{:.2}", ratio(s.p50, case.floor.p50)), format!("{:.2}", ratio(s.p999, case.floor.p999)))
+                (
+                    format!("{:.2}", ratio(s.p50, case.floor.p50)),
+                    format!("{:.2}", ratio(s.p999, case.floor.p999)),
+                    case.target_service_p50_ns.map(|ns| format!("{:.1}", us(ns))).unwrap_or_default(),
+                )
             };
             println!(
-                "{:<34} {:<8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7}",
+                "{:<34} {:<8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7} {:>9}",
                 s.name,
                 case.poll.name(),
                 us(s.p50),
@@ -126,7 +143,8 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
                 s.stdev / 1000.0,
                 us(s.jitter()),
                 p50x,
-                p999x
+                p999x,
+                service
             );
         }
     }
@@ -140,6 +158,7 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
     if !idle.is_empty() {
         println!("idle worker CPU (share of one core over 2 s with no requests): {}", idle.join(", "));
     }
+    println!("in target: median time the target held a request (kernel receive to answer), from its answers");
     let retransmissions: u64 = cases.iter().map(|case| case.retransmissions).sum();
     if retransmissions > 0 {
         println!("note: {retransmissions} retransmissions during the netdam runs");

@@ -411,8 +411,29 @@ fn markdown(points: &[Point], args: &ThroughputArgs) -> String {
     text
 }
 
+/// Whether `perf stat` can count instructions here (virtual machines often cannot).
+fn perf_counts_instructions() -> Result<(), String> {
+    let output = std::process::Command::new("perf")
+        .args(["stat", "-x,", "-e", "instructions", "true"])
+        .output()
+        .map_err(|error| format!("perf is not installed ({error})"))?;
+    let text = String::from_utf8_lossy(&output.stderr);
+    if text.contains("not supported") || text.contains("not counted") || !output.status.success() {
+        Err("perf stat cannot count instructions on this machine (no hardware counters)".into())
+    } else {
+        Ok(())
+    }
+}
+
 /// Prints the sweep and writes the files asked for.
 pub fn report(points: &[Point], args: &ThroughputArgs) -> Result<(), String> {
+    if let Err(reason) = perf_counts_instructions() {
+        eprintln!("note: {reason}; CPU time per operation comes from the kernel's per-thread accounting");
+    } else {
+        eprintln!(
+            "note: perf counts instructions here; for instructions per operation run `perf stat -e instructions -t <worker tid>` during a point"
+        );
+    }
     if args.json {
         println!("{}", points_json(points, args));
     } else {
