@@ -90,6 +90,7 @@ step "benchmark smoke run (not a test: timings never fail the build)"
 smoke_results="$(mktemp -d -t netdam-bench.XXXXXX)"
 ./build/release/netdam-bench latency --requests 2000 --warmup 200 --poll blocking,adaptive \
   --ops read,write,cas,fetch-add,vadd,crc32,bread,bwrite --sizes 64,4096 --out "$smoke_results"
+./build/release/netdam-bench floor --requests 2000 --warmup 200 --poll blocking --sizes 64
 ./build/release/netdam-bench throughput --depths 1,8,32 --seconds 0.3 --poll blocking --out "$smoke_results"
 ls "$smoke_results"
 rm -rf "$smoke_results"

@@ -15,12 +15,26 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
 use netdam_initiator::{Client, Op};
 
-/// Benchmarks of netdam against the raw-UDP floor of this machine, measured in the same run.
+/// Where netdam stands on this machine: every number beside a floor or a peer measured in the
+/// same run, because absolute times hold for one machine only and the ratios are the result.
+/// No result is pass/fail.
 ///
-/// `latency` starts a UDP echo server and a netdam target in this process, each with one worker
-/// thread polling the same way, and times request/response round trips of the same sizes from
-/// one client thread: first the echo (the floor: what any UDP protocol here can reach), then
-/// netdam. It prints percentiles of both and their ratios. No result is pass/fail.
+/// - `latency`: round trips of one instruction at a time per opcode (READ, WRITE, CAS, FETCH_ADD,
+///   VADD, CRC32, BREAD, BWRITE), size (64 B to 8 KiB) and polling mode (busy, adaptive,
+///   blocking); HDR histograms, p50 to p99.99, max, standard deviation and jitter (p99.9 − p50),
+///   each beside a raw UDP echo of the same request and answer sizes (the floor), and the
+///   target's idle CPU.
+/// - `floor`: only the UDP echo, for the same cases.
+/// - `throughput`: operations/s, bytes/s, p50/p99 and CPU time per operation (target worker and
+///   clients) as requests in flight (1 to 128) and sessions grow, beside the echo driven alike.
+/// - `block`: 4 KiB random reads and writes through a namespace at QD1 and QD32 beside fio's
+///   io_uring engine on the same file (the device floor); memory READ with and without a block
+///   write load.
+/// - `sim`, `sim-table`, `load`: the congestion-control simulator and the incast load generator.
+///
+/// `--out DIR` writes JSON for machines, markdown for people and PNG plots (latency percentiles,
+/// throughput against depth, latency against throughput); every report names the machine (cores,
+/// CPU model, kernel). `ops/performance.sh` regenerates the README's results in docs/results.
 #[derive(Debug, Parser)]
 #[command(name = "netdam-bench", version)]
 struct Cli {
