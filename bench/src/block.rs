@@ -17,9 +17,7 @@ use netdam_initiator::session::SessionConfig;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::rng::Rng;
-use netdam_target::config::{
-    ByteSize, Config, NamespaceBackend, NamespaceConfig, PollMode, RegionBackend, RegionConfig,
-};
+use netdam_target::config::{Config, NamespaceBackend, NamespaceConfig, PollMode};
 use netdam_target::Target;
 use serde_json::json;
 
@@ -232,26 +230,14 @@ fn fio_case(file: &Path, args: &BlockArgs, pattern: &'static str, depth: usize) 
 }
 
 fn target_config(file: &Path, data_dir: &Path, poll: BlockPoll) -> Config {
-    Config {
-        listen: "127.0.0.1:0".parse().expect("valid literal"),
-        data_dir: Some(data_dir.to_path_buf()),
-        workers: 1,
-        poll: poll.target(),
-        regions: vec![RegionConfig {
-            name: "bench".into(),
-            backend: RegionBackend::Mem,
-            path: None,
-            size: ByteSize(64 << 20),
-        }],
-        namespaces: vec![NamespaceConfig {
-            name: "disk".into(),
-            backend: NamespaceBackend::File,
-            path: file.to_path_buf(),
-            size: None,
-            block_size: BLOCK,
-        }],
-        ..Config::default()
-    }
+    let namespace = NamespaceConfig {
+        name: "disk".into(),
+        backend: NamespaceBackend::File,
+        path: file.to_path_buf(),
+        size: None,
+        block_size: BLOCK,
+    };
+    crate::target::config(data_dir, poll.target(), namespace)
 }
 
 fn client(

@@ -13,9 +13,7 @@ use hdrhistogram::Histogram;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::LaneType;
-use netdam_target::config::{
-    ByteSize, Config, NamespaceBackend, NamespaceConfig, PollMode, RegionBackend, RegionConfig,
-};
+use netdam_target::config::{Config, PollMode};
 use netdam_target::Target;
 
 use crate::floor;
@@ -167,27 +165,8 @@ fn answer_data(op: BenchOp, bytes: u32) -> usize {
 }
 
 fn target_config(data_dir: &Path, poll: LatencyPoll, pin: bool) -> Config {
-    Config {
-        pin_workers: pin,
-        listen: "127.0.0.1:0".parse().expect("valid literal"),
-        data_dir: Some(data_dir.to_path_buf()),
-        workers: 1,
-        poll: poll.target(),
-        regions: vec![RegionConfig {
-            name: "bench".to_string(),
-            backend: RegionBackend::Mem,
-            path: None,
-            size: ByteSize(64 << 20),
-        }],
-        namespaces: vec![NamespaceConfig {
-            name: "bench".into(),
-            backend: NamespaceBackend::Pmem,
-            path: "bench-namespace.region".into(),
-            size: Some(ByteSize(32 << 20)),
-            block_size: NAMESPACE_BLOCK,
-        }],
-        ..Config::default()
-    }
+    let namespace = crate::target::pmem_namespace("bench-namespace.region", 32 << 20, NAMESPACE_BLOCK);
+    Config { pin_workers: pin, ..crate::target::config(data_dir, poll.target(), namespace) }
 }
 
 /// CPU time the thread named `name` of this process has used, from /proc.

@@ -6,6 +6,7 @@ mod floor;
 mod latency;
 mod plots;
 mod report;
+mod target;
 mod throughput;
 
 use std::net::SocketAddr;

@@ -13,9 +13,7 @@ use hdrhistogram::Histogram;
 use netdam_initiator::session::SessionConfig;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
-use netdam_target::config::{
-    ByteSize, Config, NamespaceBackend, NamespaceConfig, PollMode, RegionBackend, RegionConfig,
-};
+use netdam_target::config::{Config, PollMode};
 use netdam_target::Target;
 use serde_json::json;
 
@@ -122,30 +120,12 @@ fn ops(op: ThroughputOp, size: u32, batch: usize, index: u64, payload: &[u8]) ->
 }
 
 fn target_config(data_dir: &std::path::Path, poll: LatencyPoll) -> Config {
-    Config {
-        listen: "127.0.0.1:0".parse().expect("valid literal"),
-        data_dir: Some(data_dir.to_path_buf()),
-        workers: 1,
-        poll: match poll {
-            LatencyPoll::Busy => PollMode::Busy,
-            LatencyPoll::Adaptive => PollMode::Adaptive,
-            LatencyPoll::Blocking => PollMode::Blocking,
-        },
-        regions: vec![RegionConfig {
-            name: "bench".into(),
-            backend: RegionBackend::Mem,
-            path: None,
-            size: ByteSize(64 << 20),
-        }],
-        namespaces: vec![NamespaceConfig {
-            name: "bench".into(),
-            backend: NamespaceBackend::Pmem,
-            path: "throughput-namespace.region".into(),
-            size: Some(ByteSize(32 << 20)),
-            block_size: 512,
-        }],
-        ..Config::default()
-    }
+    let poll = match poll {
+        LatencyPoll::Busy => PollMode::Busy,
+        LatencyPoll::Adaptive => PollMode::Adaptive,
+        LatencyPoll::Blocking => PollMode::Blocking,
+    };
+    crate::target::config(data_dir, poll, crate::target::pmem_namespace("throughput-namespace.region", 32 << 20, 512))
 }
 
 /// Echo round trips per second with `sessions` threads each keeping `depth` datagrams in flight.

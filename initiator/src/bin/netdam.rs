@@ -292,20 +292,14 @@ fn run(cli: &Cli) -> Result<(), String> {
             let started = Instant::now();
             client.block_read(&info, *lba, &mut buffer).map_err(text)?;
             let elapsed = started.elapsed();
-            match out.as_deref() {
-                Some(path) if path.as_os_str() == "-" => {
-                    std::io::stdout().write_all(&buffer).map_err(|error| format!("writing stdout: {error}"))?;
-                }
-                Some(path) => {
-                    std::fs::write(path, &buffer).map_err(|error| format!("writing {}: {error}", path.display()))?;
-                    report_blocks(cli.json, "read", &info, *lba, len, elapsed, Some(path));
-                }
-                None if cli.json => {
-                    let hex: String = buffer.iter().map(|byte| format!("{byte:02x}")).collect();
-                    println!("{}", json!({"namespace": info.name, "lba": lba, "blocks": blocks, "hex": hex}));
-                }
-                None => print_hex_dump(lba * u64::from(info.block_bytes), &buffer),
-            }
+            let fields = json!({"namespace": info.name, "lba": lba, "blocks": blocks});
+            emit_read(
+                out.as_deref(),
+                &buffer,
+                cli.json.then_some(fields),
+                lba * u64::from(info.block_bytes),
+                |path| report_blocks(cli.json, "read", &info, *lba, len, elapsed, Some(path)),
+            )?;
         }
         Command::Bwrite { namespace, lba, file, data, fua, pad } => {
             let info = client.namespace(namespace).map_err(text)?.clone();
@@ -369,20 +363,10 @@ fn run(cli: &Cli) -> Result<(), String> {
             let started = Instant::now();
             client.read(space, *offset, &mut buffer).map_err(text)?;
             let elapsed = started.elapsed();
-            match out.as_deref() {
-                Some(path) if path.as_os_str() == "-" => {
-                    std::io::stdout().write_all(&buffer).map_err(|error| format!("writing stdout: {error}"))?;
-                }
-                Some(path) => {
-                    std::fs::write(path, &buffer).map_err(|error| format!("writing {}: {error}", path.display()))?;
-                    report_transfer(cli.json, "read", region, *offset, len, elapsed, Some(path));
-                }
-                None if cli.json => {
-                    let hex: String = buffer.iter().map(|byte| format!("{byte:02x}")).collect();
-                    println!("{}", json!({"region": region, "offset": offset, "length": len, "hex": hex}));
-                }
-                None => print_hex_dump(*offset, &buffer),
-            }
+            let fields = json!({"region": region, "offset": offset, "length": len});
+            emit_read(out.as_deref(), &buffer, cli.json.then_some(fields), *offset, |path| {
+                report_transfer(cli.json, "read", region, *offset, len, elapsed, Some(path))
+            })?;
         }
         Command::Write { region, offset, file, data } => {
             let space = region_id(&client, region)?;
@@ -479,6 +463,38 @@ fn report_transfer(
             "{verb} {len} bytes at {offset} of region {region}{into} in {:.3} s ({mib_per_s:.1} MiB/s)",
             elapsed.as_secs_f64()
         );
+    }
+}
+
+/// Hands bytes read to the user: raw to standard output (`--out -`), into a file (then
+/// `report`), as JSON with their hex (`json` carries the other fields), or as a hex dump whose
+/// addresses start at `address`.
+fn emit_read(
+    out: Option<&std::path::Path>,
+    bytes: &[u8],
+    json: Option<serde_json::Value>,
+    address: u64,
+    report: impl FnOnce(&std::path::Path),
+) -> Result<(), String> {
+    match (out, json) {
+        (Some(path), _) if path.as_os_str() == "-" => {
+            std::io::stdout().write_all(bytes).map_err(|error| format!("writing stdout: {error}"))
+        }
+        (Some(path), _) => {
+            std::fs::write(path, bytes).map_err(|error| format!("writing {}: {error}", path.display()))?;
+            report(path);
+            Ok(())
+        }
+        (None, Some(mut fields)) => {
+            let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+            fields["hex"] = json!(hex);
+            println!("{fields}");
+            Ok(())
+        }
+        (None, None) => {
+            print_hex_dump(address, bytes);
+            Ok(())
+        }
     }
 }
 
