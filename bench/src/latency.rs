@@ -89,6 +89,9 @@ pub struct LatencyArgs {
     /// Pin the target's worker to a core (the target's default), or let the scheduler move it.
     #[arg(long, value_enum, default_value_t = crate::OnOff::On)]
     pub pin: crate::OnOff,
+    /// Lock the process's memory (the target's default), or not.
+    #[arg(long, value_enum, default_value_t = crate::OnOff::On)]
+    pub lock_memory: crate::OnOff,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -164,9 +167,9 @@ fn answer_data(op: BenchOp, bytes: u32) -> usize {
     }
 }
 
-fn target_config(data_dir: &Path, poll: LatencyPoll, pin: bool) -> Config {
+fn target_config(data_dir: &Path, poll: LatencyPoll, pin: bool, lock_memory: bool) -> Config {
     let namespace = crate::target::pmem_namespace("bench-namespace.region", 32 << 20, NAMESPACE_BLOCK);
-    Config { pin_workers: pin, ..crate::target::config(data_dir, poll.target(), namespace) }
+    Config { pin_workers: pin, lock_memory, ..crate::target::config(data_dir, poll.target(), namespace) }
 }
 
 /// CPU time the thread named `name` of this process has used, from /proc.
@@ -210,8 +213,13 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
     let mut cases = Vec::new();
     for &poll in &args.poll {
         let start = || {
-            Target::start(&target_config(scratch.path(), poll, args.pin == crate::OnOff::On))
-                .unwrap_or_else(|error| panic!("netdam target: {error}"))
+            Target::start(&target_config(
+                scratch.path(),
+                poll,
+                args.pin == crate::OnOff::On,
+                args.lock_memory == crate::OnOff::On,
+            ))
+            .unwrap_or_else(|error| panic!("netdam target: {error}"))
         };
         let idle_worker_cpu = if with_netdam {
             let target = start();

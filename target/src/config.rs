@@ -225,6 +225,11 @@ pub struct Config {
     /// socket's receive path and its timing stay on one core.
     #[serde(default = "default_pin_workers")]
     pub pin_workers: bool,
+    /// Lock the process's memory, present and future (`mlockall`), so that no buffer a request
+    /// touches (receive batches, the replay ring, session tables) pays a page fault or is paged
+    /// out. Affects the whole process: an application embedding a target may turn it off.
+    #[serde(default = "default_lock_memory")]
+    pub lock_memory: bool,
     /// Largest datagram the target receives or sends.
     #[serde(default = "default_max_datagram_bytes")]
     pub max_datagram_bytes: usize,
@@ -252,6 +257,9 @@ fn default_poll() -> PollMode {
 fn default_pin_workers() -> bool {
     true
 }
+fn default_lock_memory() -> bool {
+    true
+}
 fn default_adaptive_spin_us() -> u64 {
     50
 }
@@ -273,6 +281,7 @@ impl Default for Config {
             poll: default_poll(),
             adaptive_spin_us: default_adaptive_spin_us(),
             pin_workers: default_pin_workers(),
+            lock_memory: default_lock_memory(),
             max_datagram_bytes: default_max_datagram_bytes(),
             busy_threshold_us: default_busy_threshold_us(),
             regions: Vec::new(),

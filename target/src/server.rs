@@ -72,6 +72,9 @@ impl Target {
         config.validate()?;
         let data_dir = config.data_dir()?;
         std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
+        if config.lock_memory {
+            lock_process_memory();
+        }
         let stored = MetadataStore::load(&data_dir)?;
         let mut region_configs = config.effective_regions();
         region_configs.extend(stored.regions);
@@ -190,6 +193,17 @@ impl Target {
 impl Drop for Target {
     fn drop(&mut self) {
         self.stop_workers();
+    }
+}
+
+/// Locks every page of the process now and every page it maps later, faulting them in, so the
+/// workers' buffers (allocated after this) never fault on the request path. Logs and goes on
+/// when the memory-lock limit refuses it.
+fn lock_process_memory() {
+    // SAFETY: mlockall has no memory-safety effects.
+    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
+        let error = std::io::Error::last_os_error();
+        tracing::warn!(%error, "cannot lock the process's memory (raise RLIMIT_MEMLOCK, e.g. ulimit -l); buffers may page-fault on first use");
     }
 }
 

@@ -33,6 +33,8 @@ fn start(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>) -> TestTarget 
         // As in common::start: no BUSY answers because a loaded test machine was slow.
         busy_threshold_us: 60_000,
         pin_workers: false,
+        // Many targets share one test process: leave its memory alone.
+        lock_memory: false,
         ..Config::default()
     };
     let target = Target::start_with(&config, extra).expect("target starts");

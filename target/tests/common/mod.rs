@@ -49,6 +49,8 @@ pub fn start_with_namespaces(
         busy_threshold_us: 60_000,
         // Parallel tests would all pin their workers to the first CPU.
         pin_workers: false,
+        // Many targets share one test process: leave its memory alone.
+        lock_memory: false,
         ..Config::default()
     };
     let target = Target::start(&config).expect("target starts");
