@@ -265,7 +265,7 @@ fn drive(
     warmup: Duration,
     seconds: f64,
     seed: u64,
-) -> Result<(Histogram<u64>, u64, f64), String> {
+) -> Result<(Histogram<u64>, u64), String> {
     let mut rng = Rng::new(seed);
     let data = rng.bytes(BLOCK as usize);
     let mut histogram = histogram();
@@ -300,7 +300,7 @@ fn drive(
             measured += 1;
         }
     }
-    Ok((histogram, measured, seconds))
+    Ok((histogram, measured))
 }
 
 fn netdam_case(
@@ -313,7 +313,8 @@ fn netdam_case(
     let target = Target::start(&target_config(file, data_dir, args.poll)).map_err(|error| error.to_string())?;
     let (mut client, disk) = client(&target, args.poll.client(), depth, args.cc == crate::OnOff::On)?;
     let write = pattern == "randwrite";
-    let (histogram, ops, seconds) = drive(&mut client, &disk, write, depth, Duration::from_secs(1), args.seconds, 7)?;
+    let (histogram, ops) = drive(&mut client, &disk, write, depth, Duration::from_secs(1), args.seconds, 7)?;
+    let seconds = args.seconds;
     let stats = client.session_stats();
     drop(client);
     target.stop();
@@ -353,7 +354,7 @@ fn read_under_write_load(
                 let disk = client.namespace("disk").map_err(|e| e.to_string())?.clone();
                 let mut writes = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    let (_, done, _) = drive(&mut client, &disk, true, 32, Duration::ZERO, 0.2, writes)?;
+                    let (_, done) = drive(&mut client, &disk, true, 32, Duration::ZERO, 0.2, writes)?;
                     writes += done;
                 }
                 Ok(writes)

@@ -56,15 +56,22 @@ impl EchoServer {
     }
 }
 
-/// Times `requests` round trips of `request_bytes` after `warmup` unmeasured ones.
-pub fn measure(addr: SocketAddr, busy: bool, request_bytes: usize, warmup: u64, requests: u64) -> Histogram<u64> {
+/// A client socket connected to the echo at `addr`: non-blocking when it `spins`, else blocking
+/// for at most `timeout` per receive.
+pub fn client_socket(addr: SocketAddr, spins: bool, timeout: Duration) -> UdpSocket {
     let socket = UdpSocket::bind("127.0.0.1:0").expect("bind client socket");
     socket.connect(addr).expect("connect to echo");
-    if busy {
+    if spins {
         socket.set_nonblocking(true).expect("non-blocking client socket");
     } else {
-        socket.set_read_timeout(Some(Duration::from_secs(1))).expect("client timeout");
+        socket.set_read_timeout(Some(timeout)).expect("client timeout");
     }
+    socket
+}
+
+/// Times `requests` round trips of `request_bytes` after `warmup` unmeasured ones.
+pub fn measure(addr: SocketAddr, busy: bool, request_bytes: usize, warmup: u64, requests: u64) -> Histogram<u64> {
+    let socket = client_socket(addr, busy, Duration::from_secs(1));
     let request = vec![0xA5u8; request_bytes];
     let mut buffer = vec![0u8; 65_536];
     let mut histogram = crate::histogram();

@@ -45,7 +45,8 @@ pub enum LatencyPoll {
 }
 
 impl LatencyPoll {
-    fn target(self) -> PollMode {
+    /// The target's polling mode for this case.
+    pub fn target(self) -> PollMode {
         match self {
             LatencyPoll::Busy => PollMode::Busy,
             LatencyPoll::Adaptive => PollMode::Adaptive,

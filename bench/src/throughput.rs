@@ -5,7 +5,7 @@
 //! CPU time comes from the kernel's per-thread accounting: the target's worker thread (from
 //! /proc) and each client thread (`getrusage(RUSAGE_THREAD)`).
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use hdrhistogram::Histogram;
 use netdam_initiator::session::SessionConfig;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
-use netdam_target::config::{Config, PollMode};
+use netdam_target::config::Config;
 use netdam_target::Target;
 use serde_json::json;
 
@@ -120,12 +120,11 @@ fn ops(op: ThroughputOp, size: u32, batch: usize, index: u64, payload: &[u8]) ->
 }
 
 fn target_config(data_dir: &std::path::Path, poll: LatencyPoll) -> Config {
-    let poll = match poll {
-        LatencyPoll::Busy => PollMode::Busy,
-        LatencyPoll::Adaptive => PollMode::Adaptive,
-        LatencyPoll::Blocking => PollMode::Blocking,
-    };
-    crate::target::config(data_dir, poll, crate::target::pmem_namespace("throughput-namespace.region", 32 << 20, 512))
+    crate::target::config(
+        data_dir,
+        poll.target(),
+        crate::target::pmem_namespace("throughput-namespace.region", 32 << 20, 512),
+    )
 }
 
 /// Echo round trips per second with `sessions` threads each keeping `depth` datagrams in flight.
@@ -153,13 +152,7 @@ fn echo_client(
     seconds: f64,
     barrier: &Barrier,
 ) -> u64 {
-    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
-    socket.connect(addr).expect("connect");
-    if spins {
-        socket.set_nonblocking(true).expect("non-blocking");
-    } else {
-        socket.set_read_timeout(Some(Duration::from_millis(20))).expect("timeout");
-    }
+    let socket = floor::client_socket(addr, spins, Duration::from_millis(20));
     let request = vec![0xA5u8; request_bytes];
     let mut buffer = vec![0u8; 65_536];
     barrier.wait();

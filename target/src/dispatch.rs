@@ -155,7 +155,7 @@ impl<E: Engine> Dispatcher<E> {
         }
         let serves_blocks = !self.block.devices.is_empty();
         if serves_blocks && request.instructions().any(|instruction| is_block(instruction.opcode)) {
-            return self.defer(now, queueing, datagram, record, out);
+            return self.defer(now, queueing, queueing_us, datagram, record, out);
         }
         let mut response = ResponseWriter::new(out, header.session, header.sequence);
         response.set_queueing_us(queueing_us);
@@ -183,6 +183,7 @@ impl<E: Engine> Dispatcher<E> {
         &mut self,
         now: Instant,
         queueing: Duration,
+        queueing_us: u16,
         datagram: &[u8],
         record: Option<(RecordTicket, bool)>,
         out: &'b mut [u8],
@@ -193,7 +194,7 @@ impl<E: Engine> Dispatcher<E> {
             self.count(Counter::BusyBlockSlotsFull);
             let mut response = ResponseWriter::new(out, session, sequence);
             response.set_status(Status::Busy);
-            response.set_queueing_us(u16::try_from(queueing.as_nanos() / 1000).unwrap_or(u16::MAX));
+            response.set_queueing_us(queueing_us);
             return Handled::Answer { response, record: None };
         };
         self.count(Counter::BlockDatagramsDeferred);
@@ -204,7 +205,7 @@ impl<E: Engine> Dispatcher<E> {
         pending.request[..datagram.len()].copy_from_slice(datagram);
         pending.request_len = datagram.len();
         let mut response = ResponseWriter::new(&mut pending.response, session, sequence);
-        response.set_queueing_us(u16::try_from(queueing.as_nanos() / 1000).unwrap_or(u16::MAX));
+        response.set_queueing_us(queueing_us);
         pending.progress = Some(response.suspend());
         pending.next_instruction = 0;
         pending.run_len = 0;
@@ -305,7 +306,6 @@ impl<E: Engine> Dispatcher<E> {
             // A run: this block instruction and the ones right after it, but a FLUSH runs alone
             // so that every write before it has completed when it is submitted.
             *run_len = 0;
-            *outstanding = 0;
             let mut reserved = 0;
             let mut current = instruction;
             loop {

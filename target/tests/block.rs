@@ -290,11 +290,12 @@ fn memory_reads_do_not_wait_behind_block_io() {
 
     // Every slot is taken by a write that cannot complete; memory is still served.
     let mut reader = Client::connect(test.target.local_addr()).unwrap();
+    // The device completes nothing until the gate opens, so a READ that queued behind the
+    // writes would never be answered: each answer (the client gives up after its attempts)
+    // proves it did not, with no clock involved.
     for _ in 0..100 {
-        let started = std::time::Instant::now();
         let reply = reader.call(&[Op::read(0, 0, 64)]).unwrap();
         assert_eq!(reply.results().unwrap()[0].status, Status::Ok);
-        assert!(started.elapsed() < std::time::Duration::from_secs(1), "a READ waited behind block I/O");
     }
     assert!(image.written().iter().all(|&byte| byte == 0), "nothing completed while the device was stalled");
 
