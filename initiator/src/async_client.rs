@@ -1,17 +1,20 @@
 //! The async client: cheap to clone, any number of tasks issue requests concurrently, and one I/O
-//! task owns the socket and the session and completes each request's future.
+//! task owns the socket and the session and completes each request's future. When the last
+//! handle is dropped the I/O task finishes what is in flight, closes the session and ends (if
+//! the runtime shuts down first, the session expires on the target instead).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
-use netdam_isa::control::{decode_stat_answer, RegionInfo};
+use netdam_isa::control::{decode_stat_answer, RegionInfo, NO_COOKIE};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
-use netdam_isa::LaneType;
+use netdam_isa::{LaneType, Status};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::client::{fit_window_to_receive_buffer, ClientOptions};
+use crate::client::{connected_socket, fit_window_to_receive_buffer, ClientOptions, CLOSE_WAIT};
 use crate::error::ClientError;
+use crate::hello::{hello_step, HelloStep, HELLO_ROUNDS};
 use crate::op::Op;
 use crate::session::{Reply, Session, SessionConfig};
 use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
@@ -45,19 +48,29 @@ impl AsyncClient {
 
     /// As [`AsyncClient::connect`], with options (the poll mode is the runtime's business).
     pub async fn connect_with(addr: SocketAddr, options: ClientOptions) -> Result<AsyncClient, ClientError> {
-        let local: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("valid literal");
-        let socket = UdpSocket::bind(local).await?;
-        socket.connect(addr).await?;
+        let socket = connected_socket(addr, options.local_addr)?;
+        socket.set_nonblocking(true)?;
+        let socket = UdpSocket::from_std(socket)?;
         let session_config = fit_window_to_receive_buffer(&socket2::SockRef::from(&socket), options.session);
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
         let session = Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0);
         let (establish_sender, establish_receiver) = oneshot::channel();
         tokio::spawn(drive(socket, session, receiver, establish_receiver, addr));
         let mut client = AsyncClient { commands, info: TargetInfo { addr, hello: Default::default() } };
-        let reply = client.call(vec![Op::hello(options.session.max_datagram_bytes as u32)]).await?;
-        client.info = TargetInfo::from_hello(addr, &reply)?;
-        let _ = establish_sender.send((client.info.hello.session, client.info.hello.max_datagram_bytes as usize));
-        Ok(client)
+        // The first HELLO gets a cookie proving this socket's address; the one echoing it, a session.
+        let mut cookie = NO_COOKIE;
+        for _ in 0..HELLO_ROUNDS {
+            let reply = client.call(vec![Op::hello(options.session.max_datagram_bytes as u32, cookie)]).await?;
+            match hello_step(&reply)? {
+                HelloStep::Retry(next) => cookie = next,
+                HelloStep::Established(answer) => {
+                    let _ = establish_sender.send((answer.session, answer.max_datagram_bytes as usize));
+                    client.info.hello = answer;
+                    return Ok(client);
+                }
+            }
+        }
+        Err(ClientError::HelloRefused(Status::Retry))
     }
 
     /// What HELLO said about the target.
@@ -84,7 +97,7 @@ impl AsyncClient {
         Ok(reply)
     }
 
-    /// The target's counters.
+    /// The target's counters (through this client's session).
     pub async fn stat(&self) -> Result<Vec<(String, u64)>, ClientError> {
         let reply = self.call(vec![Op::stat()]).await?;
         Ok(decode_stat_answer(reply.data(0)?)?)
@@ -201,6 +214,7 @@ async fn drive(
             fail_all(&mut waiting, &error);
         }
         if !open && waiting.is_empty() && backlog.is_empty() {
+            close_session(&socket, &mut session, &clock, &mut buffer).await;
             return;
         }
         let sleep_until = session
@@ -231,6 +245,47 @@ async fn drive(
                 let _ = reply.send(completion.result);
             }
         }
+    }
+}
+
+/// Sends CLOSE for the session and waits (at most [`CLOSE_WAIT`]) for the target to confirm.
+async fn close_session(
+    socket: &UdpSocket,
+    session: &mut Session,
+    clock: &netdam_isa::time::MonotonicClock,
+    buffer: &mut [u8],
+) {
+    const CLOSE_TOKEN: u64 = u64::MAX;
+    if session.id() == 0 || session.submit(&[Op::close()], CLOSE_TOKEN).is_err() {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + CLOSE_WAIT.to_std();
+    loop {
+        let now = clock.now();
+        while let Some(datagram) = session.poll_transmit(now) {
+            // A lost CLOSE is retransmitted; a failed send leaves the session to expire.
+            let _ = socket.try_send(datagram);
+        }
+        while let Some(completion) = session.poll_completion() {
+            if completion.token == CLOSE_TOKEN {
+                return;
+            }
+        }
+        let retransmit = session
+            .poll_timeout()
+            .map(|when| tokio::time::Instant::now() + when.saturating_since(clock.now()).to_std());
+        let wake = retransmit.map_or(deadline, |when| when.min(deadline));
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::select! {
+            received = socket.recv(buffer) => match received {
+                Ok(len) => session.handle_datagram(clock.now(), &buffer[..len]),
+                Err(_) => return,
+            },
+            () = tokio::time::sleep_until(wake) => {}
+        }
+        session.handle_timeout(clock.now());
     }
 }
 

@@ -8,12 +8,13 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 
-use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo};
-use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
+use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo, NO_COOKIE};
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
-use netdam_isa::{LaneType, Status};
+use netdam_isa::{Duration, Instant, LaneType, Status};
 
 use crate::error::ClientError;
+use crate::hello::{hello_step, HelloStep, HELLO_ROUNDS};
 use crate::op::Op;
 use crate::session::{Reply, Session, SessionConfig, SessionStats};
 use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
@@ -35,12 +36,27 @@ pub struct ClientOptions {
     pub session: SessionConfig,
     /// How to wait for answers.
     pub poll: ClientPoll,
+    /// Local address to send from (the target counts sessions per sender address); `None` lets
+    /// the kernel choose.
+    pub local_addr: Option<SocketAddr>,
 }
 
 impl Default for ClientOptions {
     fn default() -> ClientOptions {
-        ClientOptions { session: SessionConfig::default(), poll: ClientPoll::Blocking }
+        ClientOptions { session: SessionConfig::default(), poll: ClientPoll::Blocking, local_addr: None }
     }
+}
+
+/// How long closing a session waits for the target to confirm: a target that is gone must not
+/// hold a program up on its way out (the session then expires on the target by itself).
+pub(crate) const CLOSE_WAIT: Duration = Duration::from_millis(100);
+
+/// A UDP socket connected to `addr`, bound to `local` when given.
+pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>) -> io::Result<UdpSocket> {
+    let any: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("valid literal");
+    let socket = UdpSocket::bind(local.unwrap_or(any))?;
+    socket.connect(addr)?;
+    Ok(socket)
 }
 
 /// A request submitted and not yet waited for.
@@ -50,7 +66,7 @@ pub struct Ticket(u64);
 /// A request that finished: its ticket and its outcome.
 pub type Finished = (Ticket, Result<Reply, ClientError>);
 
-/// A blocking session with one target.
+/// A blocking session with one target. Dropping it closes the session.
 #[derive(Debug)]
 pub struct Client {
     socket: UdpSocket,
@@ -85,13 +101,22 @@ impl Client {
 
     /// Connects with `options` and says HELLO.
     pub fn connect_with(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
-        let local: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("valid literal");
-        let socket = UdpSocket::bind(local)?;
-        socket.connect(addr)?;
+        let mut client = Client::unestablished(addr, options)?;
+        client.hello()?;
+        Ok(client)
+    }
+
+    /// A client without a session: it may only `ping` and `stat` (session 0), holds no slot
+    /// at the target, and works even when the target's session table is full.
+    pub fn sessionless(addr: SocketAddr) -> Result<Client, ClientError> {
+        Client::unestablished(addr, ClientOptions::default())
+    }
+
+    fn unestablished(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
+        let socket = connected_socket(addr, options.local_addr)?;
         socket.set_nonblocking(true)?;
         let session_config = fit_window_to_receive_buffer(&socket2::SockRef::from(&socket), options.session);
-        let wanted = options.session.max_datagram_bytes as u32;
-        let mut client = Client {
+        Ok(Client {
             socket,
             // Until HELLO answers, use the default size: every target accepts it.
             session: Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0),
@@ -101,21 +126,60 @@ impl Client {
             receive_buffer: vec![0u8; MAX_DATAGRAM_BYTES],
             next_token: 0,
             finished: HashMap::new(),
-            requested_datagram_bytes: 0,
-        };
-        client.requested_datagram_bytes = wanted;
-        client.hello()?;
-        Ok(client)
+            requested_datagram_bytes: options.session.max_datagram_bytes as u32,
+        })
     }
 
-    /// Says HELLO (without a session) and adopts the session it opens.
+    /// Says HELLO (without a session) until the target opens one: the first answer is a cookie
+    /// that proves this client's address, echoed in the next HELLO.
     fn hello(&mut self) -> Result<(), ClientError> {
         self.session.forget();
-        let ticket = self.submit(&[Op::hello(self.requested_datagram_bytes)])?;
-        let reply = self.wait(ticket)?;
-        self.info = TargetInfo::from_hello(self.info.addr, &reply)?;
-        self.session.establish(self.info.hello.session, self.info.hello.max_datagram_bytes as usize);
-        Ok(())
+        let mut cookie = NO_COOKIE;
+        for _ in 0..HELLO_ROUNDS {
+            let ticket = self.submit(&[Op::hello(self.requested_datagram_bytes, cookie)])?;
+            match hello_step(&self.wait(ticket)?)? {
+                HelloStep::Retry(next) => cookie = next,
+                HelloStep::Established(answer) => {
+                    self.session.establish(answer.session, answer.max_datagram_bytes as usize);
+                    self.info.hello = answer;
+                    return Ok(());
+                }
+            }
+        }
+        Err(ClientError::HelloRefused(Status::Retry))
+    }
+
+    /// Closes the session and says whether the target confirmed it within a short wait
+    /// (dropping the client does the same, and ignores the outcome).
+    pub fn close(mut self) -> Result<(), ClientError> {
+        self.close_session()
+    }
+
+    fn close_session(&mut self) -> Result<(), ClientError> {
+        if self.session.id() == 0 {
+            return Ok(());
+        }
+        if !self.session.has_room() {
+            // Nothing to send it with; the target's idle timeout ends the session.
+            self.session.forget();
+            return Ok(());
+        }
+        let token = self.next_token;
+        self.next_token += 1;
+        let submitted = self.session.submit(&[Op::close()], token).and_then(|()| self.flush());
+        let deadline = self.clock.now() + CLOSE_WAIT;
+        let outcome = submitted.and_then(|()| loop {
+            if let Some(result) = self.finished.remove(&token) {
+                // `no_session` says the same as `ok`: the session is gone.
+                break result.map(|_| ());
+            }
+            if self.clock.now() >= deadline {
+                break Err(ClientError::TimedOut { attempts: 0 });
+            }
+            self.pump_within(Some(deadline))?;
+        });
+        self.session.forget();
+        outcome
     }
 
     /// What HELLO said about the target.
@@ -171,16 +235,19 @@ impl Client {
     }
 
     /// Sends `ops` in one datagram and waits for the answer. If the target no longer knows the
-    /// session (it restarted), says HELLO again and resends idempotent requests once; a
-    /// non-idempotent one fails with `SessionLost`, since it may have run before the restart.
+    /// session (it restarted, or the session expired), says HELLO again and resends the request
+    /// once when that is safe: when it is idempotent, or when its only transmission was the one
+    /// answered `no_session` (so it never executed). Otherwise it fails with `SessionLost`,
+    /// since an earlier transmission may have run before the session was lost.
     pub fn call(&mut self, ops: &[Op]) -> Result<Reply, ClientError> {
         let ticket = self.submit(ops)?;
         let reply = self.wait(ticket)?;
-        if reply.response().status() != Status::NoSession {
+        if reply.response().status() != Status::NoSession || self.session.id() == 0 {
             return Ok(reply);
         }
+        let never_executed = reply.attempts == 1;
         self.hello()?;
-        if !ops.iter().all(Op::is_idempotent) {
+        if !never_executed && !ops.iter().all(Op::is_idempotent) {
             return Err(ClientError::SessionLost);
         }
         let ticket = self.submit(ops)?;
@@ -217,7 +284,9 @@ impl Client {
 
     /// The target's counters.
     pub fn stat(&mut self) -> Result<Vec<(String, u64)>, ClientError> {
-        let reply = self.call(&[Op::stat()])?;
+        // Without a session the answer may not be longer than the request: pad it.
+        let op = if self.session.id() == 0 { Op::stat_padded(MIN_DATAGRAM_BYTES) } else { Op::stat() };
+        let reply = self.call(&[op])?;
         Ok(decode_stat_answer(reply.data(0)?)?)
     }
 
@@ -396,9 +465,18 @@ impl Client {
     /// One round of I/O: wait (bounded by the next retransmission deadline) for answers, take
     /// them, handle timeouts, send what is due.
     fn pump(&mut self) -> Result<(), ClientError> {
+        self.pump_within(None)
+    }
+
+    /// As `pump`, waiting no later than `limit`.
+    fn pump_within(&mut self, limit: Option<Instant>) -> Result<(), ClientError> {
         self.flush()?;
         if self.poll == ClientPoll::Blocking {
-            if let Some(deadline) = self.session.poll_timeout() {
+            let deadline = match (self.session.poll_timeout(), limit) {
+                (Some(deadline), Some(limit)) => Some(deadline.min(limit)),
+                (deadline, limit) => deadline.or(limit),
+            };
+            if let Some(deadline) = deadline {
                 let wait = deadline.saturating_since(self.clock.now());
                 let wait_ms = wait.as_nanos().div_ceil(1_000_000).min(i32::MAX as u64) as i32;
                 let mut poll = libc::pollfd { fd: self.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
@@ -422,5 +500,13 @@ impl Client {
             self.finished.insert(completion.token, completion.result);
         }
         self.flush()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Frees the target's slot at once; a target that does not answer soon lets the session
+        // expire instead.
+        let _ = self.close_session();
     }
 }

@@ -35,6 +35,9 @@ pub enum ClientError {
         /// The status it gave.
         status: Status,
     },
+    /// The target would not open a session.
+    #[error("the target refused a session: {}", hello_refusal(*.0))]
+    HelloRefused(Status),
     /// The target no longer knows the session (it restarted, or evicted the session after a long
     /// silence) while a non-idempotent request was outstanding.
     #[error("the target no longer knows this session (restarted or evicted it); the non-idempotent request may or may not have executed before")]
@@ -84,6 +87,19 @@ pub enum ClientError {
     /// The client's I/O task ended.
     #[error("client is shut down")]
     Closed,
+}
+
+fn hello_refusal(status: Status) -> String {
+    match status {
+        Status::Busy => "every session slot is held by an active session; try again later \
+                         (`netdam stat` shows the target's session counts)"
+            .to_string(),
+        Status::SessionLimit => "this host already holds as many sessions as the target allows one address \
+                                 (max_sessions_per_address); close idle clients or raise the limit"
+            .to_string(),
+        Status::Retry => "it kept answering with a new cookie; is the initiator's source address changing?".to_string(),
+        other => other.to_string(),
+    }
 }
 
 fn opcode_name(opcode: u8) -> String {

@@ -5,10 +5,14 @@
 //! - [`session::Session`]: the sans-IO core both drive (sequencing, in-flight window,
 //!   retransmission of idempotent requests).
 //! - [`Op`]: one instruction to send.
+//! - [`hello`]: the two-step HELLO (cookie, then session) every driver runs.
+//!
+//! Dropping a client closes its session (CLOSE), so the target's slot is free at once.
 
 pub mod async_client;
 pub mod client;
 pub mod error;
+pub mod hello;
 pub mod op;
 pub mod session;
 pub mod swift;

@@ -1,7 +1,7 @@
 //! Owned instructions a client sends, with a constructor per opcode that fills the operand
 //! layout of docs/PROTOCOL.md.
 
-use netdam_isa::control::encode_hello_operand;
+use netdam_isa::control::{encode_hello_operand, Cookie, HelloRequest};
 use netdam_isa::opcode::{BWRITE_FLAG_FUA, VADD_FLAG_RETURN_RESULT};
 use netdam_isa::wire::Instruction;
 use netdam_isa::{LaneType, Opcode};
@@ -48,9 +48,16 @@ impl Op {
         self.as_instruction().is_idempotent()
     }
 
-    /// HELLO asking for datagrams of up to `max_datagram_bytes`.
-    pub fn hello(max_datagram_bytes: u32) -> Op {
-        Op { operand: encode_hello_operand(max_datagram_bytes).to_vec(), ..Op::new(Opcode::Hello, 0, 0, 0) }
+    /// HELLO asking for datagrams of up to `max_datagram_bytes`, echoing `cookie` from the
+    /// target's `retry` answer ([`netdam_isa::control::NO_COOKIE`] on the first HELLO).
+    pub fn hello(max_datagram_bytes: u32, cookie: Cookie) -> Op {
+        let operand = encode_hello_operand(&HelloRequest { max_datagram_bytes, cookie }).to_vec();
+        Op { operand, ..Op::new(Opcode::Hello, 0, 0, 0) }
+    }
+
+    /// CLOSE: ends the session it is sent in.
+    pub fn close() -> Op {
+        Op::new(Opcode::Close, 0, 0, 0)
     }
 
     /// PING.
@@ -61,6 +68,13 @@ impl Op {
     /// STAT.
     pub fn stat() -> Op {
         Op::new(Opcode::Stat, 0, 0, 0)
+    }
+
+    /// STAT padded with zero operand bytes so that its datagram is `datagram_bytes` long:
+    /// without a session the target answers in no more bytes than it received.
+    pub fn stat_padded(datagram_bytes: usize) -> Op {
+        let fixed = netdam_isa::wire::HEADER_LEN + netdam_isa::wire::INSTRUCTION_HEADER_LEN;
+        Op { operand: vec![0; datagram_bytes.saturating_sub(fixed)], ..Op::stat() }
     }
 
     /// READ `length` bytes at `offset`.

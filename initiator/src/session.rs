@@ -233,6 +233,11 @@ impl Session {
         self.session_id = 0;
     }
 
+    /// The session id in use: 0 before HELLO, after `forget`, or for a sessionless client.
+    pub fn id(&self) -> u32 {
+        self.session_id
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &SessionConfig {
         &self.config

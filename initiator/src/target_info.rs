@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use netdam_isa::control::{decode_hello_answer, HelloAnswer, NamespaceInfo, RegionInfo};
+use netdam_isa::control::{HelloAnswer, NamespaceInfo, RegionInfo};
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 
 use crate::error::ClientError;
@@ -19,12 +19,6 @@ pub struct TargetInfo {
 }
 
 impl TargetInfo {
-    /// Decodes the HELLO reply.
-    pub fn from_hello(addr: SocketAddr, reply: &Reply) -> Result<TargetInfo, ClientError> {
-        let hello = decode_hello_answer(reply.data(0)?)?;
-        Ok(TargetInfo { addr, hello })
-    }
-
     /// The region named `name`, or with id `name` when it is a number.
     pub fn region(&self, name: &str) -> Result<&RegionInfo, ClientError> {
         let by_id = name.parse::<u16>().ok();
@@ -57,12 +51,13 @@ impl TargetInfo {
 
     /// Most bytes one READ instruction may return within the negotiated datagram size.
     pub fn read_chunk_bytes(&self) -> usize {
-        self.hello.max_datagram_bytes as usize - HEADER_LEN - RESPONSE_INSTRUCTION_HEADER_LEN
+        // Saturating: a sessionless client has no negotiated size, and no room.
+        (self.hello.max_datagram_bytes as usize).saturating_sub(HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN)
     }
 
     /// Most bytes one WRITE instruction may carry.
     pub fn write_chunk_bytes(&self) -> usize {
-        self.hello.max_datagram_bytes as usize - HEADER_LEN - INSTRUCTION_HEADER_LEN
+        (self.hello.max_datagram_bytes as usize).saturating_sub(HEADER_LEN + INSTRUCTION_HEADER_LEN)
     }
 }
 

@@ -4,8 +4,45 @@ use crate::limits::{MAX_REGION_NAME_BYTES, MAX_STAT_ENTRIES, MAX_STAT_NAME_BYTES
 use crate::status::Status;
 use crate::wire::DecodeError;
 
-/// Bytes of the HELLO operand: requested datagram size (u32), reserved (u32).
-pub const HELLO_OPERAND_LEN: usize = 8;
+/// Bytes of the HELLO operand: requested datagram size, authentication method, cookie, and the
+/// authentication area. The first HELLO is as long as the second, so the cookie answer to it is
+/// never longer than what arrived (no amplification toward a forged source address).
+pub const HELLO_OPERAND_LEN: usize = 96;
+/// Bytes of a HELLO cookie: the target's issue time in ns (u64) and a 16-byte MAC.
+pub const COOKIE_LEN: usize = 24;
+/// Bytes of the HELLO operand reserved for a tenant's identity and key proof (zero in v1).
+pub const HELLO_AUTH_LEN: usize = 64;
+/// Authentication method of a HELLO without tenant authentication.
+pub const HELLO_AUTH_NONE: u8 = 0;
+
+/// Operand layout of HELLO (offsets within the operand).
+mod hello_field {
+    use core::ops::Range;
+    pub const MAX_DATAGRAM_BYTES: Range<usize> = 0..4;
+    pub const AUTH_METHOD: usize = 4;
+    pub const RESERVED: Range<usize> = 5..8;
+    pub const COOKIE: Range<usize> = 8..32;
+    pub const AUTH: Range<usize> = 32..96;
+}
+const _: () = assert!(hello_field::COOKIE.end - hello_field::COOKIE.start == COOKIE_LEN);
+const _: () = assert!(hello_field::AUTH.end - hello_field::AUTH.start == HELLO_AUTH_LEN);
+const _: () = assert!(hello_field::AUTH.end == HELLO_OPERAND_LEN);
+
+/// A HELLO cookie: proof, issued by the target, that the sender receives at its address.
+pub type Cookie = [u8; COOKIE_LEN];
+
+/// The cookie of a first HELLO, which has none yet.
+pub const NO_COOKIE: Cookie = [0; COOKIE_LEN];
+
+/// What a HELLO asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloRequest {
+    /// Largest datagram the initiator sends and accepts.
+    pub max_datagram_bytes: u32,
+    /// The cookie of the target's `retry` answer, or [`NO_COOKIE`] on a first HELLO.
+    pub cookie: Cookie,
+}
+
 /// Bytes of the fixed part of the HELLO answer.
 pub const HELLO_ANSWER_FIXED_LEN: usize = 16;
 /// Bytes of a region entry before its name.
@@ -16,18 +53,31 @@ pub const REGION_FLAG_PERSISTENT: u8 = 0x01;
 pub const NAMESPACE_ENTRY_FIXED_LEN: usize = 16;
 
 /// Encodes the HELLO operand.
-pub fn encode_hello_operand(max_datagram_bytes: u32) -> [u8; HELLO_OPERAND_LEN] {
+pub fn encode_hello_operand(hello: &HelloRequest) -> [u8; HELLO_OPERAND_LEN] {
     let mut operand = [0u8; HELLO_OPERAND_LEN];
-    operand[0..4].copy_from_slice(&max_datagram_bytes.to_le_bytes());
+    operand[hello_field::MAX_DATAGRAM_BYTES].copy_from_slice(&hello.max_datagram_bytes.to_le_bytes());
+    operand[hello_field::AUTH_METHOD] = HELLO_AUTH_NONE;
+    operand[hello_field::COOKIE].copy_from_slice(&hello.cookie);
     operand
 }
 
-/// Decodes the HELLO operand: the datagram size the initiator asks for.
-pub fn decode_hello_operand(operand: &[u8]) -> Result<u32, Status> {
-    if operand.len() != HELLO_OPERAND_LEN || operand[4..8] != [0; 4] {
+/// Decodes the HELLO operand. Reserved bytes and the authentication area must be zero
+/// (`malformed`); an authentication method other than none is `not_supported` until tenants exist.
+pub fn decode_hello_operand(operand: &[u8]) -> Result<HelloRequest, Status> {
+    if operand.len() != HELLO_OPERAND_LEN
+        || operand[hello_field::RESERVED] != [0; 3]
+        || operand[hello_field::AUTH].iter().any(|&byte| byte != 0)
+    {
         return Err(Status::Malformed);
     }
-    Ok(u32::from_le_bytes([operand[0], operand[1], operand[2], operand[3]]))
+    if operand[hello_field::AUTH_METHOD] != HELLO_AUTH_NONE {
+        return Err(Status::NotSupported);
+    }
+    let mut size = [0u8; 4];
+    size.copy_from_slice(&operand[hello_field::MAX_DATAGRAM_BYTES]);
+    let mut cookie = NO_COOKIE;
+    cookie.copy_from_slice(&operand[hello_field::COOKIE]);
+    Ok(HelloRequest { max_datagram_bytes: u32::from_le_bytes(size), cookie })
 }
 
 /// One region as HELLO lists it.
@@ -311,9 +361,16 @@ mod tests {
     }
 
     #[test]
-    fn hello_operand_rejects_reserved_bytes() {
-        assert_eq!(decode_hello_operand(&encode_hello_operand(9000)), Ok(9000));
-        assert_eq!(decode_hello_operand(&[0; 7]), Err(Status::Malformed));
-        assert_eq!(decode_hello_operand(&[0, 0, 0, 0, 1, 0, 0, 0]), Err(Status::Malformed));
+    fn hello_operand_round_trips_and_rejects_reserved_bytes() {
+        let hello = HelloRequest { max_datagram_bytes: 9000, cookie: [7; COOKIE_LEN] };
+        let operand = encode_hello_operand(&hello);
+        assert_eq!(decode_hello_operand(&operand), Ok(hello));
+        assert_eq!(decode_hello_operand(&operand[..HELLO_OPERAND_LEN - 1]), Err(Status::Malformed));
+        assert_eq!(decode_hello_operand(&[0; 8]), Err(Status::Malformed), "the 8-byte operand of earlier builds");
+        for (at, status) in [(5, Status::Malformed), (40, Status::Malformed), (4, Status::NotSupported)] {
+            let mut bad = operand;
+            bad[at] = 1;
+            assert_eq!(decode_hello_operand(&bad), Err(status), "byte {at}");
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! A value here is either a hard protocol limit or the default of a validated setting. Pools are
 //! sized from these at start-up and never grow: a full queue is back-pressure, not an allocation.
 
+use crate::time::Duration;
 use crate::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 
 /// Largest UDP payload over IPv4 (65535 - 20 byte IP header - 8 byte UDP header).
@@ -41,8 +42,47 @@ pub const RECEIVE_BATCH: usize = 16;
 /// Requests one initiator session keeps in flight.
 pub const MAX_IN_FLIGHT: usize = 256;
 
-/// Sessions one target worker holds (session ids carry the slot in their low byte).
-pub const SESSIONS_PER_WORKER: usize = 256;
+/// Most sessions one target worker may be configured to hold (`sessions_per_worker`): session
+/// ids carry the slot in their low 10 bits.
+pub const MAX_SESSIONS_PER_WORKER: usize = 1024;
+
+/// Fewest sessions per worker a target may be configured with.
+pub const MIN_SESSIONS_PER_WORKER: usize = 16;
+
+/// Sessions one worker holds unless configured otherwise.
+pub const DEFAULT_SESSIONS_PER_WORKER: usize = 256;
+
+/// Sessions one sender address (an IPv4 address, or an IPv6 /64) may hold per worker unless
+/// configured otherwise (`max_sessions_per_address`): an eighth of the default table, so eight
+/// hosts are needed to fill it, and a full table can still make room from the largest holder.
+pub const DEFAULT_SESSIONS_PER_ADDRESS: usize = 32;
+
+/// How long a session may stay silent before it expires, unless configured otherwise
+/// (`session_idle_timeout_ms`).
+pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_millis(30_000);
+
+/// Bounds of `session_idle_timeout_ms`.
+pub const MIN_SESSION_IDLE_TIMEOUT: Duration = Duration::from_millis(1_000);
+/// See [`MIN_SESSION_IDLE_TIMEOUT`].
+pub const MAX_SESSION_IDLE_TIMEOUT: Duration = Duration::from_millis(86_400_000);
+
+/// A session that has sent nothing since its HELLO expires after this: a HELLO replayed or
+/// abandoned holds its slot no longer.
+pub const UNUSED_SESSION_TIMEOUT: Duration = Duration::from_millis(1_000);
+
+/// A session silent this long, with nothing in progress, is idle: it may give its slot to a
+/// new session when the table (or its address's share) is full.
+pub const SESSION_IDLE_BEFORE_EVICTION: Duration = Duration::from_millis(1_000);
+
+/// How long a HELLO cookie stays valid after the target issued it: several retransmission
+/// timeouts of the second HELLO, yet short enough that a captured cookie soon stops working.
+pub const COOKIE_LIFETIME: Duration = Duration::from_millis(5_000);
+
+/// Session slots a worker checks for expiry per sweep, and how often it sweeps: the whole of a
+/// 1024-slot table every 64 ms, with bounded work in any one loop pass.
+pub const SESSION_SWEEP_SLOTS: usize = 16;
+/// See [`SESSION_SWEEP_SLOTS`].
+pub const SESSION_SWEEP_INTERVAL: Duration = Duration::from_millis(1);
 
 /// Sequences per session the target remembers: a request this far behind the newest one
 /// executed is answered `stale`, never executed again.
@@ -70,8 +110,17 @@ pub const MAX_BLOCK_ZERO_BYTES: u64 = 64 << 20;
 // The window must cover every request a session may have in flight, or a retransmission of a
 // request still in flight could be refused as stale.
 const _: () = assert!(REPLAY_WINDOW >= MAX_IN_FLIGHT);
-// Session ids: slot in bits 0..8, worker in bits 8..14, generation above.
-const _: () = assert!(SESSIONS_PER_WORKER == 256 && MAX_WORKERS <= 64);
+// Session ids: slot in bits 0..10, worker in bits 10..16, generation above.
+const _: () = assert!(MAX_SESSIONS_PER_WORKER <= 1 << 10 && MAX_WORKERS <= 1 << 6);
+const _: () = assert!(MIN_SESSIONS_PER_WORKER <= DEFAULT_SESSIONS_PER_WORKER);
+const _: () = assert!(DEFAULT_SESSIONS_PER_WORKER <= MAX_SESSIONS_PER_WORKER);
+// One address must not be able to fill the default table on its own.
+const _: () = assert!(DEFAULT_SESSIONS_PER_ADDRESS < DEFAULT_SESSIONS_PER_WORKER);
+// An unused session must expire before an idle one would, or replayed HELLOs would hold slots
+// as long as real sessions.
+const _: () = assert!(UNUSED_SESSION_TIMEOUT.as_nanos() <= MIN_SESSION_IDLE_TIMEOUT.as_nanos());
+const _: () = assert!(MIN_SESSION_IDLE_TIMEOUT.as_nanos() <= DEFAULT_SESSION_IDLE_TIMEOUT.as_nanos());
+const _: () = assert!(DEFAULT_SESSION_IDLE_TIMEOUT.as_nanos() <= MAX_SESSION_IDLE_TIMEOUT.as_nanos());
 // The arena holds at least one full window of the largest answers.
 const _: () = assert!(REPLAY_ARENA_BYTES >= 2 * MAX_DATAGRAM_BYTES);
 

@@ -11,6 +11,8 @@ pub enum Opcode {
     Ping = 0x02,
     /// Target counters.
     Stat = 0x03,
+    /// Ends the session it is sent in, freeing its slot at once.
+    Close = 0x04,
     /// Read bytes of a region.
     Read = 0x10,
     /// Write bytes into a region.
@@ -48,10 +50,11 @@ pub const EXTENSION_OPCODE_FIRST: u8 = 0x80;
 
 impl Opcode {
     /// Every defined opcode.
-    pub const ALL: [Opcode; 18] = [
+    pub const ALL: [Opcode; 19] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Stat,
+        Opcode::Close,
         Opcode::Read,
         Opcode::Write,
         Opcode::Cas,
@@ -75,6 +78,7 @@ impl Opcode {
             0x01 => Opcode::Hello,
             0x02 => Opcode::Ping,
             0x03 => Opcode::Stat,
+            0x04 => Opcode::Close,
             0x10 => Opcode::Read,
             0x11 => Opcode::Write,
             0x12 => Opcode::Cas,
@@ -101,6 +105,7 @@ impl Opcode {
             Opcode::Hello
             | Opcode::Ping
             | Opcode::Stat
+            | Opcode::Close
             | Opcode::Read
             | Opcode::Write
             | Opcode::Memcpy
@@ -117,6 +122,11 @@ impl Opcode {
         }
     }
 
+    /// Whether it is a control instruction (HELLO, PING, STAT, CLOSE): it addresses nothing.
+    pub fn is_control(self) -> bool {
+        matches!(self, Opcode::Hello | Opcode::Ping | Opcode::Stat | Opcode::Close)
+    }
+
     /// Whether it addresses a block namespace (and completes asynchronously on the target).
     pub fn is_block(self) -> bool {
         matches!(self, Opcode::BlockRead | Opcode::BlockWrite | Opcode::Flush | Opcode::Trim | Opcode::WriteZeroes)
@@ -128,6 +138,7 @@ impl Opcode {
             Opcode::Hello => "hello",
             Opcode::Ping => "ping",
             Opcode::Stat => "stat",
+            Opcode::Close => "close",
             Opcode::Read => "read",
             Opcode::Write => "write",
             Opcode::Cas => "cas",

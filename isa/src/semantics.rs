@@ -181,6 +181,7 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
         Opcode::Hello
         | Opcode::Ping
         | Opcode::Stat
+        | Opcode::Close
         | Opcode::Encrypt
         | Opcode::Decrypt
         | Opcode::BlockRead

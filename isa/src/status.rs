@@ -28,19 +28,25 @@ pub enum Status {
     TooLarge = 0x08,
     /// Persisting or reading the backing store failed; written bytes may not be durable.
     IoError = 0x09,
-    /// The worker is overloaded; retry after the back-off hint (reserved for overload control).
+    /// The worker is overloaded; retry after the back-off hint. For HELLO: every session slot
+    /// is held by a session that is not idle.
     Busy = 0x0A,
-    /// The session is unknown to the target (reserved for sessions).
+    /// The session is unknown to the target, or belongs to another sender address.
     NoSession = 0x0B,
     /// The tenant lacks the permission (reserved for security).
     PermissionDenied = 0x0C,
-    /// The sequence number is older than the replay window (reserved for sessions).
+    /// The sequence number is older than the replay window, or its stored answer is gone.
     Stale = 0x0D,
+    /// HELLO only: the sender must prove its address first; this result's data is the cookie to
+    /// echo in a second HELLO.
+    Retry = 0x0E,
+    /// HELLO only: the sender's address holds as many sessions as the target allows one address.
+    SessionLimit = 0x0F,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 14] = [
+    pub const ALL: [Status; 16] = [
         Status::Ok,
         Status::Malformed,
         Status::UnsupportedVersion,
@@ -55,6 +61,8 @@ impl Status {
         Status::NoSession,
         Status::PermissionDenied,
         Status::Stale,
+        Status::Retry,
+        Status::SessionLimit,
     ];
 
     /// The status with this wire value, if any.
@@ -79,6 +87,8 @@ impl Status {
             Status::NoSession => "no_session",
             Status::PermissionDenied => "permission_denied",
             Status::Stale => "stale",
+            Status::Retry => "retry",
+            Status::SessionLimit => "session_limit",
         }
     }
 }

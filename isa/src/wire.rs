@@ -538,6 +538,16 @@ impl<'b> ResponseWriter<'b> {
         self.header.count
     }
 
+    /// Bytes the response holds so far, header included.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no result has been written yet (the response is a bare header).
+    pub fn is_empty(&self) -> bool {
+        self.header.count == 0
+    }
+
     /// Writes the header with the target's measurements and the CRC; returns the length.
     pub fn finish(self, ttl: u8, service_time_ns: u32, queue_depth: u16) -> usize {
         let header = Header { ttl, service_time_ns, queue_depth, ..self.header };

@@ -1,9 +1,9 @@
 //! Decodes every example datagram of docs/PROTOCOL.md and checks it says what the document says,
 //! so the document and the code cannot drift apart.
 
-use netdam_isa::control::decode_hello_operand;
+use netdam_isa::control::{decode_hello_operand, Cookie, HelloRequest, COOKIE_LEN, HELLO_OPERAND_LEN, NO_COOKIE};
 use netdam_isa::fuzzing::check_decode_round_trip;
-use netdam_isa::wire::{Request, Response};
+use netdam_isa::wire::{Request, Response, HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::{Opcode, Status};
 
 const PROTOCOL: &str = include_str!("../../docs/PROTOCOL.md");
@@ -22,7 +22,7 @@ fn example(name: &str) -> Vec<u8> {
 #[test]
 fn every_example_in_the_document_is_checked() {
     let named = PROTOCOL.matches("```text example:").count();
-    assert_eq!(named, 7, "a new example in PROTOCOL.md needs its assertions here");
+    assert_eq!(named, 11, "a new example in PROTOCOL.md needs its assertions here");
 }
 
 #[test]
@@ -44,14 +44,90 @@ fn ping_request_and_response() {
     assert_eq!((result.opcode, result.status, result.data.len()), (Opcode::Ping as u8, Status::Ok, 0));
 }
 
+/// The cookie of the `hello-retry` example: issue time 12345 ns, then 16 MAC bytes. Only the
+/// target that issued a cookie can check its MAC (it needs the target's secret), so this test
+/// checks the layout, not the MAC.
+fn example_cookie() -> Cookie {
+    let mut cookie = NO_COOKIE;
+    cookie[..8].copy_from_slice(&12345u64.to_le_bytes());
+    cookie[8..].copy_from_slice(&[
+        0x5f, 0x1c, 0x9a, 0x02, 0xe7, 0x44, 0xb3, 0x6d, 0x81, 0x0a, 0xc2, 0x3e, 0x97, 0x58, 0xf4, 0x21,
+    ]);
+    cookie
+}
+
 #[test]
-fn hello_request() {
-    let bytes = example("hello-request");
-    check_decode_round_trip(&bytes);
-    let request = Request::parse(&bytes).unwrap();
+fn hello_exchange_with_a_cookie() {
+    let first = example("hello-request");
+    check_decode_round_trip(&first);
+    assert_eq!(first.len(), HEADER_LEN + INSTRUCTION_HEADER_LEN + HELLO_OPERAND_LEN);
+    assert_eq!(first.len(), 152);
+    let request = Request::parse(&first).unwrap();
+    assert_eq!((request.header.session, request.header.sequence, request.header.count), (0, 2, 1));
     let instruction = request.instructions().next().unwrap();
     assert_eq!(instruction.opcode, Opcode::Hello as u8);
-    assert_eq!(decode_hello_operand(instruction.operand), Ok(9000));
+    assert_eq!(
+        decode_hello_operand(instruction.operand),
+        Ok(HelloRequest { max_datagram_bytes: 9000, cookie: NO_COOKIE })
+    );
+
+    let retry = example("hello-retry");
+    check_decode_round_trip(&retry);
+    assert_eq!(retry.len(), HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN + COOKIE_LEN);
+    assert_eq!(retry.len(), 64);
+    assert!(retry.len() <= first.len(), "the cookie answer is no longer than the HELLO: no amplification");
+    let response = Response::parse(&retry).unwrap();
+    assert_eq!((response.header.session, response.header.sequence, response.header.count), (0, 2, 1));
+    assert_eq!((response.header.ttl, response.header.service_time_ns), (64, 1200));
+    assert_eq!(response.status(), Status::Ok, "the datagram was executed; its HELLO was not granted");
+    let result = response.results().next().unwrap();
+    assert_eq!((result.opcode, result.status), (Opcode::Hello as u8, Status::Retry));
+    assert_eq!(result.data, example_cookie(), "a retry's data is the cookie");
+    assert_eq!(u64::from_le_bytes(result.data[..8].try_into().unwrap()), 12345, "issue time in ns");
+
+    let second = example("hello-with-cookie");
+    check_decode_round_trip(&second);
+    assert_eq!(second.len(), first.len(), "the first HELLO is as long as the second");
+    let request = Request::parse(&second).unwrap();
+    assert_eq!((request.header.session, request.header.sequence, request.header.count), (0, 3, 1));
+    let instruction = request.instructions().next().unwrap();
+    assert_eq!(instruction.opcode, Opcode::Hello as u8);
+    let hello = decode_hello_operand(instruction.operand).unwrap();
+    assert_eq!(hello, HelloRequest { max_datagram_bytes: 9000, cookie: example_cookie() });
+    assert_eq!(&instruction.operand[8..32], result.data, "the cookie is echoed at operand bytes 8..32");
+}
+
+#[test]
+fn close_request_and_response() {
+    let bytes = example("close-request");
+    check_decode_round_trip(&bytes);
+    let request = Request::parse(&bytes).unwrap();
+    assert_eq!((request.header.session, request.header.sequence, request.header.count), (7, 6, 1));
+    let instruction = request.instructions().next().unwrap();
+    assert_eq!(instruction.opcode, Opcode::Close as u8);
+    assert_eq!(
+        (instruction.flags, instruction.space, instruction.offset, instruction.length, instruction.aux),
+        (0, 0, 0, 0, 0),
+        "CLOSE addresses nothing"
+    );
+    assert!(instruction.operand.is_empty());
+    assert!(Opcode::Close.is_control() && Opcode::Close.is_idempotent());
+
+    let bytes = example("close-response");
+    check_decode_round_trip(&bytes);
+    let response = Response::parse(&bytes).unwrap();
+    assert_eq!((response.header.session, response.header.sequence), (7, 6));
+    assert_eq!((response.header.ttl, response.header.service_time_ns), (64, 900));
+    assert_eq!(response.status(), Status::Ok);
+    let result = response.results().next().unwrap();
+    assert_eq!((result.opcode, result.status, result.data.len()), (Opcode::Close as u8, Status::Ok, 0));
+}
+
+#[test]
+fn new_numbers_are_the_documented_ones() {
+    assert_eq!(Opcode::Close as u8, 0x04);
+    assert_eq!((Status::Retry as u8, Status::Retry.name()), (0x0E, "retry"));
+    assert_eq!((Status::SessionLimit as u8, Status::SessionLimit.name()), (0x0F, "session_limit"));
 }
 
 #[test]

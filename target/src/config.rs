@@ -7,10 +7,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use netdam_isa::limits::{
-    DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_NAMESPACES, MAX_REGIONS, MAX_REGION_NAME_BYTES, MAX_WORKERS,
-    MIN_DATAGRAM_BYTES,
+    DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
+    MAX_DATAGRAM_BYTES, MAX_NAMESPACES, MAX_REGIONS, MAX_REGION_NAME_BYTES, MAX_SESSIONS_PER_WORKER,
+    MAX_SESSION_IDLE_TIMEOUT, MAX_WORKERS, MIN_DATAGRAM_BYTES, MIN_SESSIONS_PER_WORKER, MIN_SESSION_IDLE_TIMEOUT,
 };
+use netdam_isa::Duration;
 use serde::{Deserialize, Serialize};
+
+use crate::dispatch::DispatchSettings;
+use crate::sessions::SessionLimits;
 
 /// Address the target listens on when nothing else is said: loopback only, because v1 has no
 /// authentication yet.
@@ -236,6 +241,16 @@ pub struct Config {
     /// A request that queued longer than this (µs) is answered BUSY instead of executed.
     #[serde(default = "default_busy_threshold_us")]
     pub busy_threshold_us: u64,
+    /// Sessions each worker holds at once (each keeps a replay window of answers).
+    #[serde(default = "default_sessions_per_worker")]
+    pub sessions_per_worker: usize,
+    /// Sessions one sender address (an IPv4 address or an IPv6 /64) may hold per worker, so
+    /// that no host can take every slot.
+    #[serde(default = "default_max_sessions_per_address")]
+    pub max_sessions_per_address: usize,
+    /// A session silent this long (ms) expires; its initiator says HELLO again when it returns.
+    #[serde(default = "default_session_idle_timeout_ms")]
+    pub session_idle_timeout_ms: u64,
     /// Regions; none configured means the embedded default region. Regions created with
     /// `netdam-target region create` are served as well.
     #[serde(default, rename = "region", skip_serializing_if = "Vec::is_empty")]
@@ -266,6 +281,15 @@ fn default_adaptive_spin_us() -> u64 {
 fn default_max_datagram_bytes() -> usize {
     DEFAULT_DATAGRAM_BYTES
 }
+fn default_sessions_per_worker() -> usize {
+    DEFAULT_SESSIONS_PER_WORKER
+}
+fn default_max_sessions_per_address() -> usize {
+    DEFAULT_SESSIONS_PER_ADDRESS
+}
+fn default_session_idle_timeout_ms() -> u64 {
+    DEFAULT_SESSION_IDLE_TIMEOUT.as_nanos() / 1_000_000
+}
 fn default_busy_threshold_us() -> u64 {
     // Past this a request has queued longer than any healthy answer takes; an initiator would
     // soon retransmit it (its minimum timeout is 2 ms) and add to the queue.
@@ -284,6 +308,9 @@ impl Default for Config {
             lock_memory: default_lock_memory(),
             max_datagram_bytes: default_max_datagram_bytes(),
             busy_threshold_us: default_busy_threshold_us(),
+            sessions_per_worker: default_sessions_per_worker(),
+            max_sessions_per_address: default_max_sessions_per_address(),
+            session_idle_timeout_ms: default_session_idle_timeout_ms(),
             regions: Vec::new(),
             namespaces: Vec::new(),
         }
@@ -365,8 +392,41 @@ impl Config {
         if self.adaptive_spin_us > 1_000_000 {
             return invalid(format!("adaptive_spin_us = {}: at most 1000000 (one second)", self.adaptive_spin_us));
         }
+        if !(MIN_SESSIONS_PER_WORKER..=MAX_SESSIONS_PER_WORKER).contains(&self.sessions_per_worker) {
+            return invalid(format!(
+                "sessions_per_worker = {}: must be between {MIN_SESSIONS_PER_WORKER} and {MAX_SESSIONS_PER_WORKER}",
+                self.sessions_per_worker
+            ));
+        }
+        if !(1..=self.sessions_per_worker).contains(&self.max_sessions_per_address) {
+            return invalid(format!(
+                "max_sessions_per_address = {}: must be between 1 and sessions_per_worker ({})",
+                self.max_sessions_per_address, self.sessions_per_worker
+            ));
+        }
+        let (min_ms, max_ms) =
+            (MIN_SESSION_IDLE_TIMEOUT.as_nanos() / 1_000_000, MAX_SESSION_IDLE_TIMEOUT.as_nanos() / 1_000_000);
+        if !(min_ms..=max_ms).contains(&self.session_idle_timeout_ms) {
+            return invalid(format!(
+                "session_idle_timeout_ms = {}: must be between {min_ms} and {max_ms}",
+                self.session_idle_timeout_ms
+            ));
+        }
         validate_spaces(&self.effective_regions(), &self.namespaces)?;
         Ok(())
+    }
+
+    /// What every worker's dispatcher applies.
+    pub fn dispatch_settings(&self) -> DispatchSettings {
+        DispatchSettings {
+            max_datagram_bytes: self.max_datagram_bytes,
+            busy_threshold: Duration::from_micros(self.busy_threshold_us),
+            sessions: SessionLimits {
+                slots: self.sessions_per_worker,
+                per_address: self.max_sessions_per_address,
+                idle_timeout: Duration::from_millis(self.session_idle_timeout_ms),
+            },
+        }
     }
 
     /// The effective settings as TOML, for `netdam-target config`.
@@ -408,6 +468,15 @@ mod tests {
         assert!(unknown.contains("workerz"), "{unknown}");
         let config = Config { workers: 0, ..Config::default() };
         assert!(config.validate().unwrap_err().to_string().contains("workers"));
+        for (config, named) in [
+            (Config { sessions_per_worker: 2000, ..Config::default() }, "sessions_per_worker"),
+            (Config { max_sessions_per_address: 0, ..Config::default() }, "max_sessions_per_address"),
+            (Config { sessions_per_worker: 16, max_sessions_per_address: 17, ..Config::default() }, "between 1 and"),
+            (Config { session_idle_timeout_ms: 10, ..Config::default() }, "session_idle_timeout_ms"),
+        ] {
+            let message = config.validate().unwrap_err().to_string();
+            assert!(message.contains(named), "{message}");
+        }
         let twice = RegionConfig { name: "a".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
         let config = Config { regions: vec![twice.clone(), twice], ..Config::default() };
         assert!(config.validate().unwrap_err().to_string().contains("used twice"));

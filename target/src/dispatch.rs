@@ -7,12 +7,16 @@
 //! instruction of a well-framed request gets its own status, and a failed instruction does not
 //! stop the ones after it.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use netdam_isa::block::BlockOp;
-use netdam_isa::control::{decode_hello_operand, encode_hello_answer, StatWriter};
+use netdam_isa::control::{decode_hello_operand, encode_hello_answer, StatWriter, COOKIE_LEN};
 use netdam_isa::engine::Engine;
-use netdam_isa::limits::{MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES};
+use netdam_isa::limits::{
+    DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
+    MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES, SESSION_SWEEP_INTERVAL,
+};
 use netdam_isa::wire::{
     peek_is_response, peek_session_sequence, DecodeError, Disposition, Instruction, Request, ResponseWriter,
     RESPONSE_INSTRUCTION_HEADER_LEN,
@@ -22,13 +26,42 @@ use netdam_nvme::{BlockDevice, BlockRequest, BufferIndex};
 use netdam_pmem::Durability;
 
 use crate::block::{self, BlockPath, Pending, ReplyTo, RunEntry};
+use crate::cookies::{CookieJar, CookieRefusal};
 use crate::namespaces::NamespaceTable;
 use crate::regions::RegionTable;
-use crate::sessions::{Admission, RecordTicket, SessionTable};
+use crate::sessions::{Admission, OpenRefusal, RecordTicket, SessionLimits, SessionTable};
 use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
 
 /// STAT entries that describe the target rather than count events.
-pub const TARGET_STAT_ENTRIES: usize = 3;
+pub const TARGET_STAT_ENTRIES: usize = 4;
+
+/// How often at most a worker logs that it refuses HELLOs (with the count since its last line).
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_millis(10_000);
+
+/// The settings a worker's dispatcher applies, from the validated configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchSettings {
+    /// Largest datagram received or sent.
+    pub max_datagram_bytes: usize,
+    /// A request that queued longer than this is answered BUSY instead of executed.
+    pub busy_threshold: Duration,
+    /// Session table size, share per address and idle timeout.
+    pub sessions: SessionLimits,
+}
+
+impl Default for DispatchSettings {
+    fn default() -> DispatchSettings {
+        DispatchSettings {
+            max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
+            busy_threshold: Duration::from_millis(1),
+            sessions: SessionLimits {
+                slots: DEFAULT_SESSIONS_PER_WORKER,
+                per_address: DEFAULT_SESSIONS_PER_ADDRESS,
+                idle_timeout: DEFAULT_SESSION_IDLE_TIMEOUT,
+            },
+        }
+    }
+}
 
 /// State every worker of one target shares; read-mostly.
 #[derive(Debug)]
@@ -39,12 +72,13 @@ pub struct Shared {
     pub namespaces: Arc<NamespaceTable>,
     /// Each worker's counters, by worker index.
     pub stats: Arc<[WorkerStats]>,
-    /// Largest datagram received or sent.
-    pub max_datagram_bytes: usize,
+    /// What every dispatcher applies.
+    pub settings: DispatchSettings,
     /// Distinguishes this run's session ids from an earlier run's (e.g. the start time).
     pub epoch: u64,
-    /// A request that queued longer than this is answered BUSY instead of executed.
-    pub busy_threshold: Duration,
+    /// Issues and checks HELLO cookies; one secret for every worker, so a cookie one worker
+    /// issued is valid at the others (all workers read one clock, see `worker`).
+    pub cookies: CookieJar,
 }
 
 impl Shared {
@@ -53,13 +87,29 @@ impl Shared {
         regions: Arc<RegionTable>,
         namespaces: Arc<NamespaceTable>,
         workers: usize,
-        max_datagram_bytes: usize,
+        settings: DispatchSettings,
         epoch: u64,
-        busy_threshold: Duration,
+        cookies: CookieJar,
     ) -> Shared {
         let stats = (0..workers).map(|_| WorkerStats::default()).collect();
-        Shared { regions, namespaces, stats, max_datagram_bytes, epoch, busy_threshold }
+        Shared { regions, namespaces, stats, settings, epoch, cookies }
     }
+}
+
+/// Who sent the datagram being executed, and in which session: what control instructions need.
+#[derive(Debug, Clone, Copy)]
+struct Context {
+    from: SocketAddr,
+    session: u32,
+    /// Bytes of the request: without a session, no answer may be longer (no amplification).
+    request_len: usize,
+}
+
+/// Rate limit of the log lines about refused HELLOs.
+#[derive(Debug, Default)]
+struct RefusalLog {
+    last_line: Option<Instant>,
+    refused_since: u64,
 }
 
 /// What to do with a handled datagram.
@@ -76,8 +126,8 @@ pub enum Handled<'b> {
     },
     /// Send the first `len` bytes of `out` as they are: a stored answer replayed.
     Replay(usize),
-    /// Waiting for block I/O in this slot: the driver says where the answer goes
-    /// ([`Dispatcher::set_reply_to`]) and sends it when [`Dispatcher::poll_block`] hands it over.
+    /// Waiting for block I/O in this slot: the driver sends the answer when
+    /// [`Dispatcher::poll_block`] hands it over.
     Deferred(u16),
 }
 
@@ -89,6 +139,9 @@ pub struct Dispatcher<E> {
     worker: usize,
     sessions: SessionTable,
     block: BlockPath,
+    /// When the expiry sweep next looks at a share of the session table.
+    next_sweep: Instant,
+    refusals: RefusalLog,
 }
 
 impl<E: Engine> Dispatcher<E> {
@@ -96,9 +149,17 @@ impl<E: Engine> Dispatcher<E> {
     /// instructions on `devices` (this worker's, by namespace id).
     pub fn new(engine: E, shared: Arc<Shared>, worker: usize, devices: Vec<Box<dyn BlockDevice>>) -> Dispatcher<E> {
         assert!(worker < shared.stats.len(), "worker index beyond the stats table");
-        let sessions = SessionTable::new(worker, shared.epoch);
-        let block = BlockPath::new(devices, shared.max_datagram_bytes);
-        Dispatcher { engine, shared, worker, sessions, block }
+        let sessions = SessionTable::new(worker, shared.epoch, shared.settings.sessions);
+        let block = BlockPath::new(devices, shared.settings.max_datagram_bytes);
+        Dispatcher {
+            engine,
+            shared,
+            worker,
+            sessions,
+            block,
+            next_sweep: Instant::ZERO,
+            refusals: RefusalLog::default(),
+        }
     }
 
     /// This worker's counters.
@@ -106,9 +167,29 @@ impl<E: Engine> Dispatcher<E> {
         &self.shared.stats[self.worker]
     }
 
-    /// Handles one datagram whose execution starts at `now` after it queued for `queueing`.
-    /// `out` must be `max_datagram_bytes` long.
-    pub fn handle<'b>(&mut self, now: Instant, queueing: Duration, datagram: &[u8], out: &'b mut [u8]) -> Handled<'b> {
+    /// Ends sessions silent past their timeout, a bounded share of the table at a time; the
+    /// driver calls it every loop pass (it does nothing until the sweep interval has passed).
+    pub fn tick(&mut self, now: Instant) {
+        if now < self.next_sweep {
+            return;
+        }
+        self.next_sweep = now + SESSION_SWEEP_INTERVAL;
+        let expired = self.sessions.expire(now);
+        if expired > 0 {
+            self.stats().add(Counter::SessionsExpired, expired);
+        }
+    }
+
+    /// Handles one datagram from `from` whose execution starts at `now` after it queued for
+    /// `queueing`. `out` must be `max_datagram_bytes` long.
+    pub fn handle<'b>(
+        &mut self,
+        now: Instant,
+        from: ReplyTo,
+        queueing: Duration,
+        datagram: &[u8],
+        out: &'b mut [u8],
+    ) -> Handled<'b> {
         self.stats().add(Counter::DatagramsReceived, 1);
         if peek_is_response(datagram) {
             // Answering a response could start a loop between two targets.
@@ -121,7 +202,7 @@ impl<E: Engine> Dispatcher<E> {
         };
         let header = request.header;
         let queueing_us = u16::try_from(queueing.as_nanos() / 1000).unwrap_or(u16::MAX);
-        if queueing > self.shared.busy_threshold {
+        if queueing > self.shared.settings.busy_threshold {
             // Overloaded: the queue is the problem, so do not add to it. The initiator waits about
             // as long as this request waited, then retries; nothing was executed.
             self.count(Counter::AnsweredBusy);
@@ -133,7 +214,7 @@ impl<E: Engine> Dispatcher<E> {
         let mut record = None;
         if header.session != 0 {
             let idempotent = request.instructions().all(|instruction| instruction.is_idempotent());
-            match self.sessions.admit(now, header.session, header.sequence, idempotent, out) {
+            match self.sessions.admit(now, header.session, from.peer, header.sequence, idempotent, out) {
                 Admission::Execute(ticket) => record = Some((ticket, !idempotent)),
                 Admission::ExecuteAgain => self.count(Counter::DuplicatesExecutedAgain),
                 Admission::Replay(len) => {
@@ -146,42 +227,71 @@ impl<E: Engine> Dispatcher<E> {
                     return Handled::Dropped;
                 }
                 Admission::UnknownSession => {
+                    if request.instructions().any(|instruction| instruction.opcode == Opcode::Close as u8) {
+                        // Not this sender's session (or no longer anyone's): nothing to end.
+                        self.count(Counter::ClosesIgnored);
+                    }
                     return self.datagram_status(out, header.session, header.sequence, Status::NoSession);
                 }
             }
-        } else if !request.instructions().all(|instruction| is_control(instruction.opcode)) {
+        } else if !request.instructions().all(|instruction| is_sessionless(instruction.opcode)) {
             // Without a session only HELLO, PING and STAT: anything else needs the replay window.
+            if request.instructions().any(|instruction| instruction.opcode == Opcode::Close as u8) {
+                self.count(Counter::ClosesIgnored);
+            }
             return self.datagram_status(out, 0, header.sequence, Status::NoSession);
         }
+        let context = Context { from: from.peer, session: header.session, request_len: datagram.len() };
         let serves_blocks = !self.block.devices.is_empty();
         if serves_blocks && request.instructions().any(|instruction| is_block(instruction.opcode)) {
-            return self.defer(now, queueing, queueing_us, datagram, record, out);
+            return self.defer(now, from, queueing, queueing_us, datagram, record, out);
         }
         let mut response = ResponseWriter::new(out, header.session, header.sequence);
         response.set_queueing_us(queueing_us);
         for instruction in request.instructions() {
-            self.execute_into(now, &instruction, &mut response);
+            self.execute_into(now, context, &instruction, &mut response);
         }
         self.stats().add(Counter::InstructionsExecuted, u64::from(response.count()));
         Handled::Answer { response, record }
     }
 
     /// Executes one memory or control instruction and writes its result.
-    fn execute_into(&mut self, now: Instant, instruction: &Instruction<'_>, response: &mut ResponseWriter<'_>) {
-        let capacity = response.data_capacity();
-        let result = self.execute(now, instruction, &mut response.data_area()[..capacity]);
-        let (status, data_len) = match result {
-            Ok(data_len) => (Status::Ok, data_len),
-            Err(status) => (status, 0),
+    fn execute_into(
+        &mut self,
+        now: Instant,
+        context: Context,
+        instruction: &Instruction<'_>,
+        response: &mut ResponseWriter<'_>,
+    ) {
+        let mut capacity = response.data_capacity();
+        if context.session == 0 {
+            // Without a session the sender's address is unproven: the whole answer stays within
+            // the request's length, so a forged source gains no amplification. (Only a STAT can
+            // reach this bound; a HELLO that opens a session has proven its address.)
+            let within_request = context.request_len.saturating_sub(response.len() + RESPONSE_INSTRUCTION_HEADER_LEN);
+            if instruction.opcode != Opcode::Hello as u8 {
+                capacity = capacity.min(within_request);
+            }
+        }
+        let data = &mut response.data_area()[..capacity];
+        let (status, data_len) = if instruction.opcode == Opcode::Hello as u8 {
+            self.hello(now, context, instruction, data)
+        } else {
+            match self.execute(context, instruction, data) {
+                Ok(data_len) => (Status::Ok, data_len),
+                Err(status) => (status, 0),
+            }
         };
         self.stats().count_status(status);
         response.commit(instruction.opcode, status, data_len);
     }
 
     /// Takes a datagram with block instructions into a pending slot and starts executing it.
+    #[allow(clippy::too_many_arguments)] // one call site, each argument a distinct fact of the datagram
     fn defer<'b>(
         &mut self,
         now: Instant,
+        from: ReplyTo,
         queueing: Duration,
         queueing_us: u16,
         datagram: &[u8],
@@ -211,7 +321,7 @@ impl<E: Engine> Dispatcher<E> {
         pending.run_len = 0;
         pending.outstanding = 0;
         pending.record = record;
-        pending.reply_to = None;
+        pending.reply_to = Some(from);
         pending.queueing = queueing;
         pending.started = now;
         self.advance(now, slot);
@@ -226,11 +336,6 @@ impl<E: Engine> Dispatcher<E> {
                 tracing::warn!(worker = self.worker, %error, "cannot place io_uring helper threads");
             }
         }
-    }
-
-    /// Says where the answer of the datagram deferred in `slot` goes.
-    pub fn set_reply_to(&mut self, slot: u16, reply_to: ReplyTo) {
-        self.block.slots[usize::from(slot)].reply_to = Some(reply_to);
     }
 
     /// Datagrams waiting for block I/O (or to be sent): while any are, the driver must keep
@@ -261,7 +366,7 @@ impl<E: Engine> Dispatcher<E> {
             let held = pending.queueing + now.saturating_since(pending.started);
             let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
             let depth = u16::try_from(self.block.pending() - 1).unwrap_or(u16::MAX);
-            let reply_to = pending.reply_to.expect("the driver set where the answer goes");
+            let reply_to = pending.reply_to.expect("defer recorded where the answer goes");
             let len = response.finish(reply_to.ttl, service_time_ns, depth);
             self.stats().add(Counter::InstructionsExecuted, u64::from(count));
             if let Some((ticket, store)) = pending.record.take() {
@@ -292,15 +397,27 @@ impl<E: Engine> Dispatcher<E> {
 
     /// Returns whether the datagram now waits for block I/O.
     fn advance_pending(&mut self, now: Instant, slot: u16, pending: &mut Pending) -> bool {
-        let Pending { request, request_len, response, progress, next_instruction, run, run_len, outstanding, .. } =
-            pending;
+        let Pending {
+            request,
+            request_len,
+            response,
+            progress,
+            next_instruction,
+            run,
+            run_len,
+            outstanding,
+            reply_to,
+            ..
+        } = pending;
         let request = Request::parse(&request[..*request_len]).expect("the datagram was accepted before");
+        let from = reply_to.expect("defer recorded where the answer goes").peer;
+        let context = Context { from, session: request.header.session, request_len: *request_len };
         let mut response = ResponseWriter::resume(response, progress.take().expect("a pending answer"));
         let mut instructions = request.instructions().skip(*next_instruction).peekable();
         while let Some(instruction) = instructions.next() {
             *next_instruction += 1;
             if !is_block(instruction.opcode) {
-                self.execute_into(now, &instruction, &mut response);
+                self.execute_into(now, context, &instruction, &mut response);
                 continue;
             }
             // A run: this block instruction and the ones right after it, but a FLUSH runs alone
@@ -452,39 +569,141 @@ impl<E: Engine> Dispatcher<E> {
         Handled::Answer { response, record: None }
     }
 
-    fn execute(&mut self, now: Instant, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+    fn execute(&mut self, context: Context, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
         match Opcode::from_u8(instruction.opcode) {
-            Some(Opcode::Hello) => self.hello(now, instruction, out),
             Some(Opcode::Ping) => control_fields_empty(instruction).map(|()| 0),
             Some(Opcode::Stat) => {
-                control_fields_empty(instruction)?;
+                // The operand is padding a sessionless STAT carries to make room for its answer.
+                let padding = Instruction { operand: &[], ..*instruction };
+                control_fields_empty(&padding)?;
+                if instruction.operand.iter().any(|&byte| byte != 0) {
+                    return Err(Status::Malformed);
+                }
                 self.stat(out)
             }
+            Some(Opcode::Close) => {
+                control_fields_empty(instruction)?;
+                if self.sessions.close(context.session, context.from) {
+                    self.count(Counter::SessionsClosed);
+                    Ok(0)
+                } else {
+                    // Closed already, earlier in this datagram.
+                    self.count(Counter::ClosesIgnored);
+                    Err(Status::NoSession)
+                }
+            }
+            Some(Opcode::Hello) => unreachable!("execute_into answers HELLO"),
             // Reached only when this target serves no namespace at all.
             Some(opcode) if opcode.is_block() => Err(Status::NoSuchSpace),
             _ => self.engine.execute(instruction, out),
         }
     }
 
-    fn hello(&mut self, now: Instant, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+    /// Answers HELLO: a `retry` with a cookie unless it echoes a valid one, else a session (the
+    /// one this cookie opened before, if any) and what the target serves.
+    fn hello(
+        &mut self,
+        now: Instant,
+        context: Context,
+        instruction: &Instruction<'_>,
+        out: &mut [u8],
+    ) -> (Status, usize) {
         let plain = Instruction { operand: &[], ..*instruction };
-        control_fields_empty(&plain)?;
-        let requested = decode_hello_operand(instruction.operand)?;
-        if (requested as usize) < MIN_DATAGRAM_BYTES {
-            return Err(Status::Malformed);
+        if let Err(status) = control_fields_empty(&plain) {
+            return (status, 0);
         }
-        let negotiated = (requested as usize).min(self.shared.max_datagram_bytes) as u32;
+        let hello = match decode_hello_operand(instruction.operand) {
+            Ok(hello) => hello,
+            Err(status) => return (status, 0),
+        };
+        if (hello.max_datagram_bytes as usize) < MIN_DATAGRAM_BYTES {
+            return (Status::Malformed, 0);
+        }
+        let tag = match self.shared.cookies.check(context.from, now, &hello.cookie) {
+            Ok(tag) => tag,
+            Err(refusal) => {
+                match refusal {
+                    CookieRefusal::Missing => {}
+                    CookieRefusal::Invalid => self.count(Counter::HelloBadCookie),
+                    CookieRefusal::Expired => self.count(Counter::HelloExpiredCookie),
+                }
+                if out.len() < COOKIE_LEN {
+                    return (Status::TooLarge, 0);
+                }
+                out[..COOKIE_LEN].copy_from_slice(&self.shared.cookies.issue(context.from, now));
+                self.count(Counter::CookiesSent);
+                return (Status::Retry, COOKIE_LEN);
+            }
+        };
+        let opened = self.sessions.open(now, context.from, tag);
+        let expired = match opened {
+            Ok(opened) => opened.expired,
+            Err(OpenRefusal::TableFull { expired } | OpenRefusal::AddressLimit { expired }) => expired,
+        };
+        if expired > 0 {
+            self.stats().add(Counter::SessionsExpired, expired);
+        }
+        let session = match opened {
+            Ok(opened) => {
+                if !opened.existing {
+                    self.count(Counter::SessionsOpened);
+                }
+                if opened.evicted {
+                    self.count(Counter::SessionsEvicted);
+                }
+                opened.id
+            }
+            Err(refusal) => return self.refuse_hello(now, context.from, refusal),
+        };
+        let negotiated = (hello.max_datagram_bytes as usize).min(self.shared.settings.max_datagram_bytes) as u32;
         let regions = self.shared.regions.iter().map(|(id, region)| {
             (id, region.name(), region.len() as u64, region.durability() == Durability::Persistent)
         });
-        let session = self.sessions.open(now).ok_or(Status::Busy)?;
-        self.count(Counter::SessionsOpened);
         let namespaces = self
             .shared
             .namespaces
             .iter()
             .map(|(id, namespace)| (id, namespace.name(), namespace.block_bytes(), namespace.capacity_blocks()));
-        encode_hello_answer(out, session, negotiated, MAX_INSTRUCTIONS_PER_DATAGRAM as u16, regions, namespaces)
+        match encode_hello_answer(out, session, negotiated, MAX_INSTRUCTIONS_PER_DATAGRAM as u16, regions, namespaces) {
+            Ok(len) => (Status::Ok, len),
+            // The session stays unused and expires within a second.
+            Err(status) => (status, 0),
+        }
+    }
+
+    /// Counts and (at most every [`REFUSAL_LOG_INTERVAL`]) logs a HELLO refused for want of a
+    /// slot; returns its status.
+    fn refuse_hello(&mut self, now: Instant, from: SocketAddr, refusal: OpenRefusal) -> (Status, usize) {
+        let (counter, status) = match refusal {
+            OpenRefusal::TableFull { .. } => (Counter::HelloRefusedTableFull, Status::Busy),
+            OpenRefusal::AddressLimit { .. } => (Counter::HelloRefusedAddressLimit, Status::SessionLimit),
+        };
+        self.count(counter);
+        self.refusals.refused_since += 1;
+        let due = self.refusals.last_line.is_none_or(|last| now.saturating_since(last) >= REFUSAL_LOG_INTERVAL);
+        if due {
+            let limits = self.sessions.limits();
+            let refused = self.refusals.refused_since;
+            match refusal {
+                OpenRefusal::TableFull { .. } => tracing::warn!(
+                    worker = self.worker,
+                    %from,
+                    refused,
+                    "refusing HELLO: all {} session slots of this worker are held by active sessions \
+                     (raise sessions_per_worker; `netdam stat` shows the counts)",
+                    limits.slots
+                ),
+                OpenRefusal::AddressLimit { .. } => tracing::warn!(
+                    worker = self.worker,
+                    %from,
+                    refused,
+                    "refusing HELLO: this address already holds max_sessions_per_address = {} active sessions",
+                    limits.per_address
+                ),
+            }
+            self.refusals = RefusalLog { last_line: Some(now), refused_since: 0 };
+        }
+        (status, 0)
     }
 
     fn stat(&self, out: &mut [u8]) -> Result<usize, Status> {
@@ -494,8 +713,11 @@ impl<E: Engine> Dispatcher<E> {
         writer.push("workers", self.shared.stats.len() as u64)?;
         writer.push("regions", self.shared.regions.iter().len() as u64)?;
         writer.push("namespaces", self.shared.namespaces.iter().len() as u64)?;
+        let sum = |counter| workers.iter().map(|worker| worker.get(counter)).sum::<u64>();
+        let ended = sum(Counter::SessionsClosed) + sum(Counter::SessionsExpired) + sum(Counter::SessionsEvicted);
+        writer.push("sessions_open", sum(Counter::SessionsOpened).saturating_sub(ended))?;
         for counter in Counter::ALL {
-            writer.push(counter.name(), workers.iter().map(|worker| worker.get(*counter)).sum())?;
+            writer.push(counter.name(), sum(*counter))?;
         }
         for status in Status::ALL {
             let count = workers.iter().map(|worker| worker.status_count(status)).sum();
@@ -533,7 +755,7 @@ fn is_block(opcode: u8) -> bool {
 }
 
 /// HELLO, PING and STAT: the opcodes a datagram without a session may carry.
-fn is_control(opcode: u8) -> bool {
+fn is_sessionless(opcode: u8) -> bool {
     matches!(Opcode::from_u8(opcode), Some(Opcode::Hello | Opcode::Ping | Opcode::Stat))
 }
 
@@ -564,14 +786,21 @@ mod tests {
     use super::*;
     use crate::config::{ByteSize, RegionBackend, RegionConfig};
     use crate::engine::SoftwareEngine;
-    use netdam_isa::control::{decode_hello_answer, encode_hello_operand};
+    use netdam_isa::control::{decode_hello_answer, decode_stat_answer, encode_hello_operand, HelloRequest, NO_COOKIE};
     use netdam_isa::wire::{RequestBuilder, Response};
 
     fn dispatcher() -> Dispatcher<SoftwareEngine> {
         let config = RegionConfig { name: "r".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
         let regions = Arc::new(RegionTable::open(&[config], std::path::Path::new(".")).unwrap());
         let namespaces = Arc::new(NamespaceTable::default());
-        let shared = Arc::new(Shared::new(regions.clone(), namespaces, 1, 9000, 1, Duration::from_millis(1)));
+        let shared = Arc::new(Shared::new(
+            regions.clone(),
+            namespaces,
+            1,
+            DispatchSettings::default(),
+            1,
+            CookieJar::new([3; 16]),
+        ));
         Dispatcher::new(SoftwareEngine::new(regions), shared, 0, Vec::new())
     }
 
@@ -579,20 +808,30 @@ mod tests {
         Instruction { opcode: opcode as u8, flags: 0, space: 0, offset: 0, length, aux: 0, operand }
     }
 
-    /// Hands one request to the dispatcher after it queued for `queued`; returns the finished
-    /// answer and whether the request was recorded as executed.
-    fn exchange(
+    fn peer(port: u16) -> ReplyTo {
+        ReplyTo { peer: SocketAddr::from(([127, 0, 0, 1], port)), ttl: 64 }
+    }
+
+    const ME: u16 = 4000;
+
+    /// Hands one request from port `from` to the dispatcher at `now`, after it queued for
+    /// `queued`; returns the finished answer and whether the request was recorded as executed.
+    fn exchange_at(
         dispatcher: &mut Dispatcher<SoftwareEngine>,
+        now: Instant,
+        from: u16,
         session: u32,
         queued: Duration,
-        op: Instruction<'_>,
+        ops: &[Instruction<'_>],
     ) -> (Vec<u8>, bool) {
-        let mut request = vec![0u8; 256];
+        let mut request = vec![0u8; 8192];
         let mut builder = RequestBuilder::new(&mut request, session, 1).unwrap();
-        builder.push(&op).unwrap();
+        for op in ops {
+            builder.push(op).unwrap();
+        }
         let len = builder.finish();
         let mut out = vec![0u8; 9000];
-        match dispatcher.handle(Instant::ZERO, queued, &request[..len], &mut out) {
+        match dispatcher.handle(now, peer(from), queued, &request[..len], &mut out) {
             Handled::Answer { response, record } => {
                 let len = response.finish(64, 0, 0);
                 if let Some((ticket, store)) = record {
@@ -604,13 +843,42 @@ mod tests {
         }
     }
 
+    fn exchange(
+        dispatcher: &mut Dispatcher<SoftwareEngine>,
+        session: u32,
+        queued: Duration,
+        op: Instruction<'_>,
+    ) -> (Vec<u8>, bool) {
+        exchange_at(dispatcher, Instant::ZERO, ME, session, queued, &[op])
+    }
+
+    /// The first result of an answer: its status and data.
+    fn first_result(answer: &[u8]) -> (Status, Vec<u8>) {
+        let response = Response::parse(answer).unwrap();
+        let result = response.results().next().expect("a result");
+        (result.status, result.data.to_vec())
+    }
+
+    /// Runs the two-step HELLO from `from` at `now`; returns the session id.
+    fn open_session(dispatcher: &mut Dispatcher<SoftwareEngine>, now: Instant, from: u16) -> u32 {
+        let first = encode_hello_operand(&HelloRequest { max_datagram_bytes: 9000, cookie: NO_COOKIE });
+        let (answer, _) =
+            exchange_at(dispatcher, now, from, 0, Duration::ZERO, &[instruction(Opcode::Hello, 0, &first)]);
+        let (status, cookie) = first_result(&answer);
+        assert_eq!((status, cookie.len()), (Status::Retry, COOKIE_LEN), "a first HELLO gets a cookie");
+        let second =
+            encode_hello_operand(&HelloRequest { max_datagram_bytes: 9000, cookie: cookie.try_into().unwrap() });
+        let (answer, _) =
+            exchange_at(dispatcher, now, from, 0, Duration::ZERO, &[instruction(Opcode::Hello, 0, &second)]);
+        let (status, data) = first_result(&answer);
+        assert_eq!(status, Status::Ok);
+        decode_hello_answer(&data).unwrap().session
+    }
+
     #[test]
     fn a_request_that_queued_too_long_is_answered_busy_and_not_executed() {
         let mut dispatcher = dispatcher();
-        let operand = encode_hello_operand(9000);
-        let (hello, _) = exchange(&mut dispatcher, 0, Duration::ZERO, instruction(Opcode::Hello, 0, &operand));
-        let hello = Response::parse(&hello).unwrap();
-        let session = decode_hello_answer(hello.results().next().unwrap().data).unwrap().session;
+        let session = open_session(&mut dispatcher, Instant::ZERO, ME);
 
         let add = 1u64.to_le_bytes();
         let (busy, executed) =
@@ -627,5 +895,105 @@ mod tests {
         assert_eq!(done.header.queueing_us, 20, "the answer reports the queueing it saw");
         assert_eq!(done.results().next().unwrap().data, 0u64.to_le_bytes());
         assert_eq!(dispatcher.stats().get(Counter::AnsweredBusy), 1);
+    }
+
+    #[test]
+    fn a_cookie_opens_a_session_only_for_its_own_sender() {
+        let mut dispatcher = dispatcher();
+        let first = encode_hello_operand(&HelloRequest { max_datagram_bytes: 9000, cookie: NO_COOKIE });
+        let (answer, _) = exchange_at(
+            &mut dispatcher,
+            Instant::ZERO,
+            ME,
+            0,
+            Duration::ZERO,
+            &[instruction(Opcode::Hello, 0, &first)],
+        );
+        let (_, cookie) = first_result(&answer);
+        let echoed =
+            encode_hello_operand(&HelloRequest { max_datagram_bytes: 9000, cookie: cookie.try_into().unwrap() });
+        let hello = [instruction(Opcode::Hello, 0, &echoed)];
+        // Replayed from another port: a new cookie for that port, no session.
+        let (answer, _) = exchange_at(&mut dispatcher, Instant::ZERO, ME + 1, 0, Duration::ZERO, &hello);
+        assert_eq!(first_result(&answer).0, Status::Retry);
+        assert_eq!(dispatcher.stats().get(Counter::HelloBadCookie), 1);
+        // Too late: a new cookie.
+        let late = Instant::ZERO + netdam_isa::limits::COOKIE_LIFETIME + Duration::from_millis(1);
+        let (answer, _) = exchange_at(&mut dispatcher, late, ME, 0, Duration::ZERO, &hello);
+        assert_eq!(first_result(&answer).0, Status::Retry);
+        assert_eq!(dispatcher.stats().get(Counter::HelloExpiredCookie), 1);
+        // In time, twice (a retransmission): one session.
+        let (one, _) = exchange_at(&mut dispatcher, Instant::ZERO, ME, 0, Duration::ZERO, &hello);
+        let (two, _) = exchange_at(&mut dispatcher, Instant::ZERO, ME, 0, Duration::ZERO, &hello);
+        let session = |answer: &[u8]| decode_hello_answer(&first_result(answer).1).unwrap().session;
+        assert_eq!(session(&one), session(&two));
+        assert_eq!(dispatcher.stats().get(Counter::SessionsOpened), 1);
+        assert_eq!(dispatcher.stats().get(Counter::CookiesSent), 3);
+        assert!(first.len() + 56 > RESPONSE_INSTRUCTION_HEADER_LEN + COOKIE_LEN + 32, "no amplification");
+    }
+
+    #[test]
+    fn close_ends_only_the_senders_own_session() {
+        let mut dispatcher = dispatcher();
+        let session = open_session(&mut dispatcher, Instant::ZERO, ME);
+        let close = [instruction(Opcode::Close, 0, &[])];
+        let (answer, _) = exchange_at(&mut dispatcher, Instant::ZERO, ME + 1, session, Duration::ZERO, &close);
+        assert_eq!(Response::parse(&answer).unwrap().status(), Status::NoSession, "not that sender's session");
+        assert_eq!(dispatcher.stats().get(Counter::ClosesIgnored), 1);
+        let (answer, _) = exchange_at(&mut dispatcher, Instant::ZERO, 0, 0, Duration::ZERO, &close);
+        assert_eq!(Response::parse(&answer).unwrap().status(), Status::NoSession, "no session to close");
+        assert_eq!(dispatcher.stats().get(Counter::ClosesIgnored), 2);
+        let (answer, _) = exchange_at(&mut dispatcher, Instant::ZERO, ME, session, Duration::ZERO, &close);
+        assert_eq!(first_result(&answer), (Status::Ok, Vec::new()));
+        assert_eq!(dispatcher.stats().get(Counter::SessionsClosed), 1);
+        let read = [instruction(Opcode::Read, 8, &[])];
+        let (answer, _) = exchange_at(&mut dispatcher, Instant::ZERO, ME, session, Duration::ZERO, &read);
+        assert_eq!(Response::parse(&answer).unwrap().status(), Status::NoSession, "closed");
+    }
+
+    #[test]
+    fn a_sessionless_answer_is_never_longer_than_its_request() {
+        let mut dispatcher = dispatcher();
+        let (answer, _) = exchange(&mut dispatcher, 0, Duration::ZERO, instruction(Opcode::Stat, 0, &[]));
+        assert_eq!(first_result(&answer), (Status::TooLarge, Vec::new()), "an unpadded STAT would amplify");
+        let padding = vec![0u8; 4096 - 56];
+        let (answer, _) = exchange(&mut dispatcher, 0, Duration::ZERO, instruction(Opcode::Stat, 0, &padding));
+        assert!(answer.len() <= 4096);
+        let (status, data) = first_result(&answer);
+        assert_eq!(status, Status::Ok);
+        let entries = decode_stat_answer(&data).unwrap();
+        assert!(entries.iter().any(|(name, _)| name == "sessions_open"));
+        let mut dirty = padding.clone();
+        dirty[7] = 1;
+        let (answer, _) = exchange(&mut dispatcher, 0, Duration::ZERO, instruction(Opcode::Stat, 0, &dirty));
+        assert_eq!(first_result(&answer).0, Status::Malformed, "padding is zeroes");
+        // In a session the address is proven: no padding needed.
+        let session = open_session(&mut dispatcher, Instant::ZERO, ME);
+        let (answer, _) = exchange(&mut dispatcher, session, Duration::ZERO, instruction(Opcode::Stat, 0, &[]));
+        assert_eq!(first_result(&answer).0, Status::Ok);
+    }
+
+    #[test]
+    fn stat_counts_sessions_open_opened_closed_and_expired() {
+        let mut dispatcher = dispatcher();
+        let a = open_session(&mut dispatcher, Instant::ZERO, ME);
+        let _b = open_session(&mut dispatcher, Instant::ZERO, ME + 1);
+        let close = [instruction(Opcode::Close, 0, &[])];
+        exchange_at(&mut dispatcher, Instant::ZERO, ME, a, Duration::ZERO, &close);
+        // Session b sent nothing after HELLO: gone within about a second, by the sweep.
+        let mut now = Instant::ZERO;
+        for _ in 0..2_000 {
+            now = now + Duration::from_millis(1);
+            dispatcher.tick(now);
+        }
+        let (answer, _) =
+            exchange_at(&mut dispatcher, now, ME, 0, Duration::ZERO, &[instruction(Opcode::Stat, 0, &vec![0; 4000])]);
+        let entries = decode_stat_answer(&first_result(&answer).1).unwrap();
+        let get = |name: &str| entries.iter().find(|(entry, _)| entry == name).map(|(_, value)| *value);
+        assert_eq!(get("sessions_opened"), Some(2));
+        assert_eq!(get("sessions_closed"), Some(1));
+        assert_eq!(get("sessions_expired"), Some(1));
+        assert_eq!(get("sessions_open"), Some(0));
+        assert_eq!(get("cookies_sent"), Some(2));
     }
 }

@@ -11,10 +11,12 @@
 //! - [`block`]: one worker's block path (devices, buffers, datagrams waiting for I/O).
 //! - [`namespaces`]: the block namespaces served.
 //! - [`metadata`]: the redb store of regions and namespaces created by admin commands.
-//! - [`sessions`]: one worker's sessions and replay window.
+//! - [`sessions`]: one worker's sessions, their replay window and the limits on them.
+//! - [`cookies`]: the HELLO cookies that prove a sender's address before it gets a session.
 
 pub mod block;
 pub mod config;
+pub mod cookies;
 pub mod dispatch;
 pub mod engine;
 pub mod metadata;

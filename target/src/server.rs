@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use netdam_isa::engine::Engine;
+use netdam_isa::time::MonotonicClock;
 use netdam_isa::Duration;
 use netdam_pmem::RegionError;
 
 use crate::config::{validate_spaces, Config, ConfigError};
+use crate::cookies::CookieJar;
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
 use crate::metadata::{MetadataError, MetadataStore};
@@ -45,6 +47,9 @@ pub enum StartError {
     /// A worker thread could not be started.
     #[error("cannot start worker thread: {0}")]
     Thread(io::Error),
+    /// The secret for HELLO cookies could not be drawn.
+    #[error("cannot draw the HELLO cookie secret: {0}")]
+    Random(io::Error),
 }
 
 /// A running target.
@@ -96,14 +101,14 @@ impl Target {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|since| since.as_nanos() as u64)
             .unwrap_or(0);
-        let busy_threshold = Duration::from_micros(config.busy_threshold_us);
+        let cookies = CookieJar::from_os_random().map_err(StartError::Random)?;
         let shared = Arc::new(Shared::new(
             regions.clone(),
             namespaces,
             config.workers,
-            config.max_datagram_bytes,
+            config.dispatch_settings(),
             epoch,
-            busy_threshold,
+            cookies,
         ));
         let sockets = bind_workers(config.listen, config.workers)?;
         let local_addr = socket::local_addr(&sockets[0]).map_err(|source| StartError::Bind {
@@ -115,6 +120,9 @@ impl Target {
             poll: config.poll,
             adaptive_spin: Duration::from_micros(config.adaptive_spin_us),
             max_datagram_bytes: config.max_datagram_bytes,
+            // One origin for every worker: a HELLO cookie carries its issue time, and the
+            // worker that checks it may not be the one that issued it.
+            clock: MonotonicClock::new(),
         };
         let shutdown = Arc::new(AtomicBool::new(false));
         let engine = SoftwareEngine::new(regions);

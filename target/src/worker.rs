@@ -27,16 +27,20 @@ pub struct WorkerSettings {
     pub adaptive_spin: Duration,
     /// Largest datagram received or sent.
     pub max_datagram_bytes: usize,
+    /// The clock every worker of the target reads (one origin for all).
+    pub clock: MonotonicClock,
 }
 
 /// Runs a worker until `shutdown` is set.
 pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: WorkerSettings, shutdown: Arc<AtomicBool>) {
     let mut batch = ReceiveBatch::new(settings.max_datagram_bytes);
     let mut out = vec![0u8; settings.max_datagram_bytes];
-    let clock = MonotonicClock::new();
+    let clock = settings.clock;
     // Last datagram received or block answer sent.
     let mut last_datagram = clock.now();
     while !shutdown.load(Ordering::Relaxed) {
+        // Session expiry: a bounded share of the table, at most once per sweep interval.
+        dispatcher.tick(clock.now());
         // While block I/O is in flight the worker must come back to reap it: it never sleeps.
         let wait = dispatcher.block_pending() == 0
             && match settings.poll {
@@ -79,17 +83,17 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             let in_kernel = Duration::from_nanos(received_at_realtime_ns.saturating_sub(received.kernel_realtime_ns));
             let in_kernel = if received.kernel_realtime_ns == 0 { Duration::ZERO } else { in_kernel };
             let queueing = in_kernel + started.saturating_since(received_at);
-            let len = match dispatcher.handle(started, queueing, datagram, &mut out) {
+            let Some(peer) = batch.peer(index) else {
+                // recvmmsg fills an IP sender for every datagram of a UDP socket.
+                dispatcher.count(Counter::DatagramsReceived);
+                dispatcher.count(Counter::ReceiveErrors);
+                continue;
+            };
+            let from = ReplyTo { peer, ttl: received.ttl };
+            let len = match dispatcher.handle(started, from, queueing, datagram, &mut out) {
                 Handled::Dropped => continue,
                 Handled::Replay(len) => len,
-                Handled::Deferred(slot) => {
-                    match batch.peer(index) {
-                        Some(peer) => dispatcher.set_reply_to(slot, ReplyTo { peer, ttl: received.ttl }),
-                        // recvmmsg always fills an IP sender for a UDP socket.
-                        None => unreachable!("a UDP datagram without an IP sender"),
-                    }
-                    continue;
-                }
+                Handled::Deferred(_) => continue,
                 Handled::Answer { response, record } => {
                     let held = queueing + clock.now().saturating_since(started);
                     let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);

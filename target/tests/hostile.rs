@@ -66,10 +66,20 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -
             Some(Opcode::Write | Opcode::Vadd) => length as usize,
             Some(Opcode::BlockWrite) => length as usize * NAMESPACE_BLOCK as usize,
             Some(Opcode::Cas | Opcode::Memcpy) => 16,
-            Some(Opcode::FetchAdd | Opcode::Hello) => 8,
+            Some(Opcode::FetchAdd) => 8,
+            Some(Opcode::Hello) => netdam_isa::control::HELLO_OPERAND_LEN,
             _ => 0,
         };
         let mut operand = rng.bytes(operand_len);
+        if opcode == Opcode::Hello as u8 && rng.below(2) == 0 {
+            // Well formed but for its cookie: random, or none at all.
+            let mut cookie = [0u8; netdam_isa::control::COOKIE_LEN];
+            if rng.below(2) == 0 {
+                cookie.copy_from_slice(&rng.bytes(netdam_isa::control::COOKIE_LEN));
+            }
+            let hello = netdam_isa::control::HelloRequest { max_datagram_bytes: 4096, cookie };
+            operand = netdam_isa::control::encode_hello_operand(&hello).to_vec();
+        }
         if opcode == Opcode::Memcpy as u8 {
             operand[2..8].fill(0);
             operand[0..2].copy_from_slice(&(rng.below(3) as u16).to_le_bytes());

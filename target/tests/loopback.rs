@@ -214,9 +214,77 @@ fn a_client_rejoins_a_restarted_target_for_idempotent_requests_only() {
     assert_eq!(second.stats().get("answered_no_session"), Some(1));
     second.stop();
 
-    // A FETCH_ADD refused for want of a session is not resent: it may have run before the restart.
+    // A FETCH_ADD whose only transmission was refused for want of a session never ran: it is
+    // resent in the new session and applies exactly once.
     let third = start_at(addr);
-    assert!(matches!(client.call(&[Op::fetch_add(0, 0, 1)]), Err(ClientError::SessionLost)));
-    assert_eq!(client.fetch_add(0, 0, 0).unwrap(), 0, "the refused FETCH_ADD did not run; the new session works");
+    assert_eq!(
+        client.call(&[Op::fetch_add(0, 0, 1)]).and_then(|reply| reply.data(0).map(<[u8]>::to_vec)).unwrap(),
+        0u64.to_le_bytes()
+    );
+    assert_eq!(client.fetch_add(0, 0, 0).unwrap(), 1, "applied once");
+    assert_eq!(third.stats().get("answered_no_session"), Some(1));
     third.stop();
+}
+
+/// A target stand-in on a raw socket that opens a session, drops the first transmission of the
+/// next request, and answers its retransmission `no_session`: the request may have run (its
+/// first transmission might have), so a non-idempotent one must not be sent again.
+#[test]
+fn a_non_idempotent_request_that_may_have_run_is_not_resent_in_a_new_session() {
+    use netdam_isa::control::{encode_hello_answer, HelloRequest};
+    use netdam_isa::wire::{Request, ResponseWriter};
+
+    let fake = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = fake.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut buffer = vec![0u8; 65_536];
+        let mut out = vec![0u8; 9000];
+        let mut fetch_adds = 0;
+        let mut hellos = 0;
+        while hellos < 4 {
+            let (len, from) = fake.recv_from(&mut buffer).unwrap();
+            let request = Request::parse(&buffer[..len]).unwrap();
+            let instruction = request.instructions().next().unwrap();
+            let mut response = ResponseWriter::new(&mut out, request.header.session, request.header.sequence);
+            match netdam_isa::Opcode::from_u8(instruction.opcode) {
+                Some(netdam_isa::Opcode::Hello) => {
+                    hellos += 1;
+                    let hello: HelloRequest = netdam_isa::control::decode_hello_operand(instruction.operand).unwrap();
+                    if hello.cookie == netdam_isa::control::NO_COOKIE {
+                        response.data_area()[..24].fill(9);
+                        response.commit(instruction.opcode, Status::Retry, 24);
+                    } else {
+                        let capacity = response.data_capacity();
+                        let len = encode_hello_answer(
+                            &mut response.data_area()[..capacity],
+                            5 + hellos,
+                            9000,
+                            64,
+                            [(0u16, "mem", 4096u64, false)].into_iter(),
+                            std::iter::empty(),
+                        )
+                        .unwrap();
+                        response.commit(instruction.opcode, Status::Ok, len);
+                    }
+                }
+                Some(netdam_isa::Opcode::FetchAdd) => {
+                    fetch_adds += 1;
+                    if fetch_adds == 1 {
+                        continue; // lost, as far as the client can tell
+                    }
+                    response.set_status(Status::NoSession);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            let len = response.finish(64, 0, 0);
+            fake.send_to(&out[..len], from).unwrap();
+        }
+        fetch_adds
+    });
+    let mut options = netdam_initiator::ClientOptions::default();
+    options.session.initial_rto = netdam_isa::Duration::from_millis(20);
+    let mut client = Client::connect_with(addr, options).unwrap();
+    assert!(matches!(client.call(&[Op::fetch_add(0, 0, 1)]), Err(ClientError::SessionLost)));
+    drop(client);
+    assert_eq!(server.join().unwrap(), 2, "sent twice, and never again after the new HELLO");
 }

@@ -14,15 +14,19 @@ pub mod network;
 pub mod table;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use netdam_initiator::hello::{hello_step, HelloStep, HELLO_ROUNDS};
 use netdam_initiator::session::{Completion, Session, SessionConfig};
 use netdam_initiator::{ClientError, Op};
-use netdam_isa::control::decode_hello_answer;
+use netdam_isa::control::NO_COOKIE;
 use netdam_isa::limits::DEFAULT_DATAGRAM_BYTES;
 use netdam_isa::{Duration, Instant, LaneType};
+use netdam_target::block::ReplyTo;
 use netdam_target::config::{ByteSize, RegionBackend, RegionConfig};
-use netdam_target::dispatch::{Dispatcher, Handled, Shared};
+use netdam_target::cookies::CookieJar;
+use netdam_target::dispatch::{DispatchSettings, Dispatcher, Handled, Shared};
 use netdam_target::engine::SoftwareEngine;
 use netdam_target::namespaces::NamespaceTable;
 use netdam_target::regions::RegionTable;
@@ -198,6 +202,12 @@ const SLOTS_OFFSET: u64 = 4096;
 const SLOTS_PER_INITIATOR: u64 = 64;
 const SLOT_BYTES: u64 = 64;
 const INCAST_AREA_BYTES: u64 = 64 << 10;
+/// The address the target sees initiator `index` send from: a host of its own, so the target's
+/// per-address session limit plays no part in the simulated network.
+fn initiator_addr(index: usize) -> SocketAddr {
+    SocketAddr::from(([127, 1, (index >> 8) as u8, index as u8], 7000))
+}
+
 /// The switch is one hop: the target sees TTL 63.
 const RECEIVED_TTL: u8 = 63;
 /// Target time for an answer that executes nothing.
@@ -230,6 +240,8 @@ enum Event {
 struct Initiator {
     session: Session,
     established: bool,
+    /// HELLOs sent so far (the first gets a cookie, the next a session).
+    hello_rounds: usize,
     submitted: u64,
     finished: u64,
     next_token: u64,
@@ -293,14 +305,18 @@ impl Sim {
         let regions = Arc::new(RegionTable::open(&regions, std::path::Path::new(".")).map_err(|e| e.to_string())?);
         // The simulated target serves memory only: no namespaces, so no block I/O to model.
         let namespaces = Arc::new(NamespaceTable::default());
-        let shared = Arc::new(Shared::new(
-            regions.clone(),
-            namespaces,
-            1,
-            DEFAULT_DATAGRAM_BYTES,
-            scenario.seed,
-            scenario.busy_threshold,
-        ));
+        let settings = DispatchSettings {
+            max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
+            busy_threshold: scenario.busy_threshold,
+            ..DispatchSettings::default()
+        };
+        // The cookie secret comes from the seed like everything else, so a seed replays exactly.
+        let mut secret = [0u8; 16];
+        let mut secret_rng = Rng::new(scenario.seed ^ 0x636f_6f6b_6965);
+        secret[..8].copy_from_slice(&secret_rng.next_u64().to_le_bytes());
+        secret[8..].copy_from_slice(&secret_rng.next_u64().to_le_bytes());
+        let shared =
+            Arc::new(Shared::new(regions.clone(), namespaces, 1, settings, scenario.seed, CookieJar::new(secret)));
         let dispatcher = Dispatcher::new(SoftwareEngine::new(regions.clone()), shared, 0, Vec::new());
         let edge_buffer = 16 << 20;
         let port = |gbps, buffer| Port::new(gbps, network.propagation, buffer);
@@ -308,6 +324,7 @@ impl Sim {
             .map(|_| Initiator {
                 session: Session::new(scenario.session, 0),
                 established: false,
+                hello_rounds: 1,
                 submitted: 0,
                 finished: 0,
                 next_token: 0,
@@ -358,7 +375,7 @@ impl Sim {
         for initiator in 0..self.initiators.len() {
             self.initiators[initiator]
                 .session
-                .submit(&[Op::hello(DEFAULT_DATAGRAM_BYTES as u32)], HELLO_TOKEN)
+                .submit(&[Op::hello(DEFAULT_DATAGRAM_BYTES as u32, NO_COOKIE)], HELLO_TOKEN)
                 .map_err(|e| e.to_string())?;
             self.flush(initiator);
         }
@@ -434,11 +451,20 @@ impl Sim {
         let now = self.now;
         if completion.token == HELLO_TOKEN {
             let reply = completion.result.map_err(|e| format!("initiator {index}: HELLO failed: {e}"))?;
-            let data = reply.data(0).map_err(|e| format!("initiator {index}: HELLO refused: {e}"))?;
-            let hello = decode_hello_answer(data).map_err(|e| e.to_string())?;
+            let step = hello_step(&reply).map_err(|e| format!("initiator {index}: HELLO refused: {e}"))?;
             let initiator = &mut self.initiators[index];
-            initiator.session.establish(hello.session, hello.max_datagram_bytes as usize);
-            initiator.established = true;
+            match step {
+                HelloStep::Retry(cookie) if initiator.hello_rounds < HELLO_ROUNDS => {
+                    initiator.hello_rounds += 1;
+                    let hello = Op::hello(DEFAULT_DATAGRAM_BYTES as u32, cookie);
+                    initiator.session.submit(&[hello], HELLO_TOKEN).map_err(|e| e.to_string())?;
+                }
+                HelloStep::Retry(_) => return Err(format!("initiator {index}: HELLO got only cookies")),
+                HelloStep::Established(hello) => {
+                    initiator.session.establish(hello.session, hello.max_datagram_bytes as usize);
+                    initiator.established = true;
+                }
+            }
             return Ok(());
         }
         let (submitted_at, kind) =
@@ -599,16 +625,18 @@ impl Sim {
     }
 
     fn serve(&mut self) {
-        let Some((arrived, from, bytes)) = self.target.queue.pop_front() else { return };
+        let Some((arrived, from_index, bytes)) = self.target.queue.pop_front() else { return };
         self.target.busy = true;
         let queueing = self.now.saturating_since(arrived);
         let execution = self.scenario.target_service
             + Duration::from_nanos((bytes.len() as f64 * self.scenario.target_ns_per_byte) as u64);
         let depth = self.target.queue.len().min(u16::MAX as usize) as u16;
         let target = &mut self.target;
+        target.dispatcher.tick(self.now);
+        let from = ReplyTo { peer: initiator_addr(from_index), ttl: RECEIVED_TTL };
         // An answer that executes nothing (BUSY, stale, no session, a replay) costs the target a
         // decode and a send, not an execution.
-        let (response, spent) = match target.dispatcher.handle(self.now, queueing, &bytes, &mut target.out) {
+        let (response, spent) = match target.dispatcher.handle(self.now, from, queueing, &bytes, &mut target.out) {
             Handled::Dropped => (None, NON_EXECUTING_ANSWER),
             Handled::Replay(len) => (Some(target.out[..len].to_vec()), NON_EXECUTING_ANSWER),
             Handled::Deferred(_) => unreachable!("the simulated target has no namespaces"),
@@ -622,7 +650,7 @@ impl Sim {
                 (Some(target.out[..len].to_vec()), spent)
             }
         };
-        self.schedule(self.now + spent, Event::TargetDone { to: from, response });
+        self.schedule(self.now + spent, Event::TargetDone { to: from_index, response });
     }
 
     fn target_done(&mut self, to: usize, response: Option<Vec<u8>>) {

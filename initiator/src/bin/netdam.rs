@@ -32,12 +32,13 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Measure round trips; shows the target's service time, its queueing, queue depth and the TTL it received.
+    /// Needs no session, so it answers even when the target's session table is full.
     Ping {
         /// Round trips to make.
         #[arg(long, default_value_t = 1)]
         count: u32,
     },
-    /// Show the target's counters (requests, drops by reason, statuses).
+    /// Show the target's counters (requests, drops by reason, sessions, statuses). Needs no session.
     Stat,
     /// List the target's regions.
     Regions,
@@ -210,7 +211,11 @@ fn region_id(client: &Client, name: &str) -> Result<u16, String> {
 
 fn run(cli: &Cli) -> Result<(), String> {
     let text = |error: ClientError| error.to_string();
-    let mut client = Client::connect(cli.target).map_err(text)?;
+    // PING and STAT need no session: they work even when the target has no slot to spare.
+    // Every other command opens one, and closes it when the client is dropped on the way out.
+    let sessionless = matches!(cli.command, Command::Ping { .. } | Command::Stat);
+    let mut client =
+        if sessionless { Client::sessionless(cli.target) } else { Client::connect(cli.target) }.map_err(text)?;
     match &cli.command {
         Command::Ping { count } => {
             for _ in 0..*count {

@@ -70,14 +70,14 @@ pub fn seed() -> u64 {
     seed
 }
 
-/// Opens a session over a raw socket with HELLO (session 0 may carry control instructions only);
-/// returns the session id.
-pub fn hello(socket: &std::net::UdpSocket) -> u32 {
-    use netdam_isa::control::{decode_hello_answer, encode_hello_operand};
-    use netdam_isa::wire::{Instruction, RequestBuilder, Response};
-    let operand = encode_hello_operand(9000);
-    let mut buffer = [0u8; 128];
-    let mut builder = RequestBuilder::new(&mut buffer, 0, u64::MAX / 2).unwrap();
+/// Encodes a HELLO datagram (session 0) asking for 9000-byte datagrams with `cookie`.
+#[allow(dead_code)] // not every test file that includes this module builds HELLOs by hand
+pub fn hello_datagram(sequence: u64, cookie: &netdam_isa::control::Cookie) -> Vec<u8> {
+    use netdam_isa::control::{encode_hello_operand, HelloRequest};
+    use netdam_isa::wire::{Instruction, RequestBuilder};
+    let operand = encode_hello_operand(&HelloRequest { max_datagram_bytes: 9000, cookie: *cookie });
+    let mut buffer = [0u8; 256];
+    let mut builder = RequestBuilder::new(&mut buffer, 0, sequence).unwrap();
     let hello = Instruction {
         opcode: netdam_isa::Opcode::Hello as u8,
         flags: 0,
@@ -89,20 +89,43 @@ pub fn hello(socket: &std::net::UdpSocket) -> u32 {
     };
     builder.push(&hello).unwrap();
     let len = builder.finish();
-    socket.send(&buffer[..len]).unwrap();
+    buffer[..len].to_vec()
+}
+
+/// Opens a session over a raw socket with the two-step HELLO (a cookie, then the session; session
+/// 0 may carry control instructions only); returns the session id.
+#[allow(dead_code)]
+pub fn hello(socket: &std::net::UdpSocket) -> u32 {
+    use netdam_isa::control::{decode_hello_answer, Cookie, NO_COOKIE};
+    use netdam_isa::wire::Response;
+    use netdam_isa::Status;
+    let mut cookie = NO_COOKIE;
+    let mut sequence = u64::MAX / 2;
+    let mut request = hello_datagram(sequence, &cookie);
+    socket.send(&request).unwrap();
     let mut answer = vec![0u8; 65_536];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         assert!(std::time::Instant::now() < deadline, "no HELLO answer");
         let Ok(len) = socket.recv(&mut answer) else { continue };
         let Ok(response) = Response::parse(&answer[..len]) else { continue };
-        if response.header.sequence == u64::MAX / 2 {
-            if response.status() == netdam_isa::Status::Busy {
-                socket.send(&buffer[..len]).unwrap();
-                continue;
+        if response.header.sequence != sequence {
+            continue;
+        }
+        if response.status() == Status::Busy {
+            socket.send(&request).unwrap();
+            continue;
+        }
+        let result = response.results().next().expect("HELLO result");
+        match result.status {
+            Status::Retry => {
+                cookie = Cookie::try_from(result.data).expect("a retry answer carries a cookie");
+                sequence += 1;
+                request = hello_datagram(sequence, &cookie);
+                socket.send(&request).unwrap();
             }
-            let result = response.results().next().expect("HELLO result");
-            return decode_hello_answer(result.data).expect("HELLO answer decodes").session;
+            Status::Ok => return decode_hello_answer(result.data).expect("HELLO answer decodes").session,
+            other => panic!("HELLO refused: {other}"),
         }
     }
 }
