@@ -122,11 +122,6 @@ impl Opcode {
         }
     }
 
-    /// Whether it is a control instruction (HELLO, PING, STAT, CLOSE): it addresses nothing.
-    pub fn is_control(self) -> bool {
-        matches!(self, Opcode::Hello | Opcode::Ping | Opcode::Stat | Opcode::Close)
-    }
-
     /// Whether it addresses a block namespace (and completes asynchronously on the target).
     pub fn is_block(self) -> bool {
         matches!(self, Opcode::BlockRead | Opcode::BlockWrite | Opcode::Flush | Opcode::Trim | Opcode::WriteZeroes)

@@ -111,7 +111,7 @@ fn close_request_and_response() {
         "CLOSE addresses nothing"
     );
     assert!(instruction.operand.is_empty());
-    assert!(Opcode::Close.is_control() && Opcode::Close.is_idempotent());
+    assert!(Opcode::Close.is_idempotent());
 
     let bytes = example("close-response");
     check_decode_round_trip(&bytes);

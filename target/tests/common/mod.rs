@@ -35,15 +35,24 @@ pub fn start_with_namespaces(
     workers: usize,
     max_datagram_bytes: usize,
 ) -> TestTarget {
+    start_configured(regions, |config| {
+        config.namespaces = namespaces;
+        config.workers = workers;
+        config.max_datagram_bytes = max_datagram_bytes;
+    })
+}
+
+/// Starts a target with the test settings of [`start`] (one worker, 9000-byte datagrams),
+/// changed by `adjust`.
+pub fn start_configured(regions: Vec<RegionConfig>, adjust: impl FnOnce(&mut Config)) -> TestTarget {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = Config {
+    let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: Some(dir.path().to_path_buf()),
-        workers,
+        workers: 1,
         poll: PollMode::Blocking,
-        max_datagram_bytes,
+        max_datagram_bytes: 9000,
         regions,
-        namespaces,
         // Tests run in parallel on few cores: a worker may wait milliseconds for a CPU, which is
         // not the overload these tests are about, so BUSY answers are kept out of their way.
         busy_threshold_us: 60_000,
@@ -53,6 +62,7 @@ pub fn start_with_namespaces(
         lock_memory: false,
         ..Config::default()
     };
+    adjust(&mut config);
     let target = Target::start(&config).expect("target starts");
     TestTarget { target, dir }
 }
@@ -94,8 +104,12 @@ pub fn hello_datagram(sequence: u64, cookie: &netdam_isa::control::Cookie) -> Ve
 
 /// Opens a session over a raw socket with the two-step HELLO (a cookie, then the session; session
 /// 0 may carry control instructions only); returns the session id.
-#[allow(dead_code)]
 pub fn hello(socket: &std::net::UdpSocket) -> u32 {
+    try_hello(socket).unwrap_or_else(|status| panic!("HELLO refused: {status}"))
+}
+
+/// Like [`hello`], returning the status of a refused HELLO (`busy` answers are retried).
+pub fn try_hello(socket: &std::net::UdpSocket) -> Result<u32, netdam_isa::Status> {
     use netdam_isa::control::{decode_hello_answer, Cookie, NO_COOKIE};
     use netdam_isa::wire::Response;
     use netdam_isa::Status;
@@ -113,6 +127,7 @@ pub fn hello(socket: &std::net::UdpSocket) -> u32 {
             continue;
         }
         if response.status() == Status::Busy {
+            // The datagram queued too long: nothing was executed, send it again.
             socket.send(&request).unwrap();
             continue;
         }
@@ -124,8 +139,8 @@ pub fn hello(socket: &std::net::UdpSocket) -> u32 {
                 request = hello_datagram(sequence, &cookie);
                 socket.send(&request).unwrap();
             }
-            Status::Ok => return decode_hello_answer(result.data).expect("HELLO answer decodes").session,
-            other => panic!("HELLO refused: {other}"),
+            Status::Ok => return Ok(decode_hello_answer(result.data).expect("HELLO answer decodes").session),
+            other => return Err(other),
         }
     }
 }
