@@ -174,7 +174,7 @@ impl Client {
                 break result.map(|_| ());
             }
             if self.clock.now() >= deadline {
-                break Err(ClientError::TimedOut { attempts: 0 });
+                break Err(ClientError::CloseUnconfirmed { waited_ms: CLOSE_WAIT.as_nanos() / 1_000_000 });
             }
             self.pump_within(Some(deadline))?;
         });

@@ -35,6 +35,12 @@ pub enum ClientError {
         /// The status it gave.
         status: Status,
     },
+    /// The target did not confirm CLOSE in time; the session expires there by itself.
+    #[error("the target did not confirm closing the session within {waited_ms} ms; it will expire there on its own")]
+    CloseUnconfirmed {
+        /// How long the client waited.
+        waited_ms: u64,
+    },
     /// The target would not open a session.
     #[error("the target refused a session: {}", hello_refusal(*.0))]
     HelloRefused(Status),

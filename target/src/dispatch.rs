@@ -201,7 +201,7 @@ impl<E: Engine> Dispatcher<E> {
             Err(error) => return self.refuse(datagram, error, out),
         };
         let header = request.header;
-        let queueing_us = u16::try_from(queueing.as_nanos() / 1000).unwrap_or(u16::MAX);
+        let queueing_us = queueing_field(queueing);
         if queueing > self.shared.settings.busy_threshold {
             // Overloaded: the queue is the problem, so do not add to it. The initiator waits about
             // as long as this request waited, then retries; nothing was executed.
@@ -244,7 +244,7 @@ impl<E: Engine> Dispatcher<E> {
         let context = Context { from: from.peer, session: header.session, request_len: datagram.len() };
         let serves_blocks = !self.block.devices.is_empty();
         if serves_blocks && request.instructions().any(|instruction| is_block(instruction.opcode)) {
-            return self.defer(now, from, queueing, queueing_us, datagram, record, out);
+            return self.defer(now, from, queueing, datagram, record, out);
         }
         let mut response = ResponseWriter::new(out, header.session, header.sequence);
         response.set_queueing_us(queueing_us);
@@ -287,18 +287,17 @@ impl<E: Engine> Dispatcher<E> {
     }
 
     /// Takes a datagram with block instructions into a pending slot and starts executing it.
-    #[allow(clippy::too_many_arguments)] // one call site, each argument a distinct fact of the datagram
     fn defer<'b>(
         &mut self,
         now: Instant,
         from: ReplyTo,
         queueing: Duration,
-        queueing_us: u16,
         datagram: &[u8],
         record: Option<(RecordTicket, bool)>,
         out: &'b mut [u8],
     ) -> Handled<'b> {
         let (session, sequence) = peek_session_sequence(datagram).expect("a parsed request has a header");
+        let queueing_us = queueing_field(queueing);
         let Some(slot) = self.block.free_slots.pop() else {
             // Nothing was executed: the initiator backs off and sends it again.
             self.count(Counter::BusyBlockSlotsFull);
@@ -748,6 +747,11 @@ fn write_results(
         }
         response.commit(entry.opcode, entry.status, data_len);
     }
+}
+
+/// The queueing header field: µs, saturating.
+fn queueing_field(queueing: Duration) -> u16 {
+    u16::try_from(queueing.as_nanos() / 1000).unwrap_or(u16::MAX)
 }
 
 fn is_block(opcode: u8) -> bool {

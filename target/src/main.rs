@@ -128,10 +128,11 @@ fn parse_size(text: &str) -> Result<ByteSize, String> {
 /// Settings: a TOML file, then flags that override it.
 #[derive(Debug, Args, Default, Clone)]
 struct SettingsArgs {
-    /// TOML file with settings (listen, data_dir, workers, poll, adaptive_spin_us,
-    /// max_datagram_bytes, busy_threshold_us, [[region]] tables with name, backend =
+    /// TOML file with settings (listen, data_dir, workers, poll, adaptive_spin_us, pin_workers,
+    /// lock_memory, max_datagram_bytes, busy_threshold_us, sessions_per_worker,
+    /// max_sessions_per_address, session_idle_timeout_ms, [[region]] tables with name, backend =
     /// mem|file|dax, path, size, and [[namespace]] tables with name, backend =
-    /// file|blockdev|pmem, path, size, block_size).
+    /// file|blockdev|pmem, path, size, block_size). `netdam-target config` prints them all.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// UDP address to serve on [default: 127.0.0.1:7800].

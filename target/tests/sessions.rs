@@ -206,7 +206,10 @@ fn a_flood_of_replayed_and_mutated_hellos_leaves_room_for_a_legitimate_client() 
     let flood_started = Instant::now();
     // At least FLOOD datagrams, and on until the legitimate client has worked during the flood.
     while sent < FLOOD || rounds.load(Ordering::Relaxed) < 3 {
-        assert!(flood_started.elapsed() < Duration::from_secs(60), "SEED={seed}: the legitimate client made no progress");
+        assert!(
+            flood_started.elapsed() < Duration::from_secs(60),
+            "SEED={seed}: the legitimate client made no progress"
+        );
         for _ in 0..BURST {
             let (socket, bytes) = match rng.below(5) {
                 0 => (&recorder, recorded.clone()),
@@ -289,7 +292,8 @@ fn a_flood_of_replayed_and_mutated_hellos_leaves_room_for_a_legitimate_client() 
 fn an_address_at_its_limit_is_refused_while_another_address_is_served() {
     let test = start_configured(vec![region("mem", 1 << 20, false)], |config| config.max_sessions_per_address = 4);
     let addr = test.target.local_addr();
-    let mut held: Vec<Client> = (0..4).map(|_| Client::connect_with(addr, from_host([127, 0, 0, 1])).unwrap()).collect();
+    let mut held: Vec<Client> =
+        (0..4).map(|_| Client::connect_with(addr, from_host([127, 0, 0, 1])).unwrap()).collect();
     for client in &mut held {
         client.fetch_add(0, 0, 1).unwrap();
     }
