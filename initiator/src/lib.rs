@@ -13,6 +13,7 @@ pub mod async_client;
 pub mod client;
 pub mod error;
 pub mod hello;
+pub mod nbd;
 pub mod op;
 pub mod session;
 pub mod swift;

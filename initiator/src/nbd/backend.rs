@@ -1,0 +1,44 @@
+//! What an NBD export serves: a disk of whole blocks with NVMe-like durability rules. The
+//! netdam `Volume` implements it over sessions to a target; tests may implement it in memory.
+
+use std::future::Future;
+
+/// Why a backend request failed, as NBD reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The device failed (NBD `EIO`).
+    #[error("I/O error: {0}")]
+    Io(String),
+    /// The request lies beyond the end or is not aligned (NBD `EINVAL`).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The device is full (NBD `ENOSPC`).
+    #[error("no space left: {0}")]
+    NoSpace(String),
+    /// The operation is not supported (NBD `ENOTSUP`).
+    #[error("not supported: {0}")]
+    NotSupported(String),
+}
+
+/// A disk an NBD export serves. Offsets and lengths are in bytes and are multiples of
+/// [`NbdBackend::block_bytes`]; the server checks that before calling.
+pub trait NbdBackend: Send + Sync + 'static {
+    /// Size in bytes.
+    fn size_bytes(&self) -> u64;
+    /// The smallest unit of I/O: requests are multiples of it.
+    fn block_bytes(&self) -> u32;
+    /// The size requests are best split into (at most `max_request_bytes`).
+    fn preferred_bytes(&self) -> u32;
+    /// The largest request the backend takes at once.
+    fn max_request_bytes(&self) -> u32;
+    /// Reads `out.len()` bytes at `offset`.
+    fn read(&self, offset: u64, out: &mut [u8]) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Writes `data` at `offset`; with `fua` it is durable when this returns.
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Makes every write that completed before this call durable, whichever connection made it.
+    fn flush(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Deallocates a range: it reads as zeroes afterwards.
+    fn trim(&self, offset: u64, len: u64) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Writes zeroes over a range.
+    fn write_zeroes(&self, offset: u64, len: u64) -> impl Future<Output = Result<(), BackendError>> + Send;
+}
