@@ -90,6 +90,31 @@ pub enum ClientError {
         /// The namespace's block size.
         block_bytes: u32,
     },
+    /// A byte request on a namespace that is not a whole number of blocks.
+    #[error("{what} of {len} bytes at offset {offset}: offsets and lengths must be multiples of the {block_bytes}-byte block")]
+    Unaligned {
+        /// The request.
+        what: String,
+        /// Its offset in bytes.
+        offset: u64,
+        /// Its length in bytes.
+        len: u64,
+        /// The namespace's block size.
+        block_bytes: u32,
+    },
+    /// A byte request that runs past the end of the namespace.
+    #[error("{len} bytes at offset {offset} run past the end of the {size_bytes}-byte namespace")]
+    BeyondEnd {
+        /// Its offset in bytes.
+        offset: u64,
+        /// Its length in bytes.
+        len: u64,
+        /// The namespace's size.
+        size_bytes: u64,
+    },
+    /// A client setting out of range; the message names it.
+    #[error("{0}")]
+    Setting(String),
     /// The client's I/O task ended.
     #[error("client is shut down")]
     Closed,

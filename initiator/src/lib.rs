@@ -6,6 +6,8 @@
 //!   retransmission of idempotent requests).
 //! - [`Op`]: one instruction to send.
 //! - [`hello`]: the two-step HELLO (cookie, then session) every driver runs.
+//! - [`Volume`]: a block namespace as one disk over one or more sessions.
+//! - [`nbd`]: the NBD export that serves a `Volume` to stock NBD clients.
 //!
 //! Dropping a client closes its session (CLOSE), so the target's slot is free at once.
 
@@ -18,6 +20,7 @@ pub mod op;
 pub mod session;
 pub mod swift;
 pub mod target_info;
+pub mod volume;
 
 pub use async_client::AsyncClient;
 pub use client::{Client, ClientOptions, ClientPoll, Ticket};
@@ -25,3 +28,4 @@ pub use error::ClientError;
 pub use op::Op;
 pub use session::{Reply, SessionConfig};
 pub use target_info::TargetInfo;
+pub use volume::{Volume, VolumeOptions};

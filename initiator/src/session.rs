@@ -121,6 +121,9 @@ enum State {
 #[derive(Debug)]
 struct Request {
     token: u64,
+    /// The session id its datagram carries: its answer echoes it, even after the session
+    /// changed (a target that lost the session answers `no_session` under the old id).
+    session_id: u32,
     sequence: u64,
     datagram: Vec<u8>,
     idempotent: bool,
@@ -286,6 +289,7 @@ impl Session {
         self.next_sequence += 1;
         self.requests.push(Request {
             token,
+            session_id: self.session_id,
             sequence,
             datagram: self.scratch[..len].to_vec(),
             idempotent: ops.iter().all(Op::is_idempotent),
@@ -350,7 +354,7 @@ impl Session {
             request.sequence == header.sequence
                 && request.attempts > 0
                 && !matches!(request.state, State::Held { .. })
-                && (header.session == self.session_id || header.session == 0)
+                && (header.session == request.session_id || header.session == 0)
         });
         let Some(index) = found else {
             self.stats.ignored += 1;

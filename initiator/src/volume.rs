@@ -1,0 +1,280 @@
+//! A block namespace as one disk: the piece the NBD export, the fio engine and the benchmarks
+//! all drive.
+//!
+//! A `Volume` addresses the namespace in bytes (offsets and lengths multiples of its block
+//! size), splits each request into datagram-sized instructions, and spreads them over one or
+//! more sessions, all in flight together. Each session has its own socket, so the target's
+//! kernel hashes them to different workers: several sessions let several workers share the
+//! load. Every instruction is idempotent (block reads and writes, FLUSH, TRIM, WRITE_ZEROES), so
+//! a lost answer or a target that lost the session is recovered by sending it again.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use netdam_isa::control::NamespaceInfo;
+use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
+
+use crate::async_client::{AsyncClient, Pending};
+use crate::client::ClientOptions;
+use crate::error::ClientError;
+use crate::nbd::backend::{BackendError, NbdBackend};
+use crate::op::Op;
+
+/// Most sessions one volume opens.
+pub const MAX_VOLUME_SESSIONS: usize = 64;
+
+/// How a volume connects.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VolumeOptions {
+    /// Sessions to spread requests over (each on its own socket, so on its own target worker
+    /// when the target has several).
+    pub sessions: usize,
+    /// Settings of each session's client.
+    pub client: ClientOptions,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> VolumeOptions {
+        VolumeOptions { sessions: 1, client: ClientOptions::default() }
+    }
+}
+
+/// A request that is not a whole number of blocks inside the namespace.
+fn misaligned(what: &str, offset: u64, len: u64, block_bytes: u32, size_bytes: u64) -> Option<ClientError> {
+    let block = u64::from(block_bytes);
+    if !offset.is_multiple_of(block) || !len.is_multiple_of(block) {
+        return Some(ClientError::Unaligned { what: what.to_string(), offset, len, block_bytes });
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= size_bytes => None,
+        _ => Some(ClientError::BeyondEnd { offset, len, size_bytes }),
+    }
+}
+
+/// One namespace of one target, over one or more sessions.
+#[derive(Debug)]
+pub struct Volume {
+    sessions: Vec<AsyncClient>,
+    namespace: NamespaceInfo,
+    /// Next session to give a piece to (round robin).
+    next: AtomicUsize,
+}
+
+impl Volume {
+    /// Opens `options.sessions` sessions to `target` and finds namespace `namespace` (a name,
+    /// or an id). Runs on the current tokio runtime.
+    pub async fn open(target: SocketAddr, namespace: &str, options: VolumeOptions) -> Result<Volume, ClientError> {
+        if !(1..=MAX_VOLUME_SESSIONS).contains(&options.sessions) {
+            return Err(ClientError::Setting(format!(
+                "sessions = {}: must be between 1 and {MAX_VOLUME_SESSIONS}",
+                options.sessions
+            )));
+        }
+        let mut sessions = Vec::with_capacity(options.sessions);
+        for _ in 0..options.sessions {
+            sessions.push(AsyncClient::connect_with(target, options.client).await?);
+        }
+        let namespace = sessions[0].info().namespace(namespace)?.clone();
+        Ok(Volume { sessions, namespace, next: AtomicUsize::new(0) })
+    }
+
+    /// The namespace as HELLO described it.
+    pub fn namespace(&self) -> &NamespaceInfo {
+        &self.namespace
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.namespace.capacity_blocks * u64::from(self.namespace.block_bytes)
+    }
+
+    /// Bytes per block: offsets and lengths are multiples of it.
+    pub fn block_bytes(&self) -> u32 {
+        self.namespace.block_bytes
+    }
+
+    /// Bytes one BREAD or BWRITE carries at most: requests are split into pieces of this size.
+    pub fn transfer_bytes(&self) -> u32 {
+        let blocks = self.sessions[0].info().blocks_per_transfer(self.namespace.block_bytes).max(1);
+        blocks * self.namespace.block_bytes
+    }
+
+    /// Sessions requests are spread over.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    fn session(&self) -> &AsyncClient {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.sessions.len();
+        &self.sessions[index]
+    }
+
+    fn check(&self, what: &str, offset: u64, len: u64) -> Result<(), ClientError> {
+        match misaligned(what, offset, len, self.block_bytes(), self.size_bytes()) {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Pieces of at most `piece_bytes`: (byte offset, position in the request, bytes).
+    fn pieces(offset: u64, len: u64, piece_bytes: u64) -> impl Iterator<Item = (u64, u64, u64)> {
+        (0..len)
+            .step_by(piece_bytes.max(1) as usize)
+            .map(move |position| (offset + position, position, piece_bytes.min(len - position)))
+    }
+
+    /// Reads `out.len()` bytes at `offset`, every piece in flight at once.
+    pub async fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
+        self.check("read", offset, out.len() as u64)?;
+        let block = u64::from(self.block_bytes());
+        let mut pending: Vec<(usize, usize, Pending)> = Vec::new();
+        for (at, position, len) in Volume::pieces(offset, out.len() as u64, u64::from(self.transfer_bytes())) {
+            let op = Op::block_read(self.namespace.id, at / block, (len / block) as u32);
+            pending.push((position as usize, len as usize, self.session().submit(vec![op]).await?));
+        }
+        for (position, len, answer) in pending {
+            let reply = answer.wait().await?;
+            let data = reply.data(0)?;
+            if data.len() != len {
+                return Err(ClientError::MissingResult(0));
+            }
+            out[position..position + len].copy_from_slice(data);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset`; with `fua` every byte is durable when this returns.
+    pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ClientError> {
+        self.check("write", offset, data.len() as u64)?;
+        let block_bytes = self.block_bytes();
+        let block = u64::from(block_bytes);
+        let mut pending = Vec::new();
+        for (at, position, len) in Volume::pieces(offset, data.len() as u64, u64::from(self.transfer_bytes())) {
+            let bytes = &data[position as usize..(position + len) as usize];
+            let op = Op::block_write(self.namespace.id, at / block, block_bytes, bytes, fua);
+            pending.push(self.session().submit(vec![op]).await?);
+        }
+        for answer in pending {
+            answer.wait().await?.data(0)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every write answered before it durable, whichever session (or process) sent it:
+    /// the target flushes the namespace's whole device.
+    pub async fn flush(&self) -> Result<(), ClientError> {
+        self.session().call(vec![Op::flush(self.namespace.id)]).await?.data(0).map(|_| ())
+    }
+
+    /// Deallocates `len` bytes at `offset`: they read as zeroes afterwards.
+    pub async fn trim(&self, offset: u64, len: u64) -> Result<(), ClientError> {
+        self.zero_range("trim", offset, len, Op::trim).await
+    }
+
+    /// Writes zeroes over `len` bytes at `offset`.
+    pub async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ClientError> {
+        self.zero_range("write_zeroes", offset, len, Op::write_zeroes).await
+    }
+
+    async fn zero_range(
+        &self,
+        what: &str,
+        offset: u64,
+        len: u64,
+        op: fn(u16, u64, u32) -> Op,
+    ) -> Result<(), ClientError> {
+        self.check(what, offset, len)?;
+        let block = u64::from(self.block_bytes());
+        let mut pending = Vec::new();
+        // The target bounds one TRIM or WRITE_ZEROES (it may zero memory itself).
+        let piece_bytes = MAX_BLOCK_ZERO_BYTES / block * block;
+        for (at, _, piece) in Volume::pieces(offset, len, piece_bytes) {
+            let request = op(self.namespace.id, at / block, (piece / block) as u32);
+            pending.push(self.session().submit(vec![request]).await?);
+        }
+        for answer in pending {
+            answer.wait().await?.data(0)?;
+        }
+        Ok(())
+    }
+}
+
+/// How the NBD export reports a failed volume request.
+fn backend_error(error: ClientError) -> BackendError {
+    match error {
+        ClientError::Unaligned { .. } | ClientError::BeyondEnd { .. } => BackendError::Invalid(error.to_string()),
+        ClientError::Refused { status: netdam_isa::Status::OutOfRange, .. } => BackendError::Invalid(error.to_string()),
+        ClientError::Refused { status: netdam_isa::Status::NotSupported, .. } => {
+            BackendError::NotSupported(error.to_string())
+        }
+        other => BackendError::Io(other.to_string()),
+    }
+}
+
+/// Largest NBD request the export takes at once; the volume splits it into transfers.
+const NBD_MAX_REQUEST_BYTES: u32 = 32 << 20;
+
+impl NbdBackend for Volume {
+    fn size_bytes(&self) -> u64 {
+        Volume::size_bytes(self)
+    }
+
+    fn block_bytes(&self) -> u32 {
+        Volume::block_bytes(self)
+    }
+
+    fn preferred_bytes(&self) -> u32 {
+        // Whole transfers fill datagrams; a block size above the transfer size is the floor.
+        self.transfer_bytes().max(self.block_bytes())
+    }
+
+    fn max_request_bytes(&self) -> u32 {
+        NBD_MAX_REQUEST_BYTES
+    }
+
+    async fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        Volume::read(self, offset, out).await.map_err(backend_error)
+    }
+
+    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), BackendError> {
+        Volume::write(self, offset, data, fua).await.map_err(backend_error)
+    }
+
+    async fn flush(&self) -> Result<(), BackendError> {
+        Volume::flush(self).await.map_err(backend_error)
+    }
+
+    async fn trim(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        Volume::trim(self, offset, len).await.map_err(backend_error)
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        Volume::write_zeroes(self, offset, len).await.map_err(backend_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_must_be_whole_blocks_inside_the_namespace() {
+        assert!(misaligned("read", 4096, 8192, 4096, 1 << 20).is_none());
+        assert!(matches!(misaligned("read", 100, 4096, 4096, 1 << 20), Some(ClientError::Unaligned { .. })));
+        assert!(matches!(misaligned("read", 0, 100, 4096, 1 << 20), Some(ClientError::Unaligned { .. })));
+        assert!(matches!(misaligned("read", 1 << 20, 4096, 4096, 1 << 20), Some(ClientError::BeyondEnd { .. })));
+        assert!(matches!(
+            misaligned("read", u64::MAX - 4095, 8192, 4096, u64::MAX),
+            Some(ClientError::Unaligned { .. })
+        ));
+        let wraps = misaligned("read", u64::MAX / 4096 * 4096, 8192, 4096, u64::MAX);
+        assert!(matches!(wraps, Some(ClientError::BeyondEnd { .. })), "{wraps:?}");
+    }
+
+    #[test]
+    fn pieces_cover_the_request_exactly() {
+        let pieces: Vec<_> = Volume::pieces(4096, 20_480, 8192).collect();
+        assert_eq!(pieces, vec![(4096, 0, 8192), (12_288, 8192, 8192), (20_480, 16_384, 4096)]);
+        assert_eq!(Volume::pieces(0, 0, 8192).count(), 0);
+    }
+}

@@ -1,0 +1,137 @@
+//! `Volume`: a namespace as one disk over several sessions, against a real target with several
+//! workers; it rides out a restart of the target and the expiry of its idle sessions.
+
+mod common;
+
+use common::{region, seed, start_configured, Rng};
+use netdam_initiator::{ClientError, Volume, VolumeOptions};
+use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
+
+const BLOCK: u32 = 4096;
+const BLOCKS: u64 = 2048;
+
+fn namespace(backend: NamespaceBackend, path: &str) -> NamespaceConfig {
+    NamespaceConfig {
+        name: "disk".into(),
+        backend,
+        path: path.into(),
+        size: Some(ByteSize(BLOCKS * u64::from(BLOCK))),
+        block_size: BLOCK,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Random writes of up to 1 MiB (many transfers, over four sessions on two workers) checked
+/// against a model by reads of random ranges; then FUA, flush, trim, write-zeroes and refusals.
+fn verify(backend: NamespaceBackend, path: &str) {
+    let test = start_configured(vec![region("mem", 1 << 20, false)], |config| {
+        config.workers = 2;
+        config.namespaces = vec![namespace(backend, path)];
+    });
+    let addr = test.target.local_addr();
+    let mut rng = Rng::new(seed());
+    let runtime = runtime();
+    runtime.block_on(async {
+        let options = VolumeOptions { sessions: 4, ..VolumeOptions::default() };
+        let volume = Volume::open(addr, "disk", options).await.unwrap();
+        assert_eq!((volume.size_bytes(), volume.block_bytes(), volume.session_count()), (BLOCKS * 4096, BLOCK, 4));
+        let block = u64::from(BLOCK);
+        let mut model = vec![0u8; (BLOCKS * block) as usize];
+        for round in 0..60 {
+            let blocks = 1 + rng.below(256);
+            let first = rng.below(BLOCKS - blocks + 1);
+            let data = rng.bytes((blocks * block) as usize);
+            volume.write(first * block, &data, round % 3 == 0).await.unwrap();
+            model[(first * block) as usize..((first + blocks) * block) as usize].copy_from_slice(&data);
+            let blocks = 1 + rng.below(256);
+            let first = rng.below(BLOCKS - blocks + 1);
+            let mut back = vec![0u8; (blocks * block) as usize];
+            volume.read(first * block, &mut back).await.unwrap();
+            let range = (first * block) as usize..((first + blocks) * block) as usize;
+            assert!(back == model[range], "round {round}: read differs from what was written");
+        }
+        volume.flush().await.unwrap();
+        volume.trim(8 * block, 16 * block).await.unwrap();
+        volume.write_zeroes(100 * block, 3 * block).await.unwrap();
+        let mut back = vec![1u8; (16 * block) as usize];
+        volume.read(8 * block, &mut back).await.unwrap();
+        assert!(back.iter().all(|&byte| byte == 0), "trimmed blocks read as zeroes");
+        let mut back = vec![1u8; (3 * block) as usize];
+        volume.read(100 * block, &mut back).await.unwrap();
+        assert!(back.iter().all(|&byte| byte == 0), "zeroed blocks read as zeroes");
+        let mut small = vec![0u8; 100];
+        assert!(matches!(volume.read(0, &mut small).await, Err(ClientError::Unaligned { .. })));
+        assert!(matches!(volume.write(100, &[0; 4096], false).await, Err(ClientError::Unaligned { .. })));
+        let end = BLOCKS * block;
+        assert!(matches!(volume.trim(end - block, 2 * block).await, Err(ClientError::BeyondEnd { .. })));
+        let error = Volume::open(addr, "nope", VolumeOptions::default()).await.unwrap_err();
+        assert!(error.to_string().contains("disk"), "the error lists what exists: {error}");
+    });
+    // Every session was closed when the volume (and the failed open's client) was dropped: the
+    // I/O tasks send CLOSE on the runtime, which is still running.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let stats = test.target.stats();
+        if stats.get("sessions_opened") == stats.get("sessions_closed") {
+            assert_eq!(stats.get("sessions_opened"), Some(5), "four for the volume, one for the failed open");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "sessions left open: {stats:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(runtime);
+}
+
+#[test]
+fn a_volume_reads_what_it_wrote_on_a_file_namespace() {
+    verify(NamespaceBackend::File, "disk.img");
+}
+
+#[test]
+fn a_volume_reads_what_it_wrote_on_a_pmem_namespace() {
+    verify(NamespaceBackend::Pmem, "disk.region");
+}
+
+#[test]
+fn a_volume_rides_out_idle_expiry_and_a_target_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().to_path_buf();
+    let configure = |listen: std::net::SocketAddr| {
+        let data_dir = data_dir.clone();
+        move |config: &mut netdam_target::Config| {
+            config.listen = listen;
+            config.data_dir = Some(data_dir);
+            config.namespaces = vec![namespace(NamespaceBackend::File, "disk.img")];
+            config.session_idle_timeout_ms = 1_000;
+        }
+    };
+    let first = start_configured(vec![region("mem", 1 << 20, false)], configure("127.0.0.1:0".parse().unwrap()));
+    let addr = first.target.local_addr();
+    let runtime = runtime();
+    let volume = runtime.block_on(Volume::open(addr, "disk", VolumeOptions { sessions: 2, ..Default::default() }));
+    let volume = volume.unwrap();
+    let data = vec![0x5Au8; 64 << 10];
+    runtime.block_on(volume.write(0, &data, true)).unwrap();
+
+    // Silent past the idle timeout: the target forgets the sessions, the volume says HELLO again.
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let mut back = vec![0u8; data.len()];
+    runtime.block_on(volume.read(0, &mut back)).unwrap();
+    assert_eq!(back, data);
+    let stats = first.target.stats();
+    assert!(stats.get("sessions_expired").unwrap() >= 1, "the sessions did expire");
+    assert!(stats.get("answered_no_session").unwrap() >= 1, "and the volume found out");
+
+    // A new target on the same address and files: the same again, and the data is there.
+    drop(first.target);
+    let second = start_configured(vec![region("mem", 1 << 20, false)], configure(addr));
+    let mut back = vec![0u8; data.len()];
+    runtime.block_on(volume.read(0, &mut back)).unwrap();
+    assert_eq!(back, data, "a FUA write survives the restart, and the volume reconnects");
+    runtime.block_on(volume.write(0, &[7u8; 4096], false)).unwrap();
+    drop(volume);
+    drop(second);
+}
