@@ -539,13 +539,8 @@ impl<'b> ResponseWriter<'b> {
     }
 
     /// Bytes the response holds so far, header included.
-    pub fn len(&self) -> usize {
+    pub fn encoded_len(&self) -> usize {
         self.len
-    }
-
-    /// Whether no result has been written yet (the response is a bare header).
-    pub fn is_empty(&self) -> bool {
-        self.header.count == 0
     }
 
     /// Writes the header with the target's measurements and the CRC; returns the length.

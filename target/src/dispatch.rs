@@ -15,7 +15,7 @@ use netdam_isa::control::{decode_hello_operand, encode_hello_answer, StatWriter,
 use netdam_isa::engine::Engine;
 use netdam_isa::limits::{
     DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
-    MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES, SESSION_SWEEP_INTERVAL,
+    MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES, SESSION_SWEEP_INTERVAL, SESSION_SWEEP_SLOTS,
 };
 use netdam_isa::wire::{
     peek_is_response, peek_session_sequence, DecodeError, Disposition, Instruction, Request, ResponseWriter,
@@ -139,8 +139,10 @@ pub struct Dispatcher<E> {
     worker: usize,
     sessions: SessionTable,
     block: BlockPath,
-    /// When the expiry sweep next looks at a share of the session table.
-    next_sweep: Instant,
+    /// When the expiry sweep last looked at a share of the session table.
+    last_sweep: Instant,
+    /// Issue time of the last cookie: each new one is later, so no two HELLOs get the same.
+    last_cookie: Instant,
     refusals: RefusalLog,
 }
 
@@ -157,7 +159,8 @@ impl<E: Engine> Dispatcher<E> {
             worker,
             sessions,
             block,
-            next_sweep: Instant::ZERO,
+            last_sweep: Instant::ZERO,
+            last_cookie: Instant::ZERO,
             refusals: RefusalLog::default(),
         }
     }
@@ -170,11 +173,16 @@ impl<E: Engine> Dispatcher<E> {
     /// Ends sessions silent past their timeout, a bounded share of the table at a time; the
     /// driver calls it every loop pass (it does nothing until the sweep interval has passed).
     pub fn tick(&mut self, now: Instant) {
-        if now < self.next_sweep {
+        let elapsed = now.saturating_since(self.last_sweep);
+        if elapsed < SESSION_SWEEP_INTERVAL {
             return;
         }
-        self.next_sweep = now + SESSION_SWEEP_INTERVAL;
-        let expired = self.sessions.expire(now);
+        // A worker that slept (blocking or adaptive polling) catches up: as many slots as the
+        // time since the last sweep calls for, at most the whole table.
+        let intervals = elapsed.as_nanos() / SESSION_SWEEP_INTERVAL.as_nanos();
+        let slots = usize::try_from(intervals).unwrap_or(usize::MAX).saturating_mul(SESSION_SWEEP_SLOTS);
+        self.last_sweep = now;
+        let expired = self.sessions.expire(now, slots);
         if expired > 0 {
             self.stats().add(Counter::SessionsExpired, expired);
         }
@@ -227,18 +235,14 @@ impl<E: Engine> Dispatcher<E> {
                     return Handled::Dropped;
                 }
                 Admission::UnknownSession => {
-                    if request.instructions().any(|instruction| instruction.opcode == Opcode::Close as u8) {
-                        // Not this sender's session (or no longer anyone's): nothing to end.
-                        self.count(Counter::ClosesIgnored);
-                    }
+                    // Not this sender's session (or no longer anyone's): a CLOSE ends nothing.
+                    self.count_closes_ignored(&request);
                     return self.datagram_status(out, header.session, header.sequence, Status::NoSession);
                 }
             }
         } else if !request.instructions().all(|instruction| is_sessionless(instruction.opcode)) {
             // Without a session only HELLO, PING and STAT: anything else needs the replay window.
-            if request.instructions().any(|instruction| instruction.opcode == Opcode::Close as u8) {
-                self.count(Counter::ClosesIgnored);
-            }
+            self.count_closes_ignored(&request);
             return self.datagram_status(out, 0, header.sequence, Status::NoSession);
         }
         let context = Context { from: from.peer, session: header.session, request_len: datagram.len() };
@@ -255,6 +259,12 @@ impl<E: Engine> Dispatcher<E> {
         Handled::Answer { response, record }
     }
 
+    /// Counts the CLOSEs of a datagram refused as a whole (no session of this sender's).
+    fn count_closes_ignored(&self, request: &Request<'_>) {
+        let closes = request.instructions().filter(|instruction| instruction.opcode == Opcode::Close as u8).count();
+        self.stats().add(Counter::ClosesIgnored, closes as u64);
+    }
+
     /// Executes one memory or control instruction and writes its result.
     fn execute_into(
         &mut self,
@@ -268,7 +278,8 @@ impl<E: Engine> Dispatcher<E> {
             // Without a session the sender's address is unproven: the whole answer stays within
             // the request's length, so a forged source gains no amplification. (Only a STAT can
             // reach this bound; a HELLO that opens a session has proven its address.)
-            let within_request = context.request_len.saturating_sub(response.len() + RESPONSE_INSTRUCTION_HEADER_LEN);
+            let within_request =
+                context.request_len.saturating_sub(response.encoded_len() + RESPONSE_INSTRUCTION_HEADER_LEN);
             if instruction.opcode != Opcode::Hello as u8 {
                 capacity = capacity.min(within_request);
             }
@@ -629,7 +640,11 @@ impl<E: Engine> Dispatcher<E> {
                 if out.len() < COOKIE_LEN {
                     return (Status::TooLarge, 0);
                 }
-                out[..COOKIE_LEN].copy_from_slice(&self.shared.cookies.issue(context.from, now));
+                // Strictly later than the last one: two HELLOs from one socket handled at the
+                // same instant must not share a cookie (they would share a session).
+                let issued = now.max(self.last_cookie + Duration::from_nanos(1));
+                self.last_cookie = issued;
+                out[..COOKIE_LEN].copy_from_slice(&self.shared.cookies.issue(context.from, issued));
                 self.count(Counter::CookiesSent);
                 return (Status::Retry, COOKIE_LEN);
             }
@@ -933,7 +948,11 @@ mod tests {
         assert_eq!(session(&one), session(&two));
         assert_eq!(dispatcher.stats().get(Counter::SessionsOpened), 1);
         assert_eq!(dispatcher.stats().get(Counter::CookiesSent), 3);
-        assert!(first.len() + 56 > RESPONSE_INSTRUCTION_HEADER_LEN + COOKIE_LEN + 32, "no amplification");
+        // The cookie answer is shorter than the HELLO it answers: no amplification.
+        let mut request = vec![0u8; 512];
+        let mut builder = RequestBuilder::new(&mut request, 0, 1).unwrap();
+        builder.push(&instruction(Opcode::Hello, 0, &first)).unwrap();
+        assert!(answer.len() < builder.finish(), "{} bytes answer a HELLO", answer.len());
     }
 
     #[test]

@@ -23,11 +23,14 @@ use std::net::{IpAddr, SocketAddr};
 
 use netdam_isa::limits::{
     MAX_SESSIONS_PER_WORKER, MAX_WORKERS, MIN_SESSIONS_PER_WORKER, REPLAY_ARENA_BYTES, REPLAY_WINDOW,
-    SESSION_IDLE_BEFORE_EVICTION, SESSION_SWEEP_SLOTS, UNUSED_SESSION_TIMEOUT,
+    SESSION_IDLE_BEFORE_EVICTION, UNUSED_SESSION_TIMEOUT,
 };
 use netdam_isa::{Duration, Instant};
 
 use crate::cookies::CookieTag;
+
+/// How long a full table with no idle session is taken to stay so (unless a session ends).
+const FULL_TABLE_RECHECK: Duration = Duration::from_millis(1);
 
 const SLOT_BITS: u32 = 10;
 const WORKER_BITS: u32 = 6;
@@ -212,6 +215,9 @@ pub struct SessionTable {
     sweep_cursor: usize,
     /// Room to sort (address, last activity, slot) when the table is full; allocated once.
     by_address: Vec<(AddressKey, Instant, u16)>,
+    /// A full table had no idle session at the last look: until this instant (or until a
+    /// session ends), HELLOs are refused without looking again.
+    full_until: Instant,
 }
 
 impl SessionTable {
@@ -245,6 +251,7 @@ impl SessionTable {
             arena: ReplayArena { bytes: vec![0u8; REPLAY_ARENA_BYTES].into_boxed_slice(), position: 0 },
             sweep_cursor: 0,
             by_address: Vec::with_capacity(limits.slots),
+            full_until: Instant::ZERO,
         }
     }
 
@@ -262,14 +269,17 @@ impl SessionTable {
     ///
     /// The same cookie from the same sender gets the session it opened before (HELLO is
     /// idempotent, and a replayed HELLO takes no second slot). An address at its share takes the
-    /// slot of its own longest-idle session, if one is idle; a full table evicts the longest-idle
-    /// session of the address that holds the most, only if that one is idle.
+    /// slot of its own longest-idle session, if one is idle. A full table evicts the
+    /// longest-idle session of the address that holds the most sessions among those that have
+    /// an idle one; an active session is never evicted.
     pub fn open(&mut self, now: Instant, peer: SocketAddr, cookie: CookieTag) -> Result<Opened, OpenRefusal> {
         let address = AddressKey::of(peer.ip());
         let idle_timeout = self.limits.idle_timeout;
         let mut expired = 0;
         let mut free = None;
         let mut held_by_address = 0;
+        // This address's longest-idle session that may give up its slot.
+        let mut own_idle: Option<(Instant, usize)> = None;
         for (slot, session) in self.slots.iter_mut().enumerate() {
             if session.is_open() && session.is_expired(now, idle_timeout) {
                 session.id = 0;
@@ -284,18 +294,17 @@ impl SessionTable {
             }
             if session.address == address {
                 held_by_address += 1;
+                if session.is_idle(now) && own_idle.is_none_or(|(since, _)| session.last_active < since) {
+                    own_idle = Some((session.last_active, slot));
+                }
             }
         }
+        if expired > 0 {
+            self.full_until = Instant::ZERO;
+        }
         let (slot, evicted) = if held_by_address >= self.limits.per_address {
-            let own_idle = self
-                .slots
-                .iter()
-                .enumerate()
-                .filter(|(_, session)| session.is_open() && session.address == address && session.is_idle(now))
-                .min_by_key(|(_, session)| session.last_active)
-                .map(|(slot, _)| slot);
             match own_idle {
-                Some(slot) => (slot, true),
+                Some((_, slot)) => (slot, true),
                 None => return Err(OpenRefusal::AddressLimit { expired }),
             }
         } else if let Some(slot) = free {
@@ -322,34 +331,42 @@ impl SessionTable {
     }
 
     /// With every slot taken: the longest-idle session of the address holding the most sessions
-    /// (of those tied, the one whose session has been idle longest), if that session is idle.
+    /// among addresses that have an idle one (of those tied, the one idle longest).
+    ///
+    /// This sorts the table, so after finding nothing it answers at once for
+    /// [`FULL_TABLE_RECHECK`] (or until a session ends): a stream of valid HELLOs against a full
+    /// table must not cost the worker a sort each.
     fn idle_slot_of_largest_holder(&mut self, now: Instant) -> Option<usize> {
+        if now < self.full_until {
+            return None;
+        }
         self.by_address.clear();
         for (slot, session) in self.slots.iter().enumerate() {
-            // Sessions with I/O in progress sort as if active now: never chosen.
-            let last_active = if session.in_progress > 0 { now } else { session.last_active };
-            self.by_address.push((session.address, last_active, slot as u16));
+            self.by_address.push((session.address, session.last_active, slot as u16));
         }
         self.by_address.sort_unstable();
-        // Groups of one address, each starting with its longest-idle session.
-        let mut best: Option<(usize, Instant, u16)> = None;
+        // Groups of one address, oldest activity first: (group size, idle since, slot).
+        let mut best: Option<(usize, Instant, usize)> = None;
         let mut start = 0;
         while start < self.by_address.len() {
-            let (address, oldest, slot) = self.by_address[start];
-            let end = start + self.by_address[start..].iter().take_while(|entry| entry.0 == address).count();
-            let size = end - start;
-            let better = match best {
-                None => true,
-                Some((best_size, best_oldest, _)) => size > best_size || (size == best_size && oldest < best_oldest),
-            };
-            if better {
-                best = Some((size, oldest, slot));
+            let address = self.by_address[start].0;
+            let size = self.by_address[start..].iter().take_while(|entry| entry.0 == address).count();
+            let group = &self.by_address[start..start + size];
+            let idle = group.iter().find(|(_, _, slot)| self.slots[usize::from(*slot)].is_idle(now));
+            if let Some(&(_, since, slot)) = idle {
+                let better = best.is_none_or(|(best_size, best_since, _)| {
+                    size > best_size || (size == best_size && since < best_since)
+                });
+                if better {
+                    best = Some((size, since, usize::from(slot)));
+                }
             }
-            start = end;
+            start += size;
         }
-        let (_, _, slot) = best?;
-        let slot = usize::from(slot);
-        self.slots[slot].is_idle(now).then_some(slot)
+        if best.is_none() {
+            self.full_until = now + FULL_TABLE_RECHECK;
+        }
+        best.map(|(_, _, slot)| slot)
     }
 
     fn next_id(&mut self, slot: usize) -> u32 {
@@ -368,23 +385,27 @@ impl SessionTable {
         match self.owned_slot(id, peer) {
             Some(slot) => {
                 self.slots[slot].id = 0;
+                self.full_until = Instant::ZERO;
                 true
             }
             None => false,
         }
     }
 
-    /// Ends sessions silent past their timeout, looking at the next [`SESSION_SWEEP_SLOTS`]
-    /// slots only (bounded work per call); returns how many ended.
-    pub fn expire(&mut self, now: Instant) -> u64 {
+    /// Ends sessions silent past their timeout, looking at the next `slots` slots only (bounded
+    /// work per call, at most the whole table); returns how many ended.
+    pub fn expire(&mut self, now: Instant, slots: usize) -> u64 {
         let mut expired = 0;
-        for _ in 0..SESSION_SWEEP_SLOTS.min(self.slots.len()) {
+        for _ in 0..slots.min(self.slots.len()) {
             let session = &mut self.slots[self.sweep_cursor];
             if session.is_open() && session.is_expired(now, self.limits.idle_timeout) {
                 session.id = 0;
                 expired += 1;
             }
             self.sweep_cursor = (self.sweep_cursor + 1) % self.slots.len();
+        }
+        if expired > 0 {
+            self.full_until = Instant::ZERO;
         }
         expired
     }
@@ -417,8 +438,11 @@ impl SessionTable {
             return if idempotent { Admission::ExecuteAgain } else { Admission::Stale };
         }
         let remembered = session.window[(sequence % REPLAY_WINDOW as u64) as usize];
-        if remembered.in_progress && remembered.sequence == sequence {
-            return Admission::InProgress;
+        if remembered.in_progress {
+            // Its own retransmission is dropped; a sequence a whole window away cannot be
+            // tracked while this one executes (an initiator keeps under a window in flight), so
+            // it is refused rather than allowed to overwrite the entry.
+            return if remembered.sequence == sequence { Admission::InProgress } else { Admission::Stale };
         }
         if remembered.executed && remembered.sequence == sequence {
             return match remembered.stored {
@@ -596,7 +620,7 @@ mod tests {
 
     /// Runs the sweep over the whole table.
     fn sweep(table: &mut SessionTable, now: Instant) -> u64 {
-        (0..table.slots.len().div_ceil(SESSION_SWEEP_SLOTS)).map(|_| table.expire(now)).sum()
+        table.expire(now, table.slots.len())
     }
 
     #[test]
@@ -693,6 +717,52 @@ mod tests {
         assert_eq!(opened.id & 0x3FF, victim & 0x3FF);
         assert_eq!(table.admit(at(1_050), victim, peer(1, 5), 2, true, &mut out), Admission::UnknownSession);
         assert_eq!(table.open_count(), 16);
+    }
+
+    #[test]
+    fn a_sequence_a_window_away_from_one_in_progress_is_refused_and_cannot_pin_the_session() {
+        let mut table = SessionTable::new(0, 1, LIMITS);
+        let me = peer(1, 1);
+        let id = open(&mut table, at(0), me, 1);
+        let mut out = [0u8; 8];
+        let Admission::Execute(first) = table.admit(at(0), id, me, 5, true, &mut out) else { panic!() };
+        table.mark_in_progress(first);
+        let far = 5 + REPLAY_WINDOW as u64;
+        assert_eq!(table.admit(at(0), id, me, far, true, &mut out), Admission::Stale, "its window entry is taken");
+        table.record(first, None);
+        let later = at(0) + DEFAULT_SESSION_IDLE_TIMEOUT + Duration::from_millis(1);
+        assert_eq!(sweep(&mut table, later), 1, "nothing left in progress: it expires");
+    }
+
+    #[test]
+    fn a_full_table_passes_over_a_larger_holder_with_no_idle_session_and_never_evicts_io_in_flight() {
+        let limits = SessionLimits { slots: 16, per_address: 10, ..LIMITS };
+        let mut table = SessionTable::new(0, 1, limits);
+        let mut out = [0u8; 8];
+        // Host 1 holds 10 active sessions; host 2 holds 6, of which port 0 waits for block I/O
+        // and port 1 has been quiet since 0 ms.
+        let mut host2 = Vec::new();
+        for port in 0..10u16 {
+            let id = open(&mut table, at(0), peer(1, port), 100 + u32::from(port));
+            assert!(matches!(table.admit(at(1_500), id, peer(1, port), 1, true, &mut out), Admission::Execute(_)));
+        }
+        for port in 0..6u16 {
+            let id = open(&mut table, at(0), peer(2, port), 200 + u32::from(port));
+            let Admission::Execute(ticket) = table.admit(at(0), id, peer(2, port), 1, true, &mut out) else { panic!() };
+            match port {
+                0 => table.mark_in_progress(ticket),
+                1 => {}
+                _ => assert!(matches!(
+                    table.admit(at(1_500), id, peer(2, port), 2, true, &mut out),
+                    Admission::Execute(_)
+                )),
+            }
+            host2.push(id);
+        }
+        let opened = table.open(at(1_600), peer(3, 0), cookie(300)).unwrap();
+        assert!(opened.evicted);
+        assert_eq!(opened.id & 0x3FF, host2[1] & 0x3FF, "host 2's quiet session, not the one waiting for I/O");
+        assert_eq!(table.open(at(1_600), peer(3, 1), cookie(301)), Err(OpenRefusal::TableFull { expired: 0 }));
     }
 
     #[test]

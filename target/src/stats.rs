@@ -40,7 +40,7 @@ counters! {
     AnsweredMalformed => "answered_malformed": "Answered with datagram status malformed.",
     AnsweredBusy => "answered_busy": "Answered busy: queued longer than busy_threshold_us, not executed.",
     AnsweredStale => "answered_stale": "Answered stale: older than the replay window, never executed.",
-    AnsweredNoSession => "answered_no_session": "Answered no_session: unknown session, or no session for a non-control instruction.",
+    AnsweredNoSession => "answered_no_session": "Answered no_session: unknown session, another sender's session, or none for an instruction that needs one.",
     SessionsOpened => "sessions_opened": "Sessions opened by HELLO.",
     SessionsClosed => "sessions_closed": "Sessions ended by CLOSE.",
     SessionsExpired => "sessions_expired": "Sessions ended by silence: the idle timeout, or a second without a request after HELLO.",

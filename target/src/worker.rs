@@ -39,14 +39,15 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     // Last datagram received or block answer sent.
     let mut last_datagram = clock.now();
     while !shutdown.load(Ordering::Relaxed) {
+        let pass_start = clock.now();
         // Session expiry: a bounded share of the table, at most once per sweep interval.
-        dispatcher.tick(clock.now());
+        dispatcher.tick(pass_start);
         // While block I/O is in flight the worker must come back to reap it: it never sleeps.
         let wait = dispatcher.block_pending() == 0
             && match settings.poll {
                 PollMode::Busy => false,
                 PollMode::Blocking => true,
-                PollMode::Adaptive => clock.now().saturating_since(last_datagram) > settings.adaptive_spin,
+                PollMode::Adaptive => pass_start.saturating_since(last_datagram) > settings.adaptive_spin,
             };
         let count = match batch.receive(&fd, wait) {
             Ok(count) => count,
