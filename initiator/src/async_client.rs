@@ -6,25 +6,23 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
-use netdam_isa::control::{decode_stat_answer, Cookie, HelloAnswer, RegionInfo, NO_COOKIE};
+use netdam_isa::control::{decode_stat_answer, HelloAnswer, RegionInfo};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
-use netdam_isa::{LaneType, Status};
+use netdam_isa::LaneType;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::client::{connected_socket, fit_window_to_receive_buffer, ClientOptions, CLOSE_WAIT};
 use crate::error::ClientError;
-use crate::hello::{hello_step, HelloStep, HELLO_ROUNDS};
 use crate::op::Op;
-use crate::session::{Completion, Reply, Session, SessionConfig};
+use crate::session::{Reply, Session, SessionConfig};
 use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
 
 /// Requests waiting for the I/O task beyond the session window: back-pressure to callers.
 const COMMAND_QUEUE: usize = 1024;
 
-/// Completion tokens of the I/O task's own requests (callers' tokens count up from 0).
-const HELLO_TOKEN: u64 = u64::MAX - 1;
+/// Completion token of the I/O task's CLOSE (callers' tokens count up from 0).
 const CLOSE_TOKEN: u64 = u64::MAX;
 
 struct Command {
@@ -69,18 +67,19 @@ impl AsyncClient {
         let socket = UdpSocket::from_std(socket)?;
         let session_config = fit_window_to_receive_buffer(&socket2::SockRef::from(&socket), options.session);
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
-        let session = Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0);
+        let mut session =
+            Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0);
+        session.start_hello(options.session.max_datagram_bytes as u32);
         let (established, answer) = oneshot::channel();
         let driver = Driver {
             socket,
             session,
             addr,
             clock: MonotonicClock::new(),
-            requested_datagram_bytes: options.session.max_datagram_bytes as u32,
             waiting: HashMap::new(),
             backlog: VecDeque::new(),
             next_token: 0,
-            hello: Some(HelloState::new(Some(established))),
+            connecting: Some(established),
         };
         tokio::spawn(driver.run(receiver));
         let hello = answer.await.map_err(|_| ClientError::Closed)??;
@@ -98,8 +97,8 @@ impl AsyncClient {
     }
 
     /// Sends `ops` in one datagram and waits for the answer. If the target lost the session
-    /// (it restarted, or the session expired), the I/O task says HELLO again and resends the
-    /// request when that is safe (as [`crate::Client::call`] does).
+    /// (it restarted, or the session expired), the session says HELLO again and resends the
+    /// request when that is safe (see [`crate::session`]).
     pub async fn call(&self, ops: Vec<Op>) -> Result<Reply, ClientError> {
         self.submit(ops).await?.wait().await
     }
@@ -184,38 +183,22 @@ impl AsyncClient {
     }
 }
 
-/// The HELLO exchange under way: at start, or after the target lost the session.
-struct HelloState {
-    cookie: Cookie,
-    rounds: usize,
-    /// The current HELLO has been handed to the session (it waits for room otherwise).
-    submitted: bool,
-    /// Who waits for the first session: `connect_with`.
-    notify: Option<oneshot::Sender<Result<HelloAnswer, ClientError>>>,
-}
-
-impl HelloState {
-    fn new(notify: Option<oneshot::Sender<Result<HelloAnswer, ClientError>>>) -> HelloState {
-        HelloState { cookie: NO_COOKIE, rounds: 0, submitted: false, notify }
-    }
-}
-
-/// The I/O task: says HELLO, feeds commands into the session as the window allows, sends,
-/// receives, fires timeouts, and completes futures. When the target answers `no_session`, it
-/// says HELLO again and resends what is safe to resend. Ends when every client handle is
-/// dropped and nothing is in flight, closing the session.
+/// The I/O task: feeds commands into the session as the window allows, sends, receives, fires
+/// timeouts, and completes futures (the session itself says HELLO, and again when the target
+/// loses it). Ends when every client handle is dropped and nothing is in flight, closing the
+/// session.
 struct Driver {
     socket: UdpSocket,
     session: Session,
     addr: SocketAddr,
     clock: MonotonicClock,
-    requested_datagram_bytes: u32,
-    /// Commands in the session, by token: kept whole, so one may be sent again in a new session.
-    waiting: HashMap<u64, Command>,
-    /// Commands not yet in the session (window full, or no session yet).
+    /// Callers waiting for their answer, by token.
+    waiting: HashMap<u64, oneshot::Sender<Result<Reply, ClientError>>>,
+    /// Commands not yet in the session (its window is full).
     backlog: VecDeque<Command>,
     next_token: u64,
-    hello: Option<HelloState>,
+    /// `connect_with`, waiting for the first session.
+    connecting: Option<oneshot::Sender<Result<HelloAnswer, ClientError>>>,
 }
 
 impl Driver {
@@ -238,7 +221,10 @@ impl Driver {
             if let Some(error) = fatal.take() {
                 self.fail_all(&error);
             }
-            if !open && self.waiting.is_empty() && self.backlog.is_empty() && self.hello.is_none() {
+            if self.connecting.as_ref().is_some_and(|connecting| connecting.is_closed()) {
+                return;
+            }
+            if !open && self.waiting.is_empty() && self.backlog.is_empty() && self.connecting.is_none() {
                 close_session(&self.socket, &mut self.session, &self.clock, &mut buffer).await;
                 return;
             }
@@ -267,28 +253,30 @@ impl Driver {
             }
             self.session.handle_timeout(self.clock.now());
             while let Some(completion) = self.session.poll_completion() {
-                self.complete(completion);
+                if let Some(reply) = self.waiting.remove(&completion.token) {
+                    let _ = reply.send(completion.result);
+                }
+            }
+            if let Some(outcome) = self.session.poll_established() {
+                if let Some(connecting) = self.connecting.take() {
+                    let failed = outcome.is_err();
+                    let _ = connecting.send(outcome);
+                    if failed {
+                        return;
+                    }
+                }
             }
         }
     }
 
-    /// Hands the session the pending HELLO, or commands while there is a session and room.
+    /// Hands the session commands while its window has room (before the session exists they
+    /// wait inside it for the session).
     fn submit_what_fits(&mut self) {
-        if let Some(hello) = &mut self.hello {
-            if !hello.submitted && self.session.has_room() {
-                let op = Op::hello(self.requested_datagram_bytes, hello.cookie);
-                match self.session.submit(&[op], HELLO_TOKEN) {
-                    Ok(()) => hello.submitted = true,
-                    Err(error) => self.end_hello(Err(error)),
-                }
-            }
-            return;
-        }
         while self.session.has_room() {
             let Some(command) = self.backlog.pop_front() else { break };
             match self.session.submit(&command.ops, self.next_token) {
                 Ok(()) => {
-                    self.waiting.insert(self.next_token, command);
+                    self.waiting.insert(self.next_token, command.reply);
                     self.next_token += 1;
                 }
                 Err(error) => {
@@ -298,94 +286,17 @@ impl Driver {
         }
     }
 
-    fn complete(&mut self, completion: Completion) {
-        if completion.token == HELLO_TOKEN {
-            let step = completion.result.and_then(|reply| hello_step(&reply));
-            match step {
-                Ok(HelloStep::Retry(cookie)) => {
-                    let hello = self.hello.as_mut().expect("a HELLO answer while saying HELLO");
-                    hello.rounds += 1;
-                    if hello.rounds >= HELLO_ROUNDS {
-                        self.end_hello(Err(ClientError::HelloRefused(Status::Retry)));
-                    } else {
-                        hello.cookie = cookie;
-                        hello.submitted = false;
-                    }
-                }
-                Ok(HelloStep::Established(answer)) => self.end_hello(Ok(answer)),
-                Err(error) => self.end_hello(Err(error)),
-            }
-            return;
-        }
-        let Some(command) = self.waiting.remove(&completion.token) else { return };
-        let lost_session = match &completion.result {
-            Ok(reply) => {
-                let header = reply.response().header;
-                reply.response().status() == Status::NoSession && header.session != 0
-            }
-            Err(_) => false,
-        };
-        if !lost_session {
-            let _ = command.reply.send(completion.result);
-            return;
-        }
-        // The target no longer knows the session. The request did not run in this
-        // transmission; if it was its only one, or it is idempotent, it may go again.
-        let attempts = completion.result.as_ref().map(|reply| reply.attempts).unwrap_or(0);
-        if attempts == 1 || command.ops.iter().all(Op::is_idempotent) {
-            self.backlog.push_front(command);
-        } else {
-            let _ = command.reply.send(Err(ClientError::SessionLost));
-        }
-        if self.hello.is_none() {
-            self.session.forget();
-            self.hello = Some(HelloState::new(None));
-        }
-    }
-
-    /// Ends a HELLO exchange: adopts the session, or fails whoever waits for one.
-    fn end_hello(&mut self, outcome: Result<HelloAnswer, ClientError>) {
-        let Some(hello) = self.hello.take() else { return };
-        match outcome {
-            Ok(answer) => {
-                self.session.establish(answer.session, answer.max_datagram_bytes as usize);
-                if let Some(notify) = hello.notify {
-                    let _ = notify.send(Ok(answer));
-                }
-            }
-            Err(error) => {
-                for command in self.backlog.drain(..) {
-                    let _ = command.reply.send(Err(copy_error(&error)));
-                }
-                if let Some(notify) = hello.notify {
-                    let _ = notify.send(Err(error));
-                }
-            }
-        }
-    }
-
     /// Fails every request, waiting or queued, with a copy of `error` (the socket is unusable).
     fn fail_all(&mut self, error: &ClientError) {
-        for (_, command) in self.waiting.drain() {
-            let _ = command.reply.send(Err(copy_error(error)));
+        for (_, reply) in self.waiting.drain() {
+            let _ = reply.send(Err(error.duplicate()));
         }
         for command in self.backlog.drain(..) {
-            let _ = command.reply.send(Err(copy_error(error)));
+            let _ = command.reply.send(Err(error.duplicate()));
         }
-        if self.hello.is_some() {
-            self.end_hello(Err(copy_error(error)));
+        if let Some(connecting) = self.connecting.take() {
+            let _ = connecting.send(Err(error.duplicate()));
         }
-    }
-}
-
-/// A copy of `error` for each of several waiting callers (io::Error is not Clone).
-fn copy_error(error: &ClientError) -> ClientError {
-    match error {
-        ClientError::NotListening(addr) => ClientError::NotListening(*addr),
-        ClientError::SessionLost => ClientError::SessionLost,
-        ClientError::HelloRefused(status) => ClientError::HelloRefused(*status),
-        ClientError::TimedOut { attempts } => ClientError::TimedOut { attempts: *attempts },
-        other => ClientError::Io(std::io::Error::other(other.to_string())),
     }
 }
 
@@ -403,6 +314,8 @@ async fn close_session(socket: &UdpSocket, session: &mut Session, clock: &Monoto
         }
         while let Some(completion) = session.poll_completion() {
             if completion.token == CLOSE_TOKEN {
+                // Whatever the answer, nobody is left to tell: a CLOSE the target refused
+                // leaves the session to expire there.
                 return;
             }
         }

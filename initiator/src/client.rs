@@ -8,13 +8,13 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 
-use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo, NO_COOKIE};
+use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
-use netdam_isa::{Duration, Instant, LaneType, Status};
+use netdam_isa::{Duration, Instant, LaneType};
 
 use crate::error::ClientError;
-use crate::hello::{hello_step, HelloStep, HELLO_ROUNDS};
+use crate::hello::close_outcome;
 use crate::op::Op;
 use crate::session::{Reply, Session, SessionConfig, SessionStats};
 use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
@@ -78,6 +78,8 @@ pub struct Client {
     next_token: u64,
     finished: HashMap<u64, Result<Reply, ClientError>>,
     requested_datagram_bytes: u32,
+    /// Why the last HELLO exchange failed, until `hello` reports it.
+    hello_failure: Option<ClientError>,
 }
 
 /// Receive buffer asked for; the kernel caps it at net.core.rmem_max.
@@ -127,26 +129,23 @@ impl Client {
             next_token: 0,
             finished: HashMap::new(),
             requested_datagram_bytes: options.session.max_datagram_bytes as u32,
+            hello_failure: None,
         })
     }
 
-    /// Says HELLO (without a session) until the target opens one: the first answer is a cookie
-    /// that proves this client's address, echoed in the next HELLO.
+    /// Says HELLO and waits for the session: the first answer is a cookie that proves this
+    /// client's address, echoed in the next HELLO (the session core runs the exchange).
     fn hello(&mut self) -> Result<(), ClientError> {
-        self.session.forget();
-        let mut cookie = NO_COOKIE;
-        for _ in 0..HELLO_ROUNDS {
-            let ticket = self.submit(&[Op::hello(self.requested_datagram_bytes, cookie)])?;
-            match hello_step(&self.wait(ticket)?)? {
-                HelloStep::Retry(next) => cookie = next,
-                HelloStep::Established(answer) => {
-                    self.session.establish(answer.session, answer.max_datagram_bytes as usize);
-                    self.info.hello = answer;
-                    return Ok(());
-                }
+        self.session.start_hello(self.requested_datagram_bytes);
+        loop {
+            self.pump()?;
+            if let Some(error) = self.hello_failure.take() {
+                return Err(error);
+            }
+            if !self.session.is_establishing() {
+                return Ok(());
             }
         }
-        Err(ClientError::HelloRefused(Status::Retry))
     }
 
     /// Closes the session and says whether the target confirmed it within a short wait
@@ -160,9 +159,9 @@ impl Client {
             return Ok(());
         }
         if !self.session.has_room() {
-            // Nothing to send it with; the target's idle timeout ends the session.
+            // No room to send it; the target's idle timeout ends the session.
             self.session.forget();
-            return Ok(());
+            return Err(ClientError::CloseUnconfirmed { waited_ms: 0 });
         }
         let token = self.next_token;
         self.next_token += 1;
@@ -170,8 +169,7 @@ impl Client {
         let deadline = self.clock.now() + CLOSE_WAIT;
         let outcome = submitted.and_then(|()| loop {
             if let Some(result) = self.finished.remove(&token) {
-                // `no_session` says the same as `ok`: the session is gone.
-                break result.map(|_| ());
+                break close_outcome(result);
             }
             if self.clock.now() >= deadline {
                 break Err(ClientError::CloseUnconfirmed { waited_ms: CLOSE_WAIT.as_nanos() / 1_000_000 });
@@ -235,21 +233,12 @@ impl Client {
     }
 
     /// Sends `ops` in one datagram and waits for the answer. If the target no longer knows the
-    /// session (it restarted, or the session expired), says HELLO again and resends the request
-    /// once when that is safe: when it is idempotent, or when its only transmission was the one
-    /// answered `no_session` (so it never executed). Otherwise it fails with `SessionLost`,
-    /// since an earlier transmission may have run before the session was lost.
+    /// session (it restarted, or the session expired), the session says HELLO again and resends
+    /// the request when that is safe: when it is idempotent, or when its only transmission was
+    /// the one answered `no_session` (so it never executed). Otherwise it fails with
+    /// `SessionLost`, since an earlier transmission may have run before the session was lost.
+    /// The same holds for every request, pipelined ones included.
     pub fn call(&mut self, ops: &[Op]) -> Result<Reply, ClientError> {
-        let ticket = self.submit(ops)?;
-        let reply = self.wait(ticket)?;
-        if reply.response().status() != Status::NoSession || self.session.id() == 0 {
-            return Ok(reply);
-        }
-        let never_executed = reply.attempts == 1;
-        self.hello()?;
-        if !never_executed && !ops.iter().all(Op::is_idempotent) {
-            return Err(ClientError::SessionLost);
-        }
         let ticket = self.submit(ops)?;
         self.wait(ticket)
     }
@@ -498,6 +487,12 @@ impl Client {
         self.session.handle_timeout(self.clock.now());
         while let Some(completion) = self.session.poll_completion() {
             self.finished.insert(completion.token, completion.result);
+        }
+        match self.session.poll_established() {
+            // A new session (after the target lost the old one) describes the target afresh.
+            Some(Ok(answer)) => self.info.hello = answer,
+            Some(Err(error)) => self.hello_failure = Some(error),
+            None => {}
         }
         self.flush()
     }

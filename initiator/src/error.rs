@@ -120,6 +120,24 @@ pub enum ClientError {
     Closed,
 }
 
+impl ClientError {
+    /// A copy for each of several callers a failure reaches (an `io::Error` cannot be cloned:
+    /// it is copied as its message).
+    pub fn duplicate(&self) -> ClientError {
+        match self {
+            ClientError::NotListening(addr) => ClientError::NotListening(*addr),
+            ClientError::TimedOut { attempts } => ClientError::TimedOut { attempts: *attempts },
+            ClientError::OutcomeUnknown { attempts } => ClientError::OutcomeUnknown { attempts: *attempts },
+            ClientError::Refused { opcode, status } => ClientError::Refused { opcode: *opcode, status: *status },
+            ClientError::HelloRefused(status) => ClientError::HelloRefused(*status),
+            ClientError::SessionLost => ClientError::SessionLost,
+            ClientError::DatagramRefused(status) => ClientError::DatagramRefused(*status),
+            ClientError::Closed => ClientError::Closed,
+            other => ClientError::Io(io::Error::other(other.to_string())),
+        }
+    }
+}
+
 fn hello_refusal(status: Status) -> String {
     match status {
         Status::Busy => "every session slot is held by an active session; try again later \

@@ -1,4 +1,5 @@
-//! The two-step HELLO, shared by every driver of a session (both clients and the simulator).
+//! Reading the answers to the session's control requests: the two-step HELLO (run by
+//! [`crate::session::Session`] for every driver) and CLOSE.
 //!
 //! A first HELLO carries no cookie and is answered `retry` with one; the HELLO that echoes it
 //! from the same address and port gets the session. A cookie can expire, or the target restart
@@ -39,5 +40,17 @@ pub fn hello_step(reply: &Reply) -> Result<HelloStep, ClientError> {
         }
         Status::Busy | Status::SessionLimit => Err(ClientError::HelloRefused(result.status)),
         status => Err(ClientError::Refused { opcode: result.opcode, status }),
+    }
+}
+
+/// Whether the answer to a CLOSE says the session is gone: `ok`, or `no_session` (the target
+/// had already forgotten it). Anything else (an older target that does not know CLOSE, say)
+/// leaves it to expire there.
+pub fn close_outcome(result: Result<Reply, ClientError>) -> Result<(), ClientError> {
+    let reply = result?;
+    match reply.response().status() {
+        Status::NoSession => Ok(()),
+        Status::Ok => reply.data(0).map(|_| ()),
+        status => Err(ClientError::DatagramRefused(status)),
     }
 }

@@ -7,14 +7,24 @@
 //!
 //! Every request may be retransmitted: the target's replay window answers a retransmitted
 //! non-idempotent request from its stored answer instead of executing it twice.
+//!
+//! The session also says HELLO itself ([`Session::start_hello`]): a cookie first, then the
+//! session. When the target answers `no_session` (it restarted, or the session expired or was
+//! evicted), the session says HELLO again and sends the request once more in the new session
+//! when that is safe: when it is idempotent, or when the transmission answered `no_session` was
+//! its only one (the target executes nothing for a session it does not know). A request whose
+//! earlier transmission may have run fails with `SessionLost`. Requests submitted meanwhile wait
+//! for the new session.
 
 use std::collections::VecDeque;
 
+use netdam_isa::control::{Cookie, HelloAnswer, NO_COOKIE};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT, REPLAY_WINDOW};
-use netdam_isa::wire::{InstructionResult, RequestBuilder, Response};
+use netdam_isa::wire::{set_request_session, InstructionResult, RequestBuilder, Response};
 use netdam_isa::{Duration, Instant, Status};
 
 use crate::error::ClientError;
+use crate::hello::{hello_step, HelloStep, HELLO_ROUNDS};
 use crate::op::Op;
 use crate::swift::{hops_from_ttl, Swift, SwiftConfig, SwiftMetrics};
 
@@ -110,6 +120,8 @@ pub struct Completion {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
+    /// Waiting for a session: the target lost the one it was sent in, or HELLO is under way.
+    Parked,
     /// Queued for (re)transmission.
     Waiting,
     /// On the wire; retransmit at `deadline`.
@@ -118,8 +130,18 @@ enum State {
     Held { until: Instant },
 }
 
+/// Whose request it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// Submitted by the driver: completes through `poll_completion`.
+    Caller,
+    /// The session's own HELLO.
+    Hello,
+}
+
 #[derive(Debug)]
 struct Request {
+    origin: Origin,
     token: u64,
     /// The session id its datagram carries: its answer echoes it, even after the session
     /// changed (a target that lost the session answers `no_session` under the old id).
@@ -180,6 +202,8 @@ pub struct SessionStats {
     pub busy: u64,
     /// Datagrams received that answered nothing waiting (late duplicates) or did not parse.
     pub ignored: u64,
+    /// Times the target no longer knew the session and it said HELLO again.
+    pub sessions_lost: u64,
     /// Smoothed RTT.
     pub smoothed_rtt: Duration,
     /// Current retransmission timeout.
@@ -204,6 +228,13 @@ pub struct Session {
     stats: SessionStats,
     /// Encoding space of the negotiated datagram size, reused so a request costs only its bytes.
     scratch: Vec<u8>,
+    /// The datagram size to ask HELLO for; `None` for a session that never says HELLO
+    /// (sessionless PING and STAT).
+    hello_size: Option<u32>,
+    /// The HELLO exchange under way: the cookie to echo and the HELLOs sent so far.
+    hello: Option<(Cookie, usize)>,
+    /// How the last HELLO exchange ended, until the driver takes it.
+    established: Option<Result<HelloAnswer, ClientError>>,
 }
 
 impl Session {
@@ -221,6 +252,124 @@ impl Session {
             swift: config.congestion.map(Swift::new),
             stats: SessionStats::default(),
             scratch: Vec::new(),
+            hello_size: None,
+            hello: None,
+            established: None,
+        }
+    }
+
+    /// Says HELLO asking for datagrams of `max_datagram_bytes`, and again whenever the target
+    /// loses the session. Requests submitted before the session exists wait for it.
+    pub fn start_hello(&mut self, max_datagram_bytes: u32) {
+        self.hello_size = Some(max_datagram_bytes);
+        self.begin_hello();
+    }
+
+    /// How the last HELLO exchange ended (the answer, with the target's regions and namespaces,
+    /// or why it failed), once; `None` while none has ended since the last call.
+    pub fn poll_established(&mut self) -> Option<Result<HelloAnswer, ClientError>> {
+        self.established.take()
+    }
+
+    /// Whether a HELLO exchange is under way.
+    pub fn is_establishing(&self) -> bool {
+        self.hello.is_some()
+    }
+
+    fn begin_hello(&mut self) {
+        self.session_id = 0;
+        self.hello = Some((NO_COOKIE, 0));
+        self.send_hello();
+    }
+
+    /// Queues the exchange's next HELLO ahead of everything else. It is the session's own
+    /// request: it does not count against the caller's bound on requests in flight.
+    fn send_hello(&mut self) {
+        let (Some(size), Some((cookie, _))) = (self.hello_size, self.hello) else { return };
+        match self.encode(&[Op::hello(size, cookie)]) {
+            Ok(datagram) => {
+                let sequence = self.push(Origin::Hello, 0, datagram, true, State::Waiting);
+                self.send_queue.push_front(sequence);
+            }
+            Err(error) => self.end_hello(Err(error)),
+        }
+    }
+
+    /// Ends the HELLO exchange: adopts the session and sends the requests that waited for it,
+    /// or fails them.
+    fn end_hello(&mut self, outcome: Result<HelloAnswer, ClientError>) {
+        self.hello = None;
+        match &outcome {
+            Ok(answer) => {
+                self.establish(answer.session, answer.max_datagram_bytes as usize);
+                let mut parked: Vec<usize> =
+                    (0..self.requests.len()).filter(|&index| self.requests[index].state == State::Parked).collect();
+                parked.sort_by_key(|&index| self.requests[index].sequence);
+                for index in parked {
+                    self.reseat(index);
+                }
+            }
+            Err(error) => {
+                let mut index = 0;
+                while index < self.requests.len() {
+                    if self.requests[index].state == State::Parked {
+                        let request = self.requests.swap_remove(index);
+                        self.completions.push_back(Completion { token: request.token, result: Err(error.duplicate()) });
+                    } else {
+                        index += 1;
+                    }
+                }
+            }
+        }
+        self.established = Some(outcome);
+    }
+
+    /// Puts a parked request into the current session and queues it.
+    fn reseat(&mut self, index: usize) {
+        let request = &mut self.requests[index];
+        set_request_session(&mut request.datagram, self.session_id);
+        request.session_id = self.session_id;
+        request.attempts = 0;
+        request.busy_retries = 0;
+        request.state = State::Waiting;
+        self.send_queue.push_back(request.sequence);
+    }
+
+    /// The HELLO under way was answered (or failed after its last attempt).
+    fn on_hello_answer(&mut self, result: Result<Reply, ClientError>) {
+        match result.and_then(|reply| hello_step(&reply)) {
+            Ok(HelloStep::Retry(cookie)) => {
+                let rounds = self.hello.map_or(0, |(_, rounds)| rounds) + 1;
+                if rounds >= HELLO_ROUNDS {
+                    self.end_hello(Err(ClientError::HelloRefused(Status::Retry)));
+                } else {
+                    self.hello = Some((cookie, rounds));
+                    self.send_hello();
+                }
+            }
+            Ok(HelloStep::Established(answer)) => self.end_hello(Ok(answer)),
+            Err(error) => self.end_hello(Err(error)),
+        }
+    }
+
+    /// The target answered `no_session` to request `index`, which was sent in a session.
+    fn on_session_lost(&mut self, index: usize) {
+        let request = &self.requests[index];
+        let lost_current = request.session_id == self.session_id;
+        if request.attempts == 1 || request.idempotent {
+            // This transmission did not run, and no other did (or running twice is harmless).
+            self.requests[index].state = State::Parked;
+            if !lost_current && self.hello.is_none() && self.session_id != 0 {
+                // Sent in an older session; the current one is up already.
+                self.reseat(index);
+            }
+        } else {
+            let request = self.requests.swap_remove(index);
+            self.completions.push_back(Completion { token: request.token, result: Err(ClientError::SessionLost) });
+        }
+        if lost_current && self.hello.is_none() {
+            self.stats.sessions_lost += 1;
+            self.begin_hello();
         }
     }
 
@@ -266,19 +415,39 @@ impl Session {
     /// of the oldest unanswered request that the target's replay window would no longer cover it
     /// (one request stuck in retransmission must not let the rest run 256 sequences ahead).
     pub fn has_room(&self) -> bool {
-        let oldest = self.requests.iter().map(|request| request.sequence).min().unwrap_or(self.next_sequence);
-        self.requests.len() < self.config.max_in_flight && self.next_sequence - oldest < REPLAY_WINDOW as u64
+        let callers = self.requests.iter().filter(|request| request.origin == Origin::Caller);
+        let oldest = callers.clone().map(|request| request.sequence).min().unwrap_or(self.next_sequence);
+        callers.count() < self.config.max_in_flight && self.next_sequence - oldest < REPLAY_WINDOW as u64
     }
 
-    /// Queues one datagram carrying `ops`; its completion will carry `token`.
+    /// Queues one datagram carrying `ops`; its completion will carry `token`. Without a session
+    /// (HELLO under way, or a failed one to retry) it waits for the session.
     pub fn submit(&mut self, ops: &[Op], token: u64) -> Result<(), ClientError> {
         if !self.has_room() {
             return Err(ClientError::WindowFull(self.requests.len()));
         }
-        let sequence = self.next_sequence;
+        let datagram = self.encode(ops)?;
+        let idempotent = ops.iter().all(Op::is_idempotent);
+        if self.session_id == 0 && self.hello_size.is_some() {
+            if self.hello.is_none() {
+                // The last HELLO failed; this request asks again.
+                self.begin_hello();
+            }
+            self.push(Origin::Caller, token, datagram, idempotent, State::Parked);
+        } else {
+            let sequence = self.push(Origin::Caller, token, datagram, idempotent, State::Waiting);
+            self.send_queue.push_back(sequence);
+        }
+        self.stats.submitted += 1;
+        Ok(())
+    }
+
+    /// Encodes `ops` as the next sequence of the current session.
+    fn encode(&mut self, ops: &[Op]) -> Result<Vec<u8>, ClientError> {
         self.scratch.resize(self.config.max_datagram_bytes, 0);
         let too_large = ClientError::TooLarge(self.config.max_datagram_bytes);
-        let mut builder = RequestBuilder::new(&mut self.scratch, self.session_id, sequence).map_err(|_| too_large)?;
+        let mut builder =
+            RequestBuilder::new(&mut self.scratch, self.session_id, self.next_sequence).map_err(|_| too_large)?;
         for op in ops {
             builder.push(&op.as_instruction()).map_err(|_| ClientError::TooLarge(self.config.max_datagram_bytes))?;
         }
@@ -286,21 +455,26 @@ impl Session {
             return Err(ClientError::Empty);
         }
         let len = builder.finish();
+        Ok(self.scratch[..len].to_vec())
+    }
+
+    /// Adds an encoded request (of the next sequence); returns its sequence.
+    fn push(&mut self, origin: Origin, token: u64, datagram: Vec<u8>, idempotent: bool, state: State) -> u64 {
+        let sequence = self.next_sequence;
         self.next_sequence += 1;
         self.requests.push(Request {
+            origin,
             token,
             session_id: self.session_id,
             sequence,
-            datagram: self.scratch[..len].to_vec(),
-            idempotent: ops.iter().all(Op::is_idempotent),
+            datagram,
+            idempotent,
             attempts: 0,
             busy_retries: 0,
-            state: State::Waiting,
+            state,
             sent_at: Instant::ZERO,
         });
-        self.send_queue.push_back(sequence);
-        self.stats.submitted += 1;
-        Ok(())
+        sequence
     }
 
     /// Requests on the wire now (sent, not answered, not timed out): what the window bounds.
@@ -379,6 +553,10 @@ impl Session {
                 return;
             }
         }
+        if response.status() == Status::NoSession && self.requests[index].session_id != 0 && self.hello_size.is_some() {
+            self.on_session_lost(index);
+            return;
+        }
         let request = self.requests.swap_remove(index);
         let rtt = now.saturating_since(request.sent_at);
         // Karn: a retransmitted request's RTT is ambiguous; only first transmissions are samples.
@@ -390,10 +568,11 @@ impl Session {
                 swift.on_answer(now, rtt, service, queueing, hops_from_ttl(header.ttl), 1);
             }
         }
-        self.completions.push_back(Completion {
-            token: request.token,
-            result: Ok(Reply { bytes: bytes.to_vec(), rtt, attempts: request.attempts }),
-        });
+        let result = Ok(Reply { bytes: bytes.to_vec(), rtt, attempts: request.attempts });
+        match request.origin {
+            Origin::Caller => self.completions.push_back(Completion { token: request.token, result }),
+            Origin::Hello => self.on_hello_answer(result),
+        }
     }
 
     /// When `handle_timeout` (or `poll_transmit`, for pacing) should next be called.
@@ -401,7 +580,7 @@ impl Session {
         let timers = self.requests.iter().filter_map(|request| match request.state {
             State::Sent { deadline, .. } => Some(deadline),
             State::Held { until } => Some(until),
-            State::Waiting => None,
+            State::Waiting | State::Parked => None,
         });
         let pacing = self.swift.as_ref().and_then(|swift| {
             // Something is waiting to be sent (new or retransmission) and pacing holds it. Asked
@@ -418,6 +597,7 @@ impl Session {
     /// Retransmits requests whose time is up, releases BUSY holds, and fails requests out of
     /// attempts.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let mut hello_failed = None;
         let mut index = 0;
         while index < self.requests.len() {
             let request = &mut self.requests[index];
@@ -442,13 +622,22 @@ impl Session {
                         } else {
                             ClientError::OutcomeUnknown { attempts: request.attempts }
                         };
-                        self.completions.push_back(Completion { token: request.token, result: Err(error) });
+                        match request.origin {
+                            Origin::Caller => {
+                                self.completions.push_back(Completion { token: request.token, result: Err(error) })
+                            }
+                            // Ended after the loop: ending it changes the request list.
+                            Origin::Hello => hello_failed = Some(error),
+                        }
                         continue;
                     }
                 }
                 _ => {}
             }
             index += 1;
+        }
+        if let Some(error) = hello_failed {
+            self.on_hello_answer(Err(error));
         }
     }
 

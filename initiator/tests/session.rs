@@ -188,3 +188,127 @@ fn the_window_is_bounded_and_requests_must_fit_a_datagram() {
     assert!(matches!(small.submit(&[Op::write(0, 0, &[0u8; 5000])], 0), Err(ClientError::TooLarge(4096))));
     assert!(matches!(small.submit(&[], 0), Err(ClientError::Empty)));
 }
+
+/// A scripted target for the HELLO tests: answers a HELLO with `retry` and a cookie when it has
+/// none, else with session `session`; anything else as `reply` says.
+fn target_answer(request: &[u8], session: u32, reply: Status) -> Vec<u8> {
+    use netdam_isa::control::{decode_hello_operand, encode_hello_answer, NO_COOKIE};
+    let request = Request::parse(request).unwrap();
+    let mut buffer = vec![0u8; 4096];
+    let mut writer = ResponseWriter::new(&mut buffer, request.header.session, request.header.sequence);
+    let first = request.instructions().next().unwrap();
+    if first.opcode == netdam_isa::Opcode::Hello as u8 {
+        let hello = decode_hello_operand(first.operand).unwrap();
+        if hello.cookie == NO_COOKIE {
+            writer.data_area()[..24].fill(0xC0);
+            writer.commit(first.opcode, Status::Retry, 24);
+        } else {
+            assert_eq!(hello.cookie, [0xC0; 24], "the second HELLO echoes the cookie");
+            let capacity = writer.data_capacity();
+            let no_regions = std::iter::empty::<(u16, &str, u64, bool)>();
+            let len = encode_hello_answer(
+                &mut writer.data_area()[..capacity],
+                session,
+                9000,
+                64,
+                no_regions,
+                std::iter::empty(),
+            )
+            .unwrap();
+            writer.commit(first.opcode, Status::Ok, len);
+        }
+    } else if reply == Status::Ok {
+        for instruction in request.instructions() {
+            writer.commit(instruction.opcode, Status::Ok, 0);
+        }
+    } else {
+        writer.set_status(reply);
+    }
+    let len = writer.finish(64, 1000, 0);
+    buffer.truncate(len);
+    buffer
+}
+
+/// Runs the session's HELLO exchange against the scripted target until it has session `id`.
+fn establish(session: &mut Session, now: Instant, id: u32) {
+    for _ in 0..2 {
+        let hello = session.poll_transmit(now).expect("a HELLO to send").to_vec();
+        assert_eq!(Request::parse(&hello).unwrap().header.session, 0, "HELLO goes without a session");
+        session.handle_datagram(now, &target_answer(&hello, id, Status::Ok));
+    }
+    let answer = session.poll_established().expect("the exchange ended").expect("with a session");
+    assert_eq!(answer.session, id);
+    assert!(!session.is_establishing());
+}
+
+#[test]
+fn a_lost_session_is_reopened_and_what_cannot_have_run_is_sent_again() {
+    let mut session = Session::new(config(), 0);
+    session.start_hello(9000);
+    // Submitted before the session exists: it waits for it.
+    session.submit(&[Op::fetch_add(0, 0, 1)], 1).unwrap();
+    establish(&mut session, at_ms(0), 5);
+    let add = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    assert_eq!(Request::parse(&add).unwrap().header.session, 5);
+    session.submit(&[Op::read(0, 0, 8)], 2).unwrap();
+    let read = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+
+    // The target restarted: both answered no_session on their first transmission.
+    session.handle_datagram(at_ms(1), &target_answer(&add, 0, Status::NoSession));
+    session.handle_datagram(at_ms(1), &target_answer(&read, 0, Status::NoSession));
+    assert!(session.poll_completion().is_none(), "neither is failed: neither can have run");
+    assert!(session.is_establishing());
+    establish(&mut session, at_ms(1), 6);
+    let mut resent = Vec::new();
+    while let Some(datagram) = session.poll_transmit(at_ms(1)) {
+        let parsed = Request::parse(datagram).expect("a valid datagram, CRC included");
+        assert_eq!(parsed.header.session, 6, "sent again in the new session");
+        resent.push(datagram.to_vec());
+    }
+    assert_eq!(resent.len(), 2);
+    for datagram in &resent {
+        session.handle_datagram(at_ms(2), &target_answer(datagram, 6, Status::Ok));
+    }
+    let mut tokens: Vec<u64> = (0..2).map(|_| session.poll_completion().unwrap()).map(|c| c.token).collect();
+    tokens.sort_unstable();
+    assert_eq!(tokens, vec![1, 2]);
+    assert_eq!(session.stats().sessions_lost, 1);
+}
+
+#[test]
+fn a_non_idempotent_request_that_may_have_run_fails_as_session_lost() {
+    let mut session = Session::new(config(), 0);
+    session.start_hello(9000);
+    establish(&mut session, at_ms(0), 5);
+    session.submit(&[Op::fetch_add(0, 0, 1)], 1).unwrap();
+    let add = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    session.handle_timeout(at_ms(10));
+    session.poll_transmit(at_ms(10)).unwrap();
+    // The first transmission may have run before the target lost the session.
+    session.handle_datagram(at_ms(11), &target_answer(&add, 0, Status::NoSession));
+    let completion = session.poll_completion().unwrap();
+    assert!(matches!(completion.result, Err(ClientError::SessionLost)));
+}
+
+#[test]
+fn a_failed_hello_fails_the_waiting_requests_and_the_next_request_says_hello_again() {
+    let mut session = Session::new(config(), 0);
+    session.start_hello(9000);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    let hello = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    let request = Request::parse(&hello).unwrap();
+    let mut buffer = vec![0u8; 256];
+    let mut writer = ResponseWriter::new(&mut buffer, 0, request.header.sequence);
+    writer.commit(netdam_isa::Opcode::Hello as u8, Status::SessionLimit, 0);
+    let len = writer.finish(64, 0, 0);
+    session.handle_datagram(at_ms(0), &buffer[..len]);
+    let refused = session.poll_established().unwrap().unwrap_err();
+    assert!(matches!(refused, ClientError::HelloRefused(Status::SessionLimit)), "{refused:?}");
+    let completion = session.poll_completion().unwrap();
+    assert!(matches!(completion.result, Err(ClientError::HelloRefused(Status::SessionLimit))));
+    // Not stuck without a session: the next request starts a new exchange.
+    session.submit(&[Op::read(0, 0, 8)], 2).unwrap();
+    establish(&mut session, at_ms(5), 7);
+    let read = session.poll_transmit(at_ms(5)).unwrap();
+    assert_eq!(Request::parse(read).unwrap().header.session, 7);
+}

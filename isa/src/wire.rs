@@ -281,6 +281,15 @@ pub fn peek_session_sequence(bytes: &[u8]) -> Option<(u32, u64)> {
     Some((read_u32(bytes, header_field::SESSION), read_u64(bytes, header_field::SEQUENCE)))
 }
 
+/// Moves an encoded request into session `session`: rewrites its session field and its CRC.
+/// (An initiator sends a request again in a new session after the target lost the old one.)
+pub fn set_request_session(datagram: &mut [u8], session: u32) {
+    assert!(datagram.len() >= HEADER_LEN, "an encoded request has a whole header");
+    datagram[header_field::SESSION].copy_from_slice(&session.to_le_bytes());
+    let crc = datagram_crc(datagram);
+    datagram[header_field::CRC].copy_from_slice(&crc.to_le_bytes());
+}
+
 /// Whether the datagram claims to be a response (its flags byte read at the v1 position).
 pub fn peek_is_response(bytes: &[u8]) -> bool {
     bytes.len() > header_field::FLAGS && bytes[header_field::FLAGS] & FLAG_RESPONSE != 0

@@ -353,3 +353,26 @@ fn ping_and_stat_answer_when_every_slot_is_taken_and_idle_sessions_make_room() {
     drop(newcomer);
     held[0].ping().expect("the evicted client rejoins");
 }
+
+#[test]
+fn a_client_whose_session_expired_or_was_lost_carries_on() {
+    let test = start_configured(vec![region("mem", 1 << 20, false)], |config| config.session_idle_timeout_ms = 1_000);
+    let addr = test.target.local_addr();
+    let mut unused = Client::connect(addr).unwrap();
+    let mut used = Client::connect(addr).unwrap();
+    used.fetch_add(0, 0, 1).unwrap();
+    // One expires unused after a second, the other silent after the idle timeout.
+    std::thread::sleep(Duration::from_millis(1_300));
+    let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+    for client in [&mut unused, &mut used] {
+        client.write(0, 4096, &data).expect("a pipelined write after expiry");
+        let mut back = vec![0u8; data.len()];
+        client.read(0, 4096, &mut back).unwrap();
+        assert_eq!(back, data);
+    }
+    assert_eq!(used.fetch_add(0, 0, 1).unwrap(), 1, "a FETCH_ADD refused for want of a session ran once, later");
+    assert_eq!(unused.session_stats().sessions_lost, 1);
+    let stats = test.target.stats();
+    assert_eq!(stats.get("sessions_expired"), Some(2));
+    assert!(stats.get("answered_no_session").unwrap() >= 2);
+}

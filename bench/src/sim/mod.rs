@@ -17,10 +17,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use netdam_initiator::hello::{hello_step, HelloStep, HELLO_ROUNDS};
 use netdam_initiator::session::{Completion, Session, SessionConfig};
 use netdam_initiator::{ClientError, Op};
-use netdam_isa::control::NO_COOKIE;
 use netdam_isa::limits::DEFAULT_DATAGRAM_BYTES;
 use netdam_isa::{Duration, Instant, LaneType};
 use netdam_target::block::ReplyTo;
@@ -194,7 +192,6 @@ impl std::fmt::Display for SimError {
     }
 }
 
-const HELLO_TOKEN: u64 = u64::MAX;
 const COUNTER_OFFSET: u64 = 0;
 const LANES_OFFSET: u64 = 64;
 const LANES: usize = 16;
@@ -240,8 +237,6 @@ enum Event {
 struct Initiator {
     session: Session,
     established: bool,
-    /// HELLOs sent so far (the first gets a cookie, the next a session).
-    hello_rounds: usize,
     submitted: u64,
     finished: u64,
     next_token: u64,
@@ -324,7 +319,6 @@ impl Sim {
             .map(|_| Initiator {
                 session: Session::new(scenario.session, 0),
                 established: false,
-                hello_rounds: 1,
                 submitted: 0,
                 finished: 0,
                 next_token: 0,
@@ -373,10 +367,7 @@ impl Sim {
 
     fn run(&mut self) -> Result<(), String> {
         for initiator in 0..self.initiators.len() {
-            self.initiators[initiator]
-                .session
-                .submit(&[Op::hello(DEFAULT_DATAGRAM_BYTES as u32, NO_COOKIE)], HELLO_TOKEN)
-                .map_err(|e| e.to_string())?;
+            self.initiators[initiator].session.start_hello(DEFAULT_DATAGRAM_BYTES as u32);
             self.flush(initiator);
         }
         let mut steps = 0u64;
@@ -436,6 +427,10 @@ impl Sim {
 
     /// Handles completions, submits more work, sends, and sets the timer.
     fn progress(&mut self, index: usize) -> Result<(), String> {
+        if let Some(outcome) = self.initiators[index].session.poll_established() {
+            outcome.map_err(|e| format!("initiator {index}: HELLO failed: {e}"))?;
+            self.initiators[index].established = true;
+        }
         while let Some(completion) = self.initiators[index].session.poll_completion() {
             self.complete(index, completion)?;
         }
@@ -449,24 +444,6 @@ impl Sim {
 
     fn complete(&mut self, index: usize, completion: Completion) -> Result<(), String> {
         let now = self.now;
-        if completion.token == HELLO_TOKEN {
-            let reply = completion.result.map_err(|e| format!("initiator {index}: HELLO failed: {e}"))?;
-            let step = hello_step(&reply).map_err(|e| format!("initiator {index}: HELLO refused: {e}"))?;
-            let initiator = &mut self.initiators[index];
-            match step {
-                HelloStep::Retry(cookie) if initiator.hello_rounds < HELLO_ROUNDS => {
-                    initiator.hello_rounds += 1;
-                    let hello = Op::hello(DEFAULT_DATAGRAM_BYTES as u32, cookie);
-                    initiator.session.submit(&[hello], HELLO_TOKEN).map_err(|e| e.to_string())?;
-                }
-                HelloStep::Retry(_) => return Err(format!("initiator {index}: HELLO got only cookies")),
-                HelloStep::Established(hello) => {
-                    initiator.session.establish(hello.session, hello.max_datagram_bytes as usize);
-                    initiator.established = true;
-                }
-            }
-            return Ok(());
-        }
         let (submitted_at, kind) =
             self.initiators[index].pending.remove(&completion.token).ok_or("completion for an unknown token")?;
         self.initiators[index].finished += 1;
