@@ -41,4 +41,13 @@ pub trait NbdBackend: Send + Sync + 'static {
     fn trim(&self, offset: u64, len: u64) -> impl Future<Output = Result<(), BackendError>> + Send;
     /// Writes zeroes over a range.
     fn write_zeroes(&self, offset: u64, len: u64) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Whether a trimmed range is guaranteed to read back as zeroes, as [`NbdBackend::trim`]
+    /// promises. Then the export zeroes ranges by trimming when the client allows holes, and
+    /// fast-zero requests succeed. A backend whose trim may leave old data behind (a discard on
+    /// a device that does not read deallocated blocks as zeroes) returns `false`: the export
+    /// then zeroes only with [`NbdBackend::write_zeroes`], and fast-zero requests fail at once
+    /// with `ENOTSUP` (which clients handle by writing zeroes themselves).
+    fn trim_reads_zeroes(&self) -> bool {
+        true
+    }
 }
