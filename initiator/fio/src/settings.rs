@@ -1,0 +1,185 @@
+//! The engine's fio options, checked once: every error names the option at fault and what to
+//! do, because fio shows the user nothing else about an engine's options.
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+
+use netdam_initiator::volume::MAX_VOLUME_SESSIONS;
+
+/// Where fio's I/O goes when `target=` is not given: the address `netdam-target` serves on by
+/// default.
+pub const DEFAULT_TARGET: &str = "127.0.0.1:7800";
+
+/// The options as fio parsed them (`None`: not given).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawSettings<'a> {
+    /// `target=HOST:PORT`.
+    pub target: Option<&'a str>,
+    /// `namespace=NAME`.
+    pub namespace: Option<&'a str>,
+    /// `region=NAME`.
+    pub region: Option<&'a str>,
+    /// `sessions=N`.
+    pub sessions: u32,
+    /// `poll=busy|blocking`.
+    pub poll: Option<&'a str>,
+}
+
+/// What fio's I/O addresses on the target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpaceName {
+    /// A block namespace, by name or id.
+    Namespace(String),
+    /// A byte-addressable memory region, by name or id.
+    Region(String),
+}
+
+impl SpaceName {
+    /// The option that named it, as the user wrote it (`namespace=disk`): the prefix of every
+    /// message about it.
+    pub fn option(&self) -> String {
+        match self {
+            SpaceName::Namespace(name) => format!("namespace={name}"),
+            SpaceName::Region(name) => format!("region={name}"),
+        }
+    }
+}
+
+/// How the fio thread waits for completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll {
+    /// Spin on the completion queue: the lowest latency, one core busy per fio job.
+    Busy,
+    /// Sleep on a condition variable until a completion (or fio's timeout) wakes the thread.
+    Blocking,
+}
+
+/// The checked options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The target's address.
+    pub target: SocketAddr,
+    /// What `target=` said (for messages: it may be a host name).
+    pub target_text: String,
+    /// The namespace or region.
+    pub space: SpaceName,
+    /// Sessions to spread I/O over.
+    pub sessions: usize,
+    /// How to wait for completions.
+    pub poll: Poll,
+}
+
+/// An option that cannot work; the message starts with the option (`sessions=0: ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingsError(pub String);
+
+impl fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
+impl Settings {
+    /// `target=` as the user wrote it: the prefix of messages about the target.
+    pub fn target_option(&self) -> String {
+        format!("target={}", self.target_text)
+    }
+
+    /// Checks the options. Resolves `target=` (a host name is looked up here, once).
+    pub fn parse(raw: &RawSettings<'_>) -> Result<Settings, SettingsError> {
+        let target_text = given(raw.target).unwrap_or(DEFAULT_TARGET).to_string();
+        let target = resolve(&target_text)?;
+        let space = match (given(raw.namespace), given(raw.region)) {
+            (Some(namespace), None) => SpaceName::Namespace(namespace.to_string()),
+            (None, Some(region)) => SpaceName::Region(region.to_string()),
+            (Some(namespace), Some(region)) => {
+                return Err(SettingsError(format!(
+                    "namespace={namespace} and region={region}: give exactly one (a block namespace or a memory region)"
+                )))
+            }
+            (None, None) => {
+                return Err(SettingsError(
+                    "namespace= or region= is missing: name the block namespace or memory region to run on \
+                     (`netdam namespaces` and `netdam regions` list them)"
+                        .to_string(),
+                ))
+            }
+        };
+        let sessions = raw.sessions as usize;
+        if !(1..=MAX_VOLUME_SESSIONS).contains(&sessions) {
+            return Err(SettingsError(format!("sessions={sessions}: must be between 1 and {MAX_VOLUME_SESSIONS}")));
+        }
+        let poll = match given(raw.poll).unwrap_or("blocking") {
+            "busy" => Poll::Busy,
+            "blocking" => Poll::Blocking,
+            other => return Err(SettingsError(format!("poll={other}: must be busy or blocking"))),
+        };
+        Ok(Settings { target, target_text, space, sessions, poll })
+    }
+}
+
+/// A text option with its blanks trimmed; `None` when missing or blank.
+fn given(value: Option<&str>) -> Option<&str> {
+    value.map(str::trim).filter(|value| !value.is_empty())
+}
+
+/// `HOST:PORT` to one address (the first the resolver gives).
+fn resolve(target: &str) -> Result<SocketAddr, SettingsError> {
+    let wrong = |why: String| SettingsError(format!("target={target}: {why}"));
+    if !target.contains(':') {
+        return Err(wrong("expected HOST:PORT, e.g. 127.0.0.1:7800 (the port is missing)".to_string()));
+    }
+    let mut addresses = target.to_socket_addrs().map_err(|error| wrong(format!("cannot resolve it: {error}")))?;
+    addresses.next().ok_or_else(|| wrong("the name resolves to no address".to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw<'a>() -> RawSettings<'a> {
+        RawSettings { namespace: Some("disk"), sessions: 1, ..RawSettings::default() }
+    }
+
+    #[test]
+    fn defaults_are_the_local_target_one_session_and_blocking_waits() {
+        let settings = Settings::parse(&raw()).unwrap();
+        assert_eq!(settings.target, DEFAULT_TARGET.parse().unwrap());
+        assert_eq!(settings.space, SpaceName::Namespace("disk".into()));
+        assert_eq!((settings.sessions, settings.poll), (1, Poll::Blocking));
+    }
+
+    #[test]
+    fn every_error_names_its_option() {
+        let cases = [
+            (RawSettings { namespace: None, ..raw() }, "namespace= or region= is missing"),
+            (RawSettings { region: Some("scratch"), ..raw() }, "namespace=disk and region=scratch"),
+            (RawSettings { sessions: 0, ..raw() }, "sessions=0:"),
+            (RawSettings { sessions: 65, ..raw() }, "sessions=65:"),
+            (RawSettings { poll: Some("spin"), ..raw() }, "poll=spin:"),
+            (RawSettings { target: Some("localhost"), ..raw() }, "target=localhost: expected HOST:PORT"),
+            (RawSettings { target: Some("127.0.0.1:port"), ..raw() }, "target=127.0.0.1:port: cannot resolve"),
+        ];
+        for (raw, expected) in cases {
+            let error = Settings::parse(&raw).unwrap_err();
+            assert!(error.0.starts_with(expected), "{expected:?} not at the start of {:?}", error.0);
+        }
+    }
+
+    #[test]
+    fn a_region_and_busy_polling_are_taken() {
+        let raw = RawSettings {
+            namespace: Some(" "),
+            region: Some("scratch"),
+            poll: Some("busy"),
+            sessions: 2,
+            target: Some("localhost:7801"),
+        };
+        let settings = Settings::parse(&raw).unwrap();
+        assert_eq!(settings.space, SpaceName::Region("scratch".into()));
+        assert_eq!(settings.space.option(), "region=scratch");
+        assert_eq!((settings.sessions, settings.poll, settings.target.port()), (2, Poll::Busy, 7801));
+    }
+}

@@ -1,0 +1,229 @@
+//! The engine through its C ABI, as the fio shim drives it, against a target in this process:
+//! writes, reads, trims and syncs on a namespace and a region, with both poll modes and two
+//! sessions, and the errors a user meets. (ops/fio-tests.sh runs the same paths under fio.)
+
+use std::ffi::{c_void, CString};
+use std::ptr;
+
+use netdam_fio::{
+    netdam_fio_close, netdam_fio_open, netdam_fio_probe, netdam_fio_reap, netdam_fio_submit, FioCompletion, FioEngine,
+    FioSettings, FioSpace,
+};
+use netdam_target::config::{
+    ByteSize, Config, NamespaceBackend, NamespaceConfig, PollMode, RegionBackend, RegionConfig,
+};
+use netdam_target::Target;
+
+const BLOCK: usize = 4096;
+const NAMESPACE_BYTES: u64 = 4 << 20;
+const REGION_BYTES: u64 = 1 << 20;
+const IODEPTH: usize = 8;
+
+const READ: u32 = 0;
+const WRITE: u32 = 1;
+const SYNC: u32 = 2;
+const TRIM: u32 = 3;
+
+struct TestTarget {
+    target: Target,
+    _dir: tempfile::TempDir,
+}
+
+fn start() -> TestTarget {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: Some(dir.path().to_path_buf()),
+        poll: PollMode::Blocking,
+        regions: vec![RegionConfig {
+            name: "scratch".into(),
+            backend: RegionBackend::Mem,
+            path: None,
+            size: ByteSize(REGION_BYTES),
+        }],
+        namespaces: vec![NamespaceConfig {
+            name: "disk".into(),
+            backend: NamespaceBackend::File,
+            path: "disk.img".into(),
+            size: Some(ByteSize(NAMESPACE_BYTES)),
+            block_size: BLOCK as u32,
+        }],
+        // Tests share few cores: no BUSY answers because a worker waited for a CPU, no pinning
+        // of every test's worker to the same core, and the test process's memory left alone.
+        busy_threshold_us: 60_000,
+        pin_workers: false,
+        lock_memory: false,
+        ..Config::default()
+    };
+    TestTarget { target: Target::start(&config).expect("target starts"), _dir: dir }
+}
+
+/// The C strings a `FioSettings` points into.
+struct Settings {
+    target: CString,
+    namespace: Option<CString>,
+    region: Option<CString>,
+    poll: CString,
+    sessions: u32,
+}
+
+impl Settings {
+    fn new(target: &Target, space: &str, poll: &str, sessions: u32) -> Settings {
+        let (kind, name) = space.split_once('=').expect("namespace=NAME or region=NAME");
+        let name = Some(CString::new(name).unwrap());
+        Settings {
+            target: CString::new(target.local_addr().to_string()).unwrap(),
+            namespace: if kind == "namespace" { name.clone() } else { None },
+            region: if kind == "region" { name } else { None },
+            poll: CString::new(poll).unwrap(),
+            sessions,
+        }
+    }
+
+    fn abi(&self) -> FioSettings {
+        let text = |text: &Option<CString>| text.as_ref().map_or(ptr::null(), |text| text.as_ptr());
+        FioSettings {
+            job: c"test".as_ptr(),
+            target: self.target.as_ptr(),
+            namespace_name: text(&self.namespace),
+            region: text(&self.region),
+            sessions: self.sessions,
+            poll: self.poll.as_ptr(),
+        }
+    }
+}
+
+fn probe(settings: &Settings) -> Result<FioSpace, i32> {
+    let mut space = FioSpace::default();
+    // SAFETY: the settings' strings live as long as `settings`; `space` is writable.
+    match unsafe { netdam_fio_probe(&settings.abi(), &mut space) } {
+        0 => Ok(space),
+        errno => Err(errno),
+    }
+}
+
+fn open(settings: &Settings) -> Result<*mut FioEngine, i32> {
+    let mut engine = ptr::null_mut();
+    // SAFETY: as in `probe`; `engine` is writable.
+    match unsafe { netdam_fio_open(&settings.abi(), IODEPTH as u32, &mut engine) } {
+        0 => Ok(engine),
+        errno => {
+            assert!(engine.is_null(), "a failed open hands out no engine");
+            Err(errno)
+        }
+    }
+}
+
+/// Submits `(kind, offset, buffer)` I/Os, cookie = index, and reaps them all: (cookie, errno)
+/// sorted by cookie.
+fn run(engine: *mut FioEngine, ios: &mut [(u32, u64, Vec<u8>)]) -> Vec<(usize, i32)> {
+    assert!(ios.len() <= IODEPTH);
+    for (index, (kind, offset, buffer)) in ios.iter_mut().enumerate() {
+        let len = if *kind == TRIM { BLOCK as u64 } else { buffer.len() as u64 };
+        // SAFETY: a live engine; `buffer` stays alive and untouched until reaped below.
+        let errno =
+            unsafe { netdam_fio_submit(engine, *kind, *offset, buffer.as_mut_ptr().cast(), len, index as *mut c_void) };
+        assert_eq!(errno, 0, "submit {index}");
+    }
+    let mut out: Vec<FioCompletion> =
+        (0..IODEPTH).map(|_| FioCompletion { cookie: ptr::null_mut(), error: 0 }).collect();
+    let mut done = Vec::new();
+    while done.len() < ios.len() {
+        // SAFETY: a live engine; `out` has room for IODEPTH completions.
+        let reaped = unsafe { netdam_fio_reap(engine, 1, IODEPTH as u32, 5_000_000_000, out.as_mut_ptr()) };
+        assert!(reaped > 0, "completions within 5 s");
+        done.extend(out[..reaped as usize].iter().map(|completion| (completion.cookie as usize, completion.error)));
+    }
+    done.sort();
+    done
+}
+
+fn pattern(seed: usize) -> Vec<u8> {
+    (0..BLOCK).map(|at| (at * 31 + seed * 7 + 1) as u8).collect()
+}
+
+fn all_ok(count: usize) -> Vec<(usize, i32)> {
+    (0..count).map(|index| (index, 0)).collect()
+}
+
+/// Writes, reads back, trims (reads as zeroes after) and syncs through the ABI.
+fn round_trip(space: &str, poll: &str, size_bytes: u64, block_bytes: u32) {
+    let test = start();
+    let settings = Settings::new(&test.target, space, poll, 2);
+    let probed = probe(&settings).expect("probe");
+    assert_eq!((probed.size_bytes, probed.block_bytes), (size_bytes, block_bytes));
+    let engine = open(&settings).expect("open");
+    let offset = |index: usize| (index * 3 * BLOCK) as u64;
+
+    let mut writes: Vec<_> = (0..IODEPTH).map(|index| (WRITE, offset(index), pattern(index))).collect();
+    assert_eq!(run(engine, &mut writes), all_ok(IODEPTH), "{space} {poll}: writes");
+    let mut reads: Vec<_> = (0..IODEPTH).map(|index| (READ, offset(index), vec![0u8; BLOCK])).collect();
+    assert_eq!(run(engine, &mut reads), all_ok(IODEPTH), "{space} {poll}: reads");
+    for (index, (_, _, data)) in reads.iter().enumerate() {
+        assert!(*data == pattern(index), "{space} {poll}: block {index} reads back as written");
+    }
+
+    let mut trim_and_sync = vec![(TRIM, offset(1), Vec::new()), (TRIM, offset(2), Vec::new()), (SYNC, 0, Vec::new())];
+    assert_eq!(run(engine, &mut trim_and_sync), all_ok(3), "{space} {poll}: trims and sync");
+    let mut reads: Vec<_> = (0..3).map(|index| (READ, offset(index), vec![0xAAu8; BLOCK])).collect();
+    assert_eq!(run(engine, &mut reads), all_ok(3));
+    assert!(reads[0].2 == pattern(0), "{space} {poll}: an untrimmed block keeps its bytes");
+    assert!(
+        reads[1].2.iter().chain(&reads[2].2).all(|&byte| byte == 0),
+        "{space} {poll}: trimmed blocks read as zeroes"
+    );
+
+    // SAFETY: the engine came from `open` and is not used again.
+    unsafe { netdam_fio_close(engine) };
+}
+
+#[test]
+fn a_namespace_round_trips_with_blocking_waits() {
+    round_trip("namespace=disk", "blocking", NAMESPACE_BYTES, BLOCK as u32);
+}
+
+#[test]
+fn a_namespace_round_trips_with_busy_waits() {
+    round_trip("namespace=disk", "busy", NAMESPACE_BYTES, BLOCK as u32);
+}
+
+#[test]
+fn a_region_round_trips_with_blocking_waits() {
+    round_trip("region=scratch", "blocking", REGION_BYTES, 1);
+}
+
+#[test]
+fn a_region_round_trips_with_busy_waits() {
+    round_trip("region=scratch", "busy", REGION_BYTES, 1);
+}
+
+#[test]
+fn a_missing_namespace_or_region_fails_to_open() {
+    let test = start();
+    for space in ["namespace=foo", "region=foo"] {
+        let settings = Settings::new(&test.target, space, "blocking", 1);
+        assert_eq!(probe(&settings).map(|_| ()), Err(libc::ENOENT), "{space}");
+        assert_eq!(open(&settings).map(|_| ()), Err(libc::ENOENT), "{space}");
+    }
+    let mut settings = Settings::new(&test.target, "namespace=disk", "sometimes", 1);
+    assert_eq!(probe(&settings).map(|_| ()), Err(libc::EINVAL), "poll=sometimes");
+    settings.poll = CString::new("blocking").unwrap();
+    settings.target = CString::new("127.0.0.1:1").unwrap();
+    assert_eq!(open(&settings).map(|_| ()), Err(libc::ECONNREFUSED), "nothing listens on port 1");
+}
+
+#[test]
+fn an_io_past_the_end_completes_with_einval() {
+    let test = start();
+    for (space, end) in [("namespace=disk", NAMESPACE_BYTES), ("region=scratch", REGION_BYTES)] {
+        let engine = open(&Settings::new(&test.target, space, "blocking", 1)).expect("open");
+        let mut ios = vec![(READ, end, vec![0u8; BLOCK]), (WRITE, end - BLOCK as u64, pattern(0))];
+        assert_eq!(run(engine, &mut ios), vec![(0, libc::EINVAL), (1, 0)], "{space}");
+        // With nothing in flight, a reap asking for completions returns at once with none.
+        let mut out = FioCompletion { cookie: ptr::null_mut(), error: 0 };
+        // SAFETY: a live engine; `out` has room for the one completion asked for.
+        assert_eq!(unsafe { netdam_fio_reap(engine, 1, 1, -1, &mut out) }, 0);
+        // SAFETY: the engine came from `open` and is not used again.
+        unsafe { netdam_fio_close(engine) };
+    }
+}

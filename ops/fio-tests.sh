@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# fio through the netdam engine (libnetdam_fio.so) against a real netdam-target on loopback:
+# - randwrite with verify=crc32c on a file namespace and a memory region, at iodepth 1 and 32,
+#   with 1 and 2 sessions: fio writes, then reads every block back and checks it; a second fio
+#   run (verify_only) reads the same blocks back through a new engine and checks them again;
+# - trims, and writes with fsync (the namespace's FLUSH); busy polling;
+# - a job naming a namespace or region the target lacks fails, with a message naming it;
+# - short randread/randwrite runs at QD1 and QD32, whose IOPS and latency are printed for
+#   orientation (measurements, not pass/fail criteria).
+# Takes about half a minute. Exit status: 0 passed, 1 failed, 77 skipped (with "SKIPPED: why",
+# e.g. when fio's source, which the engine is compiled against, cannot be obtained).
+# NETDAM_FIO_SECONDS sets the length of each measured run (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+export CARGO_TERM_COLOR=never
+seconds="${NETDAM_FIO_SECONDS:-2}"
+failures=0
+
+step() { printf '\n== %s\n' "$*"; }
+skip() {
+  printf 'SKIPPED: %s\n' "$*"
+  exit 77
+}
+fail() {
+  printf 'FAILED: %s\n' "$*"
+  failures=$((failures + 1))
+}
+pass() { printf 'ok: %s\n' "$*"; }
+
+step "the fio engine (ops/fio-plugin.sh)"
+plugin_status=0
+library="$(bash ops/fio-plugin.sh)" || plugin_status=$?
+case "$plugin_status" in
+  0) echo "$library" ;;
+  77) skip "the fio engine cannot be built on this machine (ops/fio-plugin.sh says why above)" ;;
+  *)
+    echo "ops/fio-plugin.sh failed (status $plugin_status)" >&2
+    exit 1
+    ;;
+esac
+if ! command -v jq >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null || skip "jq (to read fio's JSON) cannot be installed"
+  else
+    skip "jq (to read fio's JSON output) is missing and installing it needs root and apt-get"
+  fi
+fi
+
+step "netdam-target"
+# Built every time (a no-op when up to date): the engine speaks the protocol of the initiator
+# source it was built from, and a target binary left from an older tree may not.
+if ! cargo build --release --locked --quiet --bin netdam-target --bin netdam; then
+  if [ -x build/release/netdam-target ] && [ -x build/release/netdam ]; then
+    echo "warning: building netdam-target failed; using the binaries already in build/release" >&2
+  else
+    echo "cannot build netdam-target and netdam (see above)" >&2
+    exit 1
+  fi
+fi
+
+work="$(mktemp -d -t netdam-fio.XXXXXX)"
+target_pid=""
+cleanup() {
+  if [ -n "$target_pid" ]; then
+    kill "$target_pid" 2>/dev/null || true
+    wait "$target_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A free UDP port in 20000-39999: the target sets SO_REUSEPORT, so binding would not tell us
+# if another target already serves the port; ask the kernel first.
+port=""
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+  candidate=$((20000 + RANDOM % 20000))
+  if [ -z "$(ss -Hlun "sport = :$candidate" 2>/dev/null)" ]; then
+    port="$candidate"
+    break
+  fi
+done
+[ -n "$port" ] || skip "found no free UDP port in 20000-39999"
+target="127.0.0.1:$port"
+cat >"$work/target.toml" <<EOF
+listen = "$target"
+data_dir = "$work"
+poll = "blocking"
+# A functional test: no need to lock the process's memory (and no failure where the memlock
+# limit is low).
+lock_memory = false
+
+[[namespace]]
+name = "disk"
+backend = "file"
+path = "disk.img"
+size = "256MiB"
+block_size = 4096
+
+[[region]]
+name = "scratch"
+backend = "mem"
+size = "64MiB"
+EOF
+build/release/netdam-target --config "$work/target.toml" >"$work/target.log" 2>&1 &
+target_pid=$!
+ready=0
+for _ in $(seq 100); do
+  if build/release/netdam --target "$target" namespaces >/dev/null 2>&1; then
+    ready=1
+    break
+  fi
+  kill -0 "$target_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ "$ready" != 1 ]; then
+  echo "netdam-target did not come up on $target; its output:" >&2
+  cat "$work/target.log" >&2
+  exit 1
+fi
+echo "serving on $target (data in $work)"
+
+# run_fio NAME ARGS...: one fio job through the engine; JSON in $work/NAME.json, stderr in
+# $work/NAME.err. Returns fio's exit status.
+# Runs in $work, without saving verify state: fio would otherwise leave *-verify.state files in
+# the current directory.
+run_fio() {
+  local name="$1"
+  shift
+  (cd "$work" && fio --name="$name" --ioengine="external:$library" --target="$target" --bs=4k \
+    --verify_state_save=0 --output-format=json --output="$work/$name.json" "$@" 2>"$work/$name.err")
+}
+
+# jobs_ok NAME: fio's JSON says no job failed and stderr reports no verify error.
+jobs_ok() {
+  local name="$1" errors
+  errors="$(jq '[.jobs[].error] | add' "$work/$name.json" 2>/dev/null || echo "no JSON")"
+  if [ "$errors" != 0 ]; then
+    echo "job error field(s): $errors" >&2
+    return 1
+  fi
+  if grep -q '^verify:' "$work/$name.err"; then
+    grep '^verify:' "$work/$name.err" | head -3 >&2
+    return 1
+  fi
+}
+
+ios() { jq ".jobs[0].$2.total_ios" "$work/$1.json"; }
+
+step "randwrite + verify=crc32c, then verify_only in a new fio run"
+slot=0
+for space in namespace=disk region=scratch; do
+  for depth in 1 32; do
+    for sessions in 1 2; do
+      name="verify-${space%%=*}-qd$depth-s$sessions"
+      # Each run its own 8 MiB and its own seed, so that no run can pass on an earlier one's data.
+      job=(--"$space" --iodepth="$depth" --sessions="$sessions" --rw=randwrite --size=8m
+        --offset=$((slot * 8))m --randseed=$((1000 + slot)) --verify=crc32c --verify_fatal=1)
+      slot=$((slot + 1))
+      status=0
+      run_fio "$name" "${job[@]}" || status=$?
+      if [ "$status" != 0 ] || ! jobs_ok "$name"; then
+        fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
+        continue
+      fi
+      written="$(ios "$name" write)" verified="$(ios "$name" read)"
+      if [ "$written" -le 0 ] || [ "$verified" != "$written" ]; then
+        fail "$name: wrote $written blocks but read back $verified"
+        continue
+      fi
+      status=0
+      run_fio "$name-again" "${job[@]}" --verify_only=1 || status=$?
+      if [ "$status" != 0 ] || ! jobs_ok "$name-again"; then
+        fail "$name (verify_only): fio exited $status; $(head -c 600 "$work/$name-again.err")"
+        continue
+      fi
+      again="$(ios "$name-again" read)"
+      if [ "$again" != "$written" ]; then
+        fail "$name (verify_only): read back $again of $written blocks"
+        continue
+      fi
+      pass "$name: $written blocks written, read back and verified twice"
+    done
+  done
+done
+
+step "trim, fsync and busy polling"
+for space in namespace=disk region=scratch; do
+  name="trim-${space%%=*}"
+  status=0
+  run_fio "$name" --"$space" --rw=randtrim --bs=64k --size=8m --iodepth=8 || status=$?
+  if [ "$status" = 0 ] && jobs_ok "$name" && [ "$(ios "$name" trim)" -gt 0 ]; then
+    pass "$name: $(ios "$name" trim) trims"
+  else
+    fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
+  fi
+  name="fsync-busy-${space%%=*}"
+  status=0
+  run_fio "$name" --"$space" --rw=randwrite --size=4m --iodepth=8 --fsync=16 --poll=busy \
+    --verify=crc32c --verify_fatal=1 || status=$?
+  syncs="$(jq '.jobs[0].sync.total_ios // 0' "$work/$name.json" 2>/dev/null || echo 0)"
+  if [ "$status" = 0 ] && jobs_ok "$name" && [ "$syncs" -gt 0 ]; then
+    pass "$name: $(ios "$name" write) writes, $syncs syncs, verified, with poll=busy"
+  else
+    fail "$name: fio exited $status, $syncs syncs; $(head -c 600 "$work/$name.err")"
+  fi
+done
+
+step "a missing namespace or region fails the job, naming it"
+for space in namespace=nosuch region=nosuch; do
+  name="missing-${space%%=*}"
+  status=0
+  run_fio "$name" --"$space" --rw=randread --size=1m || status=$?
+  expected="netdam: $space: the target has no ${space%%=*} \"nosuch\""
+  if [ "$status" != 0 ] && grep -qF "$expected" "$work/$name.err"; then
+    pass "$name: fio exited $status: $(grep -F "$expected" "$work/$name.err")"
+  else
+    fail "$name: fio exited $status, expected a failure saying '$expected'; stderr: $(head -c 600 "$work/$name.err")"
+  fi
+done
+
+step "measured runs (${seconds} s each; for orientation, not pass/fail)"
+printf '%-10s %-10s %4s %9s %12s %12s\n' space rw qd IOPS "mean (us)" "p99 (us)"
+for space in namespace=disk region=scratch; do
+  for rw in randread randwrite; do
+    for depth in 1 32; do
+      name="measure-${space%%=*}-$rw-qd$depth"
+      direction="${rw#rand}"
+      status=0
+      run_fio "$name" --"$space" --rw="$rw" --iodepth="$depth" --size=64m --time_based --runtime="$seconds" ||
+        status=$?
+      if [ "$status" != 0 ] || ! jobs_ok "$name"; then
+        fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
+        continue
+      fi
+      jq -r --arg space "${space%%=*}" --arg rw "$rw" --arg qd "$depth" --arg d "$direction" \
+        '.jobs[0][$d] | [$space, $rw, $qd, (.iops | floor), (.clat_ns.mean / 1000 * 10 | floor / 10),
+          (.clat_ns.percentile["99.000000"] / 1000 | floor)] | @tsv' "$work/$name.json" |
+        awk -F'\t' '{ printf "%-10s %-10s %4s %9s %12s %12s\n", $1, $2, $3, $4, $5, $6 }'
+    done
+  done
+done
+
+if ! kill -0 "$target_pid" 2>/dev/null; then
+  fail "netdam-target died during the tests; its output: $(tail -n 20 "$work/target.log")"
+fi
+echo
+if [ "$failures" -gt 0 ]; then
+  echo "$failures check(s) FAILED"
+  exit 1
+fi
+echo "all fio checks passed"
