@@ -17,11 +17,17 @@ step "system packages"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # fio: the device floor beside which `netdam-bench block` measures the namespace path.
-  # fonts-dejavu-core: the font netdam-bench draws its plots' text with.
-  apt-get install -y -qq --no-install-recommends build-essential pkg-config ca-certificates fio util-linux \
-    fonts-dejavu-core >/dev/null
-  echo "build-essential pkg-config ca-certificates fio util-linux fonts-dejavu-core: installed"
+  # fio: the device floor beside which `netdam-bench block` measures the namespace path, and
+  # the host of the netdam ioengine. fonts-dejavu-core: the font netdam-bench draws its plots'
+  # text with. libnbd-bin, nbdkit, qemu-utils, fuse3, e2fsprogs: the stock NBD clients the
+  # export is tested with (nbdinfo, nbdfuse, qemu-img, qemu-io, mkfs.ext4, fsck.ext4).
+  # dpkg-dev: `apt-get source fio`, whose headers the ioengine is compiled against.
+  packages="build-essential pkg-config ca-certificates fio util-linux fonts-dejavu-core libnbd-bin nbdkit \
+    qemu-utils fuse3 e2fsprogs dpkg-dev python3"
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $packages >/dev/null
+  echo "$packages: installed" | tr -s ' '
+
 else
   skip "package installation (needs root and apt-get); assuming a C toolchain is present"
 fi
@@ -84,6 +90,28 @@ elif [ "$incast_status" = 77 ]; then
 elif [ "$incast_status" != 0 ]; then
   echo "netns incast failed (exit $incast_status)" >&2
   exit 1
+fi
+
+# Runs a script that exits 0 (passed), 77 (could not run here; it said why) or else (failed).
+script_step() {
+  local status=0
+  bash "$@" || status=$?
+  case "$status" in
+    0) script_passed=$((script_passed + 1)) ;;
+    77) skipped=$((skipped + 1)) ;;
+    *) echo "$* failed (exit $status)" >&2; exit 1 ;;
+  esac
+}
+
+step "NBD export with the stock clients: nbdinfo, qemu-img, fio's nbd engine, nbdfuse + ext4"
+script_step ops/nbd-interop.sh
+
+step "fio ioengine: built against Debian's fio headers, verify=crc32c through it"
+script_step ops/fio-tests.sh
+if [ -n "$(find build/fio-src -maxdepth 2 -name fio.h 2>/dev/null | head -n 1)" ]; then
+  cargo test --locked --manifest-path initiator/fio/Cargo.toml 2>&1 | tee -a "$log"
+else
+  skip "the ioengine crate's tests: fio's source was not obtained (see the step above)"
 fi
 
 step "benchmark smoke run (not a test: timings never fail the build)"

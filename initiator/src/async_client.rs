@@ -11,7 +11,7 @@ use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::LaneType;
 use tokio::net::UdpSocket;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::client::{connected_socket, fit_window_to_receive_buffer, ClientOptions, CLOSE_WAIT};
 use crate::error::ClientError;
@@ -35,6 +35,8 @@ struct Command {
 pub struct AsyncClient {
     commands: mpsc::Sender<Command>,
     info: TargetInfo,
+    /// Ends (its sender is dropped) when the I/O task has finished.
+    finished: watch::Receiver<()>,
 }
 
 impl std::fmt::Debug for Command {
@@ -71,7 +73,9 @@ impl AsyncClient {
             Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0);
         session.start_hello(options.session.max_datagram_bytes as u32);
         let (established, answer) = oneshot::channel();
+        let (finishing, finished) = watch::channel(());
         let driver = Driver {
+            _finishing: finishing,
             socket,
             session,
             addr,
@@ -83,7 +87,17 @@ impl AsyncClient {
         };
         tokio::spawn(driver.run(receiver));
         let hello = answer.await.map_err(|_| ClientError::Closed)??;
-        Ok(AsyncClient { commands, info: TargetInfo { addr, hello } })
+        Ok(AsyncClient { commands, info: TargetInfo { addr, hello }, finished })
+    }
+
+    /// Drops this handle and waits until the session is closed: once every other handle is
+    /// dropped too, the I/O task finishes what is in flight, sends CLOSE and ends. A program
+    /// that is about to stop its runtime calls this, so the target's slot is freed at once.
+    pub async fn close(self) {
+        let AsyncClient { commands, mut finished, .. } = self;
+        drop(commands);
+        // Err once the task has ended and dropped its sender: that is the signal.
+        while finished.changed().await.is_ok() {}
     }
 
     /// What HELLO said about the target.
@@ -188,6 +202,8 @@ impl AsyncClient {
 /// loses it). Ends when every client handle is dropped and nothing is in flight, closing the
 /// session.
 struct Driver {
+    /// Dropped when the task ends, which tells `AsyncClient::close`.
+    _finishing: watch::Sender<()>,
     socket: UdpSocket,
     session: Session,
     addr: SocketAddr,

@@ -104,6 +104,14 @@ impl Volume {
         self.sessions.len()
     }
 
+    /// Closes every session and waits until the target has confirmed (or the short wait for it
+    /// ran out): call it before the runtime stops, so the target's slots are freed at once.
+    pub async fn close(self) {
+        for session in self.sessions {
+            session.close().await;
+        }
+    }
+
     fn session(&self) -> &AsyncClient {
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.sessions.len();
         &self.sessions[index]

@@ -29,7 +29,7 @@ pub enum Status {
     /// Persisting or reading the backing store failed; written bytes may not be durable.
     IoError = 0x09,
     /// The worker is overloaded; retry after the back-off hint. For HELLO: every session slot
-    /// is held by a session that is not idle.
+    /// is held and no session is idle.
     Busy = 0x0A,
     /// The session is unknown to the target, or belongs to another sender address.
     NoSession = 0x0B,

@@ -49,7 +49,7 @@ counters! {
     CookiesSent => "cookies_sent": "HELLOs answered retry with a cookie, having none that was valid.",
     HelloBadCookie => "hello_bad_cookie": "HELLOs whose cookie was not issued to their address and port (forged, mutated or copied).",
     HelloExpiredCookie => "hello_expired_cookie": "HELLOs whose cookie was issued to them over 5 s before.",
-    HelloRefusedTableFull => "hello_refused_table_full": "HELLOs refused busy: every slot held by a session that is not idle.",
+    HelloRefusedTableFull => "hello_refused_table_full": "HELLOs refused busy: every slot held, and no session idle.",
     HelloRefusedAddressLimit => "hello_refused_address_limit": "HELLOs refused session_limit: their address holds max_sessions_per_address active sessions.",
     DuplicatesReplayed => "duplicates_replayed": "Retransmissions of non-idempotent requests answered from the replay window.",
     DuplicatesExecutedAgain => "duplicates_executed_again": "Retransmissions of idempotent requests executed again.",

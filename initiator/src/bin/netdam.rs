@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use netdam_initiator::{Client, ClientError};
+use netdam_initiator::nbd::{serve, ExportOptions, Listen, NbdListener};
+use netdam_initiator::{Client, ClientError, ClientOptions, Volume, VolumeOptions};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
@@ -153,6 +154,31 @@ enum Command {
         #[arg(value_parser = parse_word)]
         byte: u64,
     },
+    /// Serve a namespace as an NBD export to the stock NBD clients: the kernel's nbd-client,
+    /// qemu (`-drive file=nbd+unix:///?socket=PATH,format=raw`), nbdfuse, nbdinfo, qemu-img,
+    /// fio's nbd engine. Runs until SIGINT or SIGTERM, then finishes the requests in flight.
+    Nbd {
+        /// The namespace to export (its name, or its id; `netdam namespaces` lists them).
+        #[arg(long)]
+        namespace: String,
+        /// Where clients connect: unix:PATH or tcp:HOST:PORT.
+        #[arg(long, value_name = "unix:PATH|tcp:HOST:PORT")]
+        listen: Listen,
+        /// The export's name (clients that ask for the default export, "", get it too)
+        /// [default: the namespace's name].
+        #[arg(long)]
+        export: Option<String>,
+        /// Refuse writes, trims and zeroing (EPERM).
+        #[arg(long)]
+        read_only: bool,
+        /// Sessions to the target, each on its own socket, so that several of its workers
+        /// share the load.
+        #[arg(long, default_value_t = 1)]
+        sessions: usize,
+        /// Most clients connected at once.
+        #[arg(long, default_value_t = 16)]
+        max_connections: usize,
+    },
     /// Copy LEN bytes from SOURCE_REGION at SOURCE_OFFSET to REGION at OFFSET, within the target.
     Memcpy {
         region: String,
@@ -211,6 +237,15 @@ fn region_id(client: &Client, name: &str) -> Result<u16, String> {
 
 fn run(cli: &Cli) -> Result<(), String> {
     let text = |error: ClientError| error.to_string();
+    if let Command::Nbd { namespace, listen, export, read_only, sessions, max_connections } = &cli.command {
+        let options = ExportOptions {
+            name: export.clone().unwrap_or_else(|| namespace.clone()),
+            read_only: *read_only,
+            max_connections: *max_connections,
+            ..ExportOptions::default()
+        };
+        return serve_nbd(cli.target, namespace, listen, options, *sessions);
+    }
     // PING and STAT need no session: they work even when the target has no slot to spare.
     // Every other command opens one, and closes it when the client is dropped on the way out.
     let sessionless = matches!(cli.command, Command::Ping { .. } | Command::Stat);
@@ -443,8 +478,70 @@ fn run(cli: &Cli) -> Result<(), String> {
                 println!("copied {len} bytes");
             }
         }
+        Command::Nbd { .. } => unreachable!("served above, without a blocking client"),
     }
     Ok(())
+}
+
+/// `netdam nbd`: opens the volume, listens, serves until SIGINT or SIGTERM, drains.
+fn serve_nbd(
+    target: SocketAddr,
+    namespace: &str,
+    listen: &Listen,
+    options: ExportOptions,
+    sessions: usize,
+) -> Result<(), String> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NETDAM_LOG").unwrap_or_else(|_| "info".into()))
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the I/O runtime: {error}"))?;
+    runtime.block_on(async {
+        let volume_options = VolumeOptions { sessions, client: ClientOptions::default() };
+        let volume = Volume::open(target, namespace, volume_options).await.map_err(|error| error.to_string())?;
+        let listener = NbdListener::bind(listen).map_err(|error| format!("cannot listen on {listen}: {error}"))?;
+        let endpoint = listener.endpoint().unwrap_or_else(|| listen.clone());
+        tracing::info!(
+            "exporting namespace {:?} of {target} ({} bytes in {}-byte blocks, {} session(s)) as {:?} on {endpoint}{}",
+            volume.namespace().name,
+            volume.size_bytes(),
+            volume.block_bytes(),
+            volume.session_count(),
+            options.name,
+            if options.read_only { ", read-only" } else { "" }
+        );
+        let shutdown = async {
+            let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async {
+                    match terminate.as_mut() {
+                        Some(terminate) => { terminate.recv().await; }
+                        None => std::future::pending::<()>().await,
+                    }
+                } => {}
+            }
+            tracing::info!("stopping: finishing the requests in flight");
+        };
+        let volume = std::sync::Arc::new(volume);
+        let report = serve(listener, volume.clone(), options, shutdown).await.map_err(|error| error.to_string())?;
+        // The export is done with it: close the sessions before the runtime goes.
+        if let Ok(volume) = std::sync::Arc::try_unwrap(volume) {
+            volume.close().await;
+        }
+        tracing::info!(
+            connections = report.connections,
+            requests = report.requests,
+            request_errors = report.request_errors,
+            connection_errors = report.connection_errors,
+            "stopped"
+        );
+        Ok(())
+    })
 }
 
 fn report_transfer(

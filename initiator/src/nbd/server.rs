@@ -113,6 +113,7 @@ pub struct ServeReport {
 
 impl ServeReport {
     fn note_error(&mut self, error: String) {
+        tracing::warn!("{error}");
         if self.recent_errors.len() == RECENT_ERRORS {
             self.recent_errors.remove(0);
         }
@@ -156,6 +157,7 @@ pub async fn serve<B: NbdBackend>(
                 Ok(accepted) => {
                     next_id += 1;
                     report.connections += 1;
+                    tracing::info!(connection = next_id, "NBD client connected");
                     let Some(slot) = free_slot.take() else { unreachable!("accept runs only with a free slot") };
                     spawn_connection(&mut connections, accepted, next_id, shared.clone(), stopped.clone(), slot);
                 }
@@ -202,6 +204,7 @@ pub async fn serve<B: NbdBackend>(
 fn record(report: &mut ServeReport, done: Result<ConnectionOutcome, JoinError>) {
     match done {
         Ok(outcome) => {
+            tracing::info!(connection = outcome.id, peer = %outcome.peer, "NBD client gone");
             if let Err(error) = outcome.result {
                 report.connection_errors += 1;
                 report.note_error(format!("connection {} ({}): {error}", outcome.id, outcome.peer));
