@@ -64,6 +64,16 @@ assert export["is_read_only"] is False
 print("size, block sizes and flags as claimed")
 PY
 
+echo "-- qemu-io: patterns, FUA, write-zeroes, discard, flush"
+command -v qemu-io >/dev/null || fail "qemu-io is missing although qemu-img is installed"
+qio() { qemu-io -f raw "$unix_uri" "$@" 2>&1; }
+out=$(qio -c 'write -P 0xab 1M 1M' -c 'read -P 0xab 1M 1M' -c 'write -f -P 0xcd 3M 64k' \
+  -c 'read -P 0xcd 3M 64k' -c 'write -z 1M 64k' -c 'read -P 0 1M 64k' -c 'discard 2M 64k' \
+  -c 'read -P 0 2M 64k' -c 'read -P 0xab 1088k 64k' -c 'flush')
+echo "$out" | grep -qiE "fail|error|mismatch|pattern verification" && fail "qemu-io: $out"
+[ "$(echo "$out" | grep -c '^read ')" = 5 ] || fail "qemu-io did not read back five times: $out"
+echo "patterns written and verified, FUA write, zeroes, discard reads as zeroes, flush"
+
 echo "-- qemu-img convert in and out (64 MiB)"
 head -c $((64 << 20)) /dev/urandom >"$work/image.raw"
 qemu-img convert -n -f raw -O raw "$work/image.raw" "$unix_uri"
