@@ -51,6 +51,20 @@ unix_uri="nbd+unix:///?socket=$work/nbd.sock"
 tcp_uri="nbd://127.0.0.1:$nbd_port"
 for _ in $(seq 50); do [ -S "$work/nbd.sock" ] && nbdinfo "$tcp_uri" >/dev/null 2>&1 && break; sleep 0.1; done
 
+echo "-- clients that hang up during the handshake do not stop the export"
+python3 - "$work/nbd.sock" "$nbd_port" <<'PY'
+import socket, sys
+for _ in range(3):
+    for family, address in ((socket.AF_UNIX, sys.argv[1]), (socket.AF_INET, ("127.0.0.1", int(sys.argv[2])))):
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.connect(address)
+        s.close()  # before reading the greeting: the server's write meets a closed socket
+PY
+sleep 0.3
+kill -0 "$export_unix" 2>/dev/null || fail "the Unix export died when a client hung up: $(tail -3 "$work/nbd-unix.log")"
+kill -0 "$export_tcp" 2>/dev/null || fail "the TCP export died when a client hung up: $(tail -3 "$work/nbd-tcp.log")"
+echo "both exports still serve"
+
 echo "-- nbdinfo"
 info=$(nbdinfo --json "$unix_uri")
 python3 - "$info" <<'PY' || fail "nbdinfo reports the export wrongly: $info"

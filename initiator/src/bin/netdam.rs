@@ -491,6 +491,13 @@ fn serve_nbd(
     options: ExportOptions,
     sessions: usize,
 ) -> Result<(), String> {
+    // A server must outlive clients that hang up: a write to a closed connection is an error
+    // for that connection (EPIPE), not a signal that ends the process (main restored SIGPIPE's
+    // default for the one-shot commands).
+    // SAFETY: changing a signal disposition before any thread of ours starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NETDAM_LOG").unwrap_or_else(|_| "info".into()))
