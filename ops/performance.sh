@@ -15,4 +15,5 @@ $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 1 --seconds 2 --
 $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 2 --seconds 2 --out "$out/bread-4k-batch2" > /dev/null
 $bench block --poll busy --out "$out/block-busy" > /dev/null
 $bench block --poll adaptive --out "$out/block-adaptive" > /dev/null
+cargo build --release --locked --bin netdam && $bench fio --seconds 5 --depths 1,32 --poll adaptive --out "$out" > /dev/null
 echo "reports in $out"

@@ -2,6 +2,7 @@
 //! machine in the same run. Absolute times hold for this machine only; the ratios are the result.
 
 mod block;
+mod fio;
 mod floor;
 mod latency;
 mod plots;
@@ -31,6 +32,10 @@ use netdam_initiator::{Client, Op};
 /// - `block`: 4 KiB random reads and writes through a namespace at QD1 and QD32 beside fio's
 ///   io_uring engine on the same file (the device floor); memory READ with and without a block
 ///   write load.
+/// - `fio`: fio 3.33's 4 KiB random reads and writes (QD1, QD32) through the netdam fio engine,
+///   through `netdam nbd` (fio's nbd engine, TCP and Unix socket) and through `nbdkit memory`
+///   (the peer), on memory-backed storage in the same run; IOPS, clat p50/p99/p99.9 and goals as
+///   ratios to nbdkit.
 /// - `sim`, `sim-table`, `load`: the congestion-control simulator and the incast load generator.
 ///
 /// `--out DIR` writes JSON for machines, markdown for people and PNG plots (latency percentiles,
@@ -56,6 +61,10 @@ enum Command {
     /// 4 KiB random reads and writes on a namespace (QD1, QD32) beside fio's io_uring engine on
     /// the same file, then memory READ latency with and without a block write load.
     Block(block::BlockArgs),
+    /// fio's 4 KiB random reads and writes (QD1, QD32) through the netdam fio engine, through
+    /// `netdam nbd` and through `nbdkit memory` (TCP and Unix socket), on memory-backed storage;
+    /// IOPS, latency percentiles and goals as ratios to nbdkit in the same run.
+    Fio(fio::FioArgs),
     /// One run of the deterministic simulator (initiators and a target on a virtual clock).
     Sim(SimArgs),
     /// Print the table of simulated results (docs/SIMULATION.md) to standard output.
@@ -170,6 +179,12 @@ fn main() {
         Command::Block(args) => {
             if let Err(message) = block::run(&args) {
                 eprintln!("netdam-bench block: {message}");
+                std::process::exit(1);
+            }
+        }
+        Command::Fio(args) => {
+            if let Err(message) = fio::run(&args) {
+                eprintln!("netdam-bench fio: {message}");
                 std::process::exit(1);
             }
         }

@@ -1,0 +1,783 @@
+//! `netdam-bench fio`: the same fio 3.33 jobs (4 KiB random reads and writes at each depth)
+//! through three ways of reaching block storage held in memory, in one run: the netdam fio
+//! engine (libnetdam_fio.so) against a netdam target; fio's `nbd` engine against `netdam nbd`
+//! exporting that target's namespace; and fio's `nbd` engine against `nbdkit memory`, the peer.
+//! The NBD cases run over TCP on loopback and over a Unix socket.
+//!
+//! The target runs in this process with one worker and a 1 GiB pmem namespace (a file mapping
+//! under a temporary directory, so in page cache); `netdam nbd`, nbdkit and fio are child
+//! processes, killed when their cases end (also on an error). A system that cannot run here
+//! (no fio, no nbdkit, no engine, no `netdam` binary) is skipped with the reason and the rest
+//! still run. The goals are ratios within the run and never fail. Every block is written before
+//! the cases, so that reads of a sparse store do not return zeroes for free.
+
+use std::fmt::Write as _;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig, PollMode};
+use netdam_target::Target;
+use serde_json::json;
+
+use crate::block::BlockPoll;
+
+/// The namespace every netdam case uses.
+const NAMESPACE: &str = "mem";
+const NAMESPACE_BYTES: u64 = 1 << 30;
+/// The namespace's file, under the temporary data directory.
+const NAMESPACE_FILE: &str = "mem.region";
+const BLOCK_BYTES: u32 = 4096;
+/// The depths the goals compare at.
+const LATENCY_DEPTH: usize = 1;
+const THROUGHPUT_DEPTH: usize = 32;
+/// How long a child server may take to accept its first connection.
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(10);
+const PATTERNS: [&str; 2] = ["randread", "randwrite"];
+
+/// Settings of the fio comparison.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FioArgs {
+    /// Seconds each case is measured (fio's runtime, after one second of fio's ramp time).
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// fio iodepths, comma-separated (the goals compare depths 1 and 32).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 32])]
+    pub depths: Vec<usize>,
+    /// How the target worker waits, and the netdam engine's poll= (busy for busy, blocking
+    /// otherwise). NBD clients and servers always sleep in the kernel.
+    #[arg(long, value_enum, default_value_t = BlockPoll::Adaptive)]
+    pub poll: BlockPoll,
+    /// The netdam fio engine [default: what ops/fio-plugin.sh builds and prints].
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// The `netdam` command-line binary for `netdam nbd` [default: `netdam` beside this program].
+    #[arg(long, value_name = "PATH")]
+    pub netdam: Option<PathBuf>,
+    /// Also write fio.json, fio.md and fio-iops.png / fio-latency.png to this directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+/// One fio job's result.
+struct Case {
+    system: &'static str,
+    socket: &'static str,
+    pattern: &'static str,
+    depth: usize,
+    iops: f64,
+    ops: u64,
+    p50_ns: u64,
+    p99_ns: u64,
+    p999_ns: u64,
+}
+
+impl Case {
+    fn to_json(&self) -> serde_json::Value {
+        json!({"system": self.system, "socket": self.socket, "rw": self.pattern, "depth": self.depth,
+               "iops": self.iops, "ios": self.ops, "clat_p50_ns": self.p50_ns, "clat_p99_ns": self.p99_ns,
+               "clat_p999_ns": self.p999_ns})
+    }
+}
+
+const PLUGIN: &str = "netdam fio engine";
+const NETDAM_NBD: &str = "netdam nbd";
+const NBDKIT: &str = "nbdkit memory";
+
+/// How fio reaches one system.
+enum Access {
+    Plugin { engine: PathBuf, target: SocketAddr },
+    Nbd { uri: String },
+}
+
+/// What one goal compares, and whether it was met.
+struct Goal {
+    name: String,
+    pattern: &'static str,
+    /// The measured ratio, or why it could not be computed.
+    ratio: Result<f64, String>,
+    /// `ratio <= bound` when `at_most`, else `ratio >= bound`.
+    bound: f64,
+    at_most: bool,
+}
+
+impl Goal {
+    fn met(&self) -> Option<bool> {
+        self.ratio.as_ref().ok().map(|&ratio| if self.at_most { ratio <= self.bound } else { ratio >= self.bound })
+    }
+
+    fn verdict(&self) -> String {
+        match (&self.ratio, self.met()) {
+            (Ok(_), Some(true)) => "met".into(),
+            (Ok(_), _) => "not met".into(),
+            (Err(reason), _) => format!("not measured: {reason}"),
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        json!({"goal": self.name, "rw": self.pattern, "ratio": self.ratio.as_ref().ok(),
+               "bound": self.bound, "at_most": self.at_most, "met": self.met(), "verdict": self.verdict()})
+    }
+}
+
+/// Everything one run found.
+struct Run {
+    fio: Option<String>,
+    nbdkit: Option<String>,
+    plugin: Option<PathBuf>,
+    cases: Vec<Case>,
+    skipped: Vec<String>,
+    goals: Vec<Goal>,
+}
+
+/// A child server, killed (and reaped) when dropped.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs every case, prints the tables and writes the files asked for.
+pub fn run(args: &FioArgs) -> Result<(), String> {
+    if args.depths.is_empty() || args.depths.contains(&0) {
+        return Err("--depths: give one or more depths of at least 1".into());
+    }
+    if args.seconds.is_nan() || args.seconds < 1.0 {
+        return Err(format!("--seconds {}: fio measures whole seconds, give at least 1", args.seconds));
+    }
+    let scratch = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
+    let mut run =
+        Run { fio: None, nbdkit: None, plugin: None, cases: Vec::new(), skipped: Vec::new(), goals: Vec::new() };
+    match version("fio") {
+        Ok(found) => run.fio = Some(found),
+        Err(reason) => skip(&mut run.skipped, "every system", &format!("{reason} (apt-get install fio)")),
+    }
+    prefill_file(&scratch.path().join(NAMESPACE_FILE), NAMESPACE_BYTES)?;
+    let target = Target::start(&target_config(scratch.path(), args.poll)).map_err(|error| error.to_string())?;
+    if run.fio.is_some() {
+        match plugin_path(args) {
+            Ok(engine) => {
+                let access = Access::Plugin { engine: engine.clone(), target: target.local_addr() };
+                measure(args, &access, PLUGIN, "udp", &mut run);
+                run.plugin = Some(engine);
+            }
+            Err(reason) => skip(&mut run.skipped, PLUGIN, &reason),
+        }
+        match netdam_binary(args) {
+            Ok(netdam) => {
+                for socket in ["tcp", "unix"] {
+                    let (listen, uri) = endpoint(scratch.path(), "netdam-nbd", socket)?;
+                    let mut command = Command::new(&netdam);
+                    command.arg("--target").arg(target.local_addr().to_string());
+                    command.args(["nbd", "--namespace", NAMESPACE, "--listen", &listen]);
+                    serve(args, command, &listen, &uri, NETDAM_NBD, socket, scratch.path(), &mut run);
+                }
+            }
+            Err(reason) => skip(&mut run.skipped, NETDAM_NBD, &reason),
+        }
+        match version("nbdkit") {
+            Ok(found) => {
+                run.nbdkit = Some(found);
+                for socket in ["tcp", "unix"] {
+                    let (listen, uri) = endpoint(scratch.path(), "nbdkit", socket)?;
+                    let mut command = Command::new("nbdkit");
+                    command.args(["-f", "--exit-with-parent"]);
+                    match listen.split_once(':') {
+                        Some(("tcp", address)) => {
+                            let (host, port) = address.rsplit_once(':').expect("endpoint writes HOST:PORT");
+                            command.args(["-i", host, "-p", port]);
+                        }
+                        _ => {
+                            command.arg("-U").arg(listen.trim_start_matches("unix:"));
+                        }
+                    }
+                    command.args(["memory", "1G"]);
+                    serve(args, command, &listen, &uri, NBDKIT, socket, scratch.path(), &mut run);
+                }
+            }
+            Err(reason) => skip(&mut run.skipped, NBDKIT, &format!("{reason} (apt-get install nbdkit)")),
+        }
+    }
+    target.stop();
+    run.goals = goals(&run.cases);
+    let text = markdown(args, &run);
+    print!("{text}");
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(|error| format!("writing {}: {error}", path.display()))
+        };
+        write("fio.json", format!("{:#}\n", report_json(args, &run)))?;
+        write("fio.md", text)?;
+        eprintln!("wrote {}/fio.json and fio.md", dir.display());
+        match plot(&run.cases, dir) {
+            Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
+            Err(message) => eprintln!("{message}"),
+        }
+    }
+    Ok(())
+}
+
+fn skip(skipped: &mut Vec<String>, what: &str, reason: &str) {
+    eprintln!("skipping {what}: {reason}");
+    skipped.push(format!("{what}: {reason}"));
+}
+
+fn target_config(data_dir: &Path, poll: BlockPoll) -> netdam_target::config::Config {
+    let poll = match poll {
+        BlockPoll::Busy => PollMode::Busy,
+        BlockPoll::Adaptive => PollMode::Adaptive,
+        BlockPoll::Blocking => PollMode::Blocking,
+    };
+    let namespace = NamespaceConfig {
+        name: NAMESPACE.into(),
+        backend: NamespaceBackend::Pmem,
+        path: NAMESPACE_FILE.into(),
+        size: Some(ByteSize(NAMESPACE_BYTES)),
+        block_size: BLOCK_BYTES,
+    };
+    crate::target::config(data_dir, poll, namespace)
+}
+
+fn version(program: &str) -> Result<String, String> {
+    let output = Command::new(program)
+        .arg("--version")
+        .output()
+        .map_err(|error| format!("{program} is not installed or not on PATH ({error})"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    Ok(text.lines().next().unwrap_or("").trim().to_string())
+}
+
+/// The repository this program was built in (build/release/netdam-bench), else the current
+/// directory.
+fn repository() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().nth(3).map(Path::to_path_buf))
+        .filter(|root| root.join("ops/fio-plugin.sh").is_file())
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn plugin_path(args: &FioArgs) -> Result<PathBuf, String> {
+    if let Some(path) = &args.plugin {
+        return if path.is_file() {
+            Ok(path.clone())
+        } else {
+            Err(format!("--plugin {}: no such file", path.display()))
+        };
+    }
+    let script = repository().join("ops/fio-plugin.sh");
+    let output = Command::new(&script)
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|error| format!("running {}: {error} (or pass --plugin PATH)", script.display()))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    match output.status.code() {
+        Some(0) => {
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let path = PathBuf::from(stdout.lines().last().unwrap_or("").trim());
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(format!("{} printed {:?}, which is not a file", script.display(), path))
+            }
+        }
+        Some(77) => Err(stderr.lines().find(|line| line.starts_with("SKIPPED")).unwrap_or("SKIPPED").to_string()),
+        _ => Err(format!("{} failed: {}", script.display(), stderr.trim())),
+    }
+}
+
+fn netdam_binary(args: &FioArgs) -> Result<PathBuf, String> {
+    let path = match &args.netdam {
+        Some(path) => path.clone(),
+        None => {
+            std::env::current_exe().map_err(|error| format!("where this program is: {error}"))?.with_file_name("netdam")
+        }
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("{} not found: cargo build --release --bin netdam, or pass --netdam PATH", path.display()))
+    }
+}
+
+/// Where a server listens (`netdam nbd --listen` form) and the NBD URI fio connects to.
+fn endpoint(dir: &Path, name: &str, socket: &str) -> Result<(String, String), String> {
+    if socket == "tcp" {
+        // The kernel picks a free port; the server binds it right after (a race only another
+        // program binding ports at the same instant could lose).
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|error| format!("finding a free TCP port: {error}"))?
+            .port();
+        Ok((format!("tcp:127.0.0.1:{port}"), format!("nbd://127.0.0.1:{port}")))
+    } else {
+        let path = dir.join(format!("{name}.sock"));
+        Ok((format!("unix:{}", path.display()), format!("nbd+unix:///?socket={}", path.display())))
+    }
+}
+
+/// Starts a server, waits until it accepts connections, runs the cases against it, kills it.
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    args: &FioArgs,
+    mut command: Command,
+    listen: &str,
+    uri: &str,
+    system: &'static str,
+    socket: &'static str,
+    dir: &Path,
+    run: &mut Run,
+) {
+    let log = dir.join(format!("{}-{socket}.log", system.replace(' ', "-")));
+    let started = std::fs::File::create(&log)
+        .and_then(|file| {
+            let copy = file.try_clone()?;
+            command.stdin(Stdio::null()).stdout(file).stderr(copy).spawn()
+        })
+        .map(ChildGuard);
+    let mut child = match started {
+        Ok(child) => child,
+        Err(error) => return skip(&mut run.skipped, &format!("{system} over {socket}"), &format!("start: {error}")),
+    };
+    if let Err(reason) = wait_until_listening(&mut child.0, listen, &log) {
+        return skip(&mut run.skipped, &format!("{system} over {socket}"), &reason);
+    }
+    if system == NBDKIT {
+        if let Err(reason) = prefill(uri) {
+            return skip(&mut run.skipped, &format!("{system} over {socket}"), &reason);
+        }
+    }
+    measure(args, &Access::Nbd { uri: uri.to_string() }, system, socket, run);
+    drop(child);
+}
+
+/// Waits until the server listens, without connecting: `netdam nbd` dies of SIGPIPE when a
+/// client hangs up before the handshake ends, so a probe connection would kill the server it
+/// waits for. A Unix server is ready when its socket file exists; a TCP server when the kernel
+/// lists its port as listening in /proc/net/tcp.
+fn wait_until_listening(child: &mut Child, listen: &str, log: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + SERVER_START_TIMEOUT;
+    loop {
+        let listening = match listen.split_once(':') {
+            Some(("tcp", address)) => tcp_listening(address),
+            _ => {
+                use std::os::unix::fs::FileTypeExt;
+                std::fs::symlink_metadata(listen.trim_start_matches("unix:"))
+                    .is_ok_and(|metadata| metadata.file_type().is_socket())
+            }
+        };
+        let output = || std::fs::read_to_string(log).unwrap_or_default().trim().to_string();
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited ({status}) before listening on {listen}: {}", output()));
+        }
+        if listening {
+            // A Unix socket file appears at bind(), just before listen().
+            std::thread::sleep(Duration::from_millis(100));
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("not listening on {listen} after {SERVER_START_TIMEOUT:?}: {}", output()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether 127.0.0.1:PORT is in state LISTEN (0A) in /proc/net/tcp.
+fn tcp_listening(address: &str) -> bool {
+    let Some(port) = address.rsplit_once(':').and_then(|(_, port)| port.parse::<u16>().ok()) else { return false };
+    let wanted = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp").is_ok_and(|table| {
+        table.lines().skip(1).any(|line| {
+            let mut fields = line.split_whitespace().skip(1);
+            fields.next() == Some(wanted.as_str()) && fields.nth(1) == Some("0A")
+        })
+    })
+}
+
+/// Writes every block of the export once (untimed), so that reads return data rather than an
+/// unallocated page of a sparse store.
+fn prefill(uri: &str) -> Result<(), String> {
+    let output = Command::new("fio")
+        .args(["--name=prefill", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=write", "--bs=1m", "--iodepth=8"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|error| format!("running fio: {error}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!("prefill failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim()))
+    }
+}
+
+/// The namespace's file, every block written, before the target maps it.
+fn prefill_file(path: &Path, bytes: u64) -> Result<(), String> {
+    use std::io::Write;
+    let fail = |error: std::io::Error| format!("preparing {}: {error}", path.display());
+    let mut file = std::fs::File::create(path).map_err(fail)?;
+    let chunk = netdam_isa::rng::Rng::new(42).bytes(1 << 20);
+    let mut written = 0;
+    while written < bytes {
+        file.write_all(&chunk).map_err(fail)?;
+        written += chunk.len() as u64;
+    }
+    // On disk before the cases, so the kernel's write-back of the fill does not run under them.
+    file.sync_all().map_err(fail)
+}
+
+/// Both patterns at every depth; the first failure skips the rest of this system.
+fn measure(args: &FioArgs, access: &Access, system: &'static str, socket: &'static str, run: &mut Run) {
+    for pattern in PATTERNS {
+        for &depth in &args.depths {
+            eprintln!("{system} over {socket}: {pattern} at depth {depth}");
+            match fio_case(args, access, pattern, depth) {
+                Ok((iops, ops, [p50_ns, p99_ns, p999_ns])) => {
+                    run.cases.push(Case { system, socket, pattern, depth, iops, ops, p50_ns, p99_ns, p999_ns })
+                }
+                Err(reason) => return skip(&mut run.skipped, &format!("{system} over {socket}"), &reason),
+            }
+        }
+    }
+}
+
+/// One fio job: IOPS, I/Os and clat p50/p99/p99.9 in ns.
+fn fio_case(args: &FioArgs, access: &Access, pattern: &str, depth: usize) -> Result<(f64, u64, [u64; 3]), String> {
+    let mut command = Command::new("fio");
+    command.args([
+        "--name=netdam-bench",
+        &format!("--rw={pattern}"),
+        "--bs=4k",
+        &format!("--iodepth={depth}"),
+        "--time_based=1",
+        "--ramp_time=1",
+        &format!("--runtime={}", args.seconds.ceil() as u64),
+        "--percentile_list=50:99:99.9",
+        "--norandommap=1",
+        "--randrepeat=0",
+        "--output-format=json",
+    ]);
+    match access {
+        Access::Plugin { engine, target } => {
+            let poll = if args.poll == BlockPoll::Busy { "busy" } else { "blocking" };
+            command.arg(format!("--ioengine=external:{}", engine.display()));
+            command.args([format!("--target={target}"), format!("--namespace={NAMESPACE}"), format!("--poll={poll}")]);
+        }
+        Access::Nbd { uri } => {
+            command.args(["--ioengine=nbd".to_string(), format!("--uri={uri}")]);
+        }
+    }
+    let output = command.stdin(Stdio::null()).output().map_err(|error| format!("running fio: {error}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        return Err(format!("fio failed ({}): {}", output.status, stderr.trim()));
+    }
+    // The nbd engine prints "fio: connected to NBD server" on standard output before the JSON.
+    let json_text =
+        stdout.find('{').map(|start| &stdout[start..]).ok_or_else(|| format!("no JSON from fio: {stdout}"))?;
+    let report: serde_json::Value =
+        serde_json::from_str(json_text).map_err(|error| format!("fio's JSON: {error}: {json_text}"))?;
+    let job = &report["jobs"][0];
+    if job["error"].as_i64().unwrap_or(0) != 0 {
+        return Err(format!("fio job error {}: {}", job["error"], stderr.trim()));
+    }
+    let side = &job[if pattern == "randread" { "read" } else { "write" }];
+    let ops = side["total_ios"].as_u64().unwrap_or(0);
+    if ops == 0 {
+        return Err(format!("fio completed no I/O: {}", stderr.trim()));
+    }
+    let percentile = |key: &str| side["clat_ns"]["percentile"][key].as_u64().unwrap_or(0);
+    Ok((
+        side["iops"].as_f64().unwrap_or(0.0),
+        ops,
+        [percentile("50.000000"), percentile("99.000000"), percentile("99.900000")],
+    ))
+}
+
+fn find<'a>(cases: &'a [Case], system: &str, socket: &str, pattern: &str, depth: usize) -> Option<&'a Case> {
+    cases
+        .iter()
+        .find(|case| case.system == system && case.socket == socket && case.pattern == pattern && case.depth == depth)
+}
+
+/// The goals, per pattern: ratios of cases in this run.
+fn goals(cases: &[Case]) -> Vec<Goal> {
+    let mut goals = Vec::new();
+    for pattern in PATTERNS {
+        let pair =
+            |system: &str, socket: &str, peer: &str, peer_socket: &str, depth: usize, value: fn(&Case) -> f64| {
+                let ours = find(cases, system, socket, pattern, depth);
+                let theirs = find(cases, peer, peer_socket, pattern, depth);
+                match (ours, theirs) {
+                    (Some(ours), Some(theirs)) => Ok(value(ours) / value(theirs).max(f64::MIN_POSITIVE)),
+                    (None, _) => Err(format!("no {system} over {socket} at depth {depth}")),
+                    (_, None) => Err(format!("no {peer} over {peer_socket} at depth {depth}")),
+                }
+            };
+        let p50 = |case: &Case| case.p50_ns as f64;
+        let p999 = |case: &Case| case.p999_ns as f64;
+        let iops = |case: &Case| case.iops;
+        goals.push(Goal {
+            name: "engine QD1 clat p50 / nbdkit over TCP QD1 p50".into(),
+            pattern,
+            ratio: pair(PLUGIN, "udp", NBDKIT, "tcp", LATENCY_DEPTH, p50),
+            bound: 0.6,
+            at_most: true,
+        });
+        goals.push(Goal {
+            name: "engine QD1 clat p99.9 / nbdkit over TCP QD1 p99.9".into(),
+            pattern,
+            ratio: pair(PLUGIN, "udp", NBDKIT, "tcp", LATENCY_DEPTH, p999),
+            bound: 0.3,
+            at_most: true,
+        });
+        goals.push(Goal {
+            name: "engine QD32 IOPS / nbdkit over TCP QD32 IOPS".into(),
+            pattern,
+            ratio: pair(PLUGIN, "udp", NBDKIT, "tcp", THROUGHPUT_DEPTH, iops),
+            bound: 2.0,
+            at_most: false,
+        });
+        goals.push(Goal {
+            name: format!(
+                "engine QD32 IOPS / netdam-bench throughput {} 4 KiB QD32",
+                if pattern == "randread" { "BREAD" } else { "BWRITE" }
+            ),
+            pattern,
+            ratio: Err(
+                "not in this run: throughput.rs exposes only run(), which starts its own target and namespace".into()
+            ),
+            bound: 0.8,
+            at_most: false,
+        });
+        for socket in ["tcp", "unix"] {
+            goals.push(Goal {
+                name: format!("netdam nbd QD32 IOPS / nbdkit QD32 IOPS, both over {socket}"),
+                pattern,
+                ratio: pair(NETDAM_NBD, socket, NBDKIT, socket, THROUGHPUT_DEPTH, iops),
+                bound: 1.0,
+                at_most: false,
+            });
+        }
+    }
+    goals
+}
+
+fn poll_description(poll: BlockPoll) -> String {
+    let engine = if poll == BlockPoll::Busy { "busy" } else { "blocking" };
+    format!("target worker {} polling, engine poll={engine}", format!("{poll:?}").to_lowercase())
+}
+
+fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
+    let cases: Vec<_> = run.cases.iter().map(Case::to_json).collect();
+    let goals: Vec<_> = run.goals.iter().map(Goal::to_json).collect();
+    json!({"machine": crate::report::machine(), "fio": run.fio, "nbdkit": run.nbdkit,
+           "engine": run.plugin.as_ref().map(|path| path.display().to_string()),
+           "poll": format!("{:?}", args.poll).to_lowercase(), "poll_description": poll_description(args.poll),
+           "namespace": {"name": NAMESPACE, "backend": "pmem", "bytes": NAMESPACE_BYTES, "block_bytes": BLOCK_BYTES},
+           "nbdkit_plugin": "memory 1G", "seconds": args.seconds, "ramp_seconds": 1, "depths": args.depths,
+           "cases": cases, "goals": goals, "skipped": run.skipped,
+           "note": "goals are ratios of cases measured in this run; absolute numbers hold for this machine only; netdam's pmem-on-file writes are durable (msync MS_SYNC to disk), nbdkit memory's are volatile"})
+}
+
+fn markdown(args: &FioArgs, run: &Run) -> String {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "Machine: {}. fio: {}; nbdkit: {}. 4 KiB random I/O, {} s per case after 1 s of ramp, clat percentiles from fio. netdam: one in-process target, one worker, a {} GiB pmem namespace `{NAMESPACE}` (a file mapping in page cache, {BLOCK_BYTES}-byte blocks), {}; `netdam nbd` exports that namespace with one session; the peer is `nbdkit memory 1G`. Absolute numbers hold for this machine only; the goals are ratios within this run.\n",
+        crate::report::machine(),
+        run.fio.as_deref().unwrap_or("not found"),
+        run.nbdkit.as_deref().unwrap_or("not found"),
+        args.seconds,
+        NAMESPACE_BYTES >> 30,
+        poll_description(args.poll),
+    );
+    text.push_str("| system | socket | rw | depth | IOPS | p50 µs | p99 µs | p99.9 µs |\n");
+    text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for case in &run.cases {
+        let _ = writeln!(
+            text,
+            "| {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            case.system,
+            case.socket,
+            case.pattern,
+            case.depth,
+            case.iops,
+            us(case.p50_ns),
+            us(case.p99_ns),
+            us(case.p999_ns)
+        );
+    }
+    text.push_str("\n| goal | rw | ratio | bound | verdict |\n| --- | --- | --- | --- | --- |\n");
+    for goal in &run.goals {
+        let ratio = goal.ratio.as_ref().map(|ratio| format!("{ratio:.2}")).unwrap_or_else(|_| "-".into());
+        let bound = format!("{} {:.1}", if goal.at_most { "≤" } else { "≥" }, goal.bound);
+        let _ = writeln!(text, "| {} | {} | {ratio} | {bound} | {} |", goal.name, goal.pattern, goal.verdict());
+    }
+    if !run.skipped.is_empty() {
+        text.push_str("\nSkipped:\n\n");
+        for reason in &run.skipped {
+            let _ = writeln!(text, "- {reason}");
+        }
+    }
+    text.push_str(
+        "\nThe engine reaches the target over UDP on loopback; the NBD cases go fio → NBD server over the socket named, and for `netdam nbd` on to the target over UDP. Every block holds data before the cases run (the namespace's file is written before the target maps it; each nbdkit is filled by an untimed sequential fio write), so reads return data on both sides. Writes are not alike: a pmem namespace on a file answers a write after `msync(MS_SYNC)` of its page, which reaches this machine's disk, while `nbdkit memory` is volatile RAM; the write goals compare durable against volatile writes.\n",
+    );
+    text
+}
+
+const FONT_FILES: [&str; 2] =
+    ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf"];
+
+/// `fio-iops.png` (IOPS at the deepest depth per system and socket) and `fio-latency.png` (p50
+/// and p99.9 at the shallowest), grouped bars, read and write side by side.
+fn plot(cases: &[Case], dir: &Path) -> Result<Vec<String>, String> {
+    use plotters::prelude::*;
+    let Some(bytes) = FONT_FILES.iter().find_map(|path| std::fs::read(path).ok()) else {
+        return Err(format!("no font for plot text (looked for {}): plots skipped", FONT_FILES.join(", ")));
+    };
+    // The plotting library keeps fonts for the life of the process.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| "font not usable")?;
+    let (Some(shallow), Some(deep)) =
+        (cases.iter().map(|case| case.depth).min(), cases.iter().map(|case| case.depth).max())
+    else {
+        return Ok(Vec::new());
+    };
+    let mut groups: Vec<(&str, &str)> = Vec::new();
+    for case in cases {
+        if !groups.contains(&(case.system, case.socket)) {
+            groups.push((case.system, case.socket));
+        }
+    }
+    let labels: Vec<String> = groups.iter().map(|(system, socket)| format!("{system} ({socket})")).collect();
+    // Group k is centred on x = k; with one label asked per group, plotters puts them there.
+    let x_range = -0.5f64..groups.len() as f64 - 0.5;
+    let label_of = |x: &f64| {
+        let index = x.round();
+        if (x - index).abs() < 1e-6 && index >= 0.0 {
+            labels.get(index as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    let mut written = Vec::new();
+
+    // IOPS at the deepest depth.
+    let series: Vec<(String, Vec<Option<f64>>)> = PATTERNS
+        .iter()
+        .map(|pattern| {
+            let values = groups
+                .iter()
+                .map(|(system, socket)| find(cases, system, socket, pattern, deep).map(|case| case.iops))
+                .collect();
+            (pattern.to_string(), values)
+        })
+        .collect();
+    let top = series.iter().flat_map(|(_, values)| values.iter().flatten()).fold(1.0f64, |a, &b| a.max(b));
+    let name = "fio-iops.png";
+    let path = dir.join(name);
+    let root = BitMapBackend::new(&path, (1100, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("fio 4 KiB random I/O, IOPS at iodepth {deep}"), ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x_range.clone(), 0.0f64..top * 1.15)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(groups.len())
+        .x_label_formatter(&label_of)
+        .y_label_formatter(&|iops| format!("{iops:.0}"))
+        .y_desc("IOPS")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    draw_bars(&mut chart, &series, 0.0)?;
+    root.present().map_err(|e| e.to_string())?;
+    written.push(name.to_string());
+
+    // p50 and p99.9 at the shallowest depth.
+    let mut series: Vec<(String, Vec<Option<f64>>)> = Vec::new();
+    for pattern in PATTERNS {
+        for (label, pick) in [("p50", 0usize), ("p99.9", 1)] {
+            let values = groups
+                .iter()
+                .map(|(system, socket)| {
+                    find(cases, system, socket, pattern, shallow)
+                        .map(|case| if pick == 0 { case.p50_ns } else { case.p999_ns } as f64 / 1000.0)
+                })
+                .collect();
+            series.push((format!("{pattern} {label}"), values));
+        }
+    }
+    let top = series.iter().flat_map(|(_, values)| values.iter().flatten()).fold(1.0f64, |a, &b| a.max(b));
+    let name = "fio-latency.png";
+    let path = dir.join(name);
+    let root = BitMapBackend::new(&path, (1100, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("fio 4 KiB random I/O, completion latency at iodepth {shallow}"), ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x_range, (1.0f64..top * 2.0).log_scale())
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(groups.len())
+        .x_label_formatter(&label_of)
+        .y_desc("µs (log scale)")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    draw_bars(&mut chart, &series, 1.0)?;
+    root.present().map_err(|e| e.to_string())?;
+    written.push(name.to_string());
+    Ok(written)
+}
+
+/// Draws each series as one bar per group, side by side within the group, bars from `base`.
+fn draw_bars<'a, 'b: 'a, X, Y>(
+    chart: &mut plotters::chart::ChartContext<
+        'a,
+        plotters::prelude::BitMapBackend<'b>,
+        plotters::prelude::Cartesian2d<X, Y>,
+    >,
+    series: &[(String, Vec<Option<f64>>)],
+    base: f64,
+) -> Result<(), String>
+where
+    X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+    Y: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+{
+    use plotters::prelude::*;
+    let width = 0.8 / series.len() as f64;
+    for (index, (label, values)) in series.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        let bars = values.iter().enumerate().filter_map(|(group, value)| {
+            let left = group as f64 - 0.4 + index as f64 * width;
+            value.map(|value| Rectangle::new([(left, base), (left + width * 0.9, value)], color.filled()))
+        });
+        chart
+            .draw_series(bars)
+            .map_err(|e| e.to_string())?
+            .label(label.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| e.to_string())
+}
