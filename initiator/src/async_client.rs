@@ -142,8 +142,14 @@ impl AsyncClient {
     /// Reads `len` bytes at `offset`, every chunk in flight at once (the I/O task bounds them).
     pub async fn read(&self, space: u16, offset: u64, len: usize) -> Result<Vec<u8>, ClientError> {
         let mut out = vec![0u8; len];
+        self.read_into(space, offset, &mut out).await?;
+        Ok(out)
+    }
+
+    /// Reads `out.len()` bytes at `offset` into `out`, every chunk in flight at once.
+    pub async fn read_into(&self, space: u16, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
         let mut answers = Vec::new();
-        for (at, position, piece) in chunks(offset, len, self.info.read_chunk_bytes()) {
+        for (at, position, piece) in chunks(offset, out.len(), self.info.read_chunk_bytes()) {
             answers.push((position, piece, self.submit(vec![Op::read(space, at, piece as u32)]).await?));
         }
         for (position, piece, answer) in answers {
@@ -154,7 +160,7 @@ impl AsyncClient {
             }
             out[position..position + piece].copy_from_slice(data);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Writes `data` at `offset`, every chunk in flight at once.

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use netdam_initiator::target_info::chunks;
 use netdam_initiator::{AsyncClient, Client, ClientError, ClientOptions, Op, Volume, VolumeOptions};
 use netdam_isa::control::RegionInfo;
 use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
@@ -201,20 +200,7 @@ impl Region {
 
     /// Reads into fio's buffer directly, every chunk in flight at once.
     async fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
-        let client = self.session();
-        let mut answers = Vec::new();
-        for (at, position, piece) in chunks(offset, out.len(), client.info().read_chunk_bytes()) {
-            answers.push((position, piece, client.submit(vec![Op::read(self.info.id, at, piece as u32)]).await?));
-        }
-        for (position, piece, answer) in answers {
-            let reply = answer.wait().await?;
-            let data = reply.data(0)?;
-            if data.len() != piece {
-                return Err(ClientError::MissingResult(0));
-            }
-            out[position..position + piece].copy_from_slice(data);
-        }
-        Ok(())
+        self.session().read_into(self.info.id, offset, out).await
     }
 
     /// Zeroes a range with FILL, in pieces no larger than a namespace's TRIM, so that one fio
