@@ -632,19 +632,14 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
     text
 }
 
-const FONT_FILES: [&str; 2] =
-    ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf"];
-
 /// `fio-iops.png` (IOPS at the deepest depth per system and socket) and `fio-latency.png` (p50
 /// and p99.9 at the shallowest), grouped bars, read and write side by side.
 fn plot(cases: &[Case], dir: &Path) -> Result<Vec<String>, String> {
     use plotters::prelude::*;
-    let Some(bytes) = FONT_FILES.iter().find_map(|path| std::fs::read(path).ok()) else {
-        return Err(format!("no font for plot text (looked for {}): plots skipped", FONT_FILES.join(", ")));
-    };
-    // The plotting library keeps fonts for the life of the process.
-    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| "font not usable")?;
+    if !crate::plots::font_ready() {
+        let looked = crate::plots::FONT_FILES.join(", ");
+        return Err(format!("no usable font for plot text (looked for {looked}): plots skipped"));
+    }
     let (Some(shallow), Some(deep)) =
         (cases.iter().map(|case| case.depth).min(), cases.iter().map(|case| case.depth).max())
     else {

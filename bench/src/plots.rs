@@ -10,11 +10,11 @@ use plotters::prelude::*;
 use crate::latency::LatencyCase;
 use crate::throughput::Point;
 
-const FONT_FILES: [&str; 2] =
+pub(crate) const FONT_FILES: [&str; 2] =
     ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf"];
 
 /// Registers a font for plot text once; `false` when none is found.
-fn font_ready() -> bool {
+pub(crate) fn font_ready() -> bool {
     static READY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *READY.get_or_init(|| {
         let Some(bytes) = FONT_FILES.iter().find_map(|path| std::fs::read(path).ok()) else {

@@ -374,7 +374,7 @@ impl Session {
     }
 
     /// Adopts the id and datagram size HELLO negotiated.
-    pub fn establish(&mut self, session_id: u32, max_datagram_bytes: usize) {
+    fn establish(&mut self, session_id: u32, max_datagram_bytes: usize) {
         self.session_id = session_id;
         self.config.max_datagram_bytes = max_datagram_bytes;
     }
