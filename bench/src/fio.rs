@@ -5,7 +5,8 @@
 //! The NBD cases run over TCP on loopback and over a Unix socket.
 //!
 //! The target runs in this process with one worker and a 1 GiB pmem namespace (a file mapping
-//! under a temporary directory, so in page cache); `netdam nbd`, nbdkit and fio are child
+//! under a temporary directory on tmpfs where the machine has /dev/shm, so memory, like
+//! `nbdkit memory`); `netdam nbd`, nbdkit and fio are child
 //! processes, killed when their cases end (also on an error). A system that cannot run here
 //! (no fio, no nbdkit, no engine, no `netdam` binary) is skipped with the reason and the rest
 //! still run. The goals are ratios within the run and never fail. Every block is written before
@@ -28,6 +29,8 @@ const NAMESPACE: &str = "mem";
 const NAMESPACE_BYTES: u64 = 1 << 30;
 /// The namespace's file, under the temporary data directory.
 const NAMESPACE_FILE: &str = "mem.region";
+/// Where the namespace's file goes when the machine has it: memory, not disk.
+const SHARED_MEMORY_DIR: &str = "/dev/shm";
 const BLOCK_BYTES: u32 = 4096;
 /// The depths the goals compare at.
 const LATENCY_DEPTH: usize = 1;
@@ -55,6 +58,10 @@ pub struct FioArgs {
     /// The `netdam` command-line binary for `netdam nbd` [default: `netdam` beside this program].
     #[arg(long, value_name = "PATH")]
     pub netdam: Option<PathBuf>,
+    /// Systems to measure, comma-separated: engine (the fio plugin), nbd (`netdam nbd`),
+    /// nbdkit. Goals whose figures are missing are reported as not measured.
+    #[arg(long, value_delimiter = ',', default_values_t = ["engine".to_string(), "nbd".to_string(), "nbdkit".to_string()])]
+    pub systems: Vec<String>,
     /// Also write fio.json, fio.md and fio-iops.png / fio-latency.png to this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -76,8 +83,8 @@ struct Case {
 impl Case {
     fn to_json(&self) -> serde_json::Value {
         json!({"system": self.system, "socket": self.socket, "rw": self.pattern, "depth": self.depth,
-               "iops": self.iops, "ios": self.ops, "clat_p50_ns": self.p50_ns, "clat_p99_ns": self.p99_ns,
-               "clat_p999_ns": self.p999_ns})
+               "iops": self.iops, "ios": self.ops, "lat_p50_ns": self.p50_ns, "lat_p99_ns": self.p99_ns,
+               "lat_p999_ns": self.p999_ns})
     }
 }
 
@@ -123,6 +130,8 @@ impl Goal {
 
 /// Everything one run found.
 struct Run {
+    /// Where the namespace's file lives (tmpfs or a disk's file system).
+    medium: &'static str,
     fio: Option<String>,
     nbdkit: Option<String>,
     plugin: Option<PathBuf>,
@@ -149,9 +158,35 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
     if args.seconds.is_nan() || args.seconds < 1.0 {
         return Err(format!("--seconds {}: fio measures whole seconds, give at least 1", args.seconds));
     }
-    let scratch = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
-    let mut run =
-        Run { fio: None, nbdkit: None, plugin: None, cases: Vec::new(), skipped: Vec::new(), goals: Vec::new() };
+    for system in &args.systems {
+        if !["engine", "nbd", "nbdkit"].contains(&system.as_str()) {
+            return Err(format!("--systems: {system:?} is not one of engine, nbd, nbdkit"));
+        }
+    }
+    let wanted = |system: &str| args.systems.iter().any(|wanted| wanted == system);
+    // On tmpfs where there is one, so that the namespace is memory as `nbdkit memory` is: a
+    // pmem namespace persists each write with msync, which on a disk-backed file would compare
+    // durable writes against volatile ones.
+    let scratch = match std::path::Path::new(SHARED_MEMORY_DIR).is_dir() {
+        true => tempfile::Builder::new().prefix("netdam-bench-fio").tempdir_in(SHARED_MEMORY_DIR),
+        false => tempfile::tempdir(),
+    }
+    .map_err(|error| format!("temporary directory: {error}"))?;
+    let on_tmpfs = scratch.path().starts_with(SHARED_MEMORY_DIR);
+    let mut run = Run {
+        medium: "",
+        fio: None,
+        nbdkit: None,
+        plugin: None,
+        cases: Vec::new(),
+        skipped: Vec::new(),
+        goals: Vec::new(),
+    };
+    run.medium = if on_tmpfs {
+        "a file mapping on tmpfs: memory, as volatile as nbdkit memory"
+    } else {
+        "a file mapping on a disk's file system: writes reach the disk"
+    };
     match version("fio") {
         Ok(found) => run.fio = Some(found),
         Err(reason) => skip(&mut run.skipped, "every system", &format!("{reason} (apt-get install fio)")),
@@ -160,6 +195,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
     let target = Target::start(&target_config(scratch.path(), args.poll)).map_err(|error| error.to_string())?;
     if run.fio.is_some() {
         match plugin_path(args) {
+            Ok(_) if !wanted("engine") => {}
             Ok(engine) => {
                 let access = Access::Plugin { engine: engine.clone(), target: target.local_addr() };
                 measure(args, &access, PLUGIN, "udp", &mut run);
@@ -168,6 +204,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             Err(reason) => skip(&mut run.skipped, PLUGIN, &reason),
         }
         match netdam_binary(args) {
+            Ok(_) if !wanted("nbd") => {}
             Ok(netdam) => {
                 for socket in ["tcp", "unix"] {
                     let (listen, uri) = endpoint(scratch.path(), "netdam-nbd", socket)?;
@@ -180,6 +217,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             Err(reason) => skip(&mut run.skipped, NETDAM_NBD, &reason),
         }
         match version("nbdkit") {
+            Ok(_) if !wanted("nbdkit") => {}
             Ok(found) => {
                 run.nbdkit = Some(found);
                 for socket in ["tcp", "unix"] {
@@ -445,7 +483,12 @@ fn measure(args: &FioArgs, access: &Access, system: &'static str, socket: &'stat
     }
 }
 
-/// One fio job: IOPS, I/Os and clat p50/p99/p99.9 in ns.
+/// One fio job: IOPS, I/Os and total latency (submission to completion) p50/p99/p99.9 in ns.
+///
+/// Total latency, not fio's clat: for an asynchronous engine fio starts the clat clock after
+/// `queue` returns, and both the nbd engine and netdam's send the request inside `queue`, so an
+/// answer that arrives before `queue` returns shows as a clat near zero (measured: nbdkit QD1
+/// clat p50 1.6 µs while its round trip takes over 10).
 fn fio_case(args: &FioArgs, access: &Access, pattern: &str, depth: usize) -> Result<(f64, u64, [u64; 3]), String> {
     let mut command = Command::new("fio");
     command.args([
@@ -457,6 +500,7 @@ fn fio_case(args: &FioArgs, access: &Access, pattern: &str, depth: usize) -> Res
         "--ramp_time=1",
         &format!("--runtime={}", args.seconds.ceil() as u64),
         "--percentile_list=50:99:99.9",
+        "--lat_percentiles=1",
         "--norandommap=1",
         "--randrepeat=0",
         "--output-format=json",
@@ -491,7 +535,7 @@ fn fio_case(args: &FioArgs, access: &Access, pattern: &str, depth: usize) -> Res
     if ops == 0 {
         return Err(format!("fio completed no I/O: {}", stderr.trim()));
     }
-    let percentile = |key: &str| side["clat_ns"]["percentile"][key].as_u64().unwrap_or(0);
+    let percentile = |key: &str| side["lat_ns"]["percentile"][key].as_u64().unwrap_or(0);
     Ok((
         side["iops"].as_f64().unwrap_or(0.0),
         ops,
@@ -523,14 +567,14 @@ fn goals(cases: &[Case]) -> Vec<Goal> {
         let p999 = |case: &Case| case.p999_ns as f64;
         let iops = |case: &Case| case.iops;
         goals.push(Goal {
-            name: "engine QD1 clat p50 / nbdkit over TCP QD1 p50".into(),
+            name: "engine QD1 p50 / nbdkit over TCP QD1 p50".into(),
             pattern,
             ratio: pair(PLUGIN, "udp", NBDKIT, "tcp", LATENCY_DEPTH, p50),
             bound: 0.6,
             at_most: true,
         });
         goals.push(Goal {
-            name: "engine QD1 clat p99.9 / nbdkit over TCP QD1 p99.9".into(),
+            name: "engine QD1 p99.9 / nbdkit over TCP QD1 p99.9".into(),
             pattern,
             ratio: pair(PLUGIN, "udp", NBDKIT, "tcp", LATENCY_DEPTH, p999),
             bound: 0.3,
@@ -579,10 +623,10 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
     json!({"machine": crate::report::machine(), "fio": run.fio, "nbdkit": run.nbdkit,
            "engine": run.plugin.as_ref().map(|path| path.display().to_string()),
            "poll": format!("{:?}", args.poll).to_lowercase(), "poll_description": poll_description(args.poll),
-           "namespace": {"name": NAMESPACE, "backend": "pmem", "bytes": NAMESPACE_BYTES, "block_bytes": BLOCK_BYTES},
+           "namespace": {"name": NAMESPACE, "backend": "pmem", "medium": run.medium, "bytes": NAMESPACE_BYTES, "block_bytes": BLOCK_BYTES},
            "nbdkit_plugin": "memory 1G", "seconds": args.seconds, "ramp_seconds": 1, "depths": args.depths,
            "cases": cases, "goals": goals, "skipped": run.skipped,
-           "note": "goals are ratios of cases measured in this run; absolute numbers hold for this machine only; netdam's pmem-on-file writes are durable (msync MS_SYNC to disk), nbdkit memory's are volatile"})
+           "note": "goals are ratios of cases measured in this run; absolute numbers hold for this machine only; see namespace.medium for whether netdam's writes are as volatile as nbdkit memory's"})
 }
 
 fn markdown(args: &FioArgs, run: &Run) -> String {
@@ -590,12 +634,13 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "Machine: {}. fio: {}; nbdkit: {}. 4 KiB random I/O, {} s per case after 1 s of ramp, clat percentiles from fio. netdam: one in-process target, one worker, a {} GiB pmem namespace `{NAMESPACE}` (a file mapping in page cache, {BLOCK_BYTES}-byte blocks), {}; `netdam nbd` exports that namespace with one session; the peer is `nbdkit memory 1G`. Absolute numbers hold for this machine only; the goals are ratios within this run.\n",
+        "Machine: {}. fio: {}; nbdkit: {}. 4 KiB random I/O, {} s per case after 1 s of ramp, total latency (submission to completion, fio `lat_percentiles=1`) percentiles from fio. netdam: one in-process target, one worker, a {} GiB pmem namespace `{NAMESPACE}` ({}, {BLOCK_BYTES}-byte blocks), {}; `netdam nbd` exports that namespace with one session; the peer is `nbdkit memory 1G`. Absolute numbers hold for this machine only; the goals are ratios within this run.\n",
         crate::report::machine(),
         run.fio.as_deref().unwrap_or("not found"),
         run.nbdkit.as_deref().unwrap_or("not found"),
         args.seconds,
         NAMESPACE_BYTES >> 30,
+        run.medium,
         poll_description(args.poll),
     );
     text.push_str("| system | socket | rw | depth | IOPS | p50 µs | p99 µs | p99.9 µs |\n");
@@ -627,7 +672,7 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         }
     }
     text.push_str(
-        "\nThe engine reaches the target over UDP on loopback; the NBD cases go fio → NBD server over the socket named, and for `netdam nbd` on to the target over UDP. Every block holds data before the cases run (the namespace's file is written before the target maps it; each nbdkit is filled by an untimed sequential fio write), so reads return data on both sides. Writes are not alike: a pmem namespace on a file answers a write after `msync(MS_SYNC)` of its page, which reaches this machine's disk, while `nbdkit memory` is volatile RAM; the write goals compare durable against volatile writes.\n",
+        "\nThe engine reaches the target over UDP on loopback; the NBD cases go fio → NBD server over the socket named, and for `netdam nbd` on to the target over UDP. Every block holds data before the cases run (the namespace's file is written before the target maps it; each nbdkit is filled by an untimed sequential fio write), so reads return data on both sides. A pmem namespace answers a write after `msync(MS_SYNC)` of its page; on tmpfs that reaches no disk, so its writes are as volatile as `nbdkit memory`'s (where the file is on a disk, the write goals compare durable against volatile writes).\n",
     );
     text
 }

@@ -473,6 +473,20 @@ impl Client {
                 unsafe { libc::poll(&mut poll, 1, wait_ms) };
             }
         }
+        self.progress()
+    }
+
+    /// Whether a request submitted now goes out at once: `submit` waits otherwise.
+    pub fn has_room(&self) -> bool {
+        self.session.has_room()
+    }
+
+    /// Does what is due without waiting: takes the answers that have arrived, handles timeouts
+    /// (retransmissions, BUSY holds, a HELLO again), and sends what the window allows. For a
+    /// driver that runs several clients on one thread and waits on their sockets itself (the
+    /// fio engine): it calls this when a socket is readable or [`Client::time_to_deadline`]
+    /// has passed, then collects answers with [`Client::take_finished`].
+    pub fn progress(&mut self) -> Result<(), ClientError> {
         loop {
             match self.socket.recv(&mut self.receive_buffer) {
                 Ok(len) => self.session.handle_datagram(self.clock.now(), &self.receive_buffer[..len]),
@@ -495,6 +509,27 @@ impl Client {
             None => {}
         }
         self.flush()
+    }
+
+    /// A request that has finished (after [`Client::progress`]), if any, in no set order.
+    pub fn take_finished(&mut self) -> Option<Finished> {
+        let token = *self.finished.keys().next()?;
+        let result = self.finished.remove(&token)?;
+        Some((Ticket(token), result))
+    }
+
+    /// How long until [`Client::progress`] must run even if nothing arrives (a retransmission
+    /// or a BUSY hold is due); `None` when nothing is timed.
+    pub fn time_to_deadline(&self) -> Option<std::time::Duration> {
+        let deadline = self.session.poll_timeout()?;
+        Some(deadline.saturating_since(self.clock.now()).to_std())
+    }
+}
+
+impl AsRawFd for Client {
+    /// The socket: readable when answers have arrived.
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
     }
 }
 

@@ -39,6 +39,12 @@ impl Default for VolumeOptions {
     }
 }
 
+/// Refuses a request that is not a whole number of blocks inside a namespace of `size_bytes`
+/// (before anything is sent; the target would refuse it too). `what` names it in the error.
+pub fn check_request(what: &str, offset: u64, len: u64, block_bytes: u32, size_bytes: u64) -> Result<(), ClientError> {
+    misaligned(what, offset, len, block_bytes, size_bytes).map_or(Ok(()), Err)
+}
+
 /// A request that is not a whole number of blocks inside the namespace.
 fn misaligned(what: &str, offset: u64, len: u64, block_bytes: u32, size_bytes: u64) -> Option<ClientError> {
     let block = u64::from(block_bytes);
@@ -118,10 +124,7 @@ impl Volume {
     }
 
     fn check(&self, what: &str, offset: u64, len: u64) -> Result<(), ClientError> {
-        match misaligned(what, offset, len, self.block_bytes(), self.size_bytes()) {
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
+        check_request(what, offset, len, self.block_bytes(), self.size_bytes())
     }
 
     /// Pieces of at most `piece_bytes`: (byte offset, position in the request, bytes).

@@ -182,7 +182,7 @@ static int netdam_setup(struct thread_data *td)
 	return netdam_check_block_sizes(td, space.block_bytes);
 }
 
-/* In the job's own process or thread: the sessions and the runtime that drives them. */
+/* In the job's own process or thread: the sessions, driven from this thread. */
 static int netdam_init(struct thread_data *td)
 {
 	struct netdam_fio_settings settings = netdam_settings(td);

@@ -64,8 +64,9 @@ struct netdam_fio_engine;
  * process before forking jobs) and describes the namespace or region. 0 or an errno. */
 int netdam_fio_probe(const struct netdam_fio_settings *settings, struct netdam_fio_space *space);
 
-/* Starts an engine for one fio thread, in `*engine`: a tokio runtime and `settings.sessions`
- * sessions. `iodepth` bounds the I/Os in flight (and the completion queue). 0 or an errno. */
+/* Starts an engine for one fio thread, in `*engine`: `settings.sessions` sessions, driven from
+ * the calling thread only (no threads are started). `iodepth` bounds the I/Os in flight.
+ * 0 or an errno. */
 int netdam_fio_open(const struct netdam_fio_settings *settings, uint32_t iodepth, struct netdam_fio_engine **engine);
 
 /* Starts one I/O of `len` bytes at `offset`. For READ and WRITE, `buffer` holds `len` bytes and
@@ -80,7 +81,7 @@ int netdam_fio_submit(struct netdam_fio_engine *engine, uint32_t kind, uint64_t 
 uint32_t netdam_fio_reap(struct netdam_fio_engine *engine, uint32_t min, uint32_t max, int64_t timeout_ns,
 			 struct netdam_fio_completion *out);
 
-/* Closes the sessions and stops the runtime. Outstanding I/Os are abandoned. NULL is ignored. */
+/* Closes the sessions. Outstanding I/Os are abandoned. NULL is ignored. */
 void netdam_fio_close(struct netdam_fio_engine *engine);
 
 #ifdef __cplusplus

@@ -1,31 +1,30 @@
-//! One engine per fio thread: a tokio runtime that owns the sessions, a task per I/O, and the
-//! completion queue fio's thread reaps. fio's thread only hands I/Os over (`submit`) and
-//! collects them (`reap`); all network work happens on the runtime's threads.
+//! One engine per fio thread, run on that thread alone: no runtime, no thread of its own, no
+//! hand-over between threads. `submit` (fio's `queue`) splits an I/O into datagram-sized
+//! instructions and sends them on the sessions at once; `reap` (fio's `getevents`) reads the
+//! sessions' sockets, spinning (`poll=busy`) or sleeping in `ppoll` (`poll=blocking`), copies
+//! read data straight from the answer into fio's buffer, and completes an I/O when its last
+//! piece is answered. Retransmission, BUSY back-off and a HELLO again after a target restart
+//! happen inside the sessions whenever `reap` runs, which fio does while anything is in flight.
+//!
+//! Measured against the first engine (a tokio runtime, a task per I/O and a channel to each
+//! session's I/O task): see docs/DECISIONS.md, "The fio engine on fio's thread".
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use netdam_initiator::{AsyncClient, Client, ClientError, ClientOptions, Op, Volume, VolumeOptions};
-use netdam_isa::control::RegionInfo;
+use netdam_initiator::volume::check_request;
+use netdam_initiator::{Client, ClientError, ClientOptions, Op, Reply, Ticket};
+use netdam_isa::control::{NamespaceInfo, RegionInfo};
 use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
 use netdam_isa::Status;
-use tokio::runtime::Runtime;
 
-use crate::completions::{Completion, Completions, Cookie};
 use crate::settings::{Poll, Settings, SpaceName};
 
 /// I/O failures printed in full per engine; fio reports each failed I/O itself, so after these
 /// only a count is printed (at close), rather than one line per I/O of a failing run.
 const REPORTED_ERRORS_MAX: u32 = 8;
-
-/// How long closing waits for the sessions' I/O tasks to say CLOSE (each waits at most 100 ms
-/// for the target's confirmation): a session left open holds a target slot until it expires.
-const CLOSE_WAIT: Duration = Duration::from_millis(500);
-
-/// Most runtime threads one engine starts: each session's I/O task needs little CPU, and fio
-/// runs an engine per job, so more would only compete with fio's own threads.
-const RUNTIME_THREADS_MAX: usize = 4;
 
 /// What an I/O asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,11 +105,6 @@ pub struct IoBuffer {
     len: usize,
 }
 
-// SAFETY: fio allocates an io_u's buffer for the job's lifetime and does not read, write or free
-// it while the io_u is in flight (from `queue` until `event` hands the io_u back), which is
-// exactly as long as the I/O task holds this; only that task touches the bytes meanwhile.
-unsafe impl Send for IoBuffer {}
-
 impl IoBuffer {
     /// Wraps `len` bytes at `start`.
     ///
@@ -119,6 +113,11 @@ impl IoBuffer {
     /// else may access them, until the I/O this buffer belongs to has completed.
     pub unsafe fn new(start: *mut u8, len: usize) -> IoBuffer {
         IoBuffer { start, len }
+    }
+
+    /// No buffer (a sync or a trim).
+    pub fn empty() -> IoBuffer {
+        IoBuffer { start: std::ptr::null_mut(), len: 0 }
     }
 
     /// Bytes in the buffer.
@@ -146,6 +145,19 @@ impl IoBuffer {
         // SAFETY: as in `as_slice`; `&mut self` makes this the only view.
         unsafe { std::slice::from_raw_parts_mut(self.start, self.len) }
     }
+}
+
+/// fio's `io_u` for one I/O, handed back untouched: Rust never dereferences it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cookie(pub *mut c_void);
+
+/// One finished I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// Which I/O.
+    pub cookie: Cookie,
+    /// 0, or the errno fio reports for it.
+    pub errno: i32,
 }
 
 /// What `netdam_fio_probe` tells fio.
@@ -177,86 +189,386 @@ pub fn probe(settings: &Settings) -> Result<SpaceSize, OpenError> {
     size
 }
 
-/// The namespace or region, with the sessions that reach it.
+/// What fio's I/O addresses, and how its I/Os are cut into instructions.
 #[derive(Debug)]
 enum Space {
-    Namespace(Volume),
-    Region(Region),
+    /// A block namespace: BREAD/BWRITE of whole blocks, FLUSH, TRIM.
+    Namespace {
+        info: NamespaceInfo,
+        /// Bytes one BREAD or BWRITE carries at most.
+        transfer_bytes: u64,
+    },
+    /// A byte region: READ/WRITE, and FILL for a trim.
+    Region { info: RegionInfo, read_chunk_bytes: u64, write_chunk_bytes: u64 },
 }
 
-/// A region over one or more sessions.
+/// One instruction of an I/O, on the wire or waiting for room in a session's window.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    /// The I/O's slot.
+    io: usize,
+    /// For a read: where its data goes in fio's buffer, and how many bytes must come back.
+    read_into: Option<(usize, usize)>,
+}
+
+/// An I/O between `submit` and its completion.
 #[derive(Debug)]
-struct Region {
-    sessions: Vec<AsyncClient>,
-    info: RegionInfo,
-    /// Next session to give an I/O to (round robin).
-    next: AtomicUsize,
+struct Slot {
+    cookie: Cookie,
+    /// fio's buffer (empty for a sync or trim).
+    buffer: IoBuffer,
+    /// Pieces not yet answered.
+    remaining: usize,
+    /// The first failure among its pieces.
+    errno: i32,
 }
 
-impl Region {
-    fn session(&self) -> &AsyncClient {
-        &self.sessions[self.next.fetch_add(1, Ordering::Relaxed) % self.sessions.len()]
-    }
-
-    /// Reads into fio's buffer directly, every chunk in flight at once.
-    async fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
-        self.session().read_into(self.info.id, offset, out).await
-    }
-
-    /// Zeroes a range with FILL, in pieces no larger than a namespace's TRIM, so that one fio
-    /// trim does not hold a target worker longer than a block trim would.
-    async fn zero(&self, offset: u64, len: u64) -> Result<(), ClientError> {
-        let client = self.session();
-        let mut answers = Vec::new();
-        let mut done = 0;
-        while done < len {
-            let piece = (len - done).min(MAX_BLOCK_ZERO_BYTES);
-            answers.push(client.submit(vec![Op::fill(self.info.id, offset + done, piece as u32, 0)]).await?);
-            done += piece;
-        }
-        for answer in answers {
-            answer.wait().await?.data(0)?;
-        }
-        Ok(())
-    }
-}
-
-/// What the I/O tasks share.
+/// The engine of one fio thread.
 #[derive(Debug)]
-struct Shared {
+pub struct Engine {
+    sessions: Vec<Client>,
     space: Space,
     /// `namespace=disk` or `region=scratch`: the prefix of I/O error messages.
     option: String,
-    errors: AtomicU32,
+    poll: Poll,
+    /// I/Os in flight, by slot; at most fio's iodepth.
+    slots: Vec<Option<Slot>>,
+    free_slots: Vec<usize>,
+    /// Pieces on the wire, by session and ticket.
+    on_wire: HashMap<(usize, Ticket), Piece>,
+    /// Pieces waiting for room in a session's window, oldest first. Bounded by the I/Os
+    /// admitted (at most iodepth) and their sizes.
+    backlog: VecDeque<(Op, Piece)>,
+    /// Finished I/Os not yet reaped; at most iodepth.
+    done: VecDeque<Completion>,
+    /// Next session to try first (round robin).
+    next_session: usize,
+    /// I/Os that failed; the first few are printed in full.
+    errors: u32,
+    /// Session failures (a refused socket, a failed HELLO); the first few are printed.
+    session_errors: u32,
+    /// `ppoll`'s descriptors, one per session, kept so a wait allocates nothing.
+    poll_fds: Vec<libc::pollfd>,
 }
 
-impl Shared {
-    async fn execute(&self, io: &mut Io) -> Result<(), ClientError> {
-        match (&self.space, io) {
-            (Space::Namespace(volume), Io::Read { offset, buffer }) => {
-                volume.read(*offset, buffer.as_mut_slice()).await
+impl Engine {
+    /// Opens the sessions and finds the namespace or region; `iodepth` bounds the I/Os in
+    /// flight. The message names the option at fault.
+    pub fn open(settings: &Settings, iodepth: usize) -> Result<Engine, OpenError> {
+        let iodepth = iodepth.max(1);
+        let mut sessions = Vec::with_capacity(settings.sessions);
+        for _ in 0..settings.sessions.max(1) {
+            let session = Client::connect_with(settings.target, ClientOptions::default())
+                .map_err(|error| OpenError::client(&settings.target_option(), error))?;
+            sessions.push(session);
+        }
+        let info = sessions[0].info();
+        let space_option = settings.space.option();
+        let space = match &settings.space {
+            SpaceName::Namespace(name) => {
+                let namespace = info.namespace(name).map_err(|error| OpenError::client(&space_option, error))?;
+                let blocks = u64::from(info.blocks_per_transfer(namespace.block_bytes).max(1));
+                Space::Namespace { info: namespace.clone(), transfer_bytes: blocks * u64::from(namespace.block_bytes) }
             }
-            (Space::Namespace(volume), Io::Write { offset, buffer }) => {
-                volume.write(*offset, buffer.as_slice(), false).await
+            SpaceName::Region(name) => {
+                let region = info.region(name).map_err(|error| OpenError::client(&space_option, error))?;
+                Space::Region {
+                    info: region.clone(),
+                    read_chunk_bytes: info.read_chunk_bytes() as u64,
+                    write_chunk_bytes: info.write_chunk_bytes() as u64,
+                }
             }
-            (Space::Namespace(volume), Io::Sync) => volume.flush().await,
-            (Space::Namespace(volume), Io::Trim { offset, len }) => volume.trim(*offset, *len).await,
-            (Space::Region(region), Io::Read { offset, buffer }) => region.read(*offset, buffer.as_mut_slice()).await,
-            (Space::Region(region), Io::Write { offset, buffer }) => {
-                region.session().write(region.info.id, *offset, buffer.as_slice()).await
+        };
+        let poll_fds =
+            sessions.iter().map(|session| libc::pollfd { fd: session.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        Ok(Engine {
+            poll_fds: poll_fds.collect(),
+            sessions,
+            space,
+            option: space_option,
+            poll: settings.poll,
+            slots: (0..iodepth).map(|_| None).collect(),
+            free_slots: (0..iodepth).rev().collect(),
+            on_wire: HashMap::with_capacity(iodepth),
+            backlog: VecDeque::new(),
+            done: VecDeque::with_capacity(iodepth),
+            next_session: 0,
+            errors: 0,
+            session_errors: 0,
+        })
+    }
+
+    /// Starts one I/O; its completion carries `cookie`. Fails (with an errno, and no completion
+    /// to follow) only when fio exceeds the iodepth it gave at open.
+    pub fn submit(&mut self, io: Io, cookie: Cookie) -> Result<(), i32> {
+        let Some(slot) = self.free_slots.pop() else {
+            eprintln!(
+                "netdam: {}: more than iodepth={} I/Os submitted at once (a bug in the fio shim)",
+                self.option,
+                self.slots.len()
+            );
+            return Err(libc::EBUSY);
+        };
+        let pieces = match self.pieces(slot, &io) {
+            Ok(pieces) => pieces,
+            Err(error) => {
+                self.report(&io.describe(), &error);
+                self.done.push_back(Completion { cookie, errno: errno_of(&error) });
+                self.free_slots.push(slot);
+                return Ok(());
             }
-            // A region acknowledges a write once it is as durable as the region can make it
-            // (persisted, on a persistent region): a sync has nothing left to wait for.
-            (Space::Region(_), Io::Sync) => Ok(()),
-            (Space::Region(region), Io::Trim { offset, len }) => region.zero(*offset, *len).await,
+        };
+        if pieces.is_empty() {
+            // Nothing to send (a sync on a region, whose writes are durable when answered).
+            self.done.push_back(Completion { cookie, errno: 0 });
+            self.free_slots.push(slot);
+            return Ok(());
+        }
+        let buffer = match io {
+            Io::Read { buffer, .. } | Io::Write { buffer, .. } => buffer,
+            Io::Sync | Io::Trim { .. } => IoBuffer::empty(),
+        };
+        self.slots[slot] = Some(Slot { cookie, buffer, remaining: pieces.len(), errno: 0 });
+        self.backlog.extend(pieces);
+        self.send_backlog();
+        Ok(())
+    }
+
+    /// Cuts an I/O into instructions, each with the piece it completes.
+    fn pieces(&self, io: usize, request: &Io) -> Result<Vec<(Op, Piece)>, ClientError> {
+        let plain = Piece { io, read_into: None };
+        let mut pieces = Vec::new();
+        match (&self.space, request) {
+            (Space::Namespace { info, transfer_bytes }, request) => {
+                let block = u64::from(info.block_bytes);
+                let size_bytes = info.capacity_blocks * block;
+                match request {
+                    Io::Read { offset, buffer } => {
+                        check_request("read", *offset, buffer.len() as u64, info.block_bytes, size_bytes)?;
+                        for (at, position, len) in split(*offset, buffer.len() as u64, *transfer_bytes) {
+                            let op = Op::block_read(info.id, at / block, (len / block) as u32);
+                            pieces.push((op, Piece { io, read_into: Some((position as usize, len as usize)) }));
+                        }
+                    }
+                    Io::Write { offset, buffer } => {
+                        check_request("write", *offset, buffer.len() as u64, info.block_bytes, size_bytes)?;
+                        let data = buffer.as_slice();
+                        for (at, position, len) in split(*offset, data.len() as u64, *transfer_bytes) {
+                            let bytes = &data[position as usize..(position + len) as usize];
+                            pieces.push((Op::block_write(info.id, at / block, info.block_bytes, bytes, false), plain));
+                        }
+                    }
+                    Io::Sync => pieces.push((Op::flush(info.id), plain)),
+                    Io::Trim { offset, len } => {
+                        check_request("trim", *offset, *len, info.block_bytes, size_bytes)?;
+                        // The target bounds one TRIM (it may zero memory itself).
+                        for (at, _, piece) in split(*offset, *len, MAX_BLOCK_ZERO_BYTES / block * block) {
+                            pieces.push((Op::trim(info.id, at / block, (piece / block) as u32), plain));
+                        }
+                    }
+                }
+            }
+            (Space::Region { info, read_chunk_bytes, write_chunk_bytes }, request) => match request {
+                Io::Read { offset, buffer } => {
+                    for (at, position, len) in split(*offset, buffer.len() as u64, *read_chunk_bytes) {
+                        let op = Op::read(info.id, at, len as u32);
+                        pieces.push((op, Piece { io, read_into: Some((position as usize, len as usize)) }));
+                    }
+                }
+                Io::Write { offset, buffer } => {
+                    let data = buffer.as_slice();
+                    for (at, position, len) in split(*offset, data.len() as u64, *write_chunk_bytes) {
+                        let bytes = &data[position as usize..(position + len) as usize];
+                        pieces.push((Op::write(info.id, at, bytes), plain));
+                    }
+                }
+                // A region acknowledges a write once it is as durable as the region can make it
+                // (persisted, on a persistent region): a sync has nothing left to wait for.
+                Io::Sync => {}
+                // Zeroed with FILL, in pieces no larger than a namespace's TRIM, so that one fio
+                // trim does not hold a target worker longer than a block trim would.
+                Io::Trim { offset, len } => {
+                    for (at, _, piece) in split(*offset, *len, MAX_BLOCK_ZERO_BYTES) {
+                        pieces.push((Op::fill(info.id, at, piece as u32, 0), plain));
+                    }
+                }
+            },
+        }
+        Ok(pieces)
+    }
+
+    /// Sends waiting pieces, oldest first, on whichever sessions have room, starting with the
+    /// one after the last used, so that several sessions share the load.
+    fn send_backlog(&mut self) {
+        let count = self.sessions.len();
+        'pieces: while let Some((op, _)) = self.backlog.front() {
+            for step in 0..count {
+                let index = (self.next_session + step) % count;
+                if !self.sessions[index].has_room() {
+                    continue;
+                }
+                let submitted = self.sessions[index].submit(std::slice::from_ref(op));
+                let (_, piece) = self.backlog.pop_front().expect("front was just seen");
+                self.next_session = (index + 1) % count;
+                match submitted {
+                    Ok(ticket) => {
+                        self.on_wire.insert((index, ticket), piece);
+                    }
+                    Err(error) => self.finish_piece(piece, Err(error)),
+                }
+                continue 'pieces;
+            }
+            // Every window is full: the rest waits for answers.
+            break;
+        }
+    }
+
+    /// Reads what the sessions received, handles their timeouts, finishes pieces, and sends
+    /// what waits. Never blocks.
+    fn turn(&mut self) {
+        for index in 0..self.sessions.len() {
+            if let Err(error) = self.sessions[index].progress() {
+                self.fail_session(index, error);
+            }
+            while let Some((ticket, result)) = self.sessions[index].take_finished() {
+                // A piece failed early (its session reported an error) may still be answered.
+                if let Some(piece) = self.on_wire.remove(&(index, ticket)) {
+                    self.finish_piece(piece, result);
+                }
+            }
+        }
+        self.send_backlog();
+    }
+
+    /// A session's socket failed (the target refuses, or the network is gone): its pieces
+    /// fail now rather than after every retransmission; late answers to them are ignored.
+    fn fail_session(&mut self, index: usize, error: ClientError) {
+        if self.session_errors < REPORTED_ERRORS_MAX {
+            eprintln!("netdam: {}: session {index}: {error}", self.option);
+        }
+        self.session_errors += 1;
+        let lost: Vec<_> = self.on_wire.keys().filter(|(session, _)| *session == index).copied().collect();
+        for key in lost {
+            if let Some(piece) = self.on_wire.remove(&key) {
+                self.finish_piece(piece, Err(error.duplicate()));
+            }
+        }
+    }
+
+    /// Takes a piece's answer: a read's data goes into fio's buffer; the I/O completes with its
+    /// last piece.
+    fn finish_piece(&mut self, piece: Piece, result: Result<Reply, ClientError>) {
+        let Some(slot) = self.slots[piece.io].as_mut() else { return };
+        let outcome = result.and_then(|reply| {
+            let data = reply.data(0)?;
+            if let Some((position, len)) = piece.read_into {
+                if data.len() != len {
+                    return Err(ClientError::MissingResult(0));
+                }
+                slot.buffer.as_mut_slice()[position..position + len].copy_from_slice(data);
+            }
+            Ok(())
+        });
+        if let Err(error) = outcome {
+            if slot.errno == 0 {
+                slot.errno = errno_of(&error);
+                let what = format!("{} byte I/O", slot.buffer.len());
+                self.report(&what, &error);
+            }
+        }
+        let Some(slot) = self.slots[piece.io].as_mut() else { return };
+        slot.remaining -= 1;
+        if slot.remaining == 0 {
+            let slot = self.slots[piece.io].take().expect("the slot was just used");
+            self.done.push_back(Completion { cookie: slot.cookie, errno: slot.errno });
+            self.free_slots.push(piece.io);
         }
     }
 
     /// Prints the first few failures in full (fio prints only an errno per I/O).
-    fn report(&self, io: &Io, error: &ClientError) {
-        if self.errors.fetch_add(1, Ordering::Relaxed) < REPORTED_ERRORS_MAX {
-            eprintln!("netdam: {}: {}: {error}", self.option, io.describe());
+    fn report(&mut self, what: &str, error: &ClientError) {
+        if self.errors < REPORTED_ERRORS_MAX {
+            eprintln!("netdam: {}: {what}: {error}", self.option);
         }
+        self.errors += 1;
+    }
+
+    /// I/Os submitted and not yet reaped.
+    fn in_flight(&self) -> usize {
+        self.slots.len() - self.free_slots.len() + self.done.len()
+    }
+
+    /// Waits for at least `min` completions (no more than are in flight) until `timeout`
+    /// (`None`: no limit), and hands up to `max` to `sink`. Returns how many.
+    pub fn reap(
+        &mut self,
+        min: usize,
+        max: usize,
+        timeout: Option<Duration>,
+        mut sink: impl FnMut(Completion),
+    ) -> usize {
+        // Waiting for more than are in flight would wait forever.
+        let min = min.min(self.in_flight()).min(max);
+        let deadline = timeout.map(|timeout| Instant::now() + timeout);
+        loop {
+            self.turn();
+            if self.done.len() >= min {
+                break;
+            }
+            match self.poll {
+                Poll::Busy => {
+                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                Poll::Blocking => {
+                    if !self.sleep(deadline) {
+                        break;
+                    }
+                }
+            }
+        }
+        let mut taken = 0;
+        while taken < max {
+            let Some(completion) = self.done.pop_front() else { break };
+            sink(completion);
+            taken += 1;
+        }
+        taken
+    }
+
+    /// Sleeps until a session's socket is readable, a session's timer is due, or `deadline`;
+    /// false when `deadline` has passed.
+    fn sleep(&mut self, deadline: Option<Instant>) -> bool {
+        let now = Instant::now();
+        let until_deadline = match deadline {
+            Some(deadline) if deadline <= now => return false,
+            Some(deadline) => Some(deadline - now),
+            None => None,
+        };
+        let timers = self.sessions.iter().filter_map(Client::time_to_deadline);
+        let wait = timers.chain(until_deadline).min();
+        let timespec = wait.map(|wait| libc::timespec {
+            tv_sec: wait.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: libc::c_long::from(wait.subsec_nanos() as i32),
+        });
+        let timeout = timespec.as_ref().map_or(std::ptr::null(), |timespec| timespec as *const libc::timespec);
+        // SAFETY: `poll_fds` holds one initialised pollfd per session; `timeout` is NULL or
+        // points at a live timespec; no signal mask is changed.
+        unsafe {
+            libc::ppoll(self.poll_fds.as_mut_ptr(), self.poll_fds.len() as libc::nfds_t, timeout, std::ptr::null())
+        };
+        true
+    }
+
+    /// Closes the sessions (each says CLOSE, so the target frees its slot at once, waiting at
+    /// most 100 ms for its confirmation). I/Os still in flight are abandoned.
+    pub fn close(self) {
+        if self.errors > REPORTED_ERRORS_MAX {
+            eprintln!("netdam: {}: {} I/Os failed in all ({REPORTED_ERRORS_MAX} shown)", self.option, self.errors);
+        }
+        drop(self.sessions);
     }
 }
 
@@ -284,154 +596,11 @@ fn errno_of(error: &ClientError) -> i32 {
     }
 }
 
-/// Completes an I/O exactly once: with its result, or, if its task ends without one (a panic,
-/// or the runtime shutting down), with EIO, so that fio never waits for it forever.
-struct CompletionGuard {
-    completions: Arc<Completions>,
-    cookie: Cookie,
-    errno: i32,
-}
-
-impl Drop for CompletionGuard {
-    fn drop(&mut self) {
-        self.completions.push(Completion { cookie: self.cookie, errno: self.errno });
-    }
-}
-
-/// The engine of one fio thread.
-#[derive(Debug)]
-pub struct Engine {
-    // Declared before the runtime so that the sessions' handles go first (see `close`).
-    shared: Option<Arc<Shared>>,
-    runtime: Option<Runtime>,
-    completions: Arc<Completions>,
-    poll: Poll,
-    /// I/Os submitted and not yet reaped; only fio's thread changes it.
-    in_flight: usize,
-}
-
-impl Engine {
-    /// Starts the runtime and the sessions. `iodepth` bounds the I/Os in flight. The message
-    /// names the option at fault.
-    pub fn open(settings: &Settings, iodepth: usize) -> Result<Engine, OpenError> {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let threads = settings.sessions.min(cores).clamp(1, RUNTIME_THREADS_MAX);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name("netdam-fio")
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|error| {
-                let errno = error.raw_os_error().unwrap_or(libc::EAGAIN);
-                OpenError::new(errno, format!("cannot start the I/O runtime ({threads} threads): {error}"))
-            })?;
-        let space = runtime.block_on(connect(settings))?;
-        let shared = Shared { space, option: settings.space.option(), errors: AtomicU32::new(0) };
-        Ok(Engine {
-            shared: Some(Arc::new(shared)),
-            runtime: Some(runtime),
-            completions: Arc::new(Completions::new(iodepth)),
-            poll: settings.poll,
-            in_flight: 0,
-        })
-    }
-
-    /// Starts one I/O; its completion carries `cookie`. Fails (with an errno, and no completion
-    /// to follow) only when fio exceeds the iodepth it gave at open.
-    pub fn submit(&mut self, mut io: Io, cookie: Cookie) -> Result<(), i32> {
-        let (Some(shared), Some(runtime)) = (&self.shared, &self.runtime) else { return Err(libc::ESHUTDOWN) };
-        if self.in_flight >= self.completions.capacity() {
-            eprintln!(
-                "netdam: {}: more than iodepth={} I/Os submitted at once (a bug in the fio shim)",
-                shared.option,
-                self.completions.capacity()
-            );
-            return Err(libc::EBUSY);
-        }
-        self.in_flight += 1;
-        let shared = Arc::clone(shared);
-        let mut guard = CompletionGuard { completions: Arc::clone(&self.completions), cookie, errno: libc::EIO };
-        runtime.spawn(async move {
-            match shared.execute(&mut io).await {
-                Ok(()) => guard.errno = 0,
-                Err(error) => {
-                    shared.report(&io, &error);
-                    guard.errno = errno_of(&error);
-                }
-            }
-            drop(guard);
-        });
-        Ok(())
-    }
-
-    /// Waits for at least `min` completions (no more than are in flight) until `timeout`
-    /// (`None`: no limit), and hands up to `max` to `sink`. Returns how many.
-    pub fn reap(&mut self, min: usize, max: usize, timeout: Option<Duration>, sink: impl FnMut(Completion)) -> usize {
-        // Waiting for more than are in flight would wait forever.
-        let min = min.min(self.in_flight);
-        let deadline = timeout.map(|timeout| Instant::now() + timeout);
-        let taken = self.completions.take(min, max, deadline, self.poll, sink);
-        self.in_flight = self.in_flight.saturating_sub(taken);
-        taken
-    }
-
-    /// Closes the sessions (each says CLOSE, so the target frees its slot at once) and stops
-    /// the runtime. I/Os still in flight are abandoned.
-    pub fn close(mut self) {
-        let Some(runtime) = self.runtime.take() else { return };
-        let shared = self.shared.take();
-        let errors = shared.as_ref().map_or(0, |shared| shared.errors.load(Ordering::Relaxed));
-        if errors > REPORTED_ERRORS_MAX {
-            let option = shared.as_ref().map_or("", |shared| shared.option.as_str());
-            eprintln!("netdam: {option}: {errors} I/Os failed in all ({REPORTED_ERRORS_MAX} shown)");
-        }
-        // The last handle of each session ends its I/O task, which says CLOSE and then returns;
-        // give those tasks a bounded time before stopping the runtime under them.
-        drop(shared);
-        let deadline = Instant::now() + CLOSE_WAIT;
-        while runtime.metrics().num_alive_tasks() > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        runtime.shutdown_timeout(Duration::from_millis(100));
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        // `close` takes the runtime; an engine dropped otherwise (a failed open) stops it
-        // without waiting, from fio's thread, which is outside the runtime.
-        if let Some(runtime) = self.runtime.take() {
-            self.shared.take();
-            runtime.shutdown_background();
-        }
-    }
-}
-
-/// Opens the sessions and finds the namespace or region. The message names the option at fault.
-async fn connect(settings: &Settings) -> Result<Space, OpenError> {
-    let space_option = settings.space.option();
-    let options = ClientOptions::default();
-    match &settings.space {
-        SpaceName::Namespace(name) => {
-            let volume_options = VolumeOptions { sessions: settings.sessions, client: options };
-            match Volume::open(settings.target, name, volume_options).await {
-                Ok(volume) => Ok(Space::Namespace(volume)),
-                Err(error @ ClientError::NoSuchNamespace { .. }) => Err(OpenError::client(&space_option, error)),
-                Err(error @ ClientError::Setting(_)) => Err(OpenError::new(libc::EINVAL, error.to_string())),
-                Err(error) => Err(OpenError::client(&settings.target_option(), error)),
-            }
-        }
-        SpaceName::Region(name) => {
-            let mut sessions = Vec::with_capacity(settings.sessions);
-            for _ in 0..settings.sessions {
-                let session = AsyncClient::connect_with(settings.target, options).await;
-                sessions.push(session.map_err(|error| OpenError::client(&settings.target_option(), error))?);
-            }
-            let info = sessions[0].region(name).map_err(|error| OpenError::client(&space_option, error))?.clone();
-            Ok(Space::Region(Region { sessions, info, next: AtomicUsize::new(0) }))
-        }
-    }
+/// Pieces of at most `piece_bytes`: (byte offset, position in the request, bytes).
+fn split(offset: u64, len: u64, piece_bytes: u64) -> impl Iterator<Item = (u64, u64, u64)> {
+    (0..len)
+        .step_by(piece_bytes.max(1) as usize)
+        .map(move |position| (offset + position, position, piece_bytes.min(len - position)))
 }
 
 #[cfg(test)]

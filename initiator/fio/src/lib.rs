@@ -5,9 +5,9 @@
 //! - `shim/netdam_fio.c`, compiled against fio's own headers (Debian's source package for the
 //!   fio it ships), fills fio's `struct ioengine_ops` and its option table, and translates fio's
 //!   structures into the small C ABI of `shim/netdam_fio.h`;
-//! - this crate, which implements that ABI with the netdam initiator: a tokio runtime per fio
-//!   thread, a [`netdam_initiator::Volume`] for a namespace or [`netdam_initiator::AsyncClient`]s
-//!   for a region, and a bounded completion queue that fio's `getevents` waits on.
+//! - this crate, which implements that ABI with the netdam initiator: per fio thread, one or
+//!   more blocking [`netdam_initiator::Client`] sessions driven without blocking from fio's own
+//!   thread (`queue` sends, `getevents` reads the sockets), with no thread or runtime of its own.
 //!
 //! `build.rs` compiles the shim when `FIO_SOURCE` names a configured fio source tree
 //! (`ops/fio-plugin.sh` sets it); without it the crate builds (and tests) without the shim, and
@@ -16,7 +16,6 @@
 //! Every entry point catches panics: unwinding into fio's C frames is undefined behaviour, so a
 //! bug becomes an error code (and a message on stderr) instead.
 
-pub mod completions;
 pub mod engine;
 pub mod settings;
 
@@ -24,8 +23,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use crate::completions::Cookie;
-use crate::engine::{Engine, Io, IoBuffer, Kind, OpenError};
+use crate::engine::{Cookie, Engine, Io, IoBuffer, Kind, OpenError};
 use crate::settings::{RawSettings, Settings};
 
 /// `struct netdam_fio_settings`.

@@ -48,9 +48,10 @@ impl SpaceName {
 /// How the fio thread waits for completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Poll {
-    /// Spin on the completion queue: the lowest latency, one core busy per fio job.
+    /// Spin on the sessions' sockets: the lowest latency, one core busy per fio job.
     Busy,
-    /// Sleep on a condition variable until a completion (or fio's timeout) wakes the thread.
+    /// Sleep in `ppoll` on the sessions' sockets until an answer, a retransmission timer or
+    /// fio's timeout wakes the thread.
     Blocking,
 }
 
