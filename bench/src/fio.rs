@@ -23,6 +23,7 @@ use netdam_target::Target;
 use serde_json::json;
 
 use crate::block::BlockPoll;
+use crate::latency::LatencyPoll;
 
 /// The namespace every netdam case uses.
 const NAMESPACE: &str = "mem";
@@ -68,6 +69,7 @@ pub struct FioArgs {
 }
 
 /// One fio job's result.
+#[derive(Clone)]
 struct Case {
     system: &'static str,
     socket: &'static str,
@@ -91,6 +93,8 @@ impl Case {
 const PLUGIN: &str = "netdam fio engine";
 const NETDAM_NBD: &str = "netdam nbd";
 const NBDKIT: &str = "nbdkit memory";
+/// `netdam-bench throughput`'s client (BREAD/BWRITE of 4 KiB, no fio) on the same target.
+const THROUGHPUT: &str = "netdam-bench throughput";
 
 /// How fio reaches one system.
 enum Access {
@@ -200,6 +204,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
                 let access = Access::Plugin { engine: engine.clone(), target: target.local_addr() };
                 measure(args, &access, PLUGIN, "udp", &mut run);
                 run.plugin = Some(engine);
+                measure_throughput(args, &target, &mut run);
             }
             Err(reason) => skip(&mut run.skipped, PLUGIN, &reason),
         }
@@ -216,6 +221,9 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             }
             Err(reason) => skip(&mut run.skipped, NETDAM_NBD, &reason),
         }
+        // nbdkit needs no target: stopping it first gives nbdkit the cores a busy-polling
+        // worker would otherwise spin on.
+        target.stop();
         match version("nbdkit") {
             Ok(_) if !wanted("nbdkit") => {}
             Ok(found) => {
@@ -240,7 +248,6 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             Err(reason) => skip(&mut run.skipped, NBDKIT, &format!("{reason} (apt-get install nbdkit)")),
         }
     }
-    target.stop();
     run.goals = goals(&run.cases);
     let text = markdown(args, &run);
     print!("{text}");
@@ -253,7 +260,9 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         write("fio.json", format!("{:#}\n", report_json(args, &run)))?;
         write("fio.md", text)?;
         eprintln!("wrote {}/fio.json and fio.md", dir.display());
-        match plot(&run.cases, dir) {
+        // The plots show fio's view; the throughput client has no p99.9 to plot.
+        let fio_cases: Vec<Case> = run.cases.iter().filter(|case| case.system != THROUGHPUT).cloned().collect();
+        match plot(&fio_cases, dir) {
             Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
             Err(message) => eprintln!("{message}"),
         }
@@ -483,6 +492,38 @@ fn measure(args: &FioArgs, access: &Access, system: &'static str, socket: &'stat
     }
 }
 
+/// BREAD and BWRITE of 4 KiB at depth 32 with `netdam-bench throughput`'s client against the
+/// same target: what the engine's depth-32 IOPS are compared with. Its p99.9 is not recorded.
+fn measure_throughput(args: &FioArgs, target: &Target, run: &mut Run) {
+    use crate::throughput::{measure_point, PointSpec, ThroughputOp};
+    let poll = if args.poll == BlockPoll::Busy { LatencyPoll::Busy } else { LatencyPoll::Blocking };
+    for (pattern, op) in [("randread", ThroughputOp::Bread), ("randwrite", ThroughputOp::Bwrite)] {
+        eprintln!("{THROUGHPUT}: {pattern} at depth {THROUGHPUT_DEPTH}");
+        let spec = PointSpec {
+            op,
+            size: BLOCK_BYTES,
+            block_bytes: BLOCK_BYTES,
+            batch: 1,
+            sessions: 1,
+            depth: THROUGHPUT_DEPTH,
+        };
+        match measure_point(target, &spec, poll, args.seconds) {
+            Ok(point) => run.cases.push(Case {
+                system: THROUGHPUT,
+                socket: "udp",
+                pattern,
+                depth: THROUGHPUT_DEPTH,
+                iops: point.ops_per_s,
+                ops: (point.ops_per_s * args.seconds) as u64,
+                p50_ns: point.p50_ns,
+                p99_ns: point.p99_ns,
+                p999_ns: 0,
+            }),
+            Err(reason) => return skip(&mut run.skipped, THROUGHPUT, &reason),
+        }
+    }
+}
+
 /// One fio job: IOPS, I/Os and total latency (submission to completion) p50/p99/p99.9 in ns.
 ///
 /// Total latency, not fio's clat: for an asynchronous engine fio starts the clat clock after
@@ -593,9 +634,7 @@ fn goals(cases: &[Case]) -> Vec<Goal> {
                 if pattern == "randread" { "BREAD" } else { "BWRITE" }
             ),
             pattern,
-            ratio: Err(
-                "not in this run: throughput.rs exposes only run(), which starts its own target and namespace".into()
-            ),
+            ratio: pair(PLUGIN, "udp", THROUGHPUT, "udp", THROUGHPUT_DEPTH, iops),
             bound: 0.8,
             at_most: false,
         });
@@ -648,7 +687,7 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
     for case in &run.cases {
         let _ = writeln!(
             text,
-            "| {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            "| {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
             case.system,
             case.socket,
             case.pattern,
@@ -656,7 +695,8 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
             case.iops,
             us(case.p50_ns),
             us(case.p99_ns),
-            us(case.p999_ns)
+            // Not recorded for the throughput client.
+            if case.p999_ns == 0 { "-".to_string() } else { format!("{:.1}", us(case.p999_ns)) }
         );
     }
     text.push_str("\n| goal | rw | ratio | bound | verdict |\n| --- | --- | --- | --- | --- |\n");

@@ -94,11 +94,13 @@ fn thread_cpu_self() -> Duration {
     Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
 }
 
-fn ops(op: ThroughputOp, size: u32, batch: usize, index: u64, payload: &[u8]) -> (Vec<Op>, u32) {
-    const BLOCK: u32 = 512;
-    let blocks = size.div_ceil(BLOCK).max(1);
+/// Block size of the namespace this benchmark starts.
+const BLOCK_BYTES: u32 = 512;
+
+fn ops(op: ThroughputOp, size: u32, block: u32, batch: usize, index: u64, payload: &[u8]) -> (Vec<Op>, u32) {
+    let blocks = size.div_ceil(block).max(1);
     let moved = match op {
-        ThroughputOp::Bread | ThroughputOp::Bwrite => blocks * BLOCK,
+        ThroughputOp::Bread | ThroughputOp::Bwrite => blocks * block,
         ThroughputOp::FetchAdd => 8,
         _ => size,
     };
@@ -106,13 +108,13 @@ fn ops(op: ThroughputOp, size: u32, batch: usize, index: u64, payload: &[u8]) ->
         .map(|k| {
             let slot = (index * batch as u64 + k).wrapping_mul(2_654_435_761);
             let offset = (slot % ((32u64 << 20) / u64::from(moved.max(8)))) * u64::from(moved.max(8));
-            let block = slot % ((32u64 << 20) / u64::from(BLOCK) - u64::from(blocks));
+            let first = slot % ((32u64 << 20) / u64::from(block) - u64::from(blocks));
             match op {
                 ThroughputOp::Read => Op::read(0, offset, size),
                 ThroughputOp::Write => Op::write(0, offset, &payload[..size as usize]),
                 ThroughputOp::FetchAdd => Op::fetch_add(0, offset / 8 * 8, 1),
-                ThroughputOp::Bread => Op::block_read(0, block, blocks),
-                ThroughputOp::Bwrite => Op::block_write(0, block, BLOCK, &payload[..moved as usize], false),
+                ThroughputOp::Bread => Op::block_read(0, first, blocks),
+                ThroughputOp::Bwrite => Op::block_write(0, first, block, &payload[..moved as usize], false),
             }
         })
         .collect();
@@ -123,7 +125,7 @@ fn target_config(data_dir: &std::path::Path, poll: LatencyPoll) -> Config {
     crate::target::config(
         data_dir,
         poll.target(),
-        crate::target::pmem_namespace("throughput-namespace.region", 32 << 20, 512),
+        crate::target::pmem_namespace("throughput-namespace.region", 32 << 20, BLOCK_BYTES),
     )
 }
 
@@ -206,6 +208,7 @@ fn netdam_client(
     poll: LatencyPoll,
     op: ThroughputOp,
     size: u32,
+    block: u32,
     batch: usize,
     depth: usize,
     seconds: f64,
@@ -232,7 +235,7 @@ fn netdam_client(
             cpu_start = Some(thread_cpu_self());
         }
         while now < stop_at && in_flight < depth {
-            let (list, _) = ops(op, size, batch, index, &payload);
+            let (list, _) = ops(op, size, block, batch, index, &payload);
             index += 1;
             let started = Instant::now();
             let ticket = client.submit(&list).map_err(|e| e.to_string())?;
@@ -270,19 +273,41 @@ fn netdam_point(
     depth: usize,
     size: u32,
 ) -> Result<Point, String> {
+    let spec = PointSpec { op: args.op, size, block_bytes: BLOCK_BYTES, batch: args.batch, sessions, depth };
+    measure_point(target, &spec, args.poll, args.seconds)
+}
+
+/// What one point drives: against namespace 0 (block instructions) or region 0.
+#[derive(Debug, Clone, Copy)]
+pub struct PointSpec {
+    pub op: ThroughputOp,
+    /// Bytes per instruction.
+    pub size: u32,
+    /// The namespace's block size (block instructions).
+    pub block_bytes: u32,
+    pub batch: usize,
+    pub sessions: usize,
+    pub depth: usize,
+}
+
+/// Measures one point against a running target (its namespace 0 or region 0, whose first
+/// 32 MiB are addressed), without the echo floor.
+pub fn measure_point(target: &Target, spec: &PointSpec, poll: LatencyPoll, seconds: f64) -> Result<Point, String> {
     let addr = target.local_addr();
+    let PointSpec { op, size, block_bytes, batch, sessions, depth } = *spec;
     let barrier = Arc::new(Barrier::new(sessions + 1));
     let threads: Vec<_> = (0..sessions)
         .map(|_| {
             let barrier = barrier.clone();
-            let (poll, op, batch, seconds) = (args.poll, args.op, args.batch, args.seconds);
-            std::thread::spawn(move || netdam_client(addr, poll, op, size, batch, depth, seconds, &barrier))
+            std::thread::spawn(move || {
+                netdam_client(addr, poll, op, size, block_bytes, batch, depth, seconds, &barrier)
+            })
         })
         .collect();
     barrier.wait();
-    std::thread::sleep(Duration::from_secs_f64(args.seconds / 4.0));
+    std::thread::sleep(Duration::from_secs_f64(seconds / 4.0));
     let worker_before = thread_cpu("netdam-worker-0").unwrap_or_default();
-    std::thread::sleep(Duration::from_secs_f64(args.seconds));
+    std::thread::sleep(Duration::from_secs_f64(seconds));
     let worker_cpu = thread_cpu("netdam-worker-0").unwrap_or_default().saturating_sub(worker_before);
     let mut histogram = crate::histogram();
     let (mut instructions, mut client_cpu, mut retransmissions, mut busy) = (0, Duration::ZERO, 0, 0);
@@ -294,15 +319,15 @@ fn netdam_point(
         retransmissions += result.retransmissions;
         busy += result.busy;
     }
-    let (_, moved) = ops(args.op, size, 1, 0, &[0u8; 1 << 16]);
+    let (_, moved) = ops(op, size, block_bytes, 1, 0, &[0u8; 1 << 16]);
     let per = |cpu: Duration| cpu.as_nanos() as f64 / instructions.max(1) as f64;
     Ok(Point {
         sessions,
         depth,
         size: moved,
         floor_rate: 0.0,
-        ops_per_s: instructions as f64 / args.seconds,
-        bytes_per_s: instructions as f64 * f64::from(moved) / args.seconds,
+        ops_per_s: instructions as f64 / seconds,
+        bytes_per_s: instructions as f64 * f64::from(moved) / seconds,
         p50_ns: histogram.value_at_quantile(0.5),
         p99_ns: histogram.value_at_quantile(0.99),
         target_cpu_ns: per(worker_cpu),
@@ -318,7 +343,7 @@ pub fn run(args: &ThroughputArgs) -> Result<Vec<Point>, String> {
     let mut points = Vec::new();
     for &size in &args.sizes {
         let payload = vec![0u8; 1 << 16];
-        let (sample, moved) = ops(args.op, size, args.batch, 0, &payload);
+        let (sample, moved) = ops(args.op, size, BLOCK_BYTES, args.batch, 0, &payload);
         let request_bytes = HEADER_LEN + sample.iter().map(|op| op.as_instruction().encoded_len()).sum::<usize>();
         let answer_data = match args.op {
             ThroughputOp::Read | ThroughputOp::Bread => moved as usize,
