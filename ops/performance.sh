@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the README's Performance section on this machine: every netdam-bench report (JSON,
-# markdown and PNG plots) into the directory given (default docs/results). Takes about 8 minutes
+# markdown and PNG plots) into the directory given (default docs/results). Takes about 12 minutes
 # and wants the machine otherwise idle. Timings are measurements, never pass/fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,5 +15,9 @@ $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 1 --seconds 2 --
 $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 2 --seconds 2 --out "$out/bread-4k-batch2" > /dev/null
 $bench block --poll busy --out "$out/block-busy" > /dev/null
 $bench block --poll adaptive --out "$out/block-adaptive" > /dev/null
-cargo build --release --locked --bin netdam && $bench fio --seconds 5 --depths 1,32 --poll adaptive --out "$out" > /dev/null
+# fio through the engine and through `netdam nbd`, beside nbdkit: busy polling (the goals of the
+# README's table), then the default adaptive worker with the engine sleeping between answers.
+cargo build --release --locked --bin netdam
+$bench fio --seconds 5 --depths 1,32 --poll busy --out "$out" > /dev/null
+$bench fio --seconds 5 --depths 1,32 --poll adaptive --out "$out/fio-adaptive" > /dev/null
 echo "reports in $out"

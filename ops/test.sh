@@ -121,6 +121,8 @@ smoke_results="$(mktemp -d -t netdam-bench.XXXXXX)"
 ./build/release/netdam-bench floor --requests 2000 --warmup 200 --poll blocking --sizes 64
 ./build/release/netdam-bench throughput --depths 1,8,32 --seconds 0.3 --poll blocking --out "$smoke_results"
 ls "$smoke_results"
+# The regression guard reads what the benchmarks wrote (a report against itself: nothing moved).
+./build/release/netdam-bench compare "$smoke_results/throughput.json" "$smoke_results/throughput.json" --fail-on-worse | tail -1
 rm -rf "$smoke_results"
 ./build/release/netdam-bench sim --workload incast --initiators 8 --millis 2 > /dev/null
 if command -v fio >/dev/null; then

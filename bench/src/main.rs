@@ -2,6 +2,7 @@
 //! machine in the same run. Absolute times hold for this machine only; the ratios are the result.
 
 mod block;
+mod compare;
 mod fio;
 mod floor;
 mod latency;
@@ -34,8 +35,10 @@ use netdam_initiator::{Client, Op};
 ///   write load.
 /// - `fio`: fio 3.33's 4 KiB random reads and writes (QD1, QD32) through the netdam fio engine,
 ///   through `netdam nbd` (fio's nbd engine, TCP and Unix socket) and through `nbdkit memory`
-///   (the peer), on memory-backed storage in the same run; IOPS, clat p50/p99/p99.9 and goals as
-///   ratios to nbdkit.
+///   (the peer), on memory-backed storage in the same run; IOPS, p50/p99/p99.9 of total latency
+///   and goals as ratios to nbdkit and to `throughput`'s client.
+/// - `compare OLD.json NEW.json`: the regression guard; every figure of two reports of the same
+///   kind, with the ones that moved past a threshold (10% by default) flagged worse or better.
 /// - `sim`, `sim-table`, `load`: the congestion-control simulator and the incast load generator.
 ///
 /// `--out DIR` writes JSON for machines, markdown for people and PNG plots (latency percentiles,
@@ -65,6 +68,9 @@ enum Command {
     /// `netdam nbd` and through `nbdkit memory` (TCP and Unix socket), on memory-backed storage;
     /// IOPS, latency percentiles and goals as ratios to nbdkit in the same run.
     Fio(fio::FioArgs),
+    /// Two reports of the same kind (the JSON `--out` writes), figure by figure: each figure's
+    /// change, and the figures of merit that moved past a threshold flagged worse or better.
+    Compare(compare::CompareArgs),
     /// One run of the deterministic simulator (initiators and a target on a virtual clock).
     Sim(SimArgs),
     /// Print the table of simulated results (docs/SIMULATION.md) to standard output.
@@ -185,6 +191,12 @@ fn main() {
         Command::Fio(args) => {
             if let Err(message) = fio::run(&args) {
                 eprintln!("netdam-bench fio: {message}");
+                std::process::exit(1);
+            }
+        }
+        Command::Compare(args) => {
+            if let Err(message) = compare::run(&args) {
+                eprintln!("netdam-bench compare: {message}");
                 std::process::exit(1);
             }
         }
