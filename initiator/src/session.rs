@@ -40,8 +40,15 @@ pub struct SessionConfig {
     pub min_rto: Duration,
     /// Ceiling of the retransmission timeout and its back-off.
     pub max_rto: Duration,
-    /// Transmissions of one request before it fails.
+    /// Transmissions of one request before it may fail.
     pub max_attempts: u32,
+    /// Least time from a request's first transmission to its failure: a request that has used
+    /// its attempts sooner is sent again every `max_rto` until this much time has passed. A
+    /// storage target may stall (a device flushing, a loaded machine) for longer than the
+    /// attempts' back-off adds up to (about 127 ms from a 500 µs timeout), and failing a
+    /// request then fails the user's I/O for a pause, not for a dead target (a refused socket
+    /// still fails at once).
+    pub min_patience: Duration,
     /// BUSY answers one request may get before it fails.
     pub max_busy_retries: u32,
     /// Largest datagram sent or expected back.
@@ -58,6 +65,7 @@ impl Default for SessionConfig {
             min_rto: Duration::from_micros(500),
             max_rto: Duration::from_millis(2_000),
             max_attempts: 8,
+            min_patience: Duration::from_millis(5_000),
             max_busy_retries: 64,
             max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
             congestion: Some(SwiftConfig::default()),
@@ -154,6 +162,8 @@ struct Request {
     state: State,
     /// When the latest transmission left.
     sent_at: Instant,
+    /// When the first transmission left (what `min_patience` counts from).
+    first_sent_at: Instant,
 }
 
 /// Smoothed RTT and variance (RFC 6298) for the retransmission timeout.
@@ -473,6 +483,7 @@ impl Session {
             busy_retries: 0,
             state,
             sent_at: Instant::ZERO,
+            first_sent_at: Instant::ZERO,
         });
         sequence
     }
@@ -504,6 +515,9 @@ impl Session {
             let backed_off = Duration::from_nanos(rto.as_nanos().saturating_mul(1 << (request.attempts - 1).min(16)));
             request.state = State::Sent { deadline: now + backed_off.min(self.config.max_rto) };
             request.sent_at = now;
+            if first_send {
+                request.first_sent_at = now;
+            }
             self.stats.transmissions += 1;
             if !first_send {
                 self.stats.retransmissions += 1;
@@ -610,7 +624,8 @@ impl Session {
                     if let Some(swift) = &mut self.swift {
                         swift.on_timeout(now);
                     }
-                    if request.attempts < self.config.max_attempts {
+                    let patient = now.saturating_since(request.first_sent_at) < self.config.min_patience;
+                    if request.attempts < self.config.max_attempts || patient {
                         request.state = State::Waiting;
                         // Retransmissions go before new requests.
                         self.send_queue.push_front(request.sequence);

@@ -16,6 +16,8 @@ fn config() -> SessionConfig {
         initial_rto: Duration::from_millis(10),
         max_rto: Duration::from_millis(25),
         max_attempts: 3,
+        // Fail on attempts alone, so the tests see exactly three transmissions.
+        min_patience: Duration::ZERO,
         ..SessionConfig::default()
     }
 }
@@ -311,4 +313,40 @@ fn a_failed_hello_fails_the_waiting_requests_and_the_next_request_says_hello_aga
     establish(&mut session, at_ms(5), 7);
     let read = session.poll_transmit(at_ms(5)).unwrap();
     assert_eq!(Request::parse(read).unwrap().header.session, 7);
+}
+
+#[test]
+fn a_request_out_of_attempts_keeps_trying_until_its_patience_is_spent() {
+    let patient = SessionConfig { min_patience: Duration::from_millis(100), ..config() };
+    let mut session = Session::new(patient, 9);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    let mut now = at_ms(0);
+    let mut transmissions = 0;
+    while session.poll_completion().is_none() {
+        while session.poll_transmit(now).is_some() {
+            transmissions += 1;
+        }
+        now = session.poll_timeout().expect("a retransmission or the failure is due");
+        session.handle_timeout(now);
+        assert!(now <= at_ms(200), "no end in sight at {now:?}");
+    }
+    // Three attempts (0, 10, 30 ms), then every max_rto (25 ms): 55, 80; the timeout at 105 ms,
+    // past the patience, fails it.
+    assert_eq!(transmissions, 5, "three attempts, then more until 100 ms had passed");
+    assert_eq!(now, at_ms(105));
+    assert!(now >= at_ms(100), "failed at {now:?}, before its patience was spent");
+    // An answer within the patience still completes it.
+    let mut session = Session::new(patient, 9);
+    session.submit(&[Op::read(0, 0, 8)], 2).unwrap();
+    let mut last = Vec::new();
+    for at in [0, 10, 30, 55] {
+        session.handle_timeout(at_ms(at));
+        if let Some(datagram) = session.poll_transmit(at_ms(at)) {
+            last = datagram.to_vec();
+        }
+    }
+    session.handle_datagram(at_ms(60), &answer(&last));
+    let completion = session.poll_completion().unwrap();
+    assert_eq!(completion.token, 2);
+    assert!(completion.result.is_ok(), "{:?}", completion.result.err());
 }
