@@ -290,6 +290,18 @@ pub fn set_request_session(datagram: &mut [u8], session: u32) {
     datagram[header_field::CRC].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Restamps an encoded response held back by its target (group commit): its service time, and
+/// its datagram status when given (the persist failed), with the CRC recomputed once.
+pub fn restamp_response(datagram: &mut [u8], service_time_ns: u32, status: Option<Status>) {
+    assert!(datagram.len() >= HEADER_LEN, "an encoded response has a whole header");
+    datagram[header_field::SERVICE_TIME_NS].copy_from_slice(&service_time_ns.to_le_bytes());
+    if let Some(status) = status {
+        datagram[header_field::STATUS] = status as u8;
+    }
+    let crc = datagram_crc(datagram);
+    datagram[header_field::CRC].copy_from_slice(&crc.to_le_bytes());
+}
+
 /// Whether the datagram claims to be a response (its flags byte read at the v1 position).
 pub fn peek_is_response(bytes: &[u8]) -> bool {
     bytes.len() > header_field::FLAGS && bytes[header_field::FLAGS] & FLAG_RESPONSE != 0

@@ -144,6 +144,8 @@ pub struct Dispatcher<E> {
     /// Issue time of the last cookie: each new one is later, so no two HELLOs get the same.
     last_cookie: Instant,
     refusals: RefusalLog,
+    /// Group commit is on for the receive pass under way (see [`Dispatcher::set_group_commit`]).
+    group_commit: bool,
 }
 
 impl<E: Engine> Dispatcher<E> {
@@ -162,6 +164,7 @@ impl<E: Engine> Dispatcher<E> {
             last_sweep: Instant::ZERO,
             last_cookie: Instant::ZERO,
             refusals: RefusalLog::default(),
+            group_commit: false,
         }
     }
 
@@ -334,7 +337,11 @@ impl<E: Engine> Dispatcher<E> {
         pending.reply_to = Some(from);
         pending.queueing = queueing;
         pending.started = now;
+        // A deferred datagram's answer leaves on its own, after block I/O: its memory writes
+        // are persisted at once, not with the pass's group commit.
+        self.engine.set_group_commit(false);
         self.advance(now, slot);
+        self.engine.set_group_commit(self.group_commit);
         Handled::Deferred(slot)
     }
 
@@ -346,6 +353,24 @@ impl<E: Engine> Dispatcher<E> {
                 tracing::warn!(worker = self.worker, %error, "cannot place io_uring helper threads");
             }
         }
+    }
+
+    /// Group commit for one receive pass (see [`Engine::set_group_commit`]).
+    pub fn set_group_commit(&mut self, on: bool) {
+        self.group_commit = on;
+        self.engine.set_group_commit(on);
+    }
+
+    /// Whether writes of this pass are not yet durable: answers must wait for
+    /// [`Dispatcher::persist_pending`].
+    pub fn persist_is_pending(&self) -> bool {
+        self.engine.persist_is_pending()
+    }
+
+    /// Makes the pass's writes durable; on `Err` the answers held for them must not be sent as
+    /// they are.
+    pub fn persist_pending(&mut self) -> Result<(), Status> {
+        self.engine.persist_pending()
     }
 
     /// Datagrams waiting for block I/O (or to be sent): while any are, the driver must keep
@@ -544,6 +569,12 @@ impl<E: Engine> Dispatcher<E> {
     /// response) is kept when the ticket asked for it.
     pub fn record(&mut self, ticket: RecordTicket, answer: Option<&[u8]>) {
         self.sessions.record(ticket, answer);
+    }
+
+    /// Marks an executed request whose answer is held (group commit) as in progress: a
+    /// duplicate arriving before [`Dispatcher::record`] is not executed again.
+    pub fn hold(&mut self, ticket: RecordTicket) {
+        self.sessions.mark_in_progress(ticket);
     }
 
     fn datagram_status<'b>(&self, out: &'b mut [u8], session: u32, sequence: u64, status: Status) -> Handled<'b> {

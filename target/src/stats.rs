@@ -57,6 +57,9 @@ counters! {
     BlockDatagramsDeferred => "block_datagrams_deferred": "Datagrams with block instructions, answered when their I/O completed.",
     BlockRequestsSubmitted => "block_requests_submitted": "Block requests handed to a namespace's device.",
     BusyBlockSlotsFull => "busy_block_slots_full": "Answered busy: every slot for datagrams waiting on block I/O was taken.",
+    GroupCommits => "group_commits": "Receive passes whose writes to persistent regions were persisted together before their answers left.",
+    AnswersHeld => "answers_held": "Answers held for their pass's group commit.",
+    GroupCommitFailures => "group_commit_failures": "Group commits whose persist failed: their held answers said io_error.",
     SendErrors => "send_errors": "Responses the kernel refused to send.",
     ReceiveErrors => "receive_errors": "Receive calls that failed other than for lack of data.",
 }

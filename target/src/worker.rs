@@ -1,7 +1,9 @@
 //! A worker: one thread, one socket on the shared port, running every request to completion.
 //!
 //! Each pass takes at most `RECEIVE_BATCH` datagrams (bounded work per pass), executes each and
-//! sends its response before taking the next. All buffers are allocated before the loop starts;
+//! sends its response before taking the next, except under group commit: once a datagram of the
+//! pass has written to a durable region, that write and the ones after it are persisted together
+//! at the end of the pass, and the answers given meanwhile wait for that persist. All buffers are allocated before the loop starts;
 //! inside it there is no allocation, no lock, and no system call but receive and send.
 
 use std::os::fd::OwnedFd;
@@ -9,12 +11,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use netdam_isa::engine::Engine;
+use netdam_isa::limits::RECEIVE_BATCH;
 use netdam_isa::time::MonotonicClock;
-use netdam_isa::Duration;
+use netdam_isa::wire::restamp_response;
+use netdam_isa::{Duration, Instant, Status};
 
 use crate::block::ReplyTo;
 use crate::config::PollMode;
 use crate::dispatch::{Dispatcher, Handled};
+use crate::sessions::RecordTicket;
 use crate::socket::{self, ReceiveBatch};
 use crate::stats::Counter;
 
@@ -35,6 +40,7 @@ pub struct WorkerSettings {
 pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: WorkerSettings, shutdown: Arc<AtomicBool>) {
     let mut batch = ReceiveBatch::new(settings.max_datagram_bytes);
     let mut out = vec![0u8; settings.max_datagram_bytes];
+    let mut held = HeldAnswers::new(settings.max_datagram_bytes);
     let clock = settings.clock;
     // Last datagram received or block answer sent.
     let mut last_datagram = clock.now();
@@ -80,6 +86,9 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         let received_at = clock.now();
         let received_at_realtime_ns = socket::realtime_ns();
         last_datagram = received_at;
+        // Group commit: the pass's writes to durable regions are persisted once, at its end,
+        // and every answer given after the first such write waits for that persist.
+        dispatcher.set_group_commit(true);
         for index in 0..count {
             let (received, datagram) = batch.get(index);
             if received.truncated {
@@ -100,31 +109,115 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 continue;
             };
             let from = ReplyTo { peer, ttl: received.ttl };
-            let len = match dispatcher.handle(started, from, queueing, datagram, &mut out) {
+            let (len, record) = match dispatcher.handle(started, from, queueing, datagram, &mut out) {
                 Handled::Dropped => continue,
-                Handled::Replay(len) => len,
+                Handled::Replay(len) => (len, None),
                 Handled::Deferred(_) => continue,
                 Handled::Answer { response, record } => {
-                    let held = queueing + clock.now().saturating_since(started);
-                    let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
+                    let held_for = queueing + clock.now().saturating_since(started);
+                    let service_time_ns = u32::try_from(held_for.as_nanos()).unwrap_or(u32::MAX);
                     // Datagrams of this batch still waiting behind this one: the worker's queue.
                     let queue_depth = (count - 1 - index) as u16;
-                    let len = response.finish(received.ttl, service_time_ns, queue_depth);
-                    if let Some((ticket, store_answer)) = record {
-                        dispatcher.record(ticket, store_answer.then_some(&out[..len]));
-                    }
-                    len
+                    (response.finish(received.ttl, service_time_ns, queue_depth), record)
                 }
             };
-            // Counted before the send, so whoever has received an answer also sees it counted.
-            dispatcher.count(Counter::ResponsesSent);
-            if batch.reply(&fd, index, &out[..len]).is_err() {
-                dispatcher.count(Counter::SendErrors);
+            if dispatcher.persist_is_pending() {
+                if let Some((ticket, _)) = record {
+                    dispatcher.hold(ticket);
+                }
+                // Its service time is restamped when it leaves: the persist is part of it, and
+                // an initiator that saw it as network delay would shrink its fabric window.
+                let service_from = Instant::from_nanos(started.as_nanos().saturating_sub(queueing.as_nanos()));
+                held.push(Held { index, len, service_from, record }, &out[..len]);
+                dispatcher.count(Counter::AnswersHeld);
+                continue;
+            }
+            if let Some((ticket, store_answer)) = record {
+                dispatcher.record(ticket, store_answer.then_some(&out[..len]));
+            }
+            send_answer(&fd, &batch, &dispatcher, index, &out[..len]);
+        }
+        dispatcher.set_group_commit(false);
+        if !held.is_empty() {
+            let persisted = dispatcher.persist_pending();
+            dispatcher.count(Counter::GroupCommits);
+            if persisted.is_err() {
+                dispatcher.count(Counter::GroupCommitFailures);
+            }
+            let now = clock.now();
+            for (entry, answer) in held.drain() {
+                let service_ns = u32::try_from(now.saturating_since(entry.service_from).as_nanos()).unwrap_or(u32::MAX);
+                // The writes may not be durable: then nothing held may say it succeeded.
+                restamp_response(answer, service_ns, persisted.err().map(|_| Status::IoError));
+                if let Some((ticket, store_answer)) = entry.record {
+                    dispatcher.record(ticket, store_answer.then_some(&*answer));
+                }
+                send_answer(&fd, &batch, &dispatcher, entry.index, answer);
             }
         }
         if poll_block(&fd, &mut dispatcher, &clock) > 0 {
             last_datagram = clock.now();
         }
+    }
+}
+
+/// Sends the answer to datagram `index` of the batch, counted first, so whoever has received an
+/// answer also sees it counted.
+fn send_answer<E: Engine>(fd: &OwnedFd, batch: &ReceiveBatch, dispatcher: &Dispatcher<E>, index: usize, answer: &[u8]) {
+    dispatcher.count(Counter::ResponsesSent);
+    if batch.reply(fd, index, answer).is_err() {
+        dispatcher.count(Counter::SendErrors);
+    }
+}
+
+/// One answer held for the pass's group commit.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// Its datagram's index in the batch.
+    index: usize,
+    len: usize,
+    /// When its service time began (its arrival in the kernel's queue).
+    service_from: Instant,
+    record: Option<(RecordTicket, bool)>,
+}
+
+/// Answers of one receive pass held for its group commit, in a buffer allocated once.
+struct HeldAnswers {
+    /// `RECEIVE_BATCH` slots of the largest datagram.
+    buffer: Vec<u8>,
+    slot_bytes: usize,
+    entries: [Held; RECEIVE_BATCH],
+    len: usize,
+}
+
+impl HeldAnswers {
+    fn new(slot_bytes: usize) -> HeldAnswers {
+        let empty = Held { index: 0, len: 0, service_from: Instant::ZERO, record: None };
+        HeldAnswers {
+            buffer: vec![0u8; slot_bytes * RECEIVE_BATCH],
+            slot_bytes,
+            entries: [empty; RECEIVE_BATCH],
+            len: 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Keeps a copy of an answer; a pass has at most `RECEIVE_BATCH` datagrams, so there is room.
+    fn push(&mut self, entry: Held, answer: &[u8]) {
+        let start = self.len * self.slot_bytes;
+        self.buffer[start..start + answer.len()].copy_from_slice(answer);
+        self.entries[self.len] = entry;
+        self.len += 1;
+    }
+
+    /// The held answers in the order they were given, each writable; empties the list.
+    fn drain(&mut self) -> impl Iterator<Item = (Held, &mut [u8])> {
+        let len = std::mem::take(&mut self.len);
+        let entries = &self.entries[..len];
+        self.buffer.chunks_mut(self.slot_bytes).zip(entries).map(|(slot, &entry)| (entry, &mut slot[..entry.len]))
     }
 }
 
