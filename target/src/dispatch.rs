@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use netdam_isa::block::BlockOp;
-use netdam_isa::control::{decode_hello_operand, encode_hello_answer, StatWriter, COOKIE_LEN};
+use netdam_isa::control::{decode_hello_operand, encode_hello_answer, NamespaceEntry, StatWriter, COOKIE_LEN};
 use netdam_isa::engine::Engine;
 use netdam_isa::limits::{
     DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
@@ -494,6 +494,11 @@ impl<E: Engine> Dispatcher<E> {
                 return entry;
             }
         };
+        if let BlockOp::Status { .. } = op {
+            // No device reports allocation yet.
+            entry.status = Status::NotSupported;
+            return entry;
+        }
         let block_bytes = shape.block_bytes as usize;
         let namespace = usize::from(namespace);
         let buffer = match op {
@@ -522,6 +527,7 @@ impl<E: Engine> Dispatcher<E> {
                 BlockRequest::WriteZeroes { offset_blocks, num_blocks }
             }
             (BlockOp::Read { .. } | BlockOp::Write { .. }, None) => unreachable!("transfers took a buffer above"),
+            (BlockOp::Status { .. }, _) => unreachable!("answered above"),
         };
         match device.submit(block::tag(slot, index), request) {
             Ok(()) => {
@@ -673,11 +679,13 @@ impl<E: Engine> Dispatcher<E> {
         let regions = self.shared.regions.iter().map(|(id, region)| {
             (id, region.name(), region.len() as u64, region.durability() == Durability::Persistent)
         });
-        let namespaces = self
-            .shared
-            .namespaces
-            .iter()
-            .map(|(id, namespace)| (id, namespace.name(), namespace.block_bytes(), namespace.capacity_blocks()));
+        let namespaces = self.shared.namespaces.iter().map(|(id, namespace)| NamespaceEntry {
+            id,
+            name: namespace.name(),
+            block_bytes: namespace.block_bytes(),
+            capacity_blocks: namespace.capacity_blocks(),
+            reports_allocation: false,
+        });
         match encode_hello_answer(out, session, negotiated, MAX_INSTRUCTIONS_PER_DATAGRAM as u16, regions, namespaces) {
             Ok(len) => (Status::Ok, len),
             // The session stays unused and expires within a second.
