@@ -149,8 +149,19 @@ pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 pub const REPLY_TYPE_NONE: u16 = 0;
 /// Chunk type: data at an offset.
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+/// Chunk type: block status descriptors of one metadata context (32-bit lengths and flags).
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// Chunk type (extended headers): block status descriptors with 64-bit lengths and flags.
+pub const REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 /// Chunk type: an error with a message.
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
+
+/// The one metadata context this server may offer: allocation.
+pub const BASE_ALLOCATION: &str = "base:allocation";
+/// `base:allocation` flag: the extent is a hole (not allocated).
+pub const STATE_HOLE: u32 = 1 << 0;
+/// `base:allocation` flag: the extent reads as zeroes.
+pub const STATE_ZERO: u32 = 1 << 1;
 
 /// Length of the server greeting: NBDMAGIC, IHAVEOPT, handshake flags.
 pub const GREETING_LEN: usize = 18;
