@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The NBD export as a user drives it, with the stock tools: a netdam-target serving a file
 # namespace, `netdam nbd` exporting it on a Unix socket and on TCP, then
-#   nbdinfo --json (size, block sizes, flags), qemu-img convert of a random image in and out
-#   (checksums equal), fio's nbd engine with verify=crc32c at depth 1 and 32, and
+#   nbdinfo --json (size, block sizes, flags, the base:allocation context), nbdinfo --map and
+#   qemu-img map after a write and a discard (the discarded range is a hole, the written one
+#   data), qemu-img convert of a random image in and out (checksums equal), fio's nbd engine with verify=crc32c at depth 1 and 32, and
 #   nbdfuse -> losetup -> mkfs.ext4 -> mount -> a tree of files -> umount -> fsck.ext4 -fn ->
 #   mount again and compare every file;
 # then SIGTERM: the export drains and exits, and the target shows every session closed.
@@ -75,7 +76,8 @@ assert export["block_size_minimum"] == 4096, export
 for flag in ("can_flush", "can_fua", "can_trim", "can_zero", "can_multi_conn"):
     assert export[flag] is True, flag
 assert export["is_read_only"] is False
-print("size, block sizes and flags as claimed")
+assert "base:allocation" in export.get("contexts", []), export
+print("size, block sizes, flags and the base:allocation context as claimed")
 PY
 
 echo "-- qemu-io: patterns, FUA, write-zeroes, discard, flush"
@@ -87,6 +89,29 @@ out=$(qio -c 'write -P 0xab 1M 1M' -c 'read -P 0xab 1M 1M' -c 'write -f -P 0xcd 
 echo "$out" | grep -qiE "fail|error|mismatch|pattern verification" && fail "qemu-io: $out"
 [ "$(echo "$out" | grep -c '^read ')" = 5 ] || fail "qemu-io did not read back five times: $out"
 echo "patterns written and verified, FUA write, zeroes, discard reads as zeroes, flush"
+
+echo "-- allocation: nbdinfo --map and qemu-img map see a discard as a hole"
+# 1 MiB written at 192 MiB (away from what the other parts write), its second quarter discarded.
+out=$(qio -c 'write -P 0x3c 192M 1M' -c 'discard 196864k 256k' -c 'read -P 0 196864k 256k' -c 'flush')
+echo "$out" | grep -qiE "fail|error|mismatch|pattern verification" && fail "qemu-io: $out"
+nbdinfo --map --json "$unix_uri" >"$work/map-nbdinfo.json" || fail "nbdinfo --map failed"
+qemu-img map --output=json -f raw "$unix_uri" >"$work/map-qemu.json" || fail "qemu-img map failed"
+python3 - "$work/map-nbdinfo.json" "$work/map-qemu.json" <<'PY' || fail "the maps do not show the discard as a hole"
+import json, sys
+M, K = 1 << 20, 1 << 10
+nbdinfo = [(e["offset"], e["length"], e["type"] & 1 == 1) for e in json.load(open(sys.argv[1]))]
+qemu = [(e["start"], e["length"], not e["data"]) for e in json.load(open(sys.argv[2]))]
+def check(name, extents, start, end, hole):
+    covering = [e for e in extents if e[0] < end and e[0] + e[1] > start]
+    assert covering and covering[0][0] <= start and covering[-1][0] + covering[-1][1] >= end, (name, start, covering)
+    assert all(e[2] == hole for e in covering), (name, start, end, hole, covering)
+for name, extents in (("nbdinfo --map", nbdinfo), ("qemu-img map", qemu)):
+    check(name, extents, 192 * M, 192 * M + 256 * K, False)
+    check(name, extents, 192 * M + 256 * K, 192 * M + 512 * K, True)
+    check(name, extents, 192 * M + 512 * K, 193 * M, False)
+    check(name, extents, 250 * M, 256 * M, True)
+print(f"written range is data, discarded range a hole ({len(nbdinfo)} extents from nbdinfo, {len(qemu)} from qemu-img)")
+PY
 
 echo "-- qemu-img convert in and out (64 MiB)"
 head -c $((64 << 20)) /dev/urandom >"$work/image.raw"

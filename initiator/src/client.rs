@@ -8,6 +8,7 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 
+use netdam_isa::block::{decode_extents, Extent};
 use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
@@ -365,6 +366,20 @@ impl Client {
         num_blocks: u32,
     ) -> Result<(), ClientError> {
         self.call(&[Op::write_zeroes(namespace.id, offset_blocks, num_blocks)])?.data(0).map(|_| ())
+    }
+
+    /// Where data lies from `offset_blocks` of `namespace`: contiguous extents from that block,
+    /// at least one, covering at most `num_blocks` (the target may stop short; ask again from
+    /// where it stopped). A namespace that cannot tell (HELLO says so in
+    /// [`NamespaceInfo::reports_allocation`]) refuses with `not_supported`.
+    pub fn block_status(
+        &mut self,
+        namespace: &NamespaceInfo,
+        offset_blocks: u64,
+        num_blocks: u32,
+    ) -> Result<Vec<Extent>, ClientError> {
+        let reply = self.call(&[Op::block_status(namespace.id, offset_blocks, num_blocks)])?;
+        Ok(decode_extents(reply.data(0)?, num_blocks)?)
     }
 
     /// Splits a transfer of `len` bytes into (first block, byte position, blocks) pieces that

@@ -3,6 +3,7 @@
 use std::io;
 use std::net::SocketAddr;
 
+use netdam_isa::block::ExtentError;
 use netdam_isa::wire::DecodeError;
 use netdam_isa::{Opcode, Status};
 
@@ -57,6 +58,9 @@ pub enum ClientError {
     /// The answer did not decode.
     #[error("undecodable answer: {0}")]
     Protocol(#[from] DecodeError),
+    /// A BLOCK_STATUS answer is not a valid extent list.
+    #[error("invalid BLOCK_STATUS answer: {0}")]
+    BadExtents(#[from] ExtentError),
     /// The request does not fit in one datagram.
     #[error("request does not fit in the negotiated datagram size of {0} bytes")]
     TooLarge(usize),

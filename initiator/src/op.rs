@@ -157,4 +157,10 @@ impl Op {
     pub fn write_zeroes(namespace: u16, offset_blocks: u64, num_blocks: u32) -> Op {
         Op::new(Opcode::WriteZeroes, namespace, offset_blocks, num_blocks)
     }
+
+    /// BLOCK_STATUS: which of `num_blocks` blocks from `offset_blocks` are allocated and which
+    /// are holes (the answer may cover fewer blocks).
+    pub fn block_status(namespace: u16, offset_blocks: u64, num_blocks: u32) -> Op {
+        Op::new(Opcode::BlockStatus, namespace, offset_blocks, num_blocks)
+    }
 }

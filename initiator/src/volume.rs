@@ -5,12 +5,14 @@
 //! size), splits each request into datagram-sized instructions, and spreads them over one or
 //! more sessions, all in flight together. Each session has its own socket, so the target's
 //! kernel hashes them to different workers: several sessions let several workers share the
-//! load. Every instruction is idempotent (block reads and writes, FLUSH, TRIM, WRITE_ZEROES), so
-//! a lost answer or a target that lost the session is recovered by sending it again.
+//! load. Every instruction is idempotent (block reads and writes, FLUSH, TRIM, WRITE_ZEROES,
+//! BLOCK_STATUS), so a lost answer or a target that lost the session is recovered by sending it
+//! again.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use netdam_isa::block::{decode_extents, EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
 
@@ -18,6 +20,7 @@ use crate::async_client::{AsyncClient, Pending};
 use crate::client::ClientOptions;
 use crate::error::ClientError;
 use crate::nbd::backend::{BackendError, NbdBackend};
+use crate::nbd::codec::{STATE_HOLE, STATE_ZERO};
 use crate::op::Op;
 
 /// Most sessions one volume opens.
@@ -187,6 +190,41 @@ impl Volume {
         self.zero_range("write_zeroes", offset, len, Op::write_zeroes).await
     }
 
+    /// Whether [`Volume::block_status`] can tell holes from data (HELLO says so for a file
+    /// namespace; on others the target answers `not_supported`).
+    pub fn reports_allocation(&self) -> bool {
+        self.namespace.reports_allocation
+    }
+
+    /// The allocation of `len` bytes at `offset`: consecutive extents `(length in bytes,
+    /// flags)` from `offset`, flags bit 0 a hole, bit 1 reads as zeroes (the bits of the ISA
+    /// and of NBD's `base:allocation`). They cover at least one block and at most `len` bytes:
+    /// one BLOCK_STATUS, which answers at most 64 extents, so a fragmented range may come back
+    /// short; ask again from where it ends. An empty range has no extents.
+    pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, ClientError> {
+        self.check("block_status", offset, len)?;
+        let block = u64::from(self.block_bytes());
+        let num_blocks = u32::try_from(len / block).unwrap_or(u32::MAX);
+        if num_blocks == 0 {
+            return Ok(Vec::new());
+        }
+        let reply = self.session().call(vec![Op::block_status(self.namespace.id, offset / block, num_blocks)]).await?;
+        let extents = decode_extents(reply.data(0)?, num_blocks)?;
+        Ok(extents
+            .into_iter()
+            .map(|extent| {
+                let mut flags = 0;
+                if extent.flags & EXTENT_FLAG_HOLE != 0 {
+                    flags |= STATE_HOLE;
+                }
+                if extent.flags & EXTENT_FLAG_ZERO != 0 {
+                    flags |= STATE_ZERO;
+                }
+                (u64::from(extent.num_blocks) * block, flags)
+            })
+            .collect())
+    }
+
     async fn zero_range(
         &self,
         what: &str,
@@ -261,6 +299,14 @@ impl NbdBackend for Volume {
 
     async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         Volume::write_zeroes(self, offset, len).await.map_err(backend_error)
+    }
+
+    fn can_report_allocation(&self) -> bool {
+        self.reports_allocation()
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, BackendError> {
+        Volume::block_status(self, offset, len).await.map_err(backend_error)
     }
 }
 

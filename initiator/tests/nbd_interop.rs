@@ -221,3 +221,78 @@ fn qemu_img_convert_round_trips_a_random_image() {
     assert_eq!(report.connection_errors, 0, "{report:#?}");
     println!("qemu-img: {report:?}, most backend calls at once {:?}", disk.calls.most_running);
 }
+
+/// `nbdinfo --map` and `qemu-img map` read `base:allocation`: written ranges are data, trimmed
+/// and never-written ones holes that read as zeroes. The backend answers at most 4 extents at a
+/// time, so both tools must follow short answers. A backend that cannot tell shows as all data.
+#[test]
+fn nbdinfo_and_qemu_img_map_the_allocation() {
+    if !installed("nbdinfo", "libnbd-bin") || !installed("qemu-io", "qemu-utils") {
+        return;
+    }
+    let disk = Arc::new(MemDisk::new(8 * MIB, 4096).with_allocation(4));
+    let server = TestServer::unix(disk.clone(), ExportOptions::default());
+    let info = nbdinfo_json(&server.uri());
+    let contexts = &info["exports"][0]["contexts"];
+    assert!(contexts.as_array().is_some_and(|list| list.iter().any(|c| c == "base:allocation")), "{info:#}");
+    qemu_io(&server.uri(), &["write -P 0xab 0 2M", "write -P 0xcd 4M 1M", "discard 1M 512k"]);
+
+    // (offset, length, hole) runs, merged where neighbours agree.
+    let expected = [(0, MIB, false), (MIB, MIB / 2, true), (3 * MIB / 2, MIB / 2, false), (2 * MIB, 2 * MIB, true)];
+    let expected: Vec<(u64, u64, bool)> = expected
+        .into_iter()
+        .chain([(4 * MIB, MIB, false), (5 * MIB, 3 * MIB, true)])
+        .map(|(offset, len, hole)| (offset as u64, len as u64, hole))
+        .collect();
+    let merge = |runs: Vec<(u64, u64, bool)>| {
+        let mut merged: Vec<(u64, u64, bool)> = Vec::new();
+        for (offset, len, hole) in runs {
+            match merged.last_mut() {
+                Some(last) if last.2 == hole && last.0 + last.1 == offset => last.1 += len,
+                _ => merged.push((offset, len, hole)),
+            }
+        }
+        merged
+    };
+
+    let map = run(Command::new("nbdinfo").args(["--map", "--json", &server.uri()]));
+    let map: serde_json::Value = serde_json::from_str(&map).unwrap_or_else(|error| panic!("{error}: {map}"));
+    let runs = map
+        .as_array()
+        .expect("a list of extents")
+        .iter()
+        .map(|extent| {
+            let flags = extent["type"].as_u64().unwrap();
+            let hole = flags & 1 != 0;
+            assert_eq!(flags & 2 != 0, hole, "holes read as zeroes here, data is not known zero: {extent}");
+            (extent["offset"].as_u64().unwrap(), extent["length"].as_u64().unwrap(), hole)
+        })
+        .collect();
+    assert_eq!(merge(runs), expected, "nbdinfo --map: {map:#}");
+
+    let map = run(Command::new("qemu-img").args(["map", "--output=json", "-f", "raw", &server.uri()]));
+    let map: serde_json::Value = serde_json::from_str(&map).unwrap_or_else(|error| panic!("{error}: {map}"));
+    let runs = map
+        .as_array()
+        .expect("a list of extents")
+        .iter()
+        .map(|extent| {
+            let hole = extent["data"] == false;
+            assert_eq!(extent["zero"] == true, hole, "{extent}");
+            (extent["start"].as_u64().unwrap(), extent["length"].as_u64().unwrap(), hole)
+        })
+        .collect();
+    assert_eq!(merge(runs), expected, "qemu-img map: {map:#}");
+    assert!(Calls::get(&disk.calls.block_statuses) >= 4, "short answers were followed up");
+    assert_eq!(Calls::get(&disk.calls.bad_calls), 0);
+    let report = server.stop();
+    assert_eq!(report.connection_errors, 0, "{report:#?}");
+
+    // Without allocation reporting the export offers no context, and maps as one data extent.
+    let server = TestServer::unix(Arc::new(MemDisk::new(MIB, 4096)), ExportOptions::default());
+    let map = run(Command::new("qemu-img").args(["map", "--output=json", "-f", "raw", &server.uri()]));
+    let map: serde_json::Value = serde_json::from_str(&map).unwrap();
+    assert_eq!(map.as_array().map(Vec::len), Some(1), "{map:#}");
+    assert_eq!(map[0]["data"], true, "{map:#}");
+    server.stop();
+}

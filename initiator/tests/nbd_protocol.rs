@@ -12,9 +12,10 @@ use std::time::Duration;
 use nbd_support::{cookies, pattern, Calls, MemDisk, RawClient, Reply, TestServer};
 use netdam_initiator::nbd::codec::{
     OptionHeader, ReplyStyle, CMD_BLOCK_STATUS, CMD_CACHE, CMD_DISC, CMD_FLAG_FAST_ZERO, CMD_FLAG_FUA,
-    CMD_FLAG_NO_HOLE, CMD_FLAG_PAYLOAD_LEN, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE, CMD_WRITE_ZEROES,
-    FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, FLAG_READ_ONLY, FLAG_SEND_DF,
-    FLAG_SEND_FAST_ZERO, OPT_ABORT, OPT_EXPORT_NAME, OPT_LIST, REP_ACK, REP_ERR_TOO_BIG, REP_ERR_UNKNOWN, REP_SERVER,
+    CMD_FLAG_NO_HOLE, CMD_FLAG_PAYLOAD_LEN, CMD_FLAG_REQ_ONE, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE,
+    CMD_WRITE_ZEROES, FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES, FLAG_READ_ONLY,
+    FLAG_SEND_DF, FLAG_SEND_FAST_ZERO, OPT_ABORT, OPT_EXPORT_NAME, OPT_LIST, REP_ACK, REP_ERR_TOO_BIG, REP_ERR_UNKNOWN,
+    REP_SERVER, STATE_HOLE, STATE_ZERO,
 };
 use netdam_initiator::nbd::ExportOptions;
 
@@ -217,6 +218,71 @@ fn writes_to_a_read_only_export_are_not_permitted() {
     assert_eq!(Calls::get(&disk.calls.writes) + Calls::get(&disk.calls.trims), 0);
     let report = server.stop();
     assert_eq!(report.request_errors, 9);
+}
+
+/// With a backend that tracks allocation: `base:allocation` is selected, and block status
+/// follows writes, trims and write-zeroes in both chunked styles, with REQ_ONE, short answers
+/// and refusals; without a selection, or with a backend that cannot tell, there is no context.
+#[test]
+fn block_status_reports_allocation_through_the_selected_context() {
+    const HOLE: u32 = STATE_HOLE | STATE_ZERO;
+    for style in [ReplyStyle::Structured, ReplyStyle::Extended] {
+        let disk = Arc::new(MemDisk::new(1 << 20, 4096).with_allocation(3));
+        let server = TestServer::unix(disk.clone(), ExportOptions::default());
+        let ((mut client, size, _), selected) =
+            RawClient::negotiated_with_contexts(&server.endpoint, style, &["base:allocation"]);
+        assert_eq!(selected.len(), 1, "{style:?}");
+        let (context, name) = selected[0].clone();
+        assert_eq!(name, "base:allocation");
+        let status = |client: &mut RawClient, flags: u16, offset: u64, length: u64| {
+            let reply = call(client, CMD_BLOCK_STATUS, flags, offset, length, &[]);
+            assert_eq!(reply.error, 0, "{reply:?}");
+            let (id, extents) = reply.status.expect("a block status chunk");
+            assert_eq!(id, context, "the selected context's id");
+            extents
+        };
+        assert_eq!(status(&mut client, 0, 0, size), [(size, HOLE)], "{style:?}: a new disk is one hole");
+
+        let write_flags = if style == ReplyStyle::Extended { CMD_FLAG_PAYLOAD_LEN } else { 0 };
+        assert_eq!(call(&mut client, CMD_WRITE, write_flags, 8192, 8192, &pattern(1, 8192)).error, 0);
+        assert_eq!(call(&mut client, CMD_WRITE, write_flags, 65536, 4096, &pattern(2, 4096)).error, 0);
+        assert_eq!(call(&mut client, CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 16384, 4096, &[]).error, 0);
+        assert_eq!(call(&mut client, CMD_TRIM, 0, 12288, 4096, &[]).error, 0);
+        // Blocks 0-1 hole, 2 data, 3 trimmed, 4 zeroed, 5-15 hole, 16 data, then hole; the
+        // backend answers at most three extents, so the answer is short: ask again.
+        let first = status(&mut client, 0, 0, size);
+        assert_eq!(first, [(8192, HOLE), (4096, 0), (4096, HOLE)]);
+        let second = status(&mut client, 0, 16384, size - 16384);
+        assert_eq!(second, [(4096, STATE_ZERO), (45056, HOLE), (4096, 0)]);
+        assert_eq!(status(&mut client, CMD_FLAG_REQ_ONE, 0, size), [(8192, HOLE)], "REQ_ONE: one extent");
+        assert_eq!(status(&mut client, CMD_FLAG_REQ_ONE, 8192, 4096), [(4096, 0)]);
+        assert_eq!(status(&mut client, 0, 8192, 6000), [(4096, 0)], "an unaligned length is a hint");
+        // Refusals keep the stream in step.
+        assert_eq!(call(&mut client, CMD_BLOCK_STATUS, 0, size - 4096, 8192, &[]).error, EINVAL, "past the end");
+        assert_eq!(call(&mut client, CMD_BLOCK_STATUS, 0, 100, 4096, &[]).error, EINVAL, "unaligned offset");
+        assert_eq!(call(&mut client, CMD_BLOCK_STATUS, 0, 0, 0, &[]).error, EINVAL, "nothing asked");
+        assert_eq!(call(&mut client, CMD_BLOCK_STATUS, CMD_FLAG_NO_HOLE, 0, 4096, &[]).error, EINVAL);
+        assert_eq!(call(&mut client, CMD_READ, 0, 8192, 4096, &[]).data, pattern(1, 8192)[..4096], "in step");
+        assert_eq!(Calls::get(&disk.calls.bad_calls), 0);
+        drop(client);
+
+        // Another client that selects nothing gets EINVAL for block status.
+        let ((mut other, _, _), selected) = RawClient::negotiated_with_contexts(&server.endpoint, style, &["base:"]);
+        assert!(selected.is_empty(), "base: is a wildcard for listing only");
+        assert_eq!(call(&mut other, CMD_BLOCK_STATUS, 0, 0, 4096, &[]).error, EINVAL);
+        drop(other);
+        let report = server.stop();
+        assert_eq!(report.connection_errors, 0, "{report:#?}");
+    }
+
+    // A backend that cannot tell offers nothing to select.
+    let server = TestServer::unix(disk(1 << 20, 512), ExportOptions::default());
+    let ((mut client, _, _), selected) =
+        RawClient::negotiated_with_contexts(&server.endpoint, ReplyStyle::Structured, &["base:allocation"]);
+    assert!(selected.is_empty());
+    assert_eq!(call(&mut client, CMD_BLOCK_STATUS, 0, 0, 512, &[]).error, EINVAL);
+    drop(client);
+    server.stop();
 }
 
 #[test]

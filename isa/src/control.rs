@@ -51,6 +51,9 @@ pub const REGION_ENTRY_FIXED_LEN: usize = 12;
 pub const REGION_FLAG_PERSISTENT: u8 = 0x01;
 /// Bytes of a namespace entry before its name.
 pub const NAMESPACE_ENTRY_FIXED_LEN: usize = 16;
+/// Namespace entry flag: BLOCK_STATUS can tell allocated blocks from holes (a file namespace);
+/// without it BLOCK_STATUS answers `not_supported`.
+pub const NAMESPACE_FLAG_REPORTS_ALLOCATION: u8 = 0x01;
 
 /// Encodes the HELLO operand.
 pub fn encode_hello_operand(hello: &HelloRequest) -> [u8; HELLO_OPERAND_LEN] {
@@ -104,6 +107,23 @@ pub struct NamespaceInfo {
     pub block_bytes: u32,
     /// Blocks in the namespace.
     pub capacity_blocks: u64,
+    /// Whether BLOCK_STATUS reports allocation here ([`NAMESPACE_FLAG_REPORTS_ALLOCATION`]).
+    pub reports_allocation: bool,
+}
+
+/// One namespace as [`encode_hello_answer`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamespaceEntry<'n> {
+    /// Its id.
+    pub id: u16,
+    /// Its name (validated at start-up: at most [`MAX_REGION_NAME_BYTES`]).
+    pub name: &'n str,
+    /// Bytes per block.
+    pub block_bytes: u32,
+    /// Blocks it holds.
+    pub capacity_blocks: u64,
+    /// Whether BLOCK_STATUS reports allocation on it.
+    pub reports_allocation: bool,
 }
 
 /// What HELLO answers.
@@ -128,7 +148,7 @@ pub fn encode_hello_answer<'r>(
     max_datagram_bytes: u32,
     max_instructions: u16,
     regions: impl ExactSizeIterator<Item = (u16, &'r str, u64, bool)>,
-    namespaces: impl ExactSizeIterator<Item = (u16, &'r str, u32, u64)>,
+    namespaces: impl ExactSizeIterator<Item = NamespaceEntry<'r>>,
 ) -> Result<usize, Status> {
     let count = u16::try_from(regions.len()).map_err(|_| Status::TooLarge)?;
     let namespace_count = u16::try_from(namespaces.len()).map_err(|_| Status::TooLarge)?;
@@ -156,18 +176,19 @@ pub fn encode_hello_answer<'r>(
         entry[12..].copy_from_slice(name.as_bytes());
         len = end;
     }
-    for (id, name, block_bytes, capacity_blocks) in namespaces {
+    for namespace in namespaces {
+        let name = namespace.name;
         assert!(name.len() <= MAX_REGION_NAME_BYTES, "namespace names are validated at start-up");
         let end = len + NAMESPACE_ENTRY_FIXED_LEN + name.len();
         if end > out.len() {
             return Err(Status::TooLarge);
         }
         let entry = &mut out[len..end];
-        entry[0..2].copy_from_slice(&id.to_le_bytes());
-        entry[2] = 0;
+        entry[0..2].copy_from_slice(&namespace.id.to_le_bytes());
+        entry[2] = if namespace.reports_allocation { NAMESPACE_FLAG_REPORTS_ALLOCATION } else { 0 };
         entry[3] = name.len() as u8;
-        entry[4..8].copy_from_slice(&block_bytes.to_le_bytes());
-        entry[8..16].copy_from_slice(&capacity_blocks.to_le_bytes());
+        entry[4..8].copy_from_slice(&namespace.block_bytes.to_le_bytes());
+        entry[8..16].copy_from_slice(&namespace.capacity_blocks.to_le_bytes());
         entry[16..].copy_from_slice(name.as_bytes());
         len = end;
     }
@@ -217,7 +238,7 @@ pub fn decode_hello_answer(data: &[u8]) -> Result<HelloAnswer, DecodeError> {
         if rest.len() < end {
             return Err(DecodeError::Truncated);
         }
-        if rest[2] != 0 {
+        if rest[2] & !NAMESPACE_FLAG_REPORTS_ALLOCATION != 0 {
             return Err(DecodeError::ReservedNotZero);
         }
         let mut capacity = [0u8; 8];
@@ -227,6 +248,7 @@ pub fn decode_hello_answer(data: &[u8]) -> Result<HelloAnswer, DecodeError> {
             name: String::from_utf8_lossy(&rest[NAMESPACE_ENTRY_FIXED_LEN..end]).into_owned(),
             block_bytes: u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]),
             capacity_blocks: u64::from_le_bytes(capacity),
+            reports_allocation: rest[2] & NAMESPACE_FLAG_REPORTS_ALLOCATION != 0,
         });
         rest = &rest[end..];
     }
@@ -326,19 +348,36 @@ mod tests {
     fn hello_answer_round_trips() {
         let mut out = [0u8; 256];
         let regions = [(0u16, "default", 1u64 << 26, true), (1, "scratch", 4096, false)];
-        let namespaces = [(0u16, "disk", 4096u32, 1u64 << 20)];
+        let namespaces = [
+            NamespaceEntry {
+                id: 0,
+                name: "disk",
+                block_bytes: 4096,
+                capacity_blocks: 1 << 20,
+                reports_allocation: true,
+            },
+            NamespaceEntry { id: 1, name: "pm", block_bytes: 512, capacity_blocks: 8, reports_allocation: false },
+        ];
         let len = encode_hello_answer(
             &mut out,
             7,
             9000,
             64,
             regions.iter().map(|r| (r.0, r.1, r.2, r.3)),
-            namespaces.iter().map(|n| (n.0, n.1, n.2, n.3)),
+            namespaces.iter().copied(),
         )
         .unwrap();
         let answer = decode_hello_answer(&out[..len]).unwrap();
-        let disk = NamespaceInfo { id: 0, name: "disk".into(), block_bytes: 4096, capacity_blocks: 1 << 20 };
-        assert_eq!(answer.namespaces, vec![disk]);
+        let disk = NamespaceInfo {
+            id: 0,
+            name: "disk".into(),
+            block_bytes: 4096,
+            capacity_blocks: 1 << 20,
+            reports_allocation: true,
+        };
+        let pm =
+            NamespaceInfo { id: 1, name: "pm".into(), block_bytes: 512, capacity_blocks: 8, reports_allocation: false };
+        assert_eq!(answer.namespaces, vec![disk, pm]);
         assert_eq!(answer.session, 7);
         assert_eq!(answer.max_datagram_bytes, 9000);
         assert_eq!(answer.regions.len(), 2);
@@ -346,6 +385,11 @@ mod tests {
         assert!(answer.regions[0].persistent);
         assert_eq!(answer.regions[1].size_bytes, 4096);
         assert_eq!(decode_hello_answer(&out[..len - 1]), Err(DecodeError::Truncated));
+        // The first namespace entry's flags byte: bits other than "reports allocation" are reserved.
+        let flags_at = HELLO_ANSWER_FIXED_LEN + 2 * REGION_ENTRY_FIXED_LEN + "default".len() + "scratch".len() + 2;
+        assert_eq!(out[flags_at], NAMESPACE_FLAG_REPORTS_ALLOCATION);
+        out[flags_at] |= 0x02;
+        assert_eq!(decode_hello_answer(&out[..len]), Err(DecodeError::ReservedNotZero));
     }
 
     #[test]

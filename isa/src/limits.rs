@@ -107,6 +107,11 @@ pub const BLOCK_QUEUE_DEPTH: u32 = 128;
 /// memory-backed namespace is written by the worker itself, so this bounds its pause.
 pub const MAX_BLOCK_ZERO_BYTES: u64 = 64 << 20;
 
+/// Most extents one BLOCK_STATUS answers: a file namespace finds each with two `lseek` calls
+/// on the worker, so this bounds the worker's pause, and the answer (8 bytes an extent) fits
+/// any datagram and the smallest transfer buffer (one 512-byte block).
+pub const MAX_BLOCK_STATUS_EXTENTS: usize = 64;
+
 // The window must cover every request a session may have in flight, or a retransmission of a
 // request still in flight could be refused as stale.
 const _: () = assert!(REPLAY_WINDOW >= MAX_IN_FLIGHT);
@@ -145,6 +150,13 @@ const _: () = assert!(
     HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN + 2 + MAX_STAT_ENTRIES * (1 + MAX_STAT_NAME_BYTES + 8)
         <= MIN_DATAGRAM_BYTES
 );
+// A full BLOCK_STATUS answer fits the smallest datagram a peer may negotiate, and the smallest
+// transfer buffer the target keeps it in until the answer is written (one 512-byte block).
+const _: () = assert!(
+    HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN + MAX_BLOCK_STATUS_EXTENTS * crate::block::EXTENT_BYTES
+        <= MIN_DATAGRAM_BYTES
+);
+const _: () = assert!(MAX_BLOCK_STATUS_EXTENTS * crate::block::EXTENT_BYTES <= 512);
 // Region ids and counts travel as u16.
 const _: () = assert!(MAX_REGIONS <= u16::MAX as usize);
 const _: () = assert!(MAX_INSTRUCTIONS_PER_DATAGRAM <= u16::MAX as usize);

@@ -43,6 +43,8 @@ pub enum Opcode {
     Trim = 0x43,
     /// Zero blocks (reserved).
     WriteZeroes = 0x44,
+    /// Report which blocks of a range are allocated and which read as zeroes.
+    BlockStatus = 0x45,
 }
 
 /// First opcode number of the extension range dispatched to registered handlers.
@@ -50,7 +52,7 @@ pub const EXTENSION_OPCODE_FIRST: u8 = 0x80;
 
 impl Opcode {
     /// Every defined opcode.
-    pub const ALL: [Opcode; 19] = [
+    pub const ALL: [Opcode; 20] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Stat,
@@ -70,6 +72,7 @@ impl Opcode {
         Opcode::Flush,
         Opcode::Trim,
         Opcode::WriteZeroes,
+        Opcode::BlockStatus,
     ];
 
     /// The opcode with this number, if one is defined.
@@ -94,6 +97,7 @@ impl Opcode {
             0x42 => Opcode::Flush,
             0x43 => Opcode::Trim,
             0x44 => Opcode::WriteZeroes,
+            0x45 => Opcode::BlockStatus,
             _ => return None,
         })
     }
@@ -115,7 +119,8 @@ impl Opcode {
             | Opcode::BlockWrite
             | Opcode::Flush
             | Opcode::Trim
-            | Opcode::WriteZeroes => true,
+            | Opcode::WriteZeroes
+            | Opcode::BlockStatus => true,
             // MEMCPY is idempotent only while source and destination do not overlap:
             // Instruction::is_idempotent checks that.
             Opcode::Cas | Opcode::FetchAdd | Opcode::Vadd | Opcode::Encrypt | Opcode::Decrypt => false,
@@ -124,7 +129,15 @@ impl Opcode {
 
     /// Whether it addresses a block namespace (and completes asynchronously on the target).
     pub fn is_block(self) -> bool {
-        matches!(self, Opcode::BlockRead | Opcode::BlockWrite | Opcode::Flush | Opcode::Trim | Opcode::WriteZeroes)
+        matches!(
+            self,
+            Opcode::BlockRead
+                | Opcode::BlockWrite
+                | Opcode::Flush
+                | Opcode::Trim
+                | Opcode::WriteZeroes
+                | Opcode::BlockStatus
+        )
     }
 
     /// A stable lower-case name, used in counters and CLI output.
@@ -149,6 +162,7 @@ impl Opcode {
             Opcode::Flush => "flush",
             Opcode::Trim => "trim",
             Opcode::WriteZeroes => "write_zeroes",
+            Opcode::BlockStatus => "block_status",
         }
     }
 }

@@ -188,7 +188,8 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
         | Opcode::BlockWrite
         | Opcode::Flush
         | Opcode::Trim
-        | Opcode::WriteZeroes => Err(Status::NotSupported),
+        | Opcode::WriteZeroes
+        | Opcode::BlockStatus => Err(Status::NotSupported),
     }
 }
 

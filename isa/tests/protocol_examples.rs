@@ -1,6 +1,7 @@
 //! Decodes every example datagram of docs/PROTOCOL.md and checks it says what the document says,
 //! so the document and the code cannot drift apart.
 
+use netdam_isa::block::{decode_extents, Extent, EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::{decode_hello_operand, Cookie, HelloRequest, COOKIE_LEN, HELLO_OPERAND_LEN, NO_COOKIE};
 use netdam_isa::fuzzing::check_decode_round_trip;
 use netdam_isa::wire::{Request, Response, HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
@@ -22,7 +23,7 @@ fn example(name: &str) -> Vec<u8> {
 #[test]
 fn every_example_in_the_document_is_checked() {
     let named = PROTOCOL.matches("```text example:").count();
-    assert_eq!(named, 11, "a new example in PROTOCOL.md needs its assertions here");
+    assert_eq!(named, 13, "a new example in PROTOCOL.md needs its assertions here");
 }
 
 #[test]
@@ -164,6 +165,47 @@ fn two_instructions_and_their_results() {
     let results: Vec<_> = response.results().collect();
     assert_eq!((results[0].opcode, results[0].status, results[0].data.len()), (Opcode::Write as u8, Status::Ok, 0));
     assert_eq!((results[1].opcode, results[1].data), (Opcode::FetchAdd as u8, &41u64.to_le_bytes()[..]));
+}
+
+#[test]
+fn block_status_request_and_its_extents() {
+    let bytes = example("block-status-request");
+    check_decode_round_trip(&bytes);
+    let request = Request::parse(&bytes).unwrap();
+    assert_eq!((request.header.session, request.header.sequence, request.header.count), (7, 8, 1));
+    let instruction = request.instructions().next().unwrap();
+    assert_eq!(
+        (
+            instruction.opcode,
+            instruction.flags,
+            instruction.space,
+            instruction.offset,
+            instruction.length,
+            instruction.aux
+        ),
+        (Opcode::BlockStatus as u8, 0, 0, 0, 256, 0)
+    );
+    assert!(instruction.operand.is_empty());
+    assert!(Opcode::BlockStatus.is_idempotent() && Opcode::BlockStatus.is_block());
+    assert_eq!(Opcode::BlockStatus as u8, 0x45);
+
+    let bytes = example("block-status-response");
+    check_decode_round_trip(&bytes);
+    let response = Response::parse(&bytes).unwrap();
+    assert_eq!((response.header.session, response.header.sequence), (7, 8));
+    assert_eq!((response.header.ttl, response.header.service_time_ns), (64, 4200));
+    let result = response.results().next().unwrap();
+    assert_eq!((result.opcode, result.status, result.data.len()), (Opcode::BlockStatus as u8, Status::Ok, 24));
+    let extents = decode_extents(result.data, instruction.length).unwrap();
+    assert_eq!(
+        extents,
+        [
+            Extent { num_blocks: 8, flags: 0 },
+            Extent { num_blocks: 120, flags: EXTENT_FLAG_HOLE | EXTENT_FLAG_ZERO },
+            Extent { num_blocks: 128, flags: 0 },
+        ]
+    );
+    assert_eq!(extents.iter().map(|extent| extent.num_blocks).sum::<u32>(), 256, "the whole range is covered");
 }
 
 #[test]

@@ -1,17 +1,20 @@
 //! Block namespaces: the interface the target's worker loop drives for BREAD, BWRITE, FLUSH,
-//! TRIM and WRITE_ZEROES, and its backends.
+//! TRIM, WRITE_ZEROES and BLOCK_STATUS, and its backends.
 //!
 //! A device is submitted to and reaped from by the same worker loop that serves memory
 //! instructions, so a block request never blocks that loop: `submit` queues, `reap` pushes the
 //! queued requests to the device and collects what finished, without waiting. Each worker opens
 //! its own device on a namespace (its own ring, its own buffers): nothing is shared between
-//! workers but the backing store.
+//! workers but the backing store. BLOCK_STATUS is the exception to submit-and-reap: it asks
+//! the file system where data lies ([`BlockDevice::block_status`]), a bounded number of
+//! system calls made at once, like the FLUSH of a memory region.
 //!
 //! Backends:
 //! - [`UringDevice`]: io_uring on an O_DIRECT file or block device, with registered buffers.
 //! - [`RegionDevice`]: a persistent memory region (`netdam-pmem`), executed by copying.
 //! - [`CrashTestDevice`]: keeps written and durable bytes apart, for crash tests.
 
+mod allocation;
 mod buffers;
 mod crash;
 mod region;
@@ -21,6 +24,7 @@ use std::io;
 
 pub use buffers::AlignedBuffers;
 pub use crash::{CrashImage, CrashTestDevice};
+pub use netdam_isa::block::Extent;
 pub use region::RegionDevice;
 pub use uring::{BackingKind, UringDevice};
 
@@ -154,6 +158,17 @@ pub enum BlockError {
     /// A flush failed: earlier writes may not be durable.
     #[error("flush failed: {source}")]
     FlushFailed { source: io::Error },
+    /// The device cannot do this (BLOCK_STATUS on a device that cannot tell holes from data).
+    #[error("{operation} is not supported by this {device}")]
+    NotSupported {
+        /// What was asked for.
+        operation: &'static str,
+        /// What kind of device refused.
+        device: &'static str,
+    },
+    /// Finding where data lies failed.
+    #[error("block status of blocks {offset_blocks}+{num_blocks} failed: {source}")]
+    StatusFailed { offset_blocks: u64, num_blocks: u32, source: io::Error },
 }
 
 /// A finished request, named by the tag given at submission.
@@ -192,6 +207,41 @@ pub trait BlockDevice: Send {
         let _ = cpus;
         Ok(())
     }
+
+    /// Whether [`BlockDevice::block_status`] tells holes from data here.
+    fn reports_allocation(&self) -> bool {
+        false
+    }
+
+    /// Writes into `extents` where data lies from `offset_blocks` on, and returns how many it
+    /// wrote: contiguous extents from `offset_blocks` covering at most `num_blocks` (at least
+    /// one block), at least one, at most `extents.len()`. Runs at once on the calling thread,
+    /// with work bounded by `extents.len()` and no allocation. Devices that cannot tell (the
+    /// default) refuse with [`BlockError::NotSupported`].
+    fn block_status(
+        &mut self,
+        offset_blocks: u64,
+        num_blocks: u32,
+        extents: &mut [Extent],
+    ) -> Result<usize, BlockError> {
+        let _ = (offset_blocks, num_blocks, extents);
+        Err(BlockError::NotSupported { operation: "block status", device: "device" })
+    }
+}
+
+/// Checks a BLOCK_STATUS range and the room for its answer against `geometry`.
+pub(crate) fn check_status_range(
+    geometry: &Geometry,
+    offset_blocks: u64,
+    num_blocks: u32,
+    extents: &[Extent],
+) -> Result<(), BlockError> {
+    geometry.check_range(offset_blocks, num_blocks)?;
+    if num_blocks == 0 || extents.is_empty() {
+        // An empty range has no answer of at least one extent; no room is a caller's bug.
+        return Err(BlockError::TooLarge { num_blocks, max_transfer_blocks: geometry.max_transfer_blocks });
+    }
+    Ok(())
 }
 
 /// Error for a failed request of `request`, from an `errno`-style error.

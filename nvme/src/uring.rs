@@ -1,7 +1,8 @@
 //! The io_uring backend: O_DIRECT reads and writes from registered buffers, FUA as `RWF_DSYNC`,
 //! FLUSH as `fdatasync`, WRITE_ZEROES as a zeroed range (`fallocate`, which a block device turns
 //! into write-zeroes commands), TRIM as a punched hole on a file and as a discard on a block
-//! device (`BLOCK_URING_CMD_DISCARD`, Linux 6.12 and later).
+//! device (`BLOCK_URING_CMD_DISCARD`, Linux 6.12 and later). On a file, BLOCK_STATUS reads the
+//! holes TRIM punched with `lseek(SEEK_DATA/SEEK_HOLE)`; a block device cannot tell.
 //!
 //! Each worker owns one ring per namespace. `submit` only fills a submission entry; `reap` makes
 //! one `io_uring_enter` for everything queued since the last pass and then reads the completion
@@ -15,8 +16,11 @@ use std::path::{Path, PathBuf};
 
 use io_uring::{opcode, types, IoUring};
 
+use crate::allocation::{self, FileSeek};
 use crate::buffers::AlignedBuffers;
-use crate::{failure, BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, Geometry};
+use crate::{
+    check_status_range, failure, BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, Extent, Geometry,
+};
 
 /// What a namespace's path names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +34,8 @@ pub enum BackingKind {
 /// A namespace on a file or block device, driven through io_uring.
 pub struct UringDevice {
     path: PathBuf,
-    // Kept open for the ring's registered file slot 0.
-    _file: File,
+    // Registered as the ring's file slot 0; BLOCK_STATUS seeks on it.
+    file: File,
     direct: bool,
     kind: BackingKind,
     ring: IoUring,
@@ -105,7 +109,7 @@ impl UringDevice {
         };
         Ok(UringDevice {
             path: path.to_path_buf(),
-            _file: file,
+            file,
             direct,
             kind,
             ring,
@@ -259,6 +263,24 @@ impl BlockDevice for UringDevice {
             unsafe { libc::CPU_SET(cpu, &mut set) };
         }
         self.ring.submitter().register_iowq_aff(&set)
+    }
+
+    fn reports_allocation(&self) -> bool {
+        self.kind == BackingKind::File
+    }
+
+    fn block_status(
+        &mut self,
+        offset_blocks: u64,
+        num_blocks: u32,
+        extents: &mut [Extent],
+    ) -> Result<usize, BlockError> {
+        if self.kind != BackingKind::File {
+            return Err(BlockError::NotSupported { operation: "block status", device: "block device" });
+        }
+        check_status_range(&self.geometry, offset_blocks, num_blocks, extents)?;
+        allocation::walk(&mut FileSeek(&self.file), self.geometry.block_bytes, offset_blocks, num_blocks, extents)
+            .map_err(|source| BlockError::StatusFailed { offset_blocks, num_blocks, source })
     }
 }
 

@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::rng::Rng;
 use netdam_nvme::{
-    BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, RegionDevice, UringDevice,
+    BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, Extent, RegionDevice, UringDevice,
 };
 use netdam_pmem::{Backing, Region};
 
@@ -124,6 +125,36 @@ fn uring_file_backend() {
     assert_eq!(read(&mut device, 30, 4), &bytes[30 * BLOCK as usize..34 * BLOCK as usize]);
 }
 
+/// The allocation of `num_blocks` from `offset_blocks` as (blocks, flags).
+fn status(device: &mut dyn BlockDevice, offset_blocks: u64, num_blocks: u32) -> Vec<(u32, u32)> {
+    let mut extents = [Extent::default(); 64];
+    let count = device.block_status(offset_blocks, num_blocks, &mut extents).unwrap();
+    extents[..count].iter().map(|extent| (extent.num_blocks, extent.flags)).collect()
+}
+
+#[test]
+fn uring_file_backend_reports_written_blocks_and_trimmed_holes() {
+    const HOLE: u32 = EXTENT_FLAG_HOLE | EXTENT_FLAG_ZERO;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sparse.img");
+    std::fs::File::create(&path).unwrap().set_len(BLOCKS * u64::from(BLOCK)).unwrap();
+    let mut device = UringDevice::open(&path, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+    assert!(device.reports_allocation());
+    assert_eq!(status(&mut device, 0, BLOCKS as u32), [(BLOCKS as u32, HOLE)], "a new sparse file is one hole");
+    // 64 KiB at a time, so file systems that track holes coarsely (xfs, btrfs) agree.
+    write(&mut device, 32, &vec![0xA5; 8 * BLOCK as usize], false);
+    write(&mut device, 48, &vec![0x5A; 8 * BLOCK as usize], true);
+    assert_eq!(status(&mut device, 0, BLOCKS as u32), [(32, HOLE), (8, 0), (8, HOLE), (8, 0), (200, HOLE)]);
+    assert_eq!(status(&mut device, 36, 14), [(4, 0), (8, HOLE), (2, 0)], "clipped to the range asked about");
+    run(&mut device, BlockRequest::Trim { offset_blocks: 48, num_blocks: 8 }).unwrap();
+    assert_eq!(status(&mut device, 0, BLOCKS as u32), [(32, HOLE), (8, 0), (216, HOLE)], "the trim punched a hole");
+    let mut one = [Extent::default(); 1];
+    assert_eq!(device.block_status(0, BLOCKS as u32, &mut one).unwrap(), 1, "a short answer when room is short");
+    assert_eq!(one[0], Extent { num_blocks: 32, flags: HOLE });
+    let beyond = device.block_status(BLOCKS - 1, 2, &mut one).unwrap_err();
+    assert!(matches!(beyond, BlockError::OutOfRange { .. }), "{beyond}");
+}
+
 #[test]
 fn pmem_region_backend() {
     let dir = tempfile::tempdir().unwrap();
@@ -136,6 +167,10 @@ fn pmem_region_backend() {
     let region = Arc::new(Region::open("ns", Backing::File(path), BLOCKS * u64::from(BLOCK)).unwrap());
     let mut reopened = RegionDevice::new(region, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
     assert!(read(&mut reopened, 20, 5).iter().all(|&byte| byte == 0), "the region kept the zeroed range");
+    // A memory region has no holes to report.
+    assert!(!reopened.reports_allocation());
+    let refused = reopened.block_status(0, 1, &mut [Extent::default(); 4]).unwrap_err();
+    assert!(matches!(refused, BlockError::NotSupported { .. }), "{refused}");
 }
 
 #[test]
@@ -211,4 +246,7 @@ fn uring_block_device_backend_on_a_loop_device() {
     let mut uring = UringDevice::open(&device, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
     assert!(uring.is_direct(), "block devices take O_DIRECT");
     conformance(&mut uring);
+    assert!(!uring.reports_allocation(), "a block device cannot tell holes from data");
+    let refused = uring.block_status(0, 1, &mut [Extent::default(); 4]).unwrap_err();
+    assert!(matches!(refused, BlockError::NotSupported { .. }), "{refused}");
 }

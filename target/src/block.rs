@@ -37,7 +37,7 @@ pub(crate) struct RunEntry {
     pub in_flight: bool,
     /// The transfer buffer it holds, until its result is written.
     pub buffer: Option<u16>,
-    /// Bytes a BREAD returns.
+    /// Bytes a BREAD or BLOCK_STATUS returns (held in `buffer` until the result is written).
     pub data_len: usize,
 }
 
@@ -173,7 +173,11 @@ pub(crate) fn failure_status(error: &BlockError) -> Status {
         BlockError::OutOfRange { .. } => Status::OutOfRange,
         BlockError::TooLarge { .. } => Status::TooLarge,
         BlockError::NoSuchBuffer { .. } => Status::IoError,
-        BlockError::ReadFailed { .. } | BlockError::WriteFailed { .. } | BlockError::FlushFailed { .. } => {
+        BlockError::NotSupported { .. } => Status::NotSupported,
+        BlockError::ReadFailed { .. }
+        | BlockError::WriteFailed { .. }
+        | BlockError::FlushFailed { .. }
+        | BlockError::StatusFailed { .. } => {
             tracing::warn!(%error, "block request failed");
             Status::IoError
         }

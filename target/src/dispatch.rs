@@ -10,12 +10,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use netdam_isa::block::BlockOp;
-use netdam_isa::control::{decode_hello_operand, encode_hello_answer, StatWriter, COOKIE_LEN};
+use netdam_isa::block::{encode_extents, BlockOp, Extent};
+use netdam_isa::control::{decode_hello_operand, encode_hello_answer, NamespaceEntry, StatWriter, COOKIE_LEN};
 use netdam_isa::engine::Engine;
 use netdam_isa::limits::{
     DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
-    MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES, SESSION_SWEEP_INTERVAL, SESSION_SWEEP_SLOTS,
+    MAX_BLOCK_STATUS_EXTENTS, MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES, SESSION_SWEEP_INTERVAL,
+    SESSION_SWEEP_SLOTS,
 };
 use netdam_isa::wire::{
     peek_is_response, peek_session_sequence, DecodeError, Disposition, Instruction, Request, ResponseWriter,
@@ -519,6 +520,9 @@ impl<E: Engine> Dispatcher<E> {
                 return entry;
             }
         };
+        if let BlockOp::Status { offset_blocks, num_blocks, max_extents } = op {
+            return self.block_status(usize::from(namespace), offset_blocks, num_blocks, max_extents, entry);
+        }
         let block_bytes = shape.block_bytes as usize;
         let namespace = usize::from(namespace);
         let buffer = match op {
@@ -547,6 +551,7 @@ impl<E: Engine> Dispatcher<E> {
                 BlockRequest::WriteZeroes { offset_blocks, num_blocks }
             }
             (BlockOp::Read { .. } | BlockOp::Write { .. }, None) => unreachable!("transfers took a buffer above"),
+            (BlockOp::Status { .. }, _) => unreachable!("BLOCK_STATUS is answered above"),
         };
         match device.submit(block::tag(slot, index), request) {
             Ok(()) => {
@@ -562,6 +567,36 @@ impl<E: Engine> Dispatcher<E> {
                 entry.data_len = 0;
             }
         }
+        entry
+    }
+
+    /// Answers a BLOCK_STATUS at once: the device finds the extents with a bounded number of
+    /// system calls (two `lseek`s per extent on a file) and nothing to wait for. The answer waits
+    /// in a transfer buffer, as BREAD data does, until the run's results are written in order.
+    fn block_status(
+        &mut self,
+        namespace: usize,
+        offset_blocks: u64,
+        num_blocks: u32,
+        max_extents: usize,
+        mut entry: RunEntry,
+    ) -> RunEntry {
+        let mut extents = [Extent::default(); MAX_BLOCK_STATUS_EXTENTS];
+        let device = &mut self.block.devices[namespace];
+        let count = match device.block_status(offset_blocks, num_blocks, &mut extents[..max_extents]) {
+            Ok(count) => count,
+            Err(error) => {
+                entry.status = block::failure_status(&error);
+                return entry;
+            }
+        };
+        let Some(buffer) = self.block.free_buffers[namespace].pop() else {
+            entry.status = Status::Busy;
+            return entry;
+        };
+        // A buffer holds at least one block of 512 bytes or more: room for every extent (limits).
+        entry.data_len = encode_extents(&extents[..count], device.buffer(BufferIndex(buffer)));
+        entry.buffer = Some(buffer);
         entry
     }
 
@@ -704,11 +739,13 @@ impl<E: Engine> Dispatcher<E> {
         let regions = self.shared.regions.iter().map(|(id, region)| {
             (id, region.name(), region.len() as u64, region.durability() == Durability::Persistent)
         });
-        let namespaces = self
-            .shared
-            .namespaces
-            .iter()
-            .map(|(id, namespace)| (id, namespace.name(), namespace.block_bytes(), namespace.capacity_blocks()));
+        let namespaces = self.shared.namespaces.iter().map(|(id, namespace)| NamespaceEntry {
+            id,
+            name: namespace.name(),
+            block_bytes: namespace.block_bytes(),
+            capacity_blocks: namespace.capacity_blocks(),
+            reports_allocation: namespace.reports_allocation(),
+        });
         match encode_hello_answer(out, session, negotiated, MAX_INSTRUCTIONS_PER_DATAGRAM as u16, regions, namespaces) {
             Ok(len) => (Status::Ok, len),
             // The session stays unused and expires within a second.
@@ -772,8 +809,8 @@ impl<E: Engine> Dispatcher<E> {
     }
 }
 
-/// Writes a completed run's results in order, copying BREAD data out of the transfer buffers,
-/// and gives the buffers back.
+/// Writes a completed run's results in order, copying BREAD data and BLOCK_STATUS extents out
+/// of the transfer buffers, and gives the buffers back.
 fn write_results(
     devices: &mut [Box<dyn BlockDevice>],
     free_buffers: &mut [Vec<u16>],
@@ -784,7 +821,7 @@ fn write_results(
         let namespace = usize::from(entry.namespace);
         let mut data_len = 0;
         if let Some(buffer) = entry.buffer {
-            if entry.status == Status::Ok && entry.opcode == Opcode::BlockRead as u8 {
+            if entry.status == Status::Ok && entry.data_len > 0 {
                 data_len = entry.data_len;
                 let data = &devices[namespace].buffer(BufferIndex(buffer))[..data_len];
                 response.data_area()[..data_len].copy_from_slice(data);

@@ -34,6 +34,7 @@ pub struct Namespace {
     backing: String,
     block_bytes: u32,
     capacity_blocks: u64,
+    reports_allocation: bool,
     factory: DeviceFactory,
 }
 
@@ -44,14 +45,30 @@ impl std::fmt::Debug for Namespace {
             .field("backing", &self.backing)
             .field("block_bytes", &self.block_bytes)
             .field("capacity_blocks", &self.capacity_blocks)
+            .field("reports_allocation", &self.reports_allocation)
             .finish_non_exhaustive()
     }
 }
 
 impl Namespace {
     /// A namespace whose devices `factory` opens (tests use this for the crash-test device).
+    /// HELLO lists it as not reporting allocation unless [`Namespace::reporting_allocation`]
+    /// says otherwise.
     pub fn new(name: &str, backing: &str, block_bytes: u32, capacity_blocks: u64, factory: DeviceFactory) -> Namespace {
-        Namespace { name: name.to_string(), backing: backing.to_string(), block_bytes, capacity_blocks, factory }
+        Namespace {
+            name: name.to_string(),
+            backing: backing.to_string(),
+            block_bytes,
+            capacity_blocks,
+            reports_allocation: false,
+            factory,
+        }
+    }
+
+    /// The same namespace, listed by HELLO as reporting allocation (BLOCK_STATUS) or not: what
+    /// its devices' [`BlockDevice::reports_allocation`] says.
+    pub fn reporting_allocation(self, reports_allocation: bool) -> Namespace {
+        Namespace { reports_allocation, ..self }
     }
 
     /// Its name.
@@ -72,6 +89,11 @@ impl Namespace {
     /// Blocks it holds.
     pub fn capacity_blocks(&self) -> u64 {
         self.capacity_blocks
+    }
+
+    /// Whether BLOCK_STATUS tells holes from data on it (a file namespace).
+    pub fn reports_allocation(&self) -> bool {
+        self.reports_allocation
     }
 
     /// Opens a device on it for one worker.
@@ -190,12 +212,14 @@ pub fn open_namespace(config: &NamespaceConfig, data_dir: &Path) -> Result<Names
     };
     let probe = factory(block_bytes as usize).map_err(|error| fail(error.to_string()))?;
     let capacity_blocks = probe.geometry().capacity_blocks;
+    let reports_allocation = probe.reports_allocation();
     drop(probe);
     if capacity_blocks == 0 {
         return Err(fail(format!("it holds less than one block of {block_bytes} bytes")));
     }
     let backing = format!("{} {}", backend_name(config.backend), path.display());
-    Ok(Namespace::new(&config.name, &backing, block_bytes, capacity_blocks, factory))
+    Ok(Namespace::new(&config.name, &backing, block_bytes, capacity_blocks, factory)
+        .reporting_allocation(reports_allocation))
 }
 
 fn backend_name(backend: NamespaceBackend) -> &'static str {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use common::{seed, Rng, TestTarget};
 use netdam_initiator::{Client, ClientError, Op};
+use netdam_isa::block::{Extent, EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::Status;
 use netdam_nvme::{
@@ -131,6 +132,73 @@ fn random_data_round_trips_on_a_file_namespace() {
 #[test]
 fn random_data_round_trips_on_a_pmem_namespace() {
     verify_data_through_the_client(NamespaceBackend::Pmem, "disk.region");
+}
+
+/// BLOCK_STATUS extents as (blocks, flags).
+fn extents(extents: Vec<Extent>) -> Vec<(u32, u32)> {
+    extents.into_iter().map(|extent| (extent.num_blocks, extent.flags)).collect()
+}
+
+const HOLE: u32 = EXTENT_FLAG_HOLE | EXTENT_FLAG_ZERO;
+
+/// A file namespace reports what was written as data and what was trimmed as holes, through
+/// the client and the worker's block path, alone and inside a run of other block instructions.
+#[test]
+fn block_status_on_a_file_namespace_shows_writes_and_trims() {
+    const BLOCKS: u32 = 1024;
+    let test =
+        start(vec![namespace(NamespaceBackend::File, "disk.img", u64::from(BLOCKS) * u64::from(BLOCK))], Vec::new());
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let disk = client.namespace("disk").unwrap().clone();
+    assert!(disk.reports_allocation, "HELLO says a file namespace reports allocation");
+    assert_eq!(extents(client.block_status(&disk, 0, BLOCKS).unwrap()), [(BLOCKS, HOLE)], "a new namespace is sparse");
+
+    // 64 KiB pieces, so that file systems tracking holes coarsely (xfs, btrfs) agree too.
+    let data = vec![0xC3; 16 * BLOCK as usize];
+    client.block_write(&disk, 64, &data, false).unwrap();
+    client.block_write(&disk, 128, &data, true).unwrap();
+    let all = extents(client.block_status(&disk, 0, BLOCKS).unwrap());
+    assert_eq!(all, [(64, HOLE), (16, 0), (48, HOLE), (16, 0), (880, HOLE)]);
+    assert_eq!(extents(client.block_status(&disk, 70, 1).unwrap()), [(1, 0)], "one block of data");
+    assert_eq!(extents(client.block_status(&disk, 72, 64).unwrap()), [(8, 0), (48, HOLE), (8, 0)], "clipped");
+
+    client.trim(&disk, 128, 16).unwrap();
+    let trimmed = extents(client.block_status(&disk, 0, BLOCKS).unwrap());
+    assert_eq!(trimmed, [(64, HOLE), (16, 0), (944, HOLE)], "the trimmed blocks are a hole again");
+
+    // In one datagram with a read: results in order, each with its own data.
+    let reply = client
+        .call(&[Op::block_status(disk.id, 60, 8), Op::block_read(disk.id, 64, 1), Op::block_status(disk.id, 128, 4)])
+        .unwrap();
+    let results = reply.results().unwrap();
+    assert_eq!(results.iter().map(|result| result.status).collect::<Vec<_>>(), [Status::Ok; 3]);
+    assert_eq!(netdam_isa::block::decode_extents(results[0].data, 8).unwrap().len(), 2);
+    assert_eq!(results[1].data, &data[..BLOCK as usize]);
+    let hole = netdam_isa::block::decode_extents(results[2].data, 4).unwrap();
+    assert_eq!(extents(hole), [(4, HOLE)]);
+
+    let refused = |result: Result<Vec<Extent>, ClientError>| match result {
+        Err(ClientError::Refused { status, .. }) => status,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(refused(client.block_status(&disk, u64::from(BLOCKS) - 1, 2)), Status::OutOfRange);
+    assert_eq!(refused(client.block_status(&disk, 0, 0)), Status::Malformed);
+}
+
+#[test]
+fn block_status_on_a_pmem_namespace_is_not_supported() {
+    let test = start(vec![namespace(NamespaceBackend::Pmem, "disk.region", 64 * u64::from(BLOCK))], Vec::new());
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let disk = client.namespace("disk").unwrap().clone();
+    assert!(!disk.reports_allocation, "HELLO says a pmem namespace cannot tell");
+    match client.block_status(&disk, 0, 64) {
+        Err(ClientError::Refused { status: Status::NotSupported, .. }) => {}
+        other => panic!("expected not_supported, got {other:?}"),
+    }
+    // Nothing else is disturbed: the namespace still reads.
+    let mut block = vec![1u8; BLOCK as usize];
+    client.block_read(&disk, 0, &mut block).unwrap();
+    assert!(block.iter().all(|&byte| byte == 0));
 }
 
 fn crash_namespace(image: &CrashImage, blocks: u64) -> Namespace {

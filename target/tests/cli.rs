@@ -126,7 +126,7 @@ fn target_admin(args: &[&str]) -> Output {
 
 /// `netdam-target namespace|region create|list|delete` keep spaces in the metadata store; a
 /// target started on that data directory serves them, a running one is named in the advice to
-/// restart, and `netdam bwrite`/`bread`/`flush`/`trim` work on the namespace.
+/// restart, and `netdam bwrite`/`bread`/`flush`/`trim`/`block-status` work on the namespace.
 #[test]
 fn admin_commands_store_namespaces_that_the_target_serves() {
     let dir = tempfile::tempdir().unwrap();
@@ -240,9 +240,20 @@ fn admin_commands_store_namespaces_that_the_target_serves() {
     run(&["bread", "disk", "10", "3", "--out", output.to_str().unwrap()]);
     let after_trim = std::fs::read(&output).unwrap();
     assert!(after_trim[4096..8192].iter().all(|&byte| byte == 0) && after_trim[..4096] == bytes[..4096]);
+    // Blocks 10 and 12 hold data, 11 was trimmed, the rest was never written.
+    let status = run(&["--json", "block-status", "disk", "8", "8"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let extents: Vec<(u64, u64, bool)> = status["extents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|extent| (extent["lba"].as_u64().unwrap(), extent["blocks"].as_u64().unwrap(), extent["hole"] == true))
+        .collect();
+    assert_eq!(extents, [(8, 2, true), (10, 1, false), (11, 1, true), (12, 1, false), (13, 3, true)], "{status}");
     let namespaces = run(&["--json", "namespaces"]);
     let namespaces: serde_json::Value = serde_json::from_slice(&namespaces.stdout).unwrap();
     assert_eq!(namespaces.as_array().unwrap().len(), 1, "the running target serves what it read at start");
+    assert_eq!(namespaces[0]["reports_allocation"], true, "a file namespace reports allocation");
     let partial = Command::new(netdam_binary())
         .args([&target[..], &["bwrite", "disk", "0", "--data", "abc"]].concat())
         .output()

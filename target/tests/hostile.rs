@@ -32,7 +32,7 @@ fn fix_crc(bytes: &mut [u8]) {
 /// A well-formed request of one to four instructions, valid or not in its fields.
 /// `space`: the region the instructions address, or `None` for any of 0, 1 and the missing 2.
 fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -> Vec<u8> {
-    const OPCODES: [Opcode; 16] = [
+    const OPCODES: [Opcode; 17] = [
         Opcode::Read,
         Opcode::Write,
         Opcode::Cas,
@@ -49,6 +49,7 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -
         Opcode::Flush,
         Opcode::Trim,
         Opcode::WriteZeroes,
+        Opcode::BlockStatus,
     ];
     let mut buffer = vec![0u8; MAX_DATAGRAM];
     let session = if rng.below(50) == 0 { rng.next_u64() as u32 } else { session };

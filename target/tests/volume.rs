@@ -4,7 +4,9 @@
 mod common;
 
 use common::{region, seed, start_configured, Rng};
+use netdam_initiator::nbd::codec::{STATE_HOLE, STATE_ZERO};
 use netdam_initiator::{ClientError, Volume, VolumeOptions};
+use netdam_isa::Status;
 use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
 
 const BLOCK: u32 = 4096;
@@ -25,7 +27,8 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Random writes of up to 1 MiB (many transfers, over four sessions on two workers) checked
-/// against a model by reads of random ranges; then FUA, flush, trim, write-zeroes and refusals.
+/// against a model by reads of random ranges; then FUA, flush, trim, write-zeroes, block status
+/// and refusals.
 fn verify(backend: NamespaceBackend, path: &str) {
     let test = start_configured(vec![region("mem", 1 << 20, false)], |config| {
         config.workers = 2;
@@ -62,6 +65,20 @@ fn verify(backend: NamespaceBackend, path: &str) {
         let mut back = vec![1u8; (3 * block) as usize];
         volume.read(100 * block, &mut back).await.unwrap();
         assert!(back.iter().all(|&byte| byte == 0), "zeroed blocks read as zeroes");
+        // Allocation: the trimmed range is a hole on a file; a pmem namespace cannot tell.
+        if backend == NamespaceBackend::File {
+            assert!(volume.reports_allocation());
+            let trimmed = volume.block_status(8 * block, 16 * block).await.unwrap();
+            assert_eq!(trimmed, [(16 * block, STATE_HOLE | STATE_ZERO)]);
+            let size = volume.size_bytes();
+            let covered: u64 = volume.block_status(0, size).await.unwrap().iter().map(|extent| extent.0).sum();
+            assert!((block..=size).contains(&covered), "covers at least a block, at most the range");
+        } else {
+            assert!(!volume.reports_allocation());
+            let refused = volume.block_status(0, block).await.unwrap_err();
+            assert!(matches!(refused, ClientError::Refused { status: Status::NotSupported, .. }), "{refused}");
+        }
+        assert!(matches!(volume.block_status(100, block).await, Err(ClientError::Unaligned { .. })));
         let mut small = vec![0u8; 100];
         assert!(matches!(volume.read(0, &mut small).await, Err(ClientError::Unaligned { .. })));
         assert!(matches!(volume.write(100, &[0; 4096], false).await, Err(ClientError::Unaligned { .. })));

@@ -9,6 +9,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand, ValueEnum};
 use netdam_initiator::nbd::{serve, ExportOptions, Listen, NbdListener};
 use netdam_initiator::{Client, ClientError, ClientOptions, Volume, VolumeOptions};
+use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
@@ -79,6 +80,9 @@ enum Command {
     Trim { namespace: String, lba: u64, blocks: u32 },
     /// Write zeroes over BLOCKS blocks from block LBA.
     WriteZeroes { namespace: String, lba: u64, blocks: u32 },
+    /// Show which of BLOCKS blocks from block LBA hold data and which are holes (file
+    /// namespaces; others cannot tell).
+    BlockStatus { namespace: String, lba: u64, blocks: u32 },
     /// Read bytes; prints a hex dump, or writes them raw to --out.
     Read {
         region: String,
@@ -315,7 +319,10 @@ fn run(cli: &Cli) -> Result<(), String> {
             if cli.json {
                 let list: Vec<_> = namespaces
                     .iter()
-                    .map(|n| json!({"id": n.id, "name": n.name, "block_bytes": n.block_bytes, "blocks": n.capacity_blocks}))
+                    .map(|n| {
+                        json!({"id": n.id, "name": n.name, "block_bytes": n.block_bytes, "blocks": n.capacity_blocks,
+                               "reports_allocation": n.reports_allocation})
+                    })
                     .collect();
                 println!("{}", json!(list));
             } else if namespaces.is_empty() {
@@ -400,6 +407,40 @@ fn run(cli: &Cli) -> Result<(), String> {
                 println!("{}", json!({"namespace": info.name, verb: blocks, "lba": lba}));
             } else {
                 println!("{verb} {blocks} blocks at block {lba} of namespace {}", info.name);
+            }
+        }
+        Command::BlockStatus { namespace, lba, blocks } => {
+            let info = client.namespace(namespace).map_err(text)?.clone();
+            // An answer may stop short (at most 64 extents): ask again from where it stopped.
+            let mut extents = Vec::new();
+            let mut at = *lba;
+            let end = lba.saturating_add(u64::from(*blocks));
+            while at < end {
+                let answer = client.block_status(&info, at, (end - at) as u32).map_err(text)?;
+                for extent in answer {
+                    extents.push((at, extent));
+                    at += u64::from(extent.num_blocks);
+                }
+            }
+            let names = |flags: u32| match (flags & EXTENT_FLAG_HOLE != 0, flags & EXTENT_FLAG_ZERO != 0) {
+                (true, true) => "hole, reads as zeroes",
+                (true, false) => "hole",
+                (false, true) => "data, reads as zeroes",
+                (false, false) => "data",
+            };
+            if cli.json {
+                let list: Vec<_> = extents
+                    .iter()
+                    .map(|(first, extent)| {
+                        json!({"lba": first, "blocks": extent.num_blocks,
+                               "hole": extent.flags & EXTENT_FLAG_HOLE != 0, "zero": extent.flags & EXTENT_FLAG_ZERO != 0})
+                    })
+                    .collect();
+                println!("{}", json!({"namespace": info.name, "extents": list}));
+            } else {
+                for (first, extent) in &extents {
+                    println!("blocks {first}+{}: {}", extent.num_blocks, names(extent.flags));
+                }
             }
         }
         Command::Read { region, offset, len, out } => {

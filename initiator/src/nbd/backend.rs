@@ -3,6 +3,9 @@
 
 use std::future::Future;
 
+#[cfg(doc)]
+use crate::nbd::codec::{STATE_HOLE, STATE_ZERO};
+
 /// Why a backend request failed, as NBD reports it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
@@ -49,5 +52,25 @@ pub trait NbdBackend: Send + Sync + 'static {
     /// with `ENOTSUP` (which clients handle by writing zeroes themselves).
     fn trim_reads_zeroes(&self) -> bool {
         true
+    }
+    /// Whether [`NbdBackend::block_status`] can tell holes from data. Then the export offers
+    /// the `base:allocation` metadata context; otherwise it offers none, and clients treat the
+    /// whole export as allocated data.
+    fn can_report_allocation(&self) -> bool {
+        false
+    }
+    /// The allocation of the range of `len` bytes at `offset`: consecutive extents
+    /// `(length in bytes, flags)` from `offset` on, flags as NBD's `base:allocation` defines
+    /// them ([`STATE_HOLE`], [`STATE_ZERO`]). Each length is a positive multiple of
+    /// [`NbdBackend::block_bytes`]; together they cover at least one block and at most `len`
+    /// bytes (a short answer is fine: the client asks again from where it ends). The server
+    /// calls it only when [`NbdBackend::can_report_allocation`] says so.
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<Vec<(u64, u32)>, BackendError>> + Send {
+        let _ = (offset, len);
+        std::future::ready(Err(BackendError::NotSupported("this backend cannot report allocation".into())))
     }
 }

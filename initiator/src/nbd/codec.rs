@@ -149,8 +149,19 @@ pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 pub const REPLY_TYPE_NONE: u16 = 0;
 /// Chunk type: data at an offset.
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+/// Chunk type: block status descriptors of one metadata context (32-bit lengths and flags).
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// Chunk type (extended headers): block status descriptors with 64-bit lengths and flags.
+pub const REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 /// Chunk type: an error with a message.
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
+
+/// The one metadata context this server may offer: allocation.
+pub const BASE_ALLOCATION: &str = "base:allocation";
+/// `base:allocation` flag: the extent is a hole (not allocated).
+pub const STATE_HOLE: u32 = 1 << 0;
+/// `base:allocation` flag: the extent reads as zeroes.
+pub const STATE_ZERO: u32 = 1 << 1;
 
 /// Length of the server greeting: NBDMAGIC, IHAVEOPT, handshake flags.
 pub const GREETING_LEN: usize = 18;
@@ -452,6 +463,16 @@ pub enum ReplyBody<'a> {
         /// How many bytes follow.
         len: usize,
     },
+    /// Block status of one metadata context: consecutive extents `(length in bytes, flags)`
+    /// from the request's offset. Only in structured and extended replies (a session without
+    /// them selects no context, so never asks).
+    BlockStatus {
+        /// The context's id, as `NBD_OPT_SET_META_CONTEXT` gave it.
+        context_id: u32,
+        /// The extents, at least one. In a structured reply each length fits 32 bits (a
+        /// compact request's length bounds them).
+        extents: &'a [(u64, u32)],
+    },
     /// Failure, with a message for a human (sent only in structured and extended replies).
     Error {
         /// The error value.
@@ -462,9 +483,10 @@ pub enum ReplyBody<'a> {
 }
 
 /// Writes the head of the complete reply to one request in the negotiated style: everything
-/// except the read data, which the caller sends right after. Every reply is a single message
-/// (one simple reply, or one chunk flagged DONE), so replies of different requests never need
-/// to be interleaved. `request_offset` is echoed by extended replies.
+/// except the read data, which the caller sends right after (a block status reply is written
+/// whole). Every reply is a single message (one simple reply, or one chunk flagged DONE), so
+/// replies of different requests never need to be interleaved. `request_offset` is echoed by
+/// extended replies.
 pub fn encode_reply_head(style: ReplyStyle, cookie: u64, request_offset: u64, body: ReplyBody<'_>, out: &mut Vec<u8>) {
     match (style, body) {
         (ReplyStyle::Simple, ReplyBody::Done | ReplyBody::Data { .. }) => simple_reply(0, cookie, out),
@@ -477,6 +499,31 @@ pub fn encode_reply_head(style: ReplyStyle, cookie: u64, request_offset: u64, bo
         (_, ReplyBody::Data { offset, len }) => {
             chunk_head(style, REPLY_TYPE_OFFSET_DATA, cookie, request_offset, 8 + len as u64, out);
             out.extend_from_slice(&offset.to_be_bytes());
+        }
+        (ReplyStyle::Simple, ReplyBody::BlockStatus { .. }) => {
+            panic!("block status needs chunked replies: Session::decide refuses it without a selected context")
+        }
+        (_, ReplyBody::BlockStatus { context_id, extents }) => {
+            assert!(!extents.is_empty(), "a block status reply carries at least one extent");
+            if style == ReplyStyle::Extended {
+                let len = 8 + 16 * extents.len() as u64;
+                chunk_head(style, REPLY_TYPE_BLOCK_STATUS_EXT, cookie, request_offset, len, out);
+                out.extend_from_slice(&context_id.to_be_bytes());
+                out.extend_from_slice(&(extents.len() as u32).to_be_bytes());
+                for &(length, flags) in extents {
+                    out.extend_from_slice(&length.to_be_bytes());
+                    out.extend_from_slice(&u64::from(flags).to_be_bytes());
+                }
+            } else {
+                let len = 4 + 8 * extents.len() as u64;
+                chunk_head(style, REPLY_TYPE_BLOCK_STATUS, cookie, request_offset, len, out);
+                out.extend_from_slice(&context_id.to_be_bytes());
+                for &(length, flags) in extents {
+                    let length = u32::try_from(length).expect("a compact request's length bounds its extents");
+                    out.extend_from_slice(&length.to_be_bytes());
+                    out.extend_from_slice(&flags.to_be_bytes());
+                }
+            }
         }
         (_, ReplyBody::Error { errno, message }) => {
             let message = truncate_message(message);
@@ -814,6 +861,37 @@ mod tests {
         assert_eq!(out.len(), MAX_REPLY_HEAD_LEN);
         assert_eq!(&out[24..32], &(4096u64 + 8).to_be_bytes());
         assert_eq!(&out[32..40], &8192u64.to_be_bytes());
+    }
+
+    #[test]
+    fn block_status_chunks_in_both_chunked_styles() {
+        let extents = [(8192u64, STATE_HOLE | STATE_ZERO), (4096, 0)];
+        let body = ReplyBody::BlockStatus { context_id: 1, extents: &extents };
+        let mut out = Vec::new();
+        encode_reply_head(ReplyStyle::Structured, 5, 4096, body, &mut out);
+        assert_eq!(out.len(), STRUCTURED_REPLY_LEN + 4 + 2 * 8);
+        assert_eq!(&out[..4], &STRUCTURED_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(&out[4..6], &REPLY_FLAG_DONE.to_be_bytes());
+        assert_eq!(&out[6..8], &REPLY_TYPE_BLOCK_STATUS.to_be_bytes());
+        assert_eq!(&out[8..16], &5u64.to_be_bytes());
+        assert_eq!(&out[16..20], &20u32.to_be_bytes(), "context id and two descriptors");
+        assert_eq!(&out[20..24], &1u32.to_be_bytes());
+        assert_eq!(&out[24..32], &[0, 0, 0x20, 0, 0, 0, 0, 3]);
+        assert_eq!(&out[32..40], &[0, 0, 0x10, 0, 0, 0, 0, 0]);
+
+        out.clear();
+        encode_reply_head(ReplyStyle::Extended, 5, 4096, body, &mut out);
+        assert_eq!(out.len(), EXTENDED_REPLY_LEN + 8 + 2 * 16);
+        assert_eq!(&out[..4], &EXTENDED_REPLY_MAGIC.to_be_bytes());
+        assert_eq!(&out[6..8], &REPLY_TYPE_BLOCK_STATUS_EXT.to_be_bytes());
+        assert_eq!(&out[16..24], &4096u64.to_be_bytes(), "the request's offset");
+        assert_eq!(&out[24..32], &40u64.to_be_bytes(), "context id, count and two descriptors");
+        assert_eq!(&out[32..36], &1u32.to_be_bytes());
+        assert_eq!(&out[36..40], &2u32.to_be_bytes(), "descriptor count");
+        assert_eq!(&out[40..48], &8192u64.to_be_bytes());
+        assert_eq!(&out[48..56], &3u64.to_be_bytes(), "flags widened to 64 bits");
+        assert_eq!(&out[56..64], &4096u64.to_be_bytes());
+        assert_eq!(&out[64..72], &0u64.to_be_bytes());
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! - [`limits`]: every bound in one place.
 //!
 //! Protocol: fixed newstyle handshake only; structured replies and extended headers when the
-//! client asks; no TLS, no metadata contexts (so no block status), no `NBD_CMD_CACHE`.
+//! client asks; the `base:allocation` metadata context and `NBD_CMD_BLOCK_STATUS` when the
+//! backend can tell holes from data (a netdam file namespace), no metadata context otherwise;
+//! no TLS, no `NBD_CMD_CACHE`.
 //!
 //! Decisions, each where the spec leaves a choice:
 //! - **Block sizes are always advertised** (minimum = the backend's block size), to every
@@ -29,6 +31,10 @@
 //! - **Replies**: every reply is one message (a simple reply, or one chunk flagged DONE);
 //!   reads are answered with one `OFFSET_DATA` chunk, so `NBD_CMD_FLAG_DF` always holds and
 //!   `NBD_FLAG_SEND_DF` is offered once chunks are negotiated.
+//! - **Block status**: one `BLOCK_STATUS` (or `BLOCK_STATUS_EXT`) chunk per request, whole
+//!   blocks, never past the requested length (the backend may answer short; clients ask again).
+//!   The requested length is a hint: an unaligned one is rounded to whole blocks. A backend
+//!   that unexpectedly cannot tell answers "allocated" over the whole range, which is safe.
 //! - **Leniency**: extended-header writes are accepted without `NBD_CMD_FLAG_PAYLOAD_LEN`,
 //!   because qemu's client (8.2 to 10.0 at least) sends them so; `FUA` is accepted on every
 //!   command; the reserved offset/length of `NBD_CMD_FLUSH` are ignored.

@@ -6,12 +6,13 @@
 
 use crate::nbd::codec::{
     self, encode_option_error, encode_option_reply, option_name, InfoRequest, MetaContextRequest, OptionHeader,
-    ReplyStyle, WireError, EXPORT_NAME_PADDING_LEN, FLAG_CAN_MULTI_CONN, FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES,
-    FLAG_FIXED_NEWSTYLE, FLAG_HAS_FLAGS, FLAG_NO_ZEROES, FLAG_READ_ONLY, FLAG_SEND_DF, FLAG_SEND_FAST_ZERO,
-    FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES, INFO_BLOCK_SIZE, INFO_DESCRIPTION,
-    INFO_EXPORT, INFO_NAME, OPT_ABORT, OPT_EXPORT_NAME, OPT_EXTENDED_HEADERS, OPT_GO, OPT_INFO, OPT_LIST,
-    OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_STARTTLS, OPT_STRUCTURED_REPLY, REP_ACK, REP_ERR_EXT_HEADER_REQD,
-    REP_ERR_INVALID, REP_ERR_POLICY, REP_ERR_TOO_BIG, REP_ERR_UNKNOWN, REP_ERR_UNSUP, REP_INFO, REP_SERVER,
+    ReplyStyle, WireError, BASE_ALLOCATION, EXPORT_NAME_PADDING_LEN, FLAG_CAN_MULTI_CONN, FLAG_C_FIXED_NEWSTYLE,
+    FLAG_C_NO_ZEROES, FLAG_FIXED_NEWSTYLE, FLAG_HAS_FLAGS, FLAG_NO_ZEROES, FLAG_READ_ONLY, FLAG_SEND_DF,
+    FLAG_SEND_FAST_ZERO, FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES, INFO_BLOCK_SIZE,
+    INFO_DESCRIPTION, INFO_EXPORT, INFO_NAME, OPT_ABORT, OPT_EXPORT_NAME, OPT_EXTENDED_HEADERS, OPT_GO, OPT_INFO,
+    OPT_LIST, OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_STARTTLS, OPT_STRUCTURED_REPLY, REP_ACK,
+    REP_ERR_EXT_HEADER_REQD, REP_ERR_INVALID, REP_ERR_POLICY, REP_ERR_TOO_BIG, REP_ERR_UNKNOWN, REP_ERR_UNSUP,
+    REP_INFO, REP_META_CONTEXT, REP_SERVER,
 };
 use crate::nbd::limits::{MAX_OPTIONS, MAX_OPTION_BYTES, MAX_STRING_BYTES};
 use crate::nbd::transmission::Session;
@@ -37,7 +38,14 @@ pub struct ExportInfo {
     /// Trimmed ranges read back as zeroes ([`crate::nbd::NbdBackend::trim_reads_zeroes`]), so
     /// zeroing may trim, and fast zeroing can be done.
     pub trim_reads_zeroes: bool,
+    /// The backend tells holes from data
+    /// ([`crate::nbd::NbdBackend::can_report_allocation`]): `base:allocation` is offered.
+    pub reports_allocation: bool,
 }
+
+/// The id `NBD_OPT_SET_META_CONTEXT` gives `base:allocation`, the only context offered. Ids
+/// are opaque to clients; `NBD_OPT_LIST_META_CONTEXT` answers 0, which the spec reserves there.
+pub const BASE_ALLOCATION_ID: u32 = 1;
 
 impl ExportInfo {
     /// The transmission flags for a client that negotiated `style`.
@@ -133,12 +141,21 @@ pub struct Negotiation<'a> {
     no_zeroes: bool,
     style: ReplyStyle,
     options_received: u32,
+    /// `base:allocation` was selected by the last `NBD_OPT_SET_META_CONTEXT`.
+    allocation_selected: bool,
 }
 
 impl<'a> Negotiation<'a> {
     /// A handshake for `export`.
     pub fn new(export: &'a ExportInfo) -> Negotiation<'a> {
-        Negotiation { export, fixed_newstyle: false, no_zeroes: false, style: ReplyStyle::Simple, options_received: 0 }
+        Negotiation {
+            export,
+            fixed_newstyle: false,
+            no_zeroes: false,
+            style: ReplyStyle::Simple,
+            options_received: 0,
+            allocation_selected: false,
+        }
     }
 
     /// The greeting the server sends first.
@@ -268,7 +285,13 @@ impl<'a> Negotiation<'a> {
         if !self.no_zeroes {
             out.extend_from_slice(&[0u8; EXPORT_NAME_PADDING_LEN]);
         }
-        Step::Transmission(Session::new(self.export, self.style))
+        Step::Transmission(self.session())
+    }
+
+    /// The transmission session this handshake agreed on.
+    fn session(&self) -> Session {
+        let context = self.allocation_selected.then_some(BASE_ALLOCATION_ID);
+        Session::new(self.export, self.style, context)
     }
 
     fn list(&self, out: &mut Vec<u8>) {
@@ -330,17 +353,24 @@ impl<'a> Negotiation<'a> {
         );
         encode_option_reply(option, REP_ACK, &[], out);
         if option == OPT_GO {
-            Step::Transmission(Session::new(export, self.style))
+            Step::Transmission(self.session())
         } else {
             Step::Continue
         }
     }
 
-    /// The backend cannot tell allocated from unallocated blocks, so the export offers no
-    /// metadata context: every well-formed query for this export is answered with an empty list
-    /// (an ACK alone). A client then never sends NBD_CMD_BLOCK_STATUS, and treats the whole
-    /// export as allocated data, which is true.
+    /// Lists or selects metadata contexts. The only one offered is `base:allocation`, and only
+    /// when the backend can tell holes from data. It matches the queries `base:allocation` and
+    /// (when listing) `base:`, and listing with no query; other queries, of `base:` or of any
+    /// other namespace, select nothing, as the spec asks. A backend that cannot tell offers no
+    /// context: every well-formed request is answered with an ACK alone, so a client never
+    /// sends `NBD_CMD_BLOCK_STATUS` and treats the whole export as allocated data, which is
+    /// true. `NBD_OPT_SET_META_CONTEXT` replaces the selection even when it fails.
     fn meta_context(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) {
+        let setting = option == OPT_SET_META_CONTEXT;
+        if setting {
+            self.allocation_selected = false;
+        }
         if self.style == ReplyStyle::Simple {
             let message = format!("{} needs structured replies or extended headers first", option_name(option));
             encode_option_error(option, REP_ERR_INVALID, &message, out);
@@ -358,6 +388,15 @@ impl<'a> Negotiation<'a> {
             encode_option_error(option, REP_ERR_UNKNOWN, &message, out);
             return;
         }
+        let matches = |query: &[u8]| query == BASE_ALLOCATION.as_bytes() || (!setting && query == b"base:");
+        let offered = self.export.reports_allocation
+            && ((!setting && request.queries.is_empty()) || request.queries.iter().any(|query| matches(query)));
+        if offered {
+            // Listing answers a reserved id of 0; selecting gives the id requests will carry.
+            let id = if setting { BASE_ALLOCATION_ID } else { 0 };
+            encode_option_reply(option, REP_META_CONTEXT, &[&id.to_be_bytes(), BASE_ALLOCATION.as_bytes()], out);
+            self.allocation_selected = setting;
+        }
         encode_option_reply(option, REP_ACK, &[], out);
     }
 }
@@ -365,7 +404,7 @@ impl<'a> Negotiation<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nbd::codec::{OPTION_REPLY_MAGIC, REP_META_CONTEXT};
+    use crate::nbd::codec::OPTION_REPLY_MAGIC;
 
     fn export() -> ExportInfo {
         ExportInfo {
@@ -377,6 +416,7 @@ mod tests {
             preferred_block_bytes: 4096,
             max_payload_bytes: 32 << 20,
             trim_reads_zeroes: true,
+            reports_allocation: false,
         }
     }
 
@@ -569,6 +609,83 @@ mod tests {
         }
         let (_, out) = send(&mut negotiation, OPT_SET_META_CONTEXT, &data[..data.len() - 2]);
         assert_eq!(replies(&out)[0].1, REP_ERR_INVALID);
+        let (step, _) = send(&mut negotiation, OPT_GO, &go_data(b"disk", &[]));
+        let Step::Transmission(session) = step else { panic!("{step:?}") };
+        assert_eq!(session.allocation_context, None, "nothing to select");
+    }
+
+    /// A meta-context option's data: the export name and the queries.
+    fn meta_data(name: &[u8], queries: &[&[u8]]) -> Vec<u8> {
+        let mut data = Vec::new();
+        data.extend((name.len() as u32).to_be_bytes());
+        data.extend(name);
+        data.extend((queries.len() as u32).to_be_bytes());
+        for query in queries {
+            data.extend((query.len() as u32).to_be_bytes());
+            data.extend(*query);
+        }
+        data
+    }
+
+    /// The `NBD_REP_META_CONTEXT` replies of a meta-context option, as (id, name), and whether
+    /// it ended with an ACK.
+    fn contexts(out: &[u8]) -> (Vec<(u32, String)>, bool) {
+        let all = replies(out);
+        let acked = all.last().is_some_and(|reply| reply.1 == REP_ACK);
+        let contexts = all
+            .iter()
+            .filter(|reply| reply.1 == REP_META_CONTEXT)
+            .map(|reply| {
+                let id = u32::from_be_bytes(reply.2[..4].try_into().unwrap());
+                (id, String::from_utf8(reply.2[4..].to_vec()).unwrap())
+            })
+            .collect();
+        (contexts, acked)
+    }
+
+    #[test]
+    fn base_allocation_is_listed_and_selected_when_the_backend_can_tell() {
+        let export = ExportInfo { reports_allocation: true, ..export() };
+        let mut negotiation = fixed(&export);
+        let allocation = (0, BASE_ALLOCATION.to_string());
+        let selected = (BASE_ALLOCATION_ID, BASE_ALLOCATION.to_string());
+        // Structured replies come first.
+        let (_, out) = send(&mut negotiation, OPT_LIST_META_CONTEXT, &meta_data(b"disk", &[]));
+        assert_eq!(replies(&out)[0].1, REP_ERR_INVALID);
+        send(&mut negotiation, OPT_STRUCTURED_REPLY, b"");
+        for queries in [&[][..], &[&b"base:"[..]], &[&b"base:allocation"[..]], &[&b"qemu:dirty-bitmap:x"[..], b"base:"]]
+        {
+            let (_, out) = send(&mut negotiation, OPT_LIST_META_CONTEXT, &meta_data(b"", queries));
+            assert_eq!(contexts(&out), (vec![allocation.clone()], true), "queries {queries:?}");
+        }
+        for queries in [&[&b"qemu:allocation-depth"[..]][..], &[&b"base:other"[..]], &[&b"nocolon"[..]]] {
+            let (_, out) = send(&mut negotiation, OPT_LIST_META_CONTEXT, &meta_data(b"disk", queries));
+            assert_eq!(contexts(&out), (vec![], true), "queries {queries:?} match nothing");
+        }
+        // Selecting: `base:` is ignored, no query selects nothing; each SET replaces the last.
+        for (queries, expected) in [
+            (&[][..], vec![]),
+            (&[&b"base:"[..]][..], vec![]),
+            (&[&b"base:allocation"[..], b"base:allocation"][..], vec![selected.clone()]),
+        ] {
+            let (_, out) = send(&mut negotiation, OPT_SET_META_CONTEXT, &meta_data(b"disk", queries));
+            assert_eq!(contexts(&out), (expected, true), "queries {queries:?}");
+        }
+        let (step, _) = send(&mut negotiation, OPT_GO, &go_data(b"disk", &[]));
+        let Step::Transmission(session) = step else { panic!("{step:?}") };
+        assert_eq!(session.allocation_context, Some(BASE_ALLOCATION_ID));
+
+        // A later SET that fails, or selects nothing, leaves nothing selected.
+        for data in [meta_data(b"other", &[b"base:allocation"]), meta_data(b"disk", &[b"base:"])] {
+            let mut negotiation = fixed(&export);
+            send(&mut negotiation, OPT_EXTENDED_HEADERS, b"");
+            let (_, out) = send(&mut negotiation, OPT_SET_META_CONTEXT, &meta_data(b"", &[b"base:allocation"]));
+            assert_eq!(contexts(&out), (vec![selected.clone()], true), "extended headers do as well");
+            send(&mut negotiation, OPT_SET_META_CONTEXT, &data);
+            let (step, _) = send(&mut negotiation, OPT_GO, &go_data(b"", &[]));
+            let Step::Transmission(session) = step else { panic!("{step:?}") };
+            assert_eq!(session.allocation_context, None);
+        }
     }
 
     #[test]

@@ -29,8 +29,9 @@ use tokio::task::{JoinError, JoinSet};
 
 use crate::nbd::backend::{BackendError, NbdBackend};
 use crate::nbd::codec::{
-    command_name, encode_reply_head, Errno, OptionHeader, ReplyBody, ReplyStyle, RequestHeader, CMD_FLUSH, CMD_READ,
-    CMD_TRIM, CMD_WRITE, CMD_WRITE_ZEROES, MAX_REPLY_HEAD_LEN, OPTION_HEADER_LEN,
+    command_name, encode_reply_head, Errno, OptionHeader, ReplyBody, ReplyStyle, RequestHeader, CMD_BLOCK_STATUS,
+    CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE, CMD_WRITE_ZEROES, MAX_REPLY_HEAD_LEN, OPTION_HEADER_LEN, STATE_HOLE,
+    STATE_ZERO,
 };
 use crate::nbd::io::{shutdown, write_all, write_all_vectored, FrameReader};
 use crate::nbd::limits::{
@@ -328,6 +329,7 @@ fn export_info<B: NbdBackend>(backend: &B, options: &ExportOptions) -> io::Resul
         preferred_block_bytes: preferred,
         max_payload_bytes: max_payload,
         trim_reads_zeroes: backend.trim_reads_zeroes(),
+        reports_allocation: backend.can_report_allocation(),
     };
     Ok((export, u64::from(piece_bytes)))
 }
@@ -511,6 +513,7 @@ struct Outgoing {
 enum OutBody {
     Done,
     Data { offset: u64, data: Vec<u8> },
+    BlockStatus { context_id: u32, extents: Vec<(u64, u32)> },
     Error { errno: Errno, message: String },
 }
 
@@ -521,6 +524,7 @@ enum Job {
     Flush,
     Trim { offset: u64, len: u64, fua: bool },
     WriteZeroes { offset: u64, len: u64, fua: bool, may_trim: bool, fast: bool },
+    BlockStatus { offset: u64, len: u64, one: bool, context_id: u32 },
 }
 
 /// How the request loop ended.
@@ -635,6 +639,7 @@ where
             Command::WriteZeroes { offset, len, fua, may_trim, fast } => {
                 Job::WriteZeroes { offset, len, fua, may_trim, fast }
             }
+            Command::BlockStatus { offset, len, one, context_id } => Job::BlockStatus { offset, len, one, context_id },
         };
         let shared = shared.clone();
         let replies = replies.clone();
@@ -712,6 +717,9 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             let body = match &reply.body {
                 OutBody::Done => ReplyBody::Done,
                 OutBody::Data { offset, data } => ReplyBody::Data { offset: *offset, len: data.len() },
+                OutBody::BlockStatus { context_id, extents } => {
+                    ReplyBody::BlockStatus { context_id: *context_id, extents }
+                }
                 OutBody::Error { errno, message } => ReplyBody::Error { errno: *errno, message },
             };
             encode_reply_head(style, reply.cookie, reply.request_offset, body, &mut batch);
@@ -770,6 +778,9 @@ async fn execute<B: NbdBackend>(shared: &Shared<B>, job: Job) -> OutBody {
                 Ok(()) if fua => backend.flush().await.map_err(|error| failure(CMD_WRITE_ZEROES, offset, len, error)),
                 other => other,
             }
+        }
+        Job::BlockStatus { offset, len, one, context_id } => {
+            return block_status(shared, offset, len, one, context_id).await;
         }
     };
     match result {
@@ -856,6 +867,40 @@ async fn zero<B: NbdBackend>(
             .map_err(|error| failure(CMD_WRITE_ZEROES, at, piece, error))?;
     }
     Ok(())
+}
+
+/// Asks the backend where data lies and shapes its answer into what the protocol promises:
+/// contiguous extents of whole blocks with known flags only, together no longer than the
+/// request (which keeps structured replies' 32-bit lengths in range), exactly one with
+/// `REQ_ONE`. A backend that unexpectedly cannot tell gets the answer the spec allows for
+/// that: one extent of allocated data (flags 0, always safe) over the whole range.
+async fn block_status<B: NbdBackend>(shared: &Shared<B>, offset: u64, len: u64, one: bool, context_id: u32) -> OutBody {
+    let block = u64::from(shared.export.min_block_bytes);
+    let answer = match shared.backend.block_status(offset, len).await {
+        Ok(answer) => answer,
+        Err(BackendError::NotSupported(_)) => vec![(len, 0)],
+        Err(error) => return failure(CMD_BLOCK_STATUS, offset, len, error),
+    };
+    let mut extents = Vec::with_capacity(if one { 1 } else { answer.len() });
+    let mut covered = 0u64;
+    for (length, flags) in answer {
+        // A partial block would put every later extent off its offset: stop after it.
+        let whole = length / block * block;
+        let kept = whole.min(len - covered);
+        if kept == 0 {
+            break;
+        }
+        covered += kept;
+        extents.push((kept, flags & (STATE_HOLE | STATE_ZERO)));
+        if one || covered == len || whole != length {
+            break;
+        }
+    }
+    if extents.is_empty() {
+        let message = format!("the backend reported no extent for {len} bytes at offset {offset}");
+        return OutBody::Error { errno: Errno::Io, message };
+    }
+    OutBody::BlockStatus { context_id, extents }
 }
 
 /// The reply to a failed backend call, naming the call.
@@ -999,6 +1044,77 @@ mod tests {
         let backend = Arc::new(geometry(512, 4096, 1 << 20));
         let future = serve(listener, backend, ExportOptions::default(), std::future::pending());
         assert_send_static(&future);
+    }
+
+    /// A backend whose block status answer a test sets.
+    struct Reporting(Vec<(u64, u32)>, Option<BackendError>);
+
+    impl NbdBackend for Reporting {
+        fn size_bytes(&self) -> u64 {
+            1 << 20
+        }
+        fn block_bytes(&self) -> u32 {
+            512
+        }
+        fn preferred_bytes(&self) -> u32 {
+            4096
+        }
+        fn max_request_bytes(&self) -> u32 {
+            1 << 20
+        }
+        async fn read(&self, _: u64, _: &mut [u8]) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn write(&self, _: u64, _: &[u8], _: bool) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn flush(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn trim(&self, _: u64, _: u64) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn write_zeroes(&self, _: u64, _: u64) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn can_report_allocation(&self) -> bool {
+            true
+        }
+        async fn block_status(&self, _: u64, _: u64) -> Result<Vec<(u64, u32)>, BackendError> {
+            match &self.1 {
+                Some(error) => Err(error.clone()),
+                None => Ok(self.0.clone()),
+            }
+        }
+    }
+
+    fn status_of(answer: Vec<(u64, u32)>, error: Option<BackendError>, len: u64, one: bool) -> OutBody {
+        let shared = Shared::new(Arc::new(Reporting(answer, error)), &ExportOptions::default()).unwrap();
+        assert!(shared.export.reports_allocation);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(block_status(&shared, 0, len, one, 3))
+    }
+
+    #[test]
+    fn block_status_answers_are_kept_to_what_the_protocol_promises() {
+        let extents = |body: OutBody| match body {
+            OutBody::BlockStatus { context_id: 3, extents } => extents,
+            _ => panic!("expected block status"),
+        };
+        let answer = vec![(1024, STATE_HOLE | STATE_ZERO | 0x80), (2048, 0), (4096, STATE_ZERO)];
+        assert_eq!(extents(status_of(answer.clone(), None, 8192, false)), [(1024, 3), (2048, 0), (4096, 2)]);
+        assert_eq!(extents(status_of(answer.clone(), None, 2048, false)), [(1024, 3), (1024, 0)], "cut at the request");
+        assert_eq!(extents(status_of(answer, None, 8192, true)), [(1024, 3)], "REQ_ONE: one extent");
+        assert_eq!(extents(status_of(vec![(1000, 1), (512, 0)], None, 4096, false)), [(512, 1)], "whole blocks only");
+        let unsupported = Some(BackendError::NotSupported("no".into()));
+        assert_eq!(extents(status_of(vec![], unsupported, 4096, false)), [(4096, 0)], "cannot tell: allocated");
+        let OutBody::Error { errno: Errno::Io, .. } = status_of(vec![], Some(BackendError::Io("x".into())), 512, false)
+        else {
+            panic!("an I/O error is reported")
+        };
+        let OutBody::Error { errno: Errno::Io, .. } = status_of(vec![(100, 0)], None, 512, false) else {
+            panic!("no whole extent is an error")
+        };
     }
 
     #[test]

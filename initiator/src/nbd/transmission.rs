@@ -5,8 +5,8 @@
 
 use crate::nbd::codec::{
     command_name, Errno, ReplyStyle, RequestHeader, WireError, CMD_BLOCK_STATUS, CMD_CACHE, CMD_DISC, CMD_FLAG_DF,
-    CMD_FLAG_FAST_ZERO, CMD_FLAG_FUA, CMD_FLAG_NO_HOLE, CMD_FLAG_PAYLOAD_LEN, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE,
-    CMD_WRITE_ZEROES, FLAG_SEND_FAST_ZERO,
+    CMD_FLAG_FAST_ZERO, CMD_FLAG_FUA, CMD_FLAG_NO_HOLE, CMD_FLAG_PAYLOAD_LEN, CMD_FLAG_REQ_ONE, CMD_FLUSH, CMD_READ,
+    CMD_TRIM, CMD_WRITE, CMD_WRITE_ZEROES, FLAG_SEND_FAST_ZERO,
 };
 use crate::nbd::limits::MAX_PAYLOAD_READ_BYTES;
 use crate::nbd::negotiate::ExportInfo;
@@ -28,11 +28,19 @@ pub struct Session {
     pub transmission_flags: u16,
     /// Zeroing may be done by trim (the backend's trim reads back as zeroes).
     pub trim_reads_zeroes: bool,
+    /// The id of the selected `base:allocation` context: `NBD_CMD_BLOCK_STATUS` is answered
+    /// only when one was selected (which needs chunked replies).
+    pub allocation_context: Option<u32>,
 }
 
 impl Session {
-    /// The session for a client of `export` that negotiated `style`.
-    pub fn new(export: &ExportInfo, style: ReplyStyle) -> Session {
+    /// The session for a client of `export` that negotiated `style` and selected
+    /// `base:allocation` under `allocation_context` (or nothing).
+    pub fn new(export: &ExportInfo, style: ReplyStyle, allocation_context: Option<u32>) -> Session {
+        debug_assert!(
+            allocation_context.is_none() || (style != ReplyStyle::Simple && export.reports_allocation),
+            "a context is selected only with chunked replies, on a backend that can report allocation"
+        );
         Session {
             style,
             size_bytes: export.size_bytes,
@@ -41,6 +49,7 @@ impl Session {
             read_only: export.read_only,
             transmission_flags: export.transmission_flags(style),
             trim_reads_zeroes: export.trim_reads_zeroes,
+            allocation_context,
         }
     }
 
@@ -85,7 +94,12 @@ impl Session {
                 CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO
             }
             CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
-            CMD_CACHE | CMD_BLOCK_STATUS => {
+            CMD_BLOCK_STATUS if self.allocation_context.is_some() => CMD_FLAG_FUA | CMD_FLAG_REQ_ONE,
+            CMD_BLOCK_STATUS => {
+                let message = format!("{name} needs a metadata context selected with NBD_OPT_SET_META_CONTEXT");
+                return refuse(Errno::Inval, message);
+            }
+            CMD_CACHE => {
                 return refuse(Errno::Inval, format!("{name} is not offered by this export"));
             }
             _ => return refuse(Errno::Inval, format!("unknown command {command}")),
@@ -106,6 +120,9 @@ impl Session {
 
         let (offset, len) = (header.offset, header.length);
         let block = u64::from(self.min_block_bytes);
+        if command == CMD_BLOCK_STATUS {
+            return self.block_status(header, block);
+        }
         if !offset.is_multiple_of(block) || !len.is_multiple_of(block) {
             return refuse(
                 Errno::Inval,
@@ -155,6 +172,41 @@ impl Session {
                 Decision::Execute(Command::WriteZeroes { offset, len, fua, may_trim, fast })
             }
         }
+    }
+}
+
+impl Session {
+    /// Checks `NBD_CMD_BLOCK_STATUS` (flags already checked). Its length is a hint, so an
+    /// unaligned one is rounded down to whole blocks, or up to one block when it is shorter and
+    /// the client allows an extent past it (no `REQ_ONE`); the offset must be aligned.
+    fn block_status(&self, header: &RequestHeader, block: u64) -> Decision {
+        let (offset, len) = (header.offset, header.length);
+        let name = command_name(CMD_BLOCK_STATUS);
+        let refuse = |message: String| Decision::Refuse { errno: Errno::Inval, message, discard_bytes: 0 };
+        let context_id = self.allocation_context.expect("decide refuses BLOCK_STATUS without a context");
+        let one = header.flags & CMD_FLAG_REQ_ONE != 0;
+        if len == 0 {
+            return refuse(format!("{name} of 0 bytes"));
+        }
+        if !offset.is_multiple_of(block) {
+            return refuse(format!("{name} at offset {offset} is not aligned to the {block}-byte minimum block size"));
+        }
+        if offset.checked_add(len).is_none_or(|end| end > self.size_bytes) {
+            let size = self.size_bytes;
+            return refuse(format!(
+                "{name} at offset {offset} of {len} bytes runs past the end of the export ({size} bytes)"
+            ));
+        }
+        let whole = len / block * block;
+        let len = match whole {
+            0 if one => {
+                return refuse(format!("{name} with REQ_ONE of {len} bytes, under the {block}-byte block size"));
+            }
+            0 if offset + block > self.size_bytes => return refuse(format!("{name} of a partial last block")),
+            0 => block,
+            whole => whole,
+        };
+        Decision::Execute(Command::BlockStatus { offset, len, one, context_id })
     }
 }
 
@@ -223,6 +275,17 @@ pub enum Command {
         /// `FAST_ZERO`: fail with `ENOTSUP` rather than zero slowly.
         fast: bool,
     },
+    /// Report allocation from `offset` on.
+    BlockStatus {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes to report on at most, whole blocks.
+        len: u64,
+        /// `REQ_ONE`: answer exactly one extent.
+        one: bool,
+        /// The selected `base:allocation` context's id.
+        context_id: u32,
+    },
 }
 
 /// The client broke transmission framing in a way that cannot be skipped.
@@ -277,8 +340,9 @@ mod tests {
             preferred_block_bytes: 4096,
             max_payload_bytes: 64 * 1024,
             trim_reads_zeroes: true,
+            reports_allocation: true,
         };
-        Session::new(&export, style)
+        Session::new(&export, style, None)
     }
 
     fn request(command: u16, flags: u16, offset: u64, length: u64) -> RequestHeader {
@@ -403,6 +467,34 @@ mod tests {
         for command in [CMD_CACHE, CMD_BLOCK_STATUS, 8, 0xffff] {
             assert_eq!(refused(s.decide(&request(command, 0, 0, 512))), (Errno::Inval, 0), "command {command}");
         }
+    }
+
+    #[test]
+    fn block_status_needs_a_selected_context_and_takes_its_length_as_a_hint() {
+        let s = session(ReplyStyle::Structured);
+        assert_eq!(refused(s.decide(&request(CMD_BLOCK_STATUS, 0, 0, 512))), (Errno::Inval, 0), "no context selected");
+        let s = Session { allocation_context: Some(7), ..s };
+        let status = |offset, len, one| Decision::Execute(Command::BlockStatus { offset, len, one, context_id: 7 });
+        assert_eq!(s.decide(&request(CMD_BLOCK_STATUS, 0, 512, 4096)), status(512, 4096, false));
+        assert_eq!(s.decide(&request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 1 << 20)), status(0, 1 << 20, true));
+        // Far beyond the maximum payload: it carries none, and answers may come back short.
+        let big = Session { size_bytes: 1 << 40, style: ReplyStyle::Extended, ..s };
+        assert_eq!(big.decide(&request(CMD_BLOCK_STATUS, 0, 0, 1 << 40)), status(0, 1 << 40, false));
+        // Unaligned lengths: whole blocks, or one block when the client allows a longer extent.
+        assert_eq!(s.decide(&request(CMD_BLOCK_STATUS, 0, 0, 1500)), status(0, 1024, false));
+        assert_eq!(s.decide(&request(CMD_BLOCK_STATUS, 0, 0, 100)), status(0, 512, false));
+        assert_eq!(refused(s.decide(&request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, 100))), (Errno::Inval, 0));
+        // Refusals: an unaligned offset, nothing asked, past the end, unknown flags.
+        assert_eq!(refused(s.decide(&request(CMD_BLOCK_STATUS, 0, 100, 512))), (Errno::Inval, 0));
+        assert_eq!(refused(s.decide(&request(CMD_BLOCK_STATUS, 0, 0, 0))), (Errno::Inval, 0));
+        assert_eq!(refused(s.decide(&request(CMD_BLOCK_STATUS, 0, (1 << 20) - 512, 1024))), (Errno::Inval, 0));
+        assert_eq!(refused(s.decide(&request(CMD_BLOCK_STATUS, CMD_FLAG_NO_HOLE, 0, 512))), (Errno::Inval, 0));
+        // A payload (extended headers' filtered form, not offered) is skipped, then refused.
+        let s = Session { style: ReplyStyle::Extended, ..s };
+        assert_eq!(refused(s.decide(&request(CMD_BLOCK_STATUS, CMD_FLAG_PAYLOAD_LEN, 0, 12))), (Errno::Inval, 12));
+        // A read-only export reports allocation too.
+        let s = Session { read_only: true, ..s };
+        assert_eq!(s.decide(&request(CMD_BLOCK_STATUS, 0, 0, 512)), status(0, 512, false));
     }
 
     #[test]

@@ -17,8 +17,9 @@ use std::time::Duration;
 use netdam_initiator::nbd::codec::{
     InfoRequest, OptionHeader, ReplyStyle, RequestHeader, EXTENDED_REPLY_MAGIC, FLAG_C_FIXED_NEWSTYLE,
     FLAG_C_NO_ZEROES, IHAVEOPT, INFO_BLOCK_SIZE, INFO_EXPORT, NBD_MAGIC, OPTION_REPLY_MAGIC, OPT_EXTENDED_HEADERS,
-    OPT_GO, OPT_STRUCTURED_REPLY, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA, REP_ACK,
-    REP_INFO, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
+    OPT_GO, OPT_SET_META_CONTEXT, OPT_STRUCTURED_REPLY, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS,
+    REPLY_TYPE_BLOCK_STATUS_EXT, REPLY_TYPE_ERROR, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA, REP_ACK, REP_INFO,
+    REP_META_CONTEXT, SIMPLE_REPLY_MAGIC, STATE_HOLE, STATE_ZERO, STRUCTURED_REPLY_MAGIC,
 };
 use netdam_initiator::nbd::{serve, BackendError, ExportOptions, Listen, NbdBackend, NbdListener, ServeReport};
 
@@ -31,6 +32,7 @@ pub struct Calls {
     pub flushes: AtomicU64,
     pub trims: AtomicU64,
     pub write_zeroes: AtomicU64,
+    pub block_statuses: AtomicU64,
     /// Calls the server should never have made: unaligned, too large or past the end.
     pub bad_calls: AtomicU64,
     /// Largest single call, in bytes.
@@ -57,8 +59,18 @@ pub struct MemDisk {
     panicking_read_offset: Option<u64>,
     /// Trim is a discard that leaves the old data (as some devices do).
     trim_keeps_data: bool,
+    /// Per block, its `base:allocation` flags: a hole until written, a hole again when
+    /// trimmed, zeroes (allocated) after write-zeroes.
+    allocation: Mutex<Vec<u32>>,
+    /// Whether the backend reports allocation (`with_allocation`).
+    reports_allocation: bool,
+    /// Most extents one block-status answer carries (a short answer makes the client ask again).
+    max_extents: usize,
     pub calls: Calls,
 }
+
+/// A block never written: a hole that reads as zeroes.
+const UNWRITTEN: u32 = STATE_HOLE | STATE_ZERO;
 
 impl MemDisk {
     /// A zeroed disk of `size` bytes with `block`-byte blocks and 256 KiB backend calls.
@@ -72,8 +84,25 @@ impl MemDisk {
             failing_read_offset: None,
             panicking_read_offset: None,
             trim_keeps_data: false,
+            allocation: Mutex::new(vec![UNWRITTEN; size.div_ceil(block as usize)]),
+            reports_allocation: false,
+            max_extents: 64,
             calls: Calls::default(),
         }
+    }
+
+    /// The backend reports allocation (`base:allocation` is offered), at most `max_extents`
+    /// extents per answer.
+    pub fn with_allocation(mut self, max_extents: usize) -> MemDisk {
+        self.reports_allocation = true;
+        self.max_extents = max_extents;
+        self
+    }
+
+    /// Sets the allocation flags of a byte range (whole blocks).
+    fn mark(&self, offset: u64, len: u64, flags: u32) {
+        let block = u64::from(self.block);
+        self.allocation.lock().unwrap()[(offset / block) as usize..((offset + len) / block) as usize].fill(flags);
     }
 
     /// Every call first sleeps this long (to keep requests in flight).
@@ -196,6 +225,7 @@ impl NbdBackend for MemDisk {
         }
         let start = offset as usize;
         self.data.lock().unwrap()[start..start + data.len()].copy_from_slice(data);
+        self.mark(offset, data.len() as u64, 0);
         Ok(())
     }
 
@@ -210,6 +240,7 @@ impl NbdBackend for MemDisk {
         self.calls.trims.fetch_add(1, Ordering::SeqCst);
         if !self.trim_keeps_data {
             self.data.lock().unwrap()[offset as usize..(offset + len) as usize].fill(0);
+            self.mark(offset, len, STATE_HOLE | STATE_ZERO);
         }
         Ok(())
     }
@@ -218,11 +249,43 @@ impl NbdBackend for MemDisk {
         let _running = self.enter(offset, len).await?;
         self.calls.write_zeroes.fetch_add(1, Ordering::SeqCst);
         self.data.lock().unwrap()[offset as usize..(offset + len) as usize].fill(0);
+        self.mark(offset, len, STATE_ZERO);
         Ok(())
     }
 
     fn trim_reads_zeroes(&self) -> bool {
         !self.trim_keeps_data
+    }
+
+    fn can_report_allocation(&self) -> bool {
+        self.reports_allocation
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<(u64, u32)>, BackendError> {
+        // Block status carries no data, so any whole-block range inside the disk is a fine
+        // call, unlike the transfer size `enter` bounds.
+        let _running = Running::new(&self.calls);
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        let block = u64::from(self.block);
+        if len == 0 || !offset.is_multiple_of(block) || !len.is_multiple_of(block) || offset + len > self.size() {
+            self.calls.bad_calls.fetch_add(1, Ordering::SeqCst);
+            return Err(BackendError::Invalid(format!("bad block status at {offset} of {len} bytes")));
+        }
+        self.calls.block_statuses.fetch_add(1, Ordering::SeqCst);
+        let allocation = self.allocation.lock().unwrap();
+        let mut extents: Vec<(u64, u32)> = Vec::new();
+        for &flags in &allocation[(offset / block) as usize..((offset + len) / block) as usize] {
+            if let Some(last) = extents.last_mut().filter(|last| last.1 == flags) {
+                last.0 += block;
+            } else if extents.len() == self.max_extents {
+                break;
+            } else {
+                extents.push((block, flags));
+            }
+        }
+        Ok(extents)
     }
 }
 
@@ -358,6 +421,14 @@ pub struct Reply {
     pub data: Vec<u8>,
     /// The error message of a chunked error reply.
     pub message: String,
+    /// A block status reply: the context id and its extents (length, flags).
+    pub status: Option<(u32, Vec<(u64, u32)>)>,
+}
+
+impl Reply {
+    fn new(cookie: u64, error: u32, data: Vec<u8>, message: String) -> Reply {
+        Reply { cookie, error, data, message, status: None }
+    }
 }
 
 /// A hand-driven NBD client.
@@ -390,6 +461,16 @@ impl RawClient {
     /// Connects and negotiates `style`, then GO with a block-size request. Returns the client,
     /// the export size and the transmission flags.
     pub fn negotiated(endpoint: &Listen, style: ReplyStyle) -> (RawClient, u64, u16) {
+        RawClient::negotiated_with_contexts(endpoint, style, &[]).0
+    }
+
+    /// As [`RawClient::negotiated`], selecting the metadata contexts `queries` name before GO
+    /// (when any); also returns the contexts selected.
+    pub fn negotiated_with_contexts(
+        endpoint: &Listen,
+        style: ReplyStyle,
+        queries: &[&str],
+    ) -> ((RawClient, u64, u16), Vec<(u32, String)>) {
         let mut client = RawClient::connect(endpoint);
         client.greeting();
         client.send(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes());
@@ -402,9 +483,10 @@ impl RawClient {
             client.option(option, &[]);
             assert_eq!(client.option_reply().1, REP_ACK);
         }
+        let selected = if queries.is_empty() { Vec::new() } else { client.set_meta_context(queries) };
         let (size, flags) = client.go(b"", &[INFO_BLOCK_SIZE]).expect("GO succeeds");
         client.style = style;
-        (client, size, flags)
+        ((client, size, flags), selected)
     }
 
     pub fn send(&mut self, bytes: &[u8]) {
@@ -440,6 +522,31 @@ impl RawClient {
         let kind = u32::from_be_bytes(head[12..16].try_into().unwrap());
         let len = u32::from_be_bytes(head[16..20].try_into().unwrap()) as usize;
         (option, kind, self.receive(len))
+    }
+
+    /// Sends `NBD_OPT_SET_META_CONTEXT` for the default export with `queries`; returns the
+    /// contexts selected, as (id, name), once the server has acknowledged.
+    pub fn set_meta_context(&mut self, queries: &[&str]) -> Vec<(u32, String)> {
+        let mut data = 0u32.to_be_bytes().to_vec();
+        data.extend((queries.len() as u32).to_be_bytes());
+        for query in queries {
+            data.extend((query.len() as u32).to_be_bytes());
+            data.extend(query.as_bytes());
+        }
+        self.option(OPT_SET_META_CONTEXT, &data);
+        let mut selected = Vec::new();
+        loop {
+            let (option, kind, payload) = self.option_reply();
+            assert_eq!(option, OPT_SET_META_CONTEXT);
+            match kind {
+                REP_META_CONTEXT => {
+                    let id = u32::from_be_bytes(payload[..4].try_into().unwrap());
+                    selected.push((id, String::from_utf8(payload[4..].to_vec()).unwrap()));
+                }
+                REP_ACK => return selected,
+                error => panic!("NBD_OPT_SET_META_CONTEXT failed with 0x{error:08x}"),
+            }
+        }
     }
 
     /// Sends GO and reads the replies: `Ok((size, flags))` on ACK, `Err(reply type)` otherwise.
@@ -483,7 +590,7 @@ impl RawClient {
                 let error = u32::from_be_bytes(rest[..4].try_into().unwrap());
                 let cookie = u64::from_be_bytes(rest[4..12].try_into().unwrap());
                 let data = if error == 0 { self.receive(read_len) } else { Vec::new() };
-                Reply { cookie, error, data, message: String::new() }
+                Reply::new(cookie, error, data, String::new())
             }
             STRUCTURED_REPLY_MAGIC | EXTENDED_REPLY_MAGIC => {
                 let extended = magic == EXTENDED_REPLY_MAGIC;
@@ -500,15 +607,40 @@ impl RawClient {
                 };
                 let payload = self.receive(len);
                 match kind {
-                    REPLY_TYPE_NONE => Reply { cookie, error: 0, data: Vec::new(), message: String::new() },
-                    REPLY_TYPE_OFFSET_DATA => {
-                        Reply { cookie, error: 0, data: payload[8..].to_vec(), message: String::new() }
+                    REPLY_TYPE_NONE => Reply::new(cookie, 0, Vec::new(), String::new()),
+                    REPLY_TYPE_OFFSET_DATA => Reply::new(cookie, 0, payload[8..].to_vec(), String::new()),
+                    REPLY_TYPE_BLOCK_STATUS | REPLY_TYPE_BLOCK_STATUS_EXT => {
+                        assert_eq!(kind == REPLY_TYPE_BLOCK_STATUS_EXT, extended, "the chunk type follows the style");
+                        let context = u32::from_be_bytes(payload[..4].try_into().unwrap());
+                        let extents: Vec<(u64, u32)> = if extended {
+                            let count = u32::from_be_bytes(payload[4..8].try_into().unwrap()) as usize;
+                            assert_eq!(payload.len(), 8 + 16 * count, "descriptor count matches the length");
+                            payload[8..]
+                                .chunks_exact(16)
+                                .map(|d| {
+                                    let flags = u64::from_be_bytes(d[8..16].try_into().unwrap());
+                                    assert_eq!(flags >> 32, 0, "base:allocation flags fit 32 bits");
+                                    (u64::from_be_bytes(d[..8].try_into().unwrap()), flags as u32)
+                                })
+                                .collect()
+                        } else {
+                            assert_eq!((payload.len() - 4) % 8, 0);
+                            payload[4..]
+                                .chunks_exact(8)
+                                .map(|d| {
+                                    let len = u32::from_be_bytes(d[..4].try_into().unwrap());
+                                    (u64::from(len), u32::from_be_bytes(d[4..8].try_into().unwrap()))
+                                })
+                                .collect()
+                        };
+                        assert!(!extents.is_empty() && extents.iter().all(|e| e.0 > 0), "{extents:?}");
+                        Reply { status: Some((context, extents)), ..Reply::new(cookie, 0, Vec::new(), String::new()) }
                     }
                     REPLY_TYPE_ERROR => {
                         let error = u32::from_be_bytes(payload[..4].try_into().unwrap());
                         let message_len = u16::from_be_bytes([payload[4], payload[5]]) as usize;
                         let message = String::from_utf8(payload[6..6 + message_len].to_vec()).unwrap();
-                        Reply { cookie, error, data: Vec::new(), message }
+                        Reply::new(cookie, error, Vec::new(), message)
                     }
                     other => panic!("unexpected chunk type {other}"),
                 }
