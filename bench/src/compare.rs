@@ -45,7 +45,10 @@ enum Better {
 /// good. Latencies and CPU costs are better lower; rates and a rate's ratio to its floor higher;
 /// a latency's ratio to its floor lower.
 fn merit(field: &str) -> Option<Better> {
-    let latency = field.starts_with('p') && field[1..].chars().next().is_some_and(|c| c.is_ascii_digit());
+    // A percentile anywhere in the name: `p50_ns`, `lat_p999_ns`, `p50_ratio`.
+    let latency = field
+        .split('_')
+        .any(|part| part.len() > 1 && part.starts_with('p') && part[1..].chars().all(|c| c.is_ascii_digit()));
     if field.contains("cpu") || (latency && (field.ends_with("_ns") || field.ends_with("_us"))) {
         return Some(Better::Lower);
     }
@@ -259,6 +262,15 @@ mod tests {
         let faster = figures(json!({"cases": [{"system": "x", "p99_ns": 50, "iops": 2000}]}));
         let (changes, _) = compare(&old, &faster, 0.10, false);
         assert!(changes.iter().all(|change| change.flag == "better"), "{changes:?}");
+    }
+
+    #[test]
+    fn fio_latency_figures_are_figures_of_merit() {
+        let old = figures(json!({"cases": [{"system": "x", "lat_p999_ns": 100}]}));
+        let new = figures(json!({"cases": [{"system": "x", "lat_p999_ns": 200}]}));
+        let (changes, _) = compare(&old, &new, 0.10, false);
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].flag, "worse");
     }
 
     #[test]

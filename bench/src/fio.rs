@@ -86,7 +86,7 @@ impl Case {
     fn to_json(&self) -> serde_json::Value {
         json!({"system": self.system, "socket": self.socket, "rw": self.pattern, "depth": self.depth,
                "iops": self.iops, "ios": self.ops, "lat_p50_ns": self.p50_ns, "lat_p99_ns": self.p99_ns,
-               "lat_p999_ns": self.p999_ns})
+               "lat_p999_ns": (self.p999_ns > 0).then_some(self.p999_ns)})
     }
 }
 

@@ -81,6 +81,8 @@ pub struct Client {
     requested_datagram_bytes: u32,
     /// Why the last HELLO exchange failed, until `hello` reports it.
     hello_failure: Option<ClientError>,
+    /// A send of a submitted request failed, until the next wait or `progress` reports it.
+    send_failure: Option<ClientError>,
 }
 
 /// Receive buffer asked for; the kernel caps it at net.core.rmem_max.
@@ -131,6 +133,7 @@ impl Client {
             finished: HashMap::new(),
             requested_datagram_bytes: options.session.max_datagram_bytes as u32,
             hello_failure: None,
+            send_failure: None,
         })
     }
 
@@ -197,6 +200,9 @@ impl Client {
     }
 
     /// Sends one datagram carrying `ops` without waiting; waits first if the window is full.
+    /// Fails only when the request was not taken (it cannot be encoded, or waiting for room
+    /// failed): once taken it has a ticket, and a failure to send it (nothing listening) is
+    /// reported by the next wait or [`Client::progress`], while the session goes on trying.
     pub fn submit(&mut self, ops: &[Op]) -> Result<Ticket, ClientError> {
         while !self.session.has_room() {
             self.pump()?;
@@ -204,7 +210,9 @@ impl Client {
         let token = self.next_token;
         self.next_token += 1;
         self.session.submit(ops, token)?;
-        self.flush()?;
+        if let Err(error) = self.flush() {
+            self.send_failure = Some(error);
+        }
         Ok(Ticket(token))
     }
 
@@ -502,6 +510,9 @@ impl Client {
     /// fio engine): it calls this when a socket is readable or [`Client::time_to_deadline`]
     /// has passed, then collects answers with [`Client::take_finished`].
     pub fn progress(&mut self) -> Result<(), ClientError> {
+        if let Some(error) = self.send_failure.take() {
+            return Err(error);
+        }
         loop {
             match self.socket.recv(&mut self.receive_buffer) {
                 Ok(len) => self.session.handle_datagram(self.clock.now(), &self.receive_buffer[..len]),

@@ -43,7 +43,8 @@ pub struct SessionConfig {
     /// Transmissions of one request before it may fail.
     pub max_attempts: u32,
     /// Least time from a request's first transmission to its failure: a request that has used
-    /// its attempts sooner is sent again every `max_rto` until this much time has passed. A
+    /// its attempts sooner is sent again (its back-off capped at `max_rto`) until this much
+    /// time has passed. A
     /// storage target may stall (a device flushing, a loaded machine) for longer than the
     /// attempts' back-off adds up to (about 127 ms from a 500 µs timeout), and failing a
     /// request then fails the user's I/O for a pause, not for a dead target (a refused socket
@@ -162,8 +163,9 @@ struct Request {
     state: State,
     /// When the latest transmission left.
     sent_at: Instant,
-    /// When the first transmission left (what `min_patience` counts from).
-    first_sent_at: Instant,
+    /// When the first transmission left (what `min_patience` counts from); a BUSY answer,
+    /// which gives the attempt back, does not restart it.
+    first_sent_at: Option<Instant>,
 }
 
 /// Smoothed RTT and variance (RFC 6298) for the retransmission timeout.
@@ -483,7 +485,7 @@ impl Session {
             busy_retries: 0,
             state,
             sent_at: Instant::ZERO,
-            first_sent_at: Instant::ZERO,
+            first_sent_at: None,
         });
         sequence
     }
@@ -515,9 +517,7 @@ impl Session {
             let backed_off = Duration::from_nanos(rto.as_nanos().saturating_mul(1 << (request.attempts - 1).min(16)));
             request.state = State::Sent { deadline: now + backed_off.min(self.config.max_rto) };
             request.sent_at = now;
-            if first_send {
-                request.first_sent_at = now;
-            }
+            request.first_sent_at.get_or_insert(now);
             self.stats.transmissions += 1;
             if !first_send {
                 self.stats.retransmissions += 1;
@@ -624,7 +624,8 @@ impl Session {
                     if let Some(swift) = &mut self.swift {
                         swift.on_timeout(now);
                     }
-                    let patient = now.saturating_since(request.first_sent_at) < self.config.min_patience;
+                    let first_sent_at = request.first_sent_at.unwrap_or(now);
+                    let patient = now.saturating_since(first_sent_at) < self.config.min_patience;
                     if request.attempts < self.config.max_attempts || patient {
                         request.state = State::Waiting;
                         // Retransmissions go before new requests.

@@ -302,6 +302,11 @@ pub fn restamp_response(datagram: &mut [u8], service_time_ns: u32, status: Optio
     datagram[header_field::CRC].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The datagram status byte of an encoded response (`None` if shorter than a header).
+pub fn peek_datagram_status(bytes: &[u8]) -> Option<u8> {
+    (bytes.len() >= HEADER_LEN).then(|| bytes[header_field::STATUS])
+}
+
 /// Whether the datagram claims to be a response (its flags byte read at the v1 position).
 pub fn peek_is_response(bytes: &[u8]) -> bool {
     bytes.len() > header_field::FLAGS && bytes[header_field::FLAGS] & FLAG_RESPONSE != 0

@@ -456,8 +456,9 @@ impl<E: Engine> Dispatcher<E> {
                 self.execute_into(now, context, &instruction, &mut response);
                 continue;
             }
-            // A run: this block instruction and the ones right after it, but a FLUSH runs alone
-            // so that every write before it has completed when it is submitted.
+            // A run: this block instruction and the ones right after it, but a FLUSH (and a
+            // BLOCK_STATUS) runs alone so that every write before it has completed when it is
+            // submitted.
             *run_len = 0;
             let mut reserved = 0;
             let mut current = instruction;
@@ -467,9 +468,12 @@ impl<E: Engine> Dispatcher<E> {
                 reserved += RESPONSE_INSTRUCTION_HEADER_LEN + entry.data_len;
                 run[*run_len] = entry;
                 *run_len += 1;
-                let alone = current.opcode == Opcode::Flush as u8;
+                // BLOCK_STATUS too: it answers when submitted, so the writes and trims before
+                // it in the datagram must have completed.
+                let runs_alone = |opcode: u8| opcode == Opcode::Flush as u8 || opcode == Opcode::BlockStatus as u8;
+                let alone = runs_alone(current.opcode);
                 match instructions.peek() {
-                    Some(next) if !alone && is_block(next.opcode) && next.opcode != Opcode::Flush as u8 => {
+                    Some(next) if !alone && is_block(next.opcode) && !runs_alone(next.opcode) => {
                         current = instructions.next().expect("peeked");
                         *next_instruction += 1;
                     }

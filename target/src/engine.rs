@@ -31,6 +31,8 @@ pub struct SoftwareEngine {
     /// Written and not yet persisted, at most `PENDING_RANGES` (a fixed array: no allocation).
     pending: [PendingRange; PENDING_RANGES],
     pending_len: usize,
+    /// An early persist of this pass failed: the pass's persist reports it.
+    persist_failed: bool,
 }
 
 impl SoftwareEngine {
@@ -41,6 +43,7 @@ impl SoftwareEngine {
             group_commit: false,
             pending: [PendingRange::default(); PENDING_RANGES],
             pending_len: 0,
+            persist_failed: false,
         }
     }
 
@@ -65,11 +68,24 @@ impl SoftwareEngine {
             }
         }
         if self.pending_len == PENDING_RANGES {
-            self.persist_pending()?;
+            // Persisted early; a failure is remembered for the pass's own persist to report,
+            // so the answers held so far do not leave as `ok`.
+            self.persist_ranges();
         }
         self.pending[self.pending_len] = range;
         self.pending_len += 1;
         Ok(())
+    }
+
+    /// Persists every pending range (each is tried: one failure must not leave the others
+    /// unpersisted); a failure sticks until `persist_pending` reports it.
+    fn persist_ranges(&mut self) {
+        for index in 0..self.pending_len {
+            if self.persist(self.pending[index]).is_err() {
+                self.persist_failed = true;
+            }
+        }
+        self.pending_len = 0;
     }
 }
 
@@ -97,19 +113,15 @@ impl Engine for SoftwareEngine {
     }
 
     fn persist_is_pending(&self) -> bool {
-        self.pending_len > 0
+        self.pending_len > 0 || self.persist_failed
     }
 
     fn persist_pending(&mut self) -> Result<(), Status> {
-        let mut outcome = Ok(());
-        for index in 0..self.pending_len {
-            // Every range is tried: one failure must not leave the others unpersisted.
-            if let Err(status) = self.persist(self.pending[index]) {
-                outcome = Err(status);
-            }
+        self.persist_ranges();
+        if std::mem::take(&mut self.persist_failed) {
+            return Err(Status::IoError);
         }
-        self.pending_len = 0;
-        outcome
+        Ok(())
     }
 }
 
@@ -119,6 +131,17 @@ mod tests {
 
     fn range(offset: usize, len: usize) -> PendingRange {
         PendingRange { space: 0, offset, len }
+    }
+
+    #[test]
+    fn an_early_persist_failure_is_reported_by_the_passs_persist() {
+        let none = RegionTable::open(&[], std::path::Path::new(".")).unwrap();
+        let mut engine = SoftwareEngine::new(Arc::new(none));
+        engine.persist_failed = true;
+        assert!(engine.persist_is_pending(), "answers must still be held");
+        assert_eq!(engine.persist_pending(), Err(Status::IoError));
+        assert!(!engine.persist_is_pending());
+        assert_eq!(engine.persist_pending(), Ok(()), "reported once");
     }
 
     #[test]

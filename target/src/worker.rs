@@ -3,8 +3,10 @@
 //! Each pass takes at most `RECEIVE_BATCH` datagrams (bounded work per pass), executes each and
 //! sends its response before taking the next, except under group commit: once a datagram of the
 //! pass has written to a durable region, that write and the ones after it are persisted together
-//! at the end of the pass, and the answers given meanwhile wait for that persist. All buffers are allocated before the loop starts;
-//! inside it there is no allocation, no lock, and no system call but receive and send.
+//! at the end of the pass, and the answers given meanwhile wait for that persist. All buffers
+//! are allocated before the loop starts; inside it there is no allocation and no lock, and the
+//! system calls are receive, send, the persist of a persistent region (`msync`) and, in
+//! adaptive mode, a `sched_yield` when a receive finds nothing.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +15,7 @@ use std::sync::Arc;
 use netdam_isa::engine::Engine;
 use netdam_isa::limits::RECEIVE_BATCH;
 use netdam_isa::time::MonotonicClock;
-use netdam_isa::wire::restamp_response;
+use netdam_isa::wire::{peek_datagram_status, restamp_response};
 use netdam_isa::{Duration, Instant, Status};
 
 use crate::block::ReplyTo;
@@ -109,19 +111,22 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 continue;
             };
             let from = ReplyTo { peer, ttl: received.ttl };
-            let (len, record) = match dispatcher.handle(started, from, queueing, datagram, &mut out) {
+            // `executed`: the answer may depend on this pass's writes; a replayed answer (of an
+            // earlier pass, so durable) or a refusal (nothing ran) does not wait for them.
+            let (len, record, executed) = match dispatcher.handle(started, from, queueing, datagram, &mut out) {
                 Handled::Dropped => continue,
-                Handled::Replay(len) => (len, None),
+                Handled::Replay(len) => (len, None, false),
                 Handled::Deferred(_) => continue,
                 Handled::Answer { response, record } => {
                     let held_for = queueing + clock.now().saturating_since(started);
                     let service_time_ns = u32::try_from(held_for.as_nanos()).unwrap_or(u32::MAX);
                     // Datagrams of this batch still waiting behind this one: the worker's queue.
                     let queue_depth = (count - 1 - index) as u16;
-                    (response.finish(received.ttl, service_time_ns, queue_depth), record)
+                    let len = response.finish(received.ttl, service_time_ns, queue_depth);
+                    (len, record, peek_datagram_status(&out[..len]) == Some(Status::Ok as u8))
                 }
             };
-            if dispatcher.persist_is_pending() {
+            if executed && dispatcher.persist_is_pending() {
                 if let Some((ticket, _)) = record {
                     dispatcher.hold(ticket);
                 }
@@ -138,7 +143,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             send_answer(&fd, &batch, &dispatcher, index, &out[..len]);
         }
         dispatcher.set_group_commit(false);
-        if !held.is_empty() {
+        if !held.is_empty() || dispatcher.persist_is_pending() {
             let persisted = dispatcher.persist_pending();
             dispatcher.count(Counter::GroupCommits);
             if persisted.is_err() {

@@ -177,6 +177,13 @@ fn block_status_on_a_file_namespace_shows_writes_and_trims() {
     let hole = netdam_isa::block::decode_extents(results[2].data, 4).unwrap();
     assert_eq!(extents(hole), [(4, HOLE)]);
 
+    // After a TRIM in the same datagram: it runs first, as PROTOCOL.md orders instructions.
+    let reply = client.call(&[Op::trim(disk.id, 64, 16), Op::block_status(disk.id, 64, 16)]).unwrap();
+    let results = reply.results().unwrap();
+    assert_eq!(results[0].status, Status::Ok);
+    let after_trim = netdam_isa::block::decode_extents(results[1].data, 16).unwrap();
+    assert_eq!(extents(after_trim), [(16, HOLE)], "BLOCK_STATUS sees the TRIM before it");
+
     let refused = |result: Result<Vec<Extent>, ClientError>| match result {
         Err(ClientError::Refused { status, .. }) => status,
         other => panic!("expected a refusal, got {other:?}"),

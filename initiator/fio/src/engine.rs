@@ -428,10 +428,9 @@ impl Engine {
     fn turn(&mut self) {
         for index in 0..self.sessions.len() {
             if let Err(error) = self.sessions[index].progress() {
-                self.fail_session(index, error);
+                self.report_session_error(index, &error);
             }
             while let Some((ticket, result)) = self.sessions[index].take_finished() {
-                // A piece failed early (its session reported an error) may still be answered.
                 if let Some(piece) = self.on_wire.remove(&(index, ticket)) {
                     self.finish_piece(piece, result);
                 }
@@ -440,19 +439,18 @@ impl Engine {
         self.send_backlog();
     }
 
-    /// A session's socket failed (the target refuses, or the network is gone): its pieces
-    /// fail now rather than after every retransmission; late answers to them are ignored.
-    fn fail_session(&mut self, index: usize, error: ClientError) {
+    /// A session's socket failed (the target refuses, or the network is gone). Its pieces are
+    /// not failed here: their requests live on in the session, which retransmits them (and
+    /// says HELLO again to a restarted target) until they are answered or time out, and an I/O
+    /// reported failed must never land afterwards.
+    fn report_session_error(&mut self, index: usize, error: &ClientError) {
         if self.session_errors < REPORTED_ERRORS_MAX {
-            eprintln!("netdam: {}: session {index}: {error}", self.option);
+            eprintln!(
+                "netdam: {}: session {index}: {error} (its requests are retried until they time out)",
+                self.option
+            );
         }
         self.session_errors += 1;
-        let lost: Vec<_> = self.on_wire.keys().filter(|(session, _)| *session == index).copied().collect();
-        for key in lost {
-            if let Some(piece) = self.on_wire.remove(&key) {
-                self.finish_piece(piece, Err(error.duplicate()));
-            }
-        }
     }
 
     /// Takes a piece's answer: a read's data goes into fio's buffer; the I/O completes with its
