@@ -805,7 +805,10 @@ fn plot(cases: &[Case], dir: &Path) -> Result<Vec<String>, String> {
     let root = BitMapBackend::new(&path, (1100, 600)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(format!("fio 4 KiB random I/O, completion latency at iodepth {shallow}"), ("sans-serif", 20))
+        .caption(
+            format!("fio 4 KiB random I/O, total latency (submission to completion) at iodepth {shallow}"),
+            ("sans-serif", 20),
+        )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(80)

@@ -923,11 +923,14 @@ fn failure(command: u16, offset: u64, len: u64, error: BackendError) -> OutBody 
 mod tests {
     use super::*;
 
+    /// A backend of a given geometry that stores nothing; with `allocation`, it reports that
+    /// block status answer (or error) for any range.
     struct Geometry {
         size: u64,
         block: u32,
         preferred: u32,
         max_request: u32,
+        allocation: Option<Result<Vec<(u64, u32)>, BackendError>>,
     }
 
     impl NbdBackend for Geometry {
@@ -958,10 +961,16 @@ mod tests {
         async fn write_zeroes(&self, _: u64, _: u64) -> Result<(), BackendError> {
             Ok(())
         }
+        fn can_report_allocation(&self) -> bool {
+            self.allocation.is_some()
+        }
+        async fn block_status(&self, _: u64, _: u64) -> Result<Vec<(u64, u32)>, BackendError> {
+            self.allocation.clone().unwrap_or_else(|| Err(BackendError::NotSupported("no allocation".into())))
+        }
     }
 
     fn geometry(block: u32, preferred: u32, max_request: u32) -> Geometry {
-        Geometry { size: 1 << 30, block, preferred, max_request }
+        Geometry { size: 1 << 30, block, preferred, max_request, allocation: None }
     }
 
     #[test]
@@ -1046,50 +1055,10 @@ mod tests {
         assert_send_static(&future);
     }
 
-    /// A backend whose block status answer a test sets.
-    struct Reporting(Vec<(u64, u32)>, Option<BackendError>);
-
-    impl NbdBackend for Reporting {
-        fn size_bytes(&self) -> u64 {
-            1 << 20
-        }
-        fn block_bytes(&self) -> u32 {
-            512
-        }
-        fn preferred_bytes(&self) -> u32 {
-            4096
-        }
-        fn max_request_bytes(&self) -> u32 {
-            1 << 20
-        }
-        async fn read(&self, _: u64, _: &mut [u8]) -> Result<(), BackendError> {
-            Ok(())
-        }
-        async fn write(&self, _: u64, _: &[u8], _: bool) -> Result<(), BackendError> {
-            Ok(())
-        }
-        async fn flush(&self) -> Result<(), BackendError> {
-            Ok(())
-        }
-        async fn trim(&self, _: u64, _: u64) -> Result<(), BackendError> {
-            Ok(())
-        }
-        async fn write_zeroes(&self, _: u64, _: u64) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn can_report_allocation(&self) -> bool {
-            true
-        }
-        async fn block_status(&self, _: u64, _: u64) -> Result<Vec<(u64, u32)>, BackendError> {
-            match &self.1 {
-                Some(error) => Err(error.clone()),
-                None => Ok(self.0.clone()),
-            }
-        }
-    }
-
     fn status_of(answer: Vec<(u64, u32)>, error: Option<BackendError>, len: u64, one: bool) -> OutBody {
-        let shared = Shared::new(Arc::new(Reporting(answer, error)), &ExportOptions::default()).unwrap();
+        let backend =
+            Geometry { size: 1 << 20, allocation: Some(error.map_or(Ok(answer), Err)), ..geometry(512, 4096, 1 << 20) };
+        let shared = Shared::new(Arc::new(backend), &ExportOptions::default()).unwrap();
         assert!(shared.export.reports_allocation);
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         runtime.block_on(block_status(&shared, 0, len, one, 3))
