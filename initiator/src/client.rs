@@ -3,7 +3,7 @@
 //! `submit` + `wait` pipeline requests by hand; `read` and `write` split large transfers into
 //! datagram-sized requests and keep the session's window full.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -12,6 +12,7 @@ use netdam_isa::block::{decode_extents, Extent};
 use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
+use netdam_isa::wire::Instruction;
 use netdam_isa::{Duration, Instant, LaneType};
 
 use crate::error::ClientError;
@@ -77,7 +78,8 @@ pub struct Client {
     clock: MonotonicClock,
     receive_buffer: Vec<u8>,
     next_token: u64,
-    finished: HashMap<u64, Result<Reply, ClientError>>,
+    /// Answered requests not yet taken, oldest first: a handful at a time (at most the window).
+    finished: VecDeque<(u64, Result<Reply, ClientError>)>,
     requested_datagram_bytes: u32,
     /// Why the last HELLO exchange failed, until `hello` reports it.
     hello_failure: Option<ClientError>,
@@ -130,7 +132,7 @@ impl Client {
             clock: MonotonicClock::new(),
             receive_buffer: vec![0u8; MAX_DATAGRAM_BYTES],
             next_token: 0,
-            finished: HashMap::new(),
+            finished: VecDeque::new(),
             requested_datagram_bytes: options.session.max_datagram_bytes as u32,
             hello_failure: None,
             send_failure: None,
@@ -172,7 +174,7 @@ impl Client {
         let submitted = self.session.submit(&[Op::close()], token).and_then(|()| self.flush());
         let deadline = self.clock.now() + CLOSE_WAIT;
         let outcome = submitted.and_then(|()| loop {
-            if let Some(result) = self.finished.remove(&token) {
+            if let Some(result) = self.take_token(token) {
                 break close_outcome(result);
             }
             if self.clock.now() >= deadline {
@@ -204,12 +206,23 @@ impl Client {
     /// failed): once taken it has a ticket, and a failure to send it (nothing listening) is
     /// reported by the next wait or [`Client::progress`], while the session goes on trying.
     pub fn submit(&mut self, ops: &[Op]) -> Result<Ticket, ClientError> {
+        self.submit_with(ops.len(), |index| ops[index].as_instruction())
+    }
+
+    /// As [`Client::submit`], for `count` instructions built by `instruction(index)` from
+    /// borrowed operands (the caller's buffers), so that nothing is copied but into the
+    /// datagram: for drivers that keep their own buffers (the fio engine).
+    pub fn submit_with<'a>(
+        &mut self,
+        count: usize,
+        instruction: impl Fn(usize) -> Instruction<'a>,
+    ) -> Result<Ticket, ClientError> {
         while !self.session.has_room() {
             self.pump()?;
         }
         let token = self.next_token;
         self.next_token += 1;
-        self.session.submit(ops, token)?;
+        self.session.submit_with(count, instruction, token)?;
         if let Err(error) = self.flush() {
             self.send_failure = Some(error);
         }
@@ -219,7 +232,7 @@ impl Client {
     /// Waits for the answer to `ticket`.
     pub fn wait(&mut self, ticket: Ticket) -> Result<Reply, ClientError> {
         loop {
-            if let Some(result) = self.finished.remove(&ticket.0) {
+            if let Some(result) = self.take_token(ticket.0) {
                 return result;
             }
             self.pump()?;
@@ -230,8 +243,7 @@ impl Client {
     /// is outstanding. For drivers that keep many requests in flight and time each one.
     pub fn wait_any(&mut self) -> Result<Option<Finished>, ClientError> {
         loop {
-            if let Some(&token) = self.finished.keys().next() {
-                let result = self.finished.remove(&token).expect("the key was just seen");
+            if let Some((token, result)) = self.finished.pop_front() {
                 return Ok(Some((Ticket(token), result)));
             }
             if self.session.in_flight() == 0 {
@@ -526,7 +538,7 @@ impl Client {
         }
         self.session.handle_timeout(self.clock.now());
         while let Some(completion) = self.session.poll_completion() {
-            self.finished.insert(completion.token, completion.result);
+            self.finished.push_back((completion.token, completion.result));
         }
         match self.session.poll_established() {
             // A new session (after the target lost the old one) describes the target afresh.
@@ -537,11 +549,22 @@ impl Client {
         self.flush()
     }
 
-    /// A request that has finished (after [`Client::progress`]), if any, in no set order.
+    /// A request that has finished (after [`Client::progress`]), if any, oldest answer first.
     pub fn take_finished(&mut self) -> Option<Finished> {
-        let token = *self.finished.keys().next()?;
-        let result = self.finished.remove(&token)?;
+        let (token, result) = self.finished.pop_front()?;
         Some((Ticket(token), result))
+    }
+
+    /// Gives a reply's buffer back to the session once its data has been taken, so that
+    /// requests in steady state allocate nothing (optional: a dropped reply is just freed).
+    pub fn recycle(&mut self, reply: Reply) {
+        self.session.recycle(reply);
+    }
+
+    /// The answer of `token`, if it has arrived.
+    fn take_token(&mut self, token: u64) -> Option<Result<Reply, ClientError>> {
+        let index = self.finished.iter().position(|(finished, _)| *finished == token)?;
+        self.finished.remove(index).map(|(_, result)| result)
     }
 
     /// How long until [`Client::progress`] must run even if nothing arrives (a retransmission

@@ -20,13 +20,17 @@ use std::collections::VecDeque;
 
 use netdam_isa::control::{Cookie, HelloAnswer, NO_COOKIE};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT, REPLAY_WINDOW};
-use netdam_isa::wire::{set_request_session, InstructionResult, RequestBuilder, Response};
+use netdam_isa::wire::{set_request_session, Instruction, InstructionResult, RequestBuilder, Response};
 use netdam_isa::{Duration, Instant, Status};
 
 use crate::error::ClientError;
 use crate::hello::{hello_step, HelloStep, HELLO_ROUNDS};
 use crate::op::Op;
 use crate::swift::{hops_from_ttl, Swift, SwiftConfig, SwiftMetrics};
+
+/// Datagram buffers a session keeps for reuse: a full window of requests and as many replies
+/// held by the driver, so that a session in steady state allocates nothing per request.
+const SPARE_BUFFERS_MAX: usize = MAX_IN_FLIGHT;
 
 /// Settings of a session.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -77,7 +81,7 @@ impl Default for SessionConfig {
 /// An answered request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
-    bytes: Vec<u8>,
+    bytes: Datagram,
     /// Time from the last transmission to the answer.
     pub rtt: Duration,
     /// Transmissions it took.
@@ -87,12 +91,12 @@ pub struct Reply {
 impl Reply {
     /// The decoded response (checked when it arrived).
     pub fn response(&self) -> Response<'_> {
-        Response::parse(&self.bytes).expect("replies are checked on arrival")
+        Response::parse(self.bytes.as_slice()).expect("replies are checked on arrival")
     }
 
     /// The raw response datagram.
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+        self.bytes.as_slice()
     }
 
     /// Data of result `index`, or the error its status (or the datagram's) says.
@@ -115,6 +119,33 @@ impl Reply {
             return Err(ClientError::DatagramRefused(response.status()));
         }
         Ok(response.results().collect())
+    }
+}
+
+/// A datagram in a reusable buffer: the buffer keeps its full length (at least the datagram
+/// size), so that reusing it never writes it over with zeroes first; `len` bytes are the datagram.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Datagram {
+    buffer: Vec<u8>,
+    len: usize,
+}
+
+impl Datagram {
+    fn as_slice(&self) -> &[u8] {
+        &self.buffer[..self.len]
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buffer[..self.len]
+    }
+
+    /// Replaces the datagram with a copy of `bytes`, growing the buffer only if it is shorter.
+    fn replace_with(&mut self, bytes: &[u8]) {
+        if self.buffer.len() < bytes.len() {
+            self.buffer.resize(bytes.len(), 0);
+        }
+        self.buffer[..bytes.len()].copy_from_slice(bytes);
+        self.len = bytes.len();
     }
 }
 
@@ -156,7 +187,7 @@ struct Request {
     /// changed (a target that lost the session answers `no_session` under the old id).
     session_id: u32,
     sequence: u64,
-    datagram: Vec<u8>,
+    datagram: Datagram,
     idempotent: bool,
     attempts: u32,
     busy_retries: u32,
@@ -238,8 +269,10 @@ pub struct Session {
     rtt: RttEstimator,
     swift: Option<Swift>,
     stats: SessionStats,
-    /// Encoding space of the negotiated datagram size, reused so a request costs only its bytes.
-    scratch: Vec<u8>,
+    /// Datagram buffers of finished requests and recycled replies, each of the negotiated
+    /// datagram size, reused so that a request in steady state allocates nothing. At most
+    /// [`SPARE_BUFFERS_MAX`].
+    spare_buffers: Vec<Datagram>,
     /// The datagram size to ask HELLO for; `None` for a session that never says HELLO
     /// (sessionless PING and STAT).
     hello_size: Option<u32>,
@@ -263,7 +296,7 @@ impl Session {
             rtt: RttEstimator::default(),
             swift: config.congestion.map(Swift::new),
             stats: SessionStats::default(),
-            scratch: Vec::new(),
+            spare_buffers: Vec::new(),
             hello_size: None,
             hello: None,
             established: None,
@@ -298,7 +331,8 @@ impl Session {
     /// request: it does not count against the caller's bound on requests in flight.
     fn send_hello(&mut self) {
         let (Some(size), Some((cookie, _))) = (self.hello_size, self.hello) else { return };
-        match self.encode(&[Op::hello(size, cookie)]) {
+        let hello = Op::hello(size, cookie);
+        match self.encode(1, &|_| hello.as_instruction()) {
             Ok(datagram) => {
                 let sequence = self.push(Origin::Hello, 0, datagram, true, State::Waiting);
                 self.send_queue.push_front(sequence);
@@ -339,7 +373,7 @@ impl Session {
     /// Puts a parked request into the current session and queues it.
     fn reseat(&mut self, index: usize) {
         let request = &mut self.requests[index];
-        set_request_session(&mut request.datagram, self.session_id);
+        set_request_session(request.datagram.as_mut_slice(), self.session_id);
         request.session_id = self.session_id;
         request.attempts = 0;
         request.busy_retries = 0;
@@ -435,11 +469,22 @@ impl Session {
     /// Queues one datagram carrying `ops`; its completion will carry `token`. Without a session
     /// (HELLO under way, or a failed one to retry) it waits for the session.
     pub fn submit(&mut self, ops: &[Op], token: u64) -> Result<(), ClientError> {
+        self.submit_with(ops.len(), |index| ops[index].as_instruction(), token)
+    }
+
+    /// As [`Session::submit`], for `count` instructions built by `instruction(index)` from
+    /// borrowed operands (a driver's own buffers): nothing is copied but into the datagram.
+    pub fn submit_with<'a>(
+        &mut self,
+        count: usize,
+        instruction: impl Fn(usize) -> Instruction<'a>,
+        token: u64,
+    ) -> Result<(), ClientError> {
         if !self.has_room() {
             return Err(ClientError::WindowFull(self.requests.len()));
         }
-        let datagram = self.encode(ops)?;
-        let idempotent = ops.iter().all(Op::is_idempotent);
+        let datagram = self.encode(count, &instruction)?;
+        let idempotent = (0..count).all(|index| instruction(index).is_idempotent());
         if self.session_id == 0 && self.hello_size.is_some() {
             if self.hello.is_none() {
                 // The last HELLO failed; this request asks again.
@@ -454,24 +499,58 @@ impl Session {
         Ok(())
     }
 
-    /// Encodes `ops` as the next sequence of the current session.
-    fn encode(&mut self, ops: &[Op]) -> Result<Vec<u8>, ClientError> {
-        self.scratch.resize(self.config.max_datagram_bytes, 0);
-        let too_large = ClientError::TooLarge(self.config.max_datagram_bytes);
-        let mut builder =
-            RequestBuilder::new(&mut self.scratch, self.session_id, self.next_sequence).map_err(|_| too_large)?;
-        for op in ops {
-            builder.push(&op.as_instruction()).map_err(|_| ClientError::TooLarge(self.config.max_datagram_bytes))?;
+    /// Encodes `count` instructions as the next sequence of the current session, into a spare
+    /// buffer when there is one.
+    fn encode<'a>(
+        &mut self,
+        count: usize,
+        instruction: &impl Fn(usize) -> Instruction<'a>,
+    ) -> Result<Datagram, ClientError> {
+        let size = self.config.max_datagram_bytes;
+        let too_large = ClientError::TooLarge(size);
+        let mut datagram = self.spare_buffers.pop().unwrap_or_default();
+        if datagram.buffer.len() < size {
+            datagram.buffer.resize(size, 0);
         }
-        if builder.is_empty() {
-            return Err(ClientError::Empty);
+        let encoded = match RequestBuilder::new(&mut datagram.buffer[..size], self.session_id, self.next_sequence) {
+            Ok(mut builder) => {
+                let pushed = (0..count).all(|index| builder.push(&instruction(index)).is_ok());
+                match (pushed, builder.is_empty()) {
+                    (false, _) => Err(too_large),
+                    (true, true) => Err(ClientError::Empty),
+                    (true, false) => Ok(builder.finish()),
+                }
+            }
+            Err(_) => Err(too_large),
+        };
+        match encoded {
+            Ok(len) => {
+                datagram.len = len;
+                Ok(datagram)
+            }
+            Err(error) => {
+                self.recycle_buffer(datagram);
+                Err(error)
+            }
         }
-        let len = builder.finish();
-        Ok(self.scratch[..len].to_vec())
+    }
+
+    /// Keeps `datagram`'s buffer for a later request, while there are fewer than
+    /// [`SPARE_BUFFERS_MAX`].
+    fn recycle_buffer(&mut self, datagram: Datagram) {
+        if self.spare_buffers.len() < SPARE_BUFFERS_MAX {
+            self.spare_buffers.push(datagram);
+        }
+    }
+
+    /// Gives a reply's buffer back for later requests: a driver that has taken what it needs
+    /// from a reply calls this, so that requests in steady state allocate nothing.
+    pub fn recycle(&mut self, reply: Reply) {
+        self.recycle_buffer(reply.bytes);
     }
 
     /// Adds an encoded request (of the next sequence); returns its sequence.
-    fn push(&mut self, origin: Origin, token: u64, datagram: Vec<u8>, idempotent: bool, state: State) -> u64 {
+    fn push(&mut self, origin: Origin, token: u64, datagram: Datagram, idempotent: bool, state: State) -> u64 {
         let sequence = self.next_sequence;
         self.next_sequence += 1;
         self.requests.push(Request {
@@ -525,7 +604,7 @@ impl Session {
             if let Some(swift) = &mut self.swift {
                 swift.on_send(now);
             }
-            return Some(&self.requests[index].datagram);
+            return Some(self.requests[index].datagram.as_slice());
         }
         None
     }
@@ -582,7 +661,10 @@ impl Session {
                 swift.on_answer(now, rtt, service, queueing, hops_from_ttl(header.ttl), 1);
             }
         }
-        let result = Ok(Reply { bytes: bytes.to_vec(), rtt, attempts: request.attempts });
+        // The request's buffer (of the datagram size) takes the answer: no allocation.
+        let mut answer = request.datagram;
+        answer.replace_with(bytes);
+        let result = Ok(Reply { bytes: answer, rtt, attempts: request.attempts });
         match request.origin {
             Origin::Caller => self.completions.push_back(Completion { token: request.token, result }),
             Origin::Hello => self.on_hello_answer(result),

@@ -256,10 +256,14 @@ static enum fio_q_status netdam_queue(struct thread_data *td, struct io_u *io_u)
 	return FIO_Q_QUEUED;
 }
 
-/* I/Os start when queued: there is nothing to push. Having a commit hook tells fio that
- * queued I/Os are submitted here, for its submit/complete accounting. */
+/* Sends the I/Os queued since the last commit. fio commits after every iodepth_batch_submit
+ * queued I/Os (1 by default) and before it waits for completions, so a larger batch lets the
+ * engine pack several I/Os into one datagram. */
 static int netdam_commit(struct thread_data *td)
 {
+	struct netdam_fio_data *data = td->io_ops_data;
+
+	netdam_fio_commit(data->engine);
 	return 0;
 }
 

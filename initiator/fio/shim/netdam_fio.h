@@ -69,14 +69,19 @@ int netdam_fio_probe(const struct netdam_fio_settings *settings, struct netdam_f
  * 0 or an errno. */
 int netdam_fio_open(const struct netdam_fio_settings *settings, uint32_t iodepth, struct netdam_fio_engine **engine);
 
-/* Starts one I/O of `len` bytes at `offset`. For READ and WRITE, `buffer` holds `len` bytes and
- * must stay valid and untouched until the completion carrying `cookie` is reaped; SYNC and TRIM
- * ignore it (SYNC ignores `offset` and `len` too). 0 when queued (a completion will follow), or
- * an errno when it could not start (no completion follows). */
+/* Queues one I/O of `len` bytes at `offset`, sent by the next netdam_fio_commit (or reap). For
+ * READ and WRITE, `buffer` holds `len` bytes and must stay valid and untouched until the
+ * completion carrying `cookie` is reaped; SYNC and TRIM ignore it (SYNC ignores `offset` and
+ * `len` too). 0 when queued (a completion will follow), or an errno when it could not start (no
+ * completion follows). */
 int netdam_fio_submit(struct netdam_fio_engine *engine, uint32_t kind, uint64_t offset, void *buffer,
 		      uint64_t len, void *cookie);
 
-/* Waits for at least `min` completions (fewer if fewer are outstanding), for at most
+/* Sends every I/O queued since the last commit, packing consecutive ones into datagrams while
+ * they fit. */
+void netdam_fio_commit(struct netdam_fio_engine *engine);
+
+/* Sends what is queued, then waits for at least `min` completions (fewer if fewer are outstanding), for at most
  * `timeout_ns` (negative: no limit), and moves up to `max` of them into `out`. Returns how many. */
 uint32_t netdam_fio_reap(struct netdam_fio_engine *engine, uint32_t min, uint32_t max, int64_t timeout_ns,
 			 struct netdam_fio_completion *out);

@@ -1,6 +1,8 @@
 //! One engine per fio thread, run on that thread alone: no runtime, no thread of its own, no
 //! hand-over between threads. `submit` (fio's `queue`) splits an I/O into datagram-sized
-//! instructions and sends them on the sessions at once; `reap` (fio's `getevents`) reads the
+//! instructions; `commit` (fio's `commit`) sends every instruction queued since the last one,
+//! packing as many as fit into each datagram (so `iodepth_batch_submit=N` puts up to N I/Os in
+//! one datagram, which halves the datagrams per I/O or better); `reap` (fio's `getevents`) reads the
 //! sessions' sockets, spinning (`poll=busy`) or sleeping in `ppoll` (`poll=blocking`), copies
 //! read data straight from the answer into fio's buffer, and completes an I/O when its last
 //! piece is answered. Retransmission, BUSY back-off and a HELLO again after a target restart
@@ -15,9 +17,10 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use netdam_initiator::volume::check_request;
-use netdam_initiator::{Client, ClientError, ClientOptions, Op, Reply, Ticket};
+use netdam_initiator::{Client, ClientError, ClientOptions, Op, Ticket};
 use netdam_isa::control::{NamespaceInfo, RegionInfo};
 use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
+use netdam_isa::wire::{Instruction, HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::Status;
 
 use crate::settings::{Poll, Settings, SpaceName};
@@ -202,14 +205,109 @@ enum Space {
     Region { info: RegionInfo, read_chunk_bytes: u64, write_chunk_bytes: u64 },
 }
 
-/// One instruction of an I/O, on the wire or waiting for room in a session's window.
+/// Instructions one datagram carries at most: enough to pack a batch of small I/Os, few enough
+/// that a lost datagram repeats little.
+const PACK_MAX: usize = 16;
+
+/// One instruction of an I/O, on the wire or waiting to be sent: its fields, with the operand
+/// (a write's data) given as a range of the I/O's buffer rather than copied.
 #[derive(Debug, Clone, Copy)]
 struct Piece {
     /// The I/O's slot.
     io: usize,
+    opcode: u8,
+    flags: u8,
+    space: u16,
+    offset: u64,
+    length: u32,
+    aux: u32,
+    /// A write's data: (position, bytes) in the I/O's buffer.
+    operand: Option<(usize, usize)>,
     /// For a read: where its data goes in fio's buffer, and how many bytes must come back.
     read_into: Option<(usize, usize)>,
 }
+
+impl Piece {
+    fn new(io: usize, op: &Op) -> Piece {
+        debug_assert!(op.operand.is_empty(), "operands are given as ranges of the I/O's buffer");
+        Piece {
+            io,
+            opcode: op.opcode,
+            flags: op.flags,
+            space: op.space,
+            offset: op.offset,
+            length: op.length,
+            aux: op.aux,
+            operand: None,
+            read_into: None,
+        }
+    }
+
+    /// Bytes it takes in a request datagram.
+    fn request_bytes(&self) -> usize {
+        INSTRUCTION_HEADER_LEN + self.operand.map_or(0, |(_, len)| len)
+    }
+
+    /// Bytes its result takes in the answer.
+    fn answer_bytes(&self) -> usize {
+        RESPONSE_INSTRUCTION_HEADER_LEN + self.read_into.map_or(0, |(_, len)| len)
+    }
+
+    /// The instruction, its operand borrowed from `buffer` (the I/O's).
+    fn instruction<'a>(&self, buffer: &'a [u8]) -> Instruction<'a> {
+        Instruction {
+            opcode: self.opcode,
+            flags: self.flags,
+            space: self.space,
+            offset: self.offset,
+            length: self.length,
+            aux: self.aux,
+            operand: self.operand.map_or(&[][..], |(position, len)| &buffer[position..position + len]),
+        }
+    }
+}
+
+/// The pieces one datagram carries, in instruction order.
+#[derive(Debug, Clone, Copy)]
+struct Batch {
+    pieces: [Option<Piece>; PACK_MAX],
+    len: usize,
+}
+
+impl Batch {
+    const EMPTY: Batch = Batch { pieces: [None; PACK_MAX], len: 0 };
+
+    fn pieces(&self) -> impl Iterator<Item = &Piece> {
+        self.pieces[..self.len].iter().flatten()
+    }
+}
+
+/// A hasher for (session, ticket) keys: tickets are distinct counters, so a multiply mixes them
+/// well enough, at a fraction of SipHash's cost per I/O.
+#[derive(Debug, Default, Clone, Copy)]
+struct TicketHasher(u64);
+
+impl std::hash::Hasher for TicketHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.write_u64(u64::from(*byte));
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.write_u64(value as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type TicketMap<V> = HashMap<(usize, Ticket), V, std::hash::BuildHasherDefault<TicketHasher>>;
 
 /// An I/O between `submit` and its completion.
 #[derive(Debug)]
@@ -234,11 +332,13 @@ pub struct Engine {
     /// I/Os in flight, by slot; at most fio's iodepth.
     slots: Vec<Option<Slot>>,
     free_slots: Vec<usize>,
-    /// Pieces on the wire, by session and ticket.
-    on_wire: HashMap<(usize, Ticket), Piece>,
-    /// Pieces waiting for room in a session's window, oldest first. Bounded by the I/Os
-    /// admitted (at most iodepth) and their sizes.
-    backlog: VecDeque<(Op, Piece)>,
+    /// Datagrams on the wire, by session and ticket.
+    on_wire: TicketMap<Batch>,
+    /// Pieces queued and not yet sent (until `commit`, or waiting for room in a session's
+    /// window), oldest first. Bounded by the I/Os admitted (at most iodepth) and their sizes.
+    backlog: VecDeque<Piece>,
+    /// Largest request and answer datagram, as HELLO negotiated.
+    max_datagram_bytes: usize,
     /// Finished I/Os not yet reaped; at most iodepth.
     done: VecDeque<Completion>,
     /// Next session to try first (round robin).
@@ -279,18 +379,20 @@ impl Engine {
                 }
             }
         };
+        let max_datagram_bytes = info.hello.max_datagram_bytes as usize;
         let poll_fds =
             sessions.iter().map(|session| libc::pollfd { fd: session.as_raw_fd(), events: libc::POLLIN, revents: 0 });
         Ok(Engine {
             poll_fds: poll_fds.collect(),
+            max_datagram_bytes,
             sessions,
             space,
             option: space_option,
             poll: settings.poll,
             slots: (0..iodepth).map(|_| None).collect(),
             free_slots: (0..iodepth).rev().collect(),
-            on_wire: HashMap::with_capacity(iodepth),
-            backlog: VecDeque::new(),
+            on_wire: TicketMap::with_capacity_and_hasher(iodepth, Default::default()),
+            backlog: VecDeque::with_capacity(iodepth),
             done: VecDeque::with_capacity(iodepth),
             next_session: 0,
             errors: 0,
@@ -298,8 +400,9 @@ impl Engine {
         })
     }
 
-    /// Starts one I/O; its completion carries `cookie`. Fails (with an errno, and no completion
-    /// to follow) only when fio exceeds the iodepth it gave at open.
+    /// Queues one I/O, to be sent by the next `commit` (or `reap`); its completion carries
+    /// `cookie`. Fails (with an errno, and no completion to follow) only when fio exceeds the
+    /// iodepth it gave at open.
     pub fn submit(&mut self, io: Io, cookie: Cookie) -> Result<(), i32> {
         let Some(slot) = self.free_slots.pop() else {
             eprintln!(
@@ -309,16 +412,16 @@ impl Engine {
             );
             return Err(libc::EBUSY);
         };
-        let pieces = match self.pieces(slot, &io) {
-            Ok(pieces) => pieces,
-            Err(error) => {
-                self.report(&io.describe(), &error);
-                self.done.push_back(Completion { cookie, errno: errno_of(&error) });
-                self.free_slots.push(slot);
-                return Ok(());
-            }
-        };
-        if pieces.is_empty() {
+        let queued = self.backlog.len();
+        if let Err(error) = self.queue_pieces(slot, &io) {
+            self.backlog.truncate(queued);
+            self.report(&io.describe(), &error);
+            self.done.push_back(Completion { cookie, errno: errno_of(&error) });
+            self.free_slots.push(slot);
+            return Ok(());
+        }
+        let pieces = self.backlog.len() - queued;
+        if pieces == 0 {
             // Nothing to send (a sync on a region, whose writes are durable when answered).
             self.done.push_back(Completion { cookie, errno: 0 });
             self.free_slots.push(slot);
@@ -328,16 +431,25 @@ impl Engine {
             Io::Read { buffer, .. } | Io::Write { buffer, .. } => buffer,
             Io::Sync | Io::Trim { .. } => IoBuffer::empty(),
         };
-        self.slots[slot] = Some(Slot { cookie, buffer, remaining: pieces.len(), errno: 0 });
-        self.backlog.extend(pieces);
-        self.send_backlog();
+        self.slots[slot] = Some(Slot { cookie, buffer, remaining: pieces, errno: 0 });
         Ok(())
     }
 
-    /// Cuts an I/O into instructions, each with the piece it completes.
-    fn pieces(&self, io: usize, request: &Io) -> Result<Vec<(Op, Piece)>, ClientError> {
-        let plain = Piece { io, read_into: None };
-        let mut pieces = Vec::new();
+    /// Sends what `submit` queued (fio's `commit`).
+    pub fn commit(&mut self) {
+        self.send_backlog();
+    }
+
+    /// Cuts an I/O into instructions and queues them at the back of the backlog, each with the
+    /// piece of the I/O it completes.
+    fn queue_pieces(&mut self, io: usize, request: &Io) -> Result<(), ClientError> {
+        let backlog = &mut self.backlog;
+        let mut queue = |op: Op, operand: Option<(u64, u64)>, read_into: Option<(u64, u64)>| {
+            let mut piece = Piece::new(io, &op);
+            piece.operand = operand.map(|(position, len)| (position as usize, len as usize));
+            piece.read_into = read_into.map(|(position, len)| (position as usize, len as usize));
+            backlog.push_back(piece);
+        };
         match (&self.space, request) {
             (Space::Namespace { info, transfer_bytes }, request) => {
                 let block = u64::from(info.block_bytes);
@@ -346,24 +458,27 @@ impl Engine {
                     Io::Read { offset, buffer } => {
                         check_request("read", *offset, buffer.len() as u64, info.block_bytes, size_bytes)?;
                         for (at, position, len) in split(*offset, buffer.len() as u64, *transfer_bytes) {
-                            let op = Op::block_read(info.id, at / block, (len / block) as u32);
-                            pieces.push((op, Piece { io, read_into: Some((position as usize, len as usize)) }));
+                            queue(
+                                Op::block_read(info.id, at / block, (len / block) as u32),
+                                None,
+                                Some((position, len)),
+                            );
                         }
                     }
                     Io::Write { offset, buffer } => {
                         check_request("write", *offset, buffer.len() as u64, info.block_bytes, size_bytes)?;
-                        let data = buffer.as_slice();
-                        for (at, position, len) in split(*offset, data.len() as u64, *transfer_bytes) {
-                            let bytes = &data[position as usize..(position + len) as usize];
-                            pieces.push((Op::block_write(info.id, at / block, info.block_bytes, bytes, false), plain));
+                        for (at, position, len) in split(*offset, buffer.len() as u64, *transfer_bytes) {
+                            // The operand (the data) is added as a range of fio's buffer.
+                            let op = Op::block_write(info.id, at / block, info.block_bytes, &[], false);
+                            queue(Op { length: (len / block) as u32, ..op }, Some((position, len)), None);
                         }
                     }
-                    Io::Sync => pieces.push((Op::flush(info.id), plain)),
+                    Io::Sync => queue(Op::flush(info.id), None, None),
                     Io::Trim { offset, len } => {
                         check_request("trim", *offset, *len, info.block_bytes, size_bytes)?;
                         // The target bounds one TRIM (it may zero memory itself).
                         for (at, _, piece) in split(*offset, *len, MAX_BLOCK_ZERO_BYTES / block * block) {
-                            pieces.push((Op::trim(info.id, at / block, (piece / block) as u32), plain));
+                            queue(Op::trim(info.id, at / block, (piece / block) as u32), None, None);
                         }
                     }
                 }
@@ -371,15 +486,14 @@ impl Engine {
             (Space::Region { info, read_chunk_bytes, write_chunk_bytes }, request) => match request {
                 Io::Read { offset, buffer } => {
                     for (at, position, len) in split(*offset, buffer.len() as u64, *read_chunk_bytes) {
-                        let op = Op::read(info.id, at, len as u32);
-                        pieces.push((op, Piece { io, read_into: Some((position as usize, len as usize)) }));
+                        queue(Op::read(info.id, at, len as u32), None, Some((position, len)));
                     }
                 }
                 Io::Write { offset, buffer } => {
-                    let data = buffer.as_slice();
-                    for (at, position, len) in split(*offset, data.len() as u64, *write_chunk_bytes) {
-                        let bytes = &data[position as usize..(position + len) as usize];
-                        pieces.push((Op::write(info.id, at, bytes), plain));
+                    for (at, position, len) in split(*offset, buffer.len() as u64, *write_chunk_bytes) {
+                        // The operand (the data) is added as a range of fio's buffer.
+                        let op = Op { length: len as u32, ..Op::write(info.id, at, &[]) };
+                        queue(op, Some((position, len)), None);
                     }
                 }
                 // A region acknowledges a write once it is as durable as the region can make it
@@ -389,38 +503,67 @@ impl Engine {
                 // trim does not hold a target worker longer than a block trim would.
                 Io::Trim { offset, len } => {
                     for (at, _, piece) in split(*offset, *len, MAX_BLOCK_ZERO_BYTES) {
-                        pieces.push((Op::fill(info.id, at, piece as u32, 0), plain));
+                        queue(Op::fill(info.id, at, piece as u32, 0), None, None);
                     }
                 }
             },
         }
-        Ok(pieces)
+        Ok(())
     }
 
     /// Sends waiting pieces, oldest first, on whichever sessions have room, starting with the
-    /// one after the last used, so that several sessions share the load.
+    /// one after the last used, so that several sessions share the load. Consecutive pieces go
+    /// in one datagram while their requests and their answers fit the negotiated size.
     fn send_backlog(&mut self) {
         let count = self.sessions.len();
-        'pieces: while let Some((op, _)) = self.backlog.front() {
+        'datagrams: while !self.backlog.is_empty() {
             for step in 0..count {
                 let index = (self.next_session + step) % count;
                 if !self.sessions[index].has_room() {
                     continue;
                 }
-                let submitted = self.sessions[index].submit(std::slice::from_ref(op));
-                let (_, piece) = self.backlog.pop_front().expect("front was just seen");
+                let batch = self.take_batch();
                 self.next_session = (index + 1) % count;
-                match submitted {
+                let slots = &self.slots;
+                let instruction = |position: usize| {
+                    let piece = batch.pieces[position].as_ref().expect("a batch is filled from its start");
+                    let buffer = slots[piece.io].as_ref().map_or(&[][..], |slot| slot.buffer.as_slice());
+                    piece.instruction(buffer)
+                };
+                match self.sessions[index].submit_with(batch.len, instruction) {
                     Ok(ticket) => {
-                        self.on_wire.insert((index, ticket), piece);
+                        self.on_wire.insert((index, ticket), batch);
                     }
-                    Err(error) => self.finish_piece(piece, Err(error)),
+                    Err(error) => {
+                        for piece in batch.pieces() {
+                            self.finish_piece(*piece, Err(error.duplicate()));
+                        }
+                    }
                 }
-                continue 'pieces;
+                continue 'datagrams;
             }
             // Every window is full: the rest waits for answers.
             break;
         }
+    }
+
+    /// Takes from the front of the backlog the pieces one datagram carries (at least one).
+    fn take_batch(&mut self) -> Batch {
+        let mut batch = Batch::EMPTY;
+        let mut request_bytes = HEADER_LEN;
+        let mut answer_bytes = HEADER_LEN;
+        while let Some(piece) = self.backlog.front() {
+            let fits = request_bytes + piece.request_bytes() <= self.max_datagram_bytes
+                && answer_bytes + piece.answer_bytes() <= self.max_datagram_bytes;
+            if batch.len == PACK_MAX || (batch.len > 0 && !fits) {
+                break;
+            }
+            request_bytes += piece.request_bytes();
+            answer_bytes += piece.answer_bytes();
+            batch.pieces[batch.len] = self.backlog.pop_front();
+            batch.len += 1;
+        }
+        batch
     }
 
     /// Reads what the sessions received, handles their timeouts, finishes pieces, and sends
@@ -431,8 +574,19 @@ impl Engine {
                 self.report_session_error(index, &error);
             }
             while let Some((ticket, result)) = self.sessions[index].take_finished() {
-                if let Some(piece) = self.on_wire.remove(&(index, ticket)) {
-                    self.finish_piece(piece, result);
+                let Some(batch) = self.on_wire.remove(&(index, ticket)) else { continue };
+                match result {
+                    Ok(reply) => {
+                        for (position, piece) in batch.pieces().enumerate() {
+                            self.finish_piece(*piece, reply.data(position));
+                        }
+                        self.sessions[index].recycle(reply);
+                    }
+                    Err(error) => {
+                        for piece in batch.pieces() {
+                            self.finish_piece(*piece, Err(error.duplicate()));
+                        }
+                    }
                 }
             }
         }
@@ -453,12 +607,11 @@ impl Engine {
         self.session_errors += 1;
     }
 
-    /// Takes a piece's answer: a read's data goes into fio's buffer; the I/O completes with its
-    /// last piece.
-    fn finish_piece(&mut self, piece: Piece, result: Result<Reply, ClientError>) {
+    /// Takes a piece's answer (its result's data): a read's data goes into fio's buffer; the
+    /// I/O completes with its last piece.
+    fn finish_piece(&mut self, piece: Piece, result: Result<&[u8], ClientError>) {
         let Some(slot) = self.slots[piece.io].as_mut() else { return };
-        let outcome = result.and_then(|reply| {
-            let data = reply.data(0)?;
+        let outcome = result.and_then(|data| {
             if let Some((position, len)) = piece.read_into {
                 if data.len() != len {
                     return Err(ClientError::MissingResult(0));

@@ -7,7 +7,8 @@
 //!   structures into the small C ABI of `shim/netdam_fio.h`;
 //! - this crate, which implements that ABI with the netdam initiator: per fio thread, one or
 //!   more blocking [`netdam_initiator::Client`] sessions driven without blocking from fio's own
-//!   thread (`queue` sends, `getevents` reads the sockets), with no thread or runtime of its own.
+//!   thread (`queue` queues, `commit` sends, `getevents` reads the sockets), with no thread or
+//!   runtime of its own.
 //!
 //! `build.rs` compiles the shim when `FIO_SOURCE` names a configured fio source tree
 //! (`ops/fio-plugin.sh` sets it); without it the crate builds (and tests) without the shim, and
@@ -215,6 +216,20 @@ pub unsafe extern "C" fn netdam_fio_submit(
         match engine.0.submit(io, Cookie(cookie)) {
             Ok(()) => 0,
             Err(errno) => errno,
+        }
+    })
+}
+
+/// See `netdam_fio_commit` in `shim/netdam_fio.h`.
+///
+/// # Safety
+/// `engine` came from `netdam_fio_open` and is not closed.
+#[no_mangle]
+pub unsafe extern "C" fn netdam_fio_commit(engine: *mut FioEngine) {
+    guarded("netdam_fio_commit", (), || {
+        // SAFETY: NULL or a live engine, used by fio's thread alone, per the caller.
+        if let Some(engine) = unsafe { engine.as_mut() } {
+            engine.0.commit();
         }
     })
 }
