@@ -31,7 +31,7 @@ pub struct CompareArgs {
 
 /// Fields that say which case an array element is, not what was measured.
 const IDENTITY_FIELDS: &[&str] =
-    &["system", "socket", "rw", "pattern", "op", "poll", "bytes", "size", "depth", "sessions", "goal", "name"];
+    &["system", "socket", "rw", "pattern", "op", "poll", "bytes", "size", "depth", "batch", "sessions", "goal", "name"];
 
 /// Which way a figure is good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

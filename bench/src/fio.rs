@@ -53,6 +53,11 @@ pub struct FioArgs {
     /// otherwise). NBD clients and servers always sleep in the kernel.
     #[arg(long, value_enum, default_value_t = BlockPoll::Adaptive)]
     pub poll: BlockPoll,
+    /// Also measure depth 32 with fio submitting and completing I/Os in batches of this many
+    /// (`iodepth_batch_submit` = `iodepth_batch_complete_min`), on every system alike: the
+    /// netdam engine then packs the I/Os of a batch into shared datagrams. 1 turns it off.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
     /// The netdam fio engine [default: what ops/fio-plugin.sh builds and prints].
     #[arg(long, value_name = "PATH")]
     pub plugin: Option<PathBuf>,
@@ -75,6 +80,8 @@ struct Case {
     socket: &'static str,
     pattern: &'static str,
     depth: usize,
+    /// fio's submission and completion batch (1: fio's defaults).
+    batch: usize,
     iops: f64,
     ops: u64,
     p50_ns: u64,
@@ -85,7 +92,7 @@ struct Case {
 impl Case {
     fn to_json(&self) -> serde_json::Value {
         json!({"system": self.system, "socket": self.socket, "rw": self.pattern, "depth": self.depth,
-               "iops": self.iops, "ios": self.ops, "lat_p50_ns": self.p50_ns, "lat_p99_ns": self.p99_ns,
+               "batch": self.batch, "iops": self.iops, "ios": self.ops, "lat_p50_ns": self.p50_ns, "lat_p99_ns": self.p99_ns,
                "lat_p999_ns": (self.p999_ns > 0).then_some(self.p999_ns)})
     }
 }
@@ -248,7 +255,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             Err(reason) => skip(&mut run.skipped, NBDKIT, &format!("{reason} (apt-get install nbdkit)")),
         }
     }
-    run.goals = goals(&run.cases);
+    run.goals = goals(&run.cases, args.batch);
     let text = markdown(args, &run);
     print!("{text}");
     if let Some(dir) = &args.out {
@@ -261,7 +268,9 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         write("fio.md", text)?;
         eprintln!("wrote {}/fio.json and fio.md", dir.display());
         // The plots show fio's view; the throughput client has no p99.9 to plot.
-        let fio_cases: Vec<Case> = run.cases.iter().filter(|case| case.system != THROUGHPUT).cloned().collect();
+        // fio's default batching only: one bar per system and socket.
+        let fio_cases: Vec<Case> =
+            run.cases.iter().filter(|case| case.system != THROUGHPUT && case.batch == 1).cloned().collect();
         match plot(&fio_cases, dir) {
             Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
             Err(message) => eprintln!("{message}"),
@@ -477,14 +486,16 @@ fn prefill_file(path: &Path, bytes: u64) -> Result<(), String> {
     file.sync_all().map_err(fail)
 }
 
-/// Both patterns at every depth; the first failure skips the rest of this system.
+/// Both patterns at every depth, then at depth 32 in batches (`--batch`); the first failure
+/// skips the rest of this system.
 fn measure(args: &FioArgs, access: &Access, system: &'static str, socket: &'static str, run: &mut Run) {
+    let batched = (args.batch > 1).then_some((THROUGHPUT_DEPTH, args.batch));
     for pattern in PATTERNS {
-        for &depth in &args.depths {
-            eprintln!("{system} over {socket}: {pattern} at depth {depth}");
-            match fio_case(args, access, pattern, depth) {
+        for (depth, batch) in args.depths.iter().map(|&depth| (depth, 1)).chain(batched) {
+            eprintln!("{system} over {socket}: {pattern} at depth {depth}, batch {batch}");
+            match fio_case(args, access, pattern, depth, batch) {
                 Ok((iops, ops, [p50_ns, p99_ns, p999_ns])) => {
-                    run.cases.push(Case { system, socket, pattern, depth, iops, ops, p50_ns, p99_ns, p999_ns })
+                    run.cases.push(Case { system, socket, pattern, depth, batch, iops, ops, p50_ns, p99_ns, p999_ns })
                 }
                 Err(reason) => return skip(&mut run.skipped, &format!("{system} over {socket}"), &reason),
             }
@@ -513,6 +524,7 @@ fn measure_throughput(args: &FioArgs, target: &Target, run: &mut Run) {
                 socket: "udp",
                 pattern,
                 depth: THROUGHPUT_DEPTH,
+                batch: 1,
                 iops: point.ops_per_s,
                 ops: (point.ops_per_s * args.seconds) as u64,
                 p50_ns: point.p50_ns,
@@ -530,7 +542,13 @@ fn measure_throughput(args: &FioArgs, target: &Target, run: &mut Run) {
 /// `queue` returns, and both the nbd engine and netdam's send the request inside `queue`, so an
 /// answer that arrives before `queue` returns shows as a clat near zero (measured: nbdkit QD1
 /// clat p50 1.6 µs while its round trip takes over 10).
-fn fio_case(args: &FioArgs, access: &Access, pattern: &str, depth: usize) -> Result<(f64, u64, [u64; 3]), String> {
+fn fio_case(
+    args: &FioArgs,
+    access: &Access,
+    pattern: &str,
+    depth: usize,
+    batch: usize,
+) -> Result<(f64, u64, [u64; 3]), String> {
     let mut command = Command::new("fio");
     command.args([
         "--name=netdam-bench",
@@ -546,6 +564,9 @@ fn fio_case(args: &FioArgs, access: &Access, pattern: &str, depth: usize) -> Res
         "--randrepeat=0",
         "--output-format=json",
     ]);
+    if batch > 1 {
+        command.args([format!("--iodepth_batch_submit={batch}"), format!("--iodepth_batch_complete_min={batch}")]);
+    }
     match access {
         Access::Plugin { engine, target } => {
             let poll = if args.poll == BlockPoll::Busy { "busy" } else { "blocking" };
@@ -584,16 +605,48 @@ fn fio_case(args: &FioArgs, access: &Access, pattern: &str, depth: usize) -> Res
     ))
 }
 
+/// The case of `system` over `socket` at `depth` with fio's default batching.
 fn find<'a>(cases: &'a [Case], system: &str, socket: &str, pattern: &str, depth: usize) -> Option<&'a Case> {
-    cases
-        .iter()
-        .find(|case| case.system == system && case.socket == socket && case.pattern == pattern && case.depth == depth)
+    find_batched(cases, system, socket, pattern, depth, 1)
 }
 
-/// The goals, per pattern: ratios of cases in this run.
-fn goals(cases: &[Case]) -> Vec<Goal> {
+fn find_batched<'a>(
+    cases: &'a [Case],
+    system: &str,
+    socket: &str,
+    pattern: &str,
+    depth: usize,
+    batch: usize,
+) -> Option<&'a Case> {
+    cases.iter().find(|case| {
+        case.system == system
+            && case.socket == socket
+            && case.pattern == pattern
+            && case.depth == depth
+            && case.batch == batch
+    })
+}
+
+/// The goals, per pattern: ratios of cases in this run (at fio's default batching), and the
+/// depth-32 ones again with both sides batched by `batch` (when it is over 1).
+fn goals(cases: &[Case], batch: usize) -> Vec<Goal> {
     let mut goals = Vec::new();
     for pattern in PATTERNS {
+        let ratio = |system: &str,
+                     socket: &str,
+                     peer: &str,
+                     peer_socket: &str,
+                     depth: usize,
+                     batch: usize,
+                     value: fn(&Case) -> f64| {
+            let ours = find_batched(cases, system, socket, pattern, depth, batch);
+            let theirs = find_batched(cases, peer, peer_socket, pattern, depth, batch);
+            match (ours, theirs) {
+                (Some(ours), Some(theirs)) => Ok(value(ours) / value(theirs).max(f64::MIN_POSITIVE)),
+                (None, _) => Err(format!("no {system} over {socket} at depth {depth}, batch {batch}")),
+                (_, None) => Err(format!("no {peer} over {peer_socket} at depth {depth}, batch {batch}")),
+            }
+        };
         let pair =
             |system: &str, socket: &str, peer: &str, peer_socket: &str, depth: usize, value: fn(&Case) -> f64| {
                 let ours = find(cases, system, socket, pattern, depth);
@@ -647,6 +700,26 @@ fn goals(cases: &[Case]) -> Vec<Goal> {
                 at_most: false,
             });
         }
+        if batch > 1 {
+            goals.push(Goal {
+                name: format!("engine QD32 IOPS / nbdkit over TCP QD32 IOPS, both in fio batches of {batch}"),
+                pattern,
+                ratio: ratio(PLUGIN, "udp", NBDKIT, "tcp", THROUGHPUT_DEPTH, batch, iops),
+                bound: 2.0,
+                at_most: false,
+            });
+            for socket in ["tcp", "unix"] {
+                goals.push(Goal {
+                    name: format!(
+                        "netdam nbd QD32 IOPS / nbdkit QD32 IOPS, both over {socket} in fio batches of {batch}"
+                    ),
+                    pattern,
+                    ratio: ratio(NETDAM_NBD, socket, NBDKIT, socket, THROUGHPUT_DEPTH, batch, iops),
+                    bound: 1.0,
+                    at_most: false,
+                });
+            }
+        }
     }
     goals
 }
@@ -664,6 +737,7 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
            "poll": format!("{:?}", args.poll).to_lowercase(), "poll_description": poll_description(args.poll),
            "namespace": {"name": NAMESPACE, "backend": "pmem", "medium": run.medium, "bytes": NAMESPACE_BYTES, "block_bytes": BLOCK_BYTES},
            "nbdkit_plugin": "memory 1G", "seconds": args.seconds, "ramp_seconds": 1, "depths": args.depths,
+           "batch": args.batch,
            "cases": cases, "goals": goals, "skipped": run.skipped,
            "note": "goals are ratios of cases measured in this run; absolute numbers hold for this machine only; see namespace.medium for whether netdam's writes are as volatile as nbdkit memory's"})
 }
@@ -682,16 +756,17 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         run.medium,
         poll_description(args.poll),
     );
-    text.push_str("| system | socket | rw | depth | IOPS | p50 µs | p99 µs | p99.9 µs |\n");
-    text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    text.push_str("| system | socket | rw | depth | fio batch | IOPS | p50 µs | p99 µs | p99.9 µs |\n");
+    text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for case in &run.cases {
         let _ = writeln!(
             text,
-            "| {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
             case.system,
             case.socket,
             case.pattern,
             case.depth,
+            if case.batch > 1 { case.batch.to_string() } else { "-".to_string() },
             case.iops,
             us(case.p50_ns),
             us(case.p99_ns),
