@@ -68,7 +68,8 @@ pub fn bucket_index(value_ns: u64) -> usize {
     let leading = below.leading_zeros();
     let octave = 63 - leading;
     let mantissa = below << leading;
-    let quarter = (mantissa >= QUARTERS[0]) as usize + (mantissa >= QUARTERS[1]) as usize + (mantissa >= QUARTERS[2]) as usize;
+    let quarter =
+        (mantissa >= QUARTERS[0]) as usize + (mantissa >= QUARTERS[1]) as usize + (mantissa >= QUARTERS[2]) as usize;
     1 + (octave - FIRST_OCTAVE) as usize * BUCKETS_PER_OCTAVE + quarter
 }
 

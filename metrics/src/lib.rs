@@ -9,15 +9,20 @@
 //!
 //! - [`buckets`]: the latency bucket layout and its index function.
 //! - [`shard`]: single-writer counters and histograms.
+//! - [`family`]: encoding summed shards as metric families from a collector.
 //! - [`http`]: the `/metrics` endpoint (Prometheus text 0.0.4, or OpenMetrics on request).
 //! - [`listen`]: the `metrics_listen` / `--metrics-listen` setting.
+//! - [`logging`]: `tracing` output, filtered like `RUST_LOG`, as text or JSON.
 
 pub mod buckets;
+pub mod family;
 pub mod http;
 pub mod listen;
+pub mod logging;
 pub mod shard;
 
 pub use buckets::{bucket_index, BUCKETS, BUCKET_BOUNDS_NS};
 pub use http::MetricsServer;
 pub use listen::MetricsListen;
+pub use logging::LogFormat;
 pub use shard::{Cell, HistogramShard, HistogramSnapshot};
