@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use netdam_initiator::nbd::{serve, ExportOptions, Listen, NbdListener};
+use netdam_initiator::top::{Snapshot, View};
 use netdam_initiator::{Client, ClientError, ClientOptions, Volume, VolumeOptions};
 use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
@@ -189,6 +190,21 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
         io_threads: u16,
     },
+    /// A live view of a target from its /metrics endpoint, refreshed every interval: requests
+    /// per second and p50/p99/p99.9 latency per opcode over the last interval, errors, drops,
+    /// BUSY answers, sessions and block I/O in flight (and per-session windows when pointed at
+    /// a `netdam nbd --metrics-listen` endpoint). With --once --json, one JSON snapshot.
+    Top {
+        /// The /metrics URL to read.
+        #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9464/metrics")]
+        metrics: String,
+        /// Seconds between refreshes (and the interval the rates and quantiles cover).
+        #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
+        interval: f64,
+        /// Print one view (over one interval) and exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Copy LEN bytes from SOURCE_REGION at SOURCE_OFFSET to REGION at OFFSET, within the target.
     Memcpy {
         region: String,
@@ -207,6 +223,13 @@ enum Lane {
     F32,
     I32,
     Bf16,
+}
+
+fn parse_interval(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if (0.05..=3600.0).contains(&seconds) => Ok(seconds),
+        _ => Err(format!("{text:?}: give seconds between 0.05 and 3600")),
+    }
 }
 
 fn parse_word(text: &str) -> Result<u64, String> {
@@ -255,6 +278,9 @@ fn run(cli: &Cli) -> Result<(), String> {
             ..ExportOptions::default()
         };
         return serve_nbd(cli.target, namespace, listen, options, *sessions, usize::from(*io_threads));
+    }
+    if let Command::Top { metrics, interval, once } = &cli.command {
+        return top(metrics, std::time::Duration::from_secs_f64(*interval), *once, cli.json);
     }
     // PING and STAT need no session: they work even when the target has no slot to spare.
     // Every other command opens one, and closes it when the client is dropped on the way out.
@@ -526,8 +552,45 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Nbd { .. } => unreachable!("served above, without a blocking client"),
+        Command::Top { .. } => unreachable!("shown above, without a client"),
     }
     Ok(())
+}
+
+/// One scrape of `url`.
+fn scrape(url: &str) -> Result<Snapshot, String> {
+    let (code, _, body) = netdam_metrics::http::get(url, None, std::time::Duration::from_secs(5)).map_err(|error| {
+        format!("cannot read {url}: {error} (is the target running with metrics on? see --metrics)")
+    })?;
+    if code != 200 {
+        return Err(format!("{url} answered HTTP {code}"));
+    }
+    Snapshot::parse(&body).map_err(|error| format!("{url}: {error}"))
+}
+
+/// `netdam top`: scrapes every interval and shows what changed since the last scrape.
+fn top(url: &str, interval: std::time::Duration, once: bool, json_out: bool) -> Result<(), String> {
+    let mut earlier = scrape(url)?;
+    let mut taken = Instant::now();
+    loop {
+        std::thread::sleep(interval.saturating_sub(taken.elapsed()));
+        let later = scrape(url)?;
+        let now = Instant::now();
+        let view = View::between(&earlier, &later, now - taken);
+        if json_out {
+            println!("{}", view.to_json(url));
+        } else {
+            // Clear the screen and draw from its top, like top(1).
+            let clear = if once { "" } else { "\x1b[2J\x1b[H" };
+            print!("{clear}{}", view.to_text(url));
+        }
+        let _ = std::io::stdout().flush();
+        if once {
+            return Ok(());
+        }
+        earlier = later;
+        taken = now;
+    }
 }
 
 /// `netdam nbd`: opens the volume, listens, serves until SIGINT or SIGTERM, drains.
