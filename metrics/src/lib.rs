@@ -12,6 +12,7 @@
 //! - [`family`]: encoding summed shards as metric families from a collector.
 //! - [`http`]: the `/metrics` endpoint (Prometheus text 0.0.4, or OpenMetrics on request).
 //! - [`listen`]: the `metrics_listen` / `--metrics-listen` setting.
+//! - [`opcodes`]: a dense slot per opcode, for per-opcode arrays.
 //! - [`logging`]: `tracing` output, filtered like `RUST_LOG`, as text or JSON.
 
 pub mod buckets;
@@ -19,6 +20,7 @@ pub mod family;
 pub mod http;
 pub mod listen;
 pub mod logging;
+pub mod opcodes;
 pub mod shard;
 
 pub use buckets::{bucket_index, BUCKETS, BUCKET_BOUNDS_NS};

@@ -9,7 +9,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use netdam_isa::limits::MAX_NAMESPACES;
-use netdam_isa::{Opcode, Status};
+use netdam_isa::Status;
+pub use netdam_metrics::opcodes::{opcode_slot, opcode_slot_name, OPCODE_SLOTS, OTHER_OPCODE_SLOT};
 use netdam_metrics::{Cell, HistogramShard};
 
 macro_rules! counters {
@@ -69,36 +70,6 @@ counters! {
     GroupCommitFailures => "group_commit_failures": "Group commits whose persist failed: their held answers said io_error.",
     SendErrors => "send_errors": "Responses the kernel refused to send.",
     ReceiveErrors => "receive_errors": "Receive calls that failed other than for lack of data.",
-}
-
-/// Per-opcode slots: one per [`Opcode::ALL`] entry, then one for every other opcode byte.
-pub const OPCODE_SLOTS: usize = Opcode::ALL.len() + 1;
-
-/// The slot of the last, catch-all opcode entry.
-pub const OTHER_OPCODE_SLOT: usize = Opcode::ALL.len();
-
-/// Slot of each opcode byte, built once at compile time so the lookup is one load.
-const OPCODE_SLOT_OF: [u8; 256] = {
-    let mut table = [OTHER_OPCODE_SLOT as u8; 256];
-    let mut index = 0;
-    while index < Opcode::ALL.len() {
-        table[Opcode::ALL[index] as usize] = index as u8;
-        index += 1;
-    }
-    table
-};
-
-const _: () = assert!(OPCODE_SLOTS <= u8::MAX as usize, "a slot fits the table's bytes");
-
-/// The per-opcode slot of an opcode byte.
-#[inline]
-pub fn opcode_slot(opcode: u8) -> usize {
-    usize::from(OPCODE_SLOT_OF[usize::from(opcode)])
-}
-
-/// The label of a per-opcode slot: the opcode's name, or `other`.
-pub fn opcode_slot_name(slot: usize) -> &'static str {
-    Opcode::ALL.get(slot).map(|opcode| opcode.name()).unwrap_or("other")
 }
 
 /// What a worker records per opcode for `/metrics`.
@@ -212,17 +183,6 @@ pub const STATUS_COUNTER_PREFIX: &str = "status_";
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_opcode_has_its_own_slot_and_the_rest_share_one() {
-        for (index, opcode) in Opcode::ALL.iter().enumerate() {
-            assert_eq!(opcode_slot(*opcode as u8), index);
-            assert_eq!(opcode_slot_name(index), opcode.name());
-        }
-        assert_eq!(opcode_slot(0x00), OTHER_OPCODE_SLOT);
-        assert_eq!(opcode_slot(0xFF), OTHER_OPCODE_SLOT);
-        assert_eq!(opcode_slot_name(OTHER_OPCODE_SLOT), "other");
-    }
 
     #[test]
     fn workers_sit_on_their_own_cache_lines() {

@@ -122,3 +122,64 @@ fn metrics_off_serves_nothing_and_records_no_histograms() {
     // STAT still counts.
     assert_eq!(test.target.stats().get("instructions_executed"), Some(3));
 }
+
+/// The initiator's families, as `netdam nbd --metrics-listen` serves them: a `Volume` over two
+/// sessions against a target with a block namespace, then the registry encoded and checked —
+/// and the target's block families seen from its side.
+#[test]
+fn initiator_and_block_families_count_volume_requests() {
+    use netdam_initiator::metrics::InitiatorMetrics;
+    use netdam_initiator::{Volume, VolumeOptions};
+    use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
+
+    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+        config.namespaces = vec![NamespaceConfig {
+            name: "disk".into(),
+            backend: NamespaceBackend::File,
+            path: "disk.img".into(),
+            size: Some(ByteSize(1 << 20)),
+            block_size: 4096,
+        }];
+    });
+    let addr = test.target.local_addr();
+    let metrics = std::sync::Arc::new(InitiatorMetrics::default());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let options = VolumeOptions { sessions: 2, ..VolumeOptions::default() };
+        let volume = Volume::open_observed(addr, "disk", options, Some(&metrics)).await.unwrap();
+        for block in 0..10u64 {
+            volume.write(block * 4096, &[block as u8; 4096], false).await.unwrap();
+        }
+        let mut back = [0u8; 4096];
+        for block in 0..6u64 {
+            volume.read(block * 4096, &mut back).await.unwrap();
+        }
+        volume.flush().await.unwrap();
+        volume.close().await;
+    });
+    let registry = InitiatorMetrics::registry(metrics);
+    let text = netdam_metrics::http::encode(&registry, netdam_metrics::http::Format::Prometheus).unwrap();
+    let samples = parse(&text);
+    assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"bwrite\"}"), 10.0);
+    assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"bread\"}"), 6.0);
+    assert!(value(&samples, "netdam_initiator_requests_total{opcode=\"flush\"}") >= 1.0);
+    assert_eq!(value(&samples, "netdam_initiator_latency_seconds_count{opcode=\"bread\"}"), 6.0);
+    assert!(value(&samples, "netdam_initiator_latency_seconds_sum{opcode=\"bread\"}") > 0.0);
+    assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bread\"}"), 6.0 * 4096.0);
+    assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bwrite\"}"), 10.0 * 4096.0);
+    assert_eq!(value(&samples, "netdam_initiator_errors_total{status=\"timeout\"}"), 0.0);
+    assert_eq!(value(&samples, "netdam_initiator_sessions"), 2.0);
+    assert!(value(&samples, "netdam_initiator_window{session=\"0\"}") > 0.0);
+    assert!(value(&samples, "netdam_initiator_window{session=\"1\"}") > 0.0);
+    assert!(samples.contains_key("netdam_initiator_target_delay_seconds{session=\"0\"}"));
+    assert_eq!(value(&samples, "netdam_nbd_connections"), 0.0);
+
+    let (_, _, target_text) =
+        get(&format!("http://{}/metrics", test.target.metrics_addr().unwrap()), None, Duration::from_secs(5)).unwrap();
+    let target = parse(&target_text);
+    assert_eq!(value(&target, "netdam_instructions_total{opcode=\"bwrite\"}"), 10.0);
+    assert_eq!(value(&target, "netdam_data_bytes_total{opcode=\"bread\",direction=\"sent\"}"), 6.0 * 4096.0);
+    assert!(value(&target, "netdam_block_requests_submitted_total{namespace=\"disk\"}") >= 17.0);
+    assert_eq!(value(&target, "netdam_block_requests_in_flight{namespace=\"disk\"}"), 0.0);
+    assert_eq!(value(&target, "netdam_service_time_seconds_count{opcode=\"bread\"}"), 6.0);
+}

@@ -4,16 +4,19 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use netdam_initiator::nbd::{serve, ExportOptions, Listen, NbdListener};
+use netdam_initiator::metrics::{InitiatorMetrics, ObservedBackend};
+use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
 use netdam_initiator::top::{Snapshot, View};
 use netdam_initiator::{Client, ClientError, ClientOptions, Volume, VolumeOptions};
 use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
+use netdam_metrics::{LogFormat, MetricsListen, MetricsServer};
 use serde_json::json;
 
 /// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
@@ -189,6 +192,14 @@ enum Command {
         /// help only where many connections have cores to spare.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
         io_threads: u16,
+        /// TCP address to serve Prometheus /metrics on (end-to-end latency per opcode, errors,
+        /// retransmissions, windows, NBD connections), or "off". Off by default: several
+        /// exports often share a host, and the target's default is 127.0.0.1:9464.
+        #[arg(long, value_name = "ADDR|off", default_value = "off")]
+        metrics_listen: MetricsListen,
+        /// Log lines as text or as JSON objects (filter with NETDAM_LOG or RUST_LOG).
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
     },
     /// A live view of a target from its /metrics endpoint, refreshed every interval: requests
     /// per second and p50/p99/p99.9 latency per opcode over the last interval, errors, drops,
@@ -270,14 +281,26 @@ fn region_id(client: &Client, name: &str) -> Result<u16, String> {
 
 fn run(cli: &Cli) -> Result<(), String> {
     let text = |error: ClientError| error.to_string();
-    if let Command::Nbd { namespace, listen, export, read_only, sessions, max_connections, io_threads } = &cli.command {
+    if let Command::Nbd {
+        namespace,
+        listen,
+        export,
+        read_only,
+        sessions,
+        max_connections,
+        io_threads,
+        metrics_listen,
+        log_format,
+    } = &cli.command
+    {
         let options = ExportOptions {
             name: export.clone().unwrap_or_else(|| namespace.clone()),
             read_only: *read_only,
             max_connections: *max_connections,
             ..ExportOptions::default()
         };
-        return serve_nbd(cli.target, namespace, listen, options, *sessions, usize::from(*io_threads));
+        let observe = Observe { metrics_listen: *metrics_listen, log_format: *log_format };
+        return serve_nbd(cli.target, namespace, listen, options, *sessions, usize::from(*io_threads), observe);
     }
     if let Command::Top { metrics, interval, once } = &cli.command {
         return top(metrics, std::time::Duration::from_secs_f64(*interval), *once, cli.json);
@@ -593,6 +616,13 @@ fn top(url: &str, interval: std::time::Duration, once: bool, json_out: bool) -> 
     }
 }
 
+/// Where `netdam nbd` reports: metrics and logs.
+#[derive(Debug, Clone, Copy)]
+struct Observe {
+    metrics_listen: MetricsListen,
+    log_format: LogFormat,
+}
+
 /// `netdam nbd`: opens the volume, listens, serves until SIGINT or SIGTERM, drains.
 fn serve_nbd(
     target: SocketAddr,
@@ -601,6 +631,7 @@ fn serve_nbd(
     options: ExportOptions,
     sessions: usize,
     io_threads: usize,
+    observe: Observe,
 ) -> Result<(), String> {
     // A server must outlive clients that hang up: a write to a closed connection is an error
     // for that connection (EPIPE), not a signal that ends the process (main restored SIGPIPE's
@@ -609,10 +640,17 @@ fn serve_nbd(
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NETDAM_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
+    netdam_metrics::logging::init(observe.log_format);
+    let metrics = Arc::new(InitiatorMetrics::default());
+    // Bound before the volume opens, so a taken port is reported before anything else.
+    let metrics_server = match observe.metrics_listen.addr() {
+        Some(addr) => Some(
+            MetricsServer::start(addr, InitiatorMetrics::registry(metrics.clone()), "netdam-metrics")
+                .map_err(|error| format!("cannot serve /metrics on {addr} (--metrics-listen): {error}"))?,
+        ),
+        None => None,
+    };
+    let metrics_url = metrics_server.as_ref().map_or("off".to_string(), MetricsServer::url);
     let mut builder = match io_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         threads => {
@@ -624,10 +662,22 @@ fn serve_nbd(
     let runtime = builder.enable_all().build().map_err(|error| format!("cannot start the I/O runtime: {error}"))?;
     runtime.block_on(async {
         let volume_options = VolumeOptions { sessions, client: ClientOptions::default() };
-        let volume = Volume::open(target, namespace, volume_options).await.map_err(|error| error.to_string())?;
+        let observed = metrics_server.is_some().then_some(&*metrics);
+        let volume = Volume::open_observed(target, namespace, volume_options, observed)
+            .await
+            .map_err(|error| error.to_string())?;
         let listener = NbdListener::bind(listen).map_err(|error| format!("cannot listen on {listen}: {error}"))?;
         let endpoint = listener.endpoint().unwrap_or_else(|| listen.clone());
         tracing::info!(
+            target = %target,
+            namespace = %volume.namespace().name,
+            export = %options.name,
+            listen = %endpoint,
+            metrics = %metrics_url,
+            sessions = volume.session_count(),
+            io_threads,
+            read_only = options.read_only,
+            max_connections = options.max_connections,
             "exporting namespace {:?} of {target} ({} bytes in {}-byte blocks, {} session(s)) as {:?} on {endpoint}{}",
             volume.namespace().name,
             volume.size_bytes(),
@@ -649,10 +699,13 @@ fn serve_nbd(
             }
             tracing::info!("stopping: finishing the requests in flight");
         };
-        let volume = std::sync::Arc::new(volume);
-        let report = serve(listener, volume.clone(), options, shutdown).await.map_err(|error| error.to_string())?;
+        let volume = Arc::new(volume);
+        let backend = Arc::new(ObservedBackend::new(volume.clone(), metrics.clone()));
+        let report = serve_counting(listener, backend, options, shutdown, &metrics.nbd.connections)
+            .await
+            .map_err(|error| error.to_string())?;
         // The export is done with it: close the sessions before the runtime goes.
-        if let Ok(volume) = std::sync::Arc::try_unwrap(volume) {
+        if let Ok(volume) = Arc::try_unwrap(volume) {
             volume.close().await;
         }
         tracing::info!(
