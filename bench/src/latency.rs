@@ -13,6 +13,7 @@ use hdrhistogram::Histogram;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::LaneType;
+use netdam_metrics::MetricsListen;
 use netdam_target::config::{Config, PollMode};
 use netdam_target::Target;
 
@@ -96,6 +97,11 @@ pub struct LatencyArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also measure netdam with the target's metrics off (no /metrics, no per-opcode recording)
+    /// in the same run, alternating on and off in four rounds of half the requests each, and
+    /// report the on/off ratios of p50 and p99.9 (the goal is at most 1.03x).
+    #[arg(long)]
+    pub metrics_compare: bool,
     /// Also write latency.json and latency.md (and plots, where fonts exist) to this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<std::path::PathBuf>,
@@ -120,6 +126,8 @@ pub struct LatencyCase {
     /// Median time the target held a request (from the kernel's receive timestamp to the
     /// answer), as its answers report it: the part of netdam's round trip spent in the target.
     pub target_service_p50_ns: Option<u64>,
+    /// With `--metrics-compare`: netdam with metrics off (`netdam` is then the metrics-on runs).
+    pub metrics_off: Option<Summary>,
 }
 
 const NAMESPACE_BLOCK: u32 = 512;
@@ -168,9 +176,11 @@ fn answer_data(op: BenchOp, bytes: u32) -> usize {
     }
 }
 
-fn target_config(data_dir: &Path, poll: LatencyPoll, pin: bool, lock_memory: bool) -> Config {
+fn target_config(data_dir: &Path, poll: LatencyPoll, pin: bool, lock_memory: bool, metrics: bool) -> Config {
     let namespace = crate::target::pmem_namespace("bench-namespace.region", 32 << 20, NAMESPACE_BLOCK);
-    Config { pin_workers: pin, lock_memory, ..crate::target::config(data_dir, poll.target(), namespace) }
+    let config = crate::target::config(data_dir, poll.target(), namespace);
+    let metrics_listen = if metrics { config.metrics_listen } else { MetricsListen::Off };
+    Config { pin_workers: pin, lock_memory, metrics_listen, ..config }
 }
 
 /// CPU time the thread named `name` of this process has used, from /proc.
@@ -213,15 +223,17 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
     let payload = vec![0x3Cu8; 1 << 16];
     let mut cases = Vec::new();
     for &poll in &args.poll {
-        let start = || {
+        let start_with = |metrics: bool| {
             Target::start(&target_config(
                 scratch.path(),
                 poll,
                 args.pin == crate::OnOff::On,
                 args.lock_memory == crate::OnOff::On,
+                metrics,
             ))
             .unwrap_or_else(|error| panic!("netdam target: {error}"))
         };
+        let start = || start_with(true);
         let idle_worker_cpu = if with_netdam {
             let target = start();
             let idle = idle_cpu(Duration::from_secs(2));
@@ -246,7 +258,30 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
                 let floor = floor::measure(echo.addr(), poll.spins(), request_bytes, args.warmup, args.requests);
                 echo.stop();
                 let floor = Summary::new(format!("udp echo {request_bytes} B → {response_bytes} B"), &floor);
-                let (netdam, retransmissions, service) = if with_netdam {
+                let mut metrics_off = None;
+                let (netdam, retransmissions, service) = if with_netdam && args.metrics_compare {
+                    // On, off, on, off: drift over the run (heat, other load) falls on both alike.
+                    let half = LatencyArgs { requests: (args.requests / 2).max(1), ..args.clone() };
+                    let (mut on, mut off) = (crate::histogram(), crate::histogram());
+                    let (mut retransmissions, mut service) = (0, 0);
+                    for round in 0..4 {
+                        let metrics = round % 2 == 0;
+                        let target = start_with(metrics);
+                        let (histogram, retransmitted, service_p50) =
+                            measure_netdam(&target, &half, poll, op, size, &payload);
+                        target.stop();
+                        retransmissions += retransmitted;
+                        if metrics {
+                            on.add(&histogram).expect("histograms of one shape add");
+                            service = service_p50;
+                        } else {
+                            off.add(&histogram).expect("histograms of one shape add");
+                        }
+                    }
+                    metrics_off = Some(Summary::new(format!("netdam {name} {bytes} B, metrics off"), &off));
+                    let on = Summary::new(format!("netdam {name} {bytes} B, metrics on"), &on);
+                    (Some(on), retransmissions, Some(service))
+                } else if with_netdam {
                     let target = start();
                     let (histogram, retransmissions, service) = measure_netdam(&target, args, poll, op, size, &payload);
                     target.stop();
@@ -263,6 +298,7 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
                     idle_worker_cpu,
                     retransmissions,
                     target_service_p50_ns: service,
+                    metrics_off,
                 });
             }
         }

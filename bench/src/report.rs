@@ -86,7 +86,10 @@ fn latency_json(cases: &[LatencyCase], args: &LatencyArgs) -> serde_json::Value 
                    "p50_ratio": netdam.map(|n| ratio(n.p50, case.floor.p50)),
                    "p999_ratio": netdam.map(|n| ratio(n.p999, case.floor.p999)),
                    "idle_worker_cpu_percent": case.idle_worker_cpu, "retransmissions": case.retransmissions,
-                   "target_service_p50_ns": case.target_service_p50_ns})
+                   "target_service_p50_ns": case.target_service_p50_ns,
+                   "metrics_off": case.metrics_off.as_ref().map(Summary::to_json),
+                   "metrics_on_off_p50_ratio": case.metrics_off.as_ref().zip(netdam).map(|(off, on)| ratio(on.p50, off.p50)),
+                   "metrics_on_off_p999_ratio": case.metrics_off.as_ref().zip(netdam).map(|(off, on)| ratio(on.p999, off.p999))})
         })
         .collect();
     json!({"machine": machine(), "note": "absolute times hold for this machine only; the ratios are the result",
@@ -147,6 +150,21 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
                 service
             );
         }
+    }
+    for case in cases {
+        let (Some(on), Some(off)) = (case.netdam.as_ref(), case.metrics_off.as_ref()) else { continue };
+        println!(
+            "metrics on/off {} {} B {}: p50 {:.1}/{:.1} µs = {:.3}x, p99.9 {:.1}/{:.1} µs = {:.3}x (goal ≤ 1.03x)",
+            case.op,
+            case.size,
+            case.poll.name(),
+            us(on.p50),
+            us(off.p50),
+            ratio(on.p50, off.p50),
+            us(on.p999),
+            us(off.p999),
+            ratio(on.p999, off.p999)
+        );
     }
     let idle: Vec<String> = cases
         .iter()

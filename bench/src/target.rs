@@ -23,6 +23,8 @@ pub fn pmem_namespace(file_name: &str, bytes: u64, block_size: u32) -> Namespace
 pub fn config(data_dir: &Path, poll: PollMode, namespace: NamespaceConfig) -> Config {
     Config {
         listen: "127.0.0.1:0".parse().expect("valid literal"),
+        // Metrics on, on any free port: tests and benchmarks run many targets at once.
+        metrics_listen: "127.0.0.1:0".parse().expect("valid literal"),
         data_dir: Some(data_dir.to_path_buf()),
         workers: 1,
         poll,

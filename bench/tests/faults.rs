@@ -25,6 +25,8 @@ fn a_million_fetch_adds_through_loss_duplication_and_reordering_apply_exactly_on
     println!("SEED={seed}");
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
+        // Metrics on, on any free port: tests and benchmarks run many targets at once.
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: Some(std::env::temp_dir()),
         poll: PollMode::Blocking,
         regions: vec![RegionConfig {

@@ -5,16 +5,18 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use netdam_isa::control::{decode_stat_answer, HelloAnswer, RegionInfo};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
-use netdam_isa::LaneType;
+use netdam_isa::{Instant, LaneType};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::client::{connected_socket, fit_window_to_receive_buffer, ClientOptions, CLOSE_WAIT};
 use crate::error::ClientError;
+use crate::metrics::SessionMetrics;
 use crate::op::Op;
 use crate::session::{Reply, Session, SessionConfig};
 use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
@@ -64,6 +66,16 @@ impl AsyncClient {
 
     /// As [`AsyncClient::connect`], with options (the poll mode is the runtime's business).
     pub async fn connect_with(addr: SocketAddr, options: ClientOptions) -> Result<AsyncClient, ClientError> {
+        AsyncClient::connect_observed(addr, options, None).await
+    }
+
+    /// As [`AsyncClient::connect_with`], recording every completion and the session's state in
+    /// `metrics` (written by this client's I/O task only).
+    pub async fn connect_observed(
+        addr: SocketAddr,
+        options: ClientOptions,
+        metrics: Option<Arc<SessionMetrics>>,
+    ) -> Result<AsyncClient, ClientError> {
         let socket = connected_socket(addr, options.local_addr)?;
         socket.set_nonblocking(true)?;
         let socket = UdpSocket::from_std(socket)?;
@@ -84,6 +96,7 @@ impl AsyncClient {
             backlog: VecDeque::new(),
             next_token: 0,
             connecting: Some(established),
+            metrics,
         };
         tokio::spawn(driver.run(receiver));
         let hello = answer.await.map_err(|_| ClientError::Closed)??;
@@ -215,12 +228,25 @@ struct Driver {
     addr: SocketAddr,
     clock: MonotonicClock,
     /// Callers waiting for their answer, by token.
-    waiting: HashMap<u64, oneshot::Sender<Result<Reply, ClientError>>>,
-    /// Commands not yet in the session (its window is full).
-    backlog: VecDeque<Command>,
+    waiting: HashMap<u64, Waiter>,
+    /// Commands not yet in the session (its window is full), with when the task took them.
+    backlog: VecDeque<(Command, Instant)>,
     next_token: u64,
     /// `connect_with`, waiting for the first session.
     connecting: Option<oneshot::Sender<Result<HelloAnswer, ClientError>>>,
+    /// Where completions are recorded, when the process serves `/metrics`.
+    metrics: Option<Arc<SessionMetrics>>,
+}
+
+/// A caller waiting for its answer, and what its completion is recorded with.
+struct Waiter {
+    reply: oneshot::Sender<Result<Reply, ClientError>>,
+    /// Opcode of the request's first instruction.
+    opcode: u8,
+    /// When the I/O task took the request.
+    taken: Instant,
+    /// Operand bytes the request carries.
+    sent_bytes: u64,
 }
 
 impl Driver {
@@ -256,7 +282,7 @@ impl Driver {
                 .map(|deadline| tokio::time::Instant::now() + deadline.saturating_since(self.clock.now()).to_std());
             tokio::select! {
                 command = commands.recv(), if open && self.backlog.len() < COMMAND_QUEUE => match command {
-                    Some(command) => self.backlog.push_back(command),
+                    Some(command) => self.backlog.push_back((command, self.clock.now())),
                     None => open = false,
                 },
                 received = self.socket.recv(&mut buffer) => match received {
@@ -273,11 +299,19 @@ impl Driver {
                     }
                 } => {}
             }
-            self.session.handle_timeout(self.clock.now());
+            let now = self.clock.now();
+            self.session.handle_timeout(now);
             while let Some(completion) = self.session.poll_completion() {
-                if let Some(reply) = self.waiting.remove(&completion.token) {
-                    let _ = reply.send(completion.result);
+                if let Some(waiter) = self.waiting.remove(&completion.token) {
+                    if let Some(metrics) = &self.metrics {
+                        let latency = now.saturating_since(waiter.taken);
+                        metrics.complete(waiter.opcode, latency, waiter.sent_bytes, &completion.result);
+                    }
+                    let _ = waiter.reply.send(completion.result);
                 }
+            }
+            if let Some(metrics) = &self.metrics {
+                metrics.update(&self.session.stats());
             }
             if let Some(outcome) = self.session.poll_established() {
                 if let Some(connecting) = self.connecting.take() {
@@ -295,10 +329,16 @@ impl Driver {
     /// wait inside it for the session).
     fn submit_what_fits(&mut self) {
         while self.session.has_room() {
-            let Some(command) = self.backlog.pop_front() else { break };
+            let Some((command, taken)) = self.backlog.pop_front() else { break };
             match self.session.submit(&command.ops, self.next_token) {
                 Ok(()) => {
-                    self.waiting.insert(self.next_token, command.reply);
+                    let waiter = Waiter {
+                        reply: command.reply,
+                        opcode: command.ops.first().map_or(0, |op| op.opcode),
+                        taken,
+                        sent_bytes: command.ops.iter().map(|op| op.operand.len() as u64).sum(),
+                    };
+                    self.waiting.insert(self.next_token, waiter);
                     self.next_token += 1;
                 }
                 Err(error) => {
@@ -310,10 +350,10 @@ impl Driver {
 
     /// Fails every request, waiting or queued, with a copy of `error` (the socket is unusable).
     fn fail_all(&mut self, error: &ClientError) {
-        for (_, reply) in self.waiting.drain() {
-            let _ = reply.send(Err(error.duplicate()));
+        for (_, waiter) in self.waiting.drain() {
+            let _ = waiter.reply.send(Err(error.duplicate()));
         }
-        for command in self.backlog.drain(..) {
+        for (command, _) in self.backlog.drain(..) {
             let _ = command.reply.send(Err(error.duplicate()));
         }
         if let Some(connecting) = self.connecting.take() {

@@ -8,6 +8,8 @@
 //! - [`hello`]: the two-step HELLO (cookie, then session) every driver runs.
 //! - [`Volume`]: a block namespace as one disk over one or more sessions.
 //! - [`nbd`]: the NBD export that serves a `Volume` to stock NBD clients.
+//! - [`metrics`]: the initiator's `/metrics` (per-session shards, NBD gauges).
+//! - [`top`]: what `netdam top` computes from two scrapes of `/metrics`.
 //!
 //! Dropping a client closes its session (CLOSE), so the target's slot is free at once.
 
@@ -15,11 +17,13 @@ pub mod async_client;
 pub mod client;
 pub mod error;
 pub mod hello;
+pub mod metrics;
 pub mod nbd;
 pub mod op;
 pub mod session;
 pub mod swift;
 pub mod target_info;
+pub mod top;
 pub mod volume;
 
 pub use async_client::AsyncClient;

@@ -19,6 +19,7 @@ use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
 use crate::async_client::{AsyncClient, Pending};
 use crate::client::ClientOptions;
 use crate::error::ClientError;
+use crate::metrics::InitiatorMetrics;
 use crate::nbd::backend::{BackendError, NbdBackend};
 use crate::nbd::codec::{STATE_HOLE, STATE_ZERO};
 use crate::op::Op;
@@ -73,6 +74,16 @@ impl Volume {
     /// Opens `options.sessions` sessions to `target` and finds namespace `namespace` (a name,
     /// or an id). Runs on the current tokio runtime.
     pub async fn open(target: SocketAddr, namespace: &str, options: VolumeOptions) -> Result<Volume, ClientError> {
+        Volume::open_observed(target, namespace, options, None).await
+    }
+
+    /// As [`Volume::open`], each session recording its completions in a shard of `metrics`.
+    pub async fn open_observed(
+        target: SocketAddr,
+        namespace: &str,
+        options: VolumeOptions,
+        metrics: Option<&InitiatorMetrics>,
+    ) -> Result<Volume, ClientError> {
         if !(1..=MAX_VOLUME_SESSIONS).contains(&options.sessions) {
             return Err(ClientError::Setting(format!(
                 "sessions = {}: must be between 1 and {MAX_VOLUME_SESSIONS}",
@@ -81,7 +92,8 @@ impl Volume {
         }
         let mut sessions = Vec::with_capacity(options.sessions);
         for _ in 0..options.sessions {
-            sessions.push(AsyncClient::connect_with(target, options.client).await?);
+            let shard = metrics.map(InitiatorMetrics::new_session);
+            sessions.push(AsyncClient::connect_observed(target, options.client, shard).await?);
         }
         let namespace = sessions[0].info().namespace(namespace)?.clone();
         Ok(Volume { sessions, namespace, next: AtomicUsize::new(0) })

@@ -14,6 +14,7 @@ use netdam_isa::block::NamespaceShape;
 use netdam_isa::limits::{MAX_INSTRUCTIONS_PER_DATAGRAM, PENDING_BLOCK_DATAGRAMS};
 use netdam_isa::wire::ResponseProgress;
 use netdam_isa::{Duration, Instant, Status};
+use netdam_metrics::Cell;
 use netdam_nvme::{BlockDevice, BlockError, Completion};
 
 use crate::sessions::RecordTicket;
@@ -39,11 +40,21 @@ pub(crate) struct RunEntry {
     pub buffer: Option<u16>,
     /// Bytes a BREAD or BLOCK_STATUS returns (held in `buffer` until the result is written).
     pub data_len: usize,
+    /// Operand bytes of the instruction (a BWRITE's data), for `/metrics`.
+    pub request_bytes: usize,
 }
 
 impl Default for RunEntry {
     fn default() -> RunEntry {
-        RunEntry { opcode: 0, namespace: 0, status: Status::Ok, in_flight: false, buffer: None, data_len: 0 }
+        RunEntry {
+            opcode: 0,
+            namespace: 0,
+            status: Status::Ok,
+            in_flight: false,
+            buffer: None,
+            data_len: 0,
+            request_bytes: 0,
+        }
     }
 }
 
@@ -64,6 +75,8 @@ pub(crate) struct Pending {
     pub reply_to: Option<ReplyTo>,
     pub queueing: Duration,
     pub started: Instant,
+    /// Opcode of its first instruction: its label in the service-time histogram.
+    pub opcode: u8,
 }
 
 /// The block side of one worker.
@@ -142,14 +155,17 @@ impl BlockPath {
         self.slots.len() - self.free_slots.len()
     }
 
-    /// Reaps every device; slots whose run completed move to `ready`.
-    pub(crate) fn reap(&mut self) {
+    /// Reaps every device; slots whose run completed move to `ready`. Completions are counted
+    /// in `completed`, by namespace id (this worker's cells).
+    pub(crate) fn reap(&mut self, completed: &[Cell]) {
         let BlockPath { devices, slots, ready, .. } = self;
-        for device in devices.iter_mut() {
+        for (namespace, device) in devices.iter_mut().enumerate() {
             if device.in_flight() == 0 {
                 continue;
             }
+            let mut reaped = 0u64;
             device.reap(&mut |completion: Completion| {
+                reaped += 1;
                 let (slot, entry) = untag(completion.tag);
                 let pending = &mut slots[slot];
                 pending.run[entry].in_flight = false;
@@ -162,6 +178,9 @@ impl BlockPath {
                     ready.push(slot as u16);
                 }
             });
+            if let Some(cell) = completed.get(namespace) {
+                cell.add(reaped);
+            }
         }
     }
 }

@@ -12,6 +12,7 @@ use netdam_isa::limits::{
     MAX_SESSION_IDLE_TIMEOUT, MAX_WORKERS, MIN_DATAGRAM_BYTES, MIN_SESSIONS_PER_WORKER, MIN_SESSION_IDLE_TIMEOUT,
 };
 use netdam_isa::Duration;
+use netdam_metrics::MetricsListen;
 use serde::{Deserialize, Serialize};
 
 use crate::dispatch::DispatchSettings;
@@ -20,6 +21,10 @@ use crate::sessions::SessionLimits;
 /// Address the target listens on when nothing else is said: loopback only, because v1 has no
 /// authentication yet.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7800";
+/// Address `/metrics` is served on when nothing else is said: loopback, because it tells anyone
+/// who can reach it what the target serves and how busy it is. 9464 is clear of the target's
+/// UDP port (7800) and of NBD's (10809); `netdam nbd` serves none unless asked.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 /// Size of the embedded default region.
 pub const DEFAULT_REGION_BYTES: u64 = 64 << 20;
 /// Name of the embedded default region.
@@ -214,6 +219,9 @@ pub struct Config {
     /// UDP address the workers share.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// TCP address of the `/metrics` endpoint (Prometheus text or OpenMetrics), or `"off"`.
+    #[serde(default = "default_metrics_listen", with = "metrics_listen_text")]
+    pub metrics_listen: MetricsListen,
     /// Where region files live; default: `$XDG_DATA_HOME/netdam` or `~/.local/share/netdam`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
@@ -263,6 +271,25 @@ pub struct Config {
 fn default_listen() -> SocketAddr {
     DEFAULT_LISTEN.parse().expect("the default listen address is valid")
 }
+fn default_metrics_listen() -> MetricsListen {
+    DEFAULT_METRICS_LISTEN.parse().expect("the default metrics address is valid")
+}
+
+/// `metrics_listen` in the TOML file: `"off"` or an address with a port.
+mod metrics_listen_text {
+    use netdam_metrics::MetricsListen;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &MetricsListen, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(value)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<MetricsListen, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(|message| serde::de::Error::custom(format!("metrics_listen: {message}")))
+    }
+}
+
 fn default_workers() -> usize {
     1
 }
@@ -300,6 +327,7 @@ impl Default for Config {
     fn default() -> Config {
         Config {
             listen: default_listen(),
+            metrics_listen: default_metrics_listen(),
             data_dir: None,
             workers: default_workers(),
             poll: default_poll(),
@@ -426,6 +454,7 @@ impl Config {
                 per_address: self.max_sessions_per_address,
                 idle_timeout: Duration::from_millis(self.session_idle_timeout_ms),
             },
+            metrics: self.metrics_listen != MetricsListen::Off,
         }
     }
 
@@ -457,6 +486,7 @@ mod tests {
         assert_eq!(config.workers, 1);
         assert_eq!(config.poll, PollMode::Busy);
         assert_eq!(config.regions[0].size, ByteSize(2 << 20));
+        assert_eq!(config.metrics_listen.to_string(), DEFAULT_METRICS_LISTEN);
         config.validate().unwrap();
         let back: Config = toml::from_str(&config.to_toml()).unwrap();
         assert_eq!(back, config);
@@ -484,6 +514,20 @@ mod tests {
             RegionConfig { name: "f".into(), backend: RegionBackend::File, path: None, size: ByteSize(4096) };
         let config = Config { regions: vec![pathless], ..Config::default() };
         assert!(config.validate().unwrap_err().to_string().contains("needs a path"));
+    }
+
+    #[test]
+    fn metrics_listen_is_an_address_or_off() {
+        let off: Config = toml::from_str("metrics_listen = \"off\"").unwrap();
+        assert_eq!(off.metrics_listen, MetricsListen::Off);
+        assert!(!off.dispatch_settings().metrics);
+        let on: Config = toml::from_str("metrics_listen = \"[::1]:9500\"").unwrap();
+        assert_eq!(on.metrics_listen, MetricsListen::On("[::1]:9500".parse().unwrap()));
+        assert!(on.dispatch_settings().metrics);
+        let back: Config = toml::from_str(&on.to_toml()).unwrap();
+        assert_eq!(back.metrics_listen, on.metrics_listen);
+        let bad = toml::from_str::<Config>("metrics_listen = \"9464\"").unwrap_err().to_string();
+        assert!(bad.contains("metrics_listen") && bad.contains("\"off\""), "{bad}");
     }
 
     #[test]

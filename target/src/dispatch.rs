@@ -48,6 +48,9 @@ pub struct DispatchSettings {
     pub busy_threshold: Duration,
     /// Session table size, share per address and idle timeout.
     pub sessions: SessionLimits,
+    /// Record the per-opcode counters and latency histograms `/metrics` serves (the STAT
+    /// counters are always kept).
+    pub metrics: bool,
 }
 
 impl Default for DispatchSettings {
@@ -60,6 +63,7 @@ impl Default for DispatchSettings {
                 per_address: DEFAULT_SESSIONS_PER_ADDRESS,
                 idle_timeout: DEFAULT_SESSION_IDLE_TIMEOUT,
             },
+            metrics: true,
         }
     }
 }
@@ -147,6 +151,11 @@ pub struct Dispatcher<E> {
     refusals: RefusalLog,
     /// Group commit is on for the receive pass under way (see [`Dispatcher::set_group_commit`]).
     group_commit: bool,
+    /// Opcode of the first instruction of the datagram last handled: the datagram's label in the
+    /// latency histograms.
+    current_opcode: u8,
+    /// Whether the per-opcode metrics are recorded.
+    metrics: bool,
 }
 
 impl<E: Engine> Dispatcher<E> {
@@ -156,6 +165,7 @@ impl<E: Engine> Dispatcher<E> {
         assert!(worker < shared.stats.len(), "worker index beyond the stats table");
         let sessions = SessionTable::new(worker, shared.epoch, shared.settings.sessions);
         let block = BlockPath::new(devices, shared.settings.max_datagram_bytes);
+        let metrics = shared.settings.metrics;
         Dispatcher {
             engine,
             shared,
@@ -166,6 +176,8 @@ impl<E: Engine> Dispatcher<E> {
             last_cookie: Instant::ZERO,
             refusals: RefusalLog::default(),
             group_commit: false,
+            current_opcode: 0,
+            metrics,
         }
     }
 
@@ -214,6 +226,10 @@ impl<E: Engine> Dispatcher<E> {
         };
         let header = request.header;
         let queueing_us = queueing_field(queueing);
+        self.current_opcode = request.instructions().next().map_or(0, |instruction| instruction.opcode);
+        if self.metrics {
+            self.stats().opcode(self.current_opcode).queueing.record_ns(queueing.as_nanos());
+        }
         if queueing > self.shared.settings.busy_threshold {
             // Overloaded: the queue is the problem, so do not add to it. The initiator waits about
             // as long as this request waited, then retries; nothing was executed.
@@ -298,6 +314,12 @@ impl<E: Engine> Dispatcher<E> {
             }
         };
         self.stats().count_status(status);
+        if self.metrics {
+            let record = self.stats().opcode(instruction.opcode);
+            record.instructions.add(1);
+            record.bytes_received.add(instruction.operand.len() as u64);
+            record.bytes_sent.add(data_len as u64);
+        }
         response.commit(instruction.opcode, status, data_len);
     }
 
@@ -338,6 +360,7 @@ impl<E: Engine> Dispatcher<E> {
         pending.reply_to = Some(from);
         pending.queueing = queueing;
         pending.started = now;
+        pending.opcode = self.current_opcode;
         // A deferred datagram's answer leaves on its own, after block I/O: its memory writes
         // are persisted at once, not with the pass's group commit.
         self.engine.set_group_commit(false);
@@ -386,7 +409,7 @@ impl<E: Engine> Dispatcher<E> {
         if self.block.pending() == 0 {
             return 0;
         }
-        self.block.reap();
+        self.block.reap(&self.shared.stats[self.worker].block_completed);
         while let Some(slot) = self.block.ready.pop() {
             let mut pending = std::mem::take(&mut self.block.slots[usize::from(slot)]);
             self.write_run_results(&mut pending);
@@ -405,6 +428,7 @@ impl<E: Engine> Dispatcher<E> {
             let reply_to = pending.reply_to.expect("defer recorded where the answer goes");
             let len = response.finish(reply_to.ttl, service_time_ns, depth);
             self.stats().add(Counter::InstructionsExecuted, u64::from(count));
+            self.observe_service(pending.opcode, held);
             if let Some((ticket, store)) = pending.record.take() {
                 self.sessions.record(ticket, store.then_some(&pending.response[..len]));
             }
@@ -505,6 +529,29 @@ impl<E: Engine> Dispatcher<E> {
     fn count_run(&self, run: &[RunEntry]) {
         for entry in run {
             self.stats().count_status(entry.status);
+            if self.metrics {
+                let record = self.stats().opcode(entry.opcode);
+                record.instructions.add(1);
+                record.bytes_received.add(entry.request_bytes as u64);
+                if entry.status == Status::Ok {
+                    record.bytes_sent.add(entry.data_len as u64);
+                }
+            }
+        }
+    }
+
+    /// Opcode of the first instruction of the datagram [`Dispatcher::handle`] last parsed: the
+    /// label its service time is recorded under.
+    pub fn current_opcode(&self) -> u8 {
+        self.current_opcode
+    }
+
+    /// Records the service time of an executed datagram labelled `opcode` (its first
+    /// instruction's): from its arrival in the socket queue until its answer is handed over.
+    #[inline]
+    pub fn observe_service(&self, opcode: u8, service: Duration) {
+        if self.metrics {
+            self.stats().opcode(opcode).service.record_ns(service.as_nanos());
         }
     }
 
@@ -512,7 +559,12 @@ impl<E: Engine> Dispatcher<E> {
     /// already answered.
     fn submit_block(&mut self, slot: u16, index: usize, instruction: &Instruction<'_>, room: usize) -> RunEntry {
         let namespace = instruction.space;
-        let mut entry = RunEntry { opcode: instruction.opcode, namespace, ..RunEntry::default() };
+        let mut entry = RunEntry {
+            opcode: instruction.opcode,
+            namespace,
+            request_bytes: instruction.operand.len(),
+            ..RunEntry::default()
+        };
         let Some(shape) = self.block.shapes.get(usize::from(namespace)) else {
             entry.status = Status::NoSuchSpace;
             return entry;
@@ -560,6 +612,7 @@ impl<E: Engine> Dispatcher<E> {
         match device.submit(block::tag(slot, index), request) {
             Ok(()) => {
                 self.count(Counter::BlockRequestsSubmitted);
+                self.stats().block_submitted[namespace].add(1);
                 entry.in_flight = true;
                 entry.buffer = buffer.map(|buffer| buffer.0);
             }

@@ -7,7 +7,8 @@
 //! - [`engine`]: the software execution engine.
 //! - [`regions`]: the table of memory regions.
 //! - [`socket`]: the shared-port socket and batched receive.
-//! - [`stats`]: per-worker counters.
+//! - [`stats`]: per-worker counters and histograms.
+//! - [`metrics`]: the `/metrics` collector that sums them when scraped.
 //! - [`block`]: one worker's block path (devices, buffers, datagrams waiting for I/O).
 //! - [`namespaces`]: the block namespaces served.
 //! - [`metadata`]: the redb store of regions and namespaces created by admin commands.
@@ -20,6 +21,7 @@ pub mod cookies;
 pub mod dispatch;
 pub mod engine;
 pub mod metadata;
+pub mod metrics;
 pub mod namespaces;
 pub mod regions;
 pub mod server;

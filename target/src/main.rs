@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Args, Parser, Subcommand};
+use netdam_metrics::{LogFormat, MetricsListen};
 use netdam_pmem::{Backing, Durability, Region};
 use netdam_target::config::{
     validate_spaces, ByteSize, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig, DEFAULT_BLOCK_BYTES,
@@ -24,6 +25,10 @@ use netdam_target::{Config, PollMode, Target};
 #[derive(Debug, Parser)]
 #[command(name = "netdam-target", version, propagate_version = true)]
 struct Cli {
+    /// Log lines as text or as JSON objects (filter with NETDAM_LOG or RUST_LOG, e.g. "info" or
+    /// "netdam_target=debug").
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
@@ -128,7 +133,7 @@ fn parse_size(text: &str) -> Result<ByteSize, String> {
 /// Settings: a TOML file, then flags that override it.
 #[derive(Debug, Args, Default, Clone)]
 struct SettingsArgs {
-    /// TOML file with settings (listen, data_dir, workers, poll, adaptive_spin_us, pin_workers,
+    /// TOML file with settings (listen, metrics_listen, data_dir, workers, poll, adaptive_spin_us, pin_workers,
     /// lock_memory, max_datagram_bytes, busy_threshold_us, sessions_per_worker,
     /// max_sessions_per_address, session_idle_timeout_ms, [[region]] tables with name, backend =
     /// mem|file|dax, path, size, and [[namespace]] tables with name, backend =
@@ -138,6 +143,9 @@ struct SettingsArgs {
     /// UDP address to serve on [default: 127.0.0.1:7800].
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// TCP address of the Prometheus /metrics endpoint, or "off" [default: 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR|off")]
+    metrics_listen: Option<MetricsListen>,
     /// Directory for region files [default: $XDG_DATA_HOME/netdam or ~/.local/share/netdam].
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -155,6 +163,7 @@ impl SettingsArgs {
         SettingsArgs {
             config: self.config.or(base.config),
             listen: self.listen.or(base.listen),
+            metrics_listen: self.metrics_listen.or(base.metrics_listen),
             data_dir: self.data_dir.or(base.data_dir),
             workers: self.workers.or(base.workers),
             poll: self.poll.or(base.poll),
@@ -168,6 +177,9 @@ impl SettingsArgs {
         };
         if let Some(listen) = self.listen {
             config.listen = listen;
+        }
+        if let Some(metrics_listen) = self.metrics_listen {
+            config.metrics_listen = metrics_listen;
         }
         if let Some(dir) = &self.data_dir {
             config.data_dir = Some(dir.clone());
@@ -190,11 +202,8 @@ extern "C" fn request_stop(_signal: libc::c_int) {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NETDAM_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
     let cli = Cli::parse();
+    netdam_metrics::logging::init(cli.log_format);
     let (serve, settings) = match cli.command {
         None => (true, cli.settings),
         Some(Command::Serve(args)) => (true, args.merged_over(cli.settings)),
@@ -220,6 +229,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    log_start(&target, &config);
     print_banner(&target, &config);
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
@@ -382,6 +392,33 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
     Ok(())
 }
 
+/// The one log line at start: the settings in force and where the metrics are.
+fn log_start(target: &Target, config: &Config) {
+    let metrics = match target.metrics_addr() {
+        Some(addr) => format!("http://{addr}/metrics"),
+        None => "off".to_string(),
+    };
+    tracing::info!(
+        listen = %target.local_addr(),
+        metrics = %metrics,
+        workers = config.workers,
+        poll = %format!("{:?}", config.poll).to_lowercase(),
+        adaptive_spin_us = config.adaptive_spin_us,
+        pin_workers = config.pin_workers,
+        lock_memory = config.lock_memory,
+        max_datagram_bytes = config.max_datagram_bytes,
+        busy_threshold_us = config.busy_threshold_us,
+        sessions_per_worker = config.sessions_per_worker,
+        max_sessions_per_address = config.max_sessions_per_address,
+        session_idle_timeout_ms = config.session_idle_timeout_ms,
+        engine = target.engine_name(),
+        regions = target.regions().iter().len(),
+        namespaces = target.namespaces().iter().len(),
+        version = env!("CARGO_PKG_VERSION"),
+        "netdam-target started"
+    );
+}
+
 fn print_banner(target: &Target, config: &Config) {
     let addr = target.local_addr();
     let poll = format!("{:?}", config.poll).to_lowercase();
@@ -413,6 +450,9 @@ fn print_banner(target: &Target, config: &Config) {
             namespace.block_bytes(),
             namespace.backing()
         );
+    }
+    if let Some(metrics) = target.metrics_addr() {
+        println!("  metrics: http://{metrics}/metrics  (netdam top --metrics http://{metrics}/metrics)");
     }
     println!("Reach it with:  netdam --target {addr} stat");
     println!("Stop with Ctrl-C.");

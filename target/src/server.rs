@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use netdam_isa::engine::Engine;
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::Duration;
+use netdam_metrics::MetricsServer;
 use netdam_pmem::RegionError;
 
 use crate::config::{validate_spaces, Config, ConfigError};
@@ -17,6 +18,7 @@ use crate::cookies::CookieJar;
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
 use crate::metadata::{MetadataError, MetadataStore};
+use crate::metrics::{BuildInfo, TargetCollector};
 use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
 use crate::regions::RegionTable;
 use crate::socket;
@@ -47,6 +49,9 @@ pub enum StartError {
     /// A worker thread could not be started.
     #[error("cannot start worker thread: {0}")]
     Thread(io::Error),
+    /// The metrics endpoint could not listen.
+    #[error("cannot serve /metrics on {addr} (metrics_listen, --metrics-listen): {source}{hint}")]
+    Metrics { addr: SocketAddr, source: io::Error, hint: &'static str },
     /// The secret for HELLO cookies could not be drawn.
     #[error("cannot draw the HELLO cookie secret: {0}")]
     Random(io::Error),
@@ -62,6 +67,7 @@ pub struct Target {
     shutdown: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     engine_name: &'static str,
+    metrics: Option<MetricsServer>,
 }
 
 impl Target {
@@ -134,7 +140,25 @@ impl Target {
             shutdown: shutdown.clone(),
             threads: Vec::new(),
             engine_name,
+            metrics: None,
         };
+        if let Some(addr) = config.metrics_listen.addr() {
+            let build = BuildInfo {
+                version: env!("CARGO_PKG_VERSION"),
+                engine: engine_name,
+                poll_mode: format!("{:?}", config.poll).to_lowercase(),
+            };
+            let registry = TargetCollector::new(shared.clone(), build).registry();
+            let server = MetricsServer::start(addr, registry, "netdam-metrics").map_err(|source| {
+                let hint = if source.kind() == io::ErrorKind::AddrInUse {
+                    " (another target or exporter holds it: pass another --metrics-listen address, or \"off\")"
+                } else {
+                    ""
+                };
+                StartError::Metrics { addr, source, hint }
+            })?;
+            target.metrics = Some(server);
+        }
         let cpus = if config.pin_workers { worker::allowed_cpus() } else { Vec::new() };
         for ((index, fd), devices) in sockets.into_iter().enumerate().zip(devices) {
             let cpu = (!cpus.is_empty()).then(|| cpus[cpus.len() - 1 - index % cpus.len()]);
@@ -176,6 +200,11 @@ impl Target {
     /// Which engine executes instructions.
     pub fn engine_name(&self) -> &'static str {
         self.engine_name
+    }
+
+    /// The address `/metrics` is served on, when it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::local_addr)
     }
 
     /// Every worker's counters, summed.

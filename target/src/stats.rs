@@ -1,9 +1,17 @@
-//! Per-worker counters: plain atomics each worker bumps without contention, summed on demand for
-//! STAT (and, later, metrics).
+//! Per-worker counters and histograms: plain atomics that only their worker writes, summed on
+//! demand for STAT and for `/metrics` (see [`crate::metrics`]).
+//!
+//! Each worker's [`WorkerStats`] is written by that worker's thread alone, so a count is a
+//! relaxed load and a relaxed store (no locked instruction), and each worker's block starts on
+//! its own cache lines, so no line is written by two threads. Readers sum the workers whenever
+//! they like and see recent values, never torn ones.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use netdam_isa::limits::MAX_NAMESPACES;
 use netdam_isa::Status;
+pub use netdam_metrics::opcodes::{opcode_slot, opcode_slot_name, OPCODE_SLOTS, OTHER_OPCODE_SLOT};
+use netdam_metrics::{Cell, HistogramShard};
 
 macro_rules! counters {
     ($($variant:ident => $name:literal: $doc:literal,)*) => {
@@ -64,12 +72,33 @@ counters! {
     ReceiveErrors => "receive_errors": "Receive calls that failed other than for lack of data.",
 }
 
+/// What a worker records per opcode for `/metrics`.
+#[derive(Debug, Default)]
+pub struct OpcodeStats {
+    /// Instructions answered, whatever their status.
+    pub instructions: Cell,
+    /// Operand bytes received (write data, atomics' operands, VADD lanes).
+    pub bytes_received: Cell,
+    /// Data bytes answered (read data, old values, CRCs).
+    pub bytes_sent: Cell,
+    /// Service time of answered datagrams whose first instruction has this opcode.
+    pub service: HistogramShard,
+    /// Queueing delay of parsed requests whose first instruction has this opcode.
+    pub queueing: HistogramShard,
+}
+
 /// Counters of one worker, on their own cache lines so workers never share one.
 #[derive(Debug)]
 #[repr(align(128))]
 pub struct WorkerStats {
     counters: [AtomicU64; Counter::ALL.len()],
     by_status: [AtomicU64; Status::ALL.len()],
+    /// Per opcode slot (see [`opcode_slot`]).
+    pub opcodes: [OpcodeStats; OPCODE_SLOTS],
+    /// Block requests submitted, by namespace id.
+    pub block_submitted: [Cell; MAX_NAMESPACES],
+    /// Block requests completed, by namespace id.
+    pub block_completed: [Cell; MAX_NAMESPACES],
 }
 
 impl Default for WorkerStats {
@@ -77,19 +106,34 @@ impl Default for WorkerStats {
         WorkerStats {
             counters: std::array::from_fn(|_| AtomicU64::new(0)),
             by_status: std::array::from_fn(|_| AtomicU64::new(0)),
+            opcodes: std::array::from_fn(|_| OpcodeStats::default()),
+            block_submitted: std::array::from_fn(|_| Cell::new()),
+            block_completed: std::array::from_fn(|_| Cell::new()),
         }
     }
 }
 
+/// Adds to a counter only its worker writes: a load and a store, no locked instruction.
+#[inline]
+fn bump(cell: &AtomicU64, count: u64) {
+    cell.store(cell.load(Ordering::Relaxed).wrapping_add(count), Ordering::Relaxed);
+}
+
 impl WorkerStats {
-    /// Adds `count` to `counter`.
+    /// Adds `count` to `counter`. Only this worker's thread may call it.
     pub fn add(&self, counter: Counter, count: u64) {
-        self.counters[counter as usize].fetch_add(count, Ordering::Relaxed);
+        bump(&self.counters[counter as usize], count);
     }
 
-    /// Counts one instruction answered with `status`.
+    /// Counts one instruction answered with `status`. Only this worker's thread may call it.
     pub fn count_status(&self, status: Status) {
-        self.by_status[status as usize].fetch_add(1, Ordering::Relaxed);
+        bump(&self.by_status[status as usize], 1);
+    }
+
+    /// The per-opcode record of an opcode byte.
+    #[inline]
+    pub fn opcode(&self, opcode: u8) -> &OpcodeStats {
+        &self.opcodes[opcode_slot(opcode)]
     }
 
     /// Current value of `counter`.
@@ -141,3 +185,14 @@ const _: () = assert!(
     Counter::ALL.len() + Status::ALL.len() + crate::dispatch::TARGET_STAT_ENTRIES
         <= netdam_isa::limits::MAX_STAT_ENTRIES
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_sit_on_their_own_cache_lines() {
+        assert_eq!(std::mem::align_of::<WorkerStats>(), 128);
+        assert_eq!(std::mem::size_of::<WorkerStats>() % 128, 0);
+    }
+}

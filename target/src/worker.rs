@@ -123,7 +123,12 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                     // Datagrams of this batch still waiting behind this one: the worker's queue.
                     let queue_depth = (count - 1 - index) as u16;
                     let len = response.finish(received.ttl, service_time_ns, queue_depth);
-                    (len, record, peek_datagram_status(&out[..len]) == Some(Status::Ok as u8))
+                    let executed = peek_datagram_status(&out[..len]) == Some(Status::Ok as u8);
+                    // A held answer's service time is recorded when it leaves, persist included.
+                    if executed && !dispatcher.persist_is_pending() {
+                        dispatcher.observe_service(dispatcher.current_opcode(), held_for);
+                    }
+                    (len, record, executed)
                 }
             };
             if executed && dispatcher.persist_is_pending() {
@@ -133,7 +138,8 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 // Its service time is restamped when it leaves: the persist is part of it, and
                 // an initiator that saw it as network delay would shrink its fabric window.
                 let service_from = Instant::from_nanos(started.as_nanos().saturating_sub(queueing.as_nanos()));
-                held.push(Held { index, len, service_from, record }, &out[..len]);
+                let opcode = dispatcher.current_opcode();
+                held.push(Held { index, len, service_from, record, opcode }, &out[..len]);
                 dispatcher.count(Counter::AnswersHeld);
                 continue;
             }
@@ -151,7 +157,9 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             }
             let now = clock.now();
             for (entry, answer) in held.drain() {
-                let service_ns = u32::try_from(now.saturating_since(entry.service_from).as_nanos()).unwrap_or(u32::MAX);
+                let service = now.saturating_since(entry.service_from);
+                dispatcher.observe_service(entry.opcode, service);
+                let service_ns = u32::try_from(service.as_nanos()).unwrap_or(u32::MAX);
                 // The writes may not be durable: then nothing held may say it succeeded.
                 restamp_response(answer, service_ns, persisted.err().map(|_| Status::IoError));
                 if let Some((ticket, store_answer)) = entry.record {
@@ -184,6 +192,8 @@ struct Held {
     /// When its service time began (its arrival in the kernel's queue).
     service_from: Instant,
     record: Option<(RecordTicket, bool)>,
+    /// Its datagram's label in the service-time histogram.
+    opcode: u8,
 }
 
 /// Answers of one receive pass held for its group commit, in a buffer allocated once.
@@ -197,7 +207,7 @@ struct HeldAnswers {
 
 impl HeldAnswers {
     fn new(slot_bytes: usize) -> HeldAnswers {
-        let empty = Held { index: 0, len: 0, service_from: Instant::ZERO, record: None };
+        let empty = Held { index: 0, len: 0, service_from: Instant::ZERO, record: None, opcode: 0 };
         HeldAnswers {
             buffer: vec![0u8; slot_bytes * RECEIVE_BATCH],
             slot_bytes,

@@ -27,6 +27,8 @@ fn start(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>) -> TestTarget 
     let dir = tempfile::tempdir().expect("temp dir");
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
+        // Metrics on, on any free port: tests and benchmarks run many targets at once.
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: Some(dir.path().to_path_buf()),
         poll: PollMode::Blocking,
         regions: vec![common::region("mem", 1 << 20, false)],
@@ -113,6 +115,8 @@ fn verify_data_through_the_client(backend: NamespaceBackend, path: &str) {
     target.stop();
     let config = Config {
         listen: addr,
+        // Metrics on, on any free port: tests and benchmarks run many targets at once.
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: Some(dir.path().to_path_buf()),
         poll: PollMode::Blocking,
         namespaces: vec![namespace(backend, path, BLOCKS * u64::from(BLOCK))],

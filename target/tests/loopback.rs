@@ -191,6 +191,8 @@ fn a_missing_target_is_reported_as_such() {
 fn start_at(addr: std::net::SocketAddr) -> netdam_target::Target {
     let config = netdam_target::Config {
         listen: addr,
+        // Metrics on, on any free port: tests and benchmarks run many targets at once.
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: Some(std::env::temp_dir()),
         poll: netdam_target::PollMode::Blocking,
         regions: vec![region("mem", 65536, false)],

@@ -51,6 +51,8 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         block_size: 4096,
     };
     let test = common::start_with_namespaces(vec![common::region("mem", 1 << 20, false)], vec![namespace], 1, 9000);
+    // Recording the per-opcode counters and histograms is part of the path measured here.
+    assert!(test.target.metrics_addr().is_some(), "metrics are on in the test settings");
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.connect(test.target.local_addr()).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

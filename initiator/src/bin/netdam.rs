@@ -4,15 +4,19 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use netdam_initiator::nbd::{serve, ExportOptions, Listen, NbdListener};
+use netdam_initiator::metrics::{InitiatorMetrics, ObservedBackend};
+use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
+use netdam_initiator::top::{Snapshot, View};
 use netdam_initiator::{Client, ClientError, ClientOptions, Volume, VolumeOptions};
 use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
+use netdam_metrics::{LogFormat, MetricsListen, MetricsServer};
 use serde_json::json;
 
 /// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
@@ -188,6 +192,29 @@ enum Command {
         /// help only where many connections have cores to spare.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
         io_threads: u16,
+        /// TCP address to serve Prometheus /metrics on (end-to-end latency per opcode, errors,
+        /// retransmissions, windows, NBD connections), or "off". Off by default: several
+        /// exports often share a host, and the target's default is 127.0.0.1:9464.
+        #[arg(long, value_name = "ADDR|off", default_value = "off")]
+        metrics_listen: MetricsListen,
+        /// Log lines as text or as JSON objects (filter with NETDAM_LOG or RUST_LOG).
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
+    /// A live view of a target from its /metrics endpoint, refreshed every interval: requests
+    /// per second and p50/p99/p99.9 latency per opcode over the last interval, errors, drops,
+    /// BUSY answers, sessions and block I/O in flight (and per-session windows when pointed at
+    /// a `netdam nbd --metrics-listen` endpoint). With --once --json, one JSON snapshot.
+    Top {
+        /// The /metrics URL to read.
+        #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9464/metrics")]
+        metrics: String,
+        /// Seconds between refreshes (and the interval the rates and quantiles cover).
+        #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
+        interval: f64,
+        /// Print one view (over one interval) and exit.
+        #[arg(long)]
+        once: bool,
     },
     /// Copy LEN bytes from SOURCE_REGION at SOURCE_OFFSET to REGION at OFFSET, within the target.
     Memcpy {
@@ -207,6 +234,13 @@ enum Lane {
     F32,
     I32,
     Bf16,
+}
+
+fn parse_interval(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if (0.05..=3600.0).contains(&seconds) => Ok(seconds),
+        _ => Err(format!("{text:?}: give seconds between 0.05 and 3600")),
+    }
 }
 
 fn parse_word(text: &str) -> Result<u64, String> {
@@ -247,14 +281,29 @@ fn region_id(client: &Client, name: &str) -> Result<u16, String> {
 
 fn run(cli: &Cli) -> Result<(), String> {
     let text = |error: ClientError| error.to_string();
-    if let Command::Nbd { namespace, listen, export, read_only, sessions, max_connections, io_threads } = &cli.command {
+    if let Command::Nbd {
+        namespace,
+        listen,
+        export,
+        read_only,
+        sessions,
+        max_connections,
+        io_threads,
+        metrics_listen,
+        log_format,
+    } = &cli.command
+    {
         let options = ExportOptions {
             name: export.clone().unwrap_or_else(|| namespace.clone()),
             read_only: *read_only,
             max_connections: *max_connections,
             ..ExportOptions::default()
         };
-        return serve_nbd(cli.target, namespace, listen, options, *sessions, usize::from(*io_threads));
+        let observe = Observe { metrics_listen: *metrics_listen, log_format: *log_format };
+        return serve_nbd(cli.target, namespace, listen, options, *sessions, usize::from(*io_threads), observe);
+    }
+    if let Command::Top { metrics, interval, once } = &cli.command {
+        return top(metrics, std::time::Duration::from_secs_f64(*interval), *once, cli.json);
     }
     // PING and STAT need no session: they work even when the target has no slot to spare.
     // Every other command opens one, and closes it when the client is dropped on the way out.
@@ -526,8 +575,52 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Nbd { .. } => unreachable!("served above, without a blocking client"),
+        Command::Top { .. } => unreachable!("shown above, without a client"),
     }
     Ok(())
+}
+
+/// One scrape of `url`.
+fn scrape(url: &str) -> Result<Snapshot, String> {
+    let (code, _, body) = netdam_metrics::http::get(url, None, std::time::Duration::from_secs(5)).map_err(|error| {
+        format!("cannot read {url}: {error} (is the target running with metrics on? see --metrics)")
+    })?;
+    if code != 200 {
+        return Err(format!("{url} answered HTTP {code}"));
+    }
+    Snapshot::parse(&body).map_err(|error| format!("{url}: {error}"))
+}
+
+/// `netdam top`: scrapes every interval and shows what changed since the last scrape.
+fn top(url: &str, interval: std::time::Duration, once: bool, json_out: bool) -> Result<(), String> {
+    let mut earlier = scrape(url)?;
+    let mut taken = Instant::now();
+    loop {
+        std::thread::sleep(interval.saturating_sub(taken.elapsed()));
+        let later = scrape(url)?;
+        let now = Instant::now();
+        let view = View::between(&earlier, &later, now - taken);
+        if json_out {
+            println!("{}", view.to_json(url));
+        } else {
+            // Clear the screen and draw from its top, like top(1).
+            let clear = if once { "" } else { "\x1b[2J\x1b[H" };
+            print!("{clear}{}", view.to_text(url));
+        }
+        let _ = std::io::stdout().flush();
+        if once {
+            return Ok(());
+        }
+        earlier = later;
+        taken = now;
+    }
+}
+
+/// Where `netdam nbd` reports: metrics and logs.
+#[derive(Debug, Clone, Copy)]
+struct Observe {
+    metrics_listen: MetricsListen,
+    log_format: LogFormat,
 }
 
 /// `netdam nbd`: opens the volume, listens, serves until SIGINT or SIGTERM, drains.
@@ -538,6 +631,7 @@ fn serve_nbd(
     options: ExportOptions,
     sessions: usize,
     io_threads: usize,
+    observe: Observe,
 ) -> Result<(), String> {
     // A server must outlive clients that hang up: a write to a closed connection is an error
     // for that connection (EPIPE), not a signal that ends the process (main restored SIGPIPE's
@@ -546,10 +640,17 @@ fn serve_nbd(
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("NETDAM_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
+    netdam_metrics::logging::init(observe.log_format);
+    let metrics = Arc::new(InitiatorMetrics::default());
+    // Bound before the volume opens, so a taken port is reported before anything else.
+    let metrics_server = match observe.metrics_listen.addr() {
+        Some(addr) => Some(
+            MetricsServer::start(addr, InitiatorMetrics::registry(metrics.clone()), "netdam-metrics")
+                .map_err(|error| format!("cannot serve /metrics on {addr} (--metrics-listen): {error}"))?,
+        ),
+        None => None,
+    };
+    let metrics_url = metrics_server.as_ref().map_or("off".to_string(), MetricsServer::url);
     let mut builder = match io_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         threads => {
@@ -561,10 +662,22 @@ fn serve_nbd(
     let runtime = builder.enable_all().build().map_err(|error| format!("cannot start the I/O runtime: {error}"))?;
     runtime.block_on(async {
         let volume_options = VolumeOptions { sessions, client: ClientOptions::default() };
-        let volume = Volume::open(target, namespace, volume_options).await.map_err(|error| error.to_string())?;
+        let observed = metrics_server.is_some().then_some(&*metrics);
+        let volume = Volume::open_observed(target, namespace, volume_options, observed)
+            .await
+            .map_err(|error| error.to_string())?;
         let listener = NbdListener::bind(listen).map_err(|error| format!("cannot listen on {listen}: {error}"))?;
         let endpoint = listener.endpoint().unwrap_or_else(|| listen.clone());
         tracing::info!(
+            target = %target,
+            namespace = %volume.namespace().name,
+            export = %options.name,
+            listen = %endpoint,
+            metrics = %metrics_url,
+            sessions = volume.session_count(),
+            io_threads,
+            read_only = options.read_only,
+            max_connections = options.max_connections,
             "exporting namespace {:?} of {target} ({} bytes in {}-byte blocks, {} session(s)) as {:?} on {endpoint}{}",
             volume.namespace().name,
             volume.size_bytes(),
@@ -586,10 +699,13 @@ fn serve_nbd(
             }
             tracing::info!("stopping: finishing the requests in flight");
         };
-        let volume = std::sync::Arc::new(volume);
-        let report = serve(listener, volume.clone(), options, shutdown).await.map_err(|error| error.to_string())?;
+        let volume = Arc::new(volume);
+        let backend = Arc::new(ObservedBackend::new(volume.clone(), metrics.clone()));
+        let report = serve_counting(listener, backend, options, shutdown, &metrics.nbd.connections)
+            .await
+            .map_err(|error| error.to_string())?;
         // The export is done with it: close the sessions before the runtime goes.
-        if let Ok(volume) = std::sync::Arc::try_unwrap(volume) {
+        if let Ok(volume) = Arc::try_unwrap(volume) {
             volume.close().await;
         }
         tracing::info!(

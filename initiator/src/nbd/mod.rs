@@ -50,4 +50,4 @@ pub mod transmission;
 
 pub use backend::{BackendError, NbdBackend};
 pub use listen::{Listen, NbdListener, ParseListenError};
-pub use server::{serve, ExportOptions, ServeReport};
+pub use server::{serve, serve_counting, ExportOptions, ServeReport};

@@ -134,6 +134,18 @@ pub async fn serve<B: NbdBackend>(
     options: ExportOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<ServeReport> {
+    serve_counting(listener, backend, options, shutdown, &AtomicU64::new(0)).await
+}
+
+/// As [`serve`], keeping the number of client connections open in `open_connections` (a gauge
+/// for `/metrics`).
+pub async fn serve_counting<B: NbdBackend>(
+    listener: NbdListener,
+    backend: Arc<B>,
+    options: ExportOptions,
+    shutdown: impl Future<Output = ()> + Send,
+    open_connections: &AtomicU64,
+) -> io::Result<ServeReport> {
     let shared = Arc::new(Shared::new(backend, &options)?);
     let NbdListener { socket, unix_file } = listener;
     let acceptor = Acceptor::new(socket)?;
@@ -174,6 +186,7 @@ pub async fn serve<B: NbdBackend>(
                 }
             },
         }
+        open_connections.store(connections.len() as u64, Ordering::Relaxed);
     }
 
     // Refuse new clients at once, and tell the connections.
@@ -195,6 +208,7 @@ pub async fn serve<B: NbdBackend>(
         ));
         connections.shutdown().await;
     }
+    open_connections.store(0, Ordering::Relaxed);
     report.transmissions = shared.transmissions.load(Ordering::Relaxed);
     report.requests = shared.requests.load(Ordering::Relaxed);
     report.request_errors = shared.request_errors.load(Ordering::Relaxed);

@@ -48,6 +48,8 @@ pub fn start_configured(regions: Vec<RegionConfig>, adjust: impl FnOnce(&mut Con
     let dir = tempfile::tempdir().expect("temp dir");
     let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
+        // Metrics on, on any free port: tests and benchmarks run many targets at once.
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: Some(dir.path().to_path_buf()),
         workers: 1,
         poll: PollMode::Blocking,

@@ -1,0 +1,185 @@
+//! `/metrics` of a live target: requests over loopback, then a scrape over HTTP whose text is
+//! parsed and whose values are checked against what was sent.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use netdam_initiator::Client;
+use netdam_metrics::http::{get, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE};
+use netdam_metrics::BUCKETS;
+
+/// Samples of a text exposition: `name{labels}` as written, and the value.
+fn parse(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("a sample has a value");
+            (series.to_string(), value.parse().unwrap_or_else(|_| panic!("value of {line:?}")))
+        })
+        .collect()
+}
+
+fn value(samples: &HashMap<String, f64>, series: &str) -> f64 {
+    *samples.get(series).unwrap_or_else(|| panic!("no sample {series}"))
+}
+
+/// The cumulative bucket counts of one histogram series, in the order of their bounds.
+fn buckets(text: &str, family: &str, opcode: &str) -> Vec<(String, u64)> {
+    let prefix = format!("{family}_bucket{{opcode=\"{opcode}\",le=\"");
+    text.lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .map(|rest| {
+            let (bound, count) = rest.split_once("\"} ").expect("a bucket line");
+            (bound.to_string(), count.parse().expect("a count"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_scrape_counts_the_requests_sent() {
+    let test = common::start(vec![common::region("mem", 1 << 20, false)], 1, 9000);
+    let metrics = test.target.metrics_addr().expect("metrics are on in the test settings");
+    let url = format!("http://{metrics}/metrics");
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    const READS: u64 = 57;
+    const WRITES: u64 = 13;
+    let mut out = [0u8; 64];
+    for round in 0..READS {
+        client.read(0, round * 64, &mut out).unwrap();
+    }
+    for round in 0..WRITES {
+        client.write(0, round * 128, &[7u8; 128]).unwrap();
+    }
+
+    let (code, content_type, text) = get(&url, None, Duration::from_secs(5)).unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(content_type, PROMETHEUS_CONTENT_TYPE);
+    let samples = parse(&text);
+    assert_eq!(value(&samples, "netdam_instructions_total{opcode=\"read\"}"), READS as f64);
+    assert_eq!(value(&samples, "netdam_instructions_total{opcode=\"write\"}"), WRITES as f64);
+    assert_eq!(value(&samples, "netdam_instructions_total{opcode=\"cas\"}"), 0.0);
+    assert_eq!(value(&samples, "netdam_data_bytes_total{opcode=\"read\",direction=\"sent\"}"), (READS * 64) as f64);
+    assert_eq!(
+        value(&samples, "netdam_data_bytes_total{opcode=\"write\",direction=\"received\"}"),
+        (WRITES * 128) as f64
+    );
+    assert_eq!(value(&samples, "netdam_service_time_seconds_count{opcode=\"read\"}"), READS as f64);
+    assert_eq!(value(&samples, "netdam_queueing_delay_seconds_count{opcode=\"read\"}"), READS as f64);
+    assert_eq!(value(&samples, "netdam_service_time_seconds_count{opcode=\"write\"}"), WRITES as f64);
+    assert!(value(&samples, "netdam_service_time_seconds_sum{opcode=\"read\"}") > 0.0);
+    assert!(
+        !samples.contains_key("netdam_service_time_seconds_count{opcode=\"cas\"}"),
+        "unused opcodes have no histogram"
+    );
+    // The HELLO exchange (a retry for the cookie, then the session) came first.
+    assert_eq!(value(&samples, "netdam_instructions_total{opcode=\"hello\"}"), 2.0);
+    assert_eq!(value(&samples, "netdam_instruction_results_total{status=\"ok\"}"), (READS + WRITES + 1) as f64);
+    assert_eq!(value(&samples, "netdam_instruction_results_total{status=\"retry\"}"), 1.0);
+    assert_eq!(value(&samples, "netdam_datagrams_received_total{worker=\"0\"}"), (READS + WRITES + 2) as f64);
+    assert_eq!(value(&samples, "netdam_sessions_open"), 1.0);
+    assert_eq!(value(&samples, "netdam_sessions_opened_total"), 1.0);
+    assert_eq!(value(&samples, "netdam_datagrams_dropped_total{reason=\"bad_crc\"}"), 0.0);
+    assert_eq!(value(&samples, "netdam_busy_answers_total{reason=\"queueing\"}"), 0.0);
+    assert_eq!(value(&samples, "netdam_workers"), 1.0);
+    let build = samples.keys().find(|series| series.starts_with("netdam_build_info{")).expect("build info");
+    assert!(build.contains("engine=\"software\"") && build.contains("poll_mode=\"blocking\""), "{build}");
+
+    // The histogram's buckets: cumulative, every bound, +Inf equal to the count.
+    let read_buckets = buckets(&text, "netdam_service_time_seconds", "read");
+    assert_eq!(read_buckets.len(), BUCKETS);
+    assert_eq!(read_buckets[0].0, "1.024e-06");
+    assert_eq!(read_buckets[BUCKETS - 1], ("+Inf".to_string(), READS));
+    assert!(read_buckets.windows(2).all(|pair| pair[0].1 <= pair[1].1), "cumulative");
+
+    // OpenMetrics on request, with the same values.
+    let (code, content_type, open) =
+        get(&url, Some("application/openmetrics-text;version=1.0.0"), Duration::from_secs(5)).unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(content_type, OPENMETRICS_CONTENT_TYPE);
+    assert!(open.ends_with("# EOF\n"));
+    assert!(open.contains("# UNIT netdam_service_time_seconds seconds\n"));
+    let open_samples = parse(&open);
+    assert_eq!(value(&open_samples, "netdam_instructions_total{opcode=\"read\"}"), READS as f64);
+
+    client.close().unwrap();
+    let (_, _, after) = get(&url, None, Duration::from_secs(5)).unwrap();
+    let after = parse(&after);
+    assert_eq!(value(&after, "netdam_sessions_open"), 0.0);
+    assert_eq!(value(&after, "netdam_sessions_ended_total{reason=\"closed\"}"), 1.0);
+}
+
+#[test]
+fn metrics_off_serves_nothing_and_records_no_histograms() {
+    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+        config.metrics_listen = netdam_metrics::MetricsListen::Off;
+    });
+    assert_eq!(test.target.metrics_addr(), None);
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let mut out = [0u8; 64];
+    client.read(0, 0, &mut out).unwrap();
+    // STAT still counts.
+    assert_eq!(test.target.stats().get("instructions_executed"), Some(3));
+}
+
+/// The initiator's families, as `netdam nbd --metrics-listen` serves them: a `Volume` over two
+/// sessions against a target with a block namespace, then the registry encoded and checked —
+/// and the target's block families seen from its side.
+#[test]
+fn initiator_and_block_families_count_volume_requests() {
+    use netdam_initiator::metrics::InitiatorMetrics;
+    use netdam_initiator::{Volume, VolumeOptions};
+    use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
+
+    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+        config.namespaces = vec![NamespaceConfig {
+            name: "disk".into(),
+            backend: NamespaceBackend::File,
+            path: "disk.img".into(),
+            size: Some(ByteSize(1 << 20)),
+            block_size: 4096,
+        }];
+    });
+    let addr = test.target.local_addr();
+    let metrics = std::sync::Arc::new(InitiatorMetrics::default());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let options = VolumeOptions { sessions: 2, ..VolumeOptions::default() };
+        let volume = Volume::open_observed(addr, "disk", options, Some(&metrics)).await.unwrap();
+        for block in 0..10u64 {
+            volume.write(block * 4096, &[block as u8; 4096], false).await.unwrap();
+        }
+        let mut back = [0u8; 4096];
+        for block in 0..6u64 {
+            volume.read(block * 4096, &mut back).await.unwrap();
+        }
+        volume.flush().await.unwrap();
+        volume.close().await;
+    });
+    let registry = InitiatorMetrics::registry(metrics);
+    let text = netdam_metrics::http::encode(&registry, netdam_metrics::http::Format::Prometheus).unwrap();
+    let samples = parse(&text);
+    assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"bwrite\"}"), 10.0);
+    assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"bread\"}"), 6.0);
+    assert!(value(&samples, "netdam_initiator_requests_total{opcode=\"flush\"}") >= 1.0);
+    assert_eq!(value(&samples, "netdam_initiator_latency_seconds_count{opcode=\"bread\"}"), 6.0);
+    assert!(value(&samples, "netdam_initiator_latency_seconds_sum{opcode=\"bread\"}") > 0.0);
+    assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bread\"}"), 6.0 * 4096.0);
+    assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bwrite\"}"), 10.0 * 4096.0);
+    assert_eq!(value(&samples, "netdam_initiator_errors_total{status=\"timeout\"}"), 0.0);
+    assert_eq!(value(&samples, "netdam_initiator_sessions"), 2.0);
+    assert!(value(&samples, "netdam_initiator_window{session=\"0\"}") > 0.0);
+    assert!(value(&samples, "netdam_initiator_window{session=\"1\"}") > 0.0);
+    assert!(samples.contains_key("netdam_initiator_target_delay_seconds{session=\"0\"}"));
+    assert_eq!(value(&samples, "netdam_nbd_connections"), 0.0);
+
+    let (_, _, target_text) =
+        get(&format!("http://{}/metrics", test.target.metrics_addr().unwrap()), None, Duration::from_secs(5)).unwrap();
+    let target = parse(&target_text);
+    assert_eq!(value(&target, "netdam_instructions_total{opcode=\"bwrite\"}"), 10.0);
+    assert_eq!(value(&target, "netdam_data_bytes_total{opcode=\"bread\",direction=\"sent\"}"), 6.0 * 4096.0);
+    assert!(value(&target, "netdam_block_requests_submitted_total{namespace=\"disk\"}") >= 17.0);
+    assert_eq!(value(&target, "netdam_block_requests_in_flight{namespace=\"disk\"}"), 0.0);
+    assert_eq!(value(&target, "netdam_service_time_seconds_count{opcode=\"bread\"}"), 6.0);
+}
