@@ -10,11 +10,12 @@ use std::sync::Arc;
 use netdam_isa::control::{decode_stat_answer, HelloAnswer, RegionInfo};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
-use netdam_isa::{Instant, LaneType};
+use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+use netdam_isa::{Instant, LaneType, Opcode};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::client::{connected_socket, fit_window_to_receive_buffer, ClientOptions, CLOSE_WAIT};
+use crate::client::{connected_socket, fit_window_to_socket_buffers, ClientOptions, CLOSE_WAIT};
 use crate::error::ClientError;
 use crate::metrics::SessionMetrics;
 use crate::op::Op;
@@ -79,7 +80,7 @@ impl AsyncClient {
         let socket = connected_socket(addr, options.local_addr)?;
         socket.set_nonblocking(true)?;
         let socket = UdpSocket::from_std(socket)?;
-        let session_config = fit_window_to_receive_buffer(&socket2::SockRef::from(&socket), options.session);
+        let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
         let mut session =
             Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0);
@@ -96,6 +97,7 @@ impl AsyncClient {
             backlog: VecDeque::new(),
             next_token: 0,
             connecting: Some(established),
+            block_bytes: Vec::new(),
             metrics,
         };
         tokio::spawn(driver.run(receiver));
@@ -228,7 +230,9 @@ struct Driver {
     addr: SocketAddr,
     clock: MonotonicClock,
     /// Callers waiting for their answer, by token.
-    waiting: HashMap<u64, Waiter>,
+    waiting: HashMap<u64, Waiters>,
+    /// Block size of each namespace, by id, from HELLO: what a BREAD's answer takes.
+    block_bytes: Vec<(u16, u32)>,
     /// Commands not yet in the session (its window is full), with when the task took them.
     backlog: VecDeque<(Command, Instant)>,
     next_token: u64,
@@ -238,8 +242,31 @@ struct Driver {
     metrics: Option<Arc<SessionMetrics>>,
 }
 
+/// Instructions one datagram of packed commands carries at most.
+const PACK_MAX: usize = 16;
+
+/// What a run of packed commands adds up to.
+#[derive(Debug, Clone, Copy)]
+struct PackSizes {
+    instructions: usize,
+    request_bytes: usize,
+    answer_bytes: usize,
+    /// Commands are packed only with others of the same idempotence, so that packing never
+    /// changes how a lost session treats a request (an idempotent one is sent again).
+    idempotent: bool,
+}
+
+/// Who waits for one datagram's answer: one caller, or the callers whose commands were packed
+/// into it, in order.
+enum Waiters {
+    One(Waiter),
+    Packed(Vec<Waiter>),
+}
+
 /// A caller waiting for its answer, and what its completion is recorded with.
 struct Waiter {
+    /// Instructions of its command.
+    count: usize,
     reply: oneshot::Sender<Result<Reply, ClientError>>,
     /// Opcode of the request's first instruction.
     opcode: u8,
@@ -282,11 +309,33 @@ impl Driver {
                 .map(|deadline| tokio::time::Instant::now() + deadline.saturating_since(self.clock.now()).to_std());
             tokio::select! {
                 command = commands.recv(), if open && self.backlog.len() < COMMAND_QUEUE => match command {
-                    Some(command) => self.backlog.push_back((command, self.clock.now())),
+                    Some(command) => {
+                        let now = self.clock.now();
+                        self.backlog.push_back((command, now));
+                        // Take every command already queued, so that the ones submitted
+                        // together (an NBD client's requests read in one go) can share
+                        // datagrams, and one wake-up serves them all.
+                        while self.backlog.len() < COMMAND_QUEUE {
+                            match commands.try_recv() {
+                                Ok(command) => self.backlog.push_back((command, now)),
+                                Err(mpsc::error::TryRecvError::Empty) => break,
+                                Err(mpsc::error::TryRecvError::Disconnected) => {
+                                    open = false;
+                                    break;
+                                }
+                            }
+                        }
+                    }
                     None => open = false,
                 },
                 received = self.socket.recv(&mut buffer) => match received {
-                    Ok(len) => self.session.handle_datagram(self.clock.now(), &buffer[..len]),
+                    Ok(len) => {
+                        self.session.handle_datagram(self.clock.now(), &buffer[..len]);
+                        // And every answer that has arrived since, without waking again.
+                        while let Ok(len) = self.socket.try_recv(&mut buffer) {
+                            self.session.handle_datagram(self.clock.now(), &buffer[..len]);
+                        }
+                    }
                     Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
                         self.fail_all(&ClientError::NotListening(self.addr));
                     }
@@ -302,18 +351,34 @@ impl Driver {
             let now = self.clock.now();
             self.session.handle_timeout(now);
             while let Some(completion) = self.session.poll_completion() {
-                if let Some(waiter) = self.waiting.remove(&completion.token) {
-                    if let Some(metrics) = &self.metrics {
-                        let latency = now.saturating_since(waiter.taken);
-                        metrics.complete(waiter.opcode, latency, waiter.sent_bytes, &completion.result);
+                match self.waiting.remove(&completion.token) {
+                    Some(Waiters::One(waiter)) => self.answer(waiter, completion.result, now),
+                    Some(Waiters::Packed(waiters)) => {
+                        let counts: Vec<usize> = waiters.iter().map(|waiter| waiter.count).collect();
+                        match completion.result {
+                            Ok(reply) => {
+                                for (waiter, share) in waiters.into_iter().zip(reply.split(&counts)) {
+                                    self.answer(waiter, Ok(share), now);
+                                }
+                            }
+                            Err(error) => {
+                                for waiter in waiters {
+                                    self.answer(waiter, Err(error.duplicate()), now);
+                                }
+                            }
+                        }
                     }
-                    let _ = waiter.reply.send(completion.result);
+                    None => {}
                 }
             }
             if let Some(metrics) = &self.metrics {
                 metrics.update(&self.session.stats());
             }
             if let Some(outcome) = self.session.poll_established() {
+                if let Ok(answer) = &outcome {
+                    self.block_bytes =
+                        answer.namespaces.iter().map(|namespace| (namespace.id, namespace.block_bytes)).collect();
+                }
                 if let Some(connecting) = self.connecting.take() {
                     let failed = outcome.is_err();
                     let _ = connecting.send(outcome);
@@ -326,32 +391,116 @@ impl Driver {
     }
 
     /// Hands the session commands while its window has room (before the session exists they
-    /// wait inside it for the session).
+    /// wait inside it for the session). Consecutive commands of block or byte reads and writes
+    /// share a datagram while their instructions and answers fit.
     fn submit_what_fits(&mut self) {
         while self.session.has_room() {
             let Some((command, taken)) = self.backlog.pop_front() else { break };
-            match self.session.submit(&command.ops, self.next_token) {
+            let mut packed: Vec<(Command, Instant)> = Vec::new();
+            if let Some(mut sizes) = self.packable(&command.ops) {
+                while let Some((next, _)) = self.backlog.front() {
+                    let fits = self.packable(&next.ops).is_some_and(|more| {
+                        more.idempotent == sizes.idempotent
+                            && sizes.instructions + more.instructions <= PACK_MAX
+                            && sizes.request_bytes + more.request_bytes <= self.max_datagram_bytes()
+                            && sizes.answer_bytes + more.answer_bytes <= self.max_datagram_bytes()
+                    });
+                    if !fits {
+                        break;
+                    }
+                    let more = self.packable(&next.ops).expect("checked above");
+                    sizes.instructions += more.instructions;
+                    sizes.request_bytes += more.request_bytes;
+                    sizes.answer_bytes += more.answer_bytes;
+                    packed.push(self.backlog.pop_front().expect("front was just seen"));
+                }
+            }
+            let token = self.next_token;
+            let submitted = if packed.is_empty() {
+                self.session.submit(&command.ops, token)
+            } else {
+                let ops: Vec<&Op> =
+                    command.ops.iter().chain(packed.iter().flat_map(|(command, _)| command.ops.iter())).collect();
+                self.session.submit_with(ops.len(), |index| ops[index].as_instruction(), token)
+            };
+            let waiter = |command: Command, taken: Instant| Waiter {
+                opcode: command.ops.first().map_or(0, |op| op.opcode),
+                taken,
+                sent_bytes: command.ops.iter().map(|op| op.operand.len() as u64).sum(),
+                count: command.ops.len(),
+                reply: command.reply,
+            };
+            match submitted {
                 Ok(()) => {
-                    let waiter = Waiter {
-                        reply: command.reply,
-                        opcode: command.ops.first().map_or(0, |op| op.opcode),
-                        taken,
-                        sent_bytes: command.ops.iter().map(|op| op.operand.len() as u64).sum(),
+                    let waiters = if packed.is_empty() {
+                        Waiters::One(waiter(command, taken))
+                    } else {
+                        let first = waiter(command, taken);
+                        let rest = packed.into_iter().map(|(command, taken)| waiter(command, taken));
+                        Waiters::Packed(std::iter::once(first).chain(rest).collect())
                     };
-                    self.waiting.insert(self.next_token, waiter);
+                    self.waiting.insert(token, waiters);
                     self.next_token += 1;
                 }
                 Err(error) => {
-                    let _ = command.reply.send(Err(error));
+                    for (command, _) in std::iter::once((command, taken)).chain(packed) {
+                        let _ = command.reply.send(Err(error.duplicate()));
+                    }
                 }
             }
         }
     }
 
+    /// The negotiated datagram size.
+    fn max_datagram_bytes(&self) -> usize {
+        self.session.config().max_datagram_bytes
+    }
+
+    /// What `ops` add to a datagram, if they may share one with other callers' ops: only
+    /// block and byte reads and writes, whose answers each caller reads from its own results.
+    fn packable(&self, ops: &[Op]) -> Option<PackSizes> {
+        let mut sizes = PackSizes { instructions: ops.len(), request_bytes: 0, answer_bytes: 0, idempotent: true };
+        for op in ops {
+            let answer_data = match Opcode::from_u8(op.opcode)? {
+                Opcode::Read => op.length as usize,
+                Opcode::BlockRead => {
+                    let block = self.block_bytes.iter().find(|(id, _)| *id == op.space)?.1;
+                    (op.length as usize).checked_mul(block as usize)?
+                }
+                Opcode::Write | Opcode::BlockWrite => 0,
+                _ => return None,
+            };
+            sizes.request_bytes += INSTRUCTION_HEADER_LEN + op.operand.len();
+            sizes.answer_bytes += RESPONSE_INSTRUCTION_HEADER_LEN + answer_data;
+            sizes.idempotent &= op.is_idempotent();
+        }
+        sizes.request_bytes += HEADER_LEN;
+        sizes.answer_bytes += HEADER_LEN;
+        Some(sizes)
+    }
+
+    /// Answers one caller and records its completion.
+    fn answer(&self, waiter: Waiter, result: Result<Reply, ClientError>, now: Instant) {
+        if let Some(metrics) = &self.metrics {
+            let latency = now.saturating_since(waiter.taken);
+            metrics.complete(waiter.opcode, latency, waiter.sent_bytes, &result);
+        }
+        let _ = waiter.reply.send(result);
+    }
+
     /// Fails every request, waiting or queued, with a copy of `error` (the socket is unusable).
     fn fail_all(&mut self, error: &ClientError) {
-        for (_, waiter) in self.waiting.drain() {
-            let _ = waiter.reply.send(Err(error.duplicate()));
+        for (_, waiters) in self.waiting.drain() {
+            match waiters {
+                Waiters::One(waiter) => {
+                    let _ = waiter.reply.send(Err(error.duplicate()));
+                }
+                Waiters::Packed(waiters) => {
+                    for waiter in waiters {
+                        let _ = waiter.reply.send(Err(error.duplicate()));
+                    }
+                }
+            }
         }
         for (command, _) in self.backlog.drain(..) {
             let _ = command.reply.send(Err(error.duplicate()));

@@ -87,15 +87,18 @@ pub struct Client {
     send_failure: Option<ClientError>,
 }
 
-/// Receive buffer asked for; the kernel caps it at net.core.rmem_max.
-const RECEIVE_BUFFER_BYTES: usize = 4 << 20;
+/// Receive and send buffers asked for; the kernel caps them at net.core.rmem_max and wmem_max.
+const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 
-/// Asks for a deep receive buffer, then bounds the session's window by what the kernel granted:
-/// answers in flight beyond it would be dropped and wait out a retransmission timeout. The
-/// kernel accounts a datagram at about twice its payload.
-pub(crate) fn fit_window_to_receive_buffer(socket: &socket2::SockRef<'_>, config: SessionConfig) -> SessionConfig {
-    let _ = socket.set_recv_buffer_size(RECEIVE_BUFFER_BYTES);
-    let granted = socket.recv_buffer_size().unwrap_or(0);
+/// Asks for deep receive and send buffers, then bounds the session's window by what the kernel
+/// granted: answers in flight beyond the receive buffer would be dropped, and requests beyond
+/// the send buffer refused (on loopback a sent datagram is charged to its sender until the
+/// target has read it), each then waiting out a retransmission timeout. The kernel accounts a
+/// datagram at about twice its payload.
+pub(crate) fn fit_window_to_socket_buffers(socket: &socket2::SockRef<'_>, config: SessionConfig) -> SessionConfig {
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    let granted = socket.recv_buffer_size().unwrap_or(0).min(socket.send_buffer_size().unwrap_or(0));
     let fits = (granted / (2 * config.max_datagram_bytes.max(1))).max(1);
     SessionConfig { max_in_flight: config.max_in_flight.min(fits), ..config }
 }
@@ -122,7 +125,7 @@ impl Client {
     fn unestablished(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
         let socket = connected_socket(addr, options.local_addr)?;
         socket.set_nonblocking(true)?;
-        let session_config = fit_window_to_receive_buffer(&socket2::SockRef::from(&socket), options.session);
+        let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
         Ok(Client {
             socket,
             // Until HELLO answers, use the default size: every target accepts it.

@@ -81,7 +81,7 @@ impl SessionMetrics {
                 if response.status() != Status::Ok {
                     self.errors[response.status() as usize].add(1);
                 } else {
-                    for result in response.results() {
+                    for result in reply.result_iter() {
                         bytes += result.data.len() as u64;
                         if result.status != Status::Ok {
                             self.errors[result.status as usize].add(1);

@@ -17,6 +17,7 @@
 //! for the new session.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use netdam_isa::control::{Cookie, HelloAnswer, NO_COOKIE};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT, REPLAY_WINDOW};
@@ -78,25 +79,53 @@ impl Default for SessionConfig {
     }
 }
 
-/// An answered request.
+/// An answered request: the answer datagram, or this caller's share of one that answered
+/// several callers' instructions together (see [`Reply::split`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
-    bytes: Datagram,
+    bytes: ReplyBytes,
+    /// This reply's results: `first..first + count` of the datagram's.
+    first: usize,
+    count: usize,
     /// Time from the last transmission to the answer.
     pub rtt: Duration,
     /// Transmissions it took.
     pub attempts: u32,
 }
 
+/// An answer datagram held by one reply, or shared by the replies it was split into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ReplyBytes {
+    Owned(Datagram),
+    Shared(Arc<Datagram>),
+}
+
 impl Reply {
-    /// The decoded response (checked when it arrived).
+    fn new(bytes: Datagram, rtt: Duration, attempts: u32) -> Reply {
+        Reply { bytes: ReplyBytes::Owned(bytes), first: 0, count: usize::MAX, rtt, attempts }
+    }
+
+    fn datagram(&self) -> &Datagram {
+        match &self.bytes {
+            ReplyBytes::Owned(datagram) => datagram,
+            ReplyBytes::Shared(datagram) => datagram,
+        }
+    }
+
+    /// The decoded response (checked when it arrived): the whole datagram, whatever share of
+    /// its results this reply has.
     pub fn response(&self) -> Response<'_> {
-        Response::parse(self.bytes.as_slice()).expect("replies are checked on arrival")
+        Response::parse(self.datagram().as_slice()).expect("replies are checked on arrival")
     }
 
     /// The raw response datagram.
     pub fn bytes(&self) -> &[u8] {
-        self.bytes.as_slice()
+        self.datagram().as_slice()
+    }
+
+    /// This reply's results, in order.
+    pub fn result_iter(&self) -> impl Iterator<Item = InstructionResult<'_>> {
+        self.response().results().skip(self.first).take(self.count)
     }
 
     /// Data of result `index`, or the error its status (or the datagram's) says.
@@ -105,7 +134,7 @@ impl Reply {
         if response.status() != Status::Ok {
             return Err(ClientError::DatagramRefused(response.status()));
         }
-        let result = response.results().nth(index).ok_or(ClientError::MissingResult(index))?;
+        let result = self.result_iter().nth(index).ok_or(ClientError::MissingResult(index))?;
         match result.status {
             Status::Ok => Ok(result.data),
             status => Err(ClientError::Refused { opcode: result.opcode, status }),
@@ -118,7 +147,32 @@ impl Reply {
         if response.status() != Status::Ok {
             return Err(ClientError::DatagramRefused(response.status()));
         }
-        Ok(response.results().collect())
+        Ok(self.result_iter().collect())
+    }
+
+    /// Splits the answer to a datagram that carried several callers' instructions back to
+    /// back: one reply per caller, the k-th holding the next `counts[k]` results. The replies
+    /// share the datagram (nothing is copied).
+    pub fn split(self, counts: &[usize]) -> Vec<Reply> {
+        let shared = match self.bytes {
+            ReplyBytes::Owned(datagram) => Arc::new(datagram),
+            ReplyBytes::Shared(datagram) => datagram,
+        };
+        let mut first = self.first;
+        counts
+            .iter()
+            .map(|&count| {
+                let reply = Reply {
+                    bytes: ReplyBytes::Shared(shared.clone()),
+                    first,
+                    count,
+                    rtt: self.rtt,
+                    attempts: self.attempts,
+                };
+                first += count;
+                reply
+            })
+            .collect()
     }
 }
 
@@ -546,7 +600,9 @@ impl Session {
     /// Gives a reply's buffer back for later requests: a driver that has taken what it needs
     /// from a reply calls this, so that requests in steady state allocate nothing.
     pub fn recycle(&mut self, reply: Reply) {
-        self.recycle_buffer(reply.bytes);
+        if let ReplyBytes::Owned(datagram) = reply.bytes {
+            self.recycle_buffer(datagram);
+        }
     }
 
     /// Adds an encoded request (of the next sequence); returns its sequence.
@@ -664,7 +720,7 @@ impl Session {
         // The request's buffer (of the datagram size) takes the answer: no allocation.
         let mut answer = request.datagram;
         answer.replace_with(bytes);
-        let result = Ok(Reply { bytes: answer, rtt, attempts: request.attempts });
+        let result = Ok(Reply::new(answer, rtt, request.attempts));
         match request.origin {
             Origin::Caller => self.completions.push_back(Completion { token: request.token, result }),
             Origin::Hello => self.on_hello_answer(result),
