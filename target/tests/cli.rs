@@ -188,7 +188,7 @@ fn admin_commands_store_namespaces_that_the_target_serves() {
     assert!(text.contains("disk") && text.contains("store"), "{text}");
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir", data])
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", data])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
