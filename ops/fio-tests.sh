@@ -151,8 +151,9 @@ jobs_ok() {
 ios() { jq ".jobs[0].$2.total_ios" "$work/$1.json"; }
 
 step "randwrite + verify=crc32c, then verify_only in a new fio run"
-slot=0
 for space in namespace=disk region=scratch; do
+  # Each run of a space gets its own 8 MiB: six runs fit the 64 MiB region.
+  slot=0
   # "32b": depth 32, with fio committing 8 I/Os at a time and sizes from 4 to 16 KiB, so that
   # the engine packs pieces of several I/Os into one datagram.
   for depth in 1 32 32b; do
