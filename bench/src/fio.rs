@@ -102,6 +102,9 @@ const NETDAM_NBD: &str = "netdam nbd";
 const NBDKIT: &str = "nbdkit memory";
 /// `netdam-bench throughput`'s client (BREAD/BWRITE of 4 KiB, no fio) on the same target.
 const THROUGHPUT: &str = "netdam-bench throughput";
+/// A raw UDP echo with a read's or a write's datagram sizes, one at a time: the machine's
+/// floor for the depth-1 cases (no fio), measured in the same run.
+const FLOOR: &str = "UDP echo (floor)";
 
 /// How fio reaches one system.
 enum Access {
@@ -212,6 +215,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
                 measure(args, &access, PLUGIN, "udp", &mut run);
                 run.plugin = Some(engine);
                 measure_throughput(args, &target, &mut run);
+                measure_floor(args, &mut run);
             }
             Err(reason) => skip(&mut run.skipped, PLUGIN, &reason),
         }
@@ -269,8 +273,12 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         eprintln!("wrote {}/fio.json and fio.md", dir.display());
         // The plots show fio's view; the throughput client has no p99.9 to plot.
         // fio's default batching only: one bar per system and socket.
-        let fio_cases: Vec<Case> =
-            run.cases.iter().filter(|case| case.system != THROUGHPUT && case.batch == 1).cloned().collect();
+        let fio_cases: Vec<Case> = run
+            .cases
+            .iter()
+            .filter(|case| ![THROUGHPUT, FLOOR].contains(&case.system) && case.batch == 1)
+            .cloned()
+            .collect();
         match plot(&fio_cases, dir) {
             Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
             Err(message) => eprintln!("{message}"),
@@ -536,6 +544,39 @@ fn measure_throughput(args: &FioArgs, target: &Target, run: &mut Run) {
     }
 }
 
+/// The UDP echo floor at depth 1: a 4 KiB read's sizes (a small request, a block back) and a
+/// write's (a block out, a small answer), as many round trips as the measured seconds hold at
+/// the floor's pace, busy or blocking as the engine waits.
+fn measure_floor(args: &FioArgs, run: &mut Run) {
+    let busy = args.poll == BlockPoll::Busy;
+    let header = netdam_isa::wire::HEADER_LEN + netdam_isa::wire::INSTRUCTION_HEADER_LEN;
+    let block = BLOCK_BYTES as usize;
+    for (pattern, request_bytes, response_bytes) in
+        [("randread", header, header + block), ("randwrite", header + block, header)]
+    {
+        eprintln!("{FLOOR}: {pattern} sizes at depth 1");
+        let server = crate::floor::EchoServer::start(busy, response_bytes);
+        let requests = (args.seconds * 50_000.0) as u64;
+        let started = std::time::Instant::now();
+        let histogram = crate::floor::measure(server.addr(), busy, request_bytes, requests / 10, requests);
+        let elapsed = started.elapsed().as_secs_f64();
+        server.stop();
+        run.cases.push(Case {
+            system: FLOOR,
+            socket: "udp",
+            pattern,
+            depth: LATENCY_DEPTH,
+            batch: 1,
+            // Warm-up included: a rate for orientation only.
+            iops: (requests + requests / 10) as f64 / elapsed.max(f64::MIN_POSITIVE),
+            ops: requests,
+            p50_ns: histogram.value_at_quantile(0.50),
+            p99_ns: histogram.value_at_quantile(0.99),
+            p999_ns: histogram.value_at_quantile(0.999),
+        });
+    }
+}
+
 /// One fio job: IOPS, I/Os and total latency (submission to completion) p50/p99/p99.9 in ns.
 ///
 /// Total latency, not fio's clat: for an asynchronous engine fio starts the clat clock after
@@ -665,6 +706,13 @@ fn goals(cases: &[Case], batch: usize) -> Vec<Goal> {
             pattern,
             ratio: pair(PLUGIN, "udp", NBDKIT, "tcp", LATENCY_DEPTH, p50),
             bound: 0.6,
+            at_most: true,
+        });
+        goals.push(Goal {
+            name: "for reference, not a goal: engine QD1 p99.9 / UDP echo floor QD1 p99.9".into(),
+            pattern,
+            ratio: pair(PLUGIN, "udp", FLOOR, "udp", LATENCY_DEPTH, p999),
+            bound: 1.0,
             at_most: true,
         });
         goals.push(Goal {
