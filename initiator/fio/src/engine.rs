@@ -209,18 +209,14 @@ enum Space {
 /// that a lost datagram repeats little.
 const PACK_MAX: usize = 16;
 
-/// One instruction of an I/O, on the wire or waiting to be sent: its fields, with the operand
-/// (a write's data) given as a range of the I/O's buffer rather than copied.
-#[derive(Debug, Clone, Copy)]
+/// One instruction of an I/O, on the wire or waiting to be sent: the op without its operand,
+/// which (a write's data) is given as a range of the I/O's buffer rather than copied.
+#[derive(Debug, Clone)]
 struct Piece {
     /// The I/O's slot.
     io: usize,
-    opcode: u8,
-    flags: u8,
-    space: u16,
-    offset: u64,
-    length: u32,
-    aux: u32,
+    /// The instruction; its operand is empty (see `operand`).
+    op: Op,
     /// A write's data: (position, bytes) in the I/O's buffer.
     operand: Option<(usize, usize)>,
     /// For a read: where its data goes in fio's buffer, and how many bytes must come back.
@@ -228,21 +224,6 @@ struct Piece {
 }
 
 impl Piece {
-    fn new(io: usize, op: &Op) -> Piece {
-        debug_assert!(op.operand.is_empty(), "operands are given as ranges of the I/O's buffer");
-        Piece {
-            io,
-            opcode: op.opcode,
-            flags: op.flags,
-            space: op.space,
-            offset: op.offset,
-            length: op.length,
-            aux: op.aux,
-            operand: None,
-            read_into: None,
-        }
-    }
-
     /// Bytes it takes in a request datagram.
     fn request_bytes(&self) -> usize {
         INSTRUCTION_HEADER_LEN + self.operand.map_or(0, |(_, len)| len)
@@ -254,28 +235,23 @@ impl Piece {
     }
 
     /// The instruction, its operand borrowed from `buffer` (the I/O's).
-    fn instruction<'a>(&self, buffer: &'a [u8]) -> Instruction<'a> {
-        Instruction {
-            opcode: self.opcode,
-            flags: self.flags,
-            space: self.space,
-            offset: self.offset,
-            length: self.length,
-            aux: self.aux,
-            operand: self.operand.map_or(&[][..], |(position, len)| &buffer[position..position + len]),
-        }
+    fn instruction<'a>(&'a self, buffer: &'a [u8]) -> Instruction<'a> {
+        let operand = self.operand.map_or(&[][..], |(position, len)| &buffer[position..position + len]);
+        Instruction { operand, ..self.op.as_instruction() }
     }
 }
 
 /// The pieces one datagram carries, in instruction order.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Batch {
     pieces: [Option<Piece>; PACK_MAX],
     len: usize,
 }
 
 impl Batch {
-    const EMPTY: Batch = Batch { pieces: [None; PACK_MAX], len: 0 };
+    fn new() -> Batch {
+        Batch { pieces: std::array::from_fn(|_| None), len: 0 }
+    }
 
     fn pieces(&self) -> impl Iterator<Item = &Piece> {
         self.pieces[..self.len].iter().flatten()
@@ -445,10 +421,9 @@ impl Engine {
     fn queue_pieces(&mut self, io: usize, request: &Io) -> Result<(), ClientError> {
         let backlog = &mut self.backlog;
         let mut queue = |op: Op, operand: Option<(u64, u64)>, read_into: Option<(u64, u64)>| {
-            let mut piece = Piece::new(io, &op);
-            piece.operand = operand.map(|(position, len)| (position as usize, len as usize));
-            piece.read_into = read_into.map(|(position, len)| (position as usize, len as usize));
-            backlog.push_back(piece);
+            debug_assert!(op.operand.is_empty(), "operands are given as ranges of the I/O's buffer");
+            let range = |(position, len): (u64, u64)| (position as usize, len as usize);
+            backlog.push_back(Piece { io, op, operand: operand.map(range), read_into: read_into.map(range) });
         };
         match (&self.space, request) {
             (Space::Namespace { info, transfer_bytes }, request) => {
@@ -536,7 +511,7 @@ impl Engine {
                     }
                     Err(error) => {
                         for piece in batch.pieces() {
-                            self.finish_piece(*piece, Err(error.duplicate()));
+                            self.finish_piece(piece, Err(error.duplicate()));
                         }
                     }
                 }
@@ -549,7 +524,7 @@ impl Engine {
 
     /// Takes from the front of the backlog the pieces one datagram carries (at least one).
     fn take_batch(&mut self) -> Batch {
-        let mut batch = Batch::EMPTY;
+        let mut batch = Batch::new();
         let mut request_bytes = HEADER_LEN;
         let mut answer_bytes = HEADER_LEN;
         while let Some(piece) = self.backlog.front() {
@@ -578,13 +553,13 @@ impl Engine {
                 match result {
                     Ok(reply) => {
                         for (position, piece) in batch.pieces().enumerate() {
-                            self.finish_piece(*piece, reply.data(position));
+                            self.finish_piece(piece, reply.data(position));
                         }
                         self.sessions[index].recycle(reply);
                     }
                     Err(error) => {
                         for piece in batch.pieces() {
-                            self.finish_piece(*piece, Err(error.duplicate()));
+                            self.finish_piece(piece, Err(error.duplicate()));
                         }
                     }
                 }
@@ -609,7 +584,7 @@ impl Engine {
 
     /// Takes a piece's answer (its result's data): a read's data goes into fio's buffer; the
     /// I/O completes with its last piece.
-    fn finish_piece(&mut self, piece: Piece, result: Result<&[u8], ClientError>) {
+    fn finish_piece(&mut self, piece: &Piece, result: Result<&[u8], ClientError>) {
         let Some(slot) = self.slots[piece.io].as_mut() else { return };
         let outcome = result.and_then(|data| {
             if let Some((position, len)) = piece.read_into {

@@ -51,6 +51,8 @@ fn start() -> TestTarget {
         // Tests share few cores: no BUSY answers because a worker waited for a CPU, no pinning
         // of every test's worker to the same core, and the test process's memory left alone.
         busy_threshold_us: 60_000,
+        // Any free port: tests run at once, and a target may already serve the default one.
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
         pin_workers: false,
         lock_memory: false,
         ..Config::default()
