@@ -256,6 +256,23 @@ struct PackSizes {
     idempotent: bool,
 }
 
+impl PackSizes {
+    /// Both in one datagram of at most `max_datagram_bytes`, if they fit.
+    fn joined(self, more: PackSizes, max_datagram_bytes: usize) -> Option<PackSizes> {
+        let joined = PackSizes {
+            instructions: self.instructions + more.instructions,
+            // One header for both.
+            request_bytes: self.request_bytes + more.request_bytes - HEADER_LEN,
+            answer_bytes: self.answer_bytes + more.answer_bytes - HEADER_LEN,
+            idempotent: self.idempotent,
+        };
+        let fits = joined.instructions <= PACK_MAX
+            && joined.request_bytes <= max_datagram_bytes
+            && joined.answer_bytes <= max_datagram_bytes;
+        (fits && more.idempotent == self.idempotent).then_some(joined)
+    }
+}
+
 /// Who waits for one datagram's answer: one caller, or the callers whose commands were packed
 /// into it, in order.
 enum Waiters {
@@ -396,25 +413,7 @@ impl Driver {
     fn submit_what_fits(&mut self) {
         while self.session.has_room() {
             let Some((command, taken)) = self.backlog.pop_front() else { break };
-            let mut packed: Vec<(Command, Instant)> = Vec::new();
-            if let Some(mut sizes) = self.packable(&command.ops) {
-                while let Some((next, _)) = self.backlog.front() {
-                    let fits = self.packable(&next.ops).is_some_and(|more| {
-                        more.idempotent == sizes.idempotent
-                            && sizes.instructions + more.instructions <= PACK_MAX
-                            && sizes.request_bytes + more.request_bytes <= self.max_datagram_bytes()
-                            && sizes.answer_bytes + more.answer_bytes <= self.max_datagram_bytes()
-                    });
-                    if !fits {
-                        break;
-                    }
-                    let more = self.packable(&next.ops).expect("checked above");
-                    sizes.instructions += more.instructions;
-                    sizes.request_bytes += more.request_bytes;
-                    sizes.answer_bytes += more.answer_bytes;
-                    packed.push(self.backlog.pop_front().expect("front was just seen"));
-                }
-            }
+            let packed = self.take_packable_after(&command.ops);
             let token = self.next_token;
             let submitted = if packed.is_empty() {
                 self.session.submit(&command.ops, token)
@@ -451,9 +450,20 @@ impl Driver {
         }
     }
 
-    /// The negotiated datagram size.
-    fn max_datagram_bytes(&self) -> usize {
-        self.session.config().max_datagram_bytes
+    /// Takes from the backlog the commands that may share a datagram with `ops` (which were
+    /// taken already): consecutive ones, while everything fits.
+    fn take_packable_after(&mut self, ops: &[Op]) -> Vec<(Command, Instant)> {
+        let mut packed = Vec::new();
+        let Some(mut sizes) = self.packable(ops) else { return packed };
+        let max_datagram_bytes = self.session.config().max_datagram_bytes;
+        while let Some(more) = self.backlog.front().and_then(|(next, _)| self.packable(&next.ops)) {
+            match sizes.joined(more, max_datagram_bytes) {
+                Some(joined) => sizes = joined,
+                None => break,
+            }
+            packed.push(self.backlog.pop_front().expect("front was just seen"));
+        }
+        packed
     }
 
     /// What `ops` add to a datagram, if they may share one with other callers' ops: only
