@@ -350,3 +350,50 @@ fn a_request_out_of_attempts_keeps_trying_until_its_patience_is_spent() {
     assert_eq!(completion.token, 2);
     assert!(completion.result.is_ok(), "{:?}", completion.result.err());
 }
+
+/// What a target would answer to `request`: each instruction's status from `statuses`, with its
+/// index repeated `index + 1` times as data.
+fn answer_with_data(request: &[u8], statuses: &[Status]) -> Vec<u8> {
+    let request = Request::parse(request).unwrap();
+    let mut buffer = vec![0u8; 1024];
+    let mut writer = ResponseWriter::new(&mut buffer, request.header.session, request.header.sequence);
+    for (index, instruction) in request.instructions().enumerate() {
+        let data = vec![index as u8; index + 1];
+        writer.data_area()[..data.len()].copy_from_slice(&data);
+        writer.commit(instruction.opcode, statuses[index], data.len());
+    }
+    let len = writer.finish(64, 1000, 0);
+    buffer.truncate(len);
+    buffer
+}
+
+/// A datagram built from borrowed operands answers as one reply; split, each share sees only its
+/// own results, in order, and its own failures.
+#[test]
+fn a_reply_split_among_callers_gives_each_its_own_results() {
+    let mut session = Session::new(config(), 9);
+    let data = [7u8; 16];
+    let ops = [Op::read(0, 0, 1), Op::write(0, 8, &data), Op::read(0, 16, 3)];
+    session.submit_with(ops.len(), |index| ops[index].as_instruction(), 1).unwrap();
+    let request = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    let parsed = Request::parse(&request).unwrap();
+    assert_eq!(parsed.instructions().count(), 3);
+    assert_eq!(parsed.instructions().nth(1).unwrap().operand, &data, "the borrowed operand is encoded");
+    session.handle_datagram(at_ms(1), &answer_with_data(&request, &[Status::Ok, Status::OutOfRange, Status::Ok]));
+    let reply = session.poll_completion().unwrap().result.unwrap();
+    // A reply's buffer given back carries a later request (a copy here, to split the original).
+    session.recycle(reply.clone());
+    let shares = reply.split(&[1, 2]);
+    assert_eq!(shares.len(), 2);
+    assert_eq!(shares[0].data(0).unwrap(), &[0u8][..]);
+    assert!(matches!(shares[0].data(1), Err(ClientError::MissingResult(1))), "the first share has one result");
+    assert!(matches!(shares[1].data(0), Err(ClientError::Refused { status: Status::OutOfRange, .. })));
+    assert_eq!(shares[1].data(1).unwrap(), &[2u8, 2, 2][..]);
+    assert_eq!(shares[1].results().unwrap().len(), 2);
+    // The next request, in the recycled buffer, encodes as a fresh one would.
+    session.submit(&[Op::read(0, 0, 1)], 2).unwrap();
+    let next = session.poll_transmit(at_ms(2)).unwrap().to_vec();
+    let parsed = Request::parse(&next).unwrap();
+    assert_eq!(parsed.instructions().count(), 1);
+    assert_eq!(parsed.header.sequence, Request::parse(&request).unwrap().header.sequence + 1);
+}
