@@ -83,11 +83,13 @@ loop_stop="$work/stop-loop"
 cleanup() {
   set +e
   touch "$loop_stop"
+  [ -n "${chromium_pid:-}" ] && kill -- -"$chromium_pid" 2>/dev/null
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap "exit 1" INT TERM
 
 step "static checks: promtool and the dashboard's structure"
 mon=ops/monitoring
@@ -256,7 +258,7 @@ for endpoint in "target $target_metrics" "export $nbd_metrics"; do
 done
 
 # READ over an interval as `netdam top` computes it from the target's /metrics (in the background).
-top_interval=12
+top_interval=15
 top_start=$(date +%s.%N)
 "$bin/netdam" --json top --metrics "http://$target_metrics/metrics" --once --interval "$top_interval" >"$work/top.json" 2>"$work/top.err" &
 top_pid=$!
@@ -267,13 +269,14 @@ step "the console, while the load runs"
 while python3 -c 'import sys, time; sys.exit(0 if time.time() < float(sys.argv[1]) + 15 else 1)' "$fio_start"; do sleep 0.2; done
 console_url="http://$prom/consoles/netdam.html?range=1m"
 curl -sf "$console_url" >"$work/console.html" || bad "GET /consoles/netdam.html failed"
-"$chromium" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+# In its own process group, so that a hung Chromium goes with all its children.
+setsid "$chromium" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
   --disable-component-update --disable-sync --user-data-dir="$work/chromium" --window-size=1400,1800 \
   --virtual-time-budget=10000 --screenshot="$work/console.png" "$console_url" >"$work/chromium.log" 2>&1 &
 chromium_pid=$!
 pids+=("$chromium_pid")
 for _ in $(seq 600); do kill -0 "$chromium_pid" 2>/dev/null || break; sleep 0.1; done
-kill "$chromium_pid" 2>/dev/null || true
+kill -- -"$chromium_pid" 2>/dev/null || true
 wait "$chromium_pid" 2>/dev/null || true
 if [ -s "$work/console.png" ]; then
   if stats=$(python3 - "$work/console.png" <<'PY'
@@ -468,12 +471,22 @@ for quantile in 0.5 0.99 0.999; do
   if within_bucket "$client" "$server"; then ok "PING service time q$quantile: client (from $pings answers) $client µs, Prometheus $(printf '%.2f' "$server") µs: within one bucket"
   else bad "PING service time q$quantile: client $client µs, Prometheus $server µs: more than one bucket (1.19x) apart"; fi
 done
-# READ: Prometheus against netdam top over the same interval.
+# READ: Prometheus against netdam top over the same interval. netdam top read /metrics as it
+# started and again interval_s later; the deltas are taken between the scrapes nearest those two
+# moments (Prometheus stamps a sample with its scrape's start).
 top_p99=$(jq -r '.opcodes.read.p99_us // "none"' "$work/top.json")
-top_span_ms=$(python3 -c 'import sys; print(int(float(sys.argv[1]) * 1000))' "$(jq -r .interval_s "$work/top.json")")
-# netdam top reads /metrics as it starts and again an interval later.
-top_at=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) + float(sys.argv[2]) + 0.05:.3f}")' "$top_start" "$(jq -r .interval_s "$work/top.json")")
-answer=$(query_at "histogram_quantile(0.99, sum by (le) (netdam_service_time_seconds_bucket{job=\"netdam-target\",opcode=\"read\"} - netdam_service_time_seconds_bucket{job=\"netdam-target\",opcode=\"read\"} offset ${top_span_ms}ms)) * 1e6" "$top_at")
+read_count='netdam_service_time_seconds_count{job="netdam-target",opcode="read"}'
+scrapes=$(query_at "${read_count}[60s]" "$(python3 -c 'import time; print(f"{time.time():.3f}")')" | jq -c '[.data.result[0].values[][0]]')
+read -r top_first top_second <<<"$(python3 - "$scrapes" "$top_start" "$(jq -r .interval_s "$work/top.json")" <<'PY'
+import json, sys
+stamps, start, interval = json.loads(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+nearest = lambda t: min(stamps, key=lambda s: abs(s - t))
+print(f"{nearest(start):.3f}", f"{nearest(start + interval):.3f}")
+PY
+)"
+top_span_ms=$(python3 -c 'import sys; print(round((float(sys.argv[2]) - float(sys.argv[1])) * 1000))' "$top_first" "$top_second")
+read_bucket='netdam_service_time_seconds_bucket{job="netdam-target",opcode="read"}'
+answer=$(query_at "histogram_quantile(0.99, sum by (le) ($read_bucket - $read_bucket offset ${top_span_ms}ms)) * 1e6" "$top_second")
 server=$(value_of "$answer")
 if within_bucket "$top_p99" "$server"; then ok "READ service time p99 over ${top_interval}s: netdam top $top_p99 µs, Prometheus $(printf '%.1f' "$server") µs: within one bucket"
 else bad "READ service time p99 over ${top_interval}s: netdam top $top_p99 µs, Prometheus $server µs: more than one bucket apart"; fi
