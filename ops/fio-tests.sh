@@ -84,6 +84,8 @@ done
 target="127.0.0.1:$port"
 cat >"$work/target.toml" <<EOF
 listen = "$target"
+# Any free port: a target already serving metrics on the default port must not stop this one.
+metrics_listen = "127.0.0.1:0"
 data_dir = "$work"
 poll = "blocking"
 # A functional test: no need to lock the process's memory (and no failure where the memlock

@@ -37,7 +37,7 @@ trap cleanup EXIT
 port=$((20000 + RANDOM % 20000))
 target="127.0.0.1:$port"
 "$bin/netdam-target" namespace create disk --backend file --path disk.img --size 256MiB --data-dir "$work" >/dev/null
-"$bin/netdam-target" --data-dir "$work" --listen "$target" --poll blocking >"$work/target.log" 2>&1 &
+"$bin/netdam-target" --data-dir "$work" --listen "$target" --metrics-listen 127.0.0.1:0 --poll blocking >"$work/target.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 50); do "$bin/netdam" --target "$target" ping >/dev/null 2>&1 && break; sleep 0.1; done
 "$bin/netdam" --target "$target" ping >/dev/null || fail "the target did not start: $(cat "$work/target.log")"

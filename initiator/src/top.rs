@@ -283,7 +283,7 @@ impl View {
             .find(|sample| sample.name.ends_with("build_info"))
             .map(|sample| sample.labels.clone())
             .unwrap_or_default();
-        let gauge = |name: &str| later.has(name).then(|| later.sum(name, &all));
+        let gauge = |name: &str| later.has(name).then(|| later.sum(name, all));
         View {
             latency_family,
             interval_seconds: seconds,

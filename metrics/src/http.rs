@@ -5,7 +5,7 @@
 //! the Prometheus text format 0.0.4; anything else gets 404 or 405. One connection at a time,
 //! each closed after its answer: a scrape every few seconds needs no more. A request head is
 //! bounded ([`MAX_REQUEST_BYTES`]) and must arrive within [`REQUEST_DEADLINE`], and the answer
-//! must be taken within [`WRITE_TIMEOUT`], so a slow or broken client delays the next scrape by
+//! must be taken within [`WRITE_DEADLINE`], so a slow or broken client delays the next scrape by
 //! at most a few seconds and never blocks the endpoint.
 
 use std::io::{self, Read, Write};
@@ -21,8 +21,8 @@ use prometheus_client::registry::Registry;
 pub const MAX_REQUEST_BYTES: usize = 8192;
 /// Time a client has to send its whole request head.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
-/// Time a client has to take each piece of the answer.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time a client has to take the whole answer.
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// `Content-Type` of an OpenMetrics answer.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -169,7 +169,6 @@ fn read_head(stream: &mut TcpStream) -> io::Result<Result<String, u16>> {
 }
 
 fn serve_connection(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
-    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let head = match read_head(&mut stream)? {
         Ok(head) => head,
         Err(code) => return respond(&mut stream, code, "text/plain; charset=utf-8", b"bad request\n", true),
@@ -210,11 +209,31 @@ fn respond(stream: &mut TcpStream, code: u16, content_type: &str, body: &[u8], w
         "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes())?;
+    let deadline = Instant::now() + WRITE_DEADLINE;
+    write_before(stream, head.as_bytes(), deadline)?;
     if with_body {
-        stream.write_all(body)?;
+        write_before(stream, body, deadline)?;
     }
-    stream.flush()
+    Ok(())
+}
+
+/// Writes all of `bytes` unless `deadline` passes first (a client that reads a byte at a time
+/// cannot hold the endpoint longer).
+fn write_before(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> io::Result<()> {
+    while !bytes.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the client did not take the answer in time"));
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(bytes) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the connection closed")),
+            Ok(written) => bytes = &bytes[written..],
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
 }
 
 /// A blocking `GET` of `url` (`http://HOST:PORT/PATH`) with `accept`, for tests and

@@ -612,7 +612,10 @@ impl<E: Engine> Dispatcher<E> {
         match device.submit(block::tag(slot, index), request) {
             Ok(()) => {
                 self.count(Counter::BlockRequestsSubmitted);
-                self.stats().block_submitted[namespace].add(1);
+                // Namespaces are bounded by MAX_NAMESPACES (config), the size of these cells.
+                if let Some(cell) = self.stats().block_submitted.get(namespace) {
+                    cell.add(1);
+                }
                 entry.in_flight = true;
                 entry.buffer = buffer.map(|buffer| buffer.0);
             }

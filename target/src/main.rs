@@ -419,10 +419,16 @@ fn log_start(target: &Target, config: &Config) {
     );
 }
 
+/// Prints what is served, in one write: a reader that stops after the first line (a script
+/// waiting for "serving on") must not make a later line fail and stop the daemon.
 fn print_banner(target: &Target, config: &Config) {
+    use std::fmt::Write as _;
+    use std::io::Write as _;
+    let mut banner = String::new();
     let addr = target.local_addr();
     let poll = format!("{:?}", config.poll).to_lowercase();
-    println!(
+    let _ = writeln!(
+        banner,
         "netdam-target serving on {addr} ({} worker{}, {poll} polling, {} engine, datagrams up to {} bytes)",
         config.workers,
         if config.workers == 1 { "" } else { "s" },
@@ -440,10 +446,16 @@ fn print_banner(target: &Target, config: &Config) {
             Backing::Dax(path) => format!("DAX file {}", path.display()),
         };
         let locked = if region.is_locked() { "locked in memory" } else { "NOT locked in memory (see log)" };
-        println!("  region {id} {:?}: {} bytes, {durability}, {backing}, {locked}", region.name(), region.len());
+        let _ = writeln!(
+            banner,
+            "  region {id} {:?}: {} bytes, {durability}, {backing}, {locked}",
+            region.name(),
+            region.len()
+        );
     }
     for (id, namespace) in target.namespaces().iter() {
-        println!(
+        let _ = writeln!(
+            banner,
             "  namespace {id} {:?}: {} blocks of {} bytes, {}",
             namespace.name(),
             namespace.capacity_blocks(),
@@ -452,8 +464,11 @@ fn print_banner(target: &Target, config: &Config) {
         );
     }
     if let Some(metrics) = target.metrics_addr() {
-        println!("  metrics: http://{metrics}/metrics  (netdam top --metrics http://{metrics}/metrics)");
+        let _ =
+            writeln!(banner, "  metrics: http://{metrics}/metrics  (netdam top --metrics http://{metrics}/metrics)");
     }
-    println!("Reach it with:  netdam --target {addr} stat");
-    println!("Stop with Ctrl-C.");
+    let _ = writeln!(banner, "Reach it with:  netdam --target {addr} stat");
+    let _ = writeln!(banner, "Stop with Ctrl-C.");
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(banner.as_bytes()).and_then(|()| stdout.flush());
 }

@@ -180,6 +180,12 @@ impl StatsSnapshot {
 /// Prefix of the STAT entries counting instructions per status: `status_` + the status's name.
 pub const STATUS_COUNTER_PREFIX: &str = "status_";
 
+// STAT carries every counter, every status and the target-wide entries in one answer.
+const _: () = assert!(
+    Counter::ALL.len() + Status::ALL.len() + crate::dispatch::TARGET_STAT_ENTRIES
+        <= netdam_isa::limits::MAX_STAT_ENTRIES
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,9 +196,3 @@ mod tests {
         assert_eq!(std::mem::size_of::<WorkerStats>() % 128, 0);
     }
 }
-
-// STAT carries every counter, every status and the target-wide entries in one answer.
-const _: () = assert!(
-    Counter::ALL.len() + Status::ALL.len() + crate::dispatch::TARGET_STAT_ENTRIES
-        <= netdam_isa::limits::MAX_STAT_ENTRIES
-);

@@ -188,7 +188,7 @@ fn admin_commands_store_namespaces_that_the_target_serves() {
     assert!(text.contains("disk") && text.contains("store"), "{text}");
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir", data])
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", data])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -266,4 +266,49 @@ fn admin_commands_store_namespaces_that_the_target_serves() {
     assert!(deleted.status.success() && text.contains("is left as it is"), "{text}");
     let missing = target_admin(&["namespace", "delete", "late", "--data-dir", data]);
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no namespace named \"late\""));
+}
+
+/// Starts `netdam-target` on a free UDP port with `extra` arguments and `env`, and returns the first
+/// line it logs on standard error (then stops it).
+fn first_log_line(extra: &[&str], env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_netdam-target"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--data-dir", data, "--poll", "blocking"])
+        .args(extra)
+        .env_remove("NETDAM_LOG")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().unwrap();
+    // The banner on stdout comes after the start line: once it is there, stderr has that line.
+    let mut banner = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut banner).unwrap();
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(banner.contains("serving on"), "netdam-target {extra:?} did not start: {stderr}");
+    stderr.lines().next().unwrap_or("").to_string()
+}
+
+#[test]
+fn the_start_line_names_the_settings_and_metrics_as_text_or_json() {
+    let any_port = ["--metrics-listen", "127.0.0.1:0"];
+    let json_line = first_log_line(&["--log-format", "json", any_port[0], any_port[1]], &[]);
+    let line: serde_json::Value = serde_json::from_str(&json_line).expect("a JSON log line");
+    assert_eq!(line["message"], "netdam-target started", "{json_line}");
+    assert_eq!(line["level"], "INFO");
+    assert_eq!(line["poll"], "blocking");
+    let metrics = line["metrics"].as_str().unwrap();
+    assert!(metrics.starts_with("http://127.0.0.1:") && metrics.ends_with("/metrics"), "{json_line}");
+    let text = first_log_line(&["--metrics-listen", "off"], &[]);
+    assert!(text.contains("netdam-target started") && text.contains("metrics") && text.contains("off"), "{text}");
+    // RUST_LOG filters when NETDAM_LOG is unset: at warn, the info start line is not written.
+    assert!(!first_log_line(&any_port, &[("RUST_LOG", "warn")]).contains("netdam-target started"));
+    let both = [("RUST_LOG", "warn"), ("NETDAM_LOG", "info")];
+    assert!(first_log_line(&any_port, &both).contains("netdam-target started"));
 }

@@ -183,3 +183,36 @@ fn initiator_and_block_families_count_volume_requests() {
     assert_eq!(value(&target, "netdam_block_requests_in_flight{namespace=\"disk\"}"), 0.0);
     assert_eq!(value(&target, "netdam_service_time_seconds_count{opcode=\"bread\"}"), 6.0);
 }
+
+/// `promtool check metrics` (Debian's `prometheus` package) accepts the Prometheus text answer,
+/// histograms, info metric and all. Skipped, with a note, where promtool is not installed.
+#[test]
+fn promtool_accepts_the_text_format() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let Ok(mut promtool) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        println!("promtool is not installed (apt-get install prometheus): check skipped");
+        return;
+    };
+    let test = common::start(vec![common::region("mem", 1 << 20, false)], 2, 9000);
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let mut out = [0u8; 64];
+    client.read(0, 0, &mut out).unwrap();
+    client.fetch_add(0, 8, 1).unwrap();
+    let url = format!("http://{}/metrics", test.target.metrics_addr().unwrap());
+    let (_, _, text) = get(&url, None, Duration::from_secs(5)).unwrap();
+    promtool.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let output = promtool.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
