@@ -114,6 +114,9 @@ else
   skip "the ioengine crate's tests: fio's source was not obtained (see the step above)"
 fi
 
+step "monitoring: promtool checks and rule tests, a real Prometheus scraping a loaded target and export, the console's screenshot"
+script_step ops/monitoring-tests.sh
+
 step "benchmark smoke run (not a test: timings never fail the build)"
 smoke_results="$(mktemp -d -t netdam-bench.XXXXXX)"
 ./build/release/netdam-bench latency --requests 2000 --warmup 200 --poll blocking,adaptive \
