@@ -349,14 +349,18 @@ impl Driver {
                     Ok(len) => {
                         self.session.handle_datagram(self.clock.now(), &buffer[..len]);
                         // And every answer that has arrived since, without waking again.
-                        while let Ok(len) = self.socket.try_recv(&mut buffer) {
-                            self.session.handle_datagram(self.clock.now(), &buffer[..len]);
+                        loop {
+                            match self.socket.try_recv(&mut buffer) {
+                                Ok(len) => self.session.handle_datagram(self.clock.now(), &buffer[..len]),
+                                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                                Err(error) => {
+                                    self.receive_failed(error);
+                                    break;
+                                }
+                            }
                         }
                     }
-                    Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
-                        self.fail_all(&ClientError::NotListening(self.addr));
-                    }
-                    Err(error) => self.fail_all(&ClientError::Io(error)),
+                    Err(error) => self.receive_failed(error),
                 },
                 () = async {
                     match sleep_until {
@@ -496,6 +500,15 @@ impl Driver {
             metrics.complete(waiter.opcode, latency, waiter.sent_bytes, &result);
         }
         let _ = waiter.reply.send(result);
+    }
+
+    /// A receive failed: nothing listens at the target's address, or the socket is unusable.
+    fn receive_failed(&mut self, error: std::io::Error) {
+        if error.kind() == std::io::ErrorKind::ConnectionRefused {
+            self.fail_all(&ClientError::NotListening(self.addr));
+        } else {
+            self.fail_all(&ClientError::Io(error));
+        }
     }
 
     /// Fails every request, waiting or queued, with a copy of `error` (the socket is unusable).
