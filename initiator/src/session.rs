@@ -29,8 +29,9 @@ use crate::hello::{hello_step, HelloStep, HELLO_ROUNDS};
 use crate::op::Op;
 use crate::swift::{hops_from_ttl, Swift, SwiftConfig, SwiftMetrics};
 
-/// Datagram buffers a session keeps for reuse: a full window of requests and as many replies
-/// held by the driver, so that a session in steady state allocates nothing per request.
+/// Datagram buffers a session keeps for reuse (those of finished requests, and replies given
+/// back): as many as requests may be in flight, so that a session in steady state allocates
+/// nothing per request.
 const SPARE_BUFFERS_MAX: usize = MAX_IN_FLIGHT;
 
 /// Settings of a session.

@@ -255,34 +255,26 @@ fn nbdinfo_and_qemu_img_map_the_allocation() {
         merged
     };
 
-    let map = run(Command::new("nbdinfo").args(["--map", "--json", &server.uri()]));
-    let map: serde_json::Value = serde_json::from_str(&map).unwrap_or_else(|error| panic!("{error}: {map}"));
-    let runs = map
-        .as_array()
-        .expect("a list of extents")
-        .iter()
-        .map(|extent| {
-            let flags = extent["type"].as_u64().unwrap();
-            let hole = flags & 1 != 0;
-            assert_eq!(flags & 2 != 0, hole, "holes read as zeroes here, data is not known zero: {extent}");
-            (extent["offset"].as_u64().unwrap(), extent["length"].as_u64().unwrap(), hole)
-        })
-        .collect();
-    assert_eq!(merge(runs), expected, "nbdinfo --map: {map:#}");
-
-    let map = run(Command::new("qemu-img").args(["map", "--output=json", "-f", "raw", &server.uri()]));
-    let map: serde_json::Value = serde_json::from_str(&map).unwrap_or_else(|error| panic!("{error}: {map}"));
-    let runs = map
-        .as_array()
-        .expect("a list of extents")
-        .iter()
-        .map(|extent| {
+    // A tool's JSON list of extents as (offset, length, hole) runs, each read by `extent`.
+    let runs_of = |output: String, extent: &dyn Fn(&serde_json::Value) -> (u64, u64, bool)| {
+        let map: serde_json::Value = serde_json::from_str(&output).unwrap_or_else(|error| panic!("{error}: {output}"));
+        let runs = map.as_array().expect("a list of extents").iter().map(extent).collect();
+        (merge(runs), map)
+    };
+    let (runs, map) = runs_of(run(Command::new("nbdinfo").args(["--map", "--json", &server.uri()])), &|extent| {
+        let flags = extent["type"].as_u64().unwrap();
+        let hole = flags & 1 != 0;
+        assert_eq!(flags & 2 != 0, hole, "holes read as zeroes here, data is not known zero: {extent}");
+        (extent["offset"].as_u64().unwrap(), extent["length"].as_u64().unwrap(), hole)
+    });
+    assert_eq!(runs, expected, "nbdinfo --map: {map:#}");
+    let (runs, map) =
+        runs_of(run(Command::new("qemu-img").args(["map", "--output=json", "-f", "raw", &server.uri()])), &|extent| {
             let hole = extent["data"] == false;
             assert_eq!(extent["zero"] == true, hole, "{extent}");
             (extent["start"].as_u64().unwrap(), extent["length"].as_u64().unwrap(), hole)
-        })
-        .collect();
-    assert_eq!(merge(runs), expected, "qemu-img map: {map:#}");
+        });
+    assert_eq!(runs, expected, "qemu-img map: {map:#}");
     assert!(Calls::get(&disk.calls.block_statuses) >= 4, "short answers were followed up");
     assert_eq!(Calls::get(&disk.calls.bad_calls), 0);
     let report = server.stop();
