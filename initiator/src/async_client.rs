@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use netdam_isa::control::{decode_stat_answer, HelloAnswer, RegionInfo};
@@ -12,6 +13,7 @@ use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::{Instant, LaneType, Opcode};
+use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -20,6 +22,7 @@ use crate::error::ClientError;
 use crate::metrics::SessionMetrics;
 use crate::op::Op;
 use crate::session::{Reply, Session, SessionConfig};
+use crate::stamped;
 use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
 
 /// Requests waiting for the I/O task beyond the session window: back-pressure to callers.
@@ -345,21 +348,22 @@ impl Driver {
                     }
                     None => open = false,
                 },
-                received = self.socket.recv(&mut buffer) => match received {
-                    Ok(len) => {
-                        self.session.handle_datagram(self.clock.now(), &buffer[..len]);
-                        // And every answer that has arrived since, without waking again.
-                        loop {
-                            match self.socket.try_recv(&mut buffer) {
-                                Ok(len) => self.session.handle_datagram(self.clock.now(), &buffer[..len]),
-                                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
-                                Err(error) => {
-                                    self.receive_failed(error);
-                                    break;
-                                }
+                ready = self.socket.readable() => match ready {
+                    // Every answer that has arrived, without waking again, each with how long
+                    // it waited in the socket (`stamped`).
+                    Ok(()) => loop {
+                        let fd = self.socket.as_raw_fd();
+                        match self.socket.try_io(Interest::READABLE, || stamped::recv(fd, &mut buffer)) {
+                            Ok((len, waited)) => {
+                                self.session.handle_datagram_waited(self.clock.now(), waited, &buffer[..len])
+                            }
+                            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                            Err(error) => {
+                                self.receive_failed(error);
+                                break;
                             }
                         }
-                    }
+                    },
                     Err(error) => self.receive_failed(error),
                 },
                 () = async {

@@ -19,6 +19,7 @@ use crate::error::ClientError;
 use crate::hello::close_outcome;
 use crate::op::Op;
 use crate::session::{Reply, Session, SessionConfig, SessionStats};
+use crate::stamped;
 use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
 
 /// How a client waits for answers.
@@ -58,6 +59,8 @@ pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>) -> i
     let any: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("valid literal");
     let socket = UdpSocket::bind(local.unwrap_or(any))?;
     socket.connect(addr)?;
+    // Unstamped answers still work (they count as read on arrival), so a refusal is no error.
+    let _ = stamped::enable(socket.as_raw_fd());
     Ok(socket)
 }
 
@@ -529,8 +532,10 @@ impl Client {
             return Err(error);
         }
         loop {
-            match self.socket.recv(&mut self.receive_buffer) {
-                Ok(len) => self.session.handle_datagram(self.clock.now(), &self.receive_buffer[..len]),
+            match stamped::recv(self.socket.as_raw_fd(), &mut self.receive_buffer) {
+                Ok((len, waited)) => {
+                    self.session.handle_datagram_waited(self.clock.now(), waited, &self.receive_buffer[..len])
+                }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
                     return Err(ClientError::NotListening(self.info.addr));

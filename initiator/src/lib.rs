@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod nbd;
 pub mod op;
 pub mod session;
+mod stamped;
 pub mod swift;
 pub mod target_info;
 pub mod top;

@@ -677,6 +677,13 @@ impl Session {
 
     /// Takes a received datagram.
     pub fn handle_datagram(&mut self, now: Instant, bytes: &[u8]) {
+        self.handle_datagram_waited(now, Duration::ZERO, bytes);
+    }
+
+    /// Takes a received datagram that arrived `waited` before `now` (by the kernel's receive
+    /// timestamp): the round trip that congestion control and the retransmission timeout learn
+    /// from ends at its arrival, not at this thread's reading it (`stamped`).
+    pub fn handle_datagram_waited(&mut self, now: Instant, waited: Duration, bytes: &[u8]) {
         let Ok(response) = Response::parse(bytes) else {
             self.stats.ignored += 1;
             return;
@@ -720,11 +727,12 @@ impl Session {
         let rtt = now.saturating_since(request.sent_at);
         // Karn: a retransmitted request's RTT is ambiguous; only first transmissions are samples.
         if request.attempts == 1 && response.status() != Status::Busy {
-            self.rtt.update(rtt);
+            let arrived = rtt.saturating_sub(waited);
+            self.rtt.update(arrived);
             if let Some(swift) = &mut self.swift {
                 let service = Duration::from_nanos(u64::from(header.service_time_ns));
                 let queueing = Duration::from_micros(u64::from(header.queueing_us));
-                swift.on_answer(now, rtt, service, queueing, hops_from_ttl(header.ttl), 1);
+                swift.on_answer(now, arrived, service, queueing, hops_from_ttl(header.ttl), 1);
             }
         }
         // The request's buffer (of the datagram size) takes the answer: no allocation.

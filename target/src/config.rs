@@ -246,7 +246,9 @@ pub struct Config {
     /// Largest datagram the target receives or sends.
     #[serde(default = "default_max_datagram_bytes")]
     pub max_datagram_bytes: usize,
-    /// A request that queued longer than this (µs) is answered BUSY instead of executed.
+    /// A request that queued longer than this (µs) is answered BUSY instead of executed, once
+    /// requests have kept queuing that long for as long again (a standing queue: the backlog a
+    /// pause of the worker leaves is executed).
     #[serde(default = "default_busy_threshold_us")]
     pub busy_threshold_us: u64,
     /// Sessions each worker holds at once (each keeps a replay window of answers).

@@ -29,6 +29,7 @@ use netdam_pmem::Durability;
 use crate::block::{self, BlockPath, Pending, ReplyTo, RunEntry};
 use crate::cookies::{CookieJar, CookieRefusal};
 use crate::namespaces::NamespaceTable;
+use crate::overload::StandingQueue;
 use crate::regions::RegionTable;
 use crate::sessions::{Admission, OpenRefusal, RecordTicket, SessionLimits, SessionTable};
 use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
@@ -44,7 +45,8 @@ const REFUSAL_LOG_INTERVAL: Duration = Duration::from_millis(10_000);
 pub struct DispatchSettings {
     /// Largest datagram received or sent.
     pub max_datagram_bytes: usize,
-    /// A request that queued longer than this is answered BUSY instead of executed.
+    /// A request that queued longer than this, while requests have kept queuing that long for as
+    /// long again, is answered BUSY instead of executed (a standing queue, see `overload`).
     pub busy_threshold: Duration,
     /// Session table size, share per address and idle timeout.
     pub sessions: SessionLimits,
@@ -156,6 +158,8 @@ pub struct Dispatcher<E> {
     current_opcode: u8,
     /// Whether the per-opcode metrics are recorded.
     metrics: bool,
+    /// Whether requests that queued past the BUSY threshold form a standing queue.
+    overload: StandingQueue,
 }
 
 impl<E: Engine> Dispatcher<E> {
@@ -166,6 +170,9 @@ impl<E: Engine> Dispatcher<E> {
         let sessions = SessionTable::new(worker, shared.epoch, shared.settings.sessions);
         let block = BlockPath::new(devices, shared.settings.max_datagram_bytes);
         let metrics = shared.settings.metrics;
+        // A queue over the threshold for as long again is standing (see `overload`).
+        let busy = shared.settings.busy_threshold;
+        let overload = StandingQueue::new(busy, busy);
         Dispatcher {
             engine,
             shared,
@@ -178,6 +185,7 @@ impl<E: Engine> Dispatcher<E> {
             group_commit: false,
             current_opcode: 0,
             metrics,
+            overload,
         }
     }
 
@@ -230,9 +238,10 @@ impl<E: Engine> Dispatcher<E> {
         if self.metrics {
             self.stats().opcode(self.current_opcode).queueing.record_ns(queueing.as_nanos());
         }
-        if queueing > self.shared.settings.busy_threshold {
+        if self.overload.is_standing(now, queueing) {
             // Overloaded: the queue is the problem, so do not add to it. The initiator waits about
-            // as long as this request waited, then retries; nothing was executed.
+            // as long as this request waited, then retries; nothing was executed. A backlog that
+            // only waited out a pause of the worker executes (`overload`).
             self.count(Counter::AnsweredBusy);
             let mut response = ResponseWriter::new(out, header.session, header.sequence);
             response.set_status(Status::Busy);
@@ -377,6 +386,12 @@ impl<E: Engine> Dispatcher<E> {
                 tracing::warn!(worker = self.worker, %error, "cannot place io_uring helper threads");
             }
         }
+    }
+
+    /// Whether the datagrams of the receive pass under way have a backlog behind them (the
+    /// pass took a whole batch): without one, BUSY would shed nothing (see `overload`).
+    pub fn set_backlog(&mut self, backlog: bool) {
+        self.overload.set_backlog(backlog);
     }
 
     /// Group commit for one receive pass (see [`Engine::set_group_commit`]).
@@ -971,8 +986,21 @@ mod tests {
         queued: Duration,
         ops: &[Instruction<'_>],
     ) -> (Vec<u8>, bool) {
+        exchange_numbered(dispatcher, now, from, session, 1, queued, ops)
+    }
+
+    /// As [`exchange_at`], with the request's sequence number.
+    fn exchange_numbered(
+        dispatcher: &mut Dispatcher<SoftwareEngine>,
+        now: Instant,
+        from: u16,
+        session: u32,
+        sequence: u64,
+        queued: Duration,
+        ops: &[Instruction<'_>],
+    ) -> (Vec<u8>, bool) {
         let mut request = vec![0u8; 8192];
-        let mut builder = RequestBuilder::new(&mut request, session, 1).unwrap();
+        let mut builder = RequestBuilder::new(&mut request, session, sequence).unwrap();
         for op in ops {
             builder.push(op).unwrap();
         }
@@ -1023,24 +1051,37 @@ mod tests {
     }
 
     #[test]
-    fn a_request_that_queued_too_long_is_answered_busy_and_not_executed() {
+    fn a_standing_queue_is_answered_busy_and_not_executed() {
         let mut dispatcher = dispatcher();
         let session = open_session(&mut dispatcher, Instant::ZERO, ME);
-
+        dispatcher.set_backlog(true);
         let add = 1u64.to_le_bytes();
-        let (busy, executed) =
-            exchange(&mut dispatcher, session, Duration::from_micros(2500), instruction(Opcode::FetchAdd, 8, &add));
-        let busy = Response::parse(&busy).unwrap();
-        assert_eq!((busy.status(), busy.header.count, busy.header.queueing_us), (Status::Busy, 0, 2500));
+        let fetch_add = |dispatcher: &mut Dispatcher<SoftwareEngine>, at_us: u64, queued_us: u64| {
+            let at = Instant::ZERO + Duration::from_micros(at_us);
+            let (answer, executed) = exchange_numbered(
+                dispatcher,
+                at,
+                ME,
+                session,
+                at_us,
+                Duration::from_micros(queued_us),
+                &[instruction(Opcode::FetchAdd, 8, &add)],
+            );
+            let answer = Response::parse(&answer).unwrap();
+            (answer.status(), answer.header.count, answer.header.queueing_us, executed)
+        };
+
+        // The first request past the threshold (1 ms) is a backlog left by a pause: it executes.
+        assert_eq!(fetch_add(&mut dispatcher, 10_000, 2_500), (Status::Ok, 1, 2_500, true));
+        // Requests have queued past the threshold for the threshold's length: a standing queue.
+        let (status, count, queueing_us, executed) = fetch_add(&mut dispatcher, 11_000, 2_400);
+        assert_eq!((status, count, queueing_us), (Status::Busy, 0, 2_400));
         assert!(!executed, "a BUSY answer executes nothing");
 
         // Once the queue has drained, the same request executes: BUSY left no trace.
-        let (done, executed) =
-            exchange(&mut dispatcher, session, Duration::from_micros(20), instruction(Opcode::FetchAdd, 8, &add));
-        let done = Response::parse(&done).unwrap();
+        let (status, _, queueing_us, executed) = fetch_add(&mut dispatcher, 11_100, 20);
         assert!(executed);
-        assert_eq!(done.header.queueing_us, 20, "the answer reports the queueing it saw");
-        assert_eq!(done.results().next().unwrap().data, 0u64.to_le_bytes());
+        assert_eq!((status, queueing_us), (Status::Ok, 20), "the answer reports the queueing it saw");
         assert_eq!(dispatcher.stats().get(Counter::AnsweredBusy), 1);
     }
 

@@ -23,6 +23,7 @@ pub mod engine;
 pub mod metadata;
 pub mod metrics;
 pub mod namespaces;
+pub mod overload;
 pub mod regions;
 pub mod server;
 pub mod sessions;

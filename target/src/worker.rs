@@ -25,6 +25,13 @@ use crate::sessions::RecordTicket;
 use crate::socket::{self, ReceiveBatch};
 use crate::stats::Counter;
 
+/// A yield that returns later than this lost the core to a CPU-bound thread: a runnable
+/// thread that sends requests (fio, an NBD export) takes microseconds before it blocks again.
+const LOST_YIELD: Duration = Duration::from_micros(500);
+
+/// How long an adaptive worker that lost a yield blocks on an empty socket instead of yielding.
+const CONTENDED_FOR: Duration = Duration::from_millis(100);
+
 /// How one worker runs.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkerSettings {
@@ -46,6 +53,12 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     let clock = settings.clock;
     // Last datagram received or block answer sent.
     let mut last_datagram = clock.now();
+    // Adaptive mode: until when the core counts as contended (a yield lost it for long), so the
+    // worker blocks as soon as the socket is empty instead of yielding (see below).
+    let mut contended_until = Instant::ZERO;
+    // When the worker last finished a pass with datagrams (CLOCK_REALTIME ns, the clock of the
+    // kernel's receive timestamps): a datagram that arrived later did not wait behind work.
+    let mut free_since_ns = 0u64;
     while !shutdown.load(Ordering::Relaxed) {
         let pass_start = clock.now();
         // Session expiry: a bounded share of the table, at most once per sweep interval.
@@ -55,7 +68,9 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             && match settings.poll {
                 PollMode::Busy => false,
                 PollMode::Blocking => true,
-                PollMode::Adaptive => pass_start.saturating_since(last_datagram) > settings.adaptive_spin,
+                PollMode::Adaptive => {
+                    pass_start < contended_until || pass_start.saturating_since(last_datagram) > settings.adaptive_spin
+                }
             };
         let count = match batch.receive(&fd, wait) {
             Ok(count) => count,
@@ -77,8 +92,19 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                         // to any runnable thread between empty polls. Measured with `netdam nbd`
                         // at depth 32: 30-36k IOPS and 8-10 ms p99.9 without, 96-111k and 1.7 ms
                         // with (docs/DECISIONS.md). Busy polling keeps its core to itself.
+                        // But a yield hands the core to a CPU-bound thread for its whole slice
+                        // (milliseconds), and a pinned worker cannot move away: each yield then
+                        // adds that slice to the next request's latency. A sleeping worker is
+                        // woken by the datagram's arrival instead, ahead of such a thread. So
+                        // once a yield comes back late, block whenever the socket is empty for
+                        // a while (docs/DECISIONS.md).
+                        let yielded_at = clock.now();
                         // SAFETY: sched_yield takes no arguments and cannot fail on Linux.
                         unsafe { libc::sched_yield() };
+                        let back = clock.now();
+                        if back.saturating_since(yielded_at) > LOST_YIELD {
+                            contended_until = back + CONTENDED_FOR;
+                        }
                     }
                     std::hint::spin_loop();
                 }
@@ -91,6 +117,8 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         // Group commit: the pass's writes to durable regions are persisted once, at its end,
         // and every answer given after the first such write waits for that persist.
         dispatcher.set_group_commit(true);
+        // A whole batch means more datagrams wait in the socket: only then can BUSY shed load.
+        dispatcher.set_backlog(count == RECEIVE_BATCH);
         for index in 0..count {
             let (received, datagram) = batch.get(index);
             if received.truncated {
@@ -98,12 +126,25 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 dispatcher.count(Counter::DroppedOversized);
                 continue;
             }
-            // Queueing: the wait in the kernel's socket queue, then behind earlier datagrams of
-            // this batch.
+            // Waited: in the kernel's socket queue, then behind earlier datagrams of this batch;
+            // all of it is the target's time (the service time reported). Queueing is the part
+            // spent behind other work: the socket wait until the previous pass ended, and the
+            // wait in this batch. The rest of the socket wait is the worker waking up or getting
+            // its core back (a contended machine); an initiator sending less would not shorten
+            // it, so it neither shrinks endpoint windows nor earns a BUSY.
             let started = clock.now();
-            let in_kernel = Duration::from_nanos(received_at_realtime_ns.saturating_sub(received.kernel_realtime_ns));
-            let in_kernel = if received.kernel_realtime_ns == 0 { Duration::ZERO } else { in_kernel };
-            let queueing = in_kernel + started.saturating_since(received_at);
+            let (in_kernel, behind_work) = if received.kernel_realtime_ns == 0 {
+                (Duration::ZERO, Duration::ZERO)
+            } else {
+                let arrived = received.kernel_realtime_ns;
+                (
+                    Duration::from_nanos(received_at_realtime_ns.saturating_sub(arrived)),
+                    Duration::from_nanos(free_since_ns.min(received_at_realtime_ns).saturating_sub(arrived)),
+                )
+            };
+            let in_batch = started.saturating_since(received_at);
+            let waited = in_kernel + in_batch;
+            let queueing = behind_work + in_batch;
             let Some(peer) = batch.peer(index) else {
                 // recvmmsg fills an IP sender for every datagram of a UDP socket.
                 dispatcher.count(Counter::DatagramsReceived);
@@ -118,7 +159,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 Handled::Replay(len) => (len, None, false),
                 Handled::Deferred(_) => continue,
                 Handled::Answer { response, record } => {
-                    let held_for = queueing + clock.now().saturating_since(started);
+                    let held_for = waited + clock.now().saturating_since(started);
                     let service_time_ns = u32::try_from(held_for.as_nanos()).unwrap_or(u32::MAX);
                     // Datagrams of this batch still waiting behind this one: the worker's queue.
                     let queue_depth = (count - 1 - index) as u16;
@@ -137,7 +178,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 }
                 // Its service time is restamped when it leaves: the persist is part of it, and
                 // an initiator that saw it as network delay would shrink its fabric window.
-                let service_from = Instant::from_nanos(started.as_nanos().saturating_sub(queueing.as_nanos()));
+                let service_from = Instant::from_nanos(started.as_nanos().saturating_sub(waited.as_nanos()));
                 let opcode = dispatcher.current_opcode();
                 held.push(Held { index, len, service_from, record, opcode }, &out[..len]);
                 dispatcher.count(Counter::AnswersHeld);
@@ -171,6 +212,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         if poll_block(&fd, &mut dispatcher, &clock) > 0 {
             last_datagram = clock.now();
         }
+        free_since_ns = socket::realtime_ns();
     }
 }
 

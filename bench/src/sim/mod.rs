@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use netdam_initiator::session::{Completion, Session, SessionConfig};
 use netdam_initiator::{ClientError, Op};
-use netdam_isa::limits::DEFAULT_DATAGRAM_BYTES;
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, RECEIVE_BATCH};
 use netdam_isa::{Duration, Instant, LaneType};
 use netdam_target::block::ReplyTo;
 use netdam_target::config::{ByteSize, RegionBackend, RegionConfig};
@@ -610,6 +610,8 @@ impl Sim {
         let depth = self.target.queue.len().min(u16::MAX as usize) as u16;
         let target = &mut self.target;
         target.dispatcher.tick(self.now);
+        // As a worker whose receive took a whole batch: more datagrams wait behind this one.
+        target.dispatcher.set_backlog(usize::from(depth) + 1 >= RECEIVE_BATCH);
         let from = ReplyTo { peer: initiator_addr(from_index), ttl: RECEIVED_TTL };
         // An answer that executes nothing (BUSY, stale, no session, a replay) costs the target a
         // decode and a send, not an execution.

@@ -1,0 +1,108 @@
+//! Receiving answers with the kernel's receive timestamp.
+//!
+//! A round trip measured to the moment this thread reads the answer includes however long the
+//! thread took to get there: on a contended machine it waits for a core for milliseconds, and
+//! Swift would read that as fabric congestion and shrink the window of a network that is idle.
+//! The kernel stamps each datagram as it queues it on the socket (`SO_TIMESTAMPNS`, the same
+//! stamp the target uses for its queueing); the time the answer then waited in the socket is
+//! the initiator's own delay, and the session leaves it out of its round-trip samples (Swift
+//! measures with NIC timestamps for the same reason).
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::RawFd;
+
+use netdam_isa::Duration;
+
+/// Room for one `SCM_TIMESTAMPNS` control message.
+const CONTROL_BYTES: usize = 64;
+
+/// Asks the kernel to stamp every datagram `fd` receives. Without it (an old kernel) answers
+/// come unstamped and count as read the moment they arrived.
+pub(crate) fn enable(fd: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and a c_int option of the stated length.
+    let done = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&on as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Receives one datagram into `buffer` without blocking (the socket is non-blocking): its
+/// length, and how long it waited in the socket before this call (zero if unstamped).
+pub(crate) fn recv(fd: RawFd, buffer: &mut [u8]) -> io::Result<(usize, Duration)> {
+    let mut control = [0u64; CONTROL_BYTES / 8];
+    let mut iov = libc::iovec { iov_base: buffer.as_mut_ptr().cast(), iov_len: buffer.len() };
+    // SAFETY: msghdr is plain data; every pointer set below outlives the call.
+    let mut header: libc::msghdr = unsafe { zeroed() };
+    header.msg_iov = &mut iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    header.msg_controllen = CONTROL_BYTES as _;
+    // SAFETY: a valid socket and a message header whose buffers are live and of the stated sizes.
+    let len = unsafe { libc::recvmsg(fd, &mut header, libc::MSG_DONTWAIT) };
+    if len < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let stamp = kernel_stamp_ns(&header);
+    let waited = if stamp == 0 { 0 } else { realtime_ns().saturating_sub(stamp) };
+    Ok((len as usize, Duration::from_nanos(waited)))
+}
+
+/// The kernel's receive timestamp (CLOCK_REALTIME ns) in a received message's control data.
+fn kernel_stamp_ns(header: &libc::msghdr) -> u64 {
+    // SAFETY: the CMSG macros walk the control buffer the kernel filled, within its length.
+    unsafe {
+        let mut message = libc::CMSG_FIRSTHDR(header);
+        while !message.is_null() {
+            if (*message).cmsg_level == libc::SOL_SOCKET && (*message).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let stamp: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(message).cast());
+                return (stamp.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(stamp.tv_nsec as u64);
+            }
+            message = libc::CMSG_NXTHDR(header, message);
+        }
+    }
+    0
+}
+
+/// CLOCK_REALTIME in ns, the clock of the kernel's receive timestamps (a vDSO call).
+fn realtime_ns() -> u64 {
+    // SAFETY: clock_gettime writes one timespec.
+    let mut now: libc::timespec = unsafe { zeroed() };
+    // SAFETY: a valid clock id and a live timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
+    (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_datagram_that_sat_in_the_socket_reports_its_wait() {
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver.set_nonblocking(true).unwrap();
+        enable(receiver.as_raw_fd()).unwrap();
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sender.send_to(b"answer", receiver.local_addr().unwrap()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut buffer = [0u8; 64];
+        let (len, waited) = recv(receiver.as_raw_fd(), &mut buffer).unwrap();
+        assert_eq!(&buffer[..len], b"answer");
+        assert!(waited >= Duration::from_millis(19), "it waited {waited:?} by the kernel's stamp");
+        let empty = recv(receiver.as_raw_fd(), &mut buffer).unwrap_err();
+        assert_eq!(empty.kind(), io::ErrorKind::WouldBlock);
+    }
+}
