@@ -22,7 +22,7 @@ use std::sync::Arc;
 use netdam_isa::control::{Cookie, HelloAnswer, NO_COOKIE};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT, REPLAY_WINDOW};
 use netdam_isa::wire::{set_request_session, Instruction, InstructionResult, RequestBuilder, Response};
-use netdam_isa::{Duration, Instant, Status};
+use netdam_isa::{Duration, Instant, Opcode, Status};
 
 use crate::error::ClientError;
 use crate::hello::{hello_step, HelloStep, HELLO_ROUNDS};
@@ -253,6 +253,8 @@ struct Request {
     sequence: u64,
     datagram: Datagram,
     idempotent: bool,
+    /// Whose service time its timeout allows for.
+    kind: ServiceKind,
     attempts: u32,
     busy_retries: u32,
     state: State,
@@ -263,7 +265,47 @@ struct Request {
     first_sent_at: Option<Instant>,
 }
 
-/// Smoothed RTT and variance (RFC 6298) for the retransmission timeout.
+/// What executes a request at the target, and so how long its service takes: memory answers
+/// in microseconds, a block device in up to milliseconds when it is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServiceKind {
+    Memory = 0,
+    Block = 1,
+}
+
+/// The retransmission timeouts: round trips are smoothed per kind of request, each with its
+/// variance, so a block request's timeout allows for the service time its device takes (the
+/// target reports it in every answer, and it is in that kind's round trips) and a memory
+/// request's does not wait for a disk. A session that mixes memory requests with block requests
+/// to a loaded disk would otherwise time its block requests by round trips that memory requests
+/// keep short, and resend them while the disk works. A session of one kind times as before.
+#[derive(Debug, Clone, Copy, Default)]
+struct Timeouts {
+    by_kind: [RttEstimator; 2],
+}
+
+impl Timeouts {
+    fn update(&mut self, kind: ServiceKind, rtt: Duration) {
+        self.by_kind[kind as usize].update(rtt);
+    }
+
+    /// The timeout of a request of `kind`: the initial one until that kind has been answered.
+    fn rto(&self, kind: ServiceKind, config: &SessionConfig) -> Duration {
+        self.by_kind[kind as usize].allowance().unwrap_or(config.initial_rto).clamp(config.min_rto, config.max_rto)
+    }
+
+    /// The longer timeout of the kinds answered so far (the initial one before any answer).
+    fn largest(&self, config: &SessionConfig) -> Duration {
+        let learned = |kind: ServiceKind| self.by_kind[kind as usize].allowance().map(|_| self.rto(kind, config));
+        learned(ServiceKind::Memory)
+            .into_iter()
+            .chain(learned(ServiceKind::Block))
+            .max()
+            .unwrap_or_else(|| self.rto(ServiceKind::Memory, config))
+    }
+}
+
+/// A smoothed time and its variance (RFC 6298's estimator).
 #[derive(Debug, Clone, Copy, Default)]
 struct RttEstimator {
     smoothed_ns: Option<f64>,
@@ -285,12 +327,9 @@ impl RttEstimator {
         }
     }
 
-    fn rto(&self, config: &SessionConfig) -> Duration {
-        match self.smoothed_ns {
-            None => config.initial_rto,
-            Some(smoothed) => Duration::from_nanos((smoothed + 4.0 * self.variance_ns) as u64),
-        }
-        .clamp(config.min_rto, config.max_rto)
+    /// The smoothed value plus four variances, once there is a sample.
+    fn allowance(&self) -> Option<Duration> {
+        self.smoothed_ns.map(|smoothed| Duration::from_nanos((smoothed + 4.0 * self.variance_ns) as u64))
     }
 }
 
@@ -313,7 +352,8 @@ pub struct SessionStats {
     pub sessions_lost: u64,
     /// Smoothed RTT.
     pub smoothed_rtt: Duration,
-    /// Current retransmission timeout.
+    /// Current retransmission timeout of the slower kind of request learned so far (memory or
+    /// block: each allows for its own service time).
     pub rto: Duration,
     /// Effective congestion window in requests (`max_in_flight` without congestion control).
     pub window: f64,
@@ -330,7 +370,10 @@ pub struct Session {
     requests: Vec<Request>,
     send_queue: VecDeque<u64>,
     completions: VecDeque<Completion>,
+    /// Whole round trips, for the statistics.
     rtt: RttEstimator,
+    /// What the retransmission timeouts are made of.
+    timeouts: Timeouts,
     swift: Option<Swift>,
     stats: SessionStats,
     /// Datagram buffers of finished requests and recycled replies, each of the negotiated
@@ -358,6 +401,7 @@ impl Session {
             send_queue: VecDeque::with_capacity(config.max_in_flight),
             completions: VecDeque::new(),
             rtt: RttEstimator::default(),
+            timeouts: Timeouts::default(),
             swift: config.congestion.map(Swift::new),
             stats: SessionStats::default(),
             spare_buffers: Vec::new(),
@@ -398,7 +442,7 @@ impl Session {
         let hello = Op::hello(size, cookie);
         match self.encode(1, &|_| hello.as_instruction()) {
             Ok(datagram) => {
-                let sequence = self.push(Origin::Hello, 0, datagram, true, State::Waiting);
+                let sequence = self.push(Origin::Hello, 0, datagram, (true, ServiceKind::Memory), State::Waiting);
                 self.send_queue.push_front(sequence);
             }
             Err(error) => self.end_hello(Err(error)),
@@ -509,7 +553,7 @@ impl Session {
     pub fn stats(&self) -> SessionStats {
         SessionStats {
             smoothed_rtt: Duration::from_nanos(self.rtt.smoothed_ns.unwrap_or(0.0) as u64),
-            rto: self.rtt.rto(&self.config),
+            rto: self.timeouts.largest(&self.config),
             window: self.swift.as_ref().map_or(self.config.max_in_flight as f64, Swift::window),
             swift: self.swift.as_ref().map(Swift::metrics),
             ..self.stats
@@ -549,14 +593,16 @@ impl Session {
         }
         let datagram = self.encode(count, &instruction)?;
         let idempotent = (0..count).all(|index| instruction(index).is_idempotent());
+        let block = (0..count).any(|index| Opcode::from_u8(instruction(index).opcode).is_some_and(Opcode::is_block));
+        let kind = if block { ServiceKind::Block } else { ServiceKind::Memory };
         if self.session_id == 0 && self.hello_size.is_some() {
             if self.hello.is_none() {
                 // The last HELLO failed; this request asks again.
                 self.begin_hello();
             }
-            self.push(Origin::Caller, token, datagram, idempotent, State::Parked);
+            self.push(Origin::Caller, token, datagram, (idempotent, kind), State::Parked);
         } else {
-            let sequence = self.push(Origin::Caller, token, datagram, idempotent, State::Waiting);
+            let sequence = self.push(Origin::Caller, token, datagram, (idempotent, kind), State::Waiting);
             self.send_queue.push_back(sequence);
         }
         self.stats.submitted += 1;
@@ -616,7 +662,14 @@ impl Session {
     }
 
     /// Adds an encoded request (of the next sequence); returns its sequence.
-    fn push(&mut self, origin: Origin, token: u64, datagram: Datagram, idempotent: bool, state: State) -> u64 {
+    fn push(
+        &mut self,
+        origin: Origin,
+        token: u64,
+        datagram: Datagram,
+        (idempotent, kind): (bool, ServiceKind),
+        state: State,
+    ) -> u64 {
         let sequence = self.next_sequence;
         self.next_sequence += 1;
         self.requests.push(Request {
@@ -626,6 +679,7 @@ impl Session {
             sequence,
             datagram,
             idempotent,
+            kind,
             attempts: 0,
             busy_retries: 0,
             state,
@@ -656,7 +710,7 @@ impl Session {
                 }
             }
             self.send_queue.pop_front();
-            let rto = self.rtt.rto(&self.config);
+            let rto = self.timeouts.rto(self.requests[index].kind, &self.config);
             let request = &mut self.requests[index];
             request.attempts += 1;
             let backed_off = Duration::from_nanos(rto.as_nanos().saturating_mul(1 << (request.attempts - 1).min(16)));
@@ -729,6 +783,7 @@ impl Session {
         if request.attempts == 1 && response.status() != Status::Busy {
             let arrived = rtt.saturating_sub(waited);
             self.rtt.update(arrived);
+            self.timeouts.update(request.kind, arrived);
             if let Some(swift) = &mut self.swift {
                 let service = Duration::from_nanos(u64::from(header.service_time_ns));
                 let queueing = Duration::from_micros(u64::from(header.queueing_us));

@@ -421,3 +421,28 @@ fn time_an_answer_waited_for_the_reader_is_not_round_trip() {
     assert!(read_late.window > 4.0, "20 µs is below the fabric target: {}", read_late.window);
     assert!(read_at_once.window < 4.0, "5 ms is far above it: {}", read_at_once.window);
 }
+
+#[test]
+fn a_block_request_times_out_by_block_round_trips_and_a_memory_request_by_memory_ones() {
+    let config = SessionConfig { max_rto: Duration::from_millis(100), ..config() };
+    let mut session = Session::new(config, 9);
+    let at_us = |us: u64| Instant::ZERO + Duration::from_micros(us);
+    // A memory READ answered in 20 µs, a BREAD in 8 ms (a loaded disk).
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    let read = session.poll_transmit(at_us(0)).unwrap().to_vec();
+    session.handle_datagram(at_us(20), &answer(&read));
+    session.submit(&[Op::block_read(0, 0, 1)], 2).unwrap();
+    let bread = session.poll_transmit(at_us(1_000)).unwrap().to_vec();
+    session.handle_datagram(at_us(9_000), &answer(&bread));
+    assert_eq!(session.poll_completion().map(|done| done.token), Some(1));
+    assert_eq!(session.poll_completion().map(|done| done.token), Some(2));
+
+    // Each kind's first sample: smoothed = sample, variance = half; timeout = 3x the sample.
+    session.submit(&[Op::block_read(0, 1, 1)], 3).unwrap();
+    session.poll_transmit(at_us(10_000)).unwrap();
+    assert_eq!(session.poll_timeout(), Some(at_us(10_000 + 24_000)), "the disk's 8 ms are allowed for");
+    session.submit(&[Op::read(0, 8, 8)], 4).unwrap();
+    session.poll_transmit(at_us(10_000)).unwrap();
+    assert_eq!(session.poll_timeout(), Some(at_us(10_000 + 500)), "memory keeps its own (the 500 µs floor)");
+    assert_eq!(session.stats().rto, Duration::from_millis(24), "the statistics show the longer");
+}
