@@ -73,6 +73,18 @@ pub enum RegionError {
         /// What mmap said.
         source: io::Error,
     },
+    /// The file system holding the backing file has no room for the whole region.
+    #[error("region {name:?}: the file system of {path} has no room for its {size_bytes} bytes ({source}); free space there or make the region smaller")]
+    NoSpace {
+        /// Region name.
+        name: String,
+        /// Backing file.
+        path: PathBuf,
+        /// Size asked for.
+        size_bytes: u64,
+        /// What the file system said (ENOSPC or EDQUOT).
+        source: io::Error,
+    },
     /// Any other system call failed.
     #[error("region {name:?}: {what} failed: {source}")]
     System {
@@ -288,6 +300,24 @@ fn map_file(name: &str, path: &Path, size_bytes: u64, dax: bool) -> Result<*mut 
             actual_bytes,
             size_bytes,
         });
+    }
+    // Reserve every block now. A store into a hole of a shared file mapping allocates on its
+    // page fault, and on a full file system that fault is a SIGBUS that kills the target with
+    // acknowledged requests in flight; reserved, a full file system stops the start instead,
+    // with its reason. On a file already allocated this only walks its extents.
+    // SAFETY: posix_fallocate on an open descriptor; it returns the error number.
+    let reserved = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size_bytes as libc::off_t) };
+    match reserved {
+        0 => {}
+        libc::ENOSPC | libc::EDQUOT => {
+            return Err(RegionError::NoSpace {
+                name: name.to_string(),
+                path: path.to_path_buf(),
+                size_bytes,
+                source: io::Error::from_raw_os_error(reserved),
+            })
+        }
+        error => return Err(system("reserving the blocks of", io::Error::from_raw_os_error(error))),
     }
     let flags = if dax { libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC } else { libc::MAP_SHARED | libc::MAP_POPULATE };
     // SAFETY: maps the open file; the mapping stays valid after the descriptor is closed.
