@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::durability::{holds, pattern, word, Candidates};
 use common::{seed, Rng};
 use netdam_initiator::{Client, ClientError};
 use netdam_isa::control::NamespaceInfo;
@@ -55,58 +56,8 @@ const SHARED_COUNTER: u64 = COUNTERS + 8 * INITIATORS as u64;
 /// How long a start may take on a loaded machine before the test gives up on it.
 const START_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// A value of one 8-byte word of `version` of slot or block `index` of `initiator`; version 0 is
-/// the content never written (or trimmed): zeroes.
-fn word(seed: u64, kind: u64, initiator: usize, index: u64, version: u64, word: usize) -> u64 {
-    if version == 0 {
-        return 0;
-    }
-    let mut x = seed ^ kind.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    for part in [initiator as u64, index, version, word as u64] {
-        // splitmix64 steps: every input bit moves every output bit.
-        x = x.wrapping_add(part).wrapping_add(0x9E37_79B9_7F4A_7C15);
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^= x >> 31;
-    }
-    x | 1 // never zero: a written word is told from an unwritten one
-}
-
 const MEMORY: u64 = 1;
 const BLOCK: u64 = 2;
-
-fn pattern(seed: u64, kind: u64, initiator: usize, index: u64, version: u64, bytes: usize) -> Vec<u8> {
-    (0..bytes / 8).flat_map(|at| word(seed, kind, initiator, index, version, at).to_le_bytes()).collect()
-}
-
-/// What a slot or block may hold after a crash: its last durable version, and the versions
-/// written after it (answered but not yet durable, or unanswered), each with whether it was
-/// answered.
-#[derive(Debug, Clone, Default)]
-struct Candidates {
-    durable: u64,
-    later: Vec<(u64, bool)>,
-}
-
-impl Candidates {
-    fn versions(&self) -> impl Iterator<Item = u64> + '_ {
-        std::iter::once(self.durable).chain(self.later.iter().map(|&(version, _)| version))
-    }
-
-    fn made_durable(&mut self, version: u64) {
-        self.durable = version;
-        self.later.clear();
-    }
-
-    /// A FLUSH was answered: the last answered version is durable (unanswered ones after it may
-    /// still have happened or not).
-    fn flushed(&mut self) {
-        if let Some(last) = self.later.iter().rposition(|&(_, answered)| answered) {
-            self.durable = self.later[last].0;
-            self.later.drain(..=last);
-        }
-    }
-}
 
 /// An initiator's log: every answered operation, and the ones whose outcome the kill left unknown.
 #[derive(Debug, Clone)]
@@ -343,14 +294,9 @@ impl Log {
             let index = index as u64;
             let candidates = &self.blocks[index as usize];
             for (sector, bytes) in block.chunks_exact(SECTOR_BYTES).enumerate() {
-                let words = SECTOR_BYTES / 8;
-                let holds = |version: u64| {
-                    bytes.chunks_exact(8).enumerate().all(|(at, word_bytes)| {
-                        word(self.seed, BLOCK, who, index, version, sector * words + at)
-                            == u64::from_le_bytes(word_bytes.try_into().unwrap())
-                    })
-                };
-                if !candidates.versions().any(holds) {
+                let first_word = sector * SECTOR_BYTES / 8;
+                if !candidates.versions().any(|version| holds(bytes, self.seed, BLOCK, who, index, version, first_word))
+                {
                     return Err(format!(
                         "initiator {who}, block {index}, sector {sector}: none of the versions it may hold \
                          (durable {}, later {:?})",
