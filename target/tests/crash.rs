@@ -125,9 +125,9 @@ impl Log {
     }
 
     /// Region offset of slot `slot`: each initiator's slots lie in its own part of the region,
-    /// spread over it.
+    /// spread over it, page-aligned (so a torn WRITE tears at the words the check compares).
     fn slot_offset(&self, slot: u64) -> u64 {
-        let part = SPACE_BYTES / INITIATORS as u64;
+        let part = SPACE_BYTES / INITIATORS as u64 / 4096 * 4096;
         let stride = (part - 4096) / SLOTS / 4096 * 4096;
         self.initiator as u64 * part + 4096 + slot * stride
     }
