@@ -6,9 +6,12 @@
 //! - A namespace file on a full file system (a small tmpfs, mounted when the test runs as root)
 //!   answers `no_space` (NBD ENOSPC), not a generic I/O error, and works again once a trim frees
 //!   room.
+//! - A persistent region too big for its file system stops the start with a message, instead of
+//!   a SIGBUS on the first store the file system cannot back.
 //!
-//! device-mapper's `dm-error` would fail a real block device the same way; these tests use the
-//! in-process device instead, which needs no kernel support.
+//! device-mapper's `dm-error` would fail a real block device the same way, but it needs the
+//! kernel's device-mapper driver, which the machines these tests run on lack; the in-process
+//! device needs no kernel support and no root.
 
 mod common;
 
