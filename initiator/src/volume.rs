@@ -268,6 +268,7 @@ fn backend_error(error: ClientError) -> BackendError {
         ClientError::Refused { status: netdam_isa::Status::NotSupported, .. } => {
             BackendError::NotSupported(error.to_string())
         }
+        ClientError::Refused { status: netdam_isa::Status::NoSpace, .. } => BackendError::NoSpace(error.to_string()),
         other => BackendError::Io(other.to_string()),
     }
 }

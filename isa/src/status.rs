@@ -42,11 +42,14 @@ pub enum Status {
     Retry = 0x0E,
     /// HELLO only: the sender's address holds as many sessions as the target allows one address.
     SessionLimit = 0x0F,
+    /// The backing store is full (a file system out of space or quota): the write did not
+    /// happen, or happened in part; freeing space makes it succeed again.
+    NoSpace = 0x10,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 16] = [
+    pub const ALL: [Status; 17] = [
         Status::Ok,
         Status::Malformed,
         Status::UnsupportedVersion,
@@ -63,6 +66,7 @@ impl Status {
         Status::Stale,
         Status::Retry,
         Status::SessionLimit,
+        Status::NoSpace,
     ];
 
     /// The status with this wire value, if any.
@@ -89,6 +93,7 @@ impl Status {
             Status::Stale => "stale",
             Status::Retry => "retry",
             Status::SessionLimit => "session_limit",
+            Status::NoSpace => "no_space",
         }
     }
 }

@@ -129,6 +129,7 @@ fn new_numbers_are_the_documented_ones() {
     assert_eq!(Opcode::Close as u8, 0x04);
     assert_eq!((Status::Retry as u8, Status::Retry.name()), (0x0E, "retry"));
     assert_eq!((Status::SessionLimit as u8, Status::SessionLimit.name()), (0x0F, "session_limit"));
+    assert_eq!((Status::NoSpace as u8, Status::NoSpace.name()), (0x10, "no_space"));
 }
 
 #[test]

@@ -4,7 +4,11 @@
 //!
 //! A request takes effect when it completes, one `reap` pass after it was submitted, so a caller
 //! that answers before reaping is caught: its "acknowledged" write is not even written yet.
-//! [`CrashImage::crash`] returns what a power cut would leave: the durable bytes only.
+//! [`CrashImage::crash`] returns the durable bytes only; [`CrashImage::power_cut`] returns one
+//! of the images a power cut may leave: per atomic unit (a sector) of every block, the durable
+//! bytes or those of any write to it completed since, each unit chosen on its own. That covers
+//! the lost, reordered and torn writes a volatile device cache allows, and no more: a FUA write
+//! and a completed FLUSH are never undone.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -19,6 +23,9 @@ struct Images {
     written_version: Vec<u64>,
     /// Per block, the number of the write whose bytes are durable.
     durable_version: Vec<u64>,
+    /// Per block, the writes completed since its durable one, oldest first: a power cut may
+    /// leave any of them.
+    volatile: Vec<Vec<(u64, Box<[u8]>)>>,
     writes: u64,
 }
 
@@ -33,10 +40,14 @@ impl Images {
         let blocks = offset / block_bytes..(offset + len) / block_bytes;
         for block in blocks {
             self.written_version[block] = self.writes;
+            let range = block * block_bytes..(block + 1) * block_bytes;
             if fua {
                 self.durable_version[block] = self.writes;
-                let range = block * block_bytes..(block + 1) * block_bytes;
                 self.durable[range.clone()].copy_from_slice(&self.written[range]);
+                // Older cached writes of the block are overwritten: none can reach the medium after.
+                self.volatile[block].clear();
+            } else {
+                self.volatile[block].push((self.writes, self.written[range].into()));
             }
         }
     }
@@ -48,6 +59,7 @@ impl Images {
                 let range = block * block_bytes..(block + 1) * block_bytes;
                 self.durable[range.clone()].copy_from_slice(&bytes[range]);
                 self.durable_version[block] = version;
+                self.volatile[block].retain(|&(written, _)| written > version);
             }
         }
     }
@@ -70,6 +82,7 @@ impl CrashImage {
                 durable: vec![0; len],
                 written_version: vec![0; capacity_blocks as usize],
                 durable_version: vec![0; capacity_blocks as usize],
+                volatile: vec![Vec::new(); capacity_blocks as usize],
                 writes: 0,
             })),
             block_bytes,
@@ -84,6 +97,31 @@ impl CrashImage {
     /// What survives a power cut now: the durable bytes. Written-but-not-durable bytes are lost.
     pub fn crash(&self) -> Vec<u8> {
         self.lock().durable.clone()
+    }
+
+    /// One image a power cut now may leave, drawn with `seed`: per `atomic_bytes` of every
+    /// block (a power of two from 512 to the block size: the medium's atomic write unit), the
+    /// durable bytes or those of any write completed since, each unit drawn on its own.
+    pub fn power_cut(&self, seed: u64, atomic_bytes: usize) -> Vec<u8> {
+        let block_bytes = self.block_bytes as usize;
+        assert!(
+            atomic_bytes.is_power_of_two() && (512..=block_bytes).contains(&atomic_bytes),
+            "atomic unit of {atomic_bytes} bytes: a power of two from 512 to the {block_bytes}-byte block"
+        );
+        let images = self.lock();
+        let mut rng = netdam_isa::rng::Rng::new(seed);
+        let mut image = images.durable.clone();
+        for (block, versions) in images.volatile.iter().enumerate() {
+            for unit in (0..block_bytes).step_by(atomic_bytes) {
+                // 0 keeps the durable bytes; k > 0 takes the k-th write since.
+                let chosen = rng.below(versions.len() as u64 + 1) as usize;
+                if let Some((_, bytes)) = chosen.checked_sub(1).map(|index| &versions[index]) {
+                    let at = block * block_bytes + unit;
+                    image[at..at + atomic_bytes].copy_from_slice(&bytes[unit..unit + atomic_bytes]);
+                }
+            }
+        }
+        image
     }
 
     /// What a read sees now.

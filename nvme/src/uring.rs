@@ -232,6 +232,22 @@ impl BlockDevice for UringDevice {
                     _ => None,
                 };
                 match expected {
+                    // A write to a file within its length comes back short only when the file
+                    // system ran out of blocks (or quota) part way: report it as full, like the
+                    // ENOSPC the rest of the write would have got.
+                    Some(expected)
+                        if result as usize != expected
+                            && self.kind == BackingKind::File
+                            && matches!(request, BlockRequest::Write { .. }) =>
+                    {
+                        Err(failure(
+                            &request,
+                            io::Error::new(
+                                io::ErrorKind::StorageFull,
+                                format!("wrote {result} of {expected} bytes: the file system is full"),
+                            ),
+                        ))
+                    }
                     Some(expected) if result as usize != expected => Err(failure(
                         &request,
                         io::Error::new(io::ErrorKind::UnexpectedEof, format!("moved {result} of {expected} bytes")),

@@ -220,6 +220,45 @@ fn crash_test_backend_keeps_only_fua_and_flushed_writes() {
     assert_eq!(&image.crash()[2 * BLOCK as usize..3 * BLOCK as usize], &block(4)[..]);
 }
 
+/// A power-cut image keeps every FUA and flushed write, and leaves each unit of an unflushed
+/// one (a sector, or the whole block when that is the medium's atomic unit) old or new on its
+/// own: over many draws both outcomes, and torn blocks, occur.
+#[test]
+fn power_cut_images_keep_durable_writes_and_lose_or_tear_the_rest() {
+    let image = CrashImage::new(BLOCK, 4);
+    let mut device = image.device(4, MAX_TRANSFER).unwrap();
+    let block = |byte: u8| vec![byte; BLOCK as usize];
+    let bytes = BLOCK as usize;
+    write(&mut device, 0, &block(1), true);
+    write(&mut device, 1, &block(2), false);
+    run(&mut device, BlockRequest::Flush).unwrap();
+    write(&mut device, 2, &block(3), false);
+    write(&mut device, 2, &block(4), false);
+    write(&mut device, 3, &block(5), true);
+    write(&mut device, 3, &block(6), false);
+    let mut seen = std::collections::HashSet::new();
+    let mut torn = 0;
+    for seed in 0..200 {
+        let cut = image.power_cut(seed, 512);
+        assert_eq!(&cut[..2 * bytes], &[block(1), block(2)].concat()[..], "FUA and flushed writes survive");
+        for (index, allowed) in [(2, [0u8, 3, 4]), (3, [5, 6, 6])] {
+            let sectors: Vec<u8> =
+                cut[index * bytes..(index + 1) * bytes].chunks(512).map(|sector| sector[0]).collect();
+            for (sector, &first) in cut[index * bytes..(index + 1) * bytes].chunks(512).zip(&sectors) {
+                assert!(allowed.contains(&first) && sector.iter().all(|&byte| byte == first), "sectors are whole");
+                seen.insert((index, first));
+            }
+            torn += usize::from(sectors.iter().any(|&first| first != sectors[0]));
+        }
+        let whole = image.power_cut(seed, bytes);
+        let versions: std::collections::HashSet<u8> = whole[2 * bytes..3 * bytes].iter().copied().collect();
+        assert_eq!(versions.len(), 1, "a block-sized atomic unit is never torn");
+    }
+    let all = [(2, 0), (2, 3), (2, 4), (3, 5), (3, 6)];
+    assert!(all.iter().all(|outcome| seen.contains(outcome)), "every allowed outcome occurs: {seen:?}");
+    assert!(torn > 0, "no draw tore a block");
+}
+
 /// A loop device over a file stands in for an NVMe drive: the same suite through the block-device
 /// path (device size from the kernel, TRIM as a discard command). Needs root and `losetup`, so
 /// ops/test.sh runs it when it can and says why when it cannot.

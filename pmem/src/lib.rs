@@ -73,6 +73,18 @@ pub enum RegionError {
         /// What mmap said.
         source: io::Error,
     },
+    /// The file system holding the backing file has no room for the whole region.
+    #[error("region {name:?}: the file system of {path} has no room for its {size_bytes} bytes ({source}); free space there or make the region smaller")]
+    NoSpace {
+        /// Region name.
+        name: String,
+        /// Backing file.
+        path: PathBuf,
+        /// Size asked for.
+        size_bytes: u64,
+        /// What the file system said (ENOSPC or EDQUOT).
+        source: io::Error,
+    },
     /// Any other system call failed.
     #[error("region {name:?}: {what} failed: {source}")]
     System {
@@ -86,12 +98,25 @@ pub enum RegionError {
 }
 
 /// How `persist` makes bytes durable.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum PersistMethod {
     Nothing,
     Msync,
     CacheFlush(flush::CacheLineFlush),
+    /// A crash-test region: `persist` copies into the durable image.
+    CrashTest(PowerCutImage),
 }
+
+/// Bytes a power cut may leave in a persistent memory region: a persisted cache line is
+/// durable, and every aligned 8-byte word stored since (the unit persistent memory writes
+/// atomically) reaches the medium or not, each on its own (cache evictions happen in any order).
+#[derive(Debug, Clone)]
+pub struct PowerCutImage {
+    durable: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+/// Cache line: the unit `persist` writes back on persistent memory.
+const CACHE_LINE_BYTES: usize = 64;
 
 /// One mapped region.
 #[derive(Debug)]
@@ -157,6 +182,36 @@ impl Region {
         Ok(Region { name: name.to_string(), base, len, backing, persist_method, locked, page_bytes: page })
     }
 
+    /// A crash-test region of `size_bytes` (anonymous memory, persistent as far as the target
+    /// can tell): `persist` copies the cache lines it covers into a durable image, and
+    /// [`Region::power_cut`] draws what a power cut would leave. For crash tests only: `persist`
+    /// takes a lock.
+    pub fn crash_test(name: &str, size_bytes: u64) -> Result<Region, RegionError> {
+        let mut region = Region::open(name, Backing::Anonymous, size_bytes)?;
+        let durable = vec![0u8; region.len];
+        region.persist_method =
+            PersistMethod::CrashTest(PowerCutImage { durable: std::sync::Arc::new(std::sync::Mutex::new(durable)) });
+        Ok(region)
+    }
+
+    /// One image a power cut now would leave, drawn with `seed`: the persisted bytes, and for
+    /// every aligned 8-byte word stored since, the stored or the persisted value. `None` unless
+    /// this is a [`Region::crash_test`] region. Call it while no request writes the region.
+    pub fn power_cut(&self, seed: u64) -> Option<Vec<u8>> {
+        let PersistMethod::CrashTest(image) = &self.persist_method else { return None };
+        let durable = image.durable.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cut = durable.clone();
+        let mut live = vec![0u8; self.len];
+        self.memory().read(0, &mut live);
+        let mut rng = netdam_isa::rng::Rng::new(seed);
+        for (word, stored) in cut.chunks_exact_mut(8).zip(live.chunks_exact(8)) {
+            if word != stored && rng.chance(0.5) {
+                word.copy_from_slice(stored);
+            }
+        }
+        Some(cut)
+    }
+
     /// The region's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -180,6 +235,7 @@ impl Region {
     /// Whether acknowledged writes survive a crash.
     pub fn durability(&self) -> Durability {
         match self.backing {
+            Backing::Anonymous if matches!(self.persist_method, PersistMethod::CrashTest(_)) => Durability::Persistent,
             Backing::Anonymous => Durability::Volatile,
             Backing::File(_) | Backing::Dax(_) => Durability::Persistent,
         }
@@ -207,8 +263,15 @@ impl Region {
         if len == 0 {
             return Ok(());
         }
-        match self.persist_method {
+        match &self.persist_method {
             PersistMethod::Nothing => Ok(()),
+            PersistMethod::CrashTest(image) => {
+                let start = offset / CACHE_LINE_BYTES * CACHE_LINE_BYTES;
+                let end = ((offset + len).div_ceil(CACHE_LINE_BYTES) * CACHE_LINE_BYTES).min(self.len);
+                let mut durable = image.durable.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                self.memory().read(start, &mut durable[start..end]);
+                Ok(())
+            }
             PersistMethod::Msync => {
                 let page = self.page_bytes;
                 let start = offset / page * page;
@@ -288,6 +351,24 @@ fn map_file(name: &str, path: &Path, size_bytes: u64, dax: bool) -> Result<*mut 
             actual_bytes,
             size_bytes,
         });
+    }
+    // Reserve every block now. A store into a hole of a shared file mapping allocates on its
+    // page fault, and on a full file system that fault is a SIGBUS that kills the target with
+    // acknowledged requests in flight; reserved, a full file system stops the start instead,
+    // with its reason. On a file already allocated this only walks its extents.
+    // SAFETY: posix_fallocate on an open descriptor; it returns the error number.
+    let reserved = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size_bytes as libc::off_t) };
+    match reserved {
+        0 => {}
+        libc::ENOSPC | libc::EDQUOT => {
+            return Err(RegionError::NoSpace {
+                name: name.to_string(),
+                path: path.to_path_buf(),
+                size_bytes,
+                source: io::Error::from_raw_os_error(reserved),
+            })
+        }
+        error => return Err(system("reserving the blocks of", io::Error::from_raw_os_error(error))),
     }
     let flags = if dax { libc::MAP_SHARED_VALIDATE | libc::MAP_SYNC } else { libc::MAP_SHARED | libc::MAP_POPULATE };
     // SAFETY: maps the open file; the mapping stays valid after the descriptor is closed.

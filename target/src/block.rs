@@ -193,6 +193,14 @@ pub(crate) fn failure_status(error: &BlockError) -> Status {
         BlockError::TooLarge { .. } => Status::TooLarge,
         BlockError::NoSuchBuffer { .. } => Status::IoError,
         BlockError::NotSupported { .. } => Status::NotSupported,
+        BlockError::WriteFailed { source, .. } | BlockError::FlushFailed { source }
+            if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded) =>
+        {
+            // A full file system is the operator's to fix, and the initiator's to report as
+            // such (NBD ENOSPC), not a failing device.
+            tracing::warn!(%error, "block request failed: the backing file system is full");
+            Status::NoSpace
+        }
         BlockError::ReadFailed { .. }
         | BlockError::WriteFailed { .. }
         | BlockError::FlushFailed { .. }

@@ -33,6 +33,11 @@ impl RegionTable {
         Ok(RegionTable { regions })
     }
 
+    /// Adds a region at the next id.
+    pub fn push(&mut self, region: Region) {
+        self.regions.push(region);
+    }
+
     /// The region with id `id`.
     pub fn get(&self, id: u16) -> Option<&Region> {
         self.regions.get(usize::from(id))

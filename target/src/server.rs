@@ -11,7 +11,7 @@ use netdam_isa::engine::Engine;
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::Duration;
 use netdam_metrics::MetricsServer;
-use netdam_pmem::RegionError;
+use netdam_pmem::{Region, RegionError};
 
 use crate::config::{validate_spaces, Config, ConfigError};
 use crate::cookies::CookieJar;
@@ -80,6 +80,16 @@ impl Target {
     /// Like [`Target::start`], serving `extra` namespaces after the configured and stored ones
     /// (tests use this for devices that exist only in the process, like the crash-test device).
     pub fn start_with(config: &Config, extra: Vec<Namespace>) -> Result<Target, StartError> {
+        Target::start_with_spaces(config, Vec::new(), extra)
+    }
+
+    /// Like [`Target::start_with`], also serving `extra_regions` after the configured and
+    /// stored regions (tests use this for the crash-test region, [`Region::crash_test`]).
+    pub fn start_with_spaces(
+        config: &Config,
+        extra_regions: Vec<Region>,
+        extra: Vec<Namespace>,
+    ) -> Result<Target, StartError> {
         config.validate()?;
         let data_dir = config.data_dir()?;
         std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
@@ -92,7 +102,11 @@ impl Target {
         let mut namespace_configs = config.namespaces.clone();
         namespace_configs.extend(stored.namespaces);
         validate_spaces(&region_configs, &namespace_configs)?;
-        let regions = Arc::new(RegionTable::open(&region_configs, &data_dir)?);
+        let mut regions = RegionTable::open(&region_configs, &data_dir)?;
+        for region in extra_regions {
+            regions.push(region);
+        }
+        let regions = Arc::new(regions);
         let mut namespaces = NamespaceTable::open(&namespace_configs, &data_dir)?;
         for namespace in extra {
             namespaces.push(namespace);

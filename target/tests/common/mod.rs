@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod durability;
+
 use netdam_target::config::{ByteSize, Config, NamespaceConfig, PollMode, RegionBackend, RegionConfig};
 use netdam_target::Target;
 
