@@ -338,6 +338,13 @@ impl Collector for TargetCollector {
         )?;
         counters(
             encoder,
+            "netdam_worker_contended_yields",
+            "Yields of an adaptive worker that lost its core for over 500 us to another thread (it then blocks on an empty socket for 100 ms)",
+            None,
+            [(no_labels(), self.sum(Counter::ContendedYields))],
+        )?;
+        counters(
+            encoder,
             "netdam_group_commit_failures",
             "Group commits whose persist failed (their held answers said io_error)",
             None,

@@ -104,6 +104,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                         let back = clock.now();
                         if back.saturating_since(yielded_at) > LOST_YIELD {
                             contended_until = back + CONTENDED_FOR;
+                            dispatcher.count(Counter::ContendedYields);
                         }
                     }
                     std::hint::spin_loop();
