@@ -44,6 +44,11 @@ pub struct SessionConfig {
     pub initial_rto: Duration,
     /// Floor of the retransmission timeout.
     pub min_rto: Duration,
+    /// Floor of the retransmission timeout of requests with block instructions: a device's
+    /// latency has tails of milliseconds that no smoothed round trip foresees, and a block
+    /// request resent while its device works only adds a datagram and shrinks the window
+    /// (the target drops the duplicate of a request still in progress).
+    pub min_block_rto: Duration,
     /// Ceiling of the retransmission timeout and its back-off.
     pub max_rto: Duration,
     /// Transmissions of one request before it may fail.
@@ -70,6 +75,7 @@ impl Default for SessionConfig {
             max_in_flight: 32,
             initial_rto: Duration::from_millis(200),
             min_rto: Duration::from_micros(500),
+            min_block_rto: Duration::from_millis(5),
             max_rto: Duration::from_millis(2_000),
             max_attempts: 8,
             min_patience: Duration::from_millis(5_000),
@@ -291,7 +297,11 @@ impl Timeouts {
 
     /// The timeout of a request of `kind`: the initial one until that kind has been answered.
     fn rto(&self, kind: ServiceKind, config: &SessionConfig) -> Duration {
-        self.by_kind[kind as usize].allowance().unwrap_or(config.initial_rto).clamp(config.min_rto, config.max_rto)
+        let floor = match kind {
+            ServiceKind::Memory => config.min_rto,
+            ServiceKind::Block => config.min_block_rto.max(config.min_rto),
+        };
+        self.by_kind[kind as usize].allowance().unwrap_or(config.initial_rto).clamp(floor, config.max_rto)
     }
 
     /// The longer timeout of the kinds answered so far (the initial one before any answer).

@@ -446,3 +446,17 @@ fn a_block_request_times_out_by_block_round_trips_and_a_memory_request_by_memory
     assert_eq!(session.poll_timeout(), Some(at_us(10_000 + 500)), "memory keeps its own (the 500 µs floor)");
     assert_eq!(session.stats().rto, Duration::from_millis(24), "the statistics show the longer");
 }
+
+#[test]
+fn a_block_request_waits_at_least_its_floor_before_it_is_resent() {
+    let mut session = Session::new(config(), 9);
+    let at_us = |us: u64| Instant::ZERO + Duration::from_micros(us);
+    // A fast device: a BREAD answered in 100 µs would allow 300 µs, below both floors.
+    session.submit(&[Op::block_read(0, 0, 1)], 1).unwrap();
+    let bread = session.poll_transmit(at_us(0)).unwrap().to_vec();
+    session.handle_datagram(at_us(100), &answer(&bread));
+    session.submit(&[Op::block_read(0, 1, 1)], 2).unwrap();
+    session.poll_transmit(at_us(1_000)).unwrap();
+    assert_eq!(SessionConfig::default().min_block_rto, Duration::from_millis(5));
+    assert_eq!(session.poll_timeout(), Some(at_us(1_000 + 5_000)), "a device's tail is allowed for");
+}
