@@ -205,7 +205,15 @@ fn start_at(addr: std::net::SocketAddr) -> netdam_target::Target {
 fn a_client_rejoins_a_restarted_target_and_resends_what_never_ran() {
     let first = start(vec![region("mem", 65536, false)], 1, 9000);
     let addr = first.target.local_addr();
-    let mut client = Client::connect(addr).unwrap();
+    // Patient: a FETCH_ADD resent before a freshly started target's first answer (a loaded
+    // machine) would rightly fail as SessionLost (its first send may have reached the old
+    // target), which is not what this test is about.
+    let patient = netdam_initiator::session::SessionConfig {
+        min_rto: netdam_isa::Duration::from_millis(1_000),
+        ..Default::default()
+    };
+    let options = netdam_initiator::ClientOptions { session: patient, ..Default::default() };
+    let mut client = Client::connect_with(addr, options).unwrap();
     client.write(0, 0, b"before").unwrap();
     drop(first);
 
