@@ -73,7 +73,8 @@ pub(crate) struct Pending {
     pub outstanding: usize,
     pub record: Option<(RecordTicket, bool)>,
     pub reply_to: Option<ReplyTo>,
-    pub queueing: Duration,
+    /// How long it waited before `started`, all of it: part of its service time.
+    pub waited: Duration,
     pub started: Instant,
     /// Opcode of its first instruction: its label in the service-time histogram.
     pub opcode: u8,

@@ -40,6 +40,24 @@ pub const TARGET_STAT_ENTRIES: usize = 4;
 /// How often at most a worker logs that it refuses HELLOs (with the count since its last line).
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_millis(10_000);
 
+/// How long a datagram waited at the target before it started executing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wait {
+    /// All of it, from the kernel's receipt: part of the service time its answer reports.
+    pub total: Duration,
+    /// The part spent behind other work (PROTOCOL.md): the queueing its answer reports, what
+    /// the endpoint window reacts to and what BUSY judges. The rest is the worker waking up or
+    /// getting its core back.
+    pub queueing: Duration,
+}
+
+impl Wait {
+    /// A wait spent entirely behind other work.
+    pub fn queued(queueing: Duration) -> Wait {
+        Wait { total: queueing, queueing }
+    }
+}
+
 /// The settings a worker's dispatcher applies, from the validated configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DispatchSettings {
@@ -212,16 +230,17 @@ impl<E: Engine> Dispatcher<E> {
         }
     }
 
-    /// Handles one datagram from `from` whose execution starts at `now` after it queued for
-    /// `queueing`. `out` must be `max_datagram_bytes` long.
+    /// Handles one datagram from `from` whose execution starts at `now` after it waited as
+    /// `wait` says. `out` must be `max_datagram_bytes` long.
     pub fn handle<'b>(
         &mut self,
         now: Instant,
         from: ReplyTo,
-        queueing: Duration,
+        wait: Wait,
         datagram: &[u8],
         out: &'b mut [u8],
     ) -> Handled<'b> {
+        let queueing = wait.queueing;
         self.stats().add(Counter::DatagramsReceived, 1);
         if peek_is_response(datagram) {
             // Answering a response could start a loop between two targets.
@@ -277,7 +296,7 @@ impl<E: Engine> Dispatcher<E> {
         let context = Context { from: from.peer, session: header.session, request_len: datagram.len() };
         let serves_blocks = !self.block.devices.is_empty();
         if serves_blocks && request.instructions().any(|instruction| is_block(instruction.opcode)) {
-            return self.defer(now, from, queueing, datagram, record, out);
+            return self.defer(now, from, wait, datagram, record, out);
         }
         let mut response = ResponseWriter::new(out, header.session, header.sequence);
         response.set_queueing_us(queueing_us);
@@ -337,13 +356,13 @@ impl<E: Engine> Dispatcher<E> {
         &mut self,
         now: Instant,
         from: ReplyTo,
-        queueing: Duration,
+        wait: Wait,
         datagram: &[u8],
         record: Option<(RecordTicket, bool)>,
         out: &'b mut [u8],
     ) -> Handled<'b> {
         let (session, sequence) = peek_session_sequence(datagram).expect("a parsed request has a header");
-        let queueing_us = queueing_field(queueing);
+        let queueing_us = queueing_field(wait.queueing);
         let Some(slot) = self.block.free_slots.pop() else {
             // Nothing was executed: the initiator backs off and sends it again.
             self.count(Counter::BusyBlockSlotsFull);
@@ -367,7 +386,7 @@ impl<E: Engine> Dispatcher<E> {
         pending.outstanding = 0;
         pending.record = record;
         pending.reply_to = Some(from);
-        pending.queueing = queueing;
+        pending.waited = wait.total;
         pending.started = now;
         pending.opcode = self.current_opcode;
         // A deferred datagram's answer leaves on its own, after block I/O: its memory writes
@@ -437,7 +456,7 @@ impl<E: Engine> Dispatcher<E> {
             let progress = pending.progress.take().expect("a finished answer has its progress");
             let response = ResponseWriter::resume(&mut pending.response, progress);
             let count = response.count();
-            let held = pending.queueing + now.saturating_since(pending.started);
+            let held = pending.waited + now.saturating_since(pending.started);
             let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
             let depth = u16::try_from(self.block.pending() - 1).unwrap_or(u16::MAX);
             let reply_to = pending.reply_to.expect("defer recorded where the answer goes");
@@ -1006,7 +1025,7 @@ mod tests {
         }
         let len = builder.finish();
         let mut out = vec![0u8; 9000];
-        match dispatcher.handle(now, peer(from), queued, &request[..len], &mut out) {
+        match dispatcher.handle(now, peer(from), Wait::queued(queued), &request[..len], &mut out) {
             Handled::Answer { response, record } => {
                 let len = response.finish(64, 0, 0);
                 if let Some((ticket, store)) = record {

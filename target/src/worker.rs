@@ -20,7 +20,7 @@ use netdam_isa::{Duration, Instant, Status};
 
 use crate::block::ReplyTo;
 use crate::config::PollMode;
-use crate::dispatch::{Dispatcher, Handled};
+use crate::dispatch::{Dispatcher, Handled, Wait};
 use crate::sessions::RecordTicket;
 use crate::socket::{self, ReceiveBatch};
 use crate::stats::Counter;
@@ -155,24 +155,25 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             let from = ReplyTo { peer, ttl: received.ttl };
             // `executed`: the answer may depend on this pass's writes; a replayed answer (of an
             // earlier pass, so durable) or a refusal (nothing ran) does not wait for them.
-            let (len, record, executed) = match dispatcher.handle(started, from, queueing, datagram, &mut out) {
-                Handled::Dropped => continue,
-                Handled::Replay(len) => (len, None, false),
-                Handled::Deferred(_) => continue,
-                Handled::Answer { response, record } => {
-                    let held_for = waited + clock.now().saturating_since(started);
-                    let service_time_ns = u32::try_from(held_for.as_nanos()).unwrap_or(u32::MAX);
-                    // Datagrams of this batch still waiting behind this one: the worker's queue.
-                    let queue_depth = (count - 1 - index) as u16;
-                    let len = response.finish(received.ttl, service_time_ns, queue_depth);
-                    let executed = peek_datagram_status(&out[..len]) == Some(Status::Ok as u8);
-                    // A held answer's service time is recorded when it leaves, persist included.
-                    if executed && !dispatcher.persist_is_pending() {
-                        dispatcher.observe_service(dispatcher.current_opcode(), held_for);
+            let (len, record, executed) =
+                match dispatcher.handle(started, from, Wait { total: waited, queueing }, datagram, &mut out) {
+                    Handled::Dropped => continue,
+                    Handled::Replay(len) => (len, None, false),
+                    Handled::Deferred(_) => continue,
+                    Handled::Answer { response, record } => {
+                        let held_for = waited + clock.now().saturating_since(started);
+                        let service_time_ns = u32::try_from(held_for.as_nanos()).unwrap_or(u32::MAX);
+                        // Datagrams of this batch still waiting behind this one: the worker's queue.
+                        let queue_depth = (count - 1 - index) as u16;
+                        let len = response.finish(received.ttl, service_time_ns, queue_depth);
+                        let executed = peek_datagram_status(&out[..len]) == Some(Status::Ok as u8);
+                        // A held answer's service time is recorded when it leaves, persist included.
+                        if executed && !dispatcher.persist_is_pending() {
+                            dispatcher.observe_service(dispatcher.current_opcode(), held_for);
+                        }
+                        (len, record, executed)
                     }
-                    (len, record, executed)
-                }
-            };
+                };
             if executed && dispatcher.persist_is_pending() {
                 if let Some((ticket, _)) = record {
                     dispatcher.hold(ticket);

@@ -24,7 +24,7 @@ use netdam_isa::{Duration, Instant, LaneType};
 use netdam_target::block::ReplyTo;
 use netdam_target::config::{ByteSize, RegionBackend, RegionConfig};
 use netdam_target::cookies::CookieJar;
-use netdam_target::dispatch::{DispatchSettings, Dispatcher, Handled, Shared};
+use netdam_target::dispatch::{DispatchSettings, Dispatcher, Handled, Shared, Wait};
 use netdam_target::engine::SoftwareEngine;
 use netdam_target::namespaces::NamespaceTable;
 use netdam_target::regions::RegionTable;
@@ -615,20 +615,21 @@ impl Sim {
         let from = ReplyTo { peer: initiator_addr(from_index), ttl: RECEIVED_TTL };
         // An answer that executes nothing (BUSY, stale, no session, a replay) costs the target a
         // decode and a send, not an execution.
-        let (response, spent) = match target.dispatcher.handle(self.now, from, queueing, &bytes, &mut target.out) {
-            Handled::Dropped => (None, NON_EXECUTING_ANSWER),
-            Handled::Replay(len) => (Some(target.out[..len].to_vec()), NON_EXECUTING_ANSWER),
-            Handled::Deferred(_) => unreachable!("the simulated target has no namespaces"),
-            Handled::Answer { response, record } => {
-                let spent = if response.count() == 0 { NON_EXECUTING_ANSWER } else { execution };
-                let service = u32::try_from((queueing + spent).as_nanos()).unwrap_or(u32::MAX);
-                let len = response.finish(RECEIVED_TTL, service, depth);
-                if let Some((ticket, store)) = record {
-                    target.dispatcher.record(ticket, store.then_some(&target.out[..len]));
+        let (response, spent) =
+            match target.dispatcher.handle(self.now, from, Wait::queued(queueing), &bytes, &mut target.out) {
+                Handled::Dropped => (None, NON_EXECUTING_ANSWER),
+                Handled::Replay(len) => (Some(target.out[..len].to_vec()), NON_EXECUTING_ANSWER),
+                Handled::Deferred(_) => unreachable!("the simulated target has no namespaces"),
+                Handled::Answer { response, record } => {
+                    let spent = if response.count() == 0 { NON_EXECUTING_ANSWER } else { execution };
+                    let service = u32::try_from((queueing + spent).as_nanos()).unwrap_or(u32::MAX);
+                    let len = response.finish(RECEIVED_TTL, service, depth);
+                    if let Some((ticket, store)) = record {
+                        target.dispatcher.record(ticket, store.then_some(&target.out[..len]));
+                    }
+                    (Some(target.out[..len].to_vec()), spent)
                 }
-                (Some(target.out[..len].to_vec()), spent)
-            }
-        };
+            };
         self.schedule(self.now + spent, Event::TargetDone { to: from_index, response });
     }
 
