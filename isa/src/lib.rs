@@ -3,6 +3,7 @@
 //!
 //! - [`wire`]: checked datagram views and encoders.
 //! - [`semantics`]: what memory and compute instructions do, over [`memory::SharedMemory`].
+//! - [`compute`]: VADD's vectorised lane arithmetic and its per-chunk exclusion.
 //! - [`control`]: HELLO and STAT payloads.
 //! - [`limits`]: every bound, in one place.
 //! - [`time`]: the protocol's own `Instant` and `Duration`.
@@ -10,6 +11,7 @@
 //! - [`rng`]: the seeded generator of simulators, fault injectors and tests.
 
 pub mod block;
+pub mod compute;
 pub mod control;
 pub mod engine;
 #[doc(hidden)]
