@@ -5,6 +5,7 @@
 //! - [`session::Session`]: the sans-IO core both drive (sequencing, in-flight window,
 //!   retransmission of idempotent requests).
 //! - [`Op`]: one instruction to send.
+//! - [`reduce`]: answers of the `reduce` extension (`Client::reduce`).
 //! - [`hello`]: the two-step HELLO (cookie, then session) every driver runs.
 //! - [`Volume`]: a block namespace as one disk over one or more sessions.
 //! - [`nbd`]: the NBD export that serves a `Volume` to stock NBD clients.
@@ -20,6 +21,7 @@ pub mod hello;
 pub mod metrics;
 pub mod nbd;
 pub mod op;
+pub mod reduce;
 pub mod session;
 pub mod swift;
 pub mod target_info;

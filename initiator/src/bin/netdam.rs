@@ -10,10 +10,12 @@ use std::time::Instant;
 use clap::{Parser, Subcommand, ValueEnum};
 use netdam_initiator::metrics::{InitiatorMetrics, ObservedBackend};
 use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
+use netdam_initiator::reduce::ReduceValue;
 use netdam_initiator::top::{Snapshot, View};
 use netdam_initiator::{Client, ClientError, ClientOptions, Volume, VolumeOptions};
 use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
+use netdam_isa::extension::reduce::ReduceOp;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
 use netdam_metrics::{LogFormat, MetricsListen, MetricsServer};
@@ -152,6 +154,21 @@ enum Command {
         #[arg(value_parser = parse_bytes)]
         len: u64,
     },
+    /// Sum, minimum or maximum of the lanes in LEN bytes at OFFSET, computed by the target (its
+    /// `reduce` extension must be enabled: `extensions = ["reduce"]`).
+    Reduce {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        #[arg(value_parser = parse_bytes)]
+        len: u64,
+        /// Lane type.
+        #[arg(long = "type", value_enum, default_value_t = Lane::F32)]
+        lane: Lane,
+        /// What to compute.
+        #[arg(long = "op", value_enum, default_value_t = Reduction::Sum)]
+        op: Reduction,
+    },
     /// Set LEN bytes at OFFSET to BYTE.
     Fill {
         region: String,
@@ -234,6 +251,23 @@ enum Lane {
     F32,
     I32,
     Bf16,
+}
+
+impl Lane {
+    fn lane_type(self) -> LaneType {
+        match self {
+            Lane::F32 => LaneType::F32,
+            Lane::I32 => LaneType::I32,
+            Lane::Bf16 => LaneType::Bf16,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Reduction {
+    Sum,
+    Min,
+    Max,
 }
 
 fn parse_interval(text: &str) -> Result<f64, String> {
@@ -552,6 +586,27 @@ fn run(cli: &Cli) -> Result<(), String> {
                 println!("{}", json!({"crc32": crc}));
             } else {
                 println!("crc32 {crc:#010x}");
+            }
+        }
+        Command::Reduce { region, offset, len, lane, op } => {
+            let space = region_id(&client, region)?;
+            let reduce_op = match op {
+                Reduction::Sum => ReduceOp::Sum,
+                Reduction::Min => ReduceOp::Min,
+                Reduction::Max => ReduceOp::Max,
+            };
+            let value = client.reduce(space, *offset, *len, lane.lane_type(), reduce_op).map_err(text)?;
+            if cli.json {
+                let value = match value {
+                    ReduceValue::Integer(value) => json!(value),
+                    ReduceValue::Float(value) => json!(value),
+                };
+                println!(
+                    "{}",
+                    json!({"op": format!("{op:?}").to_lowercase(), "lane": format!("{lane:?}").to_lowercase(), "value": value})
+                );
+            } else {
+                println!("{} of {lane:?} lanes: {value}", format!("{op:?}").to_lowercase());
             }
         }
         Command::Fill { region, offset, len, byte } => {
