@@ -6,6 +6,7 @@
 //!   retransmission of idempotent requests).
 //! - [`Op`]: one instruction to send.
 //! - [`reduce`]: answers of the `reduce` extension (`Client::reduce`).
+//! - [`allreduce`]: N workers sum buffers through a target region (VADD, FETCH_ADD barrier).
 //! - [`hello`]: the two-step HELLO (cookie, then session) every driver runs.
 //! - [`Volume`]: a block namespace as one disk over one or more sessions.
 //! - [`nbd`]: the NBD export that serves a `Volume` to stock NBD clients.
@@ -14,6 +15,7 @@
 //!
 //! Dropping a client closes its session (CLOSE), so the target's slot is free at once.
 
+pub mod allreduce;
 pub mod async_client;
 pub mod client;
 pub mod error;

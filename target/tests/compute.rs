@@ -210,3 +210,148 @@ fn the_netdam_cli_reduces_a_range() {
     assert_eq!(json["value"], serde_json::json!(8.75));
     assert_eq!(json["op"], "sum");
 }
+
+mod allreduce {
+    use super::*;
+    use netdam_initiator::allreduce::{allreduce, prepare, AllreduceError, AllreducePlan};
+    use std::time::Duration;
+
+    /// Four workers, each its own client on one of two target workers, sum 1 MB buffers: i32
+    /// exactly, f32 within the bound the module states.
+    #[test]
+    fn four_workers_sum_i32_exactly_and_f32_within_the_stated_bound() {
+        const WORKERS: u32 = 4;
+        const LANES: usize = 250_000;
+        let test = start(vec![region("mem", 8 << 20, false)], 2, 9000);
+        let addr = test.target.local_addr();
+        for (lane, area) in [(LaneType::I32, 0u64), (LaneType::F32, 4 << 20)] {
+            let buffer_of = |worker: u32| -> Vec<u8> {
+                (0..LANES)
+                    .flat_map(|index| {
+                        let value = (index as i64 * 7919 + i64::from(worker) * 104_729) % 2001 - 1000;
+                        match lane {
+                            LaneType::I32 => (value as i32 * 1_000_003).to_le_bytes(),
+                            _ => (value as f32 * 0.37 + worker as f32).to_le_bytes(),
+                        }
+                    })
+                    .collect()
+            };
+            let mut setup = Client::connect(addr).unwrap();
+            let plan = AllreducePlan::new(&setup, 0, area, WORKERS, LANES * 4, lane).unwrap();
+            assert!(plan.chunk_count() > 100, "pipelined over many chunks");
+            prepare(&mut setup, &plan).unwrap();
+            let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..WORKERS)
+                    .map(|worker| {
+                        let buffer = buffer_of(worker);
+                        scope.spawn(move || {
+                            let mut client = Client::connect(addr).unwrap();
+                            let plan = AllreducePlan::new(&client, 0, area, WORKERS, buffer.len(), lane).unwrap();
+                            let mut result = vec![0u8; buffer.len()];
+                            allreduce(&mut client, &plan, &buffer, &mut result, Duration::from_secs(30)).unwrap();
+                            result
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+            });
+            let buffers: Vec<Vec<u8>> = (0..WORKERS).map(buffer_of).collect();
+            for result in &results {
+                assert_eq!(result, &results[0], "every worker reads the same sum");
+            }
+            for index in 0..LANES {
+                let lanes = buffers.iter().map(|buffer| &buffer[index * 4..index * 4 + 4]);
+                let got = &results[0][index * 4..index * 4 + 4];
+                if lane == LaneType::I32 {
+                    let exact =
+                        lanes.map(|bytes| i32::from_le_bytes(bytes.try_into().unwrap())).fold(0i32, i32::wrapping_add);
+                    assert_eq!(i32::from_le_bytes(got.try_into().unwrap()), exact, "lane {index}");
+                } else {
+                    let values: Vec<f64> =
+                        lanes.map(|bytes| f64::from(f32::from_le_bytes(bytes.try_into().unwrap()))).collect();
+                    let exact: f64 = values.iter().sum();
+                    let bound =
+                        f64::from(WORKERS - 1) * 2f64.powi(-24) * values.iter().map(|value| value.abs()).sum::<f64>();
+                    let got = f64::from(f32::from_le_bytes(got.try_into().unwrap()));
+                    assert!((got - exact).abs() <= bound, "lane {index}: {got} against {exact} ± {bound}");
+                }
+            }
+        }
+    }
+
+    /// Three of four workers contribute: they fail with the missing chunk named, in about the
+    /// timeout, instead of hanging.
+    #[test]
+    fn a_worker_that_never_contributes_makes_the_others_fail_not_hang() {
+        let test = start(vec![region("mem", 1 << 20, false)], 1, 9000);
+        let addr = test.target.local_addr();
+        let mut setup = Client::connect(addr).unwrap();
+        let plan = AllreducePlan::new(&setup, 0, 0, 4, 40_000, LaneType::I32).unwrap();
+        prepare(&mut setup, &plan).unwrap();
+        let beyond = AllreducePlan::new(&setup, 0, (1 << 20) - 40_000, 4, 40_000, LaneType::I32).unwrap_err();
+        assert!(beyond.to_string().contains("does not fit"), "{beyond}");
+        std::thread::scope(|scope| {
+            for _ in 0..3 {
+                scope.spawn(move || {
+                    let mut client = Client::connect(addr).unwrap();
+                    let buffer = vec![1u8; 40_000];
+                    let mut result = vec![0u8; 40_000];
+                    let started = std::time::Instant::now();
+                    let error =
+                        allreduce(&mut client, &plan, &buffer, &mut result, Duration::from_millis(300)).unwrap_err();
+                    assert!(started.elapsed() < Duration::from_secs(5), "gave up in about the timeout");
+                    match error {
+                        AllreduceError::Incomplete { chunk, arrived, workers, .. } => {
+                            assert_eq!((chunk, arrived, workers), (0, 3, 4));
+                        }
+                        other => panic!("expected Incomplete, got {other}"),
+                    }
+                });
+            }
+        });
+    }
+
+    /// `netdam allreduce` as four processes, after `--prepare`: each writes the same sum.
+    #[test]
+    fn four_netdam_processes_allreduce_through_the_cli() {
+        let netdam = PathBuf::from(env!("CARGO_BIN_EXE_netdam-target")).with_file_name("netdam");
+        assert!(
+            netdam.exists(),
+            "{} is missing: build the workspace first (cargo build --workspace)",
+            netdam.display()
+        );
+        let test = start(vec![region("mem", 4 << 20, false)], 2, 9000);
+        let addr = test.target.local_addr().to_string();
+        let lanes = 100_000usize;
+        let dir = tempfile::tempdir().unwrap();
+        let common = ["--target", addr.as_str(), "allreduce", "mem", "4096", "--workers", "4", "--type", "i32"];
+        let prepare =
+            Command::new(&netdam).args(common).args(["--prepare", &(lanes * 4).to_string()]).output().unwrap();
+        assert!(prepare.status.success(), "{}", String::from_utf8_lossy(&prepare.stderr));
+        let children: Vec<_> = (0..4i32)
+            .map(|worker| {
+                let input = dir.path().join(format!("in{worker}"));
+                let values: Vec<u8> = (0..lanes as i32).flat_map(|lane| (lane * (worker + 1)).to_le_bytes()).collect();
+                std::fs::write(&input, values).unwrap();
+                let output = dir.path().join(format!("out{worker}"));
+                let child = Command::new(&netdam)
+                    .args(common)
+                    .arg("--file")
+                    .arg(&input)
+                    .arg("--out")
+                    .arg(&output)
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (child, output)
+            })
+            .collect();
+        for (child, output) in children {
+            let finished = child.wait_with_output().unwrap();
+            assert!(finished.status.success(), "{}", String::from_utf8_lossy(&finished.stderr));
+            let sum = std::fs::read(output).unwrap();
+            let expected: Vec<u8> = (0..lanes as i32).flat_map(|lane| (lane * 10).to_le_bytes()).collect();
+            assert!(sum == expected, "a worker's result differs from 1+2+3+4 times each lane");
+        }
+    }
+}

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use netdam_initiator::allreduce::{self, AllreducePlan};
 use netdam_initiator::metrics::{InitiatorMetrics, ObservedBackend};
 use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
 use netdam_initiator::reduce::ReduceValue;
@@ -168,6 +169,32 @@ enum Command {
         /// What to compute.
         #[arg(long = "op", value_enum, default_value_t = Reduction::Sum)]
         op: Reduction,
+    },
+    /// Sum this worker's buffer with those of the other workers through the area at OFFSET
+    /// (counters, then the accumulator): run once with --prepare LEN, then once per worker.
+    Allreduce {
+        region: String,
+        /// Start of the area, a multiple of 8.
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        /// Workers contributing (every worker passes the same number).
+        #[arg(long)]
+        workers: u32,
+        /// Lane type.
+        #[arg(long = "type", value_enum, default_value_t = Lane::F32)]
+        lane: Lane,
+        /// Zero the area for buffers of LEN bytes and exit (before any worker starts).
+        #[arg(long, value_name = "LEN", value_parser = parse_bytes, conflicts_with_all = ["file", "out"])]
+        prepare: Option<u64>,
+        /// This worker's buffer: little-endian lanes.
+        #[arg(long, value_name = "FILE", required_unless_present = "prepare")]
+        file: Option<PathBuf>,
+        /// Where to write the sum (same length as the buffer).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Give up (and fail) when some worker's contribution is still missing after this long.
+        #[arg(long, default_value_t = 30.0)]
+        timeout_seconds: f64,
     },
     /// Set LEN bytes at OFFSET to BYTE.
     Fill {
@@ -586,6 +613,44 @@ fn run(cli: &Cli) -> Result<(), String> {
                 println!("{}", json!({"crc32": crc}));
             } else {
                 println!("crc32 {crc:#010x}");
+            }
+        }
+        Command::Allreduce { region, offset, workers, lane, prepare, file, out, timeout_seconds } => {
+            let space = region_id(&client, region)?;
+            let lane_type = lane.lane_type();
+            if let Some(len) = prepare {
+                let len = usize::try_from(*len).map_err(|_| format!("--prepare {len}: too large"))?;
+                let plan = AllreducePlan::new(&client, space, *offset, *workers, len, lane_type)
+                    .map_err(|error| error.to_string())?;
+                allreduce::prepare(&mut client, &plan).map_err(|error| error.to_string())?;
+                if cli.json {
+                    println!("{}", json!({"prepared_bytes": plan.area_bytes(), "chunks": plan.chunk_count()}));
+                } else {
+                    println!("zeroed {} bytes at {offset} for {workers} workers", plan.area_bytes());
+                }
+                return Ok(());
+            }
+            let path = file.as_ref().ok_or("give --file with this worker's buffer")?;
+            let buffer = std::fs::read(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+            let plan = AllreducePlan::new(&client, space, *offset, *workers, buffer.len(), lane_type)
+                .map_err(|error| error.to_string())?;
+            let timeout = std::time::Duration::try_from_secs_f64(*timeout_seconds)
+                .map_err(|_| format!("--timeout-seconds {timeout_seconds}: not a duration"))?;
+            let mut result = vec![0u8; buffer.len()];
+            let started = Instant::now();
+            allreduce::allreduce(&mut client, &plan, &buffer, &mut result, timeout)
+                .map_err(|error| error.to_string())?;
+            let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+            if let Some(out) = out {
+                std::fs::write(out, &result).map_err(|error| format!("cannot write {}: {error}", out.display()))?;
+            }
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"bytes": buffer.len(), "workers": workers, "chunks": plan.chunk_count(), "elapsed_ms": elapsed_ms})
+                );
+            } else {
+                println!("summed {} bytes of {workers} workers in {elapsed_ms:.1} ms", buffer.len());
             }
         }
         Command::Reduce { region, offset, len, lane, op } => {
