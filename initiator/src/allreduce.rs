@@ -1,9 +1,11 @@
 //! Allreduce through a target region: N workers (threads, processes or hosts, each with its own
-//! client) sum equal-length buffers of f32, i32 or bf16 lanes, and each gets the sum.
+//! client) sum, or take the lane-wise maximum of, equal-length buffers of f32, i32 or bf16
+//! lanes, and each gets the result.
 //!
 //! Layout at `offset` of the region: one `u64` counter per chunk, then the accumulation buffer
-//! (8-byte aligned). Each worker sends, per chunk, one datagram of two instructions, VADD of its
-//! chunk into the accumulator then FETCH_ADD of 1 to the chunk's counter: a datagram executes in
+//! (8-byte aligned). Each worker sends, per chunk, one datagram of two instructions, VADD (for a
+//! maximum: the `vmax` extension, which the target must enable) of its chunk into the
+//! accumulator then FETCH_ADD of 1 to the chunk's counter: a datagram executes in
 //! order on one worker, so a counter counts only contributions already added (the barrier).
 //! Chunks are pipelined (the session's window). Then the worker polls the counters with READs and
 //! reads each chunk whose counter reached N. Both instructions are non-idempotent and execute
@@ -13,13 +15,15 @@
 //! Results: i32 sums are exact (wrapping, as VADD). f32 and bf16 sums depend on the order the
 //! contributions arrive in (each VADD rounds once): every lane is within
 //! (N − 1) · u · Σ|xᵢ| of the exact sum, u = 2⁻²⁴ for f32 and 2⁻⁸ for bf16, the bound of
-//! recursive summation in any order. A worker that dies leaves its chunks short of N: the others
+//! recursive summation in any order. Maxima are exact (float maxima skip NaN lanes; a lane NaN in
+//! every buffer comes out as negative infinity, the accumulator's start). A worker that dies leaves its chunks short of N: the others
 //! fail with [`AllreduceError::Incomplete`] once `timeout` passes, never hang.
 //!
 //! The area must be zero before any worker adds ([`prepare`]), and serves one Allreduce.
 
 use std::time::{Duration, Instant};
 
+use netdam_isa::extension::vmax::VMAX_OPCODE;
 use netdam_isa::LaneType;
 
 use crate::client::Client;
@@ -27,9 +31,20 @@ use crate::error::ClientError;
 use crate::op::Op;
 use crate::target_info::chunks;
 
+/// What an Allreduce computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllreduceOp {
+    /// The lane-wise sum (VADD).
+    Sum,
+    /// The lane-wise maximum (the `vmax` extension).
+    Max,
+}
+
 /// Where and how N workers reduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllreducePlan {
+    /// What to compute.
+    pub op: AllreduceOp,
     /// Region id.
     pub space: u16,
     /// Start of the area in the region, a multiple of 8.
@@ -82,6 +97,7 @@ impl AllreducePlan {
         workers: u32,
         len: usize,
         lane: LaneType,
+        op: AllreduceOp,
     ) -> Result<AllreducePlan, AllreduceError> {
         if workers == 0 || len == 0 || !len.is_multiple_of(lane.lane_bytes()) || !offset.is_multiple_of(8) {
             return Err(AllreduceError::Plan(format!(
@@ -96,7 +112,7 @@ impl AllreducePlan {
         if chunk_bytes == 0 {
             return Err(AllreduceError::Plan("the negotiated datagram holds no lane".to_string()));
         }
-        let plan = AllreducePlan { space, offset, workers, len, lane, chunk_bytes };
+        let plan = AllreducePlan { op, space, offset, workers, len, lane, chunk_bytes };
         // Checked here, not left to the target: a VADD refused for its range would still be
         // followed by its FETCH_ADD (a datagram's instructions run independently), and the
         // others would read a sum that lacks it.
@@ -136,20 +152,30 @@ impl AllreducePlan {
     }
 }
 
-/// Zeroes the area (counters and accumulator) for one Allreduce; run once, before any worker
-/// starts adding.
+/// Readies the area for one Allreduce: counters zero, the accumulator zero for a sum and the
+/// lane type's least value for a maximum. Run once, before any worker starts.
 pub fn prepare(client: &mut Client, plan: &AllreducePlan) -> Result<(), AllreduceError> {
-    // 1 MiB per FILL: a short pause of the target's worker each.
-    let fill_bytes = 1 << 20;
-    let area = plan.area_bytes() as usize;
-    for (at, _, len) in chunks(plan.offset, area, fill_bytes) {
+    // 1 MiB per FILL or WRITE: a short pause of the target's worker each.
+    let piece_bytes = 1 << 20;
+    let (zeroed, accumulator) = match plan.op {
+        AllreduceOp::Sum => (plan.area_bytes() as usize, 0),
+        AllreduceOp::Max => (plan.counters_bytes() as usize, plan.len),
+    };
+    for (at, _, len) in chunks(plan.offset, zeroed, piece_bytes) {
         client.call(&[Op::fill(plan.space, at, len as u32, 0)])?.data(0)?;
+    }
+    if accumulator > 0 {
+        let pattern: Vec<u8> =
+            least_lane(plan.lane).iter().copied().cycle().take(piece_bytes.min(accumulator)).collect();
+        for (at, _, len) in chunks(plan.accumulator(), accumulator, pattern.len()) {
+            client.write(plan.space, at, &pattern[..len])?;
+        }
     }
     Ok(())
 }
 
-/// Adds `buffer` (this worker's `plan.len` bytes) into the area, waits for every worker's
-/// contribution, and writes the sum into `result`. Fails, never hangs, if some chunk lacks a
+/// Adds `buffer` (this worker's `plan.len` bytes) into the area (or takes the maximum), waits for
+/// every worker's contribution, and writes the result into `result`. Fails, never hangs, if some chunk lacks a
 /// contribution after `timeout`.
 pub fn allreduce(
     client: &mut Client,
@@ -166,13 +192,30 @@ pub fn allreduce(
             plan.len
         )));
     }
-    // 1. Contribute: VADD then FETCH_ADD per chunk, pipelined.
+    if plan.op == AllreduceOp::Max {
+        // A VMAX the target refuses (not enabled, not permitted) would still be followed by its
+        // FETCH_ADD and counted: probe first with one that changes nothing (the least lane).
+        let least = least_lane(plan.lane);
+        let probe =
+            Op::extension(VMAX_OPCODE, 0, plan.space, plan.accumulator(), least.len() as u32, plan.lane as u32, least);
+        if let Err(error) = client.call(&[probe])?.data(0) {
+            return Err(AllreduceError::Plan(format!(
+                "the target does not run the vmax extension for this session ({error}): a maximum needs \
+                 extensions = [\"vmax\"] and the write and compute permissions"
+            )));
+        }
+    }
+    // 1. Contribute: VADD (or VMAX) then FETCH_ADD per chunk, pipelined.
     let one = Op::fetch_add(plan.space, 0, 1);
     let mut tickets = std::collections::VecDeque::new();
     for (index, (at, position, len)) in chunks(plan.accumulator(), plan.len, plan.chunk_bytes).enumerate() {
-        let vadd = Op::vadd(plan.space, at, plan.lane, &buffer[position..position + len], false);
+        let lanes = &buffer[position..position + len];
+        let combine = match plan.op {
+            AllreduceOp::Sum => Op::vadd(plan.space, at, plan.lane, lanes, false),
+            AllreduceOp::Max => Op::extension(VMAX_OPCODE, 0, plan.space, at, len as u32, plan.lane as u32, lanes),
+        };
         let count = Op { offset: plan.offset + 8 * index as u64, ..one.clone() };
-        tickets.push_back(client.submit(&[vadd, count])?);
+        tickets.push_back(client.submit(&[combine, count])?);
         while tickets.len() > 16 {
             check_both(client.wait(tickets.pop_front().expect("not empty"))?)?;
         }
@@ -222,6 +265,15 @@ pub fn allreduce(
         std::thread::sleep(pause);
     }
     Ok(())
+}
+
+/// The least value of a lane type, little-endian: where a maximum starts (i32::MIN, −∞).
+fn least_lane(lane: LaneType) -> &'static [u8] {
+    match lane {
+        LaneType::I32 => &[0x00, 0x00, 0x00, 0x80],
+        LaneType::F32 => &[0x00, 0x00, 0x80, 0xFF],
+        LaneType::Bf16 => &[0x80, 0xFF],
+    }
 }
 
 fn check_both(reply: crate::session::Reply) -> Result<(), ClientError> {

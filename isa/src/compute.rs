@@ -70,6 +70,26 @@ pub fn lock_chunk(address: usize) -> ChunkGuard {
 /// same lanes lose no update. The new lane values go to `result` when it is not empty (then it
 /// is as long as `operand`).
 pub fn vadd(memory: &SharedMemory<'_>, start: usize, lane: LaneType, operand: &[u8], result: &mut [u8]) {
+    update_chunks(memory, start, operand, result, |stored, addend| add_lanes(lane, stored, addend));
+}
+
+/// Replaces each lane of `memory` at `start` by the larger of it and `operand`'s lane (the
+/// `vmax` extension), under the same per-chunk flags as VADD, so concurrent VMAX, VADD, CAS
+/// and FETCH_ADD lose no update. Float lanes skip NaN (a NaN operand lane leaves memory as it
+/// is; a NaN in memory gives way to a number).
+pub fn vmax(memory: &SharedMemory<'_>, start: usize, lane: LaneType, operand: &[u8]) {
+    update_chunks(memory, start, operand, &mut [], |stored, other| max_lanes(lane, stored, other));
+}
+
+/// Applies `update(stored_chunk, operand_chunk)` to memory one chunk at a time, each under its
+/// flag; the updated bytes go to `result` when it is not empty.
+fn update_chunks(
+    memory: &SharedMemory<'_>,
+    start: usize,
+    operand: &[u8],
+    result: &mut [u8],
+    update: impl Fn(&mut [u8], &[u8]),
+) {
     debug_assert!(result.is_empty() || result.len() == operand.len(), "result holds every lane or none");
     let base = memory.base() as usize;
     let mut done = 0;
@@ -85,13 +105,43 @@ pub fn vadd(memory: &SharedMemory<'_>, start: usize, lane: LaneType, operand: &[
         {
             let _guard = lock_chunk(base + at);
             memory.read(at, lanes);
-            add_lanes(lane, lanes, addend);
+            update(lanes, addend);
             memory.write(at, lanes);
         }
         if !result.is_empty() {
             result[done..done + len].copy_from_slice(lanes);
         }
         done += len;
+    }
+}
+
+/// `stored[i] = max(stored[i], other[i])` for every lane (floats skip NaN).
+pub fn max_lanes(lane: LaneType, stored: &mut [u8], other: &[u8]) {
+    match lane {
+        LaneType::F32 => {
+            for (stored, other) in stored.chunks_exact_mut(4).zip(other.chunks_exact(4)) {
+                let max = f32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]])
+                    .max(f32::from_le_bytes([other[0], other[1], other[2], other[3]]));
+                stored.copy_from_slice(&max.to_le_bytes());
+            }
+        }
+        LaneType::I32 => {
+            for (stored, other) in stored.chunks_exact_mut(4).zip(other.chunks_exact(4)) {
+                let max = i32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]])
+                    .max(i32::from_le_bytes([other[0], other[1], other[2], other[3]]));
+                stored.copy_from_slice(&max.to_le_bytes());
+            }
+        }
+        LaneType::Bf16 => {
+            for (stored, other) in stored.chunks_exact_mut(2).zip(other.chunks_exact(2)) {
+                let (mine, theirs) =
+                    (u16::from_le_bytes([stored[0], stored[1]]), u16::from_le_bytes([other[0], other[1]]));
+                // Exact: bf16 widens to f32 without rounding, so the larger keeps its own bits.
+                let max =
+                    if bf16_to_f32(theirs) > bf16_to_f32(mine) || bf16_to_f32(mine).is_nan() { theirs } else { mine };
+                stored.copy_from_slice(&max.to_le_bytes());
+            }
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! The extension `docs/EXTENDING.md` walks through, with its test: COUNT (`0x81`) counts the
+//! The extension `docs/EXTENDING.md` walks through, with its test: COUNT (`0x82`) counts the
 //! bytes of a range equal to a value. The document's code blocks are checked to appear here
 //! verbatim, so the walk-through cannot drift from code that compiles and passes.
 
@@ -22,13 +22,14 @@ const COUNT_PASS_BYTES: usize = 4096;
 impl ExtensionHandler for Count {
     fn spec(&self) -> ExtensionSpec {
         ExtensionSpec {
-            opcode: 0x81,
+            opcode: 0x82,
             name: "count",
             idempotent: true,
             permissions: Permissions::READ,
             flags: 0,
             aux_max: 0xFF,
             operand_bytes: ByteBounds::exactly(0),
+            operand_is_length: false,
             length_bytes: ByteBounds { min: 1, max: 1 << 20 },
             alignment: Alignment::Bytes(1),
             answer_bytes_max: 8,
@@ -62,7 +63,7 @@ impl AddressSpaces for Regions<'_> {
 }
 
 fn count(offset: u64, length: u32, aux: u32) -> Instruction<'static> {
-    Instruction { opcode: 0x81, flags: 0, space: 0, offset, length, aux, operand: &[] }
+    Instruction { opcode: 0x82, flags: 0, space: 0, offset, length, aux, operand: &[] }
 }
 
 #[test]
@@ -93,8 +94,8 @@ fn count_counts_and_the_registry_enforces_its_declaration() {
     assert_eq!(refused(count(8000, 200, 0), Permissions::ALL, 64), Status::OutOfRange);
     assert_eq!(refused(Instruction { operand: &[1], ..count(0, 8, 0) }, Permissions::ALL, 64), Status::TooLarge);
     assert_eq!(refused(count(0, 8, 0), Permissions::ALL, 4), Status::TooLarge);
-    assert_eq!(refused(Instruction { opcode: 0x82, ..count(0, 8, 0) }, Permissions::ALL, 64), Status::UnknownOpcode);
-    assert_eq!(registry.is_idempotent(0x81), Some(true));
+    assert_eq!(refused(Instruction { opcode: 0x83, ..count(0, 8, 0) }, Permissions::ALL, 64), Status::UnknownOpcode);
+    assert_eq!(registry.is_idempotent(0x82), Some(true));
 }
 
 /// Every `rust` block of EXTENDING.md is a verbatim excerpt of this file.
@@ -113,14 +114,16 @@ fn the_walk_through_quotes_this_file() {
 mod untrusted {
     use super::*;
     use netdam_isa::extension::reduce::Reduce;
+    use netdam_isa::extension::vmax::Vmax;
     use proptest::prelude::*;
 
     proptest! {
-        /// Any REDUCE or COUNT a network could send gets a status or a well-formed answer from
-        /// the registry; none panics, and no answer is longer than declared.
+        /// Any REDUCE, VMAX or COUNT a network could send gets a status or a well-formed answer
+        /// from the registry; none panics, no answer is longer than declared, and only VMAX writes,
+        /// within its range.
         #[test]
         fn any_extension_instruction_gets_a_status_never_a_panic(
-            opcode in prop_oneof![Just(0x80u8), Just(0x81u8), any::<u8>()],
+            opcode in prop_oneof![Just(0x80u8), Just(0x81u8), Just(0x82u8), any::<u8>()],
             flags in prop_oneof![Just(0u8), any::<u8>()],
             space in prop_oneof![Just(0u16), any::<u16>()],
             offset in prop_oneof![0u64..20_000, any::<u64>()],
@@ -128,15 +131,23 @@ mod untrusted {
             aux in prop_oneof![0u32..0x0300, any::<u32>()],
             operand in proptest::collection::vec(any::<u8>(), 0..16),
             room in 0usize..64,
+            all_granted in any::<bool>(),
         ) {
             let mut registry = ExtensionRegistry::new();
             registry.register(Box::new(Reduce)).unwrap();
             registry.register(Box::new(Count)).unwrap();
+            registry.register(Box::new(Vmax)).unwrap();
+            let granted = if all_granted { Permissions::ALL } else { Permissions::READ };
             let mut words = vec![0x3F80_0000_3F80_0000u64; 2048];
             let regions = Regions(vec![SharedMemory::from_words(&mut words)]);
             let instruction = Instruction { opcode, flags, space, offset, length, aux, operand: &operand };
             let mut out = vec![0u8; room];
-            match registry.execute(&instruction, &regions, Permissions::READ, &mut out) {
+            match registry.execute(&instruction, &regions, granted, &mut out) {
+                Ok(outcome) if opcode == 0x81 => {
+                    prop_assert_eq!(outcome.data_len, 0);
+                    let written = outcome.written.expect("VMAX writes its range");
+                    prop_assert_eq!((written.offset as u64, written.len), (offset, length as usize));
+                }
                 Ok(outcome) => {
                     prop_assert_eq!(outcome.data_len, 8);
                     prop_assert!(outcome.written.is_none());

@@ -1,8 +1,9 @@
 //! The extension handlers this target can serve, by name, and the registry its configuration
-//! enables (`extensions = ["reduce"]`). Adding an extension: write its handler (see
+//! enables (`extensions = ["reduce", "vmax"]`). Adding an extension: write its handler (see
 //! `netdam_isa::extension` and `docs/EXTENDING.md`) and list it in [`CATALOG`].
 
 use netdam_isa::extension::reduce::Reduce;
+use netdam_isa::extension::vmax::Vmax;
 use netdam_isa::extension::{ExtensionHandler, ExtensionRegistry, Permissions};
 
 use crate::config::ConfigError;
@@ -16,7 +17,10 @@ pub struct CatalogEntry {
 }
 
 /// Every extension this build can serve.
-pub const CATALOG: &[CatalogEntry] = &[CatalogEntry { name: "reduce", make: || Box::new(Reduce) }];
+pub const CATALOG: &[CatalogEntry] = &[
+    CatalogEntry { name: "reduce", make: || Box::new(Reduce) },
+    CatalogEntry { name: "vmax", make: || Box::new(Vmax) },
+];
 
 /// The registry of the extensions named in `enabled`; an unknown name, or a handler whose
 /// declaration the registry refuses, is a configuration error naming it.

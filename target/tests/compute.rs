@@ -213,7 +213,7 @@ fn the_netdam_cli_reduces_a_range() {
 
 mod allreduce {
     use super::*;
-    use netdam_initiator::allreduce::{allreduce, prepare, AllreduceError, AllreducePlan};
+    use netdam_initiator::allreduce::{allreduce, prepare, AllreduceError, AllreduceOp, AllreducePlan};
     use std::time::Duration;
 
     /// Four workers, each its own client on one of two target workers, sum 1 MB buffers: i32
@@ -237,7 +237,7 @@ mod allreduce {
                     .collect()
             };
             let mut setup = Client::connect(addr).unwrap();
-            let plan = AllreducePlan::new(&setup, 0, area, WORKERS, LANES * 4, lane).unwrap();
+            let plan = AllreducePlan::new(&setup, 0, area, WORKERS, LANES * 4, lane, AllreduceOp::Sum).unwrap();
             assert!(plan.chunk_count() > 100, "pipelined over many chunks");
             prepare(&mut setup, &plan).unwrap();
             let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
@@ -246,7 +246,9 @@ mod allreduce {
                         let buffer = buffer_of(worker);
                         scope.spawn(move || {
                             let mut client = Client::connect(addr).unwrap();
-                            let plan = AllreducePlan::new(&client, 0, area, WORKERS, buffer.len(), lane).unwrap();
+                            let plan =
+                                AllreducePlan::new(&client, 0, area, WORKERS, buffer.len(), lane, AllreduceOp::Sum)
+                                    .unwrap();
                             let mut result = vec![0u8; buffer.len()];
                             allreduce(&mut client, &plan, &buffer, &mut result, Duration::from_secs(30)).unwrap();
                             result
@@ -286,9 +288,10 @@ mod allreduce {
         let test = start(vec![region("mem", 1 << 20, false)], 1, 9000);
         let addr = test.target.local_addr();
         let mut setup = Client::connect(addr).unwrap();
-        let plan = AllreducePlan::new(&setup, 0, 0, 4, 40_000, LaneType::I32).unwrap();
+        let plan = AllreducePlan::new(&setup, 0, 0, 4, 40_000, LaneType::I32, AllreduceOp::Sum).unwrap();
         prepare(&mut setup, &plan).unwrap();
-        let beyond = AllreducePlan::new(&setup, 0, (1 << 20) - 40_000, 4, 40_000, LaneType::I32).unwrap_err();
+        let beyond =
+            AllreducePlan::new(&setup, 0, (1 << 20) - 40_000, 4, 40_000, LaneType::I32, AllreduceOp::Sum).unwrap_err();
         assert!(beyond.to_string().contains("does not fit"), "{beyond}");
         std::thread::scope(|scope| {
             for _ in 0..3 {
@@ -309,6 +312,64 @@ mod allreduce {
                 });
             }
         });
+    }
+
+    /// The maximum of four workers' f32, i32 and bf16 buffers through the vmax extension is
+    /// exact; a target without it is refused before anything is counted.
+    #[test]
+    fn four_workers_take_the_exact_maximum_through_vmax() {
+        const WORKERS: u32 = 4;
+        let test = start_configured(vec![region("mem", 4 << 20, false)], |config| {
+            config.workers = 2;
+            config.extensions = vec!["vmax".to_string()];
+        });
+        let addr = test.target.local_addr();
+        let lanes = 30_000usize;
+        let value = |worker: u32, index: usize| ((index * 7919 + worker as usize * 104_729) % 2001) as i32 - 1000;
+        for (lane, area) in [(LaneType::I32, 0u64), (LaneType::F32, 1 << 20), (LaneType::Bf16, 2 << 20)] {
+            let encode = |value: i32| -> Vec<u8> {
+                match lane {
+                    LaneType::I32 => value.to_le_bytes().to_vec(),
+                    LaneType::F32 => (value as f32 * 0.5).to_le_bytes().to_vec(),
+                    LaneType::Bf16 => f32_to_bf16(value as f32).to_le_bytes().to_vec(),
+                }
+            };
+            let buffer_of = |worker| (0..lanes).flat_map(|index| encode(value(worker, index))).collect::<Vec<u8>>();
+            let len = lanes * lane.lane_bytes();
+            let mut setup = Client::connect(addr).unwrap();
+            let plan = AllreducePlan::new(&setup, 0, area, WORKERS, len, lane, AllreduceOp::Max).unwrap();
+            prepare(&mut setup, &plan).unwrap();
+            let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..WORKERS)
+                    .map(|worker| {
+                        let buffer = buffer_of(worker);
+                        scope.spawn(move || {
+                            let mut client = Client::connect(addr).unwrap();
+                            let mut result = vec![0u8; buffer.len()];
+                            allreduce(&mut client, &plan, &buffer, &mut result, Duration::from_secs(30)).unwrap();
+                            result
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+            });
+            let expected: Vec<u8> = (0..lanes)
+                .flat_map(|index| encode((0..WORKERS).map(|worker| value(worker, index)).max().unwrap()))
+                .collect();
+            for result in results {
+                assert!(result == expected, "{lane:?}: a worker's maximum differs");
+            }
+        }
+        // Without the extension: refused up front, with what to do.
+        let plain = start(vec![region("mem", 1 << 20, false)], 1, 9000);
+        let mut client = Client::connect(plain.target.local_addr()).unwrap();
+        let plan = AllreducePlan::new(&client, 0, 0, 2, 64, LaneType::F32, AllreduceOp::Max).unwrap();
+        prepare(&mut client, &plan).unwrap();
+        let error = allreduce(&mut client, &plan, &[0; 64], &mut [0; 64], Duration::from_secs(1)).unwrap_err();
+        assert!(error.to_string().contains("extensions = [\"vmax\"]"), "{error}");
+        let mut counters = [0u8; 8];
+        client.read(0, 0, &mut counters).unwrap();
+        assert_eq!(counters, [0; 8], "nothing was counted");
     }
 
     /// `netdam allreduce` as four processes, after `--prepare`: each writes the same sum.

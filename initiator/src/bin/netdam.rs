@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use netdam_initiator::allreduce::{self, AllreducePlan};
+use netdam_initiator::allreduce::{self, AllreduceOp, AllreducePlan};
 use netdam_initiator::metrics::{InitiatorMetrics, ObservedBackend};
 use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
 use netdam_initiator::reduce::ReduceValue;
@@ -183,7 +183,10 @@ enum Command {
         /// Lane type.
         #[arg(long = "type", value_enum, default_value_t = Lane::F32)]
         lane: Lane,
-        /// Zero the area for buffers of LEN bytes and exit (before any worker starts).
+        /// What to compute: the sum (VADD) or the maximum (the target's vmax extension).
+        #[arg(long = "op", value_enum, default_value_t = Combine::Sum)]
+        op: Combine,
+        /// Ready the area for buffers of LEN bytes and exit (before any worker starts).
         #[arg(long, value_name = "LEN", value_parser = parse_bytes, conflicts_with_all = ["file", "out"])]
         prepare: Option<u64>,
         /// This worker's buffer: little-endian lanes.
@@ -288,6 +291,12 @@ impl Lane {
             Lane::Bf16 => LaneType::Bf16,
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Combine {
+    Sum,
+    Max,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -615,12 +624,16 @@ fn run(cli: &Cli) -> Result<(), String> {
                 println!("crc32 {crc:#010x}");
             }
         }
-        Command::Allreduce { region, offset, workers, lane, prepare, file, out, timeout_seconds } => {
+        Command::Allreduce { region, offset, workers, lane, op, prepare, file, out, timeout_seconds } => {
             let space = region_id(&client, region)?;
             let lane_type = lane.lane_type();
+            let op = match op {
+                Combine::Sum => AllreduceOp::Sum,
+                Combine::Max => AllreduceOp::Max,
+            };
             if let Some(len) = prepare {
                 let len = usize::try_from(*len).map_err(|_| format!("--prepare {len}: too large"))?;
-                let plan = AllreducePlan::new(&client, space, *offset, *workers, len, lane_type)
+                let plan = AllreducePlan::new(&client, space, *offset, *workers, len, lane_type, op)
                     .map_err(|error| error.to_string())?;
                 allreduce::prepare(&mut client, &plan).map_err(|error| error.to_string())?;
                 if cli.json {
@@ -632,7 +645,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
             let path = file.as_ref().ok_or("give --file with this worker's buffer")?;
             let buffer = std::fs::read(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-            let plan = AllreducePlan::new(&client, space, *offset, *workers, buffer.len(), lane_type)
+            let plan = AllreducePlan::new(&client, space, *offset, *workers, buffer.len(), lane_type, op)
                 .map_err(|error| error.to_string())?;
             let timeout = std::time::Duration::try_from_secs_f64(*timeout_seconds)
                 .map_err(|_| format!("--timeout-seconds {timeout_seconds}: not a duration"))?;
@@ -650,7 +663,7 @@ fn run(cli: &Cli) -> Result<(), String> {
                     json!({"bytes": buffer.len(), "workers": workers, "chunks": plan.chunk_count(), "elapsed_ms": elapsed_ms})
                 );
             } else {
-                println!("summed {} bytes of {workers} workers in {elapsed_ms:.1} ms", buffer.len());
+                println!("reduced {} bytes of {workers} workers in {elapsed_ms:.1} ms", buffer.len());
             }
         }
         Command::Reduce { region, offset, len, lane, op } => {

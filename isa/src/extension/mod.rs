@@ -15,6 +15,7 @@
 //! adding one.
 
 pub mod reduce;
+pub mod vmax;
 
 use core::ops::Range;
 
@@ -118,6 +119,9 @@ pub struct ExtensionSpec {
     pub aux_max: u32,
     /// Operand bytes: fewer is `malformed`, more is `too_large`.
     pub operand_bytes: ByteBounds,
+    /// The operand must be exactly as long as the length (lanes to combine with the range, as
+    /// VADD's): `malformed` otherwise.
+    pub operand_is_length: bool,
     /// Bytes of the region it addresses (the instruction's length): fewer is `malformed`, more
     /// is `too_large`. This bounds the handler's work on the worker.
     pub length_bytes: ByteBounds,
@@ -289,7 +293,8 @@ impl ExtensionRegistry {
         let fields_ok = instruction.flags & !spec.flags == 0
             && instruction.aux <= spec.aux_max
             && operand_len >= spec.operand_bytes.min
-            && length >= spec.length_bytes.min;
+            && length >= spec.length_bytes.min
+            && (!spec.operand_is_length || operand_len == length);
         let alignment = match spec.alignment {
             Alignment::Bytes(bytes) => Some(bytes),
             Alignment::LaneInAuxLowByte => LaneType::from_u32(instruction.aux & 0xFF).map(LaneType::lane_bytes),
@@ -354,6 +359,7 @@ mod tests {
             flags: 0,
             aux_max: 0,
             operand_bytes: ByteBounds::exactly(0),
+            operand_is_length: false,
             length_bytes: ByteBounds { min: 0, max: 64 },
             alignment: Alignment::Bytes(1),
             answer_bytes_max: 0,

@@ -73,6 +73,7 @@ impl ExtensionHandler for Reduce {
             flags: 0,
             aux_max: reduce_aux(LaneType::Bf16, ReduceOp::Max),
             operand_bytes: ByteBounds::exactly(0),
+            operand_is_length: false,
             length_bytes: ByteBounds { min: 1, max: REDUCE_MAX_BYTES },
             alignment: Alignment::LaneInAuxLowByte,
             answer_bytes_max: REDUCE_ANSWER_BYTES,
