@@ -639,7 +639,7 @@ fn run(cli: &Cli) -> Result<(), String> {
                 if cli.json {
                     println!("{}", json!({"prepared_bytes": plan.area_bytes(), "chunks": plan.chunk_count()}));
                 } else {
-                    println!("zeroed {} bytes at {offset} for {workers} workers", plan.area_bytes());
+                    println!("prepared {} bytes at {offset} for {workers} workers", plan.area_bytes());
                 }
                 return Ok(());
             }
