@@ -203,7 +203,9 @@ impl AsyncClient {
         word_result(&self.call(vec![Op::fetch_add(space, offset, addend)]).await?)
     }
 
-    /// Adds lanes into memory; returns the new values when `return_result`.
+    /// Adds lanes into memory; returns the new values when `return_result`. More lanes than one
+    /// VADD may carry go as several VADDs, all in flight at once; each adds atomically, the
+    /// whole does not.
     pub async fn vadd(
         &self,
         space: u16,
@@ -212,7 +214,23 @@ impl AsyncClient {
         lanes: &[u8],
         return_result: bool,
     ) -> Result<Vec<u8>, ClientError> {
-        Ok(self.call(vec![Op::vadd(space, offset, lane, lanes, return_result)]).await?.data(0)?.to_vec())
+        let mut answers = Vec::new();
+        for (at, position, piece) in chunks(offset, lanes.len(), self.info.vadd_chunk_bytes(lane, return_result)) {
+            let op = Op::vadd(space, at, lane, &lanes[position..position + piece], return_result);
+            answers.push((position, piece, self.submit(vec![op]).await?));
+        }
+        let mut result = vec![0u8; if return_result { lanes.len() } else { 0 }];
+        for (position, piece, answer) in answers {
+            let reply = answer.wait().await?;
+            let data = reply.data(0)?;
+            if return_result {
+                if data.len() != piece {
+                    return Err(ClientError::MissingResult(0));
+                }
+                result[position..position + piece].copy_from_slice(data);
+            }
+        }
+        Ok(result)
     }
 
     /// CRC32 of `len` bytes.

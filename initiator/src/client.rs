@@ -10,14 +10,16 @@ use std::os::fd::AsRawFd;
 
 use netdam_isa::block::{decode_extents, Extent};
 use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo};
+use netdam_isa::extension::reduce::{ReduceOp, REDUCE_MAX_BYTES, REDUCE_OPCODE};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::Instruction;
-use netdam_isa::{Duration, Instant, LaneType};
+use netdam_isa::{Duration, Instant, LaneType, Status};
 
 use crate::error::ClientError;
 use crate::hello::close_outcome;
 use crate::op::Op;
+use crate::reduce::{self, ReduceValue};
 use crate::session::{Reply, Session, SessionConfig, SessionStats};
 use crate::stamped;
 use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
@@ -459,6 +461,8 @@ impl Client {
     }
 
     /// Adds `lanes` into memory lane by lane; returns the new values when `return_result`.
+    /// More lanes than one VADD may carry (2048 f32, or fewer in a smaller negotiated datagram)
+    /// go as several pipelined VADDs; each adds atomically, the whole does not.
     pub fn vadd(
         &mut self,
         space: u16,
@@ -467,8 +471,51 @@ impl Client {
         lanes: &[u8],
         return_result: bool,
     ) -> Result<Vec<u8>, ClientError> {
-        let reply = self.call(&[Op::vadd(space, offset, lane, lanes, return_result)])?;
-        Ok(reply.data(0)?.to_vec())
+        let pieces: Vec<_> = chunks(offset, lanes.len(), self.info.vadd_chunk_bytes(lane, return_result)).collect();
+        let ops = pieces
+            .iter()
+            .map(|(at, position, len)| Op::vadd(space, *at, lane, &lanes[*position..*position + *len], return_result));
+        let mut result = vec![0u8; if return_result { lanes.len() } else { 0 }];
+        self.pipeline(ops, |index, reply| {
+            let data = reply.data(0)?;
+            if return_result {
+                let (_, position, len) = pieces[index];
+                if data.len() != len {
+                    return Err(ClientError::MissingResult(0));
+                }
+                result[position..position + len].copy_from_slice(data);
+            }
+            Ok(())
+        })?;
+        Ok(result)
+    }
+
+    /// `op` over the `lane` lanes of `len` bytes at `offset`, computed by the target's `reduce`
+    /// extension (a target without it answers `unknown_opcode`). A range longer than one REDUCE
+    /// may address goes as several pipelined ones, combined here in range order.
+    pub fn reduce(
+        &mut self,
+        space: u16,
+        offset: u64,
+        len: u64,
+        lane: LaneType,
+        op: ReduceOp,
+    ) -> Result<ReduceValue, ClientError> {
+        let refused = |status| ClientError::Refused { opcode: REDUCE_OPCODE, status };
+        let len = usize::try_from(len).map_err(|_| refused(Status::TooLarge))?;
+        if len == 0 {
+            // No lanes: nothing to reduce, and the target refuses an empty range as malformed.
+            return Err(refused(Status::Malformed));
+        }
+        let ops =
+            chunks(offset, len, REDUCE_MAX_BYTES).map(|(at, _, piece)| Op::reduce(space, at, piece as u32, lane, op));
+        let mut total: Option<ReduceValue> = None;
+        self.pipeline(ops, |_, reply| {
+            let value = reduce::decode(lane, reply.data(0)?)?;
+            total = Some(total.map_or(value, |earlier| reduce::combine(op, earlier, value)));
+            Ok(())
+        })?;
+        total.ok_or(ClientError::MissingResult(0))
     }
 
     /// CRC32 of `len` bytes.

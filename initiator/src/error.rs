@@ -156,5 +156,8 @@ fn hello_refusal(status: Status) -> String {
 }
 
 fn opcode_name(opcode: u8) -> String {
+    if opcode == netdam_isa::extension::reduce::REDUCE_OPCODE {
+        return "REDUCE (extension)".to_string();
+    }
     Opcode::from_u8(opcode).map(|known| known.name().to_uppercase()).unwrap_or_else(|| format!("opcode {opcode:#04x}"))
 }

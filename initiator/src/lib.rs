@@ -5,6 +5,8 @@
 //! - [`session::Session`]: the sans-IO core both drive (sequencing, in-flight window,
 //!   retransmission of idempotent requests).
 //! - [`Op`]: one instruction to send.
+//! - [`reduce`]: answers of the `reduce` extension (`Client::reduce`).
+//! - [`allreduce`]: N workers sum buffers through a target region (VADD, FETCH_ADD barrier).
 //! - [`hello`]: the two-step HELLO (cookie, then session) every driver runs.
 //! - [`Volume`]: a block namespace as one disk over one or more sessions.
 //! - [`nbd`]: the NBD export that serves a `Volume` to stock NBD clients.
@@ -13,6 +15,7 @@
 //!
 //! Dropping a client closes its session (CLOSE), so the target's slot is free at once.
 
+pub mod allreduce;
 pub mod async_client;
 pub mod client;
 pub mod error;
@@ -20,6 +23,7 @@ pub mod hello;
 pub mod metrics;
 pub mod nbd;
 pub mod op;
+pub mod reduce;
 pub mod session;
 mod stamped;
 pub mod swift;

@@ -2,6 +2,7 @@
 //! layout of docs/PROTOCOL.md.
 
 use netdam_isa::control::{encode_hello_operand, Cookie, HelloRequest};
+use netdam_isa::extension::reduce::{reduce_aux, ReduceOp, REDUCE_OPCODE};
 use netdam_isa::opcode::{BWRITE_FLAG_FUA, VADD_FLAG_RETURN_RESULT};
 use netdam_isa::wire::Instruction;
 use netdam_isa::{LaneType, Opcode};
@@ -120,6 +121,16 @@ impl Op {
             operand: lanes.to_vec(),
             ..Op::new(Opcode::Vadd, space, offset, lanes.len() as u32)
         }
+    }
+
+    /// An extension instruction (opcode `0x80..=0xFF`), fields as its handler defines them.
+    pub fn extension(opcode: u8, flags: u8, space: u16, offset: u64, length: u32, aux: u32, operand: &[u8]) -> Op {
+        Op { opcode, flags, space, offset, length, aux, operand: operand.to_vec() }
+    }
+
+    /// REDUCE (the extension `reduce`): `op` over the `lane` lanes of `length` bytes at `offset`.
+    pub fn reduce(space: u16, offset: u64, length: u32, lane: LaneType, op: ReduceOp) -> Op {
+        Op::extension(REDUCE_OPCODE, 0, space, offset, length, reduce_aux(lane, op), &[])
     }
 
     /// CRC32 of `length` bytes at `offset`.

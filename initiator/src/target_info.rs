@@ -4,7 +4,9 @@
 use std::net::SocketAddr;
 
 use netdam_isa::control::{HelloAnswer, NamespaceInfo, RegionInfo};
+use netdam_isa::limits::MAX_VADD_BYTES;
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+use netdam_isa::LaneType;
 
 use crate::error::ClientError;
 use crate::session::Reply;
@@ -53,6 +55,16 @@ impl TargetInfo {
     pub fn read_chunk_bytes(&self) -> usize {
         // Saturating: a sessionless client has no negotiated size, and no room.
         (self.hello.max_datagram_bytes as usize).saturating_sub(HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN)
+    }
+
+    /// Most operand bytes one VADD of `lane` lanes may carry: at most the ISA's 2048 f32 lanes,
+    /// within the negotiated datagram (and its answer, when it returns the result), in whole lanes.
+    pub fn vadd_chunk_bytes(&self, lane: LaneType, return_result: bool) -> usize {
+        let mut bytes = MAX_VADD_BYTES.min(self.write_chunk_bytes());
+        if return_result {
+            bytes = bytes.min(self.read_chunk_bytes());
+        }
+        bytes / lane.lane_bytes() * lane.lane_bytes()
     }
 
     /// Most bytes one WRITE instruction may carry.

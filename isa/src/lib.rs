@@ -3,15 +3,19 @@
 //!
 //! - [`wire`]: checked datagram views and encoders.
 //! - [`semantics`]: what memory and compute instructions do, over [`memory::SharedMemory`].
+//! - [`compute`]: VADD's vectorised lane arithmetic and its per-chunk exclusion.
 //! - [`control`]: HELLO and STAT payloads.
 //! - [`limits`]: every bound, in one place.
 //! - [`time`]: the protocol's own `Instant` and `Duration`.
 //! - [`engine`]: the trait execution engines implement.
+//! - [`extension`]: the extension opcodes' handler trait, registry and the shipped REDUCE.
 //! - [`rng`]: the seeded generator of simulators, fault injectors and tests.
 
 pub mod block;
+pub mod compute;
 pub mod control;
 pub mod engine;
+pub mod extension;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod limits;

@@ -21,6 +21,15 @@ pub const MAX_INSTRUCTIONS_PER_DATAGRAM: usize = 64;
 /// Largest VADD operand: 2048 f32 lanes, the NetDAM Allreduce primitive.
 pub const MAX_VADD_BYTES: usize = 2048 * 4;
 
+/// Bytes of memory one VADD exclusion flag covers: a VADD adds one such aligned chunk at a time
+/// while holding its flag (see `compute`). 1 KiB (256 f32 lanes) keeps a hold well under a
+/// microsecond and a full 8 KiB VADD at 8 or 9 flag operations.
+pub const VADD_CHUNK_BYTES: usize = 1024;
+
+/// VADD exclusion flags, one cache line each (64 KiB in all): chunks share a flag only when
+/// their addresses are this many chunks apart (a spurious wait, never a lost update).
+pub const VADD_CHUNK_LOCKS: usize = 1024;
+
 /// Regions (memory address spaces) one target serves.
 pub const MAX_REGIONS: usize = 64;
 
@@ -134,6 +143,9 @@ const _: () = assert!(REPLAY_ARENA_BYTES >= 2 * MAX_DATAGRAM_BYTES);
 const _: () = assert!(HEADER_LEN + INSTRUCTION_HEADER_LEN + MAX_VADD_BYTES <= DEFAULT_DATAGRAM_BYTES);
 const _: () = assert!(HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN + MAX_VADD_BYTES <= DEFAULT_DATAGRAM_BYTES);
 const _: () = assert!(MIN_DATAGRAM_BYTES <= DEFAULT_DATAGRAM_BYTES);
+// A chunk holds whole lanes of every type and whole 8-byte words (CAS and FETCH_ADD take the
+// flag of one chunk), and the chunk copy lives on the worker's stack.
+const _: () = assert!(VADD_CHUNK_BYTES.is_power_of_two() && VADD_CHUNK_BYTES >= 8 && VADD_CHUNK_BYTES <= 4096);
 const _: () = assert!(DEFAULT_DATAGRAM_BYTES <= MAX_DATAGRAM_BYTES);
 // A full instruction list must fit in the smallest datagram a peer may negotiate.
 const _: () = assert!(HEADER_LEN + MAX_INSTRUCTIONS_PER_DATAGRAM * INSTRUCTION_HEADER_LEN <= MIN_DATAGRAM_BYTES);

@@ -42,6 +42,16 @@ impl<'a> SharedMemory<'a> {
         SharedMemory { base, len, _lifetime: PhantomData }
     }
 
+    /// The `len` bytes at `offset` as a view of their own (byte 0 is `offset`): what an
+    /// extension handler is given, so it cannot reach beyond its range. Its base need not be
+    /// 8-byte aligned; atomics check their own alignment.
+    pub fn sub_view(&self, offset: usize, len: usize) -> SharedMemory<'a> {
+        self.assert_within(offset, len);
+        // SAFETY: in bounds (asserted), so the sub-range is mapped for 'a like the whole.
+        let base = unsafe { self.base.add(offset) };
+        SharedMemory { base, len, _lifetime: PhantomData }
+    }
+
     /// Bytes in the view.
     pub fn len(&self) -> usize {
         self.len

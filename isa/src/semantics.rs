@@ -6,6 +6,7 @@
 //! (`NoSuchSpace`), alignment (`Unaligned`), bounds (`OutOfRange`), answer size (`TooLarge`).
 //! Nothing is touched unless every check passes.
 
+use crate::compute;
 use crate::limits::MAX_VADD_BYTES;
 use crate::memory::SharedMemory;
 use crate::opcode::{LaneType, Opcode, VADD_FLAG_RETURN_RESULT};
@@ -106,6 +107,9 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
             let start = within(&memory, instruction.offset, 8)?;
             require(out.len() >= 8, Status::TooLarge)?;
             let word = memory.atomic_u64(start);
+            // Under the flag of the word's VADD chunk: VADD adds with plain loads and stores
+            // under that flag, so an atomic here without it could be overwritten (compute.rs).
+            let _chunk = compute::lock_chunk(memory.base() as usize + start);
             let (old, changed) = if opcode == Opcode::Cas {
                 let expected = u64_at(instruction.operand, 0).to_le();
                 let desired = u64_at(instruction.operand, 8).to_le();
@@ -164,7 +168,7 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
             let return_result = instruction.flags & VADD_FLAG_RETURN_RESULT != 0;
             require(!return_result || length <= out.len(), Status::TooLarge)?;
             let result = if return_result { &mut out[..length] } else { &mut [][..] };
-            vadd(&memory, start, lane, instruction.operand, result);
+            compute::vadd(&memory, start, lane, instruction.operand, result);
             Ok(Outcome {
                 data_len: if return_result { length } else { 0 },
                 written: Some(Written { space: instruction.space, offset: start, len: length }),
@@ -193,59 +197,4 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
     }
 }
 
-/// Adds `operand`'s lanes into memory at `start`, each lane atomically, so VADDs from several
-/// workers into one Allreduce buffer never lose an update. New lane values go to `result` when
-/// it is not empty.
-fn vadd(memory: &SharedMemory<'_>, start: usize, lane: LaneType, operand: &[u8], result: &mut [u8]) {
-    let lane_bytes = lane.lane_bytes();
-    for (index, addend) in operand.chunks_exact(lane_bytes).enumerate() {
-        let at = start + index * lane_bytes;
-        let new_bytes: [u8; 4] = match lane {
-            LaneType::F32 | LaneType::I32 => {
-                let addend = u32::from_le_bytes([addend[0], addend[1], addend[2], addend[3]]);
-                let add = |stored: u32| -> u32 {
-                    let stored = u32::from_le(stored);
-                    let sum = if lane == LaneType::F32 {
-                        (f32::from_bits(stored) + f32::from_bits(addend)).to_bits()
-                    } else {
-                        stored.wrapping_add(addend)
-                    };
-                    sum.to_le()
-                };
-                let old = memory
-                    .atomic_u32(at)
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |stored| Some(add(stored)))
-                    .unwrap_or_else(|stored| stored);
-                u32::from_le(add(old)).to_le_bytes()
-            }
-            LaneType::Bf16 => {
-                let addend = bf16_to_f32(u16::from_le_bytes([addend[0], addend[1]]));
-                let add = |stored: u16| f32_to_bf16(bf16_to_f32(u16::from_le(stored)) + addend).to_le();
-                let old = memory
-                    .atomic_u16(at)
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |stored| Some(add(stored)))
-                    .unwrap_or_else(|stored| stored);
-                let new = u16::from_le(add(old)).to_le_bytes();
-                [new[0], new[1], 0, 0]
-            }
-        };
-        if !result.is_empty() {
-            result[index * lane_bytes..(index + 1) * lane_bytes].copy_from_slice(&new_bytes[..lane_bytes]);
-        }
-    }
-}
-
-/// Widens a bfloat16 to f32 (exact).
-pub fn bf16_to_f32(bits: u16) -> f32 {
-    f32::from_bits(u32::from(bits) << 16)
-}
-
-/// Narrows an f32 to bfloat16, rounding to nearest even and keeping NaNs NaN.
-pub fn f32_to_bf16(value: f32) -> u16 {
-    let bits = value.to_bits();
-    if value.is_nan() {
-        return ((bits >> 16) as u16) | 0x0040;
-    }
-    let rounding = 0x7FFF + ((bits >> 16) & 1);
-    (bits.wrapping_add(rounding) >> 16) as u16
-}
+pub use crate::compute::{bf16_to_f32, f32_to_bf16};

@@ -23,7 +23,7 @@ fn example(name: &str) -> Vec<u8> {
 #[test]
 fn every_example_in_the_document_is_checked() {
     let named = PROTOCOL.matches("```text example:").count();
-    assert_eq!(named, 13, "a new example in PROTOCOL.md needs its assertions here");
+    assert_eq!(named, 15, "a new example in PROTOCOL.md needs its assertions here");
 }
 
 #[test]
@@ -216,4 +216,26 @@ fn unsupported_version_answer() {
     let response = Response::parse(&bytes).unwrap();
     assert_eq!(response.status(), Status::UnsupportedVersion);
     assert_eq!((response.header.session, response.header.sequence, response.header.count), (7, 5, 0));
+}
+
+#[test]
+fn reduce_request_and_answer() {
+    use netdam_isa::extension::reduce::{reduce_aux, ReduceOp, REDUCE_ANSWER_BYTES, REDUCE_OPCODE};
+    let bytes = example("reduce-request");
+    check_decode_round_trip(&bytes);
+    let request = Request::parse(&bytes).unwrap();
+    assert_eq!((request.header.session, request.header.sequence, request.header.count), (7, 9, 1));
+    let instruction = request.instructions().next().unwrap();
+    assert_eq!(instruction.opcode, REDUCE_OPCODE);
+    assert_eq!((instruction.space, instruction.offset, instruction.length), (0, 0x100, 16));
+    assert_eq!(instruction.aux, reduce_aux(netdam_isa::LaneType::I32, ReduceOp::Sum));
+    assert!(instruction.operand.is_empty());
+
+    let bytes = example("reduce-response");
+    check_decode_round_trip(&bytes);
+    let response = Response::parse(&bytes).unwrap();
+    assert_eq!(response.header.service_time_ns, 1200);
+    let result = response.results().next().unwrap();
+    assert_eq!((result.opcode, result.status, result.data.len()), (REDUCE_OPCODE, Status::Ok, REDUCE_ANSWER_BYTES));
+    assert_eq!(i64::from_le_bytes(result.data.try_into().unwrap()), 42);
 }

@@ -177,3 +177,134 @@ fn concurrent_fetch_add_and_vadd_lose_no_update() {
     assert_eq!(u64::from_le_bytes(bytes_of(&spaces.regions[0], 0, 8).try_into().unwrap()), 40_000);
     assert_eq!(i32::from_le_bytes(bytes_of(&spaces.regions[0], 8, 4).try_into().unwrap()), 40_000);
 }
+
+/// Lanes of `lane` that cross VADD's exclusion chunks: several workers add full 2048-lane
+/// operands (returning the results) while others FETCH_ADD words inside the same lanes. Every
+/// i32 lane ends exactly at the number of adds it received, and every returned result is one
+/// the lane really held (a multiple of the operand, never torn or lost).
+#[test]
+fn concurrent_full_vadds_and_atomics_on_the_same_lanes_lose_no_update() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 300;
+    const LANES: usize = 2048;
+    // Starts 12 bytes into the region, so lanes straddle every chunk boundary's neighbourhood.
+    const START: usize = 12;
+    let mut words = vec![0u64; (START + LANES * 4) / 8 + 1];
+    let spaces = Spaces { regions: vec![SharedMemory::from_words(&mut words)] };
+    let operand: Vec<u8> = (0..LANES as i32).flat_map(|lane| (lane % 7 + 1).to_le_bytes()).collect();
+    // FETCH_ADD of 1 on the aligned word at byte 16 adds 1 to the i32 lane at byte 16 (the
+    // word's low half) as long as that lane does not carry into its neighbour.
+    let fetch_add_word = 16usize;
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                let mut out = vec![0u8; LANES * 4];
+                let vadd = Instruction {
+                    flags: VADD_FLAG_RETURN_RESULT,
+                    aux: LaneType::I32 as u32,
+                    ..instruction(Opcode::Vadd, START as u64, (LANES * 4) as u32, &operand)
+                };
+                for _ in 0..ROUNDS {
+                    execute(&vadd, &spaces, &mut out).unwrap();
+                    for (lane, result) in out.chunks_exact(4).enumerate() {
+                        let result = i32::from_le_bytes(result.try_into().unwrap());
+                        let step = lane as i32 % 7 + 1;
+                        let extra = if START + lane * 4 == fetch_add_word { THREADS * ROUNDS } else { 0 } as i32;
+                        assert!(result > 0 && result <= step * (THREADS * ROUNDS) as i32 + extra, "lane {lane}");
+                        if extra == 0 {
+                            assert_eq!(result % step, 0, "lane {lane} returned a value it never held");
+                        }
+                    }
+                    let one = 1u64.to_le_bytes();
+                    execute(&instruction(Opcode::FetchAdd, fetch_add_word as u64, 8, &one), &spaces, &mut out).unwrap();
+                }
+            });
+        }
+    });
+    let stored = bytes_of(&spaces.regions[0], START, LANES * 4);
+    for (lane, value) in stored.chunks_exact(4).enumerate() {
+        let value = i32::from_le_bytes(value.try_into().unwrap());
+        let mut expected = (lane as i32 % 7 + 1) * (THREADS * ROUNDS) as i32;
+        if START + lane * 4 == fetch_add_word {
+            expected += (THREADS * ROUNDS) as i32;
+        }
+        assert_eq!(value, expected, "lane {lane}");
+    }
+}
+
+/// f32 and bf16 sums equal the scalar reference lane by lane, including infinities, NaN and
+/// rounding ties, and the returned result is what memory holds afterwards.
+#[test]
+fn vector_float_lanes_match_the_scalar_reference() {
+    let mut words = vec![0u64; 4096];
+    let spaces = Spaces { regions: vec![SharedMemory::from_words(&mut words)] };
+    let mut out = vec![0u8; 8192];
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, f32::MAX, f32::MIN_POSITIVE];
+    let stored_f32: Vec<f32> =
+        (0..2048).map(|i| if i % 97 == 0 { specials[i % 7] } else { f32::from_bits(next() as u32 >> 2) }).collect();
+    let added_f32: Vec<f32> =
+        (0..2048).map(|i| if i % 89 == 0 { specials[i % 5] } else { (next() % 1000) as f32 * 0.37 }).collect();
+    let as_bytes = |values: &[f32]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    spaces.regions[0].write(0, &as_bytes(&stored_f32));
+    let operand = as_bytes(&added_f32);
+    let vadd = Instruction {
+        flags: VADD_FLAG_RETURN_RESULT,
+        aux: LaneType::F32 as u32,
+        ..instruction(Opcode::Vadd, 0, 8192, &operand)
+    };
+    execute(&vadd, &spaces, &mut out).unwrap();
+    assert_eq!(bytes_of(&spaces.regions[0], 0, 8192), out, "the result is what memory holds");
+    for (lane, result) in out.chunks_exact(4).enumerate() {
+        let result = f32::from_le_bytes(result.try_into().unwrap());
+        let expected = stored_f32[lane] + added_f32[lane];
+        assert!(result.to_bits() == expected.to_bits() || (result.is_nan() && expected.is_nan()), "f32 lane {lane}");
+    }
+
+    let stored_bf16: Vec<u16> = (0..4096).map(|_| next() as u16).collect();
+    let added_bf16: Vec<u16> = (0..4096).map(|_| next() as u16).collect();
+    let bf16_bytes = |values: &[u16]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    spaces.regions[0].write(0, &bf16_bytes(&stored_bf16));
+    let operand = bf16_bytes(&added_bf16);
+    let vadd = Instruction { aux: LaneType::Bf16 as u32, ..instruction(Opcode::Vadd, 0, 8192, &operand) };
+    assert_eq!(execute(&vadd, &spaces, &mut out).unwrap().data_len, 0);
+    for (lane, stored) in bytes_of(&spaces.regions[0], 0, 8192).chunks_exact(2).enumerate() {
+        let result = bf16_to_f32(u16::from_le_bytes([stored[0], stored[1]]));
+        let expected = bf16_to_f32(f32_to_bf16(bf16_to_f32(stored_bf16[lane]) + bf16_to_f32(added_bf16[lane])));
+        assert!(result.to_bits() == expected.to_bits() || (result.is_nan() && expected.is_nan()), "bf16 lane {lane}");
+    }
+}
+
+#[test]
+fn vadd_bounds_are_checked_before_anything_is_added() {
+    let mut words = vec![0u64; 2048];
+    let spaces = Spaces { regions: vec![SharedMemory::from_words(&mut words)] };
+    let mut small_out = [0u8; 64];
+    static LANES: [u8; 8192] = [1; 8192];
+    static TOO_MANY: [u8; 8196] = [1; 8196];
+    let (lanes, too_many) = (&LANES, &TOO_MANY);
+    let f32_vadd = |offset: u64, operand: &'static [u8]| Instruction {
+        aux: LaneType::F32 as u32,
+        ..instruction(Opcode::Vadd, offset, operand.len() as u32, operand)
+    };
+    let cases = [
+        // Past the region's end by one lane, and an offset that wraps.
+        (f32_vadd(16384 - 8188, &lanes[..]), Status::OutOfRange),
+        (f32_vadd(u64::MAX - 3, &lanes[..8]), Status::OutOfRange),
+        (f32_vadd(0, &too_many[..]), Status::TooLarge),
+        (Instruction { flags: VADD_FLAG_RETURN_RESULT, ..f32_vadd(0, &lanes[..128]) }, Status::TooLarge),
+        (Instruction { flags: 0x02, ..f32_vadd(0, &lanes[..8]) }, Status::Malformed),
+        (Instruction { length: 4, ..f32_vadd(0, &lanes[..8]) }, Status::Malformed),
+        (Instruction { aux: LaneType::Bf16 as u32, ..f32_vadd(1, &lanes[..8]) }, Status::Unaligned),
+    ];
+    for (bad, status) in cases {
+        assert_eq!(execute(&bad, &spaces, &mut small_out), Err(status), "{bad:?}");
+    }
+    assert!(bytes_of(&spaces.regions[0], 0, 16384).iter().all(|byte| *byte == 0), "a refused VADD added something");
+}

@@ -268,6 +268,19 @@ pub struct Config {
     /// Block namespaces, besides those created with `netdam-target namespace create`.
     #[serde(default, rename = "namespace", skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<NamespaceConfig>,
+    /// Extension instructions to serve, by name (`reduce`); none by default, so an extension
+    /// opcode is `unknown_opcode` until it is enabled here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<String>,
+    /// Permissions every session holds on every region until tenants exist: `read`, `write`,
+    /// `atomic`, `compute`, `block`. Extension instructions are checked against them (a handler
+    /// declares what it needs); default all.
+    #[serde(default = "default_session_permissions")]
+    pub session_permissions: Vec<String>,
+}
+
+fn default_session_permissions() -> Vec<String> {
+    netdam_isa::extension::Permissions::NAMED.iter().map(|(name, _)| name.to_string()).collect()
 }
 
 fn default_listen() -> SocketAddr {
@@ -343,6 +356,8 @@ impl Default for Config {
             session_idle_timeout_ms: default_session_idle_timeout_ms(),
             regions: Vec::new(),
             namespaces: Vec::new(),
+            extensions: Vec::new(),
+            session_permissions: default_session_permissions(),
         }
     }
 }
@@ -443,6 +458,8 @@ impl Config {
             ));
         }
         validate_spaces(&self.effective_regions(), &self.namespaces)?;
+        crate::extensions::registry(&self.extensions)?;
+        crate::extensions::permissions(&self.session_permissions)?;
         Ok(())
     }
 
@@ -457,6 +474,9 @@ impl Config {
                 idle_timeout: Duration::from_millis(self.session_idle_timeout_ms),
             },
             metrics: self.metrics_listen != MetricsListen::Off,
+            // Validated before a target starts; an unreadable set grants nothing (fails closed).
+            session_permissions: crate::extensions::permissions(&self.session_permissions)
+                .unwrap_or(netdam_isa::extension::Permissions::NONE),
         }
     }
 

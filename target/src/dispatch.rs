@@ -13,6 +13,7 @@ use std::sync::Arc;
 use netdam_isa::block::{encode_extents, BlockOp, Extent};
 use netdam_isa::control::{decode_hello_operand, encode_hello_answer, NamespaceEntry, StatWriter, COOKIE_LEN};
 use netdam_isa::engine::Engine;
+use netdam_isa::extension::{ExtensionRegistry, Permissions, EXTENSION_OPCODES};
 use netdam_isa::limits::{
     DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
     MAX_BLOCK_STATUS_EXTENTS, MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES, SESSION_SWEEP_INTERVAL,
@@ -71,6 +72,9 @@ pub struct DispatchSettings {
     /// Record the per-opcode counters and latency histograms `/metrics` serves (the STAT
     /// counters are always kept).
     pub metrics: bool,
+    /// What every session may do (until tenants exist): extension instructions needing more
+    /// are answered `permission_denied`.
+    pub session_permissions: Permissions,
 }
 
 impl Default for DispatchSettings {
@@ -84,6 +88,7 @@ impl Default for DispatchSettings {
                 idle_timeout: DEFAULT_SESSION_IDLE_TIMEOUT,
             },
             metrics: true,
+            session_permissions: Permissions::ALL,
         }
     }
 }
@@ -104,6 +109,8 @@ pub struct Shared {
     /// Issues and checks HELLO cookies; one secret for every worker, so a cookie one worker
     /// issued is valid at the others (all workers read one clock, see `worker`).
     pub cookies: CookieJar,
+    /// The extension instructions served (none unless configured).
+    pub extensions: ExtensionRegistry,
 }
 
 impl Shared {
@@ -117,7 +124,12 @@ impl Shared {
         cookies: CookieJar,
     ) -> Shared {
         let stats = (0..workers).map(|_| WorkerStats::default()).collect();
-        Shared { regions, namespaces, stats, settings, epoch, cookies }
+        Shared { regions, namespaces, stats, settings, epoch, cookies, extensions: ExtensionRegistry::new() }
+    }
+
+    /// The same state serving the extensions of `registry`.
+    pub fn with_extensions(self, registry: ExtensionRegistry) -> Shared {
+        Shared { extensions: registry, ..self }
     }
 }
 
@@ -269,7 +281,11 @@ impl<E: Engine> Dispatcher<E> {
         }
         let mut record = None;
         if header.session != 0 {
-            let idempotent = request.instructions().all(|instruction| instruction.is_idempotent());
+            let extensions = &self.shared.extensions;
+            let idempotent = request.instructions().all(|instruction| {
+                // An extension's declaration decides; an unknown opcode counts as not idempotent.
+                extensions.is_idempotent(instruction.opcode).unwrap_or_else(|| instruction.is_idempotent())
+            });
             match self.sessions.admit(now, header.session, from.peer, header.sequence, idempotent, out) {
                 Admission::Execute(ticket) => record = Some((ticket, !idempotent)),
                 Admission::ExecuteAgain => self.count(Counter::DuplicatesExecutedAgain),
@@ -765,8 +781,27 @@ impl<E: Engine> Dispatcher<E> {
             Some(Opcode::Hello) => unreachable!("execute_into answers HELLO"),
             // Reached only when this target serves no namespace at all.
             Some(opcode) if opcode.is_block() => Err(Status::NoSuchSpace),
+            None if EXTENSION_OPCODES.contains(&instruction.opcode) => self.extension(instruction, out),
             _ => self.engine.execute(instruction, out),
         }
+    }
+
+    /// Executes an extension instruction: the registry checks it against its handler's
+    /// declaration and the session's permissions, and runs the handler; a range it modified on a
+    /// persistent region is persisted at once (extensions are outside group commit).
+    fn extension(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+        let shared = &*self.shared;
+        let granted = shared.settings.session_permissions;
+        let outcome = shared.extensions.execute(instruction, &*shared.regions, granted, out)?;
+        if let Some(written) = outcome.written {
+            let region = shared.regions.get(written.space).expect("the registry wrote to a region that exists");
+            region.persist(written.offset, written.len).map_err(|error| {
+                let (offset, len) = (written.offset, written.len);
+                tracing::error!(region = region.name(), offset, len, %error, "persist of an extension's write failed");
+                Status::IoError
+            })?;
+        }
+        Ok(outcome.data_len)
     }
 
     /// Answers HELLO: a `retry` with a cookie unless it echoes a valid one, else a session (the

@@ -5,6 +5,7 @@
 //! - [`worker`]: the per-core polling loop (socket I/O and time).
 //! - [`dispatch`]: what happens to one datagram (sans-IO).
 //! - [`engine`]: the software execution engine.
+//! - [`extensions`]: the extension handlers configuration may enable.
 //! - [`regions`]: the table of memory regions.
 //! - [`socket`]: the shared-port socket and batched receive.
 //! - [`stats`]: per-worker counters and histograms.
@@ -20,6 +21,7 @@ pub mod config;
 pub mod cookies;
 pub mod dispatch;
 pub mod engine;
+pub mod extensions;
 pub mod metadata;
 pub mod metrics;
 pub mod namespaces;

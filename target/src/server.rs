@@ -122,14 +122,11 @@ impl Target {
             .map(|since| since.as_nanos() as u64)
             .unwrap_or(0);
         let cookies = CookieJar::from_os_random().map_err(StartError::Random)?;
-        let shared = Arc::new(Shared::new(
-            regions.clone(),
-            namespaces,
-            config.workers,
-            config.dispatch_settings(),
-            epoch,
-            cookies,
-        ));
+        let extensions = crate::extensions::registry(&config.extensions).map_err(StartError::Config)?;
+        let shared = Arc::new(
+            Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
+                .with_extensions(extensions),
+        );
         let sockets = bind_workers(config.listen, config.workers)?;
         let local_addr = socket::local_addr(&sockets[0]).map_err(|source| StartError::Bind {
             addr: config.listen,

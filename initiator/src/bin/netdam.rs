@@ -8,12 +8,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use netdam_initiator::allreduce::{self, AllreduceOp, AllreducePlan};
 use netdam_initiator::metrics::{InitiatorMetrics, ObservedBackend};
 use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
+use netdam_initiator::reduce::ReduceValue;
 use netdam_initiator::top::{Snapshot, View};
 use netdam_initiator::{Client, ClientError, ClientOptions, Volume, VolumeOptions};
 use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
+use netdam_isa::extension::reduce::ReduceOp;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
 use netdam_metrics::{LogFormat, MetricsListen, MetricsServer};
@@ -152,6 +155,50 @@ enum Command {
         #[arg(value_parser = parse_bytes)]
         len: u64,
     },
+    /// Sum, minimum or maximum of the lanes in LEN bytes at OFFSET, computed by the target (its
+    /// `reduce` extension must be enabled: `extensions = ["reduce"]`).
+    Reduce {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        #[arg(value_parser = parse_bytes)]
+        len: u64,
+        /// Lane type.
+        #[arg(long = "type", value_enum, default_value_t = Lane::F32)]
+        lane: Lane,
+        /// What to compute.
+        #[arg(long = "op", value_enum, default_value_t = Reduction::Sum)]
+        op: Reduction,
+    },
+    /// Sum this worker's buffer with those of the other workers through the area at OFFSET
+    /// (counters, then the accumulator): run once with --prepare LEN, then once per worker.
+    Allreduce {
+        region: String,
+        /// Start of the area, a multiple of 8.
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        /// Workers contributing (every worker passes the same number).
+        #[arg(long)]
+        workers: u32,
+        /// Lane type.
+        #[arg(long = "type", value_enum, default_value_t = Lane::F32)]
+        lane: Lane,
+        /// What to compute: the sum (VADD) or the maximum (the target's vmax extension).
+        #[arg(long = "op", value_enum, default_value_t = Combine::Sum)]
+        op: Combine,
+        /// Ready the area for buffers of LEN bytes and exit (before any worker starts).
+        #[arg(long, value_name = "LEN", value_parser = parse_bytes, conflicts_with_all = ["file", "out"])]
+        prepare: Option<u64>,
+        /// This worker's buffer: little-endian lanes.
+        #[arg(long, value_name = "FILE", required_unless_present = "prepare")]
+        file: Option<PathBuf>,
+        /// Where to write the sum (same length as the buffer).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Give up (and fail) when some worker's contribution is still missing after this long.
+        #[arg(long, default_value_t = 30.0)]
+        timeout_seconds: f64,
+    },
     /// Set LEN bytes at OFFSET to BYTE.
     Fill {
         region: String,
@@ -234,6 +281,29 @@ enum Lane {
     F32,
     I32,
     Bf16,
+}
+
+impl Lane {
+    fn lane_type(self) -> LaneType {
+        match self {
+            Lane::F32 => LaneType::F32,
+            Lane::I32 => LaneType::I32,
+            Lane::Bf16 => LaneType::Bf16,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Combine {
+    Sum,
+    Max,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Reduction {
+    Sum,
+    Min,
+    Max,
 }
 
 fn parse_interval(text: &str) -> Result<f64, String> {
@@ -552,6 +622,69 @@ fn run(cli: &Cli) -> Result<(), String> {
                 println!("{}", json!({"crc32": crc}));
             } else {
                 println!("crc32 {crc:#010x}");
+            }
+        }
+        Command::Allreduce { region, offset, workers, lane, op, prepare, file, out, timeout_seconds } => {
+            let space = region_id(&client, region)?;
+            let lane_type = lane.lane_type();
+            let op = match op {
+                Combine::Sum => AllreduceOp::Sum,
+                Combine::Max => AllreduceOp::Max,
+            };
+            if let Some(len) = prepare {
+                let len = usize::try_from(*len).map_err(|_| format!("--prepare {len}: too large"))?;
+                let plan = AllreducePlan::new(&client, space, *offset, *workers, len, lane_type, op)
+                    .map_err(|error| error.to_string())?;
+                allreduce::prepare(&mut client, &plan).map_err(|error| error.to_string())?;
+                if cli.json {
+                    println!("{}", json!({"prepared_bytes": plan.area_bytes(), "chunks": plan.chunk_count()}));
+                } else {
+                    println!("prepared {} bytes at {offset} for {workers} workers", plan.area_bytes());
+                }
+                return Ok(());
+            }
+            let path = file.as_ref().ok_or("give --file with this worker's buffer")?;
+            let buffer = std::fs::read(path).map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+            let plan = AllreducePlan::new(&client, space, *offset, *workers, buffer.len(), lane_type, op)
+                .map_err(|error| error.to_string())?;
+            let timeout = std::time::Duration::try_from_secs_f64(*timeout_seconds)
+                .map_err(|_| format!("--timeout-seconds {timeout_seconds}: not a duration"))?;
+            let mut result = vec![0u8; buffer.len()];
+            let started = Instant::now();
+            allreduce::allreduce(&mut client, &plan, &buffer, &mut result, timeout)
+                .map_err(|error| error.to_string())?;
+            let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+            if let Some(out) = out {
+                std::fs::write(out, &result).map_err(|error| format!("cannot write {}: {error}", out.display()))?;
+            }
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"bytes": buffer.len(), "workers": workers, "chunks": plan.chunk_count(), "elapsed_ms": elapsed_ms})
+                );
+            } else {
+                println!("reduced {} bytes of {workers} workers in {elapsed_ms:.1} ms", buffer.len());
+            }
+        }
+        Command::Reduce { region, offset, len, lane, op } => {
+            let space = region_id(&client, region)?;
+            let reduce_op = match op {
+                Reduction::Sum => ReduceOp::Sum,
+                Reduction::Min => ReduceOp::Min,
+                Reduction::Max => ReduceOp::Max,
+            };
+            let value = client.reduce(space, *offset, *len, lane.lane_type(), reduce_op).map_err(text)?;
+            if cli.json {
+                let value = match value {
+                    ReduceValue::Integer(value) => json!(value),
+                    ReduceValue::Float(value) => json!(value),
+                };
+                println!(
+                    "{}",
+                    json!({"op": format!("{op:?}").to_lowercase(), "lane": format!("{lane:?}").to_lowercase(), "value": value})
+                );
+            } else {
+                println!("{} of {lane:?} lanes: {value}", format!("{op:?}").to_lowercase());
             }
         }
         Command::Fill { region, offset, len, byte } => {

@@ -1,0 +1,283 @@
+//! Allreduce through a target region: N workers (threads, processes or hosts, each with its own
+//! client) sum, or take the lane-wise maximum of, equal-length buffers of f32, i32 or bf16
+//! lanes, and each gets the result.
+//!
+//! Layout at `offset` of the region: one `u64` counter per chunk, then the accumulation buffer
+//! (8-byte aligned). Each worker sends, per chunk, one datagram of two instructions, VADD (for a
+//! maximum: the `vmax` extension, which the target must enable) of its chunk into the
+//! accumulator then FETCH_ADD of 1 to the chunk's counter: a datagram executes in
+//! order on one worker, so a counter counts only contributions already added (the barrier).
+//! Chunks are pipelined (the session's window). Then the worker polls the counters with READs and
+//! reads each chunk whose counter reached N. Both instructions are non-idempotent and execute
+//! at most once (the target replays their stored answer to a retransmission), so loss neither
+//! drops nor doubles a contribution.
+//!
+//! Results: i32 sums are exact (wrapping, as VADD). f32 and bf16 sums depend on the order the
+//! contributions arrive in (each VADD rounds once): every lane is within
+//! (N − 1) · u · Σ|xᵢ| of the exact sum, u = 2⁻²⁴ for f32 and 2⁻⁸ for bf16, the bound of
+//! recursive summation in any order. Maxima are exact (float maxima skip NaN lanes; a lane NaN in
+//! every buffer comes out as negative infinity, the accumulator's start). A worker that dies leaves its chunks short of N: the others
+//! fail with [`AllreduceError::Incomplete`] once `timeout` passes, never hang.
+//!
+//! The area must be zero before any worker adds ([`prepare`]), and serves one Allreduce.
+
+use std::time::{Duration, Instant};
+
+use netdam_isa::extension::vmax::VMAX_OPCODE;
+use netdam_isa::LaneType;
+
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::op::Op;
+use crate::target_info::chunks;
+
+/// What an Allreduce computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllreduceOp {
+    /// The lane-wise sum (VADD).
+    Sum,
+    /// The lane-wise maximum (the `vmax` extension).
+    Max,
+}
+
+/// Where and how N workers reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllreducePlan {
+    /// What to compute.
+    pub op: AllreduceOp,
+    /// Region id.
+    pub space: u16,
+    /// Start of the area in the region, a multiple of 8.
+    pub offset: u64,
+    /// Workers contributing.
+    pub workers: u32,
+    /// Bytes of each worker's buffer.
+    pub len: usize,
+    /// Lane type.
+    pub lane: LaneType,
+    /// Bytes per chunk (one VADD): whole lanes, at most what one VADD and its FETCH_ADD carry.
+    pub chunk_bytes: usize,
+}
+
+/// Why an Allreduce failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AllreduceError {
+    /// A request failed.
+    #[error("allreduce: {0}")]
+    Client(#[from] ClientError),
+    /// The plan does not fit the region or the protocol.
+    #[error("allreduce: {0}")]
+    Plan(String),
+    /// Contributions missing after the timeout.
+    #[error(
+        "allreduce: chunk {chunk} (bytes {first_byte}..) has {arrived} of {workers} contributions after {waited_ms} ms: \
+         a worker died, was never started, or uses another area; the result is incomplete"
+    )]
+    Incomplete {
+        /// The first chunk still short.
+        chunk: usize,
+        /// Its first byte in the buffer.
+        first_byte: usize,
+        /// Contributions counted.
+        arrived: u64,
+        /// Contributions expected.
+        workers: u32,
+        /// How long this worker waited.
+        waited_ms: u64,
+    },
+}
+
+impl AllreducePlan {
+    /// A plan for `workers` buffers of `len` bytes at `offset` of `space`, chunked as `client`'s
+    /// negotiated datagram allows.
+    pub fn new(
+        client: &Client,
+        space: u16,
+        offset: u64,
+        workers: u32,
+        len: usize,
+        lane: LaneType,
+        op: AllreduceOp,
+    ) -> Result<AllreducePlan, AllreduceError> {
+        if workers == 0 || len == 0 || !len.is_multiple_of(lane.lane_bytes()) || !offset.is_multiple_of(8) {
+            return Err(AllreduceError::Plan(format!(
+                "need at least one worker, a buffer of whole {lane:?} lanes and an 8-byte aligned offset \
+                 (workers {workers}, {len} bytes, offset {offset})"
+            )));
+        }
+        // The datagram carries the VADD and the FETCH_ADD (24 + 8 bytes) after it.
+        let info = client.info();
+        let room = info.write_chunk_bytes().saturating_sub(netdam_isa::wire::INSTRUCTION_HEADER_LEN + 8);
+        let chunk_bytes = info.vadd_chunk_bytes(lane, false).min(room) / lane.lane_bytes() * lane.lane_bytes();
+        if chunk_bytes == 0 {
+            return Err(AllreduceError::Plan("the negotiated datagram holds no lane".to_string()));
+        }
+        let plan = AllreducePlan { op, space, offset, workers, len, lane, chunk_bytes };
+        // Checked here, not left to the target: a VADD refused for its range would still be
+        // followed by its FETCH_ADD (a datagram's instructions run independently), and the
+        // others would read a sum that lacks it.
+        let region_bytes = info.hello.regions.iter().find(|region| region.id == space).map(|region| region.size_bytes);
+        match region_bytes {
+            Some(size) if offset.checked_add(plan.area_bytes()).is_some_and(|end| end <= size) => Ok(plan),
+            Some(size) => Err(AllreducePlan::too_big(&plan, size)),
+            None => Err(AllreduceError::Plan(format!("the target has no region {space}"))),
+        }
+    }
+
+    fn too_big(plan: &AllreducePlan, region_bytes: u64) -> AllreduceError {
+        AllreduceError::Plan(format!(
+            "the area ({} bytes of counters and accumulator at {}) does not fit the region's {region_bytes} bytes",
+            plan.area_bytes(),
+            plan.offset
+        ))
+    }
+
+    /// Chunks of the buffer.
+    pub fn chunk_count(&self) -> usize {
+        self.len.div_ceil(self.chunk_bytes)
+    }
+
+    fn counters_bytes(&self) -> u64 {
+        8 * self.chunk_count() as u64
+    }
+
+    /// Where the accumulator starts.
+    pub fn accumulator(&self) -> u64 {
+        self.offset + self.counters_bytes()
+    }
+
+    /// Bytes of the region the area takes: counters and accumulator.
+    pub fn area_bytes(&self) -> u64 {
+        self.counters_bytes() + self.len as u64
+    }
+}
+
+/// Readies the area for one Allreduce: counters zero, the accumulator zero for a sum and the
+/// lane type's least value for a maximum. Run once, before any worker starts.
+pub fn prepare(client: &mut Client, plan: &AllreducePlan) -> Result<(), AllreduceError> {
+    // 1 MiB per FILL or WRITE: a short pause of the target's worker each.
+    let piece_bytes = 1 << 20;
+    let (zeroed, accumulator) = match plan.op {
+        AllreduceOp::Sum => (plan.area_bytes() as usize, 0),
+        AllreduceOp::Max => (plan.counters_bytes() as usize, plan.len),
+    };
+    for (at, _, len) in chunks(plan.offset, zeroed, piece_bytes) {
+        client.call(&[Op::fill(plan.space, at, len as u32, 0)])?.data(0)?;
+    }
+    if accumulator > 0 {
+        let pattern: Vec<u8> =
+            least_lane(plan.lane).iter().copied().cycle().take(piece_bytes.min(accumulator)).collect();
+        for (at, _, len) in chunks(plan.accumulator(), accumulator, pattern.len()) {
+            client.write(plan.space, at, &pattern[..len])?;
+        }
+    }
+    Ok(())
+}
+
+/// Adds `buffer` (this worker's `plan.len` bytes) into the area (or takes the maximum), waits for
+/// every worker's contribution, and writes the result into `result`. Fails, never hangs, if some chunk lacks a
+/// contribution after `timeout`.
+pub fn allreduce(
+    client: &mut Client,
+    plan: &AllreducePlan,
+    buffer: &[u8],
+    result: &mut [u8],
+    timeout: Duration,
+) -> Result<(), AllreduceError> {
+    if buffer.len() != plan.len || result.len() != plan.len {
+        return Err(AllreduceError::Plan(format!(
+            "buffer of {} and result of {} bytes for a plan of {}",
+            buffer.len(),
+            result.len(),
+            plan.len
+        )));
+    }
+    if plan.op == AllreduceOp::Max {
+        // A VMAX the target refuses (not enabled, not permitted) would still be followed by its
+        // FETCH_ADD and counted: probe first with one that changes nothing (the least lane).
+        let least = least_lane(plan.lane);
+        let probe =
+            Op::extension(VMAX_OPCODE, 0, plan.space, plan.accumulator(), least.len() as u32, plan.lane as u32, least);
+        if let Err(error) = client.call(&[probe])?.data(0) {
+            return Err(AllreduceError::Plan(format!(
+                "the target does not run the vmax extension for this session ({error}): a maximum needs \
+                 extensions = [\"vmax\"] and the write and compute permissions"
+            )));
+        }
+    }
+    // 1. Contribute: VADD (or VMAX) then FETCH_ADD per chunk, pipelined.
+    let one = Op::fetch_add(plan.space, 0, 1);
+    let mut tickets = std::collections::VecDeque::new();
+    for (index, (at, position, len)) in chunks(plan.accumulator(), plan.len, plan.chunk_bytes).enumerate() {
+        let lanes = &buffer[position..position + len];
+        let combine = match plan.op {
+            AllreduceOp::Sum => Op::vadd(plan.space, at, plan.lane, lanes, false),
+            AllreduceOp::Max => Op::extension(VMAX_OPCODE, 0, plan.space, at, len as u32, plan.lane as u32, lanes),
+        };
+        let count = Op { offset: plan.offset + 8 * index as u64, ..one.clone() };
+        tickets.push_back(client.submit(&[combine, count])?);
+        while tickets.len() > 16 {
+            check_both(client.wait(tickets.pop_front().expect("not empty"))?)?;
+        }
+    }
+    while let Some(ticket) = tickets.pop_front() {
+        check_both(client.wait(ticket)?)?;
+    }
+    // 2. Wait for every chunk's N contributions, then read it.
+    let started = Instant::now();
+    let chunk_count = plan.chunk_count();
+    let mut done = vec![false; chunk_count];
+    let mut remaining = chunk_count;
+    let mut counters = vec![0u8; 8 * chunk_count];
+    let mut pause = Duration::from_micros(50);
+    while remaining > 0 {
+        client.read(plan.space, plan.offset, &mut counters)?;
+        let mut progressed = false;
+        for (index, (at, position, len)) in chunks(plan.accumulator(), plan.len, plan.chunk_bytes).enumerate() {
+            if done[index] {
+                continue;
+            }
+            let arrived = u64::from_le_bytes(counters[8 * index..8 * index + 8].try_into().expect("8 bytes"));
+            if arrived >= u64::from(plan.workers) {
+                client.read(plan.space, at, &mut result[position..position + len])?;
+                done[index] = true;
+                remaining -= 1;
+                progressed = true;
+            }
+        }
+        if remaining == 0 {
+            break;
+        }
+        if started.elapsed() > timeout {
+            let chunk = done.iter().position(|done| !done).expect("a chunk remains");
+            let arrived = u64::from_le_bytes(counters[8 * chunk..8 * chunk + 8].try_into().expect("8 bytes"));
+            return Err(AllreduceError::Incomplete {
+                chunk,
+                first_byte: chunk * plan.chunk_bytes,
+                arrived,
+                workers: plan.workers,
+                waited_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+        // Others are still adding: back off a little, up to a millisecond, so polling does not
+        // crowd out their VADDs.
+        pause = if progressed { Duration::from_micros(50) } else { (pause * 2).min(Duration::from_millis(1)) };
+        std::thread::sleep(pause);
+    }
+    Ok(())
+}
+
+/// The least value of a lane type, little-endian: where a maximum starts (i32::MIN, −∞).
+fn least_lane(lane: LaneType) -> &'static [u8] {
+    match lane {
+        LaneType::I32 => &[0x00, 0x00, 0x00, 0x80],
+        LaneType::F32 => &[0x00, 0x00, 0x80, 0xFF],
+        LaneType::Bf16 => &[0x80, 0xFF],
+    }
+}
+
+fn check_both(reply: crate::session::Reply) -> Result<(), ClientError> {
+    reply.data(0)?;
+    reply.data(1)?;
+    Ok(())
+}
