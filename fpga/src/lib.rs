@@ -6,13 +6,14 @@
 //! - [`Descriptor`] (64 bytes) and [`CompletionEntry`] (16 bytes): the ring entries.
 //! - [`window`]: the memory the two sides share (a file mapping today; VFIO BAR later).
 //! - [`driver`]: the host side: submit and reap without blocking, wedge and reset detection.
-//! - `model`: the device side in software, as a thread or as the `netdam-fpga-model` binary.
+//! - [`model`]: the device side in software, as a thread or as the `netdam-fpga-model` binary.
 //!
 //! The seam for the target: an `FpgaEngine` implementing `netdam_isa::engine::Engine` would
 //! own a [`driver::Driver`], submit each memory instruction and reap its completion; it is not
 //! built yet (see FPGA.md, "Seam").
 
 pub mod driver;
+pub mod model;
 pub mod registers;
 pub mod window;
 

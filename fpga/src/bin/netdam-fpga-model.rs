@@ -1,0 +1,72 @@
+//! `netdam-fpga-model`: the software FPGA as a separate process over a shared window file.
+//!
+//! Creates the window file (beside `--window`, then renamed into place, so a host that sees the
+//! file sees a powered-on device), and runs the device loop until killed.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::Parser;
+use netdam_fpga::model::{self, Faults, Model, ModelConfig};
+use netdam_fpga::window::{FileWindow, Window};
+
+/// The netdam FPGA device model.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Window file to create (replaced if it exists).
+    #[arg(long)]
+    window: PathBuf,
+    /// Bytes of the host-memory area (rings and data slots).
+    #[arg(long, default_value_t = 1 << 20)]
+    host_area_bytes: u64,
+    /// Bytes of on-board memory.
+    #[arg(long, default_value_t = 1 << 20)]
+    device_memory_bytes: u64,
+    /// Delay of each pipeline stage (fetch, execute, complete), in nanoseconds.
+    #[arg(long, default_value_t = 0)]
+    stage_latency_ns: u64,
+    /// Complete descriptor N (0 = first since power-on) with io_error.
+    #[arg(long)]
+    error_at: Option<u64>,
+    /// Stall before descriptor N.
+    #[arg(long)]
+    stall_at: Option<u64>,
+    /// Reset the device before descriptor N.
+    #[arg(long)]
+    reset_at: Option<u64>,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let config = ModelConfig {
+        host_area_bytes: args.host_area_bytes,
+        device_memory_bytes: args.device_memory_bytes,
+        stage_latency: std::time::Duration::from_nanos(args.stage_latency_ns),
+        faults: Faults { error_at: args.error_at, stall_at: args.stall_at, reset_at: args.reset_at },
+    };
+    let mut staging = args.window.clone().into_os_string();
+    staging.push(".creating");
+    let staging = PathBuf::from(staging);
+    let Ok(window_bytes) = usize::try_from(config.window_bytes()) else {
+        eprintln!("netdam-fpga-model: a window of {} bytes cannot be mapped here", config.window_bytes());
+        return std::process::ExitCode::FAILURE;
+    };
+    let window = match FileWindow::create(&staging, window_bytes) {
+        Ok(window) => Arc::new(window),
+        Err(error) => {
+            eprintln!("netdam-fpga-model: cannot create window {}: {error}", staging.display());
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    model::power_on(&*window, &config);
+    if let Err(error) = std::fs::rename(&staging, &args.window) {
+        eprintln!("netdam-fpga-model: cannot move {} to {}: {error}", staging.display(), args.window.display());
+        return std::process::ExitCode::FAILURE;
+    }
+    eprintln!("netdam-fpga-model: window {} ready ({} bytes)", args.window.display(), window.len());
+    let stop = AtomicBool::new(false);
+    Model::new(window, config).run(&stop);
+    std::process::ExitCode::SUCCESS
+}
