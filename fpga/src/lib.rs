@@ -7,6 +7,8 @@
 //! - [`window`]: the memory the two sides share (a file mapping today; VFIO BAR later).
 //! - [`driver`]: the host side: submit and reap without blocking, wedge and reset detection.
 //! - [`model`]: the device side in software, as a thread or as the `netdam-fpga-model` binary.
+//! - [`nvme`]: real NVMe SQE/CQE layouts and a model of the SSD behind the device's NVMe
+//!   controller (the controller logic that builds SQEs from block descriptors comes later).
 //!
 //! The seam for the target: an `FpgaEngine` implementing `netdam_isa::engine::Engine` would
 //! own a [`driver::Driver`], submit each memory instruction and reap its completion; it is not
@@ -14,6 +16,7 @@
 
 pub mod driver;
 pub mod model;
+pub mod nvme;
 pub mod registers;
 pub mod window;
 
