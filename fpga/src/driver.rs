@@ -68,8 +68,8 @@ pub enum DriverError {
         /// ERROR_CODE.
         error_code: u32,
     },
-    /// GENERATION changed: the device reset under us.
-    #[error("device reset: GENERATION went from {attached} to {now}")]
+    /// GENERATION changed, or READY was cleared: the device reset (or is resetting) under us.
+    #[error("device reset: GENERATION {attached} at attach, {now} now (equal while the reset is under way)")]
     Reset {
         /// Generation at attach.
         attached: u32,

@@ -33,13 +33,14 @@ fn regions() -> Vec<RegionEntry> {
     ]
 }
 
+/// Wedge deadline of the tests that do not want a wedge: far beyond any scheduling delay of a
+/// loaded machine.
+const GENEROUS_DEADLINE: Duration = Duration::from_millis(30_000);
+/// Wedge deadline of the stall test: the stall is permanent, so a short one cannot misfire.
+const SHORT_DEADLINE: Duration = Duration::from_millis(200);
+
 fn driver_config(ring_entries: u32) -> DriverConfig {
-    DriverConfig {
-        ring_entries,
-        slot_bytes: 16 * 1024,
-        progress_deadline: Duration::from_millis(500),
-        regions: regions(),
-    }
+    DriverConfig { ring_entries, slot_bytes: 16 * 1024, progress_deadline: GENEROUS_DEADLINE, regions: regions() }
 }
 
 struct Clock(std::time::Instant);
@@ -59,12 +60,16 @@ struct Rig {
 }
 
 fn rig(ring_entries: u32, faults: Faults) -> Rig {
+    rig_with(driver_config(ring_entries), faults)
+}
+
+fn rig_with(driver_config: DriverConfig, faults: Faults) -> Rig {
     let directory = tempfile::tempdir().unwrap();
     let config = ModelConfig { faults, ..ModelConfig::default() };
     let window: Arc<dyn Window> =
         Arc::new(FileWindow::create(&directory.path().join("window"), config.window_bytes() as usize).unwrap());
     let model = model::spawn(Arc::clone(&window), config);
-    let driver = Driver::attach(Arc::clone(&window), &driver_config(ring_entries), PATIENCE).unwrap();
+    let driver = Driver::attach(Arc::clone(&window), &driver_config, PATIENCE).unwrap();
     Rig { _directory: directory, window, model: Some(model), driver, clock: Clock(std::time::Instant::now()) }
 }
 
@@ -359,7 +364,8 @@ fn an_injected_device_error_is_reported_for_that_instruction_only() {
 
 #[test]
 fn a_stalled_device_is_reported_wedged_and_its_work_abandoned() {
-    let mut rig = rig(8, Faults { stall_at: Some(1), ..Faults::default() });
+    let config = DriverConfig { progress_deadline: SHORT_DEADLINE, ..driver_config(8) };
+    let mut rig = rig_with(config, Faults { stall_at: Some(1), ..Faults::default() });
     let read = Instruction {
         opcode: Opcode::Read as u8,
         flags: 0,
