@@ -159,3 +159,162 @@ impl Drop for FileWindow {
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
+
+/// Where a device window comes from, as written in configuration: `vfio:DDDD:BB:DD.F`,
+/// `resource0:DDDD:BB:DD.F` or `file:PATH` (FPGA.md §1). Parsed here and nowhere else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WindowSource {
+    /// A PCI function bound to `vfio-pci`.
+    Vfio {
+        /// Its PCI address, `DDDD:BB:DD.F`.
+        pci_address: String,
+    },
+    /// A PCI function's BAR0 through sysfs.
+    Resource0 {
+        /// Its PCI address, `DDDD:BB:DD.F`.
+        pci_address: String,
+    },
+    /// A window file created by `netdam-fpga-model`.
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+}
+
+/// Why a window could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum WindowError {
+    /// The text is not one of the accepted forms.
+    #[error("window source {text:?}: expected vfio:DDDD:BB:DD.F, resource0:DDDD:BB:DD.F or file:PATH")]
+    BadSource {
+        /// What was given.
+        text: String,
+    },
+    /// Probing found no such device.
+    #[error("{what}: {path} does not exist; check the PCI address with lspci -D")]
+    NotFound {
+        /// What was looked for.
+        what: &'static str,
+        /// The sysfs path probed.
+        path: String,
+    },
+    /// The device exists but this build cannot map it that way yet.
+    #[error("{what} at {path} found, but mapping it is not built yet (FPGA.md §1); use a model window (file:PATH)")]
+    NotBuilt {
+        /// The kind of window.
+        what: &'static str,
+        /// What was found.
+        path: String,
+    },
+    /// Mapping the file failed.
+    #[error("window file {path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// What failed.
+        source: io::Error,
+    },
+}
+
+fn is_pci_address(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let hex = |range: std::ops::Range<usize>| bytes[range].iter().all(u8::is_ascii_hexdigit);
+    bytes.len() == 12
+        && hex(0..4)
+        && bytes[4] == b':'
+        && hex(5..7)
+        && bytes[7] == b':'
+        && hex(8..10)
+        && bytes[10] == b'.'
+        && (b'0'..=b'7').contains(&bytes[11])
+}
+
+impl std::str::FromStr for WindowSource {
+    type Err = WindowError;
+
+    fn from_str(text: &str) -> Result<WindowSource, WindowError> {
+        let bad = || WindowError::BadSource { text: text.to_owned() };
+        let (kind, rest) = text.split_once(':').ok_or_else(bad)?;
+        match kind {
+            "vfio" if is_pci_address(rest) => Ok(WindowSource::Vfio { pci_address: rest.to_owned() }),
+            "resource0" if is_pci_address(rest) => Ok(WindowSource::Resource0 { pci_address: rest.to_owned() }),
+            "file" if !rest.is_empty() => Ok(WindowSource::File { path: rest.into() }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl WindowSource {
+    /// Probes and opens the window; `sysfs` is normally `/sys` (a directory tree in tests).
+    /// VFIO and `resource0` are probed (does the device exist, is it bound to `vfio-pci`) and
+    /// then refused as not built yet.
+    pub fn open(&self, sysfs: &Path) -> Result<std::sync::Arc<dyn Window>, WindowError> {
+        let device = |pci_address: &str| sysfs.join("bus/pci/devices").join(pci_address);
+        match self {
+            WindowSource::File { path } => FileWindow::open(path)
+                .map(|window| std::sync::Arc::new(window) as std::sync::Arc<dyn Window>)
+                .map_err(|source| WindowError::File { path: path.display().to_string(), source }),
+            WindowSource::Vfio { pci_address } => {
+                let driver = device(pci_address).join("driver");
+                let bound = std::fs::read_link(&driver)
+                    .ok()
+                    .is_some_and(|target| target.file_name().is_some_and(|name| name == "vfio-pci"));
+                if !bound {
+                    let what = "a PCI function bound to vfio-pci";
+                    return Err(WindowError::NotFound { what, path: driver.display().to_string() });
+                }
+                Err(WindowError::NotBuilt { what: "VFIO device", path: device(pci_address).display().to_string() })
+            }
+            WindowSource::Resource0 { pci_address } => {
+                let resource = device(pci_address).join("resource0");
+                if !resource.exists() {
+                    return Err(WindowError::NotFound { what: "BAR0", path: resource.display().to_string() });
+                }
+                Err(WindowError::NotBuilt { what: "sysfs resource0", path: resource.display().to_string() })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_parse_in_one_place_and_unknown_forms_are_refused() {
+        assert_eq!(
+            "vfio:0000:3b:00.0".parse::<WindowSource>().unwrap(),
+            WindowSource::Vfio { pci_address: "0000:3b:00.0".into() }
+        );
+        assert_eq!(
+            "resource0:0000:3B:00.1".parse::<WindowSource>().unwrap(),
+            WindowSource::Resource0 { pci_address: "0000:3B:00.1".into() }
+        );
+        assert_eq!(
+            "file:run/window".parse::<WindowSource>().unwrap(),
+            WindowSource::File { path: "run/window".into() }
+        );
+        for bad in
+            ["", "vfio", "vfio:3b:00.0", "vfio:0000:3b:00.8", "file:", "dax:0000:3b:00.0", "resource0:0000-3b-00.0"]
+        {
+            assert!(matches!(bad.parse::<WindowSource>(), Err(WindowError::BadSource { .. })), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn pci_windows_are_probed_and_refused_as_not_built() {
+        let sysfs = tempfile::tempdir().unwrap();
+        let vfio: WindowSource = "vfio:0000:3b:00.0".parse().unwrap();
+        let resource: WindowSource = "resource0:0000:3b:00.0".parse().unwrap();
+        assert!(matches!(vfio.open(sysfs.path()), Err(WindowError::NotFound { .. })));
+        assert!(matches!(resource.open(sysfs.path()), Err(WindowError::NotFound { .. })));
+        let device = sysfs.path().join("bus/pci/devices/0000:3b:00.0");
+        std::fs::create_dir_all(&device).unwrap();
+        std::fs::write(device.join("resource0"), b"").unwrap();
+        std::os::unix::fs::symlink("../../../bus/pci/drivers/vfio-pci", device.join("driver")).unwrap();
+        assert!(matches!(vfio.open(sysfs.path()), Err(WindowError::NotBuilt { .. })));
+        assert!(matches!(resource.open(sysfs.path()), Err(WindowError::NotBuilt { .. })));
+        let missing: WindowSource = "file:no-such-window".parse().unwrap();
+        assert!(matches!(missing.open(sysfs.path()), Err(WindowError::File { .. })));
+    }
+}
