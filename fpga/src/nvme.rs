@@ -244,6 +244,9 @@ pub struct SsdModel {
     /// Commands by slot (the tag given to the device); fixed size, no allocation per command.
     commands: Vec<Command>,
     free_buffers: Vec<u16>,
+    /// Device completions of one reap, (slot, status); capacity = the device's queue depth, so
+    /// it never grows.
+    finished: Vec<(u64, u16)>,
 }
 
 impl std::fmt::Debug for SsdModel {
@@ -282,6 +285,7 @@ impl SsdModel {
             phase: true,
             commands: vec![Command::default(); queues.entries as usize],
             free_buffers: (0..depth as u16).rev().collect(),
+            finished: Vec::with_capacity(depth as usize),
         }
     }
 
@@ -293,19 +297,17 @@ impl SsdModel {
     /// anything happened.
     pub fn step(&mut self) -> bool {
         let mut progressed = self.fetch();
-        let mut finished = [(0u64, 0u16); 64];
-        let mut count = 0;
+        let mut finished = std::mem::take(&mut self.finished);
+        finished.clear();
         self.device.reap(&mut |completion| {
-            if count < finished.len() {
-                let status = completion.result.as_ref().map_or_else(block_status, |()| status::SUCCESS);
-                finished[count] = (completion.tag, status);
-                count += 1;
-            }
+            let status = completion.result.as_ref().map_or_else(block_status, |()| status::SUCCESS);
+            finished.push((completion.tag, status));
         });
-        for &(tag, status) in &finished[..count] {
+        for &(tag, status) in &finished {
             progressed = true;
             self.request_done(tag as usize, status);
         }
+        self.finished = finished;
         progressed
     }
 

@@ -439,6 +439,68 @@ fn stopped_rig_with_one_in_flight() -> (Rig, u64, u64) {
     (rig, tag, completion_base)
 }
 
+/// Posts a completion the way the device does: tag, then the status word with release.
+fn post(window: &dyn Window, completion_base: u64, index: u64, entry: netdam_fpga::CompletionEntry) {
+    let at = completion_base + index * 16;
+    window.u64_at(at).store(entry.tag, Ordering::Relaxed);
+    window.u64_at(at + 8).store(entry.status_word(), Ordering::Release);
+}
+
+#[test]
+fn out_of_order_completions_are_reaped_once_each_and_a_repeat_is_refused() {
+    let (mut rig, first, completion_base) = stopped_rig_with_one_in_flight();
+    let read = Instruction {
+        opcode: Opcode::Read as u8,
+        flags: 0,
+        space: REGION_A,
+        offset: 0,
+        length: 8,
+        aux: 0,
+        operand: &[],
+    };
+    let second = rig.driver.submit(rig.clock.now(), &read, 8).unwrap();
+    let third = rig.driver.submit(rig.clock.now(), &read, 8).unwrap();
+    let entry =
+        |tag, answer_len| netdam_fpga::CompletionEntry { tag, answer_len, status: 0, flags: 1, submission_head: 3 };
+    // The device finishes the third first, then the first, then the second.
+    post(&*rig.window, completion_base, 0, entry(third, 0));
+    post(&*rig.window, completion_base, 1, entry(first, 8));
+    post(&*rig.window, completion_base, 2, entry(second, 0));
+    let mut answer = [0u8; 8];
+    let mut reaped = Vec::new();
+    for _ in 0..3 {
+        reaped.push(rig.driver.poll_completion(rig.clock.now(), &mut answer).unwrap().unwrap().tag);
+    }
+    assert_eq!(reaped, vec![third, first, second]);
+    assert_eq!(rig.driver.in_flight(), 0);
+    assert_eq!(rig.driver.poll_completion(rig.clock.now(), &mut answer), Ok(None));
+    // A fourth submission reuses slot 3; the device then repeats the first completion.
+    let fourth = rig.driver.submit(rig.clock.now(), &read, 8).unwrap();
+    post(&*rig.window, completion_base, 3, entry(first, 0));
+    assert_eq!(
+        rig.driver.poll_completion(rig.clock.now(), &mut answer),
+        Err(DriverError::Protocol { reason: "completion for a tag not in flight" })
+    );
+    assert_eq!(rig.driver.abandoned().collect::<Vec<_>>(), vec![fourth]);
+}
+
+#[test]
+fn a_host_doorbell_overrun_makes_the_device_fatal() {
+    let mut rig = rig(4, Faults::default());
+    // A host bug: the tail more than a ring ahead of the head.
+    rig.window.u32_at(reg::SUBMISSION_TAIL).store(100, Ordering::Release);
+    let mut answer = [0u8; 8];
+    let started = std::time::Instant::now();
+    let error = loop {
+        match rig.driver.poll_completion(rig.clock.now(), &mut answer) {
+            Err(error) => break error,
+            Ok(_) => assert!(started.elapsed() < PATIENCE, "the device did not notice"),
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    };
+    assert_eq!(error, DriverError::Fatal { error_code: reg::ERROR_DOORBELL_OVERRUN });
+}
+
 #[test]
 fn garbage_in_the_completion_ring_fails_the_driver_without_panicking() {
     fn good(tag: u64) -> netdam_fpga::CompletionEntry {
