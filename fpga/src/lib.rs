@@ -6,6 +6,7 @@
 //! - [`Descriptor`] (64 bytes) and [`CompletionEntry`] (16 bytes): the ring entries.
 //! - [`window`]: the memory the two sides share (a file mapping today; VFIO BAR later).
 //! - [`driver`]: the host side: submit and reap without blocking, wedge and reset detection.
+//! - [`conformance`]: seeded instruction streams that every engine must answer alike.
 //! - [`model`]: the device side in software, as a thread or as the `netdam-fpga-model` binary.
 //! - [`nvme`]: real NVMe SQE/CQE layouts and a model of the SSD behind the device's NVMe
 //!   controller (the controller logic that builds SQEs from block descriptors comes later).
@@ -14,6 +15,7 @@
 //! own a [`driver::Driver`], submit each memory instruction and reap its completion; it is not
 //! built yet (see FPGA.md, "Seam").
 
+pub mod conformance;
 pub mod driver;
 pub mod model;
 pub mod nvme;

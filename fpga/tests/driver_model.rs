@@ -8,6 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use netdam_fpga::conformance::{random_instruction, StreamSpaces};
 use netdam_fpga::driver::{Completion, Driver, DriverConfig, DriverError, SubmitError};
 use netdam_fpga::model::{self, Faults, ModelConfig};
 use netdam_fpga::registers::{self as reg, RegionEntry};
@@ -137,96 +138,7 @@ fn device_bytes(window: &dyn Window, region: &RegionEntry) -> Vec<u8> {
     bytes
 }
 
-/// A random instruction: mostly valid memory and compute instructions, some that must fail.
-fn random_instruction(rng: &mut Rng, operand: &mut Vec<u8>) -> Instruction<'static> {
-    operand.clear();
-    let space = if rng.chance(0.5) { REGION_A } else { REGION_B };
-    let word = rng.below(REGION_BYTES / 8) * 8;
-    let mut instruction = Instruction { opcode: 0, flags: 0, space, offset: word, length: 0, aux: 0, operand: &[] };
-    match rng.below(12) {
-        0 | 1 => {
-            instruction.opcode = Opcode::Read as u8;
-            instruction.length = rng.below(256) as u32 + 1;
-            instruction.offset = rng.below(REGION_BYTES - 256);
-        }
-        2 | 3 => {
-            instruction.opcode = Opcode::Write as u8;
-            let len = rng.below(512) as usize + 1;
-            operand.extend(rng.bytes(len));
-            instruction.length = operand.len() as u32;
-            instruction.offset = rng.below(REGION_BYTES - 512);
-        }
-        4 => {
-            instruction.opcode = Opcode::Cas as u8;
-            instruction.length = 8;
-            // Expected values from a tiny set, so some swaps succeed.
-            operand.extend(rng.below(3).to_le_bytes());
-            operand.extend(rng.next_u64().to_le_bytes());
-        }
-        5 | 6 => {
-            instruction.opcode = Opcode::FetchAdd as u8;
-            instruction.length = 8;
-            operand.extend(rng.next_u64().to_le_bytes());
-        }
-        7 => {
-            instruction.opcode = Opcode::Fill as u8;
-            instruction.length = rng.below(300) as u32;
-            instruction.aux = rng.below(256) as u32;
-            instruction.offset = rng.below(REGION_BYTES - 300);
-        }
-        8 => {
-            instruction.opcode = Opcode::Memcpy as u8;
-            instruction.length = rng.below(300) as u32;
-            instruction.offset = rng.below(REGION_BYTES - 300);
-            let source = if rng.chance(0.5) { REGION_A } else { REGION_B };
-            operand.extend(source.to_le_bytes());
-            operand.extend([0u8; 6]);
-            operand.extend(rng.below(REGION_BYTES - 300).to_le_bytes());
-        }
-        9 => {
-            instruction.opcode = Opcode::Vadd as u8;
-            instruction.aux = 1; // i32 lanes
-            instruction.flags = (rng.below(2)) as u8;
-            let len = 4 * (rng.below(64) as usize + 1);
-            operand.extend(rng.bytes(len));
-            instruction.length = operand.len() as u32;
-            instruction.offset = rng.below((REGION_BYTES - 512) / 4) * 4;
-        }
-        10 => {
-            instruction.opcode = Opcode::Crc32 as u8;
-            instruction.length = rng.below(1024) as u32;
-            instruction.offset = rng.below(REGION_BYTES - 1024);
-        }
-        _ => {
-            // Must fail, with the same status as the reference gives.
-            match rng.below(5) {
-                0 => {
-                    instruction.opcode = Opcode::Read as u8;
-                    instruction.offset = REGION_BYTES - 4;
-                    instruction.length = 8; // out_of_range
-                }
-                1 => {
-                    instruction.opcode = Opcode::Cas as u8;
-                    instruction.offset = word + 4; // unaligned
-                    instruction.length = 8;
-                    operand.extend([0u8; 16]);
-                }
-                2 => {
-                    instruction.opcode = Opcode::Read as u8;
-                    instruction.space = 3; // no_such_space
-                    instruction.length = 8;
-                }
-                3 => instruction.opcode = 0x7E, // unknown_opcode
-                _ => {
-                    instruction.opcode = Opcode::BlockRead as u8; // not_supported (no NVMe yet)
-                    instruction.length = 1;
-                }
-            }
-        }
-    }
-    // The caller points `instruction.operand` at `operand`.
-    instruction
-}
+const SPACES: StreamSpaces = StreamSpaces { first: REGION_A, second: REGION_B, bytes: REGION_BYTES };
 
 #[test]
 fn answers_and_memory_match_the_reference_semantics() {
@@ -246,8 +158,7 @@ fn answers_and_memory_match_the_reference_semantics() {
         let batch = rng.below(8) as usize + 1;
         expected.clear();
         for operand in operands.iter_mut().take(batch) {
-            let mut instruction = random_instruction(&mut rng, operand);
-            instruction.operand = operand;
+            let instruction = random_instruction(&mut rng, &SPACES, operand);
             let tag = rig.driver.submit(rig.clock.now(), &instruction, ANSWER_CAPACITY).unwrap();
             expected.push((tag, reference.run(&instruction)));
         }
@@ -590,8 +501,7 @@ fn the_model_as_a_separate_process_serves_the_same_answers() {
     let mut rng = Rng::new(0x0DD_BA11);
     let mut operand = Vec::new();
     for _ in 0..300 {
-        let mut instruction = random_instruction(&mut rng, &mut operand);
-        instruction.operand = &operand;
+        let instruction = random_instruction(&mut rng, &SPACES, &mut operand);
         assert_eq!(run(&mut rig, &instruction), reference.run(&instruction), "{instruction:?}");
     }
     for region in regions() {
