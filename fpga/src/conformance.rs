@@ -1,8 +1,9 @@
 //! Seeded streams of memory and compute instructions, for comparing engines: the same seed gives
 //! the same stream, which every engine (software, the device model in-process or as a process)
 //! must answer identically and leave the same memory behind. About one instruction in twelve is
-//! one that must fail (out of range, unaligned, unknown space or opcode, a block opcode on a
-//! device without NVMe), so errors are compared too.
+//! one that must fail (out of range, unaligned, unknown space or opcode, malformed), so errors
+//! are compared too. Block instructions are not part of it: the target's dispatch answers them
+//! before any engine sees them, so they need a comparison of their own.
 
 use netdam_isa::rng::Rng;
 use netdam_isa::wire::Instruction;
@@ -104,8 +105,9 @@ pub fn random_instruction<'o>(rng: &mut Rng, spaces: &StreamSpaces, operand: &'o
             }
             3 => instruction.opcode = 0x7E, // unknown_opcode
             _ => {
-                instruction.opcode = Opcode::BlockRead as u8; // no namespace behind it
-                instruction.length = 1;
+                instruction.opcode = Opcode::Read as u8;
+                instruction.flags = 0x80; // malformed: READ takes no flags
+                instruction.length = 8;
             }
         },
     }
