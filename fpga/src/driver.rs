@@ -14,7 +14,7 @@ use std::sync::Arc;
 use netdam_isa::wire::Instruction;
 use netdam_isa::{Duration, Instant, Status};
 
-use crate::registers::{self as reg, RegionEntry};
+use crate::registers::{self as reg, NamespaceEntry, RegionEntry};
 use crate::window::Window;
 use crate::{
     CompletionEntry, Descriptor, COMPLETION_BYTES, COMPLETION_FLAG_PHASE, DESCRIPTOR_BYTES, RING_ENTRIES_MAX,
@@ -33,6 +33,9 @@ pub struct DriverConfig {
     pub progress_deadline: Duration,
     /// Regions placed in on-board memory (at most [`reg::REGION_TABLE_ENTRIES`]).
     pub regions: Vec<RegionEntry>,
+    /// Namespaces served by the device's NVMe controller (at most
+    /// [`reg::NAMESPACE_TABLE_ENTRIES`]).
+    pub namespaces: Vec<NamespaceEntry>,
 }
 
 /// Why the device cannot be used (any more).
@@ -196,6 +199,9 @@ impl Driver {
         if config.regions.len() > reg::REGION_TABLE_ENTRIES {
             return Err(DriverError::BadConfig { reason: "more regions than the region table holds" });
         }
+        if config.namespaces.len() > reg::NAMESPACE_TABLE_ENTRIES {
+            return Err(DriverError::BadConfig { reason: "more namespaces than the namespace table holds" });
+        }
         let capabilities = window.u64_at(reg::CAPABILITIES).load(Ordering::Relaxed);
         let entries_log2_max = (capabilities >> reg::CAPABILITY_RING_ENTRIES_LOG2_SHIFT) & 0xFF;
         let slot_log2_max = (capabilities >> reg::CAPABILITY_SLOT_BYTES_LOG2_SHIFT) & 0xFF;
@@ -251,6 +257,18 @@ impl Driver {
             }
             let offset = reg::REGION_TABLE + index as u64 * reg::REGION_ENTRY_BYTES;
             window.write_bytes(offset, &entry).expect("region table within the register block");
+        }
+        for index in 0..reg::NAMESPACE_TABLE_ENTRIES {
+            let mut entry = [0u8; reg::NAMESPACE_ENTRY_BYTES as usize];
+            if let Some(namespace) = config.namespaces.get(index) {
+                entry[0..2].copy_from_slice(&namespace.space.to_le_bytes());
+                entry[2] = reg::NAMESPACE_VALID;
+                entry[3] = namespace.lba_shift;
+                entry[4..8].copy_from_slice(&namespace.nsid.to_le_bytes());
+                entry[8..16].copy_from_slice(&namespace.blocks.to_le_bytes());
+            }
+            let offset = reg::NAMESPACE_TABLE + index as u64 * reg::NAMESPACE_ENTRY_BYTES;
+            window.write_bytes(offset, &entry).expect("namespace table within the register block");
         }
         window.u64_at(reg::SUBMISSION_RING_BASE).store(submission_base, Ordering::Relaxed);
         window.u64_at(reg::COMPLETION_RING_BASE).store(completion_base, Ordering::Relaxed);

@@ -16,12 +16,15 @@ use netdam_isa::semantics::{self, AddressSpaces};
 use netdam_isa::wire::Instruction;
 use netdam_isa::Status;
 
-use crate::registers::{self as reg, RegionEntry};
+use crate::nvme::{self, opcode as nvme_opcode, QueuePair, SsdModel, SubmissionEntry};
+use crate::registers::{self as reg, NamespaceEntry, RegionEntry};
 use crate::window::Window;
 use crate::{
     CompletionEntry, Descriptor, COMPLETION_BYTES, DESCRIPTOR_BYTES, RING_ENTRIES_MAX, RING_ENTRIES_MIN,
     SLOT_BYTES_MAX, SLOT_BYTES_MIN,
 };
+use netdam_isa::block::{self, BlockOp, NamespaceShape};
+use netdam_isa::Opcode;
 
 /// Faults to inject, each at the descriptor with this number (0 = the first fetched since
 /// power-on), each once.
@@ -46,7 +49,26 @@ pub struct ModelConfig {
     pub stage_latency: std::time::Duration,
     /// Faults to inject.
     pub faults: Faults,
+    /// The SSD behind the NVMe controller, if any: a file served as NVMe namespace 1.
+    pub namespace: Option<NamespaceBacking>,
 }
+
+/// A file the model's SSD serves as namespace [`SSD_NSID`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceBacking {
+    /// The backing file (its length gives the capacity).
+    pub path: std::path::PathBuf,
+    /// Bytes per logical block (a power of two, 512 to 65536).
+    pub block_bytes: u32,
+}
+
+/// The namespace id of the model's SSD.
+pub const SSD_NSID: u32 = 1;
+/// Entries of the model's NVMe I/O queues.
+const SSD_QUEUE_ENTRIES: u32 = 16;
+/// Bytes at the top of on-board memory the NVMe path keeps when an SSD is configured: submission
+/// queue, completion queue, doorbells and PRP list (a page each), then one transfer buffer.
+pub const NVME_AREA_BYTES: u64 = 4 * 4096 + SLOT_BYTES_MAX as u64;
 
 impl Default for ModelConfig {
     fn default() -> ModelConfig {
@@ -55,6 +77,7 @@ impl Default for ModelConfig {
             device_memory_bytes: 1 << 20,
             stage_latency: std::time::Duration::ZERO,
             faults: Faults::default(),
+            namespace: None,
         }
     }
 }
@@ -68,6 +91,20 @@ impl ModelConfig {
     /// Window offset of on-board memory: after the host area, page aligned.
     pub fn device_memory_offset(&self) -> u64 {
         (self.host_area_offset() + self.host_area_bytes).div_ceil(4096) * 4096
+    }
+
+    /// Bytes of on-board memory regions may use (below the NVMe area, if any).
+    pub fn region_memory_bytes(&self) -> u64 {
+        if self.namespace.is_some() {
+            self.device_memory_bytes.saturating_sub(NVME_AREA_BYTES)
+        } else {
+            self.device_memory_bytes
+        }
+    }
+
+    /// On-board memory offset of the NVMe area.
+    pub fn nvme_area_offset(&self) -> u64 {
+        self.region_memory_bytes()
     }
 
     /// Bytes the window file must have.
@@ -90,6 +127,14 @@ pub fn power_on(window: &dyn Window, config: &ModelConfig) {
     window.u64_at(reg::HOST_AREA_BYTES).store(config.host_area_bytes, Ordering::Relaxed);
     window.u64_at(reg::DEVICE_MEMORY_OFFSET).store(config.device_memory_offset(), Ordering::Relaxed);
     window.u64_at(reg::DEVICE_MEMORY_BYTES).store(config.device_memory_bytes, Ordering::Relaxed);
+    if config.namespace.is_some() {
+        window.u64_at(reg::CAPABILITIES).fetch_or(reg::CAPABILITY_NVME, Ordering::Relaxed);
+        window.u32_at(reg::NVME_QUEUE_ENTRIES).store(SSD_QUEUE_ENTRIES, Ordering::Relaxed);
+        window.u32_at(reg::NVME_MAX_TRANSFER_BYTES).store(SLOT_BYTES_MAX, Ordering::Relaxed);
+        window.u64_at(reg::NVME_BOUNCE_OFFSET).store(config.nvme_area_offset(), Ordering::Relaxed);
+        window.u64_at(reg::NVME_BOUNCE_BYTES).store(NVME_AREA_BYTES, Ordering::Relaxed);
+        window.u32_at(reg::NVME_STATUS).store(reg::NVME_STATUS_UP, Ordering::Relaxed);
+    }
     window.u32_at(reg::STATUS).store(0, Ordering::Relaxed);
     window.u32_at(reg::GENERATION).store(1, Ordering::Release);
 }
@@ -104,6 +149,23 @@ struct Running {
     submission_head: u32,
     completion_tail: u32,
     regions: [Option<RegionEntry>; reg::REGION_TABLE_ENTRIES],
+    namespaces: [Option<NamespaceEntry>; reg::NAMESPACE_TABLE_ENTRIES],
+}
+
+/// The FPGA's NVMe controller side: one I/O queue pair to the SSD, driven synchronously (one
+/// block instruction at a time; the pipeline waits for its CQEs).
+struct Controller {
+    ssd: SsdModel,
+    queues: QueuePair,
+    sq_tail: u32,
+    cq_head: u32,
+    phase: bool,
+    next_command_id: u16,
+    /// Bus address of the PRP-list page and of the transfer buffer.
+    prp_list: u64,
+    buffer: u64,
+    block_bytes: u32,
+    capacity_blocks: u64,
 }
 
 /// The device model over one window.
@@ -116,6 +178,7 @@ pub struct Model {
     fetched: u64,
     operand: Vec<u8>,
     answer: Vec<u8>,
+    controller: Option<Controller>,
 }
 
 impl std::fmt::Debug for Model {
@@ -139,9 +202,39 @@ impl AddressSpaces for DeviceSpaces<'_> {
 }
 
 impl Model {
-    /// A model over a window [`power_on`] has initialised.
-    pub fn new(window: Arc<dyn Window>, config: ModelConfig) -> Model {
-        Model {
+    /// A model over a window [`power_on`] has initialised; opens the SSD's backing file if one
+    /// is configured.
+    pub fn new(window: Arc<dyn Window>, config: ModelConfig) -> std::io::Result<Model> {
+        let controller = match &config.namespace {
+            None => None,
+            Some(backing) => {
+                let device =
+                    netdam_nvme::UringDevice::open(&backing.path, backing.block_bytes, 4, SLOT_BYTES_MAX as usize)?;
+                let geometry = netdam_nvme::BlockDevice::geometry(&device);
+                let area = config.device_memory_offset() + config.nvme_area_offset();
+                let queues = QueuePair {
+                    nsid: SSD_NSID,
+                    sq_id: 1,
+                    entries: SSD_QUEUE_ENTRIES,
+                    sq_base: area,
+                    cq_base: area + 4096,
+                    doorbells: area + 2 * 4096,
+                };
+                Some(Controller {
+                    ssd: SsdModel::new(Arc::clone(&window), queues, Box::new(device)),
+                    queues,
+                    sq_tail: 0,
+                    cq_head: 0,
+                    phase: true,
+                    next_command_id: 0,
+                    prp_list: area + 3 * 4096,
+                    buffer: area + 4 * 4096,
+                    block_bytes: geometry.block_bytes,
+                    capacity_blocks: geometry.capacity_blocks,
+                })
+            }
+        };
+        Ok(Model {
             window,
             config,
             running: None,
@@ -149,7 +242,8 @@ impl Model {
             fetched: 0,
             operand: vec![0; SLOT_BYTES_MAX as usize],
             answer: vec![0; SLOT_BYTES_MAX as usize],
-        }
+            controller,
+        })
     }
 
     fn register(&self, offset: u64) -> &std::sync::atomic::AtomicU32 {
@@ -217,7 +311,7 @@ impl Model {
                     let within = region
                         .offset
                         .checked_add(region.bytes)
-                        .is_some_and(|end| end <= self.config.device_memory_bytes);
+                        .is_some_and(|end| end <= self.config.region_memory_bytes());
                     *slot = Some(region);
                     if !within || !region.offset.is_multiple_of(8) {
                         return self.fatal(reg::ERROR_BAD_REGION_TABLE);
@@ -232,6 +326,37 @@ impl Model {
                 return self.fatal(reg::ERROR_BAD_REGION_TABLE);
             }
         }
+        let mut namespaces = [None; reg::NAMESPACE_TABLE_ENTRIES];
+        for (index, slot) in namespaces.iter_mut().enumerate() {
+            let mut bytes = [0u8; reg::NAMESPACE_ENTRY_BYTES as usize];
+            let offset = reg::NAMESPACE_TABLE + index as u64 * reg::NAMESPACE_ENTRY_BYTES;
+            window.read_bytes(offset, &mut bytes).expect("namespace table in the register block");
+            if bytes.iter().all(|&byte| byte == 0) {
+                continue;
+            }
+            let entry = NamespaceEntry {
+                space: u16::from_le_bytes([bytes[0], bytes[1]]),
+                lba_shift: bytes[3],
+                nsid: u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")),
+                blocks: u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")),
+            };
+            // Checked against what the SSD reports (IDENTIFY NAMESPACE in hardware).
+            let matches_ssd = self.controller.as_ref().is_some_and(|controller| {
+                entry.nsid == SSD_NSID
+                    && u32::from(entry.lba_shift) == controller.block_bytes.trailing_zeros()
+                    && entry.blocks <= controller.capacity_blocks
+            });
+            if bytes[2] != reg::NAMESPACE_VALID || !matches_ssd {
+                return self.fatal(reg::ERROR_BAD_NAMESPACE_TABLE);
+            }
+            *slot = Some(entry);
+        }
+        for (index, namespace) in namespaces.iter().enumerate() {
+            let Some(namespace) = namespace else { continue };
+            if namespaces[index + 1..].iter().flatten().any(|other| other.space == namespace.space) {
+                return self.fatal(reg::ERROR_BAD_NAMESPACE_TABLE);
+            }
+        }
         self.register(reg::SUBMISSION_HEAD).store(0, Ordering::Relaxed);
         self.register(reg::COMPLETION_TAIL).store(0, Ordering::Relaxed);
         self.running = Some(Running {
@@ -242,6 +367,7 @@ impl Model {
             submission_head: 0,
             completion_tail: 0,
             regions,
+            namespaces,
         });
         self.register(reg::STATUS).store(reg::STATUS_READY, Ordering::Release);
     }
@@ -370,6 +496,17 @@ impl Model {
             aux: descriptor.aux,
             operand: &self.operand[..operand_len],
         };
+        if Opcode::from_u8(instruction.opcode).is_some_and(Opcode::is_block) {
+            let Some(namespace) =
+                running.namespaces.iter().flatten().find(|namespace| namespace.space == instruction.space)
+            else {
+                return (Status::NoSuchSpace, 0);
+            };
+            let Some(controller) = self.controller.as_mut() else {
+                return (Status::NoSuchSpace, 0); // unreachable: enable refuses namespaces without an SSD
+            };
+            return controller.execute(&*self.window, &instruction, namespace, descriptor, &mut self.answer);
+        }
         let spaces = DeviceSpaces {
             window: &*self.window,
             memory_offset: self.config.device_memory_offset(),
@@ -411,16 +548,15 @@ pub struct ModelThread {
     handle: Option<JoinHandle<()>>,
 }
 
-/// Powers the window on and runs a model over it on a new thread.
-pub fn spawn(window: Arc<dyn Window>, config: ModelConfig) -> ModelThread {
+/// Powers the window on and runs a model over it on a new thread; fails if the SSD's backing
+/// file cannot be opened.
+pub fn spawn(window: Arc<dyn Window>, config: ModelConfig) -> std::io::Result<ModelThread> {
+    let mut model = Model::new(Arc::clone(&window), config.clone())?;
     power_on(&*window, &config);
     let stop = Arc::new(AtomicBool::new(false));
     let thread_stop = Arc::clone(&stop);
-    let handle = std::thread::Builder::new()
-        .name("netdam-fpga-model".into())
-        .spawn(move || Model::new(window, config).run(&thread_stop))
-        .expect("spawning the model thread");
-    ModelThread { stop, handle: Some(handle) }
+    let handle = std::thread::Builder::new().name("netdam-fpga-model".into()).spawn(move || model.run(&thread_stop))?;
+    Ok(ModelThread { stop, handle: Some(handle) })
 }
 
 impl Drop for ModelThread {
@@ -428,6 +564,154 @@ impl Drop for ModelThread {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(handle) = self.handle.take() {
             let _ = handle.join();
+        }
+    }
+}
+
+impl Controller {
+    /// Executes one block instruction through the SSD: the checks of the software path
+    /// (`netdam_isa::block::decode`), then SQEs whose data pointers name the transfer buffer in
+    /// on-board memory, then the CQEs. A BREAD's blocks go from the buffer to the answer address.
+    fn execute(
+        &mut self,
+        window: &dyn Window,
+        instruction: &Instruction<'_>,
+        namespace: &NamespaceEntry,
+        descriptor: &Descriptor,
+        scratch: &mut [u8],
+    ) -> (Status, usize) {
+        let block_bytes = 1u32 << namespace.lba_shift;
+        let shape = NamespaceShape {
+            block_bytes,
+            capacity_blocks: namespace.blocks,
+            max_transfer_blocks: SLOT_BYTES_MAX / block_bytes,
+        };
+        let op = match block::decode(instruction, &shape, descriptor.answer_capacity as usize) {
+            Ok(op) => op,
+            Err(status) => return (status, 0),
+        };
+        let nsid = namespace.nsid;
+        let status = match op {
+            BlockOp::Read { offset_blocks, num_blocks } => {
+                let prps = self.prps(window, num_blocks as usize * block_bytes as usize);
+                let entry = self.entry(nvme_opcode::READ, nsid, offset_blocks, num_blocks, false, prps);
+                let status = self.run(window, &entry);
+                if status == Status::Ok {
+                    let bytes = num_blocks as usize * block_bytes as usize;
+                    let data = &mut scratch[..bytes];
+                    window.read_bytes(self.buffer, data).expect("transfer buffer in the window");
+                    if window.write_bytes(descriptor.answer_address, data).is_none() {
+                        return (Status::Malformed, 0);
+                    }
+                    return (Status::Ok, bytes);
+                }
+                status
+            }
+            BlockOp::Write { offset_blocks, data, fua } => {
+                window.write_bytes(self.buffer, data).expect("transfer buffer in the window");
+                let prps = self.prps(window, data.len());
+                let blocks = (data.len() / block_bytes as usize) as u32;
+                let entry = self.entry(nvme_opcode::WRITE, nsid, offset_blocks, blocks, fua, prps);
+                self.run(window, &entry)
+            }
+            BlockOp::Flush => {
+                let entry = SubmissionEntry { opcode: nvme_opcode::FLUSH, nsid, ..SubmissionEntry::default() };
+                self.run(window, &entry)
+            }
+            BlockOp::Trim { offset_blocks, num_blocks } => {
+                let mut range = [0u8; nvme::DSM_RANGE_BYTES];
+                range[4..8].copy_from_slice(&num_blocks.to_le_bytes());
+                range[8..16].copy_from_slice(&offset_blocks.to_le_bytes());
+                window.write_bytes(self.prp_list, &range).expect("PRP page in the window");
+                let entry = SubmissionEntry {
+                    opcode: nvme_opcode::DATASET_MANAGEMENT,
+                    nsid,
+                    prp1: self.prp_list,
+                    cdw: [0, 1 << 2, 0, 0, 0, 0],
+                    ..SubmissionEntry::default()
+                };
+                self.run(window, &entry)
+            }
+            BlockOp::WriteZeroes { offset_blocks, num_blocks } => {
+                // NLB is 16 bits: one command per 65536 blocks.
+                let mut done = 0u32;
+                let mut status = Status::Ok;
+                while done < num_blocks && status == Status::Ok {
+                    let blocks = (num_blocks - done).min(65536);
+                    let mut entry = self.entry(
+                        nvme_opcode::WRITE_ZEROES,
+                        nsid,
+                        offset_blocks + u64::from(done),
+                        blocks,
+                        false,
+                        (0, 0),
+                    );
+                    entry.prp1 = 0;
+                    status = self.run(window, &entry);
+                    done += blocks;
+                }
+                status
+            }
+            BlockOp::Status { .. } => Status::NotSupported,
+        };
+        (status, 0)
+    }
+
+    fn entry(&mut self, opcode: u8, nsid: u32, slba: u64, blocks: u32, fua: bool, prps: (u64, u64)) -> SubmissionEntry {
+        let command_id = self.next_command_id;
+        self.next_command_id = self.next_command_id.wrapping_add(1);
+        SubmissionEntry::read_write(opcode, command_id, nsid, slba, blocks, fua, prps)
+    }
+
+    /// PRP1 and PRP2 for `bytes` of the transfer buffer, writing a PRP list when it spans more
+    /// than two pages.
+    fn prps(&self, window: &dyn Window, bytes: usize) -> (u64, u64) {
+        let pages = bytes.div_ceil(nvme::PAGE_BYTES as usize) as u64;
+        match pages {
+            0 | 1 => (self.buffer, 0),
+            2 => (self.buffer, self.buffer + nvme::PAGE_BYTES),
+            _ => {
+                for page in 1..pages {
+                    let address = self.buffer + page * nvme::PAGE_BYTES;
+                    window
+                        .write_bytes(self.prp_list + 8 * (page - 1), &address.to_le_bytes())
+                        .expect("PRP page in the window");
+                }
+                (self.buffer, self.prp_list)
+            }
+        }
+    }
+
+    /// Submits one SQE, runs the SSD until its CQE arrives, returns its status as the wire's.
+    fn run(&mut self, window: &dyn Window, entry: &SubmissionEntry) -> Status {
+        let at = self.queues.sq_base + u64::from(self.sq_tail) * nvme::SUBMISSION_ENTRY_BYTES as u64;
+        window.write_bytes(at, &entry.encode()).expect("submission queue in the window");
+        self.sq_tail = (self.sq_tail + 1) % self.queues.entries;
+        window.u32_at(self.queues.doorbells).store(self.sq_tail, Ordering::Release);
+        let at = self.queues.cq_base + u64::from(self.cq_head) * nvme::COMPLETION_ENTRY_BYTES as u64;
+        loop {
+            let second_half = window.u64_at(at + 8).load(Ordering::Acquire);
+            let phase = (second_half >> 48) & 1 != 0;
+            if phase == self.phase {
+                let mut bytes = [0u8; nvme::COMPLETION_ENTRY_BYTES];
+                window.read_bytes(at, &mut bytes).expect("completion queue in the window");
+                let completion = nvme::CompletionEntry::decode(&bytes);
+                self.cq_head = (self.cq_head + 1) % self.queues.entries;
+                if self.cq_head == 0 {
+                    self.phase = !self.phase;
+                }
+                window.u32_at(self.queues.doorbells + 4).store(self.cq_head, Ordering::Release);
+                if completion.command_id != entry.command_id {
+                    return Status::IoError; // one command at a time: anything else is an SSD bug
+                }
+                if completion.status != nvme::status::SUCCESS {
+                    window.u32_at(reg::NVME_LAST_STATUS).store(u32::from(completion.status), Ordering::Relaxed);
+                }
+                return nvme::wire_status(completion.status);
+            }
+            if !self.ssd.step() {
+                std::thread::sleep(std::time::Duration::from_micros(10));
+            }
         }
     }
 }

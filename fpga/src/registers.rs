@@ -115,3 +115,48 @@ pub struct RegionEntry {
     /// Bytes in the region.
     pub bytes: u64,
 }
+
+/// u32, RO: bit 0 the NVMe controller is up, bit 1 it failed.
+pub const NVME_STATUS: u64 = 0x100;
+/// u32, RO: the last non-zero NVMe status field.
+pub const NVME_LAST_STATUS: u64 = 0x104;
+/// u32, RO: entries of each NVMe I/O queue.
+pub const NVME_QUEUE_ENTRIES: u64 = 0x108;
+/// u32, RO: the largest transfer of one block instruction, in bytes.
+pub const NVME_MAX_TRANSFER_BYTES: u64 = 0x10C;
+/// u64, RO: on-board memory offset of the NVMe area (queues, PRP lists, transfer buffers).
+pub const NVME_BOUNCE_OFFSET: u64 = 0x110;
+/// u64, RO: bytes of the NVMe area; regions must lie below it.
+pub const NVME_BOUNCE_BYTES: u64 = 0x118;
+/// Start of the namespace table.
+pub const NAMESPACE_TABLE: u64 = 0x120;
+/// Entries of the namespace table.
+pub const NAMESPACE_TABLE_ENTRIES: usize = 8;
+/// Bytes of one namespace-table entry.
+pub const NAMESPACE_ENTRY_BYTES: u64 = 16;
+
+const _: () = assert!(NAMESPACE_TABLE + NAMESPACE_TABLE_ENTRIES as u64 * NAMESPACE_ENTRY_BYTES <= REGION_TABLE);
+
+/// NVME_STATUS bit: the controller is up.
+pub const NVME_STATUS_UP: u32 = 1 << 0;
+
+/// ERROR_CODE: namespace table invalid at enable.
+pub const ERROR_BAD_NAMESPACE_TABLE: u32 = 5;
+
+/// Namespace-table entry flag: the entry is in use.
+pub const NAMESPACE_VALID: u8 = 0x01;
+
+/// One namespace served by the device's NVMe controller (16 bytes at NAMESPACE_TABLE + 16 *
+/// index): space `u16` at 0, flags `u8` at 2, `lba_shift` `u8` at 3, `nsid` `u32` at 4,
+/// `blocks` `u64` at 8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NamespaceEntry {
+    /// The space id block instructions name.
+    pub space: u16,
+    /// log2 of the block size; must match the SSD namespace's LBA size.
+    pub lba_shift: u8,
+    /// The SSD's namespace id.
+    pub nsid: u32,
+    /// Blocks served (at most the SSD namespace's size).
+    pub blocks: u64,
+}

@@ -41,7 +41,13 @@ const GENEROUS_DEADLINE: Duration = Duration::from_millis(30_000);
 const SHORT_DEADLINE: Duration = Duration::from_millis(200);
 
 fn driver_config(ring_entries: u32) -> DriverConfig {
-    DriverConfig { ring_entries, slot_bytes: 16 * 1024, progress_deadline: GENEROUS_DEADLINE, regions: regions() }
+    DriverConfig {
+        ring_entries,
+        slot_bytes: 16 * 1024,
+        progress_deadline: GENEROUS_DEADLINE,
+        regions: regions(),
+        namespaces: Vec::new(),
+    }
 }
 
 struct Clock(std::time::Instant);
@@ -69,7 +75,7 @@ fn rig_with(driver_config: DriverConfig, faults: Faults) -> Rig {
     let config = ModelConfig { faults, ..ModelConfig::default() };
     let window: Arc<dyn Window> =
         Arc::new(FileWindow::create(&directory.path().join("window"), config.window_bytes() as usize).unwrap());
-    let model = model::spawn(Arc::clone(&window), config);
+    let model = model::spawn(Arc::clone(&window), config).unwrap();
     let driver = Driver::attach(Arc::clone(&window), &driver_config, PATIENCE).unwrap();
     Rig { _directory: directory, window, model: Some(model), driver, clock: Clock(std::time::Instant::now()) }
 }
@@ -453,7 +459,7 @@ fn attach_reports_a_region_table_the_device_refuses() {
     let config = ModelConfig::default();
     let window: Arc<dyn Window> =
         Arc::new(FileWindow::create(&directory.path().join("window"), config.window_bytes() as usize).unwrap());
-    let _model = model::spawn(Arc::clone(&window), config.clone());
+    let _model = model::spawn(Arc::clone(&window), config.clone()).unwrap();
     let mut bad = driver_config(4);
     bad.regions.push(RegionEntry { space: 1, offset: 0, bytes: config.device_memory_bytes + 8 });
     assert_eq!(

@@ -39,7 +39,7 @@ impl Device {
         let config = ModelConfig::default();
         let window: Arc<dyn Window> =
             Arc::new(FileWindow::create(&directory.path().join("window"), config.window_bytes() as usize).unwrap());
-        let model = model::spawn(Arc::clone(&window), config);
+        let model = model::spawn(Arc::clone(&window), config).unwrap();
         let regions = vec![
             RegionEntry { space: 0, offset: 0, bytes: REGION_BYTES },
             RegionEntry { space: 1, offset: REGION_BYTES, bytes: REGION_BYTES },
@@ -49,6 +49,7 @@ impl Device {
             slot_bytes: 4096,
             progress_deadline: Duration::from_millis(30_000),
             regions,
+            namespaces: Vec::new(),
         };
         let driver = Driver::attach(window, &driver_config, PATIENCE).unwrap();
         Device { _directory: directory, _model: model, driver, started: std::time::Instant::now() }

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::Parser;
-use netdam_fpga::model::{self, Faults, Model, ModelConfig};
+use netdam_fpga::model::{self, Faults, Model, ModelConfig, NamespaceBacking};
 use netdam_fpga::window::{FileWindow, Window};
 
 /// The netdam FPGA device model.
@@ -36,6 +36,13 @@ struct Args {
     /// Reset the device before descriptor N.
     #[arg(long)]
     reset_at: Option<u64>,
+    /// A file the SSD behind the NVMe controller serves as namespace 1 (its length is the
+    /// capacity); without it the device has no NVMe.
+    #[arg(long)]
+    namespace: Option<PathBuf>,
+    /// Block size of that namespace, in bytes.
+    #[arg(long, default_value_t = 512)]
+    block_bytes: u32,
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,6 +52,7 @@ fn main() -> std::process::ExitCode {
         device_memory_bytes: args.device_memory_bytes,
         stage_latency: std::time::Duration::from_nanos(args.stage_latency_ns),
         faults: Faults { error_at: args.error_at, stall_at: args.stall_at, reset_at: args.reset_at },
+        namespace: args.namespace.map(|path| NamespaceBacking { path, block_bytes: args.block_bytes }),
     };
     let mut staging = args.window.clone().into_os_string();
     staging.push(".creating");
@@ -60,6 +68,14 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    let mut device = match Model::new(Arc::clone(&window) as Arc<dyn Window>, config.clone()) {
+        Ok(device) => device,
+        Err(error) => {
+            let namespace = config.namespace.as_ref().map(|backing| backing.path.display().to_string());
+            eprintln!("netdam-fpga-model: cannot open the namespace file {namespace:?}: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     model::power_on(&*window, &config);
     if let Err(error) = std::fs::rename(&staging, &args.window) {
         eprintln!("netdam-fpga-model: cannot move {} to {}: {error}", staging.display(), args.window.display());
@@ -67,6 +83,6 @@ fn main() -> std::process::ExitCode {
     }
     eprintln!("netdam-fpga-model: window {} ready ({} bytes)", args.window.display(), window.len());
     let stop = AtomicBool::new(false);
-    Model::new(window, config).run(&stop);
+    device.run(&stop);
     std::process::ExitCode::SUCCESS
 }
