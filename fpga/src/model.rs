@@ -638,7 +638,7 @@ impl Controller {
                 let mut status = Status::Ok;
                 while done < num_blocks && status == Status::Ok {
                     let blocks = (num_blocks - done).min(65536);
-                    let mut entry = self.entry(
+                    let entry = self.entry(
                         nvme_opcode::WRITE_ZEROES,
                         nsid,
                         offset_blocks + u64::from(done),
@@ -646,7 +646,6 @@ impl Controller {
                         false,
                         (0, 0),
                     );
-                    entry.prp1 = 0;
                     status = self.run(window, &entry);
                     done += blocks;
                 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use netdam_fpga::conformance::{random_instruction, StreamSpaces};
 use netdam_fpga::driver::{Completion, Driver, DriverConfig, DriverError, SubmitError};
 use netdam_fpga::model::{self, Faults, ModelConfig};
-use netdam_fpga::registers::{self as reg, RegionEntry};
+use netdam_fpga::registers::{self as reg, NamespaceEntry, RegionEntry};
 use netdam_fpga::window::{FileWindow, Window};
 use netdam_isa::memory::SharedMemory;
 use netdam_isa::rng::Rng;
@@ -484,10 +484,16 @@ impl Drop for ModelProcess {
 fn the_model_as_a_separate_process_serves_the_same_answers() {
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("window");
+    let namespace_file = directory.path().join("namespace");
+    std::fs::File::create(&namespace_file).unwrap().set_len(1 << 20).unwrap();
     let mut process = ModelProcess(
         std::process::Command::new(env!("CARGO_BIN_EXE_netdam-fpga-model"))
             .arg("--window")
             .arg(&path)
+            .arg("--namespace")
+            .arg(&namespace_file)
+            .arg("--block-bytes")
+            .arg("4096")
             .arg("--stage-latency-ns")
             .arg("1000")
             .spawn()
@@ -501,7 +507,9 @@ fn the_model_as_a_separate_process_serves_the_same_answers() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let window: Arc<dyn Window> = Arc::new(FileWindow::open(&path).unwrap());
-    let driver = Driver::attach(Arc::clone(&window), &driver_config(16), PATIENCE).unwrap();
+    let namespace = NamespaceEntry { space: 3, lba_shift: 12, nsid: model::SSD_NSID, blocks: 256 };
+    let config = DriverConfig { namespaces: vec![namespace], ..driver_config(16) };
+    let driver = Driver::attach(Arc::clone(&window), &config, PATIENCE).unwrap();
     let mut rig = Rig { _directory: directory, window, model: None, driver, clock: Clock(std::time::Instant::now()) };
     let reference = Reference::new();
     let mut rng = Rng::new(0x0DD_BA11);
@@ -517,5 +525,22 @@ fn the_model_as_a_separate_process_serves_the_same_answers() {
             region.space
         );
     }
+    // A block write and read through the process's NVMe controller, into the namespace file.
+    let blocks: Vec<u8> = (0..8192u32).map(|index| (index % 251) as u8).collect();
+    let write = Instruction {
+        opcode: Opcode::BlockWrite as u8,
+        flags: 0x01,
+        space: 3,
+        offset: 5,
+        length: 2,
+        aux: 0,
+        operand: &blocks,
+    };
+    assert_eq!(run(&mut rig, &write), Ok(vec![]));
+    // One block per read: the test's answer room is 4 KiB.
+    let read = Instruction { opcode: Opcode::BlockRead as u8, flags: 0, length: 1, operand: &[], ..write };
+    assert!(run(&mut rig, &read) == Ok(blocks[..4096].to_vec()));
+    assert!(run(&mut rig, &Instruction { offset: 6, ..read }) == Ok(blocks[4096..].to_vec()));
+    assert!(std::fs::read(&namespace_file).unwrap()[5 * 4096..7 * 4096] == blocks[..]);
     assert!(process.0.try_wait().unwrap().is_none(), "the model is still running");
 }
