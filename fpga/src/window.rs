@@ -15,7 +15,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 use netdam_isa::memory::SharedMemory;
 
 /// Memory shared with the device (or with the host, seen from the model).
-pub trait Window: Send + Sync {
+///
+/// # Safety
+/// `as_ptr()..as_ptr() + len()` must be mapped, readable and writable, 4096-byte aligned, and
+/// stay so (at the same address) for as long as the implementor lives: the provided methods
+/// hand out atomics and copies within that range on that promise alone.
+pub unsafe trait Window: Send + Sync {
     /// The first byte of the window, 4096-byte aligned.
     fn as_ptr(&self) -> *mut u8;
 
@@ -142,7 +147,9 @@ impl FileWindow {
     }
 }
 
-impl Window for FileWindow {
+// SAFETY: `base..base + len` is a shared read-write mapping made in `map` (page aligned, as
+// mmap returns) and unmapped only in `drop`.
+unsafe impl Window for FileWindow {
     fn as_ptr(&self) -> *mut u8 {
         self.base
     }

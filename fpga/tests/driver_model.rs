@@ -102,26 +102,32 @@ fn run(rig: &mut Rig, instruction: &Instruction<'_>) -> Result<Vec<u8>, Status> 
 
 /// The reference: two regions in ordinary memory, executed with the ISA's semantics.
 struct Reference {
-    a: Vec<u64>,
-    b: Vec<u64>,
+    _a: Vec<u64>,
+    _b: Vec<u64>,
+    /// Taken once from the vectors' unique borrows; the vectors are not touched again.
+    a: *mut u8,
+    b: *mut u8,
 }
 
 impl AddressSpaces for Reference {
     fn memory(&self, space: u16) -> Option<SharedMemory<'_>> {
-        let words = match space {
-            REGION_A => &self.a,
-            REGION_B => &self.b,
+        let base = match space {
+            REGION_A => self.a,
+            REGION_B => self.b,
             _ => return None,
         };
-        // SAFETY: the vectors live as long as `self`, are 8-byte aligned and are only touched
-        // through the views (the test is single-threaded on the reference side).
-        Some(unsafe { SharedMemory::from_raw(words.as_ptr() as *mut u8, words.len() * 8) })
+        // SAFETY: each pointer covers REGION_BYTES of a live, 8-byte aligned vector owned by
+        // `self`, reached only through these views.
+        Some(unsafe { SharedMemory::from_raw(base, REGION_BYTES as usize) })
     }
 }
 
 impl Reference {
     fn new() -> Reference {
-        Reference { a: vec![0; REGION_BYTES as usize / 8], b: vec![0; REGION_BYTES as usize / 8] }
+        let mut a = vec![0u64; REGION_BYTES as usize / 8];
+        let mut b = vec![0u64; REGION_BYTES as usize / 8];
+        let (a_base, b_base) = (a.as_mut_ptr().cast::<u8>(), b.as_mut_ptr().cast::<u8>());
+        Reference { _a: a, _b: b, a: a_base, b: b_base }
     }
 
     fn run(&self, instruction: &Instruction<'_>) -> Result<Vec<u8>, Status> {
