@@ -36,6 +36,8 @@ pub struct Faults {
     pub stall_at: Option<u64>,
     /// Reset the device (GENERATION + 1) before fetching this descriptor.
     pub reset_at: Option<u64>,
+    /// The SSD fails this NVMe command (0 = the first it takes) with a media error.
+    pub media_error_at: Option<u64>,
 }
 
 /// The model's shape and behaviour.
@@ -220,8 +222,12 @@ impl Model {
                     cq_base: area + 4096,
                     doorbells: area + 2 * 4096,
                 };
+                let mut ssd = SsdModel::new(Arc::clone(&window), queues, Box::new(device));
+                if let Some(number) = config.faults.media_error_at {
+                    ssd.inject_media_error_at(number);
+                }
                 Some(Controller {
-                    ssd: SsdModel::new(Arc::clone(&window), queues, Box::new(device)),
+                    ssd,
                     queues,
                     sq_tail: 0,
                     cq_head: 0,

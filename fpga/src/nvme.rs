@@ -247,6 +247,10 @@ pub struct SsdModel {
     /// Device completions of one reap, (slot, status); capacity = the device's queue depth, so
     /// it never grows.
     finished: Vec<(u64, u16)>,
+    /// Commands taken from the submission queue so far.
+    taken: u64,
+    /// Fail this command (numbered by `taken`, from 0) with a media error instead of running it.
+    media_error_at: Option<u64>,
 }
 
 impl std::fmt::Debug for SsdModel {
@@ -286,7 +290,15 @@ impl SsdModel {
             commands: vec![Command::default(); queues.entries as usize],
             free_buffers: (0..depth as u16).rev().collect(),
             finished: Vec::with_capacity(depth as usize),
+            taken: 0,
+            media_error_at: None,
         }
+    }
+
+    /// Completes command number `number` (0 = the first taken from the queue) with a media error
+    /// (unrecovered read error for a READ, write fault otherwise) without touching the device.
+    pub fn inject_media_error_at(&mut self, number: u64) {
+        self.media_error_at = Some(number);
     }
 
     fn commands_in_flight(&self) -> u32 {
@@ -336,9 +348,16 @@ impl SsdModel {
                 progressed = true;
                 continue;
             };
-            if !self.start(slot, entry) {
+            let number = self.taken;
+            if self.media_error_at == Some(number) {
+                self.media_error_at = None;
+                let error =
+                    if entry.opcode == opcode::READ { status::UNRECOVERED_READ_ERROR } else { status::WRITE_FAULT };
+                self.post(entry.command_id, error);
+            } else if !self.start(slot, entry) {
                 return progressed; // the device is full: fetch it again next pass
             }
+            self.taken += 1;
             self.sq_head = (self.sq_head + 1) % entries;
             progressed = true;
         }

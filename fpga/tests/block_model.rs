@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use netdam_fpga::driver::{Driver, DriverConfig, DriverError};
-use netdam_fpga::model::{self, ModelConfig, NamespaceBacking, SSD_NSID};
+use netdam_fpga::model::{self, Faults, ModelConfig, NamespaceBacking, SSD_NSID};
 use netdam_fpga::registers::{self as reg, NamespaceEntry};
 use netdam_fpga::window::{FileWindow, Window};
 use netdam_isa::wire::Instruction;
@@ -28,11 +28,19 @@ fn namespace(blocks: u64) -> NamespaceEntry {
 }
 
 fn start(namespaces: Vec<NamespaceEntry>) -> (tempfile::TempDir, model::ModelThread, Result<Driver, DriverError>) {
+    start_with(namespaces, Faults::default())
+}
+
+fn start_with(
+    namespaces: Vec<NamespaceEntry>,
+    faults: Faults,
+) -> (tempfile::TempDir, model::ModelThread, Result<Driver, DriverError>) {
     let directory = tempfile::tempdir().unwrap();
     let backing = directory.path().join("namespace");
     std::fs::File::create(&backing).unwrap().set_len(NAMESPACE_BLOCKS * BLOCK_BYTES as u64).unwrap();
     let config = ModelConfig {
         namespace: Some(NamespaceBacking { path: backing, block_bytes: BLOCK_BYTES as u32 }),
+        faults,
         ..ModelConfig::default()
     };
     let window: Arc<dyn Window> =
@@ -131,4 +139,15 @@ fn a_namespace_table_the_ssd_does_not_match_is_refused_at_attach() {
     let wrong_block_size = NamespaceEntry { lba_shift: 12, ..namespace(8) };
     let (_directory, _model, driver) = start(vec![wrong_block_size]);
     assert_eq!(driver.unwrap_err(), DriverError::Fatal { error_code: reg::ERROR_BAD_NAMESPACE_TABLE });
+}
+
+#[test]
+fn an_ssd_media_error_is_io_error_on_that_instruction_only() {
+    let (directory, model, driver) =
+        start_with(vec![namespace(NAMESPACE_BLOCKS)], Faults { media_error_at: Some(1), ..Faults::default() });
+    let mut rig = Rig { directory, _model: model, driver: driver.unwrap(), started: std::time::Instant::now() };
+    let data = pattern(BLOCK_BYTES, 1);
+    assert_eq!(rig.run(&block(Opcode::BlockWrite, 0, 0, 1, &data), 0), Ok(vec![]));
+    assert_eq!(rig.run(&block(Opcode::BlockRead, 0, 0, 1, &[]), 4096), Err(Status::IoError));
+    assert_eq!(rig.run(&block(Opcode::BlockRead, 0, 0, 1, &[]), 4096), Ok(data), "one command fails, not the SSD");
 }

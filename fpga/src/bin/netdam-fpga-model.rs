@@ -36,6 +36,9 @@ struct Args {
     /// Reset the device before descriptor N.
     #[arg(long)]
     reset_at: Option<u64>,
+    /// The SSD fails NVMe command N (0 = its first) with a media error.
+    #[arg(long)]
+    media_error_at: Option<u64>,
     /// A file the SSD behind the NVMe controller serves as namespace 1 (its length is the
     /// capacity); without it the device has no NVMe.
     #[arg(long)]
@@ -51,7 +54,12 @@ fn main() -> std::process::ExitCode {
         host_area_bytes: args.host_area_bytes,
         device_memory_bytes: args.device_memory_bytes,
         stage_latency: std::time::Duration::from_nanos(args.stage_latency_ns),
-        faults: Faults { error_at: args.error_at, stall_at: args.stall_at, reset_at: args.reset_at },
+        faults: Faults {
+            error_at: args.error_at,
+            stall_at: args.stall_at,
+            reset_at: args.reset_at,
+            media_error_at: args.media_error_at,
+        },
         namespace: args.namespace.map(|path| NamespaceBacking { path, block_bytes: args.block_bytes }),
     };
     let mut staging = args.window.clone().into_os_string();
