@@ -549,4 +549,12 @@ fn the_model_as_a_separate_process_serves_the_same_answers() {
     assert!(run(&mut rig, &Instruction { offset: 6, ..read }) == Ok(blocks[4096..].to_vec()));
     assert!(std::fs::read(&namespace_file).unwrap()[5 * 4096..7 * 4096] == blocks[..]);
     assert!(process.0.try_wait().unwrap().is_none(), "the model is still running");
+
+    // Removing the window stops it.
+    std::fs::remove_file(&path).unwrap();
+    let removed = std::time::Instant::now();
+    while process.0.try_wait().unwrap().is_none() {
+        assert!(removed.elapsed() < PATIENCE, "the model kept running without its window");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

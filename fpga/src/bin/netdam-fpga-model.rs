@@ -1,7 +1,8 @@
 //! `netdam-fpga-model`: the software FPGA as a separate process over a shared window file.
 //!
 //! Creates the window file (beside `--window`, then renamed into place, so a host that sees the
-//! file sees a powered-on device), and runs the device loop until killed.
+//! file sees a powered-on device), and runs the device loop until killed or until the window
+//! file is removed.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -90,7 +91,18 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::FAILURE;
     }
     eprintln!("netdam-fpga-model: window {} ready ({} bytes)", args.window.display(), window.len());
-    let stop = AtomicBool::new(false);
+    // A model whose window file is gone serves no one: it stops, so one left behind by a test
+    // run that was killed outright does not spin on forever.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher_stop = Arc::clone(&stop);
+    let watched = args.window.clone();
+    std::thread::spawn(move || {
+        while watched.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        eprintln!("netdam-fpga-model: window {} removed: stopping", watched.display());
+        watcher_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
     device.run(&stop);
     std::process::ExitCode::SUCCESS
 }
