@@ -1,0 +1,652 @@
+//! NVMe queue entries as an NVMe 1.4 controller reads and writes them (64-byte submission
+//! entries, 16-byte completion entries with a phase tag), and a model of the SSD behind the
+//! FPGA's NVMe controller: it consumes real SQEs from a submission queue in the window, moves
+//! data through PRPs, executes on a `netdam-nvme` [`BlockDevice`] and posts CQEs. FPGA.md §9.
+//!
+//! This is the first part of the device-side NVMe path: the FPGA's controller logic that turns
+//! a block descriptor into SQEs (§9.5) is not modelled yet; tests play that role.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use netdam_isa::Status;
+use netdam_nvme::{BlockDevice, BlockError, BlockRequest, BufferIndex};
+
+use crate::window::Window;
+
+/// Bytes of a submission queue entry.
+pub const SUBMISSION_ENTRY_BYTES: usize = 64;
+/// Bytes of a completion queue entry.
+pub const COMPLETION_ENTRY_BYTES: usize = 16;
+/// Memory page size the controller is configured with (`CC.MPS = 0`).
+pub const PAGE_BYTES: u64 = 4096;
+/// Bytes of one DATASET MANAGEMENT range.
+pub const DSM_RANGE_BYTES: usize = 16;
+
+/// NVM command set opcodes used by the FPGA.
+pub mod opcode {
+    /// FLUSH.
+    pub const FLUSH: u8 = 0x00;
+    /// WRITE.
+    pub const WRITE: u8 = 0x01;
+    /// READ.
+    pub const READ: u8 = 0x02;
+    /// WRITE ZEROES.
+    pub const WRITE_ZEROES: u8 = 0x08;
+    /// DATASET MANAGEMENT.
+    pub const DATASET_MANAGEMENT: u8 = 0x09;
+}
+
+/// Status fields (bits 15:1 of CQE bytes 14..16, shifted down: `SC | SCT << 8 | ...`).
+pub mod status {
+    /// Generic: successful completion.
+    pub const SUCCESS: u16 = 0x000;
+    /// Generic: invalid command opcode.
+    pub const INVALID_OPCODE: u16 = 0x001;
+    /// Generic: invalid field in command.
+    pub const INVALID_FIELD: u16 = 0x002;
+    /// Generic: data transfer error.
+    pub const DATA_TRANSFER_ERROR: u16 = 0x004;
+    /// Generic: internal error.
+    pub const INTERNAL_ERROR: u16 = 0x006;
+    /// Generic: invalid namespace or format.
+    pub const INVALID_NAMESPACE: u16 = 0x00B;
+    /// Generic: PRP offset invalid.
+    pub const PRP_OFFSET_INVALID: u16 = 0x013;
+    /// Generic (command specific range): LBA out of range.
+    pub const LBA_OUT_OF_RANGE: u16 = 0x080;
+    /// Media error: write fault.
+    pub const WRITE_FAULT: u16 = 0x280;
+    /// Media error: unrecovered read error.
+    pub const UNRECOVERED_READ_ERROR: u16 = 0x281;
+    /// Do Not Retry bit, in this shifted form.
+    pub const DO_NOT_RETRY: u16 = 1 << 14;
+}
+
+/// The wire status for an NVMe status field (FPGA.md §9.4).
+pub fn wire_status(status_field: u16) -> Status {
+    let code = status_field & 0x7FF; // SC and SCT; CRD, M and DNR do not change the meaning
+    match code {
+        status::SUCCESS => Status::Ok,
+        status::LBA_OUT_OF_RANGE | 0x081 => Status::OutOfRange,
+        status::INVALID_FIELD => Status::Malformed,
+        _ => Status::IoError,
+    }
+}
+
+/// One submission queue entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SubmissionEntry {
+    /// CDW0 bits 7:0.
+    pub opcode: u8,
+    /// CDW0 bits 31:16.
+    pub command_id: u16,
+    /// Namespace.
+    pub nsid: u32,
+    /// First data pointer.
+    pub prp1: u64,
+    /// Second data pointer or PRP list.
+    pub prp2: u64,
+    /// CDW10 to CDW15.
+    pub cdw: [u32; 6],
+}
+
+impl SubmissionEntry {
+    /// READ or WRITE of `blocks` (≥ 1) from `slba`.
+    pub fn read_write(
+        opcode: u8,
+        command_id: u16,
+        nsid: u32,
+        slba: u64,
+        blocks: u32,
+        fua: bool,
+        prps: (u64, u64),
+    ) -> SubmissionEntry {
+        debug_assert!((1..=65536).contains(&blocks), "NLB is a 16-bit 0-based count");
+        let cdw12 = (blocks - 1) | if fua { 1 << 30 } else { 0 };
+        SubmissionEntry {
+            opcode,
+            command_id,
+            nsid,
+            prp1: prps.0,
+            prp2: prps.1,
+            cdw: [slba as u32, (slba >> 32) as u32, cdw12, 0, 0, 0],
+        }
+    }
+
+    /// The 64 bytes in the queue (FPGA.md §9.3); bytes 8..24 (CDW2, CDW3, MPTR) are zero.
+    pub fn encode(&self) -> [u8; SUBMISSION_ENTRY_BYTES] {
+        let mut bytes = [0u8; SUBMISSION_ENTRY_BYTES];
+        let cdw0 = u32::from(self.opcode) | (u32::from(self.command_id) << 16);
+        bytes[0..4].copy_from_slice(&cdw0.to_le_bytes());
+        bytes[4..8].copy_from_slice(&self.nsid.to_le_bytes());
+        bytes[24..32].copy_from_slice(&self.prp1.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.prp2.to_le_bytes());
+        for (index, dword) in self.cdw.iter().enumerate() {
+            bytes[40 + 4 * index..44 + 4 * index].copy_from_slice(&dword.to_le_bytes());
+        }
+        bytes
+    }
+
+    /// Parses an entry; `None` for what this controller does not support (fused commands,
+    /// SGLs, metadata pointers).
+    pub fn decode(bytes: &[u8; SUBMISSION_ENTRY_BYTES]) -> Option<SubmissionEntry> {
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let cdw0 = u32_at(0);
+        let fuse_or_psdt = (cdw0 >> 8) & 0xFF;
+        if fuse_or_psdt != 0 || u64_at(16) != 0 {
+            return None;
+        }
+        let mut cdw = [0u32; 6];
+        for (index, dword) in cdw.iter_mut().enumerate() {
+            *dword = u32_at(40 + 4 * index);
+        }
+        Some(SubmissionEntry {
+            opcode: cdw0 as u8,
+            command_id: (cdw0 >> 16) as u16,
+            nsid: u32_at(4),
+            prp1: u64_at(24),
+            prp2: u64_at(32),
+            cdw,
+        })
+    }
+
+    /// The command id, readable even from an entry [`SubmissionEntry::decode`] refuses.
+    pub fn command_id_of(bytes: &[u8; SUBMISSION_ENTRY_BYTES]) -> u16 {
+        u16::from_le_bytes([bytes[2], bytes[3]])
+    }
+}
+
+/// One completion queue entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompletionEntry {
+    /// DW0, command specific.
+    pub dw0: u32,
+    /// Submission queue head when posted.
+    pub sq_head: u16,
+    /// Submission queue id.
+    pub sq_id: u16,
+    /// The command's id.
+    pub command_id: u16,
+    /// Phase tag.
+    pub phase: bool,
+    /// Status field (`SC | SCT << 8 | CRD << 11 | M << 13 | DNR << 14`).
+    pub status: u16,
+}
+
+impl CompletionEntry {
+    /// The 16 bytes in the queue (FPGA.md §9.4).
+    pub fn encode(&self) -> [u8; COMPLETION_ENTRY_BYTES] {
+        let mut bytes = [0u8; COMPLETION_ENTRY_BYTES];
+        bytes[0..4].copy_from_slice(&self.dw0.to_le_bytes());
+        bytes[8..10].copy_from_slice(&self.sq_head.to_le_bytes());
+        bytes[10..12].copy_from_slice(&self.sq_id.to_le_bytes());
+        bytes[12..14].copy_from_slice(&self.command_id.to_le_bytes());
+        let phase_and_status = u16::from(self.phase) | (self.status << 1);
+        bytes[14..16].copy_from_slice(&phase_and_status.to_le_bytes());
+        bytes
+    }
+
+    /// Parses an entry.
+    pub fn decode(bytes: &[u8; COMPLETION_ENTRY_BYTES]) -> CompletionEntry {
+        let phase_and_status = u16::from_le_bytes([bytes[14], bytes[15]]);
+        CompletionEntry {
+            dw0: u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")),
+            sq_head: u16::from_le_bytes([bytes[8], bytes[9]]),
+            sq_id: u16::from_le_bytes([bytes[10], bytes[11]]),
+            command_id: u16::from_le_bytes([bytes[12], bytes[13]]),
+            phase: phase_and_status & 1 != 0,
+            status: phase_and_status >> 1,
+        }
+    }
+}
+
+/// Where the SSD model's I/O queue pair and doorbells live in the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePair {
+    /// Namespace id the SSD serves.
+    pub nsid: u32,
+    /// Queue id (as in CREATE I/O SUBMISSION QUEUE).
+    pub sq_id: u16,
+    /// Entries of each queue (2..=65536, as `QSIZE + 1`).
+    pub entries: u32,
+    /// Bus address of the submission queue (page aligned).
+    pub sq_base: u64,
+    /// Bus address of the completion queue (page aligned).
+    pub cq_base: u64,
+    /// Bus address of the SSD's doorbells: SQ tail at +0, CQ head at +4 (`DSTRD = 0`).
+    pub doorbells: u64,
+}
+
+/// A command taken from the submission queue and not yet completed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Command {
+    entry: SubmissionEntry,
+    /// Device requests still out.
+    outstanding: u32,
+    /// The first failure among them.
+    status: u16,
+    /// The device buffer of a READ or WRITE.
+    buffer: Option<u16>,
+    in_use: bool,
+}
+
+/// The SSD: one I/O queue pair over a [`BlockDevice`]. The queues, PRP lists and data live in
+/// the window (the FPGA's on-board memory); doorbells are NVMe indices, not counters.
+pub struct SsdModel {
+    window: Arc<dyn Window>,
+    queues: QueuePair,
+    device: Box<dyn BlockDevice>,
+    sq_head: u32,
+    cq_tail: u32,
+    phase: bool,
+    /// Commands by slot (the tag given to the device); fixed size, no allocation per command.
+    commands: Vec<Command>,
+    free_buffers: Vec<u16>,
+    /// Device completions of one reap, (slot, status); capacity = the device's queue depth, so
+    /// it never grows.
+    finished: Vec<(u64, u16)>,
+    /// Commands taken from the submission queue so far.
+    taken: u64,
+    /// Fail this command (numbered by `taken`, from 0) with a media error instead of running it.
+    media_error_at: Option<u64>,
+}
+
+impl std::fmt::Debug for SsdModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SsdModel").field("queues", &self.queues).field("sq_head", &self.sq_head).finish_non_exhaustive()
+    }
+}
+
+fn block_status(error: &BlockError) -> u16 {
+    match error {
+        BlockError::OutOfRange { .. } => status::LBA_OUT_OF_RANGE,
+        BlockError::TooLarge { .. } | BlockError::NoSuchBuffer { .. } => status::INVALID_FIELD,
+        BlockError::ReadFailed { .. } => status::UNRECOVERED_READ_ERROR,
+        BlockError::WriteFailed { .. } | BlockError::FlushFailed { .. } => status::WRITE_FAULT,
+        _ => status::INTERNAL_ERROR,
+    }
+}
+
+impl SsdModel {
+    /// An SSD serving `queues` from `device`. Panics if the queue pair does not fit the window:
+    /// it is the model's own configuration, not input.
+    pub fn new(window: Arc<dyn Window>, queues: QueuePair, device: Box<dyn BlockDevice>) -> SsdModel {
+        assert!((2..=65536).contains(&queues.entries), "NVMe queues hold 2 to 65536 entries");
+        let sq_bytes = queues.entries as usize * SUBMISSION_ENTRY_BYTES;
+        let cq_bytes = queues.entries as usize * COMPLETION_ENTRY_BYTES;
+        assert!(window.pointer(queues.sq_base, sq_bytes).is_some(), "submission queue within the window");
+        assert!(window.pointer(queues.cq_base, cq_bytes).is_some(), "completion queue within the window");
+        assert!(window.pointer(queues.doorbells, 8).is_some(), "doorbells within the window");
+        let depth = device.geometry().queue_depth;
+        SsdModel {
+            window,
+            queues,
+            device,
+            sq_head: 0,
+            cq_tail: 0,
+            phase: true,
+            commands: vec![Command::default(); queues.entries as usize],
+            free_buffers: (0..depth as u16).rev().collect(),
+            finished: Vec::with_capacity(depth as usize),
+            taken: 0,
+            media_error_at: None,
+        }
+    }
+
+    /// Completes command number `number` (0 = the first taken from the queue) with a media error
+    /// (unrecovered read error for a READ, write fault otherwise) without touching the device.
+    pub fn inject_media_error_at(&mut self, number: u64) {
+        self.media_error_at = Some(number);
+    }
+
+    fn commands_in_flight(&self) -> u32 {
+        self.commands.iter().filter(|command| command.in_use).count() as u32
+    }
+
+    /// One pass: fetch what fits, push it to the device, post what finished. Returns whether
+    /// anything happened.
+    pub fn step(&mut self) -> bool {
+        let mut progressed = self.fetch();
+        let mut finished = std::mem::take(&mut self.finished);
+        finished.clear();
+        self.device.reap(&mut |completion| {
+            let status = completion.result.as_ref().map_or_else(block_status, |()| status::SUCCESS);
+            finished.push((completion.tag, status));
+        });
+        for &(tag, status) in &finished {
+            progressed = true;
+            self.request_done(tag as usize, status);
+        }
+        self.finished = finished;
+        progressed
+    }
+
+    fn fetch(&mut self) -> bool {
+        let mut progressed = false;
+        let entries = self.queues.entries;
+        loop {
+            let tail = self.window.u32_at(self.queues.doorbells).load(Ordering::Acquire);
+            if tail >= entries || tail == self.sq_head {
+                return progressed; // an invalid doorbell value is ignored (a real SSD logs an async event)
+            }
+            // A completion slot must stay free for every command taken (CQ holds entries - 1).
+            let cq_head = self.window.u32_at(self.queues.doorbells + 4).load(Ordering::Acquire);
+            let posted = (self.cq_tail + entries - cq_head.min(entries - 1)) % entries;
+            if posted + self.commands_in_flight() + 1 >= entries {
+                return progressed;
+            }
+            let mut bytes = [0u8; SUBMISSION_ENTRY_BYTES];
+            let at = self.queues.sq_base + u64::from(self.sq_head) * SUBMISSION_ENTRY_BYTES as u64;
+            self.window.read_bytes(at, &mut bytes).expect("queue within the window (checked at new)");
+            let Some(slot) = self.commands.iter().position(|command| !command.in_use) else { return progressed };
+            let Some(entry) = SubmissionEntry::decode(&bytes) else {
+                self.sq_head = (self.sq_head + 1) % entries;
+                let id = SubmissionEntry::command_id_of(&bytes);
+                self.post(id, status::INVALID_FIELD | status::DO_NOT_RETRY);
+                progressed = true;
+                continue;
+            };
+            let number = self.taken;
+            if self.media_error_at == Some(number) {
+                self.media_error_at = None;
+                let error =
+                    if entry.opcode == opcode::READ { status::UNRECOVERED_READ_ERROR } else { status::WRITE_FAULT };
+                self.post(entry.command_id, error);
+            } else if !self.start(slot, entry) {
+                return progressed; // the device is full: fetch it again next pass
+            }
+            self.taken += 1;
+            self.sq_head = (self.sq_head + 1) % entries;
+            progressed = true;
+        }
+    }
+
+    /// Starts `entry` in `slot`; `false` (and nothing changed) when the device has no room.
+    fn start(&mut self, slot: usize, entry: SubmissionEntry) -> bool {
+        let geometry = self.device.geometry();
+        let free_requests = geometry.queue_depth.saturating_sub(self.device.in_flight() as u32);
+        let complete_now = |model: &mut SsdModel, status: u16| {
+            model.post(entry.command_id, status);
+            true
+        };
+        if entry.nsid != self.queues.nsid {
+            return complete_now(self, status::INVALID_NAMESPACE | status::DO_NOT_RETRY);
+        }
+        let slba = u64::from(entry.cdw[0]) | (u64::from(entry.cdw[1]) << 32);
+        let blocks = (entry.cdw[2] & 0xFFFF) + 1;
+        let fua = entry.cdw[2] & (1 << 30) != 0;
+        let request = match entry.opcode {
+            opcode::READ | opcode::WRITE => {
+                if free_requests == 0 || self.free_buffers.is_empty() {
+                    return false;
+                }
+                if blocks > geometry.max_transfer_blocks {
+                    return complete_now(self, status::INVALID_FIELD | status::DO_NOT_RETRY);
+                }
+                if geometry.check_range(slba, blocks).is_err() {
+                    return complete_now(self, status::LBA_OUT_OF_RANGE | status::DO_NOT_RETRY);
+                }
+                let buffer = *self.free_buffers.last().expect("checked non-empty");
+                let bytes = blocks as usize * geometry.block_bytes as usize;
+                if entry.opcode == opcode::WRITE {
+                    let window = Arc::clone(&self.window);
+                    let data = &mut self.device.buffer(BufferIndex(buffer))[..bytes];
+                    if let Err(status) = transfer(&*window, entry.prp1, entry.prp2, data, Direction::FromMemory) {
+                        return complete_now(self, status);
+                    }
+                }
+                self.free_buffers.pop();
+                self.commands[slot].buffer = Some(buffer);
+                if entry.opcode == opcode::READ {
+                    BlockRequest::Read { offset_blocks: slba, num_blocks: blocks, buffer: BufferIndex(buffer) }
+                } else {
+                    BlockRequest::Write { offset_blocks: slba, num_blocks: blocks, buffer: BufferIndex(buffer), fua }
+                }
+            }
+            opcode::FLUSH => {
+                if free_requests == 0 {
+                    return false;
+                }
+                BlockRequest::Flush
+            }
+            opcode::WRITE_ZEROES => {
+                if free_requests == 0 {
+                    return false;
+                }
+                if geometry.check_range(slba, blocks).is_err() {
+                    return complete_now(self, status::LBA_OUT_OF_RANGE | status::DO_NOT_RETRY);
+                }
+                BlockRequest::WriteZeroes { offset_blocks: slba, num_blocks: blocks }
+            }
+            opcode::DATASET_MANAGEMENT => return self.start_dataset_management(slot, entry, free_requests),
+            _ => return complete_now(self, status::INVALID_OPCODE | status::DO_NOT_RETRY),
+        };
+        self.commands[slot] = Command {
+            entry,
+            outstanding: 1,
+            status: status::SUCCESS,
+            buffer: self.commands[slot].buffer,
+            in_use: true,
+        };
+        self.submit(slot, request);
+        true
+    }
+
+    /// DATASET MANAGEMENT with `AD`: one TRIM per range. Without `AD` the ranges are hints and
+    /// the command succeeds at once. The model takes at most as many ranges as its device queue
+    /// holds requests (a real controller queues them internally).
+    fn start_dataset_management(&mut self, slot: usize, entry: SubmissionEntry, free_requests: u32) -> bool {
+        let ranges = (entry.cdw[0] & 0xFF) + 1;
+        let deallocate = entry.cdw[1] & (1 << 2) != 0;
+        if !deallocate {
+            self.post(entry.command_id, status::SUCCESS);
+            return true;
+        }
+        let geometry = self.device.geometry();
+        if ranges > geometry.queue_depth {
+            self.post(entry.command_id, status::INVALID_FIELD | status::DO_NOT_RETRY);
+            return true;
+        }
+        if ranges > free_requests {
+            return false;
+        }
+        let mut list = [0u8; 256 * DSM_RANGE_BYTES];
+        let list = &mut list[..ranges as usize * DSM_RANGE_BYTES];
+        if let Err(status) = transfer(&*self.window, entry.prp1, entry.prp2, list, Direction::FromMemory) {
+            self.post(entry.command_id, status);
+            return true;
+        }
+        let range_at = |index: usize| {
+            let range = &list[index * DSM_RANGE_BYTES..(index + 1) * DSM_RANGE_BYTES];
+            let blocks = u32::from_le_bytes(range[4..8].try_into().expect("4 bytes"));
+            let slba = u64::from_le_bytes(range[8..16].try_into().expect("8 bytes"));
+            (slba, blocks)
+        };
+        // Check every range before trimming any: a bad one fails the command untouched.
+        for index in 0..ranges as usize {
+            let (slba, blocks) = range_at(index);
+            if geometry.check_range(slba, blocks).is_err() {
+                self.post(entry.command_id, status::LBA_OUT_OF_RANGE | status::DO_NOT_RETRY);
+                return true;
+            }
+        }
+        let trims = (0..ranges as usize).map(range_at).filter(|&(_, blocks)| blocks > 0).count() as u32;
+        if trims == 0 {
+            self.post(entry.command_id, status::SUCCESS);
+            return true;
+        }
+        self.commands[slot] =
+            Command { entry, outstanding: trims, status: status::SUCCESS, buffer: None, in_use: true };
+        for index in 0..ranges as usize {
+            let (slba, blocks) = range_at(index);
+            if blocks > 0 {
+                self.submit(slot, BlockRequest::Trim { offset_blocks: slba, num_blocks: blocks });
+            }
+        }
+        true
+    }
+
+    fn submit(&mut self, slot: usize, request: BlockRequest) {
+        if let Err(error) = self.device.submit(slot as u64, request) {
+            // Room was checked; a refusal here is the device's own verdict on the request.
+            self.request_done(slot, block_status(&error));
+        }
+    }
+
+    fn request_done(&mut self, slot: usize, status: u16) {
+        let Some(command) = self.commands.get_mut(slot).filter(|command| command.in_use) else {
+            return; // a device completion for no command: ignored, as a controller would log it
+        };
+        if command.status == status::SUCCESS {
+            command.status = status;
+        }
+        command.outstanding -= 1;
+        if command.outstanding > 0 {
+            return;
+        }
+        let command = std::mem::take(command);
+        let mut status = command.status;
+        if let Some(buffer) = command.buffer {
+            if command.entry.opcode == opcode::READ && status == status::SUCCESS {
+                let geometry = self.device.geometry();
+                let bytes = ((command.entry.cdw[2] & 0xFFFF) + 1) as usize * geometry.block_bytes as usize;
+                let window = Arc::clone(&self.window);
+                let data = &mut self.device.buffer(BufferIndex(buffer))[..bytes];
+                if let Err(transfer_status) =
+                    transfer(&*window, command.entry.prp1, command.entry.prp2, data, Direction::ToMemory)
+                {
+                    status = transfer_status;
+                }
+            }
+            self.free_buffers.push(buffer);
+        }
+        self.post(command.entry.command_id, status);
+    }
+
+    /// Writes a CQE with the current phase and advances the completion tail.
+    fn post(&mut self, command_id: u16, status: u16) {
+        let entry = CompletionEntry {
+            dw0: 0,
+            sq_head: self.sq_head as u16,
+            sq_id: self.queues.sq_id,
+            command_id,
+            phase: self.phase,
+            status,
+        };
+        let bytes = entry.encode();
+        let at = self.queues.cq_base + u64::from(self.cq_tail) * COMPLETION_ENTRY_BYTES as u64;
+        // Bytes 0..8 first, then 8..16 (with the phase) in one release store: a reader that
+        // sees the new phase sees the whole entry.
+        self.window.u64_at(at).store(u64::from_le_bytes(bytes[0..8].try_into().expect("8 bytes")), Ordering::Relaxed);
+        self.window
+            .u64_at(at + 8)
+            .store(u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")), Ordering::Release);
+        self.cq_tail += 1;
+        if self.cq_tail == self.queues.entries {
+            self.cq_tail = 0;
+            self.phase = !self.phase;
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Memory → `data` (a WRITE, a DSM range list).
+    FromMemory,
+    /// `data` → memory (a READ).
+    ToMemory,
+}
+
+/// Moves `data.len()` bytes between `data` and the memory the PRPs describe (4 KiB pages):
+/// PRP1 may start inside a page; the rest is PRP2's page when it fits in one more, else the
+/// PRP list PRP2 points to (one list page: up to 512 entries). Every address is checked.
+fn transfer(window: &dyn Window, prp1: u64, prp2: u64, data: &mut [u8], direction: Direction) -> Result<(), u16> {
+    let copy = |address: u64, chunk: &mut [u8]| -> Result<(), u16> {
+        let done = match direction {
+            Direction::FromMemory => window.read_bytes(address, chunk),
+            Direction::ToMemory => window.write_bytes(address, chunk),
+        };
+        done.ok_or(status::DATA_TRANSFER_ERROR)
+    };
+    if !prp1.is_multiple_of(4) {
+        return Err(status::PRP_OFFSET_INVALID | status::DO_NOT_RETRY);
+    }
+    let first = data.len().min((PAGE_BYTES - prp1 % PAGE_BYTES) as usize);
+    let (head, mut rest) = data.split_at_mut(first);
+    copy(prp1, head)?;
+    if rest.is_empty() {
+        return Ok(());
+    }
+    if !prp2.is_multiple_of(PAGE_BYTES) && rest.len() <= PAGE_BYTES as usize {
+        return Err(status::PRP_OFFSET_INVALID | status::DO_NOT_RETRY);
+    }
+    if rest.len() <= PAGE_BYTES as usize {
+        return copy(prp2, rest);
+    }
+    if !prp2.is_multiple_of(8) {
+        return Err(status::PRP_OFFSET_INVALID | status::DO_NOT_RETRY);
+    }
+    let pages = rest.len().div_ceil(PAGE_BYTES as usize);
+    if pages > (PAGE_BYTES / 8) as usize {
+        return Err(status::INVALID_FIELD | status::DO_NOT_RETRY); // would need a chained list
+    }
+    for index in 0..pages {
+        let mut entry = [0u8; 8];
+        window.read_bytes(prp2 + 8 * index as u64, &mut entry).ok_or(status::DATA_TRANSFER_ERROR)?;
+        let page = u64::from_le_bytes(entry);
+        if !page.is_multiple_of(PAGE_BYTES) {
+            return Err(status::PRP_OFFSET_INVALID | status::DO_NOT_RETRY);
+        }
+        let take = rest.len().min(PAGE_BYTES as usize);
+        let (chunk, remaining) = rest.split_at_mut(take);
+        copy(page, chunk)?;
+        rest = remaining;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_write_sqe_and_success_cqe_match_the_fpga_md_examples() {
+        let write = SubmissionEntry::read_write(opcode::WRITE, 5, 1, 0x1000, 8, true, (0x4_0001_0000, 0));
+        let expected: [u8; 64] = [
+            0x01, 0x00, 0x05, 0x00, 0x01, 0x00, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, //
+            0, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x00, 0x01, 0x00, 0x04, 0x00, 0x00, 0x00, //
+            0, 0, 0, 0, 0, 0, 0, 0, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, //
+            0x07, 0x00, 0x00, 0x40, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        assert_eq!(write.encode(), expected);
+        assert_eq!(SubmissionEntry::decode(&expected), Some(write));
+        let success = CompletionEntry { dw0: 0, sq_head: 6, sq_id: 1, command_id: 5, phase: true, status: 0 };
+        assert_eq!(success.encode(), [0, 0, 0, 0, 0, 0, 0, 0, 0x06, 0x00, 0x01, 0x00, 0x05, 0x00, 0x01, 0x00]);
+        assert_eq!(CompletionEntry::decode(&success.encode()), success);
+    }
+
+    #[test]
+    fn status_fields_sit_above_the_phase_tag_and_map_to_wire_statuses() {
+        let failed =
+            CompletionEntry { status: status::UNRECOVERED_READ_ERROR | status::DO_NOT_RETRY, ..Default::default() };
+        let bytes = failed.encode();
+        // SCT 2, SC 0x81 and DNR in DW3 bits 31:17.
+        let dw3 = u32::from_le_bytes(bytes[12..16].try_into().unwrap());
+        assert_eq!((dw3 >> 17) & 0xFF, 0x81);
+        assert_eq!((dw3 >> 25) & 0x7, 2);
+        assert_eq!(dw3 >> 31, 1);
+        assert_eq!(wire_status(failed.status), Status::IoError);
+        assert_eq!(wire_status(status::LBA_OUT_OF_RANGE | status::DO_NOT_RETRY), Status::OutOfRange);
+        assert_eq!(wire_status(status::SUCCESS), Status::Ok);
+    }
+
+    #[test]
+    fn fused_sgl_or_metadata_commands_are_refused() {
+        let mut bytes = SubmissionEntry::read_write(opcode::READ, 1, 1, 0, 1, false, (0, 0)).encode();
+        bytes[1] = 0x40; // PSDT = 1: SGL
+        assert_eq!(SubmissionEntry::decode(&bytes), None);
+        assert_eq!(SubmissionEntry::command_id_of(&bytes), 1);
+    }
+}
