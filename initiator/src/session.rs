@@ -62,6 +62,13 @@ pub struct SessionConfig {
     pub max_datagram_bytes: usize,
     /// Swift settings; `None` sends up to `max_in_flight` with no congestion control.
     pub congestion: Option<SwiftConfig>,
+    /// How long refusals (nothing listens at the target's port: the kernel answered ICMP port
+    /// unreachable) count as lost datagrams, counted from the first refusal since the last
+    /// answer, once a session has been established: a target that answered before and now
+    /// refuses is most likely restarting, and its requests are retried (by their timeouts) in
+    /// the session it will open again. Past it, or before any session, a refusal fails what is
+    /// waiting (`NotListening`). Zero fails at once.
+    pub reconnect_patience: Duration,
 }
 
 impl Default for SessionConfig {
@@ -76,6 +83,7 @@ impl Default for SessionConfig {
             max_busy_retries: 64,
             max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
             congestion: Some(SwiftConfig::default()),
+            reconnect_patience: Duration::from_millis(5_000),
         }
     }
 }
@@ -387,6 +395,10 @@ pub struct Session {
     hello: Option<(Cookie, usize)>,
     /// How the last HELLO exchange ended, until the driver takes it.
     established: Option<Result<HelloAnswer, ClientError>>,
+    /// Whether a HELLO exchange has ever succeeded: only then may a refusal be a restart.
+    ever_established: bool,
+    /// The first refusal since the last datagram received, while refusals count as loss.
+    refused_since: Option<Instant>,
 }
 
 impl Session {
@@ -408,7 +420,22 @@ impl Session {
             hello_size: None,
             hello: None,
             established: None,
+            ever_established: false,
+            refused_since: None,
         }
+    }
+
+    /// Tells the session that sending to or receiving from the target was refused (nothing
+    /// listens at its port). Returns `true` when the refusal counts as lost datagrams (a session
+    /// was established before and the refusals began less than `reconnect_patience` ago: the
+    /// target is presumably restarting, and requests are retransmitted by their timeouts), or
+    /// `false` when the driver should fail what is waiting with `NotListening`.
+    pub fn handle_refused(&mut self, now: Instant) -> bool {
+        if !self.ever_established || self.hello_size.is_none() {
+            return false;
+        }
+        let since = *self.refused_since.get_or_insert(now);
+        now.saturating_since(since) < self.config.reconnect_patience
     }
 
     /// Says HELLO asking for datagrams of `max_datagram_bytes`, and again whenever the target
@@ -455,6 +482,7 @@ impl Session {
         self.hello = None;
         match &outcome {
             Ok(answer) => {
+                self.ever_established = true;
                 self.establish(answer.session, answer.max_datagram_bytes as usize);
                 let mut parked: Vec<usize> =
                     (0..self.requests.len()).filter(|&index| self.requests[index].state == State::Parked).collect();
@@ -742,6 +770,8 @@ impl Session {
             self.stats.ignored += 1;
             return;
         };
+        // Something listens again: a later refusal starts a new wait.
+        self.refused_since = None;
         let header = response.header;
         // A request queued for retransmission may still get the answer to its earlier send.
         let found = self.requests.iter().position(|request| {
