@@ -13,8 +13,10 @@
 //! evicted), the session says HELLO again and sends the request once more in the new session
 //! when that is safe: when it is idempotent, or when the transmission answered `no_session` was
 //! its only one (the target executes nothing for a session it does not know). A request whose
-//! earlier transmission may have run fails with `SessionLost`. Requests submitted meanwhile wait
-//! for the new session.
+//! earlier transmission may have run fails with `SessionLost`, also when the new target happens
+//! to give the lost session's id again. Requests submitted meanwhile wait for the new session.
+//! While the target restarts its port refuses: once a session has existed, the driver counts
+//! refusals as lost datagrams for `reconnect_patience` ([`Session::handle_refused`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -53,8 +55,8 @@ pub struct SessionConfig {
     /// time has passed. A
     /// storage target may stall (a device flushing, a loaded machine) for longer than the
     /// attempts' back-off adds up to (about 127 ms from a 500 µs timeout), and failing a
-    /// request then fails the user's I/O for a pause, not for a dead target (a refused socket
-    /// still fails at once).
+    /// request then fails the user's I/O for a pause, not for a dead target (a refusal fails at
+    /// once before any session, and after `reconnect_patience` once there was one).
     pub min_patience: Duration,
     /// BUSY answers one request may get before it fails.
     pub max_busy_retries: u32,
@@ -484,6 +486,7 @@ impl Session {
             Ok(answer) => {
                 self.ever_established = true;
                 self.establish(answer.session, answer.max_datagram_bytes as usize);
+                self.settle_reused_id();
                 let mut parked: Vec<usize> =
                     (0..self.requests.len()).filter(|&index| self.requests[index].state == State::Parked).collect();
                 parked.sort_by_key(|&index| self.requests[index].sequence);
@@ -504,6 +507,29 @@ impl Session {
             }
         }
         self.established = Some(outcome);
+    }
+
+    /// A restarted target may hand out the id of the session it lost again (its ids carry 16
+    /// bits of a generation seeded by its start time): requests still on their way in the lost
+    /// session would then be taken as the new session's. An idempotent one may run again; one
+    /// that is not, and was sent, may have run before the restart: it fails as `SessionLost`
+    /// rather than be sent again under an id the new target would execute it in.
+    fn settle_reused_id(&mut self) {
+        let mut index = 0;
+        while index < self.requests.len() {
+            let request = &self.requests[index];
+            let reused = request.origin == Origin::Caller
+                && request.session_id == self.session_id
+                && request.state != State::Parked
+                && request.attempts > 0
+                && !request.idempotent;
+            if reused {
+                let request = self.requests.swap_remove(index);
+                self.completions.push_back(Completion { token: request.token, result: Err(ClientError::SessionLost) });
+            } else {
+                index += 1;
+            }
+        }
     }
 
     /// Puts a parked request into the current session and queues it.

@@ -325,6 +325,32 @@ fn a_restart_is_ridden_out_within_the_reconnect_patience() {
     assert!(!sessionless.handle_refused(at_ms(0)), "a client without a session never waits for one");
 }
 
+/// A restarted target may give the same id again: a FETCH_ADD sent in the lost session must not
+/// be retransmitted under it (the new target would execute it in the new session).
+#[test]
+fn a_reused_session_id_does_not_carry_a_request_that_may_have_run_into_the_new_session() {
+    let mut session = Session::new(config(), 0);
+    session.start_hello(9000);
+    establish(&mut session, at_ms(0), 5);
+    session.submit(&[Op::fetch_add(0, 0, 1)], 1).unwrap();
+    session.submit(&[Op::read(0, 0, 8)], 2).unwrap();
+    session.poll_transmit(at_ms(0)).unwrap();
+    let read = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    // The READ's answer says the session is gone; the FETCH_ADD's answer was lost.
+    session.handle_datagram(at_ms(1), &target_answer(&read, 0, Status::NoSession));
+    establish(&mut session, at_ms(1), 5);
+    let lost = session.poll_completion().expect("the FETCH_ADD fails");
+    assert_eq!(lost.token, 1);
+    assert!(matches!(lost.result, Err(ClientError::SessionLost)), "{:?}", lost.result);
+    let resent = session.poll_transmit(at_ms(1)).expect("the READ is sent again").to_vec();
+    assert_eq!(Request::parse(&resent).unwrap().instructions().next().unwrap().opcode, netdam_isa::Opcode::Read as u8);
+    session.handle_timeout(at_ms(100));
+    while let Some(datagram) = session.poll_transmit(at_ms(100)) {
+        let opcode = Request::parse(datagram).unwrap().instructions().next().unwrap().opcode;
+        assert_ne!(opcode, netdam_isa::Opcode::FetchAdd as u8, "the FETCH_ADD is never sent again");
+    }
+}
+
 #[test]
 fn a_non_idempotent_request_that_may_have_run_fails_as_session_lost() {
     let mut session = Session::new(config(), 0);
