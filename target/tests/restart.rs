@@ -8,8 +8,8 @@
 //!   succeed: none of them fails;
 //! - a FETCH_ADD whose outcome the restart left unknown fails as such (`SessionLost`, or
 //!   `OutcomeUnknown` after its last attempt) and is never applied twice: the counter ends
-//!   between the answered adds and the answered plus the unknown ones, and every answered add
-//!   returned a value within those bounds.
+//!   between the answered adds and the answered plus the unknown ones, and the answered adds
+//!   returned distinct values below it. Eight are in flight at a time, so kills land among them.
 //!
 //! The region is persistent and the namespace's writes carry FUA, so every answered write is
 //! read back after the last restart.
@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use netdam_initiator::{Client, ClientError, ClientOptions, Volume, VolumeOptions};
+use netdam_initiator::{Client, ClientError, ClientOptions, Op, Volume, VolumeOptions};
 
 const RESTARTS: usize = 3;
 const REGION: &str = "restart-region";
@@ -31,6 +31,8 @@ const SLOTS: u64 = 64;
 const SLOT_BYTES: usize = 1024;
 const BLOCKS: u64 = 64;
 const BLOCK_BYTES: usize = 4096;
+/// FETCH_ADDs the blocking client keeps in flight together.
+const ADDS_IN_FLIGHT: usize = 8;
 /// The FETCH_ADD counter, after the slots.
 const COUNTER: u64 = SLOTS * SLOT_BYTES as u64;
 /// How long a start may take on a loaded machine before the test gives up on it.
@@ -114,6 +116,8 @@ struct SyncLog {
     writes: u64,
     adds_answered: u64,
     adds_unknown: u64,
+    /// What the answered FETCH_ADDs returned: all distinct if none ran twice.
+    adds_returned: Vec<u64>,
     sessions_lost: u64,
 }
 
@@ -133,17 +137,25 @@ fn sync_load(addr: SocketAddr, stop: &AtomicBool, progress: &AtomicU64) -> Resul
             .map_err(|error| format!("WRITE of slot {slot} (version {version}) failed across a restart: {error}"))?;
         log.slots[slot as usize] = version;
         log.writes += 1;
-        match client.fetch_add(region, COUNTER, 1) {
-            Ok(old) => {
-                let (low, high) = (log.adds_answered, log.adds_answered + log.adds_unknown);
-                if !(low..=high).contains(&old) {
-                    return Err(format!("FETCH_ADD returned {old}, outside {low}..={high}: applied twice or lost"));
+        // Several FETCH_ADDs in flight at once, so that kills land among them.
+        let tickets: Vec<_> = (0..ADDS_IN_FLIGHT)
+            .map(|_| client.submit(&[Op::fetch_add(region, COUNTER, 1)]))
+            .collect::<Result<_, _>>()
+            .map_err(|error| format!("FETCH_ADD not submitted: {error}"))?;
+        for ticket in tickets {
+            match client.wait(ticket).and_then(|reply| Ok(u64::from_le_bytes(reply.data(0)?.try_into().unwrap()))) {
+                Ok(old) => {
+                    // Below every add made so far: none of them ran twice.
+                    let bound = log.adds_answered + log.adds_unknown + ADDS_IN_FLIGHT as u64;
+                    if old >= bound {
+                        return Err(format!("FETCH_ADD returned {old}, beyond the {bound} adds ever sent"));
+                    }
+                    log.adds_returned.push(old);
+                    log.adds_answered += 1;
                 }
-                log.adds_answered = old + 1;
-                log.adds_unknown = 0;
+                Err(ClientError::SessionLost | ClientError::OutcomeUnknown { .. }) => log.adds_unknown += 1,
+                Err(error) => return Err(format!("FETCH_ADD failed other than as of unknown outcome: {error}")),
             }
-            Err(ClientError::SessionLost | ClientError::OutcomeUnknown { .. }) => log.adds_unknown += 1,
-            Err(error) => return Err(format!("FETCH_ADD failed other than as of unknown outcome: {error}")),
         }
         progress.fetch_add(1, Ordering::SeqCst);
     }
@@ -258,6 +270,11 @@ fn clients_and_volumes_ride_out_target_restarts_under_load() {
     let counter = verifier.fetch_add(region, COUNTER, 0).unwrap();
     let (low, high) = (sync_log.adds_answered, sync_log.adds_answered + sync_log.adds_unknown);
     assert!((low..=high).contains(&counter), "the counter holds {counter}, outside {low}..={high}");
+    let mut returned = sync_log.adds_returned.clone();
+    returned.sort_unstable();
+    returned.dedup();
+    assert_eq!(returned.len(), sync_log.adds_returned.len(), "two answered FETCH_ADDs returned the same value");
+    assert!(returned.last().is_none_or(|&last| last < counter), "an answered FETCH_ADD returned more than the count");
     let disk = verifier.namespace(NAMESPACE).unwrap().clone();
     let mut back = vec![0u8; BLOCK_BYTES];
     for (index, &version) in blocks.iter().enumerate() {
