@@ -64,6 +64,8 @@ cleanup() {
   case "$out" in "$work"/*) echo "results kept in $out (work directory $work)" ;; *) rm -rf "$work" ;; esac
 }
 trap cleanup EXIT
+# A signal (a CI timeout, Ctrl-C) exits through the same cleanup.
+trap "exit 1" INT TERM
 
 port=$((20000 + RANDOM % 20000))
 target="127.0.0.1:$port"
