@@ -2,7 +2,7 @@
 # Soak (not run by CI): a mixed load on one netdam-target for a configurable time, sampled every
 # 10 s into a CSV and an SVG plot; fails on growth or on any lost write.
 #
-#   ops/soak.sh [--minutes N] [--out DIR]      (default 10 minutes; DIR default: a temp dir, kept)
+#   ops/soak.sh [--minutes N] [--out DIR]      (default 10 minutes; DIR default: a new temp dir)
 #
 # Load, all at once:
 #   - block: fio's nbd engine through `netdam nbd` (two sessions), 4 KiB random writes at depth
@@ -15,7 +15,8 @@
 #     number of adds.
 # Samples (soak.csv): seconds, the target's RSS (KiB) and open files, the export's RSS and open
 # files, sessions open at the target, p50/p99/p99.9 service time (µs) of BWRITE and WRITE over
-# the last second (`netdam top --once --json`), and the memory loop's operations so far.
+# the 10 s since the last sample (`netdam top --once --json --interval 10`), and the memory
+# loop's rounds so far.
 #
 # Growth rule (after a 30 s warm-up; samples split into a first and a last third):
 #   - RSS (target and export): the last third's median exceeds the first third's by more than
@@ -24,9 +25,10 @@
 #     than 4;
 #   - sessions open: the last third's maximum exceeds the first third's by more than 4 (the
 #     export's two plus at most the memory loop's one, whatever the churn);
-#   - p99 service time of BWRITE or WRITE: the last third's median is more than 10x the first
-#     third's (a loose bound: the machine is shared, and this catches a leak-driven slowdown,
-#     not noise).
+#   - p50 service time of BWRITE or WRITE: the last third's median is more than 10x the first
+#     third's (a loose bound that catches a leak-driven slowdown). p99 and p99.9 are recorded
+#     and plotted but not judged: on a shared machine other tenants set the tail (a 2-minute run
+#     saw WRITE p99 go from 0.5 ms to 12 ms with nothing growing).
 # Exit 0: passed; 1: failed (the reason is printed); 77: could not run here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,7 +54,7 @@ bin=build/release
 [ -x "$bin/netdam" ] && [ -x "$bin/netdam-target" ] || fail "build the binaries first: cargo build --release --bins"
 
 work=$(mktemp -d -t netdam-soak.XXXXXX)
-out=${out:-$work/results}
+out=${out:-$(mktemp -d -t netdam-soak-results.XXXXXX)}
 mkdir -p "$out"
 pids=()
 cleanup() {
@@ -60,8 +62,10 @@ cleanup() {
   touch "$work/stop"
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
-  # Keep the results; the target's files and logs go with the work directory unless they are in it.
-  case "$out" in "$work"/*) echo "results kept in $out (work directory $work)" ;; *) rm -rf "$work" ;; esac
+  # The results stay; the target's files go. Its logs are copied next to the results first.
+  cp "$work"/*.log "$out"/ 2>/dev/null
+  rm -rf "$work"
+  echo "results in $out"
 }
 trap cleanup EXIT
 # A signal (a CI timeout, Ctrl-C) exits through the same cleanup.
@@ -106,7 +110,7 @@ echo "-- soak: $minutes minute(s) on $target; results in $out"
 
 # Block load.
 fio --name=soak --ioengine=nbd --uri="nbd+unix:///?socket=$work/nbd.sock" --rw=randwrite --bs=4k \
-  --size=128m --iodepth=16 --time_based --runtime="$seconds" --verify=crc32c --verify_backlog=256 \
+  --size=128m --iodepth=16 --time_based --runtime="$((seconds + 15))" --verify=crc32c --verify_backlog=256 \
   --verify_fatal=1 --verify_state_save=0 --output-format=json --output="$work/fio.json" >"$work/fio.log" 2>&1 &
 fio_pid=$!
 pids+=("$fio_pid")
@@ -142,15 +146,13 @@ echo "seconds,target_rss_kib,target_open_files,export_rss_kib,export_open_files,
 rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 files() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 | wc -l; }
 began=$SECONDS
-next=$((began + 10))
 while [ $((SECONDS - began)) -lt "$seconds" ]; do
   kill -0 "$target_pid" 2>/dev/null || fail "the target died: $(tail -5 "$work/target.log")"
   kill -0 "$export_pid" 2>/dev/null || fail "the export died: $(tail -5 "$work/nbd.log")"
   kill -0 "$memory_pid" 2>/dev/null || fail "the memory load stopped: $(cat "$work/memory.log")"
   kill -0 "$fio_pid" 2>/dev/null || fail "fio stopped early: $(tail -20 "$work/fio.log")"
-  sleep $((next - SECONDS > 0 ? next - SECONDS : 0))
-  next=$((next + 10))
-  top=$("$bin/netdam" top --metrics "$metrics" --once --json --interval 1) || fail "cannot read $metrics"
+  # Takes the 10 s it reports on: rates and percentiles between two scrapes.
+  top=$("$bin/netdam" top --metrics "$metrics" --once --json --interval 10) || fail "cannot read $metrics"
   latency=$(python3 -c '
 import json, sys
 view = json.loads(sys.argv[1])
@@ -167,7 +169,7 @@ print(",".join(out) + "|" + str(int(view["sessions_open"])))
   echo "$line"
 done
 
-echo "-- stopping the load"
+echo "-- stopping the load (fio ends by itself within 15 s)"
 touch "$work/stop"
 wait "$fio_pid" || fail "fio failed (a verify error is a lost write): $(tail -30 "$work/fio.log")"
 wait "$memory_pid" || fail "the memory load failed: $(cat "$work/memory.log")"
@@ -247,7 +249,7 @@ for key, slack in (("target_open_files", 4), ("export_open_files", 4), ("session
     print(f"{key}: max {a:.0f} -> {b:.0f}")
     if b > a + slack:
         problems.append(f"{key} grew from {a:.0f} to {b:.0f}")
-for key in ("bwrite_p99_us", "write_p99_us"):
+for key in ("bwrite_p50_us", "write_p50_us"):
     a, b = values(first, key), values(last, key)
     if a and b:
         a, b = statistics.median(a), statistics.median(b)
