@@ -106,6 +106,9 @@ script_step() {
 step "NBD export with the stock clients: nbdinfo, qemu-img, fio's nbd engine, nbdfuse + ext4"
 script_step ops/nbd-interop.sh
 
+step "a target restart under a mounted ext4 (nbdfuse + loop): no I/O error, fsck clean"
+script_step ops/nbd-restart.sh
+
 step "fio ioengine: built against Debian's fio headers, verify=crc32c through it"
 script_step ops/fio-tests.sh
 if [ -n "$(find build/fio-src -maxdepth 2 -name fio.h 2>/dev/null | head -n 1)" ]; then

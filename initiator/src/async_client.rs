@@ -323,9 +323,12 @@ impl Driver {
             let mut fatal = None;
             let now = self.clock.now();
             while let Some(datagram) = self.session.poll_transmit(now) {
-                if let Err(error) = self.socket.try_send(datagram) {
+                let sent = self.socket.try_send(datagram);
+                if let Err(error) = sent {
                     match error.kind() {
                         std::io::ErrorKind::WouldBlock => {}
+                        // Lost, while the target restarts (see `Session::handle_refused`).
+                        std::io::ErrorKind::ConnectionRefused if self.session.handle_refused(now) => {}
                         std::io::ErrorKind::ConnectionRefused => fatal = Some(ClientError::NotListening(self.addr)),
                         _ => fatal = Some(ClientError::Io(error)),
                     }
@@ -527,6 +530,10 @@ impl Driver {
     /// A receive failed: nothing listens at the target's address, or the socket is unusable.
     fn receive_failed(&mut self, error: std::io::Error) {
         if error.kind() == std::io::ErrorKind::ConnectionRefused {
+            // A target that is restarting: what waits is retried by its timeouts.
+            if self.session.handle_refused(self.clock.now()) {
+                return;
+            }
             self.fail_all(&ClientError::NotListening(self.addr));
         } else {
             self.fail_all(&ClientError::Io(error));

@@ -526,12 +526,16 @@ impl Client {
     fn flush(&mut self) -> Result<(), ClientError> {
         let now = self.clock.now();
         while let Some(datagram) = self.session.poll_transmit(now) {
-            match self.socket.send(datagram) {
+            let sent = self.socket.send(datagram);
+            match sent {
                 Ok(_) => {}
                 // A full socket buffer is a lost datagram: retransmission recovers it.
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                // So is a refusal while the target restarts (see `Session::handle_refused`).
                 Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
-                    return Err(ClientError::NotListening(self.info.addr));
+                    if !self.session.handle_refused(now) {
+                        return Err(ClientError::NotListening(self.info.addr));
+                    }
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -585,7 +589,9 @@ impl Client {
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
                 Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
-                    return Err(ClientError::NotListening(self.info.addr));
+                    if !self.session.handle_refused(self.clock.now()) {
+                        return Err(ClientError::NotListening(self.info.addr));
+                    }
                 }
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => return Err(error.into()),

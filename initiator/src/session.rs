@@ -13,8 +13,10 @@
 //! evicted), the session says HELLO again and sends the request once more in the new session
 //! when that is safe: when it is idempotent, or when the transmission answered `no_session` was
 //! its only one (the target executes nothing for a session it does not know). A request whose
-//! earlier transmission may have run fails with `SessionLost`. Requests submitted meanwhile wait
-//! for the new session.
+//! earlier transmission may have run fails with `SessionLost`, also when the new target happens
+//! to give the lost session's id again. Requests submitted meanwhile wait for the new session.
+//! While the target restarts its port refuses: once a session has existed, the driver counts
+//! refusals as lost datagrams for `reconnect_patience` ([`Session::handle_refused`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -58,8 +60,8 @@ pub struct SessionConfig {
     /// time has passed. A
     /// storage target may stall (a device flushing, a loaded machine) for longer than the
     /// attempts' back-off adds up to (about 127 ms from a 500 µs timeout), and failing a
-    /// request then fails the user's I/O for a pause, not for a dead target (a refused socket
-    /// still fails at once).
+    /// request then fails the user's I/O for a pause, not for a dead target (a refusal fails at
+    /// once before any session, and after `reconnect_patience` once there was one).
     pub min_patience: Duration,
     /// BUSY answers one request may get before it fails.
     pub max_busy_retries: u32,
@@ -67,6 +69,13 @@ pub struct SessionConfig {
     pub max_datagram_bytes: usize,
     /// Swift settings; `None` sends up to `max_in_flight` with no congestion control.
     pub congestion: Option<SwiftConfig>,
+    /// How long refusals (nothing listens at the target's port: the kernel answered ICMP port
+    /// unreachable) count as lost datagrams, counted from the first refusal since the last
+    /// answer, once a session has been established: a target that answered before and now
+    /// refuses is most likely restarting, and its requests are retried (by their timeouts) in
+    /// the session it will open again. Past it, or before any session, a refusal fails what is
+    /// waiting (`NotListening`). Zero fails at once.
+    pub reconnect_patience: Duration,
 }
 
 impl Default for SessionConfig {
@@ -82,6 +91,7 @@ impl Default for SessionConfig {
             max_busy_retries: 64,
             max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
             congestion: Some(SwiftConfig::default()),
+            reconnect_patience: Duration::from_millis(5_000),
         }
     }
 }
@@ -397,6 +407,10 @@ pub struct Session {
     hello: Option<(Cookie, usize)>,
     /// How the last HELLO exchange ended, until the driver takes it.
     established: Option<Result<HelloAnswer, ClientError>>,
+    /// Whether a HELLO exchange has ever succeeded: only then may a refusal be a restart.
+    ever_established: bool,
+    /// The first refusal since the last datagram received, while refusals count as loss.
+    refused_since: Option<Instant>,
 }
 
 impl Session {
@@ -418,7 +432,22 @@ impl Session {
             hello_size: None,
             hello: None,
             established: None,
+            ever_established: false,
+            refused_since: None,
         }
+    }
+
+    /// Tells the session that sending to or receiving from the target was refused (nothing
+    /// listens at its port). Returns `true` when the refusal counts as lost datagrams (a session
+    /// was established before and the refusals began less than `reconnect_patience` ago: the
+    /// target is presumably restarting, and requests are retransmitted by their timeouts), or
+    /// `false` when the driver should fail what is waiting with `NotListening`.
+    pub fn handle_refused(&mut self, now: Instant) -> bool {
+        if !self.ever_established || self.hello_size.is_none() {
+            return false;
+        }
+        let since = *self.refused_since.get_or_insert(now);
+        now.saturating_since(since) < self.config.reconnect_patience
     }
 
     /// Says HELLO asking for datagrams of `max_datagram_bytes`, and again whenever the target
@@ -465,7 +494,9 @@ impl Session {
         self.hello = None;
         match &outcome {
             Ok(answer) => {
+                self.ever_established = true;
                 self.establish(answer.session, answer.max_datagram_bytes as usize);
+                self.settle_reused_id();
                 let mut parked: Vec<usize> =
                     (0..self.requests.len()).filter(|&index| self.requests[index].state == State::Parked).collect();
                 parked.sort_by_key(|&index| self.requests[index].sequence);
@@ -486,6 +517,29 @@ impl Session {
             }
         }
         self.established = Some(outcome);
+    }
+
+    /// A restarted target may hand out the id of the session it lost again (its ids carry 16
+    /// bits of a generation seeded by its start time): requests still on their way in the lost
+    /// session would then be taken as the new session's. An idempotent one may run again; one
+    /// that is not, and was sent, may have run before the restart: it fails as `SessionLost`
+    /// rather than be sent again under an id the new target would execute it in.
+    fn settle_reused_id(&mut self) {
+        let mut index = 0;
+        while index < self.requests.len() {
+            let request = &self.requests[index];
+            let reused = request.origin == Origin::Caller
+                && request.session_id == self.session_id
+                && request.state != State::Parked
+                && request.attempts > 0
+                && !request.idempotent;
+            if reused {
+                let request = self.requests.swap_remove(index);
+                self.completions.push_back(Completion { token: request.token, result: Err(ClientError::SessionLost) });
+            } else {
+                index += 1;
+            }
+        }
     }
 
     /// Puts a parked request into the current session and queues it.
@@ -752,6 +806,8 @@ impl Session {
             self.stats.ignored += 1;
             return;
         };
+        // Something listens again: a later refusal starts a new wait.
+        self.refused_since = None;
         let header = response.header;
         // A request queued for retransmission may still get the answer to its earlier send.
         let found = self.requests.iter().position(|request| {

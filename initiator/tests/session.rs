@@ -277,6 +277,80 @@ fn a_lost_session_is_reopened_and_what_cannot_have_run_is_sent_again() {
     assert_eq!(session.stats().sessions_lost, 1);
 }
 
+/// A restart as the session sees it: the port refuses for a while (loss, not failure, once a
+/// session exists), the requests in flight are retransmitted, the new target answers
+/// `no_session`; the READ is sent again in the new session, the FETCH_ADD (sent twice, so it
+/// may have run) fails as of unknown outcome.
+#[test]
+fn a_restart_is_ridden_out_within_the_reconnect_patience() {
+    let patient = SessionConfig {
+        reconnect_patience: Duration::from_millis(100),
+        min_patience: Duration::from_millis(500),
+        ..config()
+    };
+    let mut session = Session::new(patient, 0);
+    session.start_hello(9000);
+    assert!(!session.handle_refused(at_ms(0)), "before any session, a refusal means nothing listens there");
+    establish(&mut session, at_ms(0), 5);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    session.submit(&[Op::fetch_add(0, 0, 1)], 2).unwrap();
+    while session.poll_transmit(at_ms(0)).is_some() {}
+    // Down: both refused, for less than the patience.
+    assert!(session.handle_refused(at_ms(1)));
+    assert!(session.handle_refused(at_ms(100)));
+    session.handle_timeout(at_ms(10));
+    let mut resent = Vec::new();
+    while let Some(datagram) = session.poll_transmit(at_ms(10)) {
+        resent.push(datagram.to_vec());
+    }
+    assert_eq!(resent.len(), 2, "both retransmitted");
+    assert!(session.poll_completion().is_none(), "nothing failed while the target was down");
+    // Back, knowing no session.
+    for datagram in &resent {
+        session.handle_datagram(at_ms(101), &target_answer(datagram, 0, Status::NoSession));
+    }
+    let lost = session.poll_completion().expect("the FETCH_ADD fails");
+    assert_eq!(lost.token, 2);
+    assert!(matches!(lost.result, Err(ClientError::SessionLost)), "{:?}", lost.result);
+    establish(&mut session, at_ms(101), 6);
+    let read = session.poll_transmit(at_ms(101)).expect("the READ is sent again").to_vec();
+    assert_eq!(Request::parse(&read).unwrap().header.session, 6);
+    session.handle_datagram(at_ms(102), &target_answer(&read, 6, Status::Ok));
+    assert_eq!(session.poll_completion().map(|completion| completion.token), Some(1));
+    // The answer ended the outage: the next one gets a patience of its own, and running it out
+    // makes the refusal a failure.
+    assert!(session.handle_refused(at_ms(300)));
+    assert!(!session.handle_refused(at_ms(400)), "refused for the whole patience");
+    let mut sessionless = Session::new(config(), 0);
+    assert!(!sessionless.handle_refused(at_ms(0)), "a client without a session never waits for one");
+}
+
+/// A restarted target may give the same id again: a FETCH_ADD sent in the lost session must not
+/// be retransmitted under it (the new target would execute it in the new session).
+#[test]
+fn a_reused_session_id_does_not_carry_a_request_that_may_have_run_into_the_new_session() {
+    let mut session = Session::new(config(), 0);
+    session.start_hello(9000);
+    establish(&mut session, at_ms(0), 5);
+    session.submit(&[Op::fetch_add(0, 0, 1)], 1).unwrap();
+    session.submit(&[Op::read(0, 0, 8)], 2).unwrap();
+    session.poll_transmit(at_ms(0)).unwrap();
+    let read = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    // The READ's answer says the session is gone; the FETCH_ADD's answer was lost.
+    session.handle_datagram(at_ms(1), &target_answer(&read, 0, Status::NoSession));
+    establish(&mut session, at_ms(1), 5);
+    let lost = session.poll_completion().expect("the FETCH_ADD fails");
+    assert_eq!(lost.token, 1);
+    assert!(matches!(lost.result, Err(ClientError::SessionLost)), "{:?}", lost.result);
+    let resent = session.poll_transmit(at_ms(1)).expect("the READ is sent again").to_vec();
+    assert_eq!(Request::parse(&resent).unwrap().instructions().next().unwrap().opcode, netdam_isa::Opcode::Read as u8);
+    session.handle_timeout(at_ms(100));
+    while let Some(datagram) = session.poll_transmit(at_ms(100)) {
+        let opcode = Request::parse(datagram).unwrap().instructions().next().unwrap().opcode;
+        assert_ne!(opcode, netdam_isa::Opcode::FetchAdd as u8, "the FETCH_ADD is never sent again");
+    }
+}
+
 #[test]
 fn a_non_idempotent_request_that_may_have_run_fails_as_session_lost() {
     let mut session = Session::new(config(), 0);

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use common::durability::{holds, pattern, word, Candidates};
 use common::{seed, Rng};
-use netdam_initiator::{Client, ClientError};
+use netdam_initiator::{Client, ClientError, ClientOptions};
 use netdam_isa::control::NamespaceInfo;
 use netdam_target::metadata::MetadataStore;
 
@@ -146,7 +146,11 @@ impl Log {
                 Err(format!("initiator failed before the kill, on {what}: {error}"))
             }
         };
-        let mut client = match Client::connect(target) {
+        // Each restart serves on a new port, so the killed one stays refused: fail at once
+        // instead of waiting for a restart there (`reconnect_patience`).
+        let mut options = ClientOptions::default();
+        options.session.reconnect_patience = netdam_isa::Duration::ZERO;
+        let mut client = match Client::connect_with(target, options) {
             Ok(client) => client,
             Err(error) => return failed(error, "connecting"),
         };

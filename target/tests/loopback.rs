@@ -205,14 +205,13 @@ fn start_at(addr: std::net::SocketAddr) -> netdam_target::Target {
 fn a_client_rejoins_a_restarted_target_and_resends_what_never_ran() {
     let first = start(vec![region("mem", 65536, false)], 1, 9000);
     let addr = first.target.local_addr();
-    // Patient: a FETCH_ADD resent before a freshly started target's first answer (a loaded
-    // machine) would rightly fail as SessionLost (its first send may have reached the old
-    // target), which is not what this test is about.
-    let patient = netdam_initiator::session::SessionConfig {
-        min_rto: netdam_isa::Duration::from_millis(1_000),
-        ..Default::default()
-    };
-    let options = netdam_initiator::ClientOptions { session: patient, ..Default::default() };
+    // Round trips here take microseconds, and so would the timeout learned from them: on a
+    // loaded machine a request would be sent again before the new target's no_session answer
+    // is read, and that second no_session (or, for the FETCH_ADD, SessionLost, since its first
+    // transmission might then have run) is not what this test is about. A 2 s floor keeps one
+    // transmission per request.
+    let mut options = netdam_initiator::ClientOptions::default();
+    options.session.min_rto = netdam_isa::Duration::from_millis(2_000);
     let mut client = Client::connect_with(addr, options).unwrap();
     client.write(0, 0, b"before").unwrap();
     drop(first);
@@ -295,7 +294,11 @@ fn a_non_idempotent_request_that_may_have_run_is_not_resent_in_a_new_session() {
         fetch_adds
     });
     let mut options = netdam_initiator::ClientOptions::default();
-    options.session.initial_rto = netdam_isa::Duration::from_millis(20);
+    // The lost first transmission is resent after 200 ms, and a third would follow 400 ms later:
+    // long enough, even on a loaded machine, for the no_session answer to the second to arrive
+    // first (the timeout learned from HELLO's microsecond round trip would not be).
+    options.session.initial_rto = netdam_isa::Duration::from_millis(200);
+    options.session.min_rto = netdam_isa::Duration::from_millis(200);
     let mut client = Client::connect_with(addr, options).unwrap();
     assert!(matches!(client.call(&[Op::fetch_add(0, 0, 1)]), Err(ClientError::SessionLost)));
     drop(client);

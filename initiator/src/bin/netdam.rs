@@ -247,6 +247,12 @@ enum Command {
         /// Log lines as text or as JSON objects (filter with NETDAM_LOG or RUST_LOG).
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
+        /// Seconds a request waits for a target that stopped answering or refuses (it is
+        /// restarting) before it fails with EIO: meanwhile requests are retried, and the
+        /// sessions open again when the target is back. A file system on the export rides out
+        /// a restart shorter than this.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_reconnect_timeout)]
+        reconnect_timeout: f64,
     },
     /// A live view of a target from its /metrics endpoint, refreshed every interval: requests
     /// per second and p50/p99/p99.9 latency per opcode over the last interval, errors, drops,
@@ -313,6 +319,13 @@ fn parse_interval(text: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_reconnect_timeout(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if (0.0..=86_400.0).contains(&seconds) => Ok(seconds),
+        _ => Err(format!("{text:?}: give seconds between 0 and 86400")),
+    }
+}
+
 fn parse_word(text: &str) -> Result<u64, String> {
     if let Some(negative) = text.strip_prefix('-') {
         return negative.parse::<u64>().map(|value| value.wrapping_neg()).map_err(|error| format!("{text:?}: {error}"));
@@ -361,6 +374,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         io_threads,
         metrics_listen,
         log_format,
+        reconnect_timeout,
     } = &cli.command
     {
         let options = ExportOptions {
@@ -370,7 +384,9 @@ fn run(cli: &Cli) -> Result<(), String> {
             ..ExportOptions::default()
         };
         let observe = Observe { metrics_listen: *metrics_listen, log_format: *log_format };
-        return serve_nbd(cli.target, namespace, listen, options, *sessions, usize::from(*io_threads), observe);
+        let client = nbd_client_options(std::time::Duration::from_secs_f64(*reconnect_timeout));
+        let volume = VolumeOptions { sessions: *sessions, client };
+        return serve_nbd(cli.target, namespace, listen, options, volume, usize::from(*io_threads), observe);
     }
     if let Command::Top { metrics, interval, once } = &cli.command {
         return top(metrics, std::time::Duration::from_secs_f64(*interval), *once, cli.json);
@@ -756,13 +772,24 @@ struct Observe {
     log_format: LogFormat,
 }
 
+/// The export's client settings: a request keeps being retried for `reconnect_timeout` after
+/// its first transmission, through silence and through refusals, so that a target restart
+/// shorter than that stalls the export's clients instead of failing their I/O.
+fn nbd_client_options(reconnect_timeout: std::time::Duration) -> ClientOptions {
+    let mut client = ClientOptions::default();
+    let patience = netdam_isa::Duration::from_nanos(reconnect_timeout.as_nanos().min(u64::MAX as u128) as u64);
+    client.session.min_patience = patience;
+    client.session.reconnect_patience = patience;
+    client
+}
+
 /// `netdam nbd`: opens the volume, listens, serves until SIGINT or SIGTERM, drains.
 fn serve_nbd(
     target: SocketAddr,
     namespace: &str,
     listen: &Listen,
     options: ExportOptions,
-    sessions: usize,
+    volume_options: VolumeOptions,
     io_threads: usize,
     observe: Observe,
 ) -> Result<(), String> {
@@ -794,7 +821,6 @@ fn serve_nbd(
     };
     let runtime = builder.enable_all().build().map_err(|error| format!("cannot start the I/O runtime: {error}"))?;
     runtime.block_on(async {
-        let volume_options = VolumeOptions { sessions, client: ClientOptions::default() };
         let observed = metrics_server.is_some().then_some(&*metrics);
         let volume = Volume::open_observed(target, namespace, volume_options, observed)
             .await

@@ -1,0 +1,297 @@
+//! Restarts seen from the initiator: `netdam-target` (the binary) is killed with SIGKILL and
+//! started again on the same port and data directory while a blocking `Client` and a `Volume`
+//! (over `AsyncClient`s) keep requests in flight. What the initiator promises across a restart:
+//!
+//! - every session opens again against the new target (it knows none of the old ones and
+//!   answers `no_session`; meanwhile the port refuses, which counts as loss, not as failure);
+//! - idempotent requests (WRITE, READ, BWRITE, BREAD, FLUSH) in flight are retried and
+//!   succeed: none of them fails;
+//! - a FETCH_ADD whose outcome the restart left unknown fails as such (`SessionLost`, or
+//!   `OutcomeUnknown` after its last attempt) and is never applied twice: the counter ends
+//!   between the answered adds and the answered plus the unknown ones, and the answered adds
+//!   returned distinct values below it. Eight are in flight at a time, so kills land among them.
+//!
+//! The region is persistent and the namespace's writes carry FUA, so every answered write is
+//! read back after the last restart.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use netdam_initiator::{Client, ClientError, ClientOptions, Op, Volume, VolumeOptions};
+
+const RESTARTS: usize = 3;
+const REGION: &str = "restart-region";
+const NAMESPACE: &str = "restart-disk";
+const SLOTS: u64 = 64;
+const SLOT_BYTES: usize = 1024;
+const BLOCKS: u64 = 64;
+const BLOCK_BYTES: usize = 4096;
+/// FETCH_ADDs the blocking client keeps in flight together.
+const ADDS_IN_FLIGHT: usize = 8;
+/// The FETCH_ADD counter, after the slots.
+const COUNTER: u64 = SLOTS * SLOT_BYTES as u64;
+/// How long a start may take on a loaded machine before the test gives up on it.
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long the clients wait for the target to come back: generous, since the test is about
+/// what happens when it does (a loaded machine may take seconds to start it).
+const PATIENCE: netdam_isa::Duration = netdam_isa::Duration::from_millis(120_000);
+
+/// A running `netdam-target`, killed on drop.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn target_command(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_netdam-target"));
+    command.env_remove("NETDAM_LOG").env_remove("RUST_LOG").current_dir(dir);
+    command
+}
+
+/// Starts the target and waits until it serves (its banner on stdout).
+fn start(dir: &Path) -> Daemon {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("target.log")).unwrap();
+    let mut child = target_command(dir)
+        .args(["serve", "--config", "restart.toml"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("netdam-target starts");
+    let stdout = child.stdout.take().unwrap();
+    let daemon = Daemon(child);
+    let (lines, banner) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        let _ = reader.read_line(&mut line);
+        let _ = lines.send(line);
+        std::io::copy(&mut reader, &mut std::io::sink()).ok();
+    });
+    let line = banner.recv_timeout(START_TIMEOUT).unwrap_or_default();
+    if !line.starts_with("netdam-target serving on ") {
+        drop(daemon);
+        let log = std::fs::read_to_string(dir.join("target.log")).unwrap_or_default();
+        panic!("netdam-target did not start within {START_TIMEOUT:?}: stdout {line:?}, log:\n{log}");
+    }
+    daemon
+}
+
+fn admin(dir: &Path, args: &[&str]) {
+    let output = target_command(dir).args(args).args(["--config", "restart.toml"]).output().unwrap();
+    assert!(
+        output.status.success(),
+        "netdam-target {args:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn patient_options() -> ClientOptions {
+    let mut options = ClientOptions::default();
+    options.session.min_patience = PATIENCE;
+    options.session.reconnect_patience = PATIENCE;
+    options
+}
+
+/// Bytes of version `version` of slot or block `index` (never all zeroes).
+fn pattern(kind: u8, index: u64, version: u64, len: usize) -> Vec<u8> {
+    let seed = (index << 40) ^ (version << 8) ^ u64::from(kind);
+    (0..len as u64).map(|at| ((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (at % 57)) as u8) ^ (at as u8) | 1).collect()
+}
+
+/// What the blocking client did.
+#[derive(Debug, Default)]
+struct SyncLog {
+    /// Last answered version of each slot (0: never written).
+    slots: Vec<u64>,
+    writes: u64,
+    adds_answered: u64,
+    adds_unknown: u64,
+    /// What the answered FETCH_ADDs returned: all distinct if none ran twice.
+    adds_returned: Vec<u64>,
+    sessions_lost: u64,
+}
+
+/// WRITEs to slots and FETCH_ADDs on the counter until `stop`; an idempotent request that
+/// fails, or a FETCH_ADD that returns a value outside what the log allows, fails the test.
+fn sync_load(addr: SocketAddr, stop: &AtomicBool, progress: &AtomicU64) -> Result<SyncLog, String> {
+    let mut client = Client::connect_with(addr, patient_options()).map_err(|error| error.to_string())?;
+    let region = client.region(REGION).map_err(|error| error.to_string())?.id;
+    let mut log = SyncLog { slots: vec![0; SLOTS as usize], ..SyncLog::default() };
+    let mut version = 0;
+    while !stop.load(Ordering::SeqCst) {
+        version += 1;
+        let slot = version % SLOTS;
+        let data = pattern(1, slot, version, SLOT_BYTES);
+        client
+            .write(region, slot * SLOT_BYTES as u64, &data)
+            .map_err(|error| format!("WRITE of slot {slot} (version {version}) failed across a restart: {error}"))?;
+        log.slots[slot as usize] = version;
+        log.writes += 1;
+        // Several FETCH_ADDs in flight at once, so that kills land among them.
+        let tickets: Vec<_> = (0..ADDS_IN_FLIGHT)
+            .map(|_| client.submit(&[Op::fetch_add(region, COUNTER, 1)]))
+            .collect::<Result<_, _>>()
+            .map_err(|error| format!("FETCH_ADD not submitted: {error}"))?;
+        for ticket in tickets {
+            match client.wait(ticket).and_then(|reply| Ok(u64::from_le_bytes(reply.data(0)?.try_into().unwrap()))) {
+                Ok(old) => {
+                    // Below every add made so far: none of them ran twice.
+                    let bound = log.adds_answered + log.adds_unknown + ADDS_IN_FLIGHT as u64;
+                    if old >= bound {
+                        return Err(format!("FETCH_ADD returned {old}, beyond the {bound} adds ever sent"));
+                    }
+                    log.adds_returned.push(old);
+                    log.adds_answered += 1;
+                }
+                Err(ClientError::SessionLost | ClientError::OutcomeUnknown { .. }) => log.adds_unknown += 1,
+                Err(error) => return Err(format!("FETCH_ADD failed other than as of unknown outcome: {error}")),
+            }
+        }
+        progress.fetch_add(1, Ordering::SeqCst);
+    }
+    log.sessions_lost = client.session_stats().sessions_lost;
+    Ok(log)
+}
+
+/// FUA block writes over a two-session volume, each read back at once, until `stop`; returns
+/// the last version of each block.
+async fn volume_load(addr: SocketAddr, stop: Arc<AtomicBool>, progress: Arc<AtomicU64>) -> Result<Vec<u64>, String> {
+    let options = VolumeOptions { sessions: 2, client: patient_options() };
+    let volume = Volume::open(addr, NAMESPACE, options).await.map_err(|error| error.to_string())?;
+    let mut blocks = vec![0; BLOCKS as usize];
+    let mut version = 0;
+    let mut back = vec![0u8; 2 * BLOCK_BYTES];
+    while !stop.load(Ordering::SeqCst) {
+        version += 1;
+        let first = version % (BLOCKS - 1);
+        let data: Vec<u8> = (first..first + 2).flat_map(|block| pattern(2, block, version, BLOCK_BYTES)).collect();
+        let offset = first * BLOCK_BYTES as u64;
+        volume.write(offset, &data, version % 2 == 0).await.map_err(|error| format!("BWRITE failed: {error}"))?;
+        if version % 2 == 1 {
+            volume.flush().await.map_err(|error| format!("FLUSH failed: {error}"))?;
+        }
+        volume.read(offset, &mut back).await.map_err(|error| format!("BREAD failed: {error}"))?;
+        if back != data {
+            return Err(format!("blocks {first}.. read back other bytes than version {version} just written"));
+        }
+        blocks[first as usize] = version;
+        blocks[first as usize + 1] = version;
+        progress.fetch_add(1, Ordering::SeqCst);
+    }
+    volume.close().await;
+    Ok(blocks)
+}
+
+#[test]
+fn clients_and_volumes_ride_out_target_restarts_under_load() {
+    let began = Instant::now();
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    // A free port, kept by every restart.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    std::fs::write(
+        dir.join("restart.toml"),
+        format!(
+            "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:0\"\ndata_dir = \".\"\nworkers = 2\n\
+             poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\n\
+             [[region]]\nname = \"scratch\"\nbackend = \"mem\"\nsize = \"1MiB\"\n"
+        ),
+    )
+    .unwrap();
+    admin(dir, &["region", "create", REGION, "--backend", "file", "--path", "restart.region", "--size", "1MiB"]);
+    admin(dir, &["namespace", "create", NAMESPACE, "--backend", "file", "--path", "restart.img", "--size", "1MiB"]);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+
+    let mut daemon = start(dir);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sync_progress = Arc::new(AtomicU64::new(0));
+    let volume_progress = Arc::new(AtomicU64::new(0));
+    let sync_runner = {
+        let (stop, progress) = (stop.clone(), sync_progress.clone());
+        std::thread::spawn(move || sync_load(addr, &stop, &progress))
+    };
+    let volume_runner = {
+        let (stop, progress) = (stop.clone(), volume_progress.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            runtime.block_on(volume_load(addr, stop, progress))
+        })
+    };
+    // Each restart lands under load: both loads have made progress since the last one.
+    let wait_for_progress = |since: (u64, u64)| {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while sync_progress.load(Ordering::SeqCst) < since.0 + 20
+            || volume_progress.load(Ordering::SeqCst) < since.1 + 20
+        {
+            assert!(!sync_runner.is_finished() && !volume_runner.is_finished(), "a load ended early");
+            assert!(Instant::now() < deadline, "no progress after a restart within {START_TIMEOUT:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (sync_progress.load(Ordering::SeqCst), volume_progress.load(Ordering::SeqCst))
+    };
+    let mut seen = wait_for_progress((0, 0));
+    for _ in 0..RESTARTS {
+        daemon.0.kill().expect("SIGKILL netdam-target");
+        daemon.0.wait().expect("reap netdam-target");
+        // Down for a moment: the port refuses what the clients retransmit meanwhile.
+        std::thread::sleep(Duration::from_millis(300));
+        daemon = start(dir);
+        seen = wait_for_progress(seen);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let sync_log = sync_runner.join().expect("the blocking load panicked").unwrap_or_else(|error| panic!("{error}"));
+    let blocks = volume_runner.join().expect("the volume load panicked").unwrap_or_else(|error| panic!("{error}"));
+    assert!(
+        sync_log.sessions_lost >= RESTARTS as u64,
+        "the client opened its session again after each of {RESTARTS} restarts: {sync_log:?}"
+    );
+
+    // One more restart, then every answered write is there and the counter is exact.
+    drop(daemon);
+    let _daemon = start(dir);
+    let mut verifier = Client::connect(addr).unwrap();
+    let region = verifier.region(REGION).unwrap().id;
+    let mut slot = vec![0u8; SLOT_BYTES];
+    for (index, &version) in sync_log.slots.iter().enumerate() {
+        verifier.read(region, index as u64 * SLOT_BYTES as u64, &mut slot).unwrap();
+        let expected = if version == 0 { vec![0u8; SLOT_BYTES] } else { pattern(1, index as u64, version, SLOT_BYTES) };
+        assert!(slot == expected, "slot {index} lost its answered version {version}");
+    }
+    let counter = verifier.fetch_add(region, COUNTER, 0).unwrap();
+    let (low, high) = (sync_log.adds_answered, sync_log.adds_answered + sync_log.adds_unknown);
+    assert!((low..=high).contains(&counter), "the counter holds {counter}, outside {low}..={high}");
+    let mut returned = sync_log.adds_returned.clone();
+    returned.sort_unstable();
+    returned.dedup();
+    assert_eq!(returned.len(), sync_log.adds_returned.len(), "two answered FETCH_ADDs returned the same value");
+    assert!(returned.last().is_none_or(|&last| last < counter), "an answered FETCH_ADD returned more than the count");
+    let disk = verifier.namespace(NAMESPACE).unwrap().clone();
+    let mut back = vec![0u8; BLOCK_BYTES];
+    for (index, &version) in blocks.iter().enumerate() {
+        verifier.block_read(&disk, index as u64, &mut back).unwrap();
+        // Each write covers two blocks; the later write of a pair overwrote the earlier one's.
+        let expected =
+            if version == 0 { vec![0u8; BLOCK_BYTES] } else { pattern(2, index as u64, version, BLOCK_BYTES) };
+        assert!(back == expected, "block {index} lost its answered version {version}");
+    }
+    println!(
+        "{RESTARTS} restarts under load in {:.1} s: {} WRITEs and {} FETCH_ADDs answered, {} FETCH_ADDs of unknown \
+         outcome (counter {counter}), {} volume rounds (BWRITE + FLUSH or FUA + BREAD); sessions lost {}",
+        began.elapsed().as_secs_f64(),
+        sync_log.writes,
+        sync_log.adds_answered,
+        sync_log.adds_unknown,
+        volume_progress.load(Ordering::SeqCst),
+        sync_log.sessions_lost
+    );
+}
