@@ -23,14 +23,13 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::daemon::{admin, spawn, start};
 use common::durability::{holds, pattern, word, Candidates};
 use common::{seed, Rng};
 use netdam_initiator::{Client, ClientError, ClientOptions};
@@ -53,11 +52,11 @@ const SECTOR_BYTES: usize = 512;
 /// Region offset of the counters: word `i` is initiator `i`'s own, `SHARED_COUNTER` everyone's.
 const COUNTERS: u64 = 0;
 const SHARED_COUNTER: u64 = COUNTERS + 8 * INITIATORS as u64;
-/// How long a start may take on a loaded machine before the test gives up on it.
-const START_TIMEOUT: Duration = Duration::from_secs(180);
 
 const MEMORY: u64 = 1;
 const BLOCK: u64 = 2;
+/// The target's config file, in the test's directory.
+const CONFIG: &str = "crash.toml";
 
 /// An initiator's log: every answered operation, and the ones whose outcome the kill left unknown.
 #[derive(Debug, Clone)]
@@ -320,77 +319,6 @@ impl Log {
     }
 }
 
-/// A running `netdam-target`, killed on drop.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Daemon {
-    /// SIGKILL, and wait until the process is gone.
-    fn kill(mut self) {
-        self.0.kill().expect("SIGKILL netdam-target");
-        self.0.wait().expect("reap netdam-target");
-    }
-}
-
-fn target_command(dir: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_netdam-target"));
-    command.env_remove("NETDAM_LOG").env_remove("RUST_LOG").current_dir(dir);
-    command
-}
-
-/// Spawns the target; its log goes to `target.log` in `dir`.
-fn spawn(dir: &Path) -> Child {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("target.log")).unwrap();
-    target_command(dir)
-        .args(["serve", "--config", "crash.toml"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("netdam-target starts")
-}
-
-/// Starts the target and waits for its banner; returns it, its address and the time from the
-/// spawn to serving.
-fn start(dir: &Path) -> (Daemon, SocketAddr, Duration) {
-    let began = Instant::now();
-    let mut child = spawn(dir);
-    let stdout = child.stdout.take().unwrap();
-    let daemon = Daemon(child);
-    let (lines, banner) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        let _ = reader.read_line(&mut line);
-        let _ = lines.send(line);
-        // Keep reading so that the target never blocks on a full pipe.
-        std::io::copy(&mut reader, &mut std::io::sink()).ok();
-    });
-    let line = banner.recv_timeout(START_TIMEOUT).unwrap_or_default();
-    let serving = began.elapsed();
-    let Some(addr) = line.strip_prefix("netdam-target serving on ").and_then(|rest| rest.split(' ').next()) else {
-        drop(daemon);
-        let log = std::fs::read_to_string(dir.join("target.log")).unwrap_or_default();
-        panic!("netdam-target did not start within {START_TIMEOUT:?}: stdout {line:?}, log:\n{log}");
-    };
-    (daemon, addr.parse().expect("the banner names an address"), serving)
-}
-
-fn admin(dir: &Path, args: &[&str]) {
-    let output = target_command(dir).args(args).args(["--config", "crash.toml"]).output().unwrap();
-    assert!(
-        output.status.success(),
-        "netdam-target {args:?}: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// The store opens (redb recovers it after a kill) and still lists both spaces.
 fn check_metadata(dir: &Path) {
     let stored = MetadataStore::load(dir).unwrap_or_else(|error| panic!("the metadata store does not open: {error}"));
@@ -415,14 +343,18 @@ fn acknowledged_operations_survive_sigkill_under_load() {
     // A small volatile region in the file keeps the default 64 MiB region away; the measured
     // spaces are in the metadata store, which every start reads.
     std::fs::write(
-        dir.join("crash.toml"),
+        dir.join(CONFIG),
         "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ndata_dir = \".\"\nworkers = 2\n\
          poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\n\
          [[region]]\nname = \"scratch\"\nbackend = \"mem\"\nsize = \"1MiB\"\n",
     )
     .unwrap();
-    admin(dir, &["region", "create", REGION, "--backend", "file", "--path", "crash.region", "--size", "1GiB"]);
-    admin(dir, &["namespace", "create", NAMESPACE, "--backend", "file", "--path", "crash.img", "--size", "1GiB"]);
+    admin(dir, CONFIG, &["region", "create", REGION, "--backend", "file", "--path", "crash.region", "--size", "1GiB"]);
+    admin(
+        dir,
+        CONFIG,
+        &["namespace", "create", NAMESPACE, "--backend", "file", "--path", "crash.img", "--size", "1GiB"],
+    );
 
     let mut logs: Vec<Log> = (0..INITIATORS).map(|initiator| Log::new(initiator, seed)).collect();
     let mut start_times = Vec::new();
@@ -430,14 +362,14 @@ fn acknowledged_operations_survive_sigkill_under_load() {
     for cycle in 0..kills {
         // Now and then the kill lands while the target opens its store and spaces instead.
         if rng.chance(0.25) {
-            let mut child = spawn(dir);
+            let mut child = spawn(dir, CONFIG);
             std::thread::sleep(Duration::from_millis(rng.below(300)));
             child.kill().unwrap();
             child.wait().unwrap();
             kills_while_starting += 1;
             check_metadata(dir);
         }
-        let (daemon, addr, serving) = start(dir);
+        let (daemon, addr, serving) = start(dir, CONFIG);
         start_times.push(serving);
         let mut verifier = Client::connect(addr).expect("the restarted target answers");
         let region = verifier.region(REGION).expect("the region is served after a restart").id;
@@ -475,7 +407,7 @@ fn acknowledged_operations_survive_sigkill_under_load() {
         check_metadata(dir);
     }
     // The last kill's aftermath.
-    let (daemon, addr, serving) = start(dir);
+    let (daemon, addr, serving) = start(dir, CONFIG);
     start_times.push(serving);
     let mut verifier = Client::connect(addr).unwrap();
     let region = verifier.region(REGION).unwrap().id;
@@ -499,7 +431,7 @@ fn acknowledged_operations_survive_sigkill_under_load() {
     flip_word(&dir.join("crash.region"), logs[slot_log].slot_offset(slot as u64) + 8);
     let block = logs[block_log].blocks.iter().position(|block| block.durable != 0).unwrap();
     flip_word(&dir.join("crash.img"), (logs[block_log].first_block() + block as u64) * BLOCK_BYTES as u64 + 16);
-    let (daemon, addr, _) = start(dir);
+    let (daemon, addr, _) = start(dir, CONFIG);
     let mut verifier = Client::connect(addr).unwrap();
     let slot_error = logs[slot_log].check(&mut verifier, region, &disk).expect_err("a flipped word in a slot is seen");
     assert!(slot_error.contains(&format!("slot {slot}")), "{slot_error}");
@@ -516,7 +448,7 @@ fn acknowledged_operations_survive_sigkill_under_load() {
     for file in ["crash.region", "crash.img"] {
         evict_from_page_cache(&dir.join(file));
     }
-    let (daemon, _, cold_start) = start(dir);
+    let (daemon, _, cold_start) = start(dir, CONFIG);
     daemon.kill();
 
     let mut counts = Counts::default();

@@ -14,14 +14,14 @@
 //! The region is persistent and the namespace's writes carry FUA, so every answered write is
 //! read back after the last restart.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::daemon::{admin, start, START_TIMEOUT};
 use netdam_initiator::{Client, ClientError, ClientOptions, Op, Volume, VolumeOptions};
 
 const RESTARTS: usize = 3;
@@ -35,65 +35,11 @@ const BLOCK_BYTES: usize = 4096;
 const ADDS_IN_FLIGHT: usize = 8;
 /// The FETCH_ADD counter, after the slots.
 const COUNTER: u64 = SLOTS * SLOT_BYTES as u64;
-/// How long a start may take on a loaded machine before the test gives up on it.
-const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long the clients wait for the target to come back: generous, since the test is about
 /// what happens when it does (a loaded machine may take seconds to start it).
 const PATIENCE: netdam_isa::Duration = netdam_isa::Duration::from_millis(120_000);
-
-/// A running `netdam-target`, killed on drop.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn target_command(dir: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_netdam-target"));
-    command.env_remove("NETDAM_LOG").env_remove("RUST_LOG").current_dir(dir);
-    command
-}
-
-/// Starts the target and waits until it serves (its banner on stdout).
-fn start(dir: &Path) -> Daemon {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("target.log")).unwrap();
-    let mut child = target_command(dir)
-        .args(["serve", "--config", "restart.toml"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("netdam-target starts");
-    let stdout = child.stdout.take().unwrap();
-    let daemon = Daemon(child);
-    let (lines, banner) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        let _ = reader.read_line(&mut line);
-        let _ = lines.send(line);
-        std::io::copy(&mut reader, &mut std::io::sink()).ok();
-    });
-    let line = banner.recv_timeout(START_TIMEOUT).unwrap_or_default();
-    if !line.starts_with("netdam-target serving on ") {
-        drop(daemon);
-        let log = std::fs::read_to_string(dir.join("target.log")).unwrap_or_default();
-        panic!("netdam-target did not start within {START_TIMEOUT:?}: stdout {line:?}, log:\n{log}");
-    }
-    daemon
-}
-
-fn admin(dir: &Path, args: &[&str]) {
-    let output = target_command(dir).args(args).args(["--config", "restart.toml"]).output().unwrap();
-    assert!(
-        output.status.success(),
-        "netdam-target {args:?}: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
+/// The target's config file, in the test's directory.
+const CONFIG: &str = "restart.toml";
 
 fn patient_options() -> ClientOptions {
     let mut options = ClientOptions::default();
@@ -200,7 +146,7 @@ fn clients_and_volumes_ride_out_target_restarts_under_load() {
     // A free port, kept by every restart.
     let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     std::fs::write(
-        dir.join("restart.toml"),
+        dir.join(CONFIG),
         format!(
             "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:0\"\ndata_dir = \".\"\nworkers = 2\n\
              poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\n\
@@ -208,11 +154,19 @@ fn clients_and_volumes_ride_out_target_restarts_under_load() {
         ),
     )
     .unwrap();
-    admin(dir, &["region", "create", REGION, "--backend", "file", "--path", "restart.region", "--size", "1MiB"]);
-    admin(dir, &["namespace", "create", NAMESPACE, "--backend", "file", "--path", "restart.img", "--size", "1MiB"]);
+    admin(
+        dir,
+        CONFIG,
+        &["region", "create", REGION, "--backend", "file", "--path", "restart.region", "--size", "1MiB"],
+    );
+    admin(
+        dir,
+        CONFIG,
+        &["namespace", "create", NAMESPACE, "--backend", "file", "--path", "restart.img", "--size", "1MiB"],
+    );
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
 
-    let mut daemon = start(dir);
+    let (mut daemon, _, _) = start(dir, CONFIG);
     let stop = Arc::new(AtomicBool::new(false));
     let sync_progress = Arc::new(AtomicU64::new(0));
     let volume_progress = Arc::new(AtomicU64::new(0));
@@ -241,11 +195,10 @@ fn clients_and_volumes_ride_out_target_restarts_under_load() {
     };
     let mut seen = wait_for_progress((0, 0));
     for _ in 0..RESTARTS {
-        daemon.0.kill().expect("SIGKILL netdam-target");
-        daemon.0.wait().expect("reap netdam-target");
+        daemon.kill();
         // Down for a moment: the port refuses what the clients retransmit meanwhile.
         std::thread::sleep(Duration::from_millis(300));
-        daemon = start(dir);
+        (daemon, _, _) = start(dir, CONFIG);
         seen = wait_for_progress(seen);
     }
     stop.store(true, Ordering::SeqCst);
@@ -258,7 +211,7 @@ fn clients_and_volumes_ride_out_target_restarts_under_load() {
 
     // One more restart, then every answered write is there and the counter is exact.
     drop(daemon);
-    let _daemon = start(dir);
+    let (_daemon, _, _) = start(dir, CONFIG);
     let mut verifier = Client::connect(addr).unwrap();
     let region = verifier.region(REGION).unwrap().id;
     let mut slot = vec![0u8; SLOT_BYTES];

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod daemon;
 pub mod durability;
 
 use netdam_target::config::{ByteSize, Config, NamespaceConfig, PollMode, RegionBackend, RegionConfig};
