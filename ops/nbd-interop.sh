@@ -25,14 +25,25 @@ pids=()
 loop=""
 cleanup() {
   set +e
-  mountpoint -q "$work/mnt" && umount "$work/mnt"
-  [ -n "$loop" ] && losetup -d "$loop"
-  mountpoint -q "$work/fuse" && (fusermount3 -u "$work/fuse" 2>/dev/null || umount "$work/fuse")
+  if mountpoint -q "$work/mnt"; then
+    for _ in 1 2 3 4 5; do umount "$work/mnt" 2>/dev/null && break; sleep 1; done
+    # Still busy: detach it now; the kernel finishes when the last user lets go.
+    mountpoint -q "$work/mnt" && umount -l "$work/mnt"
+  fi
+  [ -n "$loop" ] && losetup -d "$loop" 2>/dev/null
+  mountpoint -q "$work/fuse" && (fusermount3 -u "$work/fuse" 2>/dev/null || umount -l "$work/fuse")
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
-  rm -rf "$work"
+  # Never delete through a mount that is somehow still there.
+  if grep -q " $work/" /proc/mounts; then
+    echo "left $work in place: something is still mounted under it" >&2
+  else
+    rm -rf --one-file-system "$work"
+  fi
 }
 trap cleanup EXIT
+# A signal (a CI timeout, Ctrl-C) exits through the same cleanup.
+trap "exit 1" INT TERM
 
 port=$((20000 + RANDOM % 20000))
 target="127.0.0.1:$port"
