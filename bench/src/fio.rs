@@ -786,7 +786,8 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
     let cases: Vec<_> = run.cases.iter().map(Case::to_json).collect();
     let goals: Vec<_> = run.goals.iter().map(Goal::to_json).collect();
     json!({"machine": crate::report::machine(), "fio": run.fio, "nbdkit": run.nbdkit,
-           "engine": run.plugin.as_ref().map(|path| path.display().to_string()),
+           // The plugin's file name: its directory is this machine's, not the report's business.
+           "engine": run.plugin.as_ref().and_then(|path| path.file_name()).map(|name| name.to_string_lossy().into_owned()),
            "poll": format!("{:?}", args.poll).to_lowercase(), "poll_description": poll_description(args.poll),
            "namespace": {"name": NAMESPACE, "backend": "pmem", "medium": run.medium, "bytes": NAMESPACE_BYTES, "block_bytes": BLOCK_BYTES},
            "nbdkit_plugin": "memory 1G", "seconds": args.seconds, "ramp_seconds": 1, "depths": args.depths,
