@@ -20,26 +20,17 @@ done
 bin=build/release
 [ -x "$bin/netdam" ] && [ -x "$bin/netdam-target" ] || fail "build the binaries first: cargo build --release --bins"
 
+# shellcheck source=lib/nbd-stack.sh
+. ops/lib/nbd-stack.sh
 work=$(mktemp -d -t netdam-nbd.XXXXXX)
 pids=()
 loop=""
 cleanup() {
   set +e
-  if mountpoint -q "$work/mnt"; then
-    for _ in 1 2 3 4 5; do umount "$work/mnt" 2>/dev/null && break; sleep 1; done
-    # Still busy: detach it now; the kernel finishes when the last user lets go.
-    mountpoint -q "$work/mnt" && umount -l "$work/mnt"
-  fi
-  [ -n "$loop" ] && losetup -d "$loop" 2>/dev/null
-  mountpoint -q "$work/fuse" && (fusermount3 -u "$work/fuse" 2>/dev/null || umount -l "$work/fuse")
+  release_nbd_stack
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
-  # Never delete through a mount that is somehow still there.
-  if grep -q " $work/" /proc/mounts; then
-    echo "left $work in place: something is still mounted under it" >&2
-  else
-    rm -rf --one-file-system "$work"
-  fi
+  remove_work_dir
 }
 trap cleanup EXIT
 # A signal (a CI timeout, Ctrl-C) exits through the same cleanup.
