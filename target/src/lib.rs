@@ -31,6 +31,7 @@ pub mod server;
 pub mod sessions;
 pub mod socket;
 pub mod stats;
+pub mod tenants;
 pub mod worker;
 
 pub use config::{Config, PollMode};
