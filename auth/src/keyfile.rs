@@ -26,7 +26,7 @@ pub const KEY_BYTES: usize = 32;
 
 /// A tenant's secret: 32 random bytes, shared by the target's metadata store and the tenant's
 /// key file. `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct TenantKey([u8; KEY_BYTES]);
 
 impl TenantKey {
@@ -120,7 +120,24 @@ pub enum KeyFileError {
     Exists { path: PathBuf },
 }
 
+/// What an initiator needs to authenticate: the tenant's number, its key and the key's
+/// version (a plain value, so session settings holding it stay `Copy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Credentials {
+    /// The tenant's number.
+    pub tenant: u32,
+    /// The key's version.
+    pub key_version: u32,
+    /// The key.
+    pub key: TenantKey,
+}
+
 impl KeyFile {
+    /// The credentials this file gives.
+    pub fn credentials(&self) -> Credentials {
+        Credentials { tenant: self.id, key_version: self.version, key: self.key }
+    }
+
     /// The file's text.
     pub fn to_text(&self) -> String {
         format!(

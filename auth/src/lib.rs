@@ -8,6 +8,10 @@
 //!
 //! Both the target and the initiator use this crate, so the two sides cannot drift apart.
 
+pub mod hello;
 pub mod keyfile;
+pub mod trailer;
 
-pub use keyfile::{KeyError, KeyFile, KeyFileError, TenantKey, KEY_BYTES};
+pub use hello::{method, HelloAuth, SessionKeys};
+pub use keyfile::{Credentials, KeyError, KeyFile, KeyFileError, TenantKey, KEY_BYTES};
+pub use trailer::{TrailerError, TRAILER_BYTES};

@@ -45,11 +45,15 @@ pub enum Status {
     /// The backing store is full (a file system out of space or quota): the write did not
     /// happen, or happened in part; freeing space makes it succeed again.
     NoSpace = 0x10,
+    /// The target requires tenant authentication and this was not proven: a HELLO without a
+    /// key, with an unknown tenant, a wrong proof or a rotated key, or a sessionless request
+    /// only an authenticated session may make (PROTOCOL.md, "Authentication").
+    Unauthenticated = 0x11,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 18] = [
         Status::Ok,
         Status::Malformed,
         Status::UnsupportedVersion,
@@ -67,6 +71,7 @@ impl Status {
         Status::Retry,
         Status::SessionLimit,
         Status::NoSpace,
+        Status::Unauthenticated,
     ];
 
     /// The status with this wire value, if any.
@@ -94,6 +99,7 @@ impl Status {
             Status::Retry => "retry",
             Status::SessionLimit => "session_limit",
             Status::NoSpace => "no_space",
+            Status::Unauthenticated => "unauthenticated",
         }
     }
 }

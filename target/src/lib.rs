@@ -34,5 +34,5 @@ pub mod stats;
 pub mod tenants;
 pub mod worker;
 
-pub use config::{Config, PollMode};
+pub use config::{AuthMode, Config, PollMode};
 pub use server::{StartError, Target};

@@ -214,10 +214,15 @@ impl TenantSnapshot {
                     warnings.push(format!("tenant {:?}: unknown permission in {:?}", record.name, grant.permissions));
                     continue;
                 };
+                if grant.space == GrantSpace::All && grant.permissions.iter().any(|name| name == "all") {
+                    tenant.admin = true;
+                }
                 let widen = |slot: &mut Option<Grant>, size: u64| {
                     let (start, end) = match grant.range {
                         Some((offset, len)) => (offset.min(size), offset.saturating_add(len).min(size)),
-                        None => (0, size),
+                        // The whole space, whatever its size: an access beyond its end is the
+                        // engine's `out_of_range`, not a grant's refusal.
+                        None => (0, u64::MAX),
                     };
                     *slot = Some(merge(*slot, Grant { permissions, start, end }));
                 };
@@ -265,10 +270,9 @@ pub fn parse_permissions(names: &[String], admin: &mut bool) -> Option<Permissio
     for name in names {
         match name.as_str() {
             "admin" => *admin = true,
-            "all" => {
-                *admin = true;
-                permissions = Permissions::ALL;
-            }
+            // Every permission on the space; `admin` only with a grant on `all` spaces (see
+            // `resolve`), so `all` on one region does not hand out the target's counters.
+            "all" => permissions = Permissions::ALL,
             other => permissions = permissions.union(Permissions::from_name(other)?),
         }
     }
