@@ -214,24 +214,36 @@ impl TenantSnapshot {
                     warnings.push(format!("tenant {:?}: unknown permission in {:?}", record.name, grant.permissions));
                     continue;
                 };
-                let widen = |slot: &mut Option<Grant>, size: u64| {
+                let mut widen = |slot: &mut Option<Grant>, size: u64, space: &str| {
                     let (start, end) = match grant.range {
                         Some((offset, len)) => (offset.min(size), offset.saturating_add(len).min(size)),
                         None => (0, size),
                     };
-                    *slot = Some(merge(*slot, Grant { permissions, start, end }));
+                    match merge(*slot, Grant { permissions, start, end }) {
+                        Ok(merged) => *slot = Some(merged),
+                        Err(kept) => {
+                            *slot = Some(kept);
+                            warnings.push(format!(
+                                "tenant {:?}: grants on {space} over different ranges with different permissions \
+                                 cannot be combined; only the first applies",
+                                record.name
+                            ));
+                        }
+                    }
                 };
                 for (id, region) in regions.iter() {
                     let named = matches!(&grant.space, GrantSpace::Region(name) if name == region.name());
                     if named || grant.space == GrantSpace::All {
-                        widen(&mut tenant.regions[usize::from(id)], region.len() as u64);
+                        let space = format!("region {:?}", region.name());
+                        widen(&mut tenant.regions[usize::from(id)], region.len() as u64, &space);
                     }
                 }
                 for (id, namespace) in namespaces.iter() {
                     let named = matches!(&grant.space, GrantSpace::Namespace(name) if name == namespace.name());
                     if named || grant.space == GrantSpace::All {
                         let bytes = namespace.capacity_blocks().saturating_mul(u64::from(namespace.block_bytes()));
-                        widen(&mut tenant.namespaces[usize::from(id)], bytes);
+                        let space = format!("namespace {:?}", namespace.name());
+                        widen(&mut tenant.namespaces[usize::from(id)], bytes, &space);
                     }
                 }
             }
@@ -245,17 +257,26 @@ impl TenantSnapshot {
     }
 }
 
-/// Two grants on one space: the permissions of both over the span of both. (Grants on disjoint
-/// ranges with different permissions are rare enough that the span is kept simple; `grant`
-/// refuses a second ranged grant on a space with a different range, see the store.)
-fn merge(existing: Option<Grant>, new: Grant) -> Grant {
-    match existing {
-        None => new,
-        Some(old) => Grant {
-            permissions: old.permissions.union(new.permissions),
-            start: old.start.min(new.start),
-            end: old.end.max(new.end),
-        },
+/// Two grants on one space, as one grant that allows nothing either does not: over the same
+/// range, the permissions of both; one within the other that it also covers in permissions, the
+/// wider. Any other pair cannot be one grant without widening one of them, so the first is kept
+/// (`Err`) and the caller warns: failing closed. (The store refuses such pairs, see
+/// `MetadataStore::grant`; this guards records written otherwise.)
+fn merge(existing: Option<Grant>, new: Grant) -> Result<Grant, Grant> {
+    let Some(old) = existing else {
+        return Ok(new);
+    };
+    let within = |inner: &Grant, outer: &Grant| {
+        outer.start <= inner.start && inner.end <= outer.end && outer.permissions.contains(inner.permissions)
+    };
+    if (old.start, old.end) == (new.start, new.end) {
+        Ok(Grant { permissions: old.permissions.union(new.permissions), ..old })
+    } else if within(&new, &old) {
+        Ok(old)
+    } else if within(&old, &new) {
+        Ok(new)
+    } else {
+        Err(old)
     }
 }
 
