@@ -83,11 +83,17 @@ fn create_with_grants(
         None => TenantKey::generate().map_err(|error| MetadataError::Refused(format!("cannot draw a key: {error}")))?,
     };
     let key_file = key_file.unwrap_or_else(|| default_key_file(data_dir, name));
+    let store = MetadataStore::open(data_dir)?;
+    // The name first: a taken name is the likelier mistake, and its key file exists too.
+    if store.tenants()?.iter().any(|tenant| tenant.name == name) {
+        return Err(
+            MetadataError::Exists { kind: "tenant", name: name.to_string(), where_: " in the metadata store" }.into()
+        );
+    }
     if !replace_key_file && key_file.exists() {
         return Err(KeyFileError::Exists { path: key_file }.into());
     }
     create_key_directory(&key_file)?;
-    let store = MetadataStore::open(data_dir)?;
     let record = store.create_tenant_with(name, &key, settings, grants, |record| {
         key_file_of(record, &key).write(&key_file, replace_key_file).map_err(|error| error.to_string())
     })?;
