@@ -23,6 +23,8 @@ use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
 use crate::regions::RegionTable;
 use crate::socket;
 use crate::stats::StatsSnapshot;
+use crate::tenant_watch::{self, WatchHandle};
+use crate::tenants::TenantCell;
 use crate::worker::{self, WorkerSettings};
 
 /// Why a target could not start.
@@ -55,6 +57,9 @@ pub enum StartError {
     /// The secret for HELLO cookies could not be drawn.
     #[error("cannot draw the HELLO cookie secret: {0}")]
     Random(io::Error),
+    /// The tenants could not be read, or their watcher started.
+    #[error("cannot apply the tenants of the metadata store: {0}")]
+    Tenants(io::Error),
 }
 
 /// A running target.
@@ -68,6 +73,9 @@ pub struct Target {
     threads: Vec<JoinHandle<()>>,
     engine_name: &'static str,
     metrics: Option<MetricsServer>,
+    tenants: Arc<TenantCell>,
+    // Re-reads the tenants when the store changes; stopped with the workers.
+    tenant_watch: Option<WatchHandle>,
 }
 
 impl Target {
@@ -123,6 +131,9 @@ impl Target {
             .unwrap_or(0);
         let cookies = CookieJar::from_os_random().map_err(StartError::Random)?;
         let extensions = crate::extensions::registry(&config.extensions).map_err(StartError::Config)?;
+        let tenants = Arc::new(TenantCell::default());
+        let tenant_watch = tenant_watch::watch(&data_dir, regions.clone(), namespaces.clone(), tenants.clone())
+            .map_err(StartError::Tenants)?;
         let shared = Arc::new(
             Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
                 .with_extensions(extensions),
@@ -152,6 +163,8 @@ impl Target {
             threads: Vec::new(),
             engine_name,
             metrics: None,
+            tenants,
+            tenant_watch: Some(tenant_watch),
         };
         if let Some(addr) = config.metrics_listen.addr() {
             let build = BuildInfo {
@@ -218,6 +231,11 @@ impl Target {
         self.metrics.as_ref().map(MetricsServer::local_addr)
     }
 
+    /// The tenants in force, re-published within a second of a change to the store.
+    pub fn tenants(&self) -> &Arc<TenantCell> {
+        &self.tenants
+    }
+
     /// Every worker's counters, summed.
     pub fn stats(&self) -> StatsSnapshot {
         StatsSnapshot::sum(&self.shared.stats)
@@ -229,6 +247,7 @@ impl Target {
     }
 
     fn stop_workers(&mut self) {
+        drop(self.tenant_watch.take());
         self.shutdown.store(true, Ordering::Relaxed);
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
