@@ -11,7 +11,7 @@ use netdam_pmem::{Backing, Durability, Region};
 use netdam_target::config::{
     validate_spaces, ByteSize, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig, DEFAULT_BLOCK_BYTES,
 };
-use netdam_target::metadata::{range_text, space_text, KnownSpaces, MetadataStore, TenantSettings};
+use netdam_target::metadata::{range_text, read_tenants, space_text, KnownSpaces, MetadataStore, TenantSettings};
 use netdam_target::namespaces::{open_namespace, resolve};
 use netdam_target::server::running_target;
 use netdam_target::tenant_admin::{self, parse_permission_list, parse_range, parse_space};
@@ -611,9 +611,8 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
         }
         TenantCommand::List { json, store } => {
             let (_, data_dir) = store_context(&store)?;
-            let tenants = MetadataStore::open(&data_dir)
-                .and_then(|metadata| metadata.tenants())
-                .map_err(|error| error.to_string())?;
+            // Read-only: listing neither creates a store nor touches the file a target watches.
+            let tenants = read_tenants(&data_dir).map_err(|error| error.to_string())?;
             if json {
                 let shown: Vec<serde_json::Value> = tenants
                     .iter()

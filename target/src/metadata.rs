@@ -631,26 +631,33 @@ fn check_record(record: &TenantRecord) -> Result<(), String> {
     Ok(())
 }
 
-/// Refuses a grant that, merged with the tenant's `all` grant by the target (which keeps one
-/// range per space), would reach bytes or permissions nobody granted: a ranged grant holding a
-/// permission the `all` grant lacks.
+/// Refuses a grant that the target (which keeps one grant per tenant and space) could not
+/// combine with the tenant's other grant on the same space without widening or dropping one:
+/// a ranged grant holding a permission its tenant's `all` grant lacks.
 fn check_no_widening(tenant: &str, record: &TenantRecord, new: &GrantRecord) -> Result<(), MetadataError> {
-    let covers = |wide: &GrantRecord, narrow: &GrantRecord| {
-        narrow.range.is_none() || narrow.permissions.iter().all(|name| wide.permissions.contains(name))
+    let lacking = |wide: &GrantRecord, ranged: &GrantRecord| {
+        ranged.range.is_some() && ranged.permissions.iter().any(|name| !wide.permissions.contains(name))
     };
-    let conflict = if new.space == GrantSpace::All {
-        record.grants.iter().find(|held| held.space != GrantSpace::All && !covers(new, held))
+    let (all, ranged) = if new.space == GrantSpace::All {
+        match record.grants.iter().find(|held| held.space != GrantSpace::All && lacking(new, held)) {
+            Some(held) => (new, held),
+            None => return Ok(()),
+        }
     } else {
-        record.grants.iter().find(|held| held.space == GrantSpace::All && !covers(held, new))
+        match record.grants.iter().find(|held| held.space == GrantSpace::All && lacking(held, new)) {
+            Some(held) => (held, new),
+            None => return Ok(()),
+        }
     };
-    match conflict {
-        None => Ok(()),
-        Some(_) => Err(MetadataError::Refused(format!(
-            "tenant {tenant:?} would hold `all` over whole spaces beside a ranged grant with other permissions, \
-             which the target cannot keep apart; grant the ranged space its permissions over the whole space, \
-             or revoke `all` first"
-        ))),
-    }
+    Err(MetadataError::Refused(format!(
+        "tenant {tenant:?}: {} over bytes {} with {} beside `all` with {}: the target keeps one range per space, \
+         so it could not hold both; give `all` those permissions too, grant {} without --range, or revoke one first",
+        space_text(&ranged.space),
+        range_text(ranged.range),
+        ranged.permissions.join(","),
+        all.permissions.join(","),
+        space_text(&ranged.space),
+    )))
 }
 
 /// Checks a tenant name: it names the tenant's key file too.
@@ -941,7 +948,11 @@ mod tests {
             .contains("no tenant named"));
         // `all` beside a ranged grant with a permission `all` lacks would widen it: refused.
         let everything = GrantRecord { space: GrantSpace::All, permissions: names(&["read"]), range: None };
-        assert!(store.grant("alice", &everything, &known).unwrap_err().to_string().contains("cannot keep apart"));
+        let beside = store.grant("alice", &everything, &known).unwrap_err().to_string();
+        assert!(
+            beside.contains("region:stored over bytes 4096:4096 with read,atomic beside `all` with read"),
+            "{beside}"
+        );
         let everything = GrantRecord { permissions: names(&["all"]), ..everything };
         let record = store.grant("alice", &everything, &known).unwrap();
         assert_eq!(record.grants[3].permissions, PERMISSION_NAMES);
@@ -961,6 +972,24 @@ mod tests {
         assert!(store.revoke("alice", &GrantSpace::Namespace("disk".into()), Some(&names(&["blok"]))).is_err());
         drop(store);
         assert_eq!(read_tenants(dir.path()).unwrap()[0], record, "committed");
+    }
+
+    #[test]
+    fn a_ranged_grant_beside_all_that_lacks_its_permissions_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("bob", &key(2), &TenantSettings::default()).unwrap();
+        let everything_read = GrantRecord { space: GrantSpace::All, permissions: names(&["read"]), range: None };
+        store.grant("bob", &everything_read, &configured()).unwrap();
+        let ranged_write = region_grant("scratch", &["write"], Some((0, 4096)));
+        let refused = store.grant("bob", &ranged_write, &configured()).unwrap_err().to_string();
+        assert!(refused.contains("region:scratch over bytes 0:4096 with write beside `all` with read"), "{refused}");
+        // Within what `all` holds, or over the whole space, the target combines them exactly.
+        store.grant("bob", &region_grant("scratch", &["read"], Some((0, 4096))), &configured()).unwrap();
+        let disk =
+            GrantRecord { space: GrantSpace::Namespace("disk".into()), permissions: names(&["block"]), range: None };
+        store.grant("bob", &disk, &configured()).unwrap();
+        assert_eq!(store.tenant("bob").unwrap().grants.len(), 3);
     }
 
     #[test]

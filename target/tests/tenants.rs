@@ -51,6 +51,8 @@ fn list_json(dir: &Path) -> serde_json::Value {
 fn create_grant_list_rotate_revoke_delete() {
     let home = tempfile::tempdir().unwrap();
     let dir = home.path();
+    assert!(ok(dir, &["tenant", "list"]).contains("no tenants"));
+    assert!(!dir.join("metadata.redb").exists(), "listing creates no store");
 
     let created = ok(dir, &["tenant", "create", "alice", "--class", "best-effort", "--max-sessions", "8"]);
     let key_path = dir.join("tenants/alice.key");
