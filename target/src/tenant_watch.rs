@@ -248,9 +248,15 @@ mod tests {
         assert_eq!((alice.key_version, &alice.key), (2, &new_key));
         assert_ne!(alice.key, old_key);
 
-        // Nothing changes: nothing is published.
+        // Nothing changes: nothing is published, and the store is not open in this process.
         std::thread::sleep(RECENT_CHANGE + 3 * POLL_INTERVAL);
         assert_eq!(cell.generation(), generation, "an unchanged store publishes nothing");
+        let store_path = dir.path().join(METADATA_FILE).canonicalize().unwrap();
+        let open_here = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .any(|target| target == store_path);
+        assert!(!open_here, "the watcher keeps no descriptor of the store between reads");
         let started = Instant::now();
         drop(handle);
         assert!(started.elapsed() < POLL_INTERVAL * 2, "dropping the handle stops the thread promptly");
