@@ -1012,6 +1012,33 @@ mod tests {
     }
 
     #[test]
+    fn a_store_left_by_a_killed_writer_is_repaired_and_read() {
+        const ABANDON: &str = "NETDAM_TEST_ABANDON_STORE";
+        if let Some(dir) = std::env::var_os(ABANDON) {
+            // The child: commit, then exit without closing the store, as a killed command would.
+            let store = MetadataStore::open(Path::new(&dir)).unwrap();
+            store.create_tenant("left", &key(5), &TenantSettings::default()).unwrap();
+            std::process::exit(0);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "metadata::tests::a_store_left_by_a_killed_writer_is_repaired_and_read"])
+            .env(ABANDON, dir.path())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let path = dir.path().join(METADATA_FILE);
+        assert!(
+            matches!(ReadOnlyDatabase::open(&path), Err(DatabaseError::RepairAborted)),
+            "the store is left unclean"
+        );
+        let tenants = read_tenants(dir.path()).unwrap();
+        assert_eq!(tenants.iter().map(|tenant| tenant.name.as_str()).collect::<Vec<_>>(), ["left"]);
+        assert!(ReadOnlyDatabase::open(&path).is_ok(), "repaired: the next read is read-only again");
+    }
+
+    #[test]
     fn a_busy_store_is_waited_for() {
         let dir = tempfile::tempdir().unwrap();
         let held = MetadataStore::open(dir.path()).unwrap();
