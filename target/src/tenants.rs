@@ -214,7 +214,7 @@ impl TenantSnapshot {
                     warnings.push(format!("tenant {:?}: unknown permission in {:?}", record.name, grant.permissions));
                     continue;
                 };
-                let mut widen = |slot: &mut Option<Grant>, size: u64, space: &str| {
+                let mut widen = |slot: &mut Option<Grant>, size: u64, kind: &str, name: &str| {
                     let (start, end) = match grant.range {
                         Some((offset, len)) => (offset.min(size), offset.saturating_add(len).min(size)),
                         None => (0, size),
@@ -224,8 +224,8 @@ impl TenantSnapshot {
                         Err(kept) => {
                             *slot = Some(kept);
                             warnings.push(format!(
-                                "tenant {:?}: grants on {space} over different ranges with different permissions \
-                                 cannot be combined; only the first applies",
+                                "tenant {:?}: grants on {kind} {name:?} over different ranges with different \
+                                 permissions cannot be combined; only the first applies",
                                 record.name
                             ));
                         }
@@ -234,16 +234,14 @@ impl TenantSnapshot {
                 for (id, region) in regions.iter() {
                     let named = matches!(&grant.space, GrantSpace::Region(name) if name == region.name());
                     if named || grant.space == GrantSpace::All {
-                        let space = format!("region {:?}", region.name());
-                        widen(&mut tenant.regions[usize::from(id)], region.len() as u64, &space);
+                        widen(&mut tenant.regions[usize::from(id)], region.len() as u64, "region", region.name());
                     }
                 }
                 for (id, namespace) in namespaces.iter() {
                     let named = matches!(&grant.space, GrantSpace::Namespace(name) if name == namespace.name());
                     if named || grant.space == GrantSpace::All {
                         let bytes = namespace.capacity_blocks().saturating_mul(u64::from(namespace.block_bytes()));
-                        let space = format!("namespace {:?}", namespace.name());
-                        widen(&mut tenant.namespaces[usize::from(id)], bytes, &space);
+                        widen(&mut tenant.namespaces[usize::from(id)], bytes, "namespace", namespace.name());
                     }
                 }
             }
