@@ -23,6 +23,7 @@ use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
 use crate::regions::RegionTable;
 use crate::socket;
 use crate::stats::StatsSnapshot;
+use crate::tenant_watch::{self, WatchHandle};
 use crate::tenants::TenantCell;
 use crate::worker::{self, WorkerSettings};
 
@@ -56,6 +57,9 @@ pub enum StartError {
     /// The secret for HELLO cookies could not be drawn.
     #[error("cannot draw the HELLO cookie secret: {0}")]
     Random(io::Error),
+    /// The tenants could not be read, or their watcher started.
+    #[error("cannot apply the tenants of the metadata store: {0}")]
+    Tenants(io::Error),
 }
 
 /// A running target.
@@ -69,6 +73,8 @@ pub struct Target {
     threads: Vec<JoinHandle<()>>,
     engine_name: &'static str,
     metrics: Option<MetricsServer>,
+    // Re-reads the tenants when the store changes; stopped with the workers.
+    tenant_watch: Option<WatchHandle>,
 }
 
 impl Target {
@@ -124,9 +130,13 @@ impl Target {
             .unwrap_or(0);
         let cookies = CookieJar::from_os_random().map_err(StartError::Random)?;
         let extensions = crate::extensions::registry(&config.extensions).map_err(StartError::Config)?;
+        let tenants = Arc::new(TenantCell::default());
+        let tenant_watch = tenant_watch::watch(&data_dir, regions.clone(), namespaces.clone(), tenants.clone())
+            .map_err(StartError::Tenants)?;
         let shared = Arc::new(
             Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
-                .with_extensions(extensions),
+                .with_extensions(extensions)
+                .with_tenants(tenants),
         );
         let sockets = bind_workers(config.listen, config.workers)?;
         let local_addr = socket::local_addr(&sockets[0]).map_err(|source| StartError::Bind {
@@ -153,6 +163,7 @@ impl Target {
             threads: Vec::new(),
             engine_name,
             metrics: None,
+            tenant_watch: Some(tenant_watch),
         };
         if let Some(addr) = config.metrics_listen.addr() {
             let build = BuildInfo {
@@ -210,7 +221,7 @@ impl Target {
     }
 
     /// The tenants in force: publishing a snapshot here applies it to every worker within one
-    /// datagram (the store watcher does so when the metadata store changes).
+    /// datagram (the store watcher does so within a second of a change to the store).
     pub fn tenants(&self) -> &Arc<TenantCell> {
         &self.shared.tenants
     }
@@ -236,6 +247,7 @@ impl Target {
     }
 
     fn stop_workers(&mut self) {
+        drop(self.tenant_watch.take());
         self.shutdown.store(true, Ordering::Relaxed);
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
