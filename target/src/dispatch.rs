@@ -11,7 +11,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use netdam_isa::block::{encode_extents, BlockOp, Extent};
-use netdam_isa::control::{decode_hello_operand, encode_hello_answer, NamespaceEntry, StatWriter, COOKIE_LEN};
+use netdam_isa::control::{
+    decode_hello_operand, encode_hello_answer, NamespaceEntry, StatWriter, COOKIE_LEN, TARGET_FLAG_FPGA,
+};
 use netdam_isa::engine::Engine;
 use netdam_isa::extension::{ExtensionRegistry, Permissions, EXTENSION_OPCODES};
 use netdam_isa::limits::{
@@ -29,6 +31,7 @@ use netdam_pmem::Durability;
 
 use crate::block::{self, BlockPath, Pending, ReplyTo, RunEntry};
 use crate::cookies::{CookieJar, CookieRefusal};
+use crate::fpga_engine::EngineState;
 use crate::namespaces::NamespaceTable;
 use crate::overload::StandingQueue;
 use crate::regions::RegionTable;
@@ -111,6 +114,8 @@ pub struct Shared {
     pub cookies: CookieJar,
     /// The extension instructions served (none unless configured).
     pub extensions: ExtensionRegistry,
+    /// Which engine executes now (STAT `engine_fpga`, HELLO's target flags, `/metrics`).
+    pub engine: Arc<EngineState>,
 }
 
 impl Shared {
@@ -124,7 +129,21 @@ impl Shared {
         cookies: CookieJar,
     ) -> Shared {
         let stats = (0..workers).map(|_| WorkerStats::default()).collect();
-        Shared { regions, namespaces, stats, settings, epoch, cookies, extensions: ExtensionRegistry::new() }
+        Shared {
+            regions,
+            namespaces,
+            stats,
+            settings,
+            epoch,
+            cookies,
+            extensions: ExtensionRegistry::new(),
+            engine: Arc::new(EngineState::software()),
+        }
+    }
+
+    /// The same state reporting the engine through `state`.
+    pub fn with_engine(self, state: Arc<EngineState>) -> Shared {
+        Shared { engine: state, ..self }
     }
 
     /// The same state serving the extensions of `registry`.
@@ -791,6 +810,10 @@ impl<E: Engine> Dispatcher<E> {
     /// persistent region is persisted at once (extensions are outside group commit).
     fn extension(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
         let shared = &*self.shared;
+        if shared.engine.region_on_device(instruction.space) {
+            // Handlers read and write host memory; this region's bytes are on the device.
+            return Err(Status::NotSupported);
+        }
         let granted = shared.settings.session_permissions;
         let outcome = shared.extensions.execute(instruction, &*shared.regions, granted, out)?;
         if let Some(written) = outcome.written {
@@ -875,7 +898,9 @@ impl<E: Engine> Dispatcher<E> {
             capacity_blocks: namespace.capacity_blocks(),
             reports_allocation: namespace.reports_allocation(),
         });
-        match encode_hello_answer(out, session, negotiated, MAX_INSTRUCTIONS_PER_DATAGRAM as u16, regions, namespaces) {
+        let target_flags = if self.shared.engine.on_fpga() { TARGET_FLAG_FPGA } else { 0 };
+        let max_instructions = MAX_INSTRUCTIONS_PER_DATAGRAM as u16;
+        match encode_hello_answer(out, session, negotiated, max_instructions, target_flags, regions, namespaces) {
             Ok(len) => (Status::Ok, len),
             // The session stays unused and expires within a second.
             Err(status) => (status, 0),
@@ -924,6 +949,8 @@ impl<E: Engine> Dispatcher<E> {
         writer.push("workers", self.shared.stats.len() as u64)?;
         writer.push("regions", self.shared.regions.iter().len() as u64)?;
         writer.push("namespaces", self.shared.namespaces.iter().len() as u64)?;
+        writer.push("engine_fpga", u64::from(self.shared.engine.on_fpga()))?;
+        writer.push("engine_failovers", self.shared.engine.failovers())?;
         let sum = |counter| workers.iter().map(|worker| worker.get(counter)).sum::<u64>();
         let ended = sum(Counter::SessionsClosed) + sum(Counter::SessionsExpired) + sum(Counter::SessionsEvicted);
         writer.push("sessions_open", sum(Counter::SessionsOpened).saturating_sub(ended))?;

@@ -9,7 +9,8 @@ use clap::{Args, Parser, Subcommand};
 use netdam_metrics::{LogFormat, MetricsListen};
 use netdam_pmem::{Backing, Durability, Region};
 use netdam_target::config::{
-    validate_spaces, ByteSize, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig, DEFAULT_BLOCK_BYTES,
+    validate_spaces, ByteSize, EngineChoice, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig,
+    DEFAULT_BLOCK_BYTES,
 };
 use netdam_target::metadata::MetadataStore;
 use netdam_target::namespaces::{open_namespace, resolve};
@@ -135,7 +136,7 @@ fn parse_size(text: &str) -> Result<ByteSize, String> {
 struct SettingsArgs {
     /// TOML file with settings (listen, metrics_listen, data_dir, workers, poll, adaptive_spin_us, pin_workers,
     /// lock_memory, max_datagram_bytes, busy_threshold_us, sessions_per_worker,
-    /// max_sessions_per_address, session_idle_timeout_ms, [[region]] tables with name, backend =
+    /// max_sessions_per_address, session_idle_timeout_ms, engine, fpga_window, [[region]] tables with name, backend =
     /// mem|file|dax, path, size, and [[namespace]] tables with name, backend =
     /// file|blockdev|pmem, path, size, block_size). `netdam-target config` prints them all.
     #[arg(long, value_name = "FILE")]
@@ -156,6 +157,11 @@ struct SettingsArgs {
     /// blocking (no idle CPU) [default: adaptive].
     #[arg(long, value_enum)]
     poll: Option<PollMode>,
+    /// Execution engine: auto (an FPGA if one is found, else software), software, fpga (fail
+    /// without one) or fpga=PATH (a netdam-fpga-model window file or a sysfs resource0)
+    /// [default: auto].
+    #[arg(long, value_name = "auto|software|fpga[=PATH]")]
+    engine: Option<EngineChoice>,
 }
 
 impl SettingsArgs {
@@ -167,6 +173,7 @@ impl SettingsArgs {
             data_dir: self.data_dir.or(base.data_dir),
             workers: self.workers.or(base.workers),
             poll: self.poll.or(base.poll),
+            engine: self.engine.or(base.engine),
         }
     }
 
@@ -189,6 +196,9 @@ impl SettingsArgs {
         }
         if let Some(poll) = self.poll {
             config.poll = poll;
+        }
+        if let Some(engine) = &self.engine {
+            config.engine = engine.clone();
         }
         config.validate().map_err(|error| error.to_string())?;
         Ok(config)

@@ -13,10 +13,11 @@ use netdam_isa::Duration;
 use netdam_metrics::MetricsServer;
 use netdam_pmem::{Region, RegionError};
 
-use crate::config::{validate_spaces, Config, ConfigError};
+use crate::config::{validate_spaces, Config, ConfigError, EngineChoice};
 use crate::cookies::CookieJar;
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
+use crate::fpga_engine::{EngineState, FpgaEngine, FpgaSettings};
 use crate::metadata::{MetadataError, MetadataStore};
 use crate::metrics::{BuildInfo, TargetCollector};
 use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
@@ -52,6 +53,9 @@ pub enum StartError {
     /// The metrics endpoint could not listen.
     #[error("cannot serve /metrics on {addr} (metrics_listen, --metrics-listen): {source}{hint}")]
     Metrics { addr: SocketAddr, source: io::Error, hint: &'static str },
+    /// The FPGA engine was asked for and cannot be used.
+    #[error("{0}")]
+    Engine(String),
     /// The secret for HELLO cookies could not be drawn.
     #[error("cannot draw the HELLO cookie secret: {0}")]
     Random(io::Error),
@@ -123,9 +127,11 @@ impl Target {
             .unwrap_or(0);
         let cookies = CookieJar::from_os_random().map_err(StartError::Random)?;
         let extensions = crate::extensions::registry(&config.extensions).map_err(StartError::Config)?;
+        let (engine, engine_state) = select_engine(config, Arc::clone(&regions))?;
         let shared = Arc::new(
             Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
-                .with_extensions(extensions),
+                .with_extensions(extensions)
+                .with_engine(Arc::clone(&engine_state)),
         );
         let sockets = bind_workers(config.listen, config.workers)?;
         let local_addr = socket::local_addr(&sockets[0]).map_err(|source| StartError::Bind {
@@ -142,7 +148,6 @@ impl Target {
             clock: MonotonicClock::new(),
         };
         let shutdown = Arc::new(AtomicBool::new(false));
-        let engine = SoftwareEngine::new(regions);
         let engine_name = engine.name();
         let mut target = Target {
             local_addr,
@@ -208,9 +213,14 @@ impl Target {
         &self.shared.namespaces
     }
 
-    /// Which engine executes instructions.
+    /// Which engine was selected at start-up (`fpga` or `software`).
     pub fn engine_name(&self) -> &'static str {
         self.engine_name
+    }
+
+    /// Which engine executes now, and how many failovers there were.
+    pub fn engine_state(&self) -> &EngineState {
+        &self.shared.engine
     }
 
     /// The address `/metrics` is served on, when it is.
@@ -241,6 +251,109 @@ impl Target {
 impl Drop for Target {
     fn drop(&mut self) {
         self.stop_workers();
+    }
+}
+
+/// The engine a target runs: one type for the workers, so the dispatcher stays monomorphic.
+#[derive(Debug, Clone)]
+pub enum SelectedEngine {
+    /// The CPU.
+    Software(SoftwareEngine),
+    /// The FPGA, with its software fallback.
+    Fpga(FpgaEngine),
+}
+
+impl Engine for SelectedEngine {
+    fn name(&self) -> &'static str {
+        match self {
+            SelectedEngine::Software(engine) => engine.name(),
+            SelectedEngine::Fpga(engine) => engine.name(),
+        }
+    }
+
+    fn execute(
+        &mut self,
+        instruction: &netdam_isa::wire::Instruction<'_>,
+        out: &mut [u8],
+    ) -> Result<usize, netdam_isa::Status> {
+        match self {
+            SelectedEngine::Software(engine) => engine.execute(instruction, out),
+            SelectedEngine::Fpga(engine) => engine.execute(instruction, out),
+        }
+    }
+
+    fn set_group_commit(&mut self, on: bool) {
+        match self {
+            SelectedEngine::Software(engine) => engine.set_group_commit(on),
+            SelectedEngine::Fpga(engine) => engine.set_group_commit(on),
+        }
+    }
+
+    fn persist_is_pending(&self) -> bool {
+        match self {
+            SelectedEngine::Software(engine) => engine.persist_is_pending(),
+            SelectedEngine::Fpga(engine) => engine.persist_is_pending(),
+        }
+    }
+
+    fn persist_pending(&mut self) -> Result<(), netdam_isa::Status> {
+        match self {
+            SelectedEngine::Software(engine) => engine.persist_pending(),
+            SelectedEngine::Fpga(engine) => engine.persist_pending(),
+        }
+    }
+}
+
+/// Chooses the engine as `config.engine` says (docs/FPGA.md §1 for the probe order): `auto`
+/// falls back to software with one log line saying why; `fpga` and `fpga=PATH` fail the start
+/// with a message naming what was missing or could not be mapped.
+pub fn select_engine(
+    config: &Config,
+    regions: Arc<RegionTable>,
+) -> Result<(SelectedEngine, Arc<EngineState>), StartError> {
+    select_engine_in(config, regions, &netdam_fpga::window::ProbeRoots::default(), FpgaSettings::default())
+}
+
+/// [`select_engine`] probing under `roots` and driving the device with `settings`.
+pub fn select_engine_in(
+    config: &Config,
+    regions: Arc<RegionTable>,
+    roots: &netdam_fpga::window::ProbeRoots,
+    settings: FpgaSettings,
+) -> Result<(SelectedEngine, Arc<EngineState>), StartError> {
+    let software =
+        |regions| (SelectedEngine::Software(SoftwareEngine::new(regions)), Arc::new(EngineState::software()));
+    let (source, window) = match &config.engine {
+        EngineChoice::Software => return Ok(software(regions)),
+        EngineChoice::Fpga(Some(path)) => {
+            let window = netdam_fpga::window::WindowSource::File { path: path.clone() }
+                .open(&roots.sysfs)
+                .map_err(|error| StartError::Engine(format!("engine fpga={}: {error}", path.display())))?;
+            (format!("file:{}", path.display()), window)
+        }
+        EngineChoice::Auto | EngineChoice::Fpga(None) => {
+            match netdam_fpga::window::probe(roots, config.fpga_window.as_deref()) {
+                Ok(probed) => (probed.source, probed.window),
+                Err(why) if config.engine == EngineChoice::Auto => {
+                    tracing::info!("engine auto: executing on software, no FPGA found ({why})");
+                    return Ok(software(regions));
+                }
+                Err(why) => return Err(StartError::Engine(format!("engine fpga: no FPGA found ({why})"))),
+            }
+        }
+    };
+    match FpgaEngine::attach(window, Arc::clone(&regions), settings) {
+        Ok((engine, state)) => {
+            tracing::info!(device = %source, "engine: executing on the FPGA");
+            Ok((SelectedEngine::Fpga(engine), state))
+        }
+        Err(error) if config.engine == EngineChoice::Auto => {
+            tracing::warn!(device = %source, %error, "engine auto: executing on software, the FPGA found cannot be used");
+            Ok(software(regions))
+        }
+        Err(error) => {
+            Err(StartError::Engine(format!("engine {}: the device at {source} cannot be used: {error}", config.engine)))
+        }
     }
 }
 
