@@ -206,7 +206,7 @@ pub enum WindowError {
         path: String,
     },
     /// The device exists but this build cannot map it that way yet.
-    #[error("{what} at {path} found, but mapping it is not built yet (FPGA.md §1); use a model window (file:PATH)")]
+    #[error("{what} at {path} found, but mapping it is not built yet (FPGA.md §1); use resource0:ADDRESS or a model window (file:PATH)")]
     NotBuilt {
         /// The kind of window.
         what: &'static str,

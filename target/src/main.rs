@@ -422,6 +422,7 @@ fn log_start(target: &Target, config: &Config) {
         max_sessions_per_address = config.max_sessions_per_address,
         session_idle_timeout_ms = config.session_idle_timeout_ms,
         engine = target.engine_name(),
+        engine_selection = target.engine_selection(),
         regions = target.regions().iter().len(),
         namespaces = target.namespaces().iter().len(),
         version = env!("CARGO_PKG_VERSION"),

@@ -71,6 +71,7 @@ pub struct Target {
     shutdown: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     engine_name: &'static str,
+    engine_selection: String,
     metrics: Option<MetricsServer>,
 }
 
@@ -127,7 +128,7 @@ impl Target {
             .unwrap_or(0);
         let cookies = CookieJar::from_os_random().map_err(StartError::Random)?;
         let extensions = crate::extensions::registry(&config.extensions).map_err(StartError::Config)?;
-        let (engine, engine_state) = select_engine(config, Arc::clone(&regions))?;
+        let Selection { engine, state: engine_state, why } = select_engine(config, Arc::clone(&regions))?;
         let shared = Arc::new(
             Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
                 .with_extensions(extensions)
@@ -156,6 +157,7 @@ impl Target {
             shutdown: shutdown.clone(),
             threads: Vec::new(),
             engine_name,
+            engine_selection: why,
             metrics: None,
         };
         if let Some(addr) = config.metrics_listen.addr() {
@@ -216,6 +218,12 @@ impl Target {
     /// Which engine was selected at start-up (`fpga` or `software`).
     pub fn engine_name(&self) -> &'static str {
         self.engine_name
+    }
+
+    /// Why this engine was selected: the device used, or why `auto` found none. The daemon
+    /// writes it in its start line.
+    pub fn engine_selection(&self) -> &str {
+        &self.engine_selection
     }
 
     /// Which engine executes now, and how many failovers there were.
@@ -304,13 +312,21 @@ impl Engine for SelectedEngine {
     }
 }
 
+/// The engine chosen at start-up.
+#[derive(Debug)]
+pub struct Selection {
+    /// The engine every worker gets a clone of.
+    pub engine: SelectedEngine,
+    /// What it reports through.
+    pub state: Arc<EngineState>,
+    /// Why: the device used, or why `auto` executes on software (for the start line).
+    pub why: String,
+}
+
 /// Chooses the engine as `config.engine` says (docs/FPGA.md §1 for the probe order): `auto`
-/// falls back to software with one log line saying why; `fpga` and `fpga=PATH` fail the start
-/// with a message naming what was missing or could not be mapped.
-pub fn select_engine(
-    config: &Config,
-    regions: Arc<RegionTable>,
-) -> Result<(SelectedEngine, Arc<EngineState>), StartError> {
+/// falls back to software and says why in [`Selection::why`]; `fpga` and `fpga=PATH` fail the
+/// start with a message naming what was missing or could not be mapped.
+pub fn select_engine(config: &Config, regions: Arc<RegionTable>) -> Result<Selection, StartError> {
     select_engine_in(config, regions, &netdam_fpga::window::ProbeRoots::default(), FpgaSettings::default())
 }
 
@@ -320,11 +336,14 @@ pub fn select_engine_in(
     regions: Arc<RegionTable>,
     roots: &netdam_fpga::window::ProbeRoots,
     settings: FpgaSettings,
-) -> Result<(SelectedEngine, Arc<EngineState>), StartError> {
-    let software =
-        |regions| (SelectedEngine::Software(SoftwareEngine::new(regions)), Arc::new(EngineState::software()));
+) -> Result<Selection, StartError> {
+    let software = |regions, why: String| Selection {
+        engine: SelectedEngine::Software(SoftwareEngine::new(regions)),
+        state: Arc::new(EngineState::software()),
+        why,
+    };
     let (source, window) = match &config.engine {
-        EngineChoice::Software => return Ok(software(regions)),
+        EngineChoice::Software => return Ok(software(regions, "engine = software".to_string())),
         EngineChoice::Fpga(Some(path)) => {
             let window = netdam_fpga::window::WindowSource::File { path: path.clone() }
                 .open(&roots.sysfs)
@@ -335,8 +354,7 @@ pub fn select_engine_in(
             match netdam_fpga::window::probe(roots, config.fpga_window.as_deref()) {
                 Ok(probed) => (probed.source, probed.window),
                 Err(why) if config.engine == EngineChoice::Auto => {
-                    tracing::info!("engine auto: executing on software, no FPGA found ({why})");
-                    return Ok(software(regions));
+                    return Ok(software(regions, format!("engine auto found no FPGA: {why}")));
                 }
                 Err(why) => return Err(StartError::Engine(format!("engine fpga: no FPGA found ({why})"))),
             }
@@ -344,12 +362,10 @@ pub fn select_engine_in(
     };
     match FpgaEngine::attach(window, Arc::clone(&regions), settings) {
         Ok((engine, state)) => {
-            tracing::info!(device = %source, "engine: executing on the FPGA");
-            Ok((SelectedEngine::Fpga(engine), state))
+            Ok(Selection { engine: SelectedEngine::Fpga(engine), state, why: format!("FPGA at {source}") })
         }
         Err(error) if config.engine == EngineChoice::Auto => {
-            tracing::warn!(device = %source, %error, "engine auto: executing on software, the FPGA found cannot be used");
-            Ok(software(regions))
+            Ok(software(regions, format!("engine auto: the FPGA at {source} cannot be used: {error}")))
         }
         Err(error) => {
             Err(StartError::Engine(format!("engine {}: the device at {source} cannot be used: {error}", config.engine)))

@@ -240,7 +240,7 @@ fn assert_same_memory(expected: &[Vec<u8>], got: &[Vec<u8>], seed: u64, what: &s
 
 #[test]
 fn every_engine_answers_a_seeded_stream_alike_and_leaves_the_same_memory() {
-    let seed = seed(0x14_C0DE);
+    let seed = seed(0x0014_C0DE);
     let mut rigs = [
         ("software", software_rig()),
         ("model thread", thread_rig(Faults::default(), FpgaSettings::default())),
@@ -312,7 +312,7 @@ fn stream_through_a_failover(rig: &mut Rig, seed: u64, kill_model_at: Option<usi
 
 #[test]
 fn a_stalled_completion_ring_fails_over_to_software_with_every_acknowledged_write_intact() {
-    let seed = seed(0x57A1_1ED);
+    let seed = seed(0x057A_11ED);
     let mut rig = thread_rig(Faults { stall_at: Some(400), ..Faults::default() }, fast_failover());
     let at = stream_through_a_failover(&mut rig, seed, None);
     assert!(at >= 400, "the device executed 400 descriptors before stalling, failed over at {at}");
@@ -320,7 +320,7 @@ fn a_stalled_completion_ring_fails_over_to_software_with_every_acknowledged_writ
 
 #[test]
 fn a_device_reset_fails_over_to_software_with_every_acknowledged_write_intact() {
-    let seed = seed(0x2E5E7);
+    let seed = seed(0x0002_E5E7);
     let mut rig = thread_rig(Faults { reset_at: Some(300), ..Faults::default() }, fast_failover());
     let at = stream_through_a_failover(&mut rig, seed, None);
     assert!(at >= 300, "failed over at {at}");
@@ -328,7 +328,7 @@ fn a_device_reset_fails_over_to_software_with_every_acknowledged_write_intact() 
 
 #[test]
 fn a_killed_model_process_fails_over_to_software_with_every_acknowledged_write_intact() {
-    let seed = seed(0x4B1_11ED);
+    let seed = seed(0x04B1_11ED);
     let mut rig = process_rig(&[], fast_failover());
     let at = stream_through_a_failover(&mut rig, seed, Some(700));
     assert!(at >= 700, "failed over at {at}, before the model was killed");
@@ -427,7 +427,7 @@ fn target_memory(client: &mut Client) -> Vec<Vec<u8>> {
 
 #[test]
 fn the_target_answers_alike_on_software_and_on_the_model_process_then_keeps_serving_when_it_dies() {
-    let seed = seed(0x7A26E7);
+    let seed = seed(0x007A_26E7);
     let software_dir = tempfile::tempdir().unwrap();
     let software = Target::start(&target_config(software_dir.path(), EngineChoice::Software)).unwrap();
     assert_eq!(software.engine_name(), "software");
@@ -482,16 +482,14 @@ fn an_fpga_window_that_cannot_be_mapped_stops_the_start_naming_it_and_auto_falls
     let directory = tempfile::tempdir().unwrap();
     let missing = directory.path().join("no-window");
     let error = Target::start(&target_config(directory.path(), EngineChoice::Fpga(Some(missing.clone()))))
-        .err()
-        .expect("no window, no start")
+        .expect_err("no window, no start")
         .to_string();
     assert!(error.contains(&missing.display().to_string()), "{error}");
     // A file that is no device: refused by name too.
     let not_a_device = directory.path().join("zeroes");
     std::fs::write(&not_a_device, vec![0u8; 8192]).unwrap();
     let error = Target::start(&target_config(directory.path(), EngineChoice::Fpga(Some(not_a_device.clone()))))
-        .err()
-        .expect("no device, no start")
+        .expect_err("no device, no start")
         .to_string();
     assert!(error.contains("zeroes") && error.contains("DEVICE_ID"), "{error}");
     // auto with a model window configured finds it when there is no card.
