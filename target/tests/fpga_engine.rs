@@ -503,3 +503,42 @@ fn an_fpga_window_that_cannot_be_mapped_stops_the_start_naming_it_and_auto_falls
     let config = Config { fpga_window: Some(missing), ..target_config(directory.path(), EngineChoice::Auto) };
     assert_eq!(Target::start(&config).unwrap().engine_name(), "software");
 }
+
+#[test]
+fn several_workers_share_the_device_and_its_atomics_stay_atomic() {
+    let directory = tempfile::tempdir().unwrap();
+    let window = directory.path().join("window");
+    let _model = ModelProcess::start(&window, &[]);
+    let config = Config {
+        workers: 2,
+        extensions: vec!["reduce".to_string()],
+        ..target_config(directory.path(), EngineChoice::Fpga(Some(window)))
+    };
+    let target = Target::start(&config).unwrap();
+    assert!(target.engine_state().region_on_device(0));
+    let addr = target.local_addr();
+    // The kernel spreads the clients over the workers by address and port (SO_REUSEPORT).
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut client = Client::connect(addr).unwrap();
+                let mut seen = Vec::new();
+                for _ in 0..250 {
+                    seen.push(client.fetch_add(0, 64, 1).unwrap());
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut seen: Vec<u64> = threads.into_iter().flat_map(|thread| thread.join().unwrap()).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..1000).collect::<Vec<u64>>(), "every FETCH_ADD saw a distinct old value");
+    let mut client = Client::connect(addr).unwrap();
+    assert_eq!(client.fetch_add(0, 64, 0).unwrap(), 1000);
+    // Extension handlers read host memory: refused on a region the device holds, served on
+    // a host one.
+    let refused =
+        client.reduce(0, 0, 64, netdam_isa::LaneType::F32, netdam_isa::extension::reduce::ReduceOp::Sum).unwrap_err();
+    assert!(refused.to_string().contains("not_supported"), "{refused}");
+    client.reduce(2, 0, 64, netdam_isa::LaneType::F32, netdam_isa::extension::reduce::ReduceOp::Sum).unwrap();
+}
