@@ -325,6 +325,10 @@ pub struct Config {
     /// A device model's window file that `auto` (and `fpga`) use when no card is found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fpga_window: Option<PathBuf>,
+    /// An FPGA with an instruction in flight that makes no progress for this long (ms) is
+    /// declared wedged, and the target fails over to software. A worker waits this long once.
+    #[serde(default = "default_fpga_progress_deadline_ms")]
+    pub fpga_progress_deadline_ms: u64,
     /// Regions; none configured means the embedded default region. Regions created with
     /// `netdam-target region create` are served as well.
     #[serde(default, rename = "region", skip_serializing_if = "Vec::is_empty")]
@@ -369,6 +373,10 @@ mod metrics_listen_text {
     }
 }
 
+fn default_fpga_progress_deadline_ms() -> u64 {
+    // Far above a device's microseconds, far below an initiator's patience (5 s).
+    1_000
+}
 fn default_workers() -> usize {
     1
 }
@@ -420,6 +428,7 @@ impl Default for Config {
             session_idle_timeout_ms: default_session_idle_timeout_ms(),
             engine: EngineChoice::Auto,
             fpga_window: None,
+            fpga_progress_deadline_ms: default_fpga_progress_deadline_ms(),
             regions: Vec::new(),
             namespaces: Vec::new(),
             extensions: Vec::new(),
@@ -521,6 +530,12 @@ impl Config {
             return invalid(format!(
                 "session_idle_timeout_ms = {}: must be between {min_ms} and {max_ms}",
                 self.session_idle_timeout_ms
+            ));
+        }
+        if !(10..=60_000).contains(&self.fpga_progress_deadline_ms) {
+            return invalid(format!(
+                "fpga_progress_deadline_ms = {}: must be between 10 and 60000",
+                self.fpga_progress_deadline_ms
             ));
         }
         validate_spaces(&self.effective_regions(), &self.namespaces)?;

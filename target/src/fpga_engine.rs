@@ -116,7 +116,7 @@ impl Default for FpgaSettings {
             // One instruction in flight per worker; the rest of the ring is headroom.
             ring_entries: 16,
             // Far above a healthy device's microseconds, far below an initiator's give-up time;
-            // a worker is held this long once, when its device dies.
+            // a worker is held this long once, when its device dies (`fpga_progress_deadline_ms`).
             progress_deadline: Duration::from_millis(1_000),
             attach_timeout: std::time::Duration::from_secs(10),
             reset_timeout: std::time::Duration::from_millis(100),

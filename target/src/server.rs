@@ -327,7 +327,11 @@ pub struct Selection {
 /// falls back to software and says why in [`Selection::why`]; `fpga` and `fpga=PATH` fail the
 /// start with a message naming what was missing or could not be mapped.
 pub fn select_engine(config: &Config, regions: Arc<RegionTable>) -> Result<Selection, StartError> {
-    select_engine_in(config, regions, &netdam_fpga::window::ProbeRoots::default(), FpgaSettings::default())
+    let settings = FpgaSettings {
+        progress_deadline: Duration::from_millis(config.fpga_progress_deadline_ms),
+        ..FpgaSettings::default()
+    };
+    select_engine_in(config, regions, &netdam_fpga::window::ProbeRoots::default(), settings)
 }
 
 /// [`select_engine`] probing under `roots` and driving the device with `settings`.

@@ -75,9 +75,12 @@ const STREAMS: [StreamSpaces; 2] = [
     StreamSpaces { first: 1, second: 2, bytes: REGION_BYTES },
 ];
 
-fn fast_failover() -> FpgaSettings {
-    // Short enough for a test to wait out, long enough for a loaded machine's scheduling.
-    FpgaSettings { progress_deadline: Duration::from_millis(500), ..FpgaSettings::default() }
+/// The wedge deadline of the fault tests: short enough to wait out, long enough that a model
+/// descheduled on a loaded machine is not taken for a wedged one.
+const TEST_DEADLINE_MS: u64 = 2_000;
+
+fn test_settings() -> FpgaSettings {
+    FpgaSettings { progress_deadline: Duration::from_millis(TEST_DEADLINE_MS), ..FpgaSettings::default() }
 }
 
 /// The model binary, built beside `netdam-target` by `cargo build --workspace`.
@@ -243,8 +246,8 @@ fn every_engine_answers_a_seeded_stream_alike_and_leaves_the_same_memory() {
     let seed = seed(0x0014_C0DE);
     let mut rigs = [
         ("software", software_rig()),
-        ("model thread", thread_rig(Faults::default(), FpgaSettings::default())),
-        ("model process", process_rig(&[], FpgaSettings::default())),
+        ("model thread", thread_rig(Faults::default(), test_settings())),
+        ("model process", process_rig(&[], test_settings())),
     ];
     let mut rng = Rng::new(seed);
     let mut operand = Vec::new();
@@ -313,7 +316,7 @@ fn stream_through_a_failover(rig: &mut Rig, seed: u64, kill_model_at: Option<usi
 #[test]
 fn a_stalled_completion_ring_fails_over_to_software_with_every_acknowledged_write_intact() {
     let seed = seed(0x057A_11ED);
-    let mut rig = thread_rig(Faults { stall_at: Some(400), ..Faults::default() }, fast_failover());
+    let mut rig = thread_rig(Faults { stall_at: Some(400), ..Faults::default() }, test_settings());
     let at = stream_through_a_failover(&mut rig, seed, None);
     assert!(at >= 400, "the device executed 400 descriptors before stalling, failed over at {at}");
 }
@@ -321,7 +324,7 @@ fn a_stalled_completion_ring_fails_over_to_software_with_every_acknowledged_writ
 #[test]
 fn a_device_reset_fails_over_to_software_with_every_acknowledged_write_intact() {
     let seed = seed(0x0002_E5E7);
-    let mut rig = thread_rig(Faults { reset_at: Some(300), ..Faults::default() }, fast_failover());
+    let mut rig = thread_rig(Faults { reset_at: Some(300), ..Faults::default() }, test_settings());
     let at = stream_through_a_failover(&mut rig, seed, None);
     assert!(at >= 300, "failed over at {at}");
 }
@@ -329,14 +332,14 @@ fn a_device_reset_fails_over_to_software_with_every_acknowledged_write_intact() 
 #[test]
 fn a_killed_model_process_fails_over_to_software_with_every_acknowledged_write_intact() {
     let seed = seed(0x04B1_11ED);
-    let mut rig = process_rig(&[], fast_failover());
+    let mut rig = process_rig(&[], test_settings());
     let at = stream_through_a_failover(&mut rig, seed, Some(700));
     assert!(at >= 700, "failed over at {at}, before the model was killed");
 }
 
 #[test]
 fn a_device_error_fails_one_instruction_without_failing_over() {
-    let mut rig = thread_rig(Faults { error_at: Some(0), ..Faults::default() }, fast_failover());
+    let mut rig = thread_rig(Faults { error_at: Some(0), ..Faults::default() }, test_settings());
     let write = Instruction {
         opcode: Opcode::Write as u8,
         flags: 0,
@@ -365,6 +368,7 @@ fn target_config(directory: &Path, engine: EngineChoice) -> Config {
         pin_workers: false,
         lock_memory: false,
         engine,
+        fpga_progress_deadline_ms: TEST_DEADLINE_MS,
         regions: region_configs(directory),
         namespaces: vec![NamespaceConfig {
             name: "disk".into(),
