@@ -9,7 +9,7 @@
 //!
 //! One instruction at a time: `execute` submits the instruction, then polls its completion (the
 //! device answers in microseconds) and returns, so the worker loop is held for that instruction
-//! only, and a device that makes no progress for `progress_deadline` is declared wedged. The
+//! only, and a device that makes no progress for `fpga_progress_deadline_ms` is declared wedged. The
 //! device has one ring pair; the workers of a target share it under a mutex, uncontended with
 //! one worker. A full ring (possible only if a device keeps slots past their completion) is
 //! answered `busy`.
