@@ -213,6 +213,7 @@ fn target_answer(request: &[u8], session: u32, reply: Status) -> Vec<u8> {
                 session,
                 9000,
                 64,
+                0,
                 no_regions,
                 std::iter::empty(),
             )

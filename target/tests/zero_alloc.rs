@@ -2,7 +2,9 @@
 //! real target on loopback while a client that itself allocates nothing in its loop (a raw
 //! socket and fixed buffers) sends every memory instruction, and a block namespace's reads,
 //! writes and block status (`lseek`s on the worker, into a fixed extent array), and the
-//! `reduce` extension. One test in its own binary, so no other test's allocations are counted.
+//! `reduce` extension; then the same (but `reduce`, which does not run on a region held by a
+//! device) with the FPGA engine over `netdam-fpga-model` as a separate process. One test in its
+//! own binary, so no other test's allocations are counted.
 
 mod common;
 
@@ -43,20 +45,59 @@ fn instruction(opcode: Opcode, space: u16, offset: u64, length: u32, operand: &[
     Instruction { opcode: opcode as u8, flags: 0, space, offset, length, aux: 0, operand }
 }
 
-#[test]
-fn the_request_path_allocates_nothing_after_warm_up() {
-    let namespace = NamespaceConfig {
+fn namespace() -> NamespaceConfig {
+    NamespaceConfig {
         name: "disk".into(),
         backend: NamespaceBackend::File,
         path: "disk.img".into(),
         size: Some(ByteSize(1 << 20)),
         block_size: 4096,
-    };
+    }
+}
+
+#[test]
+fn the_request_path_allocates_nothing_after_warm_up() {
     // With the `reduce` extension on: extension handlers run on this path too.
     let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
-        config.namespaces = vec![namespace];
+        config.namespaces = vec![namespace()];
         config.extensions = vec!["reduce".to_string()];
     });
+    assert_eq!(test.target.engine_name(), "software");
+    count_allocations(&test, true);
+    drop(test);
+
+    // The FPGA engine: the region is placed on the device, every memory instruction crosses the
+    // rings. The model runs as a process of its own, so only the target's allocations count.
+    let model_dir = tempfile::tempdir().unwrap();
+    let window = model_dir.path().join("window");
+    let model_binary =
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_netdam-target")).with_file_name("netdam-fpga-model");
+    assert!(model_binary.exists(), "{} is missing: build the workspace first", model_binary.display());
+    let mut model = std::process::Command::new(model_binary)
+        .arg("--window")
+        .arg(&window)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !window.exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the model did not create its window");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+        config.namespaces = vec![namespace()];
+        config.engine = netdam_target::config::EngineChoice::Fpga(Some(window.clone()));
+    });
+    assert_eq!(test.target.engine_name(), "fpga");
+    count_allocations(&test, false);
+    assert!(test.target.engine_state().on_fpga(), "the device served the whole run");
+    drop(test);
+    let _ = model.kill();
+    let _ = model.wait();
+}
+
+/// Sends every request 400 times over a raw socket; the last 200 rounds must allocate nothing.
+fn count_allocations(test: &common::TestTarget, with_reduce: bool) {
     // Recording the per-opcode counters and histograms is part of the path measured here.
     assert!(test.target.metrics_addr().is_some(), "metrics are on in the test settings");
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -85,7 +126,7 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         aux: reduce_aux(LaneType::F32, ReduceOp::Max),
         ..instruction(Opcode::Read, 0, 0, 65536, &[])
     };
-    let requests: [&[Instruction<'_>]; 13] = [
+    let all: [&[Instruction<'_>]; 13] = [
         &[instruction(Opcode::Read, 0, 0, 64, &[])],
         &[instruction(Opcode::Write, 0, 64, data.len() as u32, &data)],
         &[instruction(Opcode::Cas, 0, 1024, 8, &cas)],
@@ -100,6 +141,7 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         &[instruction(Opcode::BlockStatus, 0, 0, 256, &[])],
         &[reduce],
     ];
+    let requests = if with_reduce { &all[..] } else { &all[..12] };
     let mut out = vec![0u8; 9000];
     let mut answer = vec![0u8; 65_536];
     let mut sequence = 0u64;
@@ -128,7 +170,7 @@ fn the_request_path_allocates_nothing_after_warm_up() {
     for round in 0..2 {
         let before = ALLOCATIONS.load(Ordering::Relaxed);
         for _ in 0..200 {
-            for ops in requests {
+            for &ops in requests {
                 sequence += 1;
                 exchange(ops, sequence);
             }
@@ -136,7 +178,8 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
         if round == 1 {
             // The first round warms up (the session, lazily initialised state); the second counts.
-            assert_eq!(allocations, 0, "{allocations} heap allocations in 2,600 requests after warm-up");
+            let count = 200 * requests.len();
+            assert_eq!(allocations, 0, "{allocations} heap allocations in {count} requests after warm-up");
         }
     }
 }
