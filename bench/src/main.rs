@@ -109,6 +109,9 @@ struct LoadArgs {
     /// Swift's fabric base target delay, µs: must exceed the fabric's unloaded round trip.
     #[arg(long)]
     base_target_us: Option<u64>,
+    /// The tenant's key file (else the default tenant's, as `netdam` finds it).
+    #[arg(long, env = "NETDAM_KEY", value_name = "FILE")]
+    key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -227,6 +230,8 @@ fn load(args: &LoadArgs) {
         println!("{}", serde_json::json!({ "error": message }));
         std::process::exit(1);
     };
+    session.credentials =
+        netdam_initiator::keys::resolve(args.key.as_deref()).unwrap_or_else(|error| fail(format!("--key: {error}")));
     let mut client = Client::connect_with(args.target, ClientOptions { session, ..ClientOptions::default() })
         .unwrap_or_else(|error| fail(format!("connect: {error}")));
     let space = client.region(&args.region).map(|region| region.id).unwrap_or_else(|error| fail(error.to_string()));

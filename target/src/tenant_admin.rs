@@ -52,7 +52,7 @@ fn create_key_directory(key_file: &Path) -> Result<(), TenantAdminError> {
 }
 
 fn key_file_of(record: &TenantRecord, key: &TenantKey) -> KeyFile {
-    KeyFile { tenant: record.name.clone(), id: record.id, version: record.key_version, key: key.clone() }
+    KeyFile { tenant: record.name.clone(), id: record.id, version: record.key_version, key: *key }
 }
 
 /// Creates tenant `name` with `key` (a new one when `None`) and `settings`, and writes its key
@@ -295,7 +295,7 @@ mod tests {
         std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(import_key(&hex).unwrap(), key);
         let file = dir.path().join("file.key");
-        KeyFile { tenant: "x".into(), id: 3, version: 1, key: key.clone() }.write(&file, false).unwrap();
+        KeyFile { tenant: "x".into(), id: 3, version: 1, key }.write(&file, false).unwrap();
         assert_eq!(import_key(&file).unwrap(), key);
         std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(import_key(&hex).unwrap_err().to_string().contains("chmod 600"));

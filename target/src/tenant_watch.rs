@@ -243,7 +243,7 @@ mod tests {
         assert!(held.allows(Permissions::READ, 0, 1));
 
         // A rotated key too.
-        let old_key = snapshot.tenant(alice.id).unwrap().key.clone();
+        let old_key = snapshot.tenant(alice.id).unwrap().key;
         let (_, new_key) = MetadataStore::open(dir.path()).unwrap().rotate_key("alice").unwrap();
         wait_for_generation(&cell, generation, Duration::from_secs(1)).expect("published within 1 s");
         let (generation, snapshot) = cell.load();

@@ -377,6 +377,7 @@ fn target_config(directory: &Path, engine: EngineChoice) -> Config {
             size: Some(ByteSize(NAMESPACE_BLOCKS * u64::from(BLOCK_BYTES))),
             block_size: BLOCK_BYTES,
         }],
+        auth: netdam_target::AuthMode::None,
         ..Config::default()
     }
 }

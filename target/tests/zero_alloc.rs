@@ -63,7 +63,34 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         config.extensions = vec!["reduce".to_string()];
     });
     assert_eq!(test.target.engine_name(), "software");
-    count_allocations(&test, true);
+    count_allocations(&test, true, None);
+    drop(test);
+
+    // An authenticated session: every request opened (its MAC checked) and checked against the
+    // tenant's grants, every answer sealed.
+    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+        config.namespaces = vec![namespace()];
+        config.extensions = vec!["reduce".to_string()];
+        config.auth = netdam_target::AuthMode::Tenants;
+    });
+    let key = netdam_auth::TenantKey::from_bytes([0x42; 32]);
+    let record = netdam_target::tenants::TenantRecord {
+        name: "bench".into(),
+        id: 1,
+        key_version: 1,
+        key_hex: key.to_hex(),
+        class: Default::default(),
+        limits: Default::default(),
+        grants: vec![netdam_target::tenants::GrantRecord {
+            space: netdam_target::tenants::GrantSpace::All,
+            permissions: vec!["all".into()],
+            range: None,
+        }],
+    };
+    let (snapshot, _) =
+        netdam_target::tenants::TenantSnapshot::resolve(&[record], test.target.regions(), test.target.namespaces());
+    test.target.tenants().publish(snapshot);
+    count_allocations(&test, true, Some((1, key)));
     drop(test);
 
     // The FPGA engine: the region is placed on the device, every memory instruction crosses the
@@ -89,7 +116,7 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         config.engine = netdam_target::config::EngineChoice::Fpga(Some(window.clone()));
     });
     assert_eq!(test.target.engine_name(), "fpga");
-    count_allocations(&test, false);
+    count_allocations(&test, false, None);
     assert!(test.target.engine_state().on_fpga(), "the device served the whole run");
     drop(test);
     let _ = model.kill();
@@ -97,13 +124,21 @@ fn the_request_path_allocates_nothing_after_warm_up() {
 }
 
 /// Sends every request 400 times over a raw socket; the last 200 rounds must allocate nothing.
-fn count_allocations(test: &common::TestTarget, with_reduce: bool) {
+/// With `tenant`, over an authenticated session of that tenant (id and key).
+fn count_allocations(test: &common::TestTarget, with_reduce: bool, tenant: Option<(u32, netdam_auth::TenantKey)>) {
     // Recording the per-opcode counters and histograms is part of the path measured here.
     assert!(test.target.metrics_addr().is_some(), "metrics are on in the test settings");
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.connect(test.target.local_addr()).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let session = common::hello(&socket);
+    let (session, keys) = match &tenant {
+        Some((id, key)) => {
+            let (session, keys) = common::auth_hello(&socket, *id, key);
+            (session, Some(keys))
+        }
+        None => (common::hello(&socket), None),
+    };
+    let mut sealed = 0u64;
 
     // Every buffer and operand is made before counting starts.
     let word = 5u64.to_le_bytes();
@@ -150,7 +185,12 @@ fn count_allocations(test: &common::TestTarget, with_reduce: bool) {
         for op in ops {
             builder.push(op).unwrap();
         }
-        let len = builder.finish();
+        let mut len = builder.finish();
+        if let Some(keys) = &keys {
+            netdam_isa::wire::mark_sealed(&mut out[..len]);
+            len = netdam_auth::trailer::seal(&keys.request, sealed, &mut out, len).unwrap();
+            sealed += 1;
+        }
         socket.send(&out[..len]).unwrap();
         loop {
             let len = match socket.recv(&mut answer) {
@@ -158,7 +198,13 @@ fn count_allocations(test: &common::TestTarget, with_reduce: bool) {
                 Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(error) => panic!("no answer to request {sequence} within 5 s: {error}"),
             };
-            let response = Response::parse(&answer[..len]).expect("the answer decodes");
+            let response = match &keys {
+                Some(keys) => {
+                    let opened = netdam_auth::trailer::open(&keys.response, &answer[..len]).expect("a sealed answer");
+                    Response::parse_opened(&answer[..opened]).expect("the answer decodes")
+                }
+                None => Response::parse(&answer[..len]).expect("the answer decodes"),
+            };
             if response.header.sequence == sequence {
                 assert_eq!(response.status(), Status::Ok);
                 let mut results = response.results();
