@@ -457,8 +457,7 @@ fn load_average() -> String {
 
 /// Runs every case.
 pub fn run(args: &AllreduceArgs) -> Result<(), String> {
-    if args.workers.iter().any(|workers| *workers == 0) || args.sizes.iter().any(|bytes| *bytes == 0 || bytes % 4 != 0)
-    {
+    if args.workers.contains(&0) || args.sizes.iter().any(|bytes| *bytes == 0 || bytes % 4 != 0) {
         return Err("workers must be at least 1 and sizes whole i32 lanes (multiples of 4 bytes)".to_string());
     }
     let scratch = tempfile::tempdir().map_err(|error| format!("temporary directory: {error}"))?;
