@@ -149,6 +149,22 @@ impl MethodResult {
         median(&self.slowest_ns) as f64 / 1e6
     }
 
+    /// `median (min–max)` of the slowest worker's times over the repeats, ms.
+    fn time_cell(&self) -> String {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let low = self.slowest_ns.iter().copied().min().unwrap_or(0);
+        let high = self.slowest_ns.iter().copied().max().unwrap_or(0);
+        if self.slowest_ns.len() > 1 {
+            format!("{:.1} ({:.1}–{:.1})", self.time_ms(), ms(low), ms(high))
+        } else {
+            format!("{:.1}", self.time_ms())
+        }
+    }
+
+    fn retransmissions(&self) -> u64 {
+        self.workers.iter().map(|report| report.retransmissions).sum()
+    }
+
     fn mean(&self, field: impl Fn(&WorkerReport) -> u64) -> f64 {
         self.workers.iter().map(|report| field(report) as f64).sum::<f64>() / self.workers.len().max(1) as f64
     }
@@ -162,7 +178,7 @@ impl MethodResult {
             "udp_payload_bytes_received_per_worker": self.mean(|report| report.bytes_received),
             "datagrams_sent_per_worker": self.mean(|report| report.datagrams_sent),
             "datagrams_received_per_worker": self.mean(|report| report.datagrams_received),
-            "retransmissions": self.workers.iter().map(|report| report.retransmissions).sum::<u64>(),
+            "retransmissions": self.retransmissions(),
         })
     }
 }
@@ -630,34 +646,39 @@ fn markdown(cases: &[Case], conditions: &Conditions) -> String {
         conditions.target_workers, conditions.repeats
     ));
     text.push_str(
-        "| workers | buffer | through target (ms) | host-side (ms) | speedup | MiB/worker, target | MiB/worker, host-side | bytes host/target | exact, equal |\n\
+        "| workers | buffer | through target, ms: median (min–max) | host-side, ms: median (min–max) | speedup | MiB/worker, target | MiB/worker, host-side | bytes host/target | exact, equal |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for case in cases {
         text.push_str(&format!(
-            "| {} | {} | {:.1} | {:.1} | {:.2}x | {:.2} | {:.2} | {:.2}x | yes |\n",
+            "| {} | {} | {} | {} | {:.2}x | {:.2} | {:.2} | {:.2}x | yes |\n",
             case.workers,
             size_name(case.bytes),
-            case.target.time_ms(),
-            case.host.time_ms(),
+            case.target.time_cell(),
+            case.host.time_cell(),
             case.speedup(),
             mib(case.target.mean(WorkerReport::wire_bytes)),
             mib(case.host.mean(WorkerReport::wire_bytes)),
             case.bytes_ratio()
         ));
     }
-    let retransmissions: u64 = cases
-        .iter()
-        .flat_map(|case| case.target.workers.iter().chain(&case.host.workers))
-        .map(|report| report.retransmissions)
-        .sum();
+    let retransmissions =
+        |pick: fn(&Case) -> &MethodResult| cases.iter().map(|case| pick(case).retransmissions()).sum::<u64>();
     text.push_str(&format!(
-        "\nRetransmissions over the whole run: {retransmissions}.\n\n\
+        "\nSpeedup: host-side time over time through the target. Retransmissions over the whole run: {} through the \
+         target, {} host-side (datagrams the kernel dropped from full socket buffers with several senders; they \
+         are in the byte counts).\n\n\
+         Why it grows with N: through the target each worker sends its buffer once and reads the sum once \
+         (2 buffers' worth whatever N), host-side it sends its buffer and reads N − 1 others (N buffers' worth), \
+         and the target serves N − 1 times as many READs. At N = 2 both move the same bytes.\n\n\
          This machine has {} cores for the target and all N workers: at N = 4 and 8 the workers and the target \
-         contend for them, so the times are those of a crowded host, not of N hosts on a network. The result is \
-         the ratio of the two methods within this run; the bytes are counts and do not depend on load. On \
-         loopback both methods move memory at the speed of the CPU rather than of a link, which favours \
-         host-side reduction (its extra bytes cost copies, not wire time).\n",
+         contend for them, so the times are those of a crowded host, not of N hosts on a network; the load average \
+         after the run includes the run's own workers. The result is the ratio of the two methods within this run; \
+         the bytes are counts, which load changes only through retransmissions. On loopback both methods move \
+         memory at the speed of the CPU rather than of a link, which favours host-side reduction (its extra bytes \
+         cost copies, not wire time).\n",
+        retransmissions(|case| &case.target),
+        retransmissions(|case| &case.host),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     ));
     text
