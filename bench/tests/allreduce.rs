@@ -1,6 +1,7 @@
 //! `netdam-bench allreduce` as ops/performance.sh runs it, small: worker processes reduce through
 //! the target and host-side, every result is the exact sum (the run fails otherwise), and the
-//! bytes each worker's session counted are at least what each method must move.
+//! bytes each worker's session counted are at least what each method must move. Nothing here
+//! depends on timing.
 
 use std::process::Command;
 
@@ -26,11 +27,16 @@ fn both_methods_give_the_exact_sum_and_count_the_bytes_each_must_move() {
         // Host-side: WRITE every lane out, READ every other worker's lanes back.
         assert!(bytes("host_side", "udp_payload_bytes_sent_per_worker") > LEN as f64);
         assert!(bytes("host_side", "udp_payload_bytes_received_per_worker") > ((workers - 1) * LEN) as f64);
-        // Headers and counters are a small share: within 10% of the payloads' least.
-        let wire = bytes("through_target", "wire_bytes_per_worker");
-        assert!(wire < 2.2 * LEN as f64, "through the target: {wire} bytes per worker");
-        let wire = bytes("host_side", "wire_bytes_per_worker");
-        assert!(wire < 1.1 * (workers * LEN) as f64, "host-side: {wire} bytes per worker");
+        // The wire figure is the counted payloads plus each counted datagram's IPv4/UDP header.
+        // (No upper bound: polling and retransmissions add bytes as the machine's load decides.)
+        for method in ["through_target", "host_side"] {
+            let datagrams = bytes(method, "datagrams_sent_per_worker") + bytes(method, "datagrams_received_per_worker");
+            let payloads = bytes(method, "udp_payload_bytes_sent_per_worker")
+                + bytes(method, "udp_payload_bytes_received_per_worker");
+            let wire = bytes(method, "wire_bytes_per_worker");
+            assert!((wire - (payloads + 28.0 * datagrams)).abs() < 1.0, "{method}: {wire} bytes on the wire");
+            assert!(datagrams >= 2.0 * (LEN / 9000) as f64, "{method}: {datagrams} datagrams per worker");
+        }
         assert!(case["through_target"]["time_ms"].as_f64().unwrap() > 0.0);
         assert!(case["speedup"].as_f64().unwrap() > 0.0);
     }
