@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the README's Performance section on this machine: every netdam-bench report (JSON,
-# markdown and PNG plots) into the directory given (default docs/results). Takes about 12 minutes
+# markdown and PNG plots) into the directory given (default docs/results). Takes about 14 minutes
 # and wants the machine otherwise idle. Timings are measurements, never pass/fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -567,11 +567,17 @@ pub fn run(args: &AllreduceArgs) -> Result<(), String> {
 
 /// What the plot needs of one case.
 pub struct PlotPoint {
+    /// Worker processes.
     pub workers: u32,
+    /// Bytes of each worker's buffer.
     pub bytes: u64,
+    /// Time through the target, ms (median of the slowest worker).
     pub target_ms: f64,
+    /// Time host-side, ms.
     pub host_ms: f64,
+    /// Bytes on the wire per worker through the target.
     pub target_wire_bytes: f64,
+    /// Bytes on the wire per worker host-side.
     pub host_wire_bytes: f64,
 }
 
