@@ -99,6 +99,11 @@ pub struct LatencyArgs {
     /// is placed on it).
     #[arg(long, default_value = "software", value_name = "software|auto|fpga[=PATH]")]
     pub engine: EngineChoice,
+    /// Authenticated sessions: the target requires tenants, and every datagram of netdam's
+    /// client carries a MAC trailer (its CRC is then not computed) and every instruction is
+    /// checked against the tenant's grants. Without it, `auth = "none"`.
+    #[arg(long)]
+    pub auth: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -238,15 +243,20 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
     let mut cases = Vec::new();
     for &poll in &args.poll {
         let start_with = |metrics: bool| {
-            let target = Target::start(&target_config(
+            let config = target_config(
                 scratch.path(),
                 poll,
                 args.pin == crate::OnOff::On,
                 args.lock_memory == crate::OnOff::On,
                 metrics,
                 &args.engine,
-            ))
-            .unwrap_or_else(|error| panic!("netdam target: {error}"));
+            );
+            let auth = if args.auth { netdam_target::AuthMode::Tenants } else { netdam_target::AuthMode::None };
+            let target =
+                Target::start(&Config { auth, ..config }).unwrap_or_else(|error| panic!("netdam target: {error}"));
+            if args.auth {
+                crate::target::publish_bench_tenant(&target);
+            }
             // Memory instructions through the device only if the bench region is on it.
             if target.engine_name() == "fpga" && !target.engine_state().region_on_device(0) {
                 panic!(
@@ -349,10 +359,13 @@ fn measure_netdam(
     size: u32,
     payload: &[u8],
 ) -> (Histogram<u64>, u64, u64) {
-    let options = ClientOptions {
+    let mut options = ClientOptions {
         poll: if poll.spins() { ClientPoll::Busy } else { ClientPoll::Blocking },
         ..ClientOptions::default()
     };
+    if args.auth {
+        options.session.credentials = Some(crate::target::BENCH_CREDENTIALS);
+    }
     let mut client =
         Client::connect_with(target.local_addr(), options).unwrap_or_else(|error| panic!("netdam client: {error}"));
     let before = client.session_stats().retransmissions;

@@ -6,6 +6,7 @@ mod block;
 mod compare;
 mod fio;
 mod floor;
+mod integrity;
 mod latency;
 mod plots;
 mod report;
@@ -86,6 +87,9 @@ enum Command {
     Sim(SimArgs),
     /// Print the table of simulated results (docs/SIMULATION.md) to standard output.
     SimTable,
+    /// What checking one datagram costs: CRC-32, the MAC trailer of an authenticated session
+    /// (seal and open) and HMAC-SHA256, per datagram size.
+    Integrity(integrity::IntegrityArgs),
     /// One initiator writing to a running target as fast as its window allows, for a while;
     /// prints one JSON line. Used by ops/netns-incast.sh, one per network namespace.
     Load(LoadArgs),
@@ -189,6 +193,7 @@ fn main() {
     match cli.command {
         Command::Latency(args) => latency(&args, true),
         Command::Floor(args) => latency(&args, false),
+        Command::Integrity(args) => integrity::run(&args),
         Command::Sim(args) => simulate(&args),
         Command::Throughput(args) => {
             if let Err(message) = throughput::run(&args).and_then(|points| throughput::report(&points, &args)) {

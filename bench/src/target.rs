@@ -19,6 +19,27 @@ pub fn pmem_namespace(file_name: &str, bytes: u64, block_size: u32) -> Namespace
     }
 }
 
+/// The tenant `--auth` runs use: id 1, a fixed key (the target is in-process and short-lived).
+pub const BENCH_CREDENTIALS: netdam_auth::Credentials =
+    netdam_auth::Credentials { tenant: 1, key_version: 1, key: netdam_auth::TenantKey::from_bytes([0x5A; 32]) };
+
+/// Puts the bench tenant, with every permission on every space, in force on `target`.
+pub fn publish_bench_tenant(target: &netdam_target::Target) {
+    use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+    let record = TenantRecord {
+        name: "bench".into(),
+        id: BENCH_CREDENTIALS.tenant,
+        key_version: BENCH_CREDENTIALS.key_version,
+        key_hex: BENCH_CREDENTIALS.key.to_hex(),
+        class: Default::default(),
+        limits: Default::default(),
+        grants: vec![GrantRecord { space: GrantSpace::All, permissions: vec!["all".into()], range: None }],
+    };
+    let (snapshot, warnings) = TenantSnapshot::resolve(&[record], target.regions(), target.namespaces());
+    assert!(warnings.is_empty(), "the bench tenant resolves: {warnings:?}");
+    target.tenants().publish(snapshot);
+}
+
 /// Settings of a one-worker bench target serving the memory region and `namespace`.
 pub fn config(data_dir: &Path, poll: PollMode, namespace: NamespaceConfig) -> Config {
     Config {

@@ -774,6 +774,8 @@ impl Session {
                 match (pushed, builder.is_empty()) {
                     (false, _) => Err(too_large),
                     (true, true) => Err(ClientError::Empty),
+                    // A request of an authenticated session is sealed next: no CRC.
+                    (true, false) if self.keys.is_some() && self.session_id != 0 => Ok(builder.finish_sealed()),
                     (true, false) => Ok(builder.finish()),
                 }
             }

@@ -23,8 +23,6 @@ pub const RESPONSE_INSTRUCTION_HEADER_LEN: usize = 8;
 
 /// Header flag: the datagram is a response. A target never answers a datagram carrying it.
 pub const FLAG_RESPONSE: u8 = 0x01;
-/// Header flag reserved for the MAC trailer of authenticated sessions; must be zero in v1.
-pub const FLAG_MAC: u8 = 0x02;
 const FLAGS_KNOWN: u8 = FLAG_RESPONSE;
 
 /// Flag bit 1: the datagram ends with the MAC trailer of an authenticated session
@@ -316,12 +314,17 @@ pub fn set_request_session(datagram: &mut [u8], session: u32) {
 }
 
 /// Restamps an encoded response held back by its target (group commit): its service time, and
-/// its datagram status when given (the persist failed), with the CRC recomputed once.
+/// its datagram status when given (the persist failed), with the CRC recomputed once (none for
+/// an answer finished to be sealed, which is sealed after this).
 pub fn restamp_response(datagram: &mut [u8], service_time_ns: u32, status: Option<Status>) {
     assert!(datagram.len() >= HEADER_LEN, "an encoded response has a whole header");
     datagram[header_field::SERVICE_TIME_NS].copy_from_slice(&service_time_ns.to_le_bytes());
     if let Some(status) = status {
         datagram[header_field::STATUS] = status as u8;
+    }
+    if datagram[header_field::FLAGS] & FLAG_SEALED != 0 {
+        // Sealed after this: the MAC covers it, the CRC stays 0.
+        return;
     }
     let crc = datagram_crc(datagram);
     datagram[header_field::CRC].copy_from_slice(&crc.to_le_bytes());
@@ -534,6 +537,14 @@ impl<'b> RequestBuilder<'b> {
         self.buf[header_field::CRC].copy_from_slice(&crc.to_le_bytes());
         self.len
     }
+
+    /// Writes the header of a datagram the caller seals next ([`FLAG_SEALED`] set, CRC 0: the
+    /// MAC covers it, so no CRC is computed); returns the length before the trailer.
+    pub fn finish_sealed(self) -> usize {
+        let header = Header { flags: self.header.flags | FLAG_SEALED, ..self.header };
+        header.write(self.buf);
+        self.len
+    }
 }
 
 /// Writes a response datagram into a caller-owned buffer, one instruction result at a time.
@@ -610,6 +621,15 @@ impl<'b> ResponseWriter<'b> {
         header.write(self.buf);
         let crc = datagram_crc(&self.buf[..self.len]);
         self.buf[header_field::CRC].copy_from_slice(&crc.to_le_bytes());
+        self.len
+    }
+
+    /// As [`ResponseWriter::finish`], for an answer the caller seals next: [`FLAG_SEALED`] set
+    /// and CRC 0, not computed (the MAC covers the datagram).
+    pub fn finish_sealed(self, ttl: u8, service_time_ns: u32, queue_depth: u16) -> usize {
+        let header =
+            Header { flags: self.header.flags | FLAG_SEALED, ttl, service_time_ns, queue_depth, ..self.header };
+        header.write(self.buf);
         self.len
     }
 }

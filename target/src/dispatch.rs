@@ -25,7 +25,7 @@ use netdam_isa::limits::{
 };
 use netdam_isa::wire::{
     peek_is_response, peek_is_sealed, peek_session_sequence, DecodeError, Disposition, Instruction, Request,
-    ResponseWriter, RESPONSE_INSTRUCTION_HEADER_LEN,
+    ResponseWriter, HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN,
 };
 use netdam_isa::{Duration, Instant, Opcode, Status};
 use netdam_nvme::{BlockDevice, BlockRequest, BufferIndex};
@@ -43,7 +43,7 @@ use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
 use crate::tenants::{QosClass, TenantCell, TenantSnapshot};
 
 /// STAT entries that describe the target rather than count events.
-pub const TARGET_STAT_ENTRIES: usize = 4;
+pub const TARGET_STAT_ENTRIES: usize = 6;
 
 /// How often at most a worker logs that it refuses HELLOs (with the count since its last line).
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_millis(10_000);
@@ -354,6 +354,12 @@ impl<E: Engine> Dispatcher<E> {
         }
     }
 
+    /// Whether the answer of the datagram just handled will be sealed (finish it with
+    /// `finish_sealed`: no CRC).
+    pub fn will_seal(&self) -> bool {
+        self.pending_seal.is_some()
+    }
+
     /// Which session's keys seal the answer of the datagram just handled (taken once); the
     /// driver passes it to [`Dispatcher::seal`] when the answer is finished.
     pub fn take_seal(&mut self) -> Option<SealFor> {
@@ -392,7 +398,9 @@ impl<E: Engine> Dispatcher<E> {
         // fails the check is dropped unanswered, since nothing proves who sent it.
         let (datagram, out) = if peek_is_sealed(datagram) {
             let Some((session, sequence)) = peek_session_sequence(datagram) else {
-                self.count(Counter::DroppedTooShort);
+                let counter =
+                    if datagram.len() < HEADER_LEN { Counter::DroppedTooShort } else { Counter::DroppedBadMagic };
+                self.count(counter);
                 return Handled::Dropped;
             };
             let auth = match self.sessions.auth(session, from.peer) {
@@ -458,7 +466,15 @@ impl<E: Engine> Dispatcher<E> {
         let mut record = None;
         if header.session != 0 {
             let extensions = &self.shared.extensions;
+            let authenticated = self.current_tenant.is_some();
             let idempotent = request.instructions().all(|instruction| {
+                if authenticated {
+                    // A captured request replayed later must not run again once others have
+                    // changed what it changed (a WRITE replayed after a newer WRITE would undo
+                    // it): in an authenticated session only what changes nothing runs twice;
+                    // every other answer is stored and replayed, never re-executed.
+                    return changes_nothing(instruction.opcode);
+                }
                 // An extension's declaration decides; an unknown opcode counts as not idempotent.
                 extensions.is_idempotent(instruction.opcode).unwrap_or_else(|| instruction.is_idempotent())
             });
@@ -684,7 +700,11 @@ impl<E: Engine> Dispatcher<E> {
             let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
             let depth = u16::try_from(self.block.pending() - 1).unwrap_or(u16::MAX);
             let reply_to = pending.reply_to.expect("defer recorded where the answer goes");
-            let mut len = response.finish(reply_to.ttl, service_time_ns, depth);
+            let mut len = if pending.seal.is_some() {
+                response.finish_sealed(reply_to.ttl, service_time_ns, depth)
+            } else {
+                response.finish(reply_to.ttl, service_time_ns, depth)
+            };
             self.stats().add(Counter::InstructionsExecuted, u64::from(count));
             self.observe_service(pending.opcode, held);
             if let Some(seal) = pending.seal.take() {
@@ -1232,8 +1252,14 @@ impl<E: Engine> Dispatcher<E> {
                 };
                 let block_bytes = self.block.shapes.get(usize::from(space)).map_or(1, |shape| shape.block_bytes);
                 let bytes = |blocks: u64| blocks.saturating_mul(u64::from(block_bytes));
-                let range = if opcode == Opcode::Flush { (0, 0) } else { (bytes(offset), bytes(length)) };
-                tenant.namespace_grant(space).is_some_and(|grant| grant.allows(needed, range.0, range.1))
+                tenant.namespace_grant(space).is_some_and(|grant| {
+                    // FLUSH addresses no range: the block permission on the namespace is enough.
+                    if opcode == Opcode::Flush {
+                        grant.permissions.contains(needed)
+                    } else {
+                        grant.allows(needed, bytes(offset), bytes(length))
+                    }
+                })
             }
             // Extensions: the range here, the permissions by the registry against the handler's
             // declaration (see `extension`).
@@ -1329,6 +1355,15 @@ fn write_results(
 }
 
 /// The queueing header field: µs, saturating.
+/// Whether an instruction leaves every region, namespace and session as it found them, so that
+/// executing it again (a retransmission, or a replay) cannot undo a later change.
+fn changes_nothing(opcode: u8) -> bool {
+    matches!(
+        Opcode::from_u8(opcode),
+        Some(Opcode::Read | Opcode::Crc32 | Opcode::BlockRead | Opcode::BlockStatus | Opcode::Ping | Opcode::Stat)
+    )
+}
+
 /// Parses a datagram accepted before: sealed ones were opened (their trailer checked and cut).
 fn parse_accepted(datagram: &[u8]) -> Result<Request<'_>, DecodeError> {
     if peek_is_sealed(datagram) {

@@ -165,7 +165,11 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                         let service_time_ns = u32::try_from(held_for.as_nanos()).unwrap_or(u32::MAX);
                         // Datagrams of this batch still waiting behind this one: the worker's queue.
                         let queue_depth = (count - 1 - index) as u16;
-                        let len = response.finish(received.ttl, service_time_ns, queue_depth);
+                        let len = if dispatcher.will_seal() {
+                            response.finish_sealed(received.ttl, service_time_ns, queue_depth)
+                        } else {
+                            response.finish(received.ttl, service_time_ns, queue_depth)
+                        };
                         let executed = peek_datagram_status(&out[..len]) == Some(Status::Ok as u8);
                         // A held answer's service time is recorded when it leaves, persist included.
                         if executed && !dispatcher.persist_is_pending() {

@@ -294,6 +294,24 @@ fn forged_altered_unsealed_and_replayed_datagrams_execute_nothing() {
     // The fresh one still executes once.
     assert_eq!(raw.exchange(&fresh).map(|(status, _)| status), Some(Status::Ok));
     assert_eq!(counter(&mut root), 2);
+    // A WRITE replayed after a newer WRITE gets its stored answer and does not undo the newer.
+    let write = |data: &'static [u8]| Instruction {
+        opcode: Opcode::Write as u8,
+        flags: 0,
+        space: 0,
+        offset: 4096,
+        length: data.len() as u32,
+        aux: 0,
+        operand: data,
+    };
+    let older = raw.sealed(raw.session, 10, &write(b"AAAA"));
+    assert_eq!(raw.exchange(&older).map(|(status, _)| status), Some(Status::Ok));
+    let newer = raw.sealed(raw.session, 11, &write(b"BBBB"));
+    assert_eq!(raw.exchange(&newer).map(|(status, _)| status), Some(Status::Ok));
+    assert_eq!(raw.exchange(&older).map(|(status, _)| status), Some(Status::Ok), "the stored answer");
+    let mut bytes = [0u8; 4];
+    root.read(0, 4096, &mut bytes).unwrap();
+    assert_eq!(&bytes, b"BBBB", "a replayed WRITE ran again");
 }
 
 #[test]
