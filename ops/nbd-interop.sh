@@ -183,6 +183,8 @@ wait "$export_unix" || fail "the Unix export did not exit cleanly: $(tail -5 "$w
 wait "$export_tcp" || fail "the TCP export did not exit cleanly: $(tail -5 "$work/nbd-tcp.log")"
 grep -q "stopped" "$work/nbd-unix.log" || fail "no 'stopped' line in the export's log"
 open=$("$bin/netdam" --target "$target" --json stat | python3 -c 'import json,sys; print(json.load(sys.stdin)["sessions_open"])')
-[ "$open" = 0 ] || fail "$open sessions still open at the target after the exports stopped"
+# The STAT itself runs in a session of its own (a target with tenants shows its counters to an
+# authenticated admin only): that one is the only session left.
+[ "$open" = 1 ] || fail "$((open - 1)) sessions still open at the target after the exports stopped"
 echo "both exports stopped; no session left open at the target"
 echo "nbd interop: passed"
