@@ -104,14 +104,17 @@ def session_keys(key, cookie, nonce, tenant):
 
 
 def seal(direction_key, counter, datagram):
-    """Sets FLAG_SEALED, zeroes the CRC field and appends counter and GMAC tag."""
+    """Sets FLAG_SEALED, zeroes the CRC field and appends counter and tag: the tag AES-256-GCM
+    gives for the body (after the 32-byte header) as plaintext, with header and counter as
+    associated data. The ciphertext is not sent."""
     flags = datagram[3] | FLAG_SEALED
-    body = datagram[:3] + bytes([flags]) + datagram[4:28] + bytes(4) + datagram[32:]
-    covered = body + struct.pack("<Q", counter)
-    nonce = struct.pack("<Q", counter) + bytes(4)
-    tag = AESGCM(direction_key).encrypt(nonce, b"", covered)
+    head = datagram[:3] + bytes([flags]) + datagram[4:28] + bytes(4)
+    body = datagram[32:]
+    counter_bytes = struct.pack("<Q", counter)
+    nonce = counter_bytes + bytes(4)
+    tag = AESGCM(direction_key).encrypt(nonce, body, head + counter_bytes)[-16:]
     assert len(tag) == 16
-    return covered + tag
+    return head + body + counter_bytes + tag
 
 
 def examples():
