@@ -45,11 +45,16 @@ pub enum Status {
     /// The backing store is full (a file system out of space or quota): the write did not
     /// happen, or happened in part; freeing space makes it succeed again.
     NoSpace = 0x10,
+    /// DECRYPT: the ciphertext, tag, nonce or associated data is not what the key sealed (or the
+    /// nonce names a key version the slot does not hold); nothing was written.
+    AuthFailed = 0x11,
+    /// ENCRYPT or DECRYPT: the key slot holds no key.
+    NoSuchKey = 0x12,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 19] = [
         Status::Ok,
         Status::Malformed,
         Status::UnsupportedVersion,
@@ -67,6 +72,8 @@ impl Status {
         Status::Retry,
         Status::SessionLimit,
         Status::NoSpace,
+        Status::AuthFailed,
+        Status::NoSuchKey,
     ];
 
     /// The status with this wire value, if any.
@@ -94,6 +101,8 @@ impl Status {
             Status::Retry => "retry",
             Status::SessionLimit => "session_limit",
             Status::NoSpace => "no_space",
+            Status::AuthFailed => "auth_failed",
+            Status::NoSuchKey => "no_such_key",
         }
     }
 }
