@@ -222,7 +222,10 @@ mod tests {
         }
         let mut reserved = vec![0u8; DESTINATION_LEN];
         reserved[5] = 1;
-        assert_eq!(decode(&instruction(Opcode::Encrypt, CRYPTO_FLAG_TO_DESTINATION, 0, &reserved)), Err(Status::Malformed));
+        assert_eq!(
+            decode(&instruction(Opcode::Encrypt, CRYPTO_FLAG_TO_DESTINATION, 0, &reserved)),
+            Err(Status::Malformed)
+        );
     }
 
     #[test]

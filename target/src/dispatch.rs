@@ -16,8 +16,8 @@ use netdam_isa::engine::Engine;
 use netdam_isa::extension::{ExtensionRegistry, Permissions, EXTENSION_OPCODES};
 use netdam_isa::limits::{
     DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
-    MAX_BLOCK_STATUS_EXTENTS, MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES, SESSION_SWEEP_INTERVAL,
-    SESSION_SWEEP_SLOTS,
+    MAX_BLOCK_STATUS_EXTENTS, MAX_CRYPTO_BYTES, MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES,
+    SESSION_SWEEP_INTERVAL, SESSION_SWEEP_SLOTS,
 };
 use netdam_isa::wire::{
     peek_is_response, peek_session_sequence, DecodeError, Disposition, Instruction, Request, ResponseWriter,
@@ -29,6 +29,7 @@ use netdam_pmem::Durability;
 
 use crate::block::{self, BlockPath, Pending, ReplyTo, RunEntry};
 use crate::cookies::{CookieJar, CookieRefusal};
+use crate::crypto::KeyRing;
 use crate::namespaces::NamespaceTable;
 use crate::overload::StandingQueue;
 use crate::regions::RegionTable;
@@ -111,6 +112,8 @@ pub struct Shared {
     pub cookies: CookieJar,
     /// The extension instructions served (none unless configured).
     pub extensions: ExtensionRegistry,
+    /// The key slots of ENCRYPT and DECRYPT (none unless created with `crypto-key create`).
+    pub keys: Arc<KeyRing>,
 }
 
 impl Shared {
@@ -124,7 +127,21 @@ impl Shared {
         cookies: CookieJar,
     ) -> Shared {
         let stats = (0..workers).map(|_| WorkerStats::default()).collect();
-        Shared { regions, namespaces, stats, settings, epoch, cookies, extensions: ExtensionRegistry::new() }
+        Shared {
+            regions,
+            namespaces,
+            stats,
+            settings,
+            epoch,
+            cookies,
+            extensions: ExtensionRegistry::new(),
+            keys: Arc::new(KeyRing::default()),
+        }
+    }
+
+    /// The same state serving the key slots of `keys`.
+    pub fn with_keys(self, keys: KeyRing) -> Shared {
+        Shared { keys: Arc::new(keys), ..self }
     }
 
     /// The same state serving the extensions of `registry`.
@@ -190,6 +207,8 @@ pub struct Dispatcher<E> {
     metrics: bool,
     /// Whether requests that queued past the BUSY threshold form a standing queue.
     overload: StandingQueue,
+    /// Where ENCRYPT and DECRYPT seal and open, [`MAX_CRYPTO_BYTES`] allocated at start.
+    crypto_scratch: Box<[u8]>,
 }
 
 impl<E: Engine> Dispatcher<E> {
@@ -216,6 +235,7 @@ impl<E: Engine> Dispatcher<E> {
             current_opcode: 0,
             metrics,
             overload,
+            crypto_scratch: vec![0u8; MAX_CRYPTO_BYTES].into_boxed_slice(),
         }
     }
 
@@ -781,6 +801,7 @@ impl<E: Engine> Dispatcher<E> {
             Some(Opcode::Hello) => unreachable!("execute_into answers HELLO"),
             // Reached only when this target serves no namespace at all.
             Some(opcode) if opcode.is_block() => Err(Status::NoSuchSpace),
+            Some(Opcode::Encrypt | Opcode::Decrypt) => self.crypto(context, instruction, out),
             None if EXTENSION_OPCODES.contains(&instruction.opcode) => self.extension(instruction, out),
             _ => self.engine.execute(instruction, out),
         }
@@ -798,6 +819,36 @@ impl<E: Engine> Dispatcher<E> {
             region.persist(written.offset, written.len).map_err(|error| {
                 let (offset, len) = (written.offset, written.len);
                 tracing::error!(region = region.name(), offset, len, %error, "persist of an extension's write failed");
+                Status::IoError
+            })?;
+        }
+        Ok(outcome.data_len)
+    }
+
+    /// What the session of `context` may do on the regions: one function, so the source of
+    /// grants (a target-wide setting until tenants exist) changes in one place.
+    fn session_permissions(&self, _context: Context) -> Permissions {
+        self.shared.settings.session_permissions
+    }
+
+    /// Executes an ENCRYPT or DECRYPT (see `crypto`); what it wrote on a persistent region is
+    /// persisted at once, before the answer (crypto is outside group commit, as extensions are).
+    fn crypto(&mut self, context: Context, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+        let granted = self.session_permissions(context);
+        let shared = &*self.shared;
+        let outcome = crate::crypto::execute(
+            instruction,
+            &*shared.regions,
+            &shared.keys,
+            granted,
+            &mut self.crypto_scratch,
+            out,
+        )?;
+        if let Some(written) = outcome.written {
+            let region = shared.regions.get(written.space).expect("crypto wrote to a region that exists");
+            region.persist(written.offset, written.len).map_err(|error| {
+                let (offset, len) = (written.offset, written.len);
+                tracing::error!(region = region.name(), offset, len, %error, "persist of a crypto result failed");
                 Status::IoError
             })?;
         }

@@ -15,10 +15,12 @@
 //! - [`metadata`]: the redb store of regions and namespaces created by admin commands.
 //! - [`sessions`]: one worker's sessions, their replay window and the limits on them.
 //! - [`cookies`]: the HELLO cookies that prove a sender's address before it gets a session.
+//! - [`crypto`]: ENCRYPT and DECRYPT: key slots, nonce reservation, AES-256-GCM.
 
 pub mod block;
 pub mod config;
 pub mod cookies;
+pub mod crypto;
 pub mod dispatch;
 pub mod engine;
 pub mod extensions;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use netdam_isa::engine::Engine;
+use netdam_isa::limits::NONCE_RESERVATION_BLOCK;
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::Duration;
 use netdam_metrics::MetricsServer;
@@ -15,6 +16,7 @@ use netdam_pmem::{Region, RegionError};
 
 use crate::config::{validate_spaces, Config, ConfigError};
 use crate::cookies::CookieJar;
+use crate::crypto::{CryptoError, KeyRing};
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
 use crate::metadata::{MetadataError, MetadataStore};
@@ -52,6 +54,9 @@ pub enum StartError {
     /// The metrics endpoint could not listen.
     #[error("cannot serve /metrics on {addr} (metrics_listen, --metrics-listen): {source}{hint}")]
     Metrics { addr: SocketAddr, source: io::Error, hint: &'static str },
+    /// The key slots or their nonce reservations could not be loaded.
+    #[error(transparent)]
+    Crypto(#[from] CryptoError),
     /// The secret for HELLO cookies could not be drawn.
     #[error("cannot draw the HELLO cookie secret: {0}")]
     Random(io::Error),
@@ -123,9 +128,14 @@ impl Target {
             .unwrap_or(0);
         let cookies = CookieJar::from_os_random().map_err(StartError::Random)?;
         let extensions = crate::extensions::registry(&config.extensions).map_err(StartError::Config)?;
+        // Key slots are read once, like the spaces; each slot's nonce counter resumes past its
+        // reservation file and reserves its first block before any worker starts.
+        let stored_keys = MetadataStore::load_keys(&data_dir)?;
+        let keys = KeyRing::load(stored_keys, &data_dir, NONCE_RESERVATION_BLOCK)?;
         let shared = Arc::new(
             Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
-                .with_extensions(extensions),
+                .with_extensions(extensions)
+                .with_keys(keys),
         );
         let sockets = bind_workers(config.listen, config.workers)?;
         let local_addr = socket::local_addr(&sockets[0]).map_err(|source| StartError::Bind {
@@ -206,6 +216,11 @@ impl Target {
     /// The block namespaces served.
     pub fn namespaces(&self) -> &NamespaceTable {
         &self.shared.namespaces
+    }
+
+    /// The key slots of ENCRYPT and DECRYPT, as loaded at start.
+    pub fn keys(&self) -> &KeyRing {
+        &self.shared.keys
     }
 
     /// Which engine executes instructions.
