@@ -1,0 +1,266 @@
+//! ENCRYPT and DECRYPT against a running target: round trips in place and to a destination,
+//! authentication failures that write nothing, the documented refusals, distinct nonces from
+//! several workers, and at-most-once execution of a retransmitted in-place ENCRYPT.
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use common::{hello, region, start_with_keys, Rng};
+use netdam_initiator::{Client, ClientError, Op};
+use netdam_isa::crypto::{Nonce, Seal, CRYPTO_FLAG_TO_DESTINATION, SEAL_LEN};
+use netdam_isa::limits::{CRYPTO_KEY_SLOTS, MAX_CRYPTO_BYTES};
+use netdam_isa::wire::{RequestBuilder, Response};
+use netdam_isa::Status;
+
+const REGION_BYTES: u64 = 1 << 20;
+/// The slot every test target holds a key in; slot 2 holds another key.
+const SLOT: u32 = 1;
+const OTHER_SLOT: u32 = 2;
+
+fn refused_with(result: Result<impl std::fmt::Debug, ClientError>) -> Status {
+    match result {
+        Err(ClientError::Refused { status, .. }) => status,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn read(client: &mut Client, space: u16, offset: u64, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    client.read(space, offset, &mut bytes).unwrap();
+    bytes
+}
+
+#[test]
+fn encrypt_then_decrypt_round_trips_in_place_and_to_a_destination() {
+    let test =
+        start_with_keys(vec![region("a", REGION_BYTES, false), region("b", REGION_BYTES, true)], &[SLOT], |_| {});
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let mut rng = Rng::new(7);
+
+    // In place, at an odd offset and length: no alignment is required.
+    let plain = rng.bytes(4097);
+    client.write(0, 3, &plain).unwrap();
+    let seal = client.encrypt(0, 3, 4097, SLOT, None, b"").unwrap();
+    assert_eq!(seal.nonce.key_version, 1);
+    let cipher = read(&mut client, 0, 3, plain.len());
+    assert_ne!(cipher, plain, "the range now holds ciphertext");
+    client.decrypt(0, 3, 4097, SLOT, &seal, None, b"").unwrap();
+    assert_eq!(read(&mut client, 0, 3, plain.len()), plain);
+
+    // To a destination in another (persistent) region, with associated data; the source stays.
+    let plain = rng.bytes(MAX_CRYPTO_BYTES);
+    client.write(0, 65_536, &plain).unwrap();
+    let seal = client.encrypt(0, 65_536, plain.len() as u32, SLOT, Some((1, 8192)), b"volume 7").unwrap();
+    assert_eq!(read(&mut client, 0, 65_536, plain.len()), plain, "the source is left as it was");
+    let cipher = read(&mut client, 1, 8192, plain.len());
+    assert_ne!(cipher, plain);
+    client.decrypt(1, 8192, plain.len() as u32, SLOT, &seal, Some((0, 200_000)), b"volume 7").unwrap();
+    assert_eq!(read(&mut client, 0, 200_000, plain.len()), plain);
+    assert_eq!(read(&mut client, 1, 8192, plain.len()), cipher, "decrypting to a destination keeps the ciphertext");
+
+    // Overlapping source and destination behave like memmove.
+    let plain = rng.bytes(1000);
+    client.write(0, 300_000, &plain).unwrap();
+    let seal = client.encrypt(0, 300_000, 1000, SLOT, Some((0, 300_010)), b"").unwrap();
+    client.decrypt(0, 300_010, 1000, SLOT, &seal, Some((0, 299_990)), b"").unwrap();
+    assert_eq!(read(&mut client, 0, 299_990, 1000), plain);
+
+    // An empty range still gets a tag over its associated data.
+    let seal = client.encrypt(0, 0, 0, SLOT, None, b"just a header").unwrap();
+    client.decrypt(0, 0, 0, SLOT, &seal, None, b"just a header").unwrap();
+    assert_eq!(refused_with(client.decrypt(0, 0, 0, SLOT, &seal, None, b"just a headex")), Status::AuthFailed);
+}
+
+#[test]
+fn tampering_fails_authentication_and_writes_nothing() {
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT, OTHER_SLOT], |_| {});
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let mut rng = Rng::new(11);
+    let plain = rng.bytes(2048);
+    client.write(0, 0, &plain).unwrap();
+    let seal = client.encrypt(0, 0, 2048, SLOT, None, b"aad").unwrap();
+    let cipher = read(&mut client, 0, 0, 2048);
+    // The destination and the in-place range hold known bytes, which must survive every failure.
+    let guard = rng.bytes(2048);
+    client.write(0, 100_000, &guard).unwrap();
+
+    let mut wrong_tag = seal;
+    wrong_tag.tag[5] ^= 0x01;
+    let mut wrong_counter = seal;
+    wrong_counter.nonce.counter ^= 1;
+    let mut unknown_version = seal;
+    unknown_version.nonce = Nonce { key_version: 9, ..seal.nonce };
+    let attempts: [(&str, Seal, u32, &[u8]); 5] = [
+        ("tag", wrong_tag, SLOT, b"aad"),
+        ("nonce", wrong_counter, SLOT, b"aad"),
+        ("key version", unknown_version, SLOT, b"aad"),
+        ("slot", seal, OTHER_SLOT, b"aad"),
+        ("associated data", seal, SLOT, b"aae"),
+    ];
+    for (what, seal, slot, aad) in attempts {
+        let to_destination = client.decrypt(0, 0, 2048, slot, &seal, Some((0, 100_000)), aad);
+        assert_eq!(refused_with(to_destination), Status::AuthFailed, "a changed {what}");
+        assert_eq!(read(&mut client, 0, 100_000, 2048), guard, "a changed {what}: the destination is untouched");
+        assert_eq!(refused_with(client.decrypt(0, 0, 2048, slot, &seal, None, aad)), Status::AuthFailed);
+        assert_eq!(read(&mut client, 0, 0, 2048), cipher, "a changed {what}: the range in place is untouched");
+    }
+
+    // One flipped ciphertext bit.
+    client.fill(0, 777, 1, cipher[777] ^ 0x80).unwrap();
+    assert_eq!(refused_with(client.decrypt(0, 0, 2048, SLOT, &seal, Some((0, 100_000)), b"aad")), Status::AuthFailed);
+    assert_eq!(read(&mut client, 0, 100_000, 2048), guard);
+    client.fill(0, 777, 1, cipher[777]).unwrap();
+    client.decrypt(0, 0, 2048, SLOT, &seal, None, b"aad").unwrap();
+    assert_eq!(read(&mut client, 0, 0, 2048), plain, "restored, it opens");
+    let stat = client.stat().unwrap();
+    let auth_failed = stat.iter().find(|(name, _)| name == "status_auth_failed").map(|(_, value)| *value);
+    assert_eq!(auth_failed, Some(11), "STAT counts every authentication failure");
+}
+
+#[test]
+fn refusals_have_their_documented_statuses() {
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT], |_| {});
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let seal = client.encrypt(0, 0, 64, SLOT, None, b"").unwrap();
+    let cases: Vec<(&str, Op, Status)> = vec![
+        ("a slot without a key", Op::encrypt(0, 0, 64, 0, None, b""), Status::NoSuchKey),
+        ("a slot without a key", Op::decrypt(0, 0, 64, 9, &seal, None, b""), Status::NoSuchKey),
+        ("a slot beyond the last", Op::encrypt(0, 0, 64, CRYPTO_KEY_SLOTS, None, b""), Status::Malformed),
+        ("an unknown flag", Op { flags: 0x02, ..Op::encrypt(0, 0, 64, SLOT, None, b"") }, Status::Malformed),
+        (
+            "a short seal",
+            Op { operand: vec![0; SEAL_LEN - 1], ..Op::decrypt(0, 0, 64, SLOT, &seal, None, b"") },
+            Status::Malformed,
+        ),
+        (
+            "a destination flag without a destination",
+            Op { flags: CRYPTO_FLAG_TO_DESTINATION, ..Op::encrypt(0, 0, 64, SLOT, None, b"") },
+            Status::Malformed,
+        ),
+        ("a missing region", Op::encrypt(3, 0, 64, SLOT, None, b""), Status::NoSuchSpace),
+        ("a missing destination region", Op::encrypt(0, 0, 64, SLOT, Some((3, 0)), b""), Status::NoSuchSpace),
+        ("a range past the end", Op::encrypt(0, REGION_BYTES - 63, 64, SLOT, None, b""), Status::OutOfRange),
+        ("an offset that wraps", Op::encrypt(0, u64::MAX - 8, 64, SLOT, None, b""), Status::OutOfRange),
+        ("a destination past the end", Op::encrypt(0, 0, 64, SLOT, Some((0, REGION_BYTES)), b""), Status::OutOfRange),
+        ("over 16 KiB", Op::encrypt(0, 0, MAX_CRYPTO_BYTES as u32 + 1, SLOT, None, b""), Status::TooLarge),
+        ("over 1 KiB of associated data", Op::encrypt(0, 0, 64, SLOT, None, &[0; 1025]), Status::TooLarge),
+    ];
+    let before = read(&mut client, 0, 0, 4096);
+    for (what, op, status) in cases {
+        let reply = client.call(&[op]).unwrap();
+        assert_eq!(refused_with(reply.data(0)), status, "{what}");
+    }
+    assert_eq!(read(&mut client, 0, 0, 4096), before, "no refused instruction wrote anything");
+
+    // A target whose sessions may only read refuses both.
+    let reader = start_with_keys(vec![region("a", 4096, false)], &[SLOT], |config| {
+        config.session_permissions = vec!["read".to_string()];
+    });
+    let mut client = Client::connect(reader.target.local_addr()).unwrap();
+    assert_eq!(refused_with(client.encrypt(0, 0, 64, SLOT, None, b"")), Status::PermissionDenied);
+    assert_eq!(refused_with(client.decrypt(0, 0, 64, SLOT, &seal, None, b"")), Status::PermissionDenied);
+}
+
+#[test]
+fn nonces_are_distinct_across_workers_and_sessions() {
+    const CLIENTS: usize = 4;
+    const EACH: usize = 300;
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT], |config| config.workers = 2);
+    let addr = test.target.local_addr();
+    // Several sockets, so that SO_REUSEPORT spreads them over both workers.
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|index| {
+            std::thread::spawn(move || {
+                let mut client = Client::connect(addr).unwrap();
+                let offset = index as u64 * 4096;
+                (0..EACH).map(|_| client.encrypt(0, offset, 256, SLOT, None, b"").unwrap().nonce).collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    for thread in threads {
+        for nonce in thread.join().unwrap() {
+            assert_eq!(nonce.key_version, 1);
+            assert!(seen.insert(nonce.counter), "nonce counter {} used twice", nonce.counter);
+        }
+    }
+    assert_eq!(seen.len(), CLIENTS * EACH);
+    let reserved =
+        netdam_target::crypto::read_reservation(&netdam_target::crypto::reservation_path(test.dir.path(), SLOT))
+            .unwrap();
+    assert!(seen.iter().all(|&counter| counter < reserved), "every nonce used lies below the durable reservation");
+}
+
+/// Sends `datagram` on `socket` and returns the answer with its sequence.
+fn exchange(socket: &UdpSocket, datagram: &[u8], sequence: u64) -> Vec<u8> {
+    socket.send(datagram).unwrap();
+    let mut answer = vec![0u8; 65_536];
+    loop {
+        let len = socket.recv(&mut answer).expect("an answer");
+        if Response::parse(&answer[..len]).is_ok_and(|response| response.header.sequence == sequence) {
+            return answer[..len].to_vec();
+        }
+    }
+}
+
+#[test]
+fn a_retransmitted_in_place_encrypt_gets_its_stored_answer_and_runs_once() {
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT], |_| {});
+    let addr = test.target.local_addr();
+    let mut client = Client::connect(addr).unwrap();
+    let plain = Rng::new(3).bytes(512);
+    client.write(0, 4096, &plain).unwrap();
+
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.connect(addr).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let session = hello(&socket);
+    let op = Op::encrypt(0, 4096, 512, SLOT, None, b"");
+    assert!(!op.is_idempotent(), "ENCRYPT in place is at most once");
+    let mut datagram = vec![0u8; 1024];
+    let mut builder = RequestBuilder::new(&mut datagram, session, 1).unwrap();
+    builder.push(&op.as_instruction()).unwrap();
+    let len = builder.finish();
+    let first = exchange(&socket, &datagram[..len], 1);
+    let second = exchange(&socket, &datagram[..len], 1);
+    assert_eq!(first, second, "the retransmission is answered with the stored answer, byte for byte");
+    let response = Response::parse(&first).unwrap();
+    let result = response.results().next().unwrap();
+    assert_eq!(result.status, Status::Ok);
+    let seal = Seal::from_bytes(result.data).unwrap();
+    // Encrypted once: one decryption with that seal gives the plaintext back.
+    client.decrypt(0, 4096, 512, SLOT, &seal, None, b"").unwrap();
+    assert_eq!(read(&mut client, 0, 4096, 512), plain);
+    let stat = client.stat().unwrap();
+    let replayed = stat.iter().find(|(name, _)| name == "duplicates_replayed").map(|(_, value)| *value);
+    assert_eq!(replayed, Some(1));
+}
+
+/// Smoke measurement (not a benchmark: the machine is shared): the service time the target
+/// reports for a 4 KiB ENCRYPT in place. Run with `--nocapture` to see it.
+#[test]
+fn service_time_of_a_4_kib_encrypt() {
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT], |_| {});
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let mut encrypt = Vec::new();
+    let mut read_4k = Vec::new();
+    for _ in 0..500 {
+        let reply = client.call(&[Op::encrypt(0, 0, 4096, SLOT, None, b"")]).unwrap();
+        reply.data(0).unwrap();
+        encrypt.push(reply.response().header.service_time_ns);
+        let reply = client.call(&[Op::read(0, 0, 4096)]).unwrap();
+        read_4k.push(reply.response().header.service_time_ns);
+    }
+    encrypt.sort_unstable();
+    read_4k.sort_unstable();
+    let median = |values: &[u32]| values[values.len() / 2];
+    println!(
+        "4 KiB ENCRYPT service time: median {} ns (4 KiB READ in the same run: median {} ns), 500 each",
+        median(&encrypt),
+        median(&read_4k)
+    );
+    assert!(median(&encrypt) > 0);
+}
