@@ -1,8 +1,9 @@
 //! The target's request path allocates nothing once warm: a counting global allocator watches a
 //! real target on loopback while a client that itself allocates nothing in its loop (a raw
 //! socket and fixed buffers) sends every memory instruction, and a block namespace's reads,
-//! writes and block status (`lseek`s on the worker, into a fixed extent array), and the
-//! `reduce` extension. One test in its own binary, so no other test's allocations are counted.
+//! writes and block status (`lseek`s on the worker, into a fixed extent array), the `reduce`
+//! extension, ENCRYPT and DECRYPT. One test in its own binary, so no other test's allocations
+//! are counted.
 
 mod common;
 
@@ -52,8 +53,9 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         size: Some(ByteSize(1 << 20)),
         block_size: 4096,
     };
-    // With the `reduce` extension on: extension handlers run on this path too.
-    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+    // With the `reduce` extension on, and a key in slot 1: extension handlers and ENCRYPT and
+    // DECRYPT run on this path too.
+    let test = common::start_with_keys(vec![common::region("mem", 1 << 20, false)], &[1], |config| {
         config.namespaces = vec![namespace];
         config.extensions = vec!["reduce".to_string()];
     });
@@ -85,7 +87,26 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         aux: reduce_aux(LaneType::F32, ReduceOp::Max),
         ..instruction(Opcode::Read, 0, 0, 65536, &[])
     };
-    let requests: [&[Instruction<'_>]; 13] = [
+    // A sealed range to DECRYPT again and again (to a separate destination: the source stays).
+    let seal = netdam_initiator::Client::connect(test.target.local_addr())
+        .unwrap()
+        .encrypt(0, 100_000, 512, 1, None, b"aad")
+        .unwrap();
+    let mut decrypt_operand = Vec::new();
+    netdam_isa::crypto::encode_operand(
+        &mut decrypt_operand,
+        Some(&seal),
+        Some(netdam_isa::crypto::Destination { space: 0, offset: 200_000 }),
+        b"aad",
+    );
+    let decrypt = Instruction {
+        opcode: Opcode::Decrypt as u8,
+        flags: netdam_isa::crypto::CRYPTO_FLAG_TO_DESTINATION,
+        aux: 1,
+        ..instruction(Opcode::Decrypt, 0, 100_000, 512, &decrypt_operand)
+    };
+    let encrypt = Instruction { aux: 1, ..instruction(Opcode::Encrypt, 0, 300_000, 4096, b"aad") };
+    let requests: [&[Instruction<'_>]; 15] = [
         &[instruction(Opcode::Read, 0, 0, 64, &[])],
         &[instruction(Opcode::Write, 0, 64, data.len() as u32, &data)],
         &[instruction(Opcode::Cas, 0, 1024, 8, &cas)],
@@ -99,6 +120,8 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         &[instruction(Opcode::BlockRead, 0, 3, 1, &[]), instruction(Opcode::Flush, 0, 0, 0, &[])],
         &[instruction(Opcode::BlockStatus, 0, 0, 256, &[])],
         &[reduce],
+        &[encrypt],
+        &[decrypt],
     ];
     let mut out = vec![0u8; 9000];
     let mut answer = vec![0u8; 65_536];
@@ -136,7 +159,7 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
         if round == 1 {
             // The first round warms up (the session, lazily initialised state); the second counts.
-            assert_eq!(allocations, 0, "{allocations} heap allocations in 2,600 requests after warm-up");
+            assert_eq!(allocations, 0, "{allocations} heap allocations in 3,000 requests after warm-up");
         }
     }
 }
