@@ -210,7 +210,7 @@ impl MetadataStore {
     }
 
     fn decode_versions(&self, slot: u32, bytes: &[u8]) -> Result<Vec<(u32, KeyMaterial)>, MetadataError> {
-        if bytes.len() % KEY_ENTRY_LEN != 0 {
+        if !bytes.len().is_multiple_of(KEY_ENTRY_LEN) {
             return Err(MetadataError::Store {
                 path: self.path.clone(),
                 message: format!("key slot {slot} is unreadable ({} bytes)", bytes.len()),

@@ -93,8 +93,7 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -
                 let len = rng.below(64) as usize;
                 operand = rng.bytes(len);
             } else {
-                let seal = (opcode == Opcode::Decrypt as u8).then(|| rng.bytes(SEAL_LEN)).unwrap_or_default();
-                operand = seal;
+                operand = if opcode == Opcode::Decrypt as u8 { rng.bytes(SEAL_LEN) } else { Vec::new() };
                 if to_destination {
                     operand.extend_from_slice(&(rng.below(3) as u16).to_le_bytes());
                     operand.extend_from_slice(&[0; 6]);
