@@ -155,12 +155,14 @@ impl NonceCounter {
         loop {
             let next = self.next.load(Ordering::Acquire);
             let limit = self.limit.load(Ordering::Acquire);
+            let mut extended = Ok(());
             if limit - next.min(limit) <= self.block / 2 {
-                self.extend(limit)?;
+                extended = self.extend(limit);
             }
-            let limit = self.limit.load(Ordering::Acquire);
-            if next >= limit {
-                return Err(Status::Busy);
+            if next >= self.limit.load(Ordering::Acquire) {
+                // Used up: the next block is being reserved by another worker (busy), or could
+                // not be (its error). While values remain, a failed reservation is retried.
+                return Err(extended.err().unwrap_or(Status::Busy));
             }
             if self.next.compare_exchange_weak(next, next + 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
                 return Ok(next);
@@ -331,10 +333,8 @@ pub fn execute(
         out[..SEAL_LEN].copy_from_slice(&Seal { nonce, tag: tag_bytes }.to_bytes());
     }
     destination.write(destination_start, &scratch[..length]);
-    Ok(Outcome {
-        data_len: answer_len,
-        written: Some(Written { space: target.space, offset: destination_start, len: length }),
-    })
+    let written = (length > 0).then_some(Written { space: target.space, offset: destination_start, len: length });
+    Ok(Outcome { data_len: answer_len, written })
 }
 
 #[cfg(test)]

@@ -256,6 +256,8 @@ impl MetadataStore {
             }
             result
         };
+        // The store now holds keys: only its owner may read it.
+        restrict_to_owner(&self.path)?;
         // redb's default durability fsyncs the commit before returning.
         write.commit().map_err(|error| fail(error.into()))?;
         Ok(result)
@@ -327,6 +329,15 @@ impl MetadataStore {
     }
 }
 
+/// Makes the store file readable and writable by its owner only (it holds the crypto keys).
+fn restrict_to_owner(path: &Path) -> Result<(), MetadataError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|error| MetadataError::Store {
+        path: path.to_path_buf(),
+        message: format!("cannot make it private to its owner: {error}"),
+    })
+}
+
 fn store_error(path: &Path, error: impl Into<redb::Error>) -> MetadataError {
     let error: redb::Error = error.into();
     let message = match &error {
@@ -387,6 +398,10 @@ mod tests {
             assert!(store.rotate_key(4, &KeyMaterial([2; KEY_LEN])).is_err(), "nothing to rotate");
             assert_eq!(store.create_key(9, &KeyMaterial([9; KEY_LEN])).unwrap(), 1);
         }
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.path().join(METADATA_FILE)).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "a store holding keys is private to its owner");
         let keys = MetadataStore::load_keys(dir.path()).unwrap();
         assert_eq!(
             keys,
