@@ -480,6 +480,9 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
             } else {
                 Vec::new()
             };
+            if slots.is_empty() {
+                println!("no key slot holds a key (netdam-target crypto-key create SLOT makes one)");
+            }
             for (slot, versions) in slots {
                 let current = versions.last().copied().unwrap_or_default();
                 let reserved =

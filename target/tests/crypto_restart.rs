@@ -1,7 +1,8 @@
 //! Key slots and nonce counters across restarts of `netdam-target` (the binary), killed with
 //! SIGKILL: keys made by `crypto-key create|rotate` survive in the metadata store, the nonce
 //! counter resumes beyond every nonce used before the kill (its reservation file survives), and
-//! what an older key version sealed still opens after a rotation.
+//! what an older key version sealed still opens after a rotation. Also `netdam encrypt|decrypt`
+//! as a user runs them.
 
 mod common;
 
@@ -28,16 +29,14 @@ fn encrypt_many(client: &mut Client, first: usize, count: usize) -> Vec<(u64, Se
         .collect()
 }
 
-fn admin_output(dir: &Path, args: &[&str]) -> String {
-    let output = target_command(dir).args(args).args(["--config", CONFIG]).output().unwrap();
-    assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8_lossy(&output.stdout).into_owned()
+/// `netdam` is built by the initiator crate into the same directory as this crate's binaries.
+fn netdam(args: &[&str]) -> std::process::Output {
+    let netdam = std::path::PathBuf::from(env!("CARGO_BIN_EXE_netdam-target")).with_file_name("netdam");
+    assert!(netdam.exists(), "{} is missing: build the workspace first (cargo build --workspace)", netdam.display());
+    std::process::Command::new(netdam).args(args).output().expect("netdam runs")
 }
 
-#[test]
-fn keys_and_nonce_counters_survive_sigkill_and_rotation() {
-    let home = tempfile::tempdir().unwrap();
-    let dir = home.path();
+fn write_config(dir: &Path) {
     let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     std::fs::write(
         dir.join(CONFIG),
@@ -48,6 +47,72 @@ fn keys_and_nonce_counters_survive_sigkill_and_rotation() {
         ),
     )
     .unwrap();
+}
+
+#[test]
+fn netdam_encrypt_and_decrypt_from_the_command_line() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    write_config(dir);
+    admin(dir, CONFIG, &["crypto-key", "create", "7"]);
+    let (_daemon, addr, _) = start(dir, CONFIG);
+    let target = addr.to_string();
+    let run = |args: &[&str]| {
+        let output = netdam(&[&["--target", &target, "--json"], args].concat());
+        (output.status.success(), String::from_utf8_lossy(&output.stdout).into_owned(), output.stderr)
+    };
+    let (ok, _, _) = run(&["write", "sealed", "100", "--data", "a secret worth keeping"]);
+    assert!(ok);
+    let (ok, out, err) = run(&["encrypt", "sealed", "100", "22", "--slot", "7", "--aad", "record 1"]);
+    assert!(ok, "{}", String::from_utf8_lossy(&err));
+    let answer: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let seal = answer["seal"].as_str().unwrap().to_string();
+    assert_eq!(seal.len(), 56, "the seal is 28 bytes in hex");
+    assert_eq!(answer["key_version"], 1);
+    let mut tampered = seal.clone().into_bytes();
+    tampered[55] = if tampered[55] == b'0' { b'1' } else { b'0' };
+    let tampered = String::from_utf8(tampered).unwrap();
+    let (ok, out, err) =
+        run(&["decrypt", "sealed", "100", "22", "--slot", "7", "--aad", "record 1", "--seal", &tampered]);
+    let said = format!("{out}{}", String::from_utf8_lossy(&err));
+    assert!(!ok && said.contains("auth_failed"), "a tampered seal must fail authentication: {said}");
+    let (ok, _, err) = run(&[
+        "decrypt",
+        "sealed",
+        "100",
+        "22",
+        "--slot",
+        "7",
+        "--aad",
+        "record 1",
+        "--seal",
+        &seal,
+        "--to-region",
+        "sealed",
+        "--to-offset",
+        "4096",
+    ]);
+    assert!(ok, "{}", String::from_utf8_lossy(&err));
+    let mut client = Client::connect(addr).unwrap();
+    let mut back = [0u8; 22];
+    client.read(0, 4096, &mut back).unwrap();
+    assert_eq!(&back, b"a secret worth keeping");
+    let help = netdam(&["encrypt", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--slot") && help.contains("seal"), "{help}");
+}
+
+fn admin_output(dir: &Path, args: &[&str]) -> String {
+    let output = target_command(dir).args(args).args(["--config", CONFIG]).output().unwrap();
+    assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn keys_and_nonce_counters_survive_sigkill_and_rotation() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    write_config(dir);
     let created = admin_output(dir, &["crypto-key", "create", &SLOT.to_string()]);
     assert!(created.contains("created key slot 4: key version 1"), "{created}");
     assert!(created.contains("next start"), "the command says when a target serves the key: {created}");
