@@ -42,6 +42,9 @@ pub enum ClientError {
         /// How long the client waited.
         waited_ms: u64,
     },
+    /// The system random source failed (a HELLO nonce could not be drawn).
+    #[error("the system random source failed")]
+    Random,
     /// The target would not open a session.
     #[error("the target refused a session: {}", hello_refusal(*.0))]
     HelloRefused(Status),
@@ -137,6 +140,7 @@ impl ClientError {
             ClientError::SessionLost => ClientError::SessionLost,
             ClientError::DatagramRefused(status) => ClientError::DatagramRefused(*status),
             ClientError::Closed => ClientError::Closed,
+            ClientError::Random => ClientError::Random,
             other => ClientError::Io(io::Error::other(other.to_string())),
         }
     }
@@ -151,6 +155,10 @@ fn hello_refusal(status: Status) -> String {
                                  (max_sessions_per_address); close idle clients or raise the limit"
             .to_string(),
         Status::Retry => "it kept answering with a new cookie; is the initiator's source address changing?".to_string(),
+        Status::Unauthenticated => "unauthenticated: the target requires a tenant key and this one was missing, \
+                                    unknown, wrong or rotated; pass --key FILE or set NETDAM_KEY \
+                                    (`netdam-target tenant create NAME` writes a key file)"
+            .to_string(),
         other => other.to_string(),
     }
 }

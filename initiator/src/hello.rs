@@ -27,6 +27,9 @@ pub enum HelloStep {
 /// Reads the answer to a datagram whose only instruction was HELLO.
 pub fn hello_step(reply: &Reply) -> Result<HelloStep, ClientError> {
     let response = reply.response();
+    if response.status() == Status::Unauthenticated {
+        return Err(ClientError::HelloRefused(Status::Unauthenticated));
+    }
     if response.status() != Status::Ok {
         return Err(ClientError::DatagramRefused(response.status()));
     }
@@ -38,7 +41,7 @@ pub fn hello_step(reply: &Reply) -> Result<HelloStep, ClientError> {
             debug_assert_eq!(cookie.len(), COOKIE_LEN);
             Ok(HelloStep::Retry(cookie))
         }
-        Status::Busy | Status::SessionLimit => Err(ClientError::HelloRefused(result.status)),
+        Status::Busy | Status::SessionLimit | Status::Unauthenticated => Err(ClientError::HelloRefused(result.status)),
         status => Err(ClientError::Refused { opcode: result.opcode, status }),
     }
 }

@@ -1,7 +1,7 @@
 //! Owned instructions a client sends, with a constructor per opcode that fills the operand
 //! layout of docs/PROTOCOL.md.
 
-use netdam_isa::control::{encode_hello_operand, Cookie, HelloRequest};
+use netdam_isa::control::{encode_hello_operand, encode_hello_operand_with, Cookie, HelloRequest, HELLO_AUTH_LEN};
 use netdam_isa::crypto::{encode_operand, Destination, Seal, CRYPTO_FLAG_TO_DESTINATION};
 use netdam_isa::extension::reduce::{reduce_aux, ReduceOp, REDUCE_OPCODE};
 use netdam_isa::opcode::{BWRITE_FLAG_FUA, VADD_FLAG_RETURN_RESULT};
@@ -54,6 +54,12 @@ impl Op {
     /// target's `retry` answer ([`netdam_isa::control::NO_COOKIE`] on the first HELLO).
     pub fn hello(max_datagram_bytes: u32, cookie: Cookie) -> Op {
         let operand = encode_hello_operand(&HelloRequest { max_datagram_bytes, cookie }).to_vec();
+        Op { operand, ..Op::new(Opcode::Hello, 0, 0, 0) }
+    }
+
+    /// HELLO with authentication `method` and its 64-byte area (a tenant's proof).
+    pub fn hello_with(max_datagram_bytes: u32, cookie: Cookie, method: u8, area: &[u8; HELLO_AUTH_LEN]) -> Op {
+        let operand = encode_hello_operand_with(&HelloRequest { max_datagram_bytes, cookie }, method, area).to_vec();
         Op { operand, ..Op::new(Opcode::Hello, 0, 0, 0) }
     }
 

@@ -21,9 +21,14 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use netdam_auth::{Credentials, HelloAuth, SessionKeys, TRAILER_BYTES};
 use netdam_isa::control::{Cookie, HelloAnswer, NO_COOKIE};
+use netdam_isa::control::{HELLO_AUTH_LEN, HELLO_AUTH_MAC};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT, REPLAY_WINDOW};
-use netdam_isa::wire::{set_request_session, Instruction, InstructionResult, RequestBuilder, Response};
+use netdam_isa::wire::{
+    mark_sealed, peek_datagram_status, peek_is_sealed, peek_session_sequence, set_request_session, Instruction,
+    InstructionResult, RequestBuilder, Response, FLAG_SEALED,
+};
 use netdam_isa::{Duration, Instant, Opcode, Status};
 
 use crate::error::ClientError;
@@ -76,6 +81,9 @@ pub struct SessionConfig {
     /// the session it will open again. Past it, or before any session, a refusal fails what is
     /// waiting (`NotListening`). Zero fails at once.
     pub reconnect_patience: Duration,
+    /// The tenant's key: HELLO proves it and every datagram of the session is sealed with a MAC
+    /// (PROTOCOL.md, "Authentication"). `None` for a target with `auth = "none"`.
+    pub credentials: Option<Credentials>,
 }
 
 impl Default for SessionConfig {
@@ -92,6 +100,7 @@ impl Default for SessionConfig {
             max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
             congestion: Some(SwiftConfig::default()),
             reconnect_patience: Duration::from_millis(5_000),
+            credentials: None,
         }
     }
 }
@@ -132,7 +141,10 @@ impl Reply {
     /// The decoded response (checked when it arrived): the whole datagram, whatever share of
     /// its results this reply has.
     pub fn response(&self) -> Response<'_> {
-        Response::parse(self.datagram().as_slice()).expect("replies are checked on arrival")
+        let bytes = self.datagram().as_slice();
+        // A sealed answer was opened (its MAC checked, its trailer cut) when it arrived.
+        let parsed = if peek_is_sealed(bytes) { Response::parse_opened(bytes) } else { Response::parse(bytes) };
+        parsed.expect("replies are checked on arrival")
     }
 
     /// The raw response datagram.
@@ -227,6 +239,20 @@ impl Datagram {
         self.buffer[..bytes.len()].copy_from_slice(bytes);
         self.len = bytes.len();
     }
+}
+
+/// Seals an encoded request of session `session_id` (not one waiting for its session, id 0)
+/// with the session's request key and the next counter, when the session is authenticated.
+fn seal_request(keys: Option<&SessionKeys>, counter: &mut u64, session_id: u32, datagram: &mut Datagram) {
+    let Some(keys) = keys else { return };
+    if session_id == 0 {
+        return;
+    }
+    mark_sealed(datagram.as_mut_slice());
+    let sealed = netdam_auth::trailer::seal(&keys.request, *counter, &mut datagram.buffer, datagram.len)
+        .expect("request buffers keep room for the trailer");
+    *counter += 1;
+    datagram.len = sealed;
 }
 
 /// A finished request: its token and outcome.
@@ -411,6 +437,12 @@ pub struct Session {
     ever_established: bool,
     /// The first refusal since the last datagram received, while refusals count as loss.
     refused_since: Option<Instant>,
+    /// Keys of the session in use (an authenticated one), and of the one the HELLO under way
+    /// will open.
+    keys: Option<SessionKeys>,
+    hello_keys: Option<SessionKeys>,
+    /// Counter of the next datagram sealed: never reused under the session's request key.
+    sealed: u64,
 }
 
 impl Session {
@@ -434,6 +466,9 @@ impl Session {
             established: None,
             ever_established: false,
             refused_since: None,
+            keys: None,
+            hello_keys: None,
+            sealed: 0,
         }
     }
 
@@ -478,7 +513,20 @@ impl Session {
     /// request: it does not count against the caller's bound on requests in flight.
     fn send_hello(&mut self) {
         let (Some(size), Some((cookie, _))) = (self.hello_size, self.hello) else { return };
-        let hello = Op::hello(size, cookie);
+        let hello = match self.config.credentials {
+            None => Op::hello(size, cookie),
+            Some(_) if cookie == NO_COOKIE => Op::hello_with(size, cookie, HELLO_AUTH_MAC, &[0; HELLO_AUTH_LEN]),
+            Some(credentials) => {
+                let (tenant, version, key) = (credentials.tenant, credentials.key_version, &credentials.key);
+                match HelloAuth::prove(key, tenant, version, &cookie, HELLO_AUTH_MAC, size) {
+                    Ok(area) => {
+                        self.hello_keys = Some(area.session_keys(key, &cookie));
+                        Op::hello_with(size, cookie, HELLO_AUTH_MAC, &area.encode())
+                    }
+                    Err(_) => return self.end_hello(Err(ClientError::Random)),
+                }
+            }
+        };
         match self.encode(1, &|_| hello.as_instruction()) {
             Ok(datagram) => {
                 let sequence = self.push(Origin::Hello, 0, datagram, (true, ServiceKind::Memory), State::Waiting);
@@ -495,7 +543,14 @@ impl Session {
         match &outcome {
             Ok(answer) => {
                 self.ever_established = true;
-                self.establish(answer.session, answer.max_datagram_bytes as usize);
+                let mut size = answer.max_datagram_bytes as usize;
+                if let Some(keys) = self.hello_keys.take() {
+                    // Everything sent and answered leaves room for the trailer.
+                    self.keys = Some(keys);
+                    self.sealed = 0;
+                    size -= TRAILER_BYTES;
+                }
+                self.establish(answer.session, size);
                 self.settle_reused_id();
                 let mut parked: Vec<usize> =
                     (0..self.requests.len()).filter(|&index| self.requests[index].state == State::Parked).collect();
@@ -545,7 +600,14 @@ impl Session {
     /// Puts a parked request into the current session and queues it.
     fn reseat(&mut self, index: usize) {
         let request = &mut self.requests[index];
+        if peek_is_sealed(request.datagram.as_slice()) {
+            // Sealed for the session that was lost: cut the old trailer, seal it anew below.
+            request.datagram.len -= TRAILER_BYTES;
+            request.datagram.buffer[3] &= !FLAG_SEALED;
+        }
         set_request_session(request.datagram.as_mut_slice(), self.session_id);
+        seal_request(self.keys.as_ref(), &mut self.sealed, self.session_id, &mut request.datagram);
+        let request = &mut self.requests[index];
         request.session_id = self.session_id;
         request.attempts = 0;
         request.busy_retries = 0;
@@ -555,7 +617,16 @@ impl Session {
 
     /// The HELLO under way was answered (or failed after its last attempt).
     fn on_hello_answer(&mut self, result: Result<Reply, ClientError>) {
-        match result.and_then(|reply| hello_step(&reply)) {
+        let authenticated = self.config.credentials.is_some();
+        let step = result.and_then(|reply| {
+            let step = hello_step(&reply)?;
+            if authenticated && matches!(step, HelloStep::Established(_)) && !peek_is_sealed(reply.bytes()) {
+                // Only a target holding the tenant's key can seal the answer that opens a session.
+                return Err(ClientError::HelloRefused(Status::Unauthenticated));
+            }
+            Ok(step)
+        });
+        match step {
             Ok(HelloStep::Retry(cookie)) => {
                 let rounds = self.hello.map_or(0, |(_, rounds)| rounds) + 1;
                 if rounds >= HELLO_ROUNDS {
@@ -683,8 +754,9 @@ impl Session {
         let size = self.config.max_datagram_bytes;
         let too_large = ClientError::TooLarge(size);
         let mut datagram = self.spare_buffers.pop().unwrap_or_default();
-        if datagram.buffer.len() < size {
-            datagram.buffer.resize(size, 0);
+        // Room for a trailer too (the size of an authenticated session leaves it out).
+        if datagram.buffer.len() < size + TRAILER_BYTES {
+            datagram.buffer.resize(size + TRAILER_BYTES, 0);
         }
         let encoded = match RequestBuilder::new(&mut datagram.buffer[..size], self.session_id, self.next_sequence) {
             Ok(mut builder) => {
@@ -700,6 +772,7 @@ impl Session {
         match encoded {
             Ok(len) => {
                 datagram.len = len;
+                seal_request(self.keys.as_ref(), &mut self.sealed, self.session_id, &mut datagram);
                 Ok(datagram)
             }
             Err(error) => {
@@ -802,7 +875,12 @@ impl Session {
     /// timestamp): the round trip that congestion control and the retransmission timeout learn
     /// from ends at its arrival, not at this thread's reading it (`stamped`).
     pub fn handle_datagram_waited(&mut self, now: Instant, waited: Duration, bytes: &[u8]) {
-        let Ok(response) = Response::parse(bytes) else {
+        let Some(bytes) = self.open(bytes) else {
+            self.stats.ignored += 1;
+            return;
+        };
+        let parsed = if peek_is_sealed(bytes) { Response::parse_opened(bytes) } else { Response::parse(bytes) };
+        let Ok(response) = parsed else {
             self.stats.ignored += 1;
             return;
         };
@@ -863,6 +941,28 @@ impl Session {
         match request.origin {
             Origin::Caller => self.completions.push_back(Completion { token: request.token, result }),
             Origin::Hello => self.on_hello_answer(result),
+        }
+    }
+
+    /// Checks a sealed answer's MAC and cuts its trailer: the session's keys, or for an answer
+    /// in session 0 (the HELLO's) the keys the HELLO under way derived. With credentials an
+    /// unsealed answer is believed only where the target cannot seal: in session 0 (a cookie,
+    /// a refused HELLO, a sessionless PING or STAT) and `no_session` (the target lost the
+    /// session and its keys). `None`: ignore it.
+    fn open<'b>(&self, bytes: &'b [u8]) -> Option<&'b [u8]> {
+        let (session, _) = peek_session_sequence(bytes)?;
+        if peek_is_sealed(bytes) {
+            let keys = if session == 0 { self.hello_keys.as_ref() } else { self.keys.as_ref() }?;
+            let len = netdam_auth::trailer::open(&keys.response, bytes).ok()?;
+            return Some(&bytes[..len]);
+        }
+        if self.config.credentials.is_none()
+            || session == 0
+            || peek_datagram_status(bytes) == Some(Status::NoSession as u8)
+        {
+            Some(bytes)
+        } else {
+            None
         }
     }
 

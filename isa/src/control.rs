@@ -14,6 +14,9 @@ pub const COOKIE_LEN: usize = 24;
 pub const HELLO_AUTH_LEN: usize = 64;
 /// Authentication method of a HELLO without tenant authentication.
 pub const HELLO_AUTH_NONE: u8 = 0;
+/// Authentication method of a tenant's HELLO: its authentication area proves the tenant's key,
+/// and every datagram of the session carries a MAC trailer (PROTOCOL.md, "Authentication").
+pub const HELLO_AUTH_MAC: u8 = 1;
 
 /// Operand layout of HELLO (offsets within the operand).
 mod hello_field {
@@ -55,32 +58,50 @@ pub const NAMESPACE_ENTRY_FIXED_LEN: usize = 16;
 /// without it BLOCK_STATUS answers `not_supported`.
 pub const NAMESPACE_FLAG_REPORTS_ALLOCATION: u8 = 0x01;
 
-/// Encodes the HELLO operand.
+/// Encodes the HELLO operand of an unauthenticated HELLO.
 pub fn encode_hello_operand(hello: &HelloRequest) -> [u8; HELLO_OPERAND_LEN] {
+    encode_hello_operand_with(hello, HELLO_AUTH_NONE, &[0; HELLO_AUTH_LEN])
+}
+
+/// Encodes the HELLO operand with authentication `method` and its area.
+pub fn encode_hello_operand_with(
+    hello: &HelloRequest,
+    method: u8,
+    area: &[u8; HELLO_AUTH_LEN],
+) -> [u8; HELLO_OPERAND_LEN] {
     let mut operand = [0u8; HELLO_OPERAND_LEN];
     operand[hello_field::MAX_DATAGRAM_BYTES].copy_from_slice(&hello.max_datagram_bytes.to_le_bytes());
-    operand[hello_field::AUTH_METHOD] = HELLO_AUTH_NONE;
+    operand[hello_field::AUTH_METHOD] = method;
     operand[hello_field::COOKIE].copy_from_slice(&hello.cookie);
+    operand[hello_field::AUTH].copy_from_slice(area);
     operand
 }
 
-/// Decodes the HELLO operand. Reserved bytes and the authentication area must be zero
-/// (`malformed`); an authentication method other than none is `not_supported` until tenants exist.
+/// Decodes the HELLO operand. Reserved bytes must be zero, and so must the authentication area
+/// of an unauthenticated HELLO (`malformed`); a method other than none or MAC is
+/// `not_supported`. The authentication itself is read with [`decode_hello_auth`].
 pub fn decode_hello_operand(operand: &[u8]) -> Result<HelloRequest, Status> {
-    if operand.len() != HELLO_OPERAND_LEN
-        || operand[hello_field::RESERVED] != [0; 3]
-        || operand[hello_field::AUTH].iter().any(|&byte| byte != 0)
-    {
+    if operand.len() != HELLO_OPERAND_LEN || operand[hello_field::RESERVED] != [0; 3] {
         return Err(Status::Malformed);
     }
-    if operand[hello_field::AUTH_METHOD] != HELLO_AUTH_NONE {
-        return Err(Status::NotSupported);
+    match operand[hello_field::AUTH_METHOD] {
+        HELLO_AUTH_NONE if operand[hello_field::AUTH].iter().any(|&byte| byte != 0) => return Err(Status::Malformed),
+        HELLO_AUTH_NONE | HELLO_AUTH_MAC => {}
+        _ => return Err(Status::NotSupported),
     }
     let mut size = [0u8; 4];
     size.copy_from_slice(&operand[hello_field::MAX_DATAGRAM_BYTES]);
     let mut cookie = NO_COOKIE;
     cookie.copy_from_slice(&operand[hello_field::COOKIE]);
     Ok(HelloRequest { max_datagram_bytes: u32::from_le_bytes(size), cookie })
+}
+
+/// The authentication method and area of a HELLO operand that [`decode_hello_operand`]
+/// accepted.
+pub fn decode_hello_auth(operand: &[u8]) -> (u8, [u8; HELLO_AUTH_LEN]) {
+    let mut area = [0u8; HELLO_AUTH_LEN];
+    area.copy_from_slice(&operand[hello_field::AUTH]);
+    (operand[hello_field::AUTH_METHOD], area)
 }
 
 /// One region as HELLO lists it.
@@ -411,9 +432,10 @@ mod tests {
         assert_eq!(decode_hello_operand(&operand), Ok(hello));
         assert_eq!(decode_hello_operand(&operand[..HELLO_OPERAND_LEN - 1]), Err(Status::Malformed));
         assert_eq!(decode_hello_operand(&[0; 8]), Err(Status::Malformed), "the 8-byte operand of earlier builds");
-        for (at, status) in [(5, Status::Malformed), (40, Status::Malformed), (4, Status::NotSupported)] {
+        for (at, value, status) in [(5, 1, Status::Malformed), (40, 1, Status::Malformed), (4, 2, Status::NotSupported)]
+        {
             let mut bad = operand;
-            bad[at] = 1;
+            bad[at] = value;
             assert_eq!(decode_hello_operand(&bad), Err(status), "byte {at}");
         }
     }

@@ -45,16 +45,20 @@ pub enum Status {
     /// The backing store is full (a file system out of space or quota): the write did not
     /// happen, or happened in part; freeing space makes it succeed again.
     NoSpace = 0x10,
+    /// The target requires tenant authentication and this was not proven: a HELLO without a
+    /// key, with an unknown tenant, a wrong proof or a rotated key, or a sessionless request
+    /// only an authenticated session may make (PROTOCOL.md, "Authentication").
+    Unauthenticated = 0x11,
     /// DECRYPT: the ciphertext, tag, nonce or associated data is not what the key sealed (or the
     /// nonce names a key version the slot does not hold); nothing was written.
-    AuthFailed = 0x11,
+    AuthFailed = 0x12,
     /// ENCRYPT or DECRYPT: the key slot holds no key.
-    NoSuchKey = 0x12,
+    NoSuchKey = 0x13,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 19] = [
+    pub const ALL: [Status; 20] = [
         Status::Ok,
         Status::Malformed,
         Status::UnsupportedVersion,
@@ -72,6 +76,7 @@ impl Status {
         Status::Retry,
         Status::SessionLimit,
         Status::NoSpace,
+        Status::Unauthenticated,
         Status::AuthFailed,
         Status::NoSuchKey,
     ];
@@ -101,6 +106,7 @@ impl Status {
             Status::Retry => "retry",
             Status::SessionLimit => "session_limit",
             Status::NoSpace => "no_space",
+            Status::Unauthenticated => "unauthenticated",
             Status::AuthFailed => "auth_failed",
             Status::NoSuchKey => "no_such_key",
         }

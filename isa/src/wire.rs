@@ -27,6 +27,23 @@ pub const FLAG_RESPONSE: u8 = 0x01;
 pub const FLAG_MAC: u8 = 0x02;
 const FLAGS_KNOWN: u8 = FLAG_RESPONSE;
 
+/// Flag bit 1: the datagram ends with the MAC trailer of an authenticated session
+/// (PROTOCOL.md, "Authentication"); its CRC field is 0 and not checked, the MAC covers it.
+pub const FLAG_SEALED: u8 = 0x02;
+
+/// Whether a datagram's header says it is sealed (flags byte read at the v1 position).
+pub fn peek_is_sealed(bytes: &[u8]) -> bool {
+    bytes.len() > header_field::FLAGS && bytes[header_field::FLAGS] & FLAG_SEALED != 0
+}
+
+/// Marks a finished datagram as sealed: sets [`FLAG_SEALED`] and zeroes the CRC field. The
+/// caller appends the trailer next (`netdam_auth::trailer::seal`).
+pub fn mark_sealed(datagram: &mut [u8]) {
+    assert!(datagram.len() >= HEADER_LEN, "a finished datagram has a whole header");
+    datagram[header_field::FLAGS] |= FLAG_SEALED;
+    datagram[header_field::CRC].fill(0);
+}
+
 /// Named byte ranges of the datagram header.
 mod header_field {
     use core::ops::Range;
@@ -240,8 +257,10 @@ impl Header {
         buf[header_field::CRC].fill(0);
     }
 
-    /// Checks magic, version and CRC, then decodes the header fields.
-    fn parse_checked(bytes: &[u8]) -> Result<Header, DecodeError> {
+    /// Checks magic, version and CRC, then decodes the header fields. `opened`: the datagram's
+    /// trailer was checked and removed by the caller, so it must carry [`FLAG_SEALED`] and its
+    /// CRC field is 0; otherwise the flag is refused.
+    fn parse_checked(bytes: &[u8], opened: bool) -> Result<Header, DecodeError> {
         if bytes.len() < HEADER_LEN {
             return Err(DecodeError::TooShort);
         }
@@ -251,7 +270,12 @@ impl Header {
         if bytes[header_field::VERSION] != VERSION {
             return Err(DecodeError::UnsupportedVersion(bytes[header_field::VERSION]));
         }
-        if read_u32(bytes, header_field::CRC) != datagram_crc(bytes) {
+        let crc = read_u32(bytes, header_field::CRC);
+        if opened {
+            if crc != 0 || bytes[header_field::FLAGS] & FLAG_SEALED == 0 {
+                return Err(DecodeError::ReservedNotZero);
+            }
+        } else if crc != datagram_crc(bytes) {
             return Err(DecodeError::BadCrc);
         }
         let header = Header {
@@ -265,7 +289,8 @@ impl Header {
             queue_depth: read_u16(bytes, header_field::QUEUE_DEPTH),
             queueing_us: read_u16(bytes, header_field::QUEUEING_US),
         };
-        if header.flags & !FLAGS_KNOWN != 0 {
+        let known = if opened { FLAGS_KNOWN | FLAG_SEALED } else { FLAGS_KNOWN };
+        if header.flags & !known != 0 {
             return Err(DecodeError::ReservedNotZero);
         }
         Ok(header)
@@ -415,7 +440,17 @@ impl<'a> Request<'a> {
     /// Checks every byte of an untrusted request datagram. Semantic checks (opcode known, bounds,
     /// alignment) are left to execution, which answers them per instruction.
     pub fn parse(bytes: &'a [u8]) -> Result<Request<'a>, DecodeError> {
-        let header = Header::parse_checked(bytes)?;
+        Request::parse_with(bytes, false)
+    }
+
+    /// As [`Request::parse`], for a sealed request whose trailer the caller has checked (MAC)
+    /// and cut off: `bytes` ends before the trailer.
+    pub fn parse_opened(bytes: &'a [u8]) -> Result<Request<'a>, DecodeError> {
+        Request::parse_with(bytes, true)
+    }
+
+    fn parse_with(bytes: &'a [u8], opened: bool) -> Result<Request<'a>, DecodeError> {
+        let header = Header::parse_checked(bytes, opened)?;
         if header.is_response() {
             return Err(DecodeError::WrongDirection);
         }
@@ -629,7 +664,17 @@ pub struct Response<'a> {
 impl<'a> Response<'a> {
     /// Checks every byte of an untrusted response datagram.
     pub fn parse(bytes: &'a [u8]) -> Result<Response<'a>, DecodeError> {
-        let header = Header::parse_checked(bytes)?;
+        Response::parse_with(bytes, false)
+    }
+
+    /// As [`Response::parse`], for a sealed response whose trailer the caller has checked (MAC)
+    /// and cut off: `bytes` ends before the trailer.
+    pub fn parse_opened(bytes: &'a [u8]) -> Result<Response<'a>, DecodeError> {
+        Response::parse_with(bytes, true)
+    }
+
+    fn parse_with(bytes: &'a [u8], opened: bool) -> Result<Response<'a>, DecodeError> {
+        let header = Header::parse_checked(bytes, opened)?;
         if !header.is_response() {
             return Err(DecodeError::WrongDirection);
         }

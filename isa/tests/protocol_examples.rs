@@ -130,8 +130,8 @@ fn new_numbers_are_the_documented_ones() {
     assert_eq!((Status::Retry as u8, Status::Retry.name()), (0x0E, "retry"));
     assert_eq!((Status::SessionLimit as u8, Status::SessionLimit.name()), (0x0F, "session_limit"));
     assert_eq!((Status::NoSpace as u8, Status::NoSpace.name()), (0x10, "no_space"));
-    assert_eq!((Status::AuthFailed as u8, Status::AuthFailed.name()), (0x11, "auth_failed"));
-    assert_eq!((Status::NoSuchKey as u8, Status::NoSuchKey.name()), (0x12, "no_such_key"));
+    assert_eq!((Status::AuthFailed as u8, Status::AuthFailed.name()), (0x12, "auth_failed"));
+    assert_eq!((Status::NoSuchKey as u8, Status::NoSuchKey.name()), (0x13, "no_such_key"));
 }
 
 #[test]

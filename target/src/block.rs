@@ -78,6 +78,12 @@ pub(crate) struct Pending {
     pub started: Instant,
     /// Opcode of its first instruction: its label in the service-time histogram.
     pub opcode: u8,
+    /// The session whose keys seal its answer (an authenticated session's).
+    pub seal: Option<crate::dispatch::SealFor>,
+    /// Tenant of its session, whose grants its instructions are checked against.
+    pub tenant: Option<u32>,
+    /// Bytes of `response` the answer may use: the rest is room for the trailer.
+    pub room: usize,
 }
 
 /// The block side of one worker.

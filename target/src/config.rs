@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::dispatch::DispatchSettings;
 use crate::sessions::SessionLimits;
 
-/// Address the target listens on when nothing else is said: loopback only, because v1 has no
-/// authentication yet.
+/// Address the target listens on when nothing else is said: loopback, so a target started
+/// without thought is not on the network; with tenants (the default) it may listen anywhere.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7800";
 /// Address `/metrics` is served on when nothing else is said: loopback, because it tells anyone
 /// who can reach it what the target serves and how busy it is. 9464 is clear of the target's
@@ -29,6 +29,19 @@ pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_REGION_BYTES: u64 = 64 << 20;
 /// Name of the embedded default region.
 pub const DEFAULT_REGION_NAME: &str = "default";
+
+/// Whether initiators must prove a tenant's key (PROTOCOL.md, "Authentication").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// HELLO proves a tenant's key; every datagram of a session carries a MAC; every
+    /// instruction is checked against the tenant's grants.
+    #[default]
+    Tenants,
+    /// Every datagram is trusted and every session may do anything `session_permissions`
+    /// allows. Only on loopback, unless `allow_unauthenticated_network = true`.
+    None,
+}
 
 /// How a worker waits for datagrams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -277,6 +290,14 @@ pub struct Config {
     /// declares what it needs); default all.
     #[serde(default = "default_session_permissions")]
     pub session_permissions: Vec<String>,
+    /// `tenants` (the default): initiators prove a tenant's key and get what it was granted;
+    /// `none`: no authentication (loopback only unless `allow_unauthenticated_network`).
+    #[serde(default)]
+    pub auth: AuthMode,
+    /// With `auth = "none"`, listen on a non-loopback address anyway: anyone who can reach the
+    /// port can then read and write everything.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unauthenticated_network: bool,
 }
 
 fn default_session_permissions() -> Vec<String> {
@@ -358,6 +379,8 @@ impl Default for Config {
             namespaces: Vec::new(),
             extensions: Vec::new(),
             session_permissions: default_session_permissions(),
+            auth: AuthMode::default(),
+            allow_unauthenticated_network: false,
         }
     }
 }
@@ -457,6 +480,14 @@ impl Config {
                 self.session_idle_timeout_ms
             ));
         }
+        if self.auth == AuthMode::None && !self.listen.ip().is_loopback() && !self.allow_unauthenticated_network {
+            return invalid(format!(
+                "listen = {}: with auth = \"none\" anyone who reaches this address can read and write everything; \
+                 listen on a loopback address, use auth = \"tenants\" (the default), or set \
+                 allow_unauthenticated_network = true to accept that",
+                self.listen
+            ));
+        }
         validate_spaces(&self.effective_regions(), &self.namespaces)?;
         crate::extensions::registry(&self.extensions)?;
         crate::extensions::permissions(&self.session_permissions)?;
@@ -477,6 +508,7 @@ impl Config {
             // Validated before a target starts; an unreadable set grants nothing (fails closed).
             session_permissions: crate::extensions::permissions(&self.session_permissions)
                 .unwrap_or(netdam_isa::extension::Permissions::NONE),
+            auth_required: self.auth == AuthMode::Tenants,
         }
     }
 

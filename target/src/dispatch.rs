@@ -10,8 +10,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use netdam_auth::HelloAuth;
 use netdam_isa::block::{encode_extents, BlockOp, Extent};
-use netdam_isa::control::{decode_hello_operand, encode_hello_answer, NamespaceEntry, StatWriter, COOKIE_LEN};
+use netdam_isa::control::{
+    decode_hello_auth, decode_hello_operand, encode_hello_answer, HelloRequest, NamespaceEntry, StatWriter, COOKIE_LEN,
+    HELLO_AUTH_LEN, HELLO_AUTH_MAC,
+};
 use netdam_isa::engine::Engine;
 use netdam_isa::extension::{ExtensionRegistry, Permissions, EXTENSION_OPCODES};
 use netdam_isa::limits::{
@@ -20,8 +24,8 @@ use netdam_isa::limits::{
     SESSION_SWEEP_INTERVAL, SESSION_SWEEP_SLOTS,
 };
 use netdam_isa::wire::{
-    peek_is_response, peek_session_sequence, DecodeError, Disposition, Instruction, Request, ResponseWriter,
-    RESPONSE_INSTRUCTION_HEADER_LEN,
+    peek_is_response, peek_is_sealed, peek_session_sequence, DecodeError, Disposition, Instruction, Request,
+    ResponseWriter, RESPONSE_INSTRUCTION_HEADER_LEN,
 };
 use netdam_isa::{Duration, Instant, Opcode, Status};
 use netdam_nvme::{BlockDevice, BlockRequest, BufferIndex};
@@ -33,8 +37,9 @@ use crate::crypto::KeyRing;
 use crate::namespaces::NamespaceTable;
 use crate::overload::StandingQueue;
 use crate::regions::RegionTable;
-use crate::sessions::{Admission, OpenRefusal, RecordTicket, SessionLimits, SessionTable};
+use crate::sessions::{Admission, OpenRefusal, RecordTicket, SessionAuth, SessionLimits, SessionTable};
 use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
+use crate::tenants::{TenantCell, TenantSnapshot};
 
 /// STAT entries that describe the target rather than count events.
 pub const TARGET_STAT_ENTRIES: usize = 4;
@@ -60,6 +65,16 @@ impl Wait {
     }
 }
 
+/// Which session's keys seal an answer, once it is finished: it is sealed only if that
+/// session (of that sender) still exists then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SealFor {
+    /// The session.
+    pub session: u32,
+    /// Its sender.
+    pub peer: SocketAddr,
+}
+
 /// The settings a worker's dispatcher applies, from the validated configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DispatchSettings {
@@ -76,6 +91,9 @@ pub struct DispatchSettings {
     /// What every session may do (until tenants exist): extension instructions needing more
     /// are answered `permission_denied`.
     pub session_permissions: Permissions,
+    /// Sessions must be opened by a tenant's authenticated HELLO, and every datagram of a
+    /// session carries a MAC (`auth = "tenants"`).
+    pub auth_required: bool,
 }
 
 impl Default for DispatchSettings {
@@ -90,6 +108,7 @@ impl Default for DispatchSettings {
             },
             metrics: true,
             session_permissions: Permissions::ALL,
+            auth_required: false,
         }
     }
 }
@@ -114,6 +133,8 @@ pub struct Shared {
     pub extensions: ExtensionRegistry,
     /// The key slots of ENCRYPT and DECRYPT (none unless created with `crypto-key create`).
     pub keys: Arc<KeyRing>,
+    /// The tenants in force, replaced whole when the metadata store changes.
+    pub tenants: Arc<TenantCell>,
 }
 
 impl Shared {
@@ -127,6 +148,7 @@ impl Shared {
         cookies: CookieJar,
     ) -> Shared {
         let stats = (0..workers).map(|_| WorkerStats::default()).collect();
+        let tenants = Arc::new(TenantCell::default());
         Shared {
             regions,
             namespaces,
@@ -135,6 +157,7 @@ impl Shared {
             epoch,
             cookies,
             extensions: ExtensionRegistry::new(),
+            tenants,
             keys: Arc::new(KeyRing::default()),
         }
     }
@@ -142,6 +165,11 @@ impl Shared {
     /// The same state serving the key slots of `keys`.
     pub fn with_keys(self, keys: KeyRing) -> Shared {
         Shared { keys: Arc::new(keys), ..self }
+    }
+
+    /// The same state applying the tenants of `cell`.
+    pub fn with_tenants(self, cell: Arc<TenantCell>) -> Shared {
+        Shared { tenants: cell, ..self }
     }
 
     /// The same state serving the extensions of `registry`.
@@ -209,6 +237,13 @@ pub struct Dispatcher<E> {
     overload: StandingQueue,
     /// Where ENCRYPT and DECRYPT seal and open, [`MAX_CRYPTO_BYTES`] allocated at start.
     crypto_scratch: Box<[u8]>,
+    /// The tenants this worker applies, and the generation of the cell they came from.
+    tenants: Arc<TenantSnapshot>,
+    tenants_generation: u64,
+    /// Tenant of the session whose datagram is executing (`None`: unauthenticated target).
+    current_tenant: Option<u32>,
+    /// The session whose keys seal the answer of the datagram last handled, if any.
+    pending_seal: Option<SealFor>,
 }
 
 impl<E: Engine> Dispatcher<E> {
@@ -236,6 +271,10 @@ impl<E: Engine> Dispatcher<E> {
             metrics,
             overload,
             crypto_scratch: vec![0u8; MAX_CRYPTO_BYTES].into_boxed_slice(),
+            tenants: Arc::new(TenantSnapshot::default()),
+            tenants_generation: 0,
+            current_tenant: None,
+            pending_seal: None,
         }
     }
 
@@ -262,6 +301,48 @@ impl<E: Engine> Dispatcher<E> {
         }
     }
 
+    /// Takes the tenants in force if the store changed since the last datagram: one atomic load
+    /// per datagram; the lock and the sweep only on a change. Sessions whose tenant was deleted
+    /// or whose key was rotated end here; revoked grants apply from the next instruction, since
+    /// every instruction looks its grant up in the snapshot.
+    fn refresh_tenants(&mut self) {
+        let cell = &self.shared.tenants;
+        if cell.generation() == self.tenants_generation {
+            return;
+        }
+        let (generation, snapshot) = cell.load();
+        self.tenants = snapshot;
+        self.tenants_generation = generation;
+        let tenants = &self.tenants;
+        let ended = self.sessions.end_sessions_where(|auth| {
+            tenants.tenant(auth.tenant).is_none_or(|tenant| tenant.key_version != auth.key_version)
+        });
+        if ended > 0 {
+            // Also counted as expired, so `sessions_open` stays opened minus ended.
+            self.stats().add(Counter::SessionsEndedByTenantChange, ended);
+            self.stats().add(Counter::SessionsExpired, ended);
+            tracing::info!(
+                worker = self.worker,
+                ended,
+                "ended sessions whose tenant was deleted or whose key was rotated"
+            );
+        }
+    }
+
+    /// Which session's keys seal the answer of the datagram just handled (taken once); the
+    /// driver passes it to [`Dispatcher::seal`] when the answer is finished.
+    pub fn take_seal(&mut self) -> Option<SealFor> {
+        self.pending_seal.take()
+    }
+
+    /// Seals the finished answer `buffer[..len]` for `seal`'s session: returns the sealed
+    /// length, or `None` if the session ended meanwhile (the answer is then not sent; the
+    /// initiator's retransmission learns `no_session`). `buffer` has room for the trailer: an
+    /// answer to be sealed is built `TRAILER_BYTES` short of it.
+    pub fn seal(&mut self, seal: SealFor, buffer: &mut [u8], len: usize) -> Option<usize> {
+        self.sessions.seal(seal.session, seal.peer, buffer, len)
+    }
+
     /// Handles one datagram from `from` whose execution starts at `now` after it waited as
     /// `wait` says. `out` must be `max_datagram_bytes` long.
     pub fn handle<'b>(
@@ -274,12 +355,51 @@ impl<E: Engine> Dispatcher<E> {
     ) -> Handled<'b> {
         let queueing = wait.queueing;
         self.stats().add(Counter::DatagramsReceived, 1);
+        self.pending_seal = None;
+        self.current_tenant = None;
         if peek_is_response(datagram) {
             // Answering a response could start a loop between two targets.
             self.stats().add(Counter::DroppedNotRequest, 1);
             return Handled::Dropped;
         }
-        let request = match Request::parse(datagram) {
+        self.refresh_tenants();
+        // A sealed datagram is opened (its MAC checked) before anything else reads it: what
+        // fails the check is dropped unanswered, since nothing proves who sent it.
+        let (datagram, out) = if peek_is_sealed(datagram) {
+            let Some((session, sequence)) = peek_session_sequence(datagram) else {
+                self.count(Counter::DroppedTooShort);
+                return Handled::Dropped;
+            };
+            let auth = match self.sessions.auth(session, from.peer) {
+                Some(Some(auth)) => auth,
+                // Not (or no longer) a session of this sender: it says HELLO again.
+                None => return self.datagram_status(out, session, sequence, Status::NoSession),
+                Some(None) => {
+                    self.count(Counter::DroppedBadMac);
+                    return Handled::Dropped;
+                }
+            };
+            let Ok(len) = netdam_auth::trailer::open(&auth.keys.request, datagram) else {
+                self.count(Counter::DroppedBadMac);
+                return Handled::Dropped;
+            };
+            self.current_tenant = Some(auth.tenant);
+            self.pending_seal = Some(SealFor { session, peer: from.peer });
+            let room = out.len() - netdam_auth::TRAILER_BYTES;
+            (&datagram[..len], &mut out[..room])
+        } else {
+            if let Some((session, _)) = peek_session_sequence(datagram) {
+                if session != 0 && matches!(self.sessions.auth(session, from.peer), Some(Some(_))) {
+                    // An authenticated session's datagrams all carry its MAC.
+                    self.count(Counter::DroppedUnsealed);
+                    return Handled::Dropped;
+                }
+            }
+            (datagram, out)
+        };
+        let parsed =
+            if self.current_tenant.is_some() { Request::parse_opened(datagram) } else { Request::parse(datagram) };
+        let request = match parsed {
             Ok(request) => request,
             Err(error) => return self.refuse(datagram, error, out),
         };
@@ -311,6 +431,10 @@ impl<E: Engine> Dispatcher<E> {
                 Admission::ExecuteAgain => self.count(Counter::DuplicatesExecutedAgain),
                 Admission::Replay(len) => {
                     self.count(Counter::DuplicatesReplayed);
+                    // Stored as sent, sealed already: the same bytes go out again. (An answer
+                    // within a trailer's length of the largest datagram does not fit the room a
+                    // sealed session's answer is built in, and is answered `stale` instead.)
+                    self.pending_seal = None;
                     return Handled::Replay(len);
                 }
                 Admission::Stale => return self.datagram_status(out, header.session, header.sequence, Status::Stale),
@@ -328,6 +452,11 @@ impl<E: Engine> Dispatcher<E> {
             // Without a session only HELLO, PING and STAT: anything else needs the replay window.
             self.count_closes_ignored(&request);
             return self.datagram_status(out, 0, header.sequence, Status::NoSession);
+        } else if self.shared.settings.auth_required
+            && request.instructions().any(|instruction| instruction.opcode == Opcode::Stat as u8)
+        {
+            // The counters are the target's business: an authenticated session with `admin`.
+            return self.datagram_status(out, 0, header.sequence, Status::Unauthenticated);
         }
         let context = Context { from: from.peer, session: header.session, request_len: datagram.len() };
         let serves_blocks = !self.block.devices.is_empty();
@@ -414,7 +543,11 @@ impl<E: Engine> Dispatcher<E> {
         let pending = &mut self.block.slots[usize::from(slot)];
         pending.request[..datagram.len()].copy_from_slice(datagram);
         pending.request_len = datagram.len();
-        let mut response = ResponseWriter::new(&mut pending.response, session, sequence);
+        pending.seal = self.pending_seal.take();
+        pending.tenant = self.current_tenant;
+        pending.room = pending.response.len() - if pending.seal.is_some() { netdam_auth::TRAILER_BYTES } else { 0 };
+        let room = pending.room;
+        let mut response = ResponseWriter::new(&mut pending.response[..room], session, sequence);
         response.set_queueing_us(queueing_us);
         pending.progress = Some(response.suspend());
         pending.next_instruction = 0;
@@ -490,15 +623,26 @@ impl<E: Engine> Dispatcher<E> {
         while let Some(slot) = self.block.finished.pop() {
             let mut pending = std::mem::take(&mut self.block.slots[usize::from(slot)]);
             let progress = pending.progress.take().expect("a finished answer has its progress");
-            let response = ResponseWriter::resume(&mut pending.response, progress);
+            let response = ResponseWriter::resume(&mut pending.response[..pending.room], progress);
             let count = response.count();
             let held = pending.waited + now.saturating_since(pending.started);
             let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
             let depth = u16::try_from(self.block.pending() - 1).unwrap_or(u16::MAX);
             let reply_to = pending.reply_to.expect("defer recorded where the answer goes");
-            let len = response.finish(reply_to.ttl, service_time_ns, depth);
+            let mut len = response.finish(reply_to.ttl, service_time_ns, depth);
             self.stats().add(Counter::InstructionsExecuted, u64::from(count));
             self.observe_service(pending.opcode, held);
+            if let Some(seal) = pending.seal.take() {
+                match self.sessions.seal(seal.session, seal.peer, &mut pending.response, len) {
+                    Some(sealed) => len = sealed,
+                    None => {
+                        // The session ended while its I/O ran: nobody can check this answer.
+                        self.block.slots[usize::from(slot)] = pending;
+                        self.block.free_slots.push(slot);
+                        continue;
+                    }
+                }
+            }
             if let Some((ticket, store)) = pending.record.take() {
                 self.sessions.record(ticket, store.then_some(&pending.response[..len]));
             }
@@ -537,12 +681,15 @@ impl<E: Engine> Dispatcher<E> {
             run_len,
             outstanding,
             reply_to,
+            room,
+            tenant,
             ..
         } = pending;
-        let request = Request::parse(&request[..*request_len]).expect("the datagram was accepted before");
+        self.current_tenant = *tenant;
+        let request = parse_accepted(&request[..*request_len]).expect("the datagram was accepted before");
         let from = reply_to.expect("defer recorded where the answer goes").peer;
         let context = Context { from, session: request.header.session, request_len: *request_len };
-        let mut response = ResponseWriter::resume(response, progress.take().expect("a pending answer"));
+        let mut response = ResponseWriter::resume(&mut response[..*room], progress.take().expect("a pending answer"));
         let mut instructions = request.instructions().skip(*next_instruction).peekable();
         while let Some(instruction) = instructions.next() {
             *next_instruction += 1;
@@ -589,7 +736,7 @@ impl<E: Engine> Dispatcher<E> {
     /// Writes the results of a completed run into the pending answer.
     fn write_run_results(&mut self, pending: &mut Pending) {
         let progress = pending.progress.take().expect("a pending answer");
-        let mut response = ResponseWriter::resume(&mut pending.response, progress);
+        let mut response = ResponseWriter::resume(&mut pending.response[..pending.room], progress);
         let run = &pending.run[..pending.run_len];
         write_results(&mut self.block.devices, &mut self.block.free_buffers, run, &mut response);
         self.count_run(run);
@@ -635,6 +782,10 @@ impl<E: Engine> Dispatcher<E> {
             request_bytes: instruction.operand.len(),
             ..RunEntry::default()
         };
+        if let Err(status) = self.check_grant(instruction) {
+            entry.status = status;
+            return entry;
+        }
         let Some(shape) = self.block.shapes.get(usize::from(namespace)) else {
             entry.status = Status::NoSuchSpace;
             return entry;
@@ -746,6 +897,7 @@ impl<E: Engine> Dispatcher<E> {
         self.count(match status {
             Status::Stale => Counter::AnsweredStale,
             Status::NoSession => Counter::AnsweredNoSession,
+            Status::Unauthenticated => Counter::AnsweredUnauthenticated,
             _ => Counter::AnsweredMalformed,
         });
         let mut response = ResponseWriter::new(out, session, sequence);
@@ -776,6 +928,7 @@ impl<E: Engine> Dispatcher<E> {
     }
 
     fn execute(&mut self, context: Context, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+        self.check_grant(instruction)?;
         match Opcode::from_u8(instruction.opcode) {
             Some(Opcode::Ping) => control_fields_empty(instruction).map(|()| 0),
             Some(Opcode::Stat) => {
@@ -801,7 +954,7 @@ impl<E: Engine> Dispatcher<E> {
             Some(Opcode::Hello) => unreachable!("execute_into answers HELLO"),
             // Reached only when this target serves no namespace at all.
             Some(opcode) if opcode.is_block() => Err(Status::NoSuchSpace),
-            Some(Opcode::Encrypt | Opcode::Decrypt) => self.crypto(context, instruction, out),
+            Some(Opcode::Encrypt | Opcode::Decrypt) => self.crypto(instruction, out),
             None if EXTENSION_OPCODES.contains(&instruction.opcode) => self.extension(instruction, out),
             _ => self.engine.execute(instruction, out),
         }
@@ -811,8 +964,8 @@ impl<E: Engine> Dispatcher<E> {
     /// declaration and the session's permissions, and runs the handler; a range it modified on a
     /// persistent region is persisted at once (extensions are outside group commit).
     fn extension(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+        let granted = self.session_permissions(instruction.space);
         let shared = &*self.shared;
-        let granted = shared.settings.session_permissions;
         let outcome = shared.extensions.execute(instruction, &*shared.regions, granted, out)?;
         if let Some(written) = outcome.written {
             let region = shared.regions.get(written.space).expect("the registry wrote to a region that exists");
@@ -825,16 +978,25 @@ impl<E: Engine> Dispatcher<E> {
         Ok(outcome.data_len)
     }
 
-    /// What the session of `context` may do on the regions: one function, so the source of
-    /// grants (a target-wide setting until tenants exist) changes in one place.
-    fn session_permissions(&self, _context: Context) -> Permissions {
-        self.shared.settings.session_permissions
+    /// What the session whose datagram is executing may do on region `space`: its tenant's grant
+    /// there, or without tenants (`auth = "none"`) the target-wide `session_permissions`. One
+    /// function, so extensions, ENCRYPT and DECRYPT read permissions from one place.
+    fn session_permissions(&self, space: u16) -> Permissions {
+        match self.current_tenant {
+            None => self.shared.settings.session_permissions,
+            Some(tenant) => self
+                .tenants
+                .tenant(tenant)
+                .and_then(|tenant| tenant.region_grant(space))
+                .map_or(Permissions::NONE, |grant| grant.permissions),
+        }
     }
 
     /// Executes an ENCRYPT or DECRYPT (see `crypto`); what it wrote on a persistent region is
     /// persisted at once, before the answer (crypto is outside group commit, as extensions are).
-    fn crypto(&mut self, context: Context, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
-        let granted = self.session_permissions(context);
+    fn crypto(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+        // A tenant's grant on a destination region (and the ranges) was checked in `check_grant`.
+        let granted = self.session_permissions(instruction.space);
         let shared = &*self.shared;
         let outcome = crate::crypto::execute(
             instruction,
@@ -895,6 +1057,15 @@ impl<E: Engine> Dispatcher<E> {
                 return (Status::Retry, COOKIE_LEN);
             }
         };
+        let (method, area) = decode_hello_auth(instruction.operand);
+        let auth = if self.shared.settings.auth_required || method == HELLO_AUTH_MAC {
+            match self.authenticate_hello(context.from, method, &area, &hello) {
+                Ok(auth) => Some(auth),
+                Err(status) => return (status, 0),
+            }
+        } else {
+            None
+        };
         let opened = self.sessions.open(now, context.from, tag);
         let expired = match opened {
             Ok(opened) => opened.expired,
@@ -915,6 +1086,17 @@ impl<E: Engine> Dispatcher<E> {
             }
             Err(refusal) => return self.refuse_hello(now, context.from, refusal),
         };
+        let out = match auth {
+            Some(auth) => {
+                // The answer is sealed with the new session's response key: the initiator learns
+                // that this target holds its tenant's key, and nobody can alter the answer.
+                self.sessions.authenticate(session, context.from, auth);
+                self.pending_seal = Some(SealFor { session, peer: context.from });
+                let room = out.len().saturating_sub(netdam_auth::TRAILER_BYTES);
+                &mut out[..room]
+            }
+            None => out,
+        };
         let negotiated = (hello.max_datagram_bytes as usize).min(self.shared.settings.max_datagram_bytes) as u32;
         let regions = self.shared.regions.iter().map(|(id, region)| {
             (id, region.name(), region.len() as u64, region.durability() == Durability::Persistent)
@@ -930,6 +1112,107 @@ impl<E: Engine> Dispatcher<E> {
             Ok(len) => (Status::Ok, len),
             // The session stays unused and expires within a second.
             Err(status) => (status, 0),
+        }
+    }
+
+    /// Checks a HELLO's proof of its tenant's key (the cookie is its challenge) and derives the
+    /// session's keys; `unauthenticated` for no proof, an unknown tenant, a wrong proof or a
+    /// key version that is not the tenant's current one.
+    fn authenticate_hello(
+        &mut self,
+        from: SocketAddr,
+        method: u8,
+        area: &[u8; HELLO_AUTH_LEN],
+        hello: &HelloRequest,
+    ) -> Result<SessionAuth, Status> {
+        let refuse = |dispatcher: &mut Self, why: &'static str, tenant: u32| {
+            dispatcher.count(Counter::HelloUnauthenticated);
+            tracing::debug!(worker = dispatcher.worker, %from, tenant, why, "HELLO refused unauthenticated");
+            Err(Status::Unauthenticated)
+        };
+        if method != HELLO_AUTH_MAC {
+            return refuse(self, "no tenant key (the target requires one)", 0);
+        }
+        let Some(area) = HelloAuth::decode(area) else {
+            return Err(Status::Malformed);
+        };
+        let Some(tenant) = self.tenants.tenant(area.tenant) else {
+            return refuse(self, "unknown tenant", area.tenant);
+        };
+        if area.key_version != tenant.key_version {
+            return refuse(self, "the key was rotated: a key file of another version", area.tenant);
+        }
+        if !area.verify(&tenant.key, &hello.cookie, method, hello.max_datagram_bytes) {
+            return refuse(self, "wrong proof (another key)", area.tenant);
+        }
+        Ok(SessionAuth {
+            keys: area.session_keys(&tenant.key, &hello.cookie),
+            tenant: tenant.id,
+            key_version: tenant.key_version,
+            nonce: area.nonce,
+            sent: 0,
+        })
+    }
+
+    /// Whether the session's tenant may execute `instruction`: it needs a grant on the space
+    /// (both spaces of a MEMCPY) with the permissions the opcode needs, over the range it
+    /// addresses (PROTOCOL.md, "Authentication"). Without tenants (`auth = "none"`) everything
+    /// passes here and `session_permissions` applies to extensions.
+    fn check_grant(&self, instruction: &Instruction<'_>) -> Result<(), Status> {
+        let Some(tenant) = self.current_tenant else { return Ok(()) };
+        let Some(tenant) = self.tenants.tenant(tenant) else { return Err(Status::PermissionDenied) };
+        let (space, offset, length) = (instruction.space, instruction.offset, u64::from(instruction.length));
+        let region = |needed: Permissions, offset: u64, length: u64| {
+            tenant.region_grant(space).is_some_and(|grant| grant.allows(needed, offset, length))
+        };
+        let allowed = match Opcode::from_u8(instruction.opcode) {
+            Some(Opcode::Hello | Opcode::Ping | Opcode::Close) => true,
+            Some(Opcode::Stat) => tenant.admin,
+            Some(Opcode::Read | Opcode::Crc32) => region(Permissions::READ, offset, length),
+            Some(Opcode::Write | Opcode::Fill) => region(Permissions::WRITE, offset, length),
+            Some(Opcode::Cas | Opcode::FetchAdd) => region(Permissions::ATOMIC, offset, 8),
+            Some(Opcode::Vadd) => region(Permissions::COMPUTE, offset, length),
+            Some(Opcode::Encrypt | Opcode::Decrypt) => {
+                // The source is read and (in place) written; a destination is written. A
+                // malformed operand is the executor's to answer; it touches nothing.
+                let destination = netdam_isa::crypto::decode(instruction).ok().and_then(|request| request.destination);
+                region(Permissions::READ.union(Permissions::WRITE), offset, length)
+                    && destination.is_none_or(|to| {
+                        tenant
+                            .region_grant(to.space)
+                            .is_some_and(|grant| grant.allows(Permissions::WRITE, to.offset, length))
+                    })
+            }
+            Some(Opcode::Memcpy) => {
+                let operand = instruction.operand;
+                // A malformed operand is the engine's to answer; it touches nothing.
+                let source = (operand.len() == 16).then(|| {
+                    let space = u16::from_le_bytes([operand[0], operand[1]]);
+                    let offset = u64::from_le_bytes(operand[8..16].try_into().expect("8 bytes"));
+                    tenant.region_grant(space).is_some_and(|grant| grant.allows(Permissions::READ, offset, length))
+                });
+                region(Permissions::WRITE, offset, length) && source.unwrap_or(true)
+            }
+            Some(opcode) if opcode.is_block() => {
+                let needed = match opcode {
+                    Opcode::BlockRead | Opcode::BlockStatus => Permissions::BLOCK.union(Permissions::READ),
+                    Opcode::Flush => Permissions::BLOCK,
+                    _ => Permissions::BLOCK.union(Permissions::WRITE),
+                };
+                let block_bytes = self.block.shapes.get(usize::from(space)).map_or(1, |shape| shape.block_bytes);
+                let bytes = |blocks: u64| blocks.saturating_mul(u64::from(block_bytes));
+                let range = if opcode == Opcode::Flush { (0, 0) } else { (bytes(offset), bytes(length)) };
+                tenant.namespace_grant(space).is_some_and(|grant| grant.allows(needed, range.0, range.1))
+            }
+            // Extensions: the range here, the permissions by the registry against the handler's
+            // declaration (see `extension`).
+            None if EXTENSION_OPCODES.contains(&instruction.opcode) => region(Permissions::NONE, offset, length),
+            _ => true,
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(Status::PermissionDenied)
         }
     }
 
@@ -1013,6 +1296,15 @@ fn write_results(
 }
 
 /// The queueing header field: µs, saturating.
+/// Parses a datagram accepted before: sealed ones were opened (their trailer checked and cut).
+fn parse_accepted(datagram: &[u8]) -> Result<Request<'_>, DecodeError> {
+    if peek_is_sealed(datagram) {
+        Request::parse_opened(datagram)
+    } else {
+        Request::parse(datagram)
+    }
+}
+
 fn queueing_field(queueing: Duration) -> u16 {
     u16::try_from(queueing.as_nanos() / 1000).unwrap_or(u16::MAX)
 }

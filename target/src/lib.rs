@@ -33,7 +33,8 @@ pub mod server;
 pub mod sessions;
 pub mod socket;
 pub mod stats;
+pub mod tenants;
 pub mod worker;
 
-pub use config::{Config, PollMode};
+pub use config::{AuthMode, Config, PollMode};
 pub use server::{StartError, Target};

@@ -25,6 +25,7 @@ use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
 use crate::regions::RegionTable;
 use crate::socket;
 use crate::stats::StatsSnapshot;
+use crate::tenants::TenantCell;
 use crate::worker::{self, WorkerSettings};
 
 /// Why a target could not start.
@@ -223,7 +224,13 @@ impl Target {
         &self.shared.keys
     }
 
-    /// Which engine executes instructions.
+    /// The tenants in force: publishing a snapshot here applies it to every worker within one
+    /// datagram (the store watcher does so when the metadata store changes).
+    pub fn tenants(&self) -> &Arc<TenantCell> {
+        &self.shared.tenants
+    }
+
+    /// Name of the engine executing memory instructions.
     pub fn engine_name(&self) -> &'static str {
         self.engine_name
     }

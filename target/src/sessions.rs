@@ -130,7 +130,22 @@ struct Remembered {
     stored: Option<(u64, u32)>,
 }
 
-#[derive(Debug, Clone)]
+/// What an authenticated session holds: its keys, whose it is, and its send counter.
+#[derive(Debug)]
+pub struct SessionAuth {
+    /// The session's two keys.
+    pub keys: netdam_auth::SessionKeys,
+    /// The tenant it belongs to.
+    pub tenant: u32,
+    /// The version of the tenant's key it was opened with: a rotation ends it.
+    pub key_version: u32,
+    /// The initiator's HELLO nonce: a retransmitted HELLO (same nonce) keeps the keys.
+    pub nonce: [u8; netdam_auth::hello::NONCE_BYTES],
+    /// Counter of the next answer sealed: the nonce, never used twice under the response key.
+    pub sent: u64,
+}
+
+#[derive(Debug)]
 struct Session {
     /// 0 when the slot is free.
     id: u32,
@@ -146,6 +161,8 @@ struct Session {
     in_progress: u32,
     highest_sequence: u64,
     window: Box<[Remembered]>,
+    /// Keys and tenant of an authenticated session; `None` with `auth = "none"`.
+    auth: Option<SessionAuth>,
 }
 
 impl Session {
@@ -231,7 +248,7 @@ impl SessionTable {
             "session limits are validated with the configuration: {limits:?}"
         );
         let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
-        let empty = Session {
+        let empty = || Session {
             id: 0,
             peer: unspecified,
             address: AddressKey::of(unspecified.ip()),
@@ -242,12 +259,13 @@ impl SessionTable {
             in_progress: 0,
             highest_sequence: 0,
             window: vec![Remembered::default(); REPLAY_WINDOW].into_boxed_slice(),
+            auth: None,
         };
         SessionTable {
             worker: worker as u32,
             generation: (epoch ^ (epoch >> 32)) as u32,
             limits,
-            slots: vec![empty; limits.slots],
+            slots: (0..limits.slots).map(|_| empty()).collect(),
             arena: ReplayArena { bytes: vec![0u8; REPLAY_ARENA_BYTES].into_boxed_slice(), position: 0 },
             sweep_cursor: 0,
             by_address: Vec::with_capacity(limits.slots),
@@ -327,6 +345,7 @@ impl SessionTable {
         session.in_progress = 0;
         session.highest_sequence = 0;
         session.window.fill(Remembered::default());
+        session.auth = None;
         Ok(Opened { id, existing: false, evicted, expired })
     }
 
@@ -414,6 +433,54 @@ impl SessionTable {
         let slot = (id & ((1 << SLOT_BITS) - 1)) as usize;
         let session = self.slots.get(slot)?;
         (id != 0 && session.id == id && session.peer == peer).then_some(slot)
+    }
+
+    /// Gives session `id` (just opened or found again by its HELLO) its keys and tenant. A
+    /// retransmitted HELLO (the same nonce) keeps the keys and the send counter in use: a counter
+    /// must never be reused under a key.
+    pub fn authenticate(&mut self, id: u32, peer: SocketAddr, auth: SessionAuth) {
+        if let Some(slot) = self.owned_slot(id, peer) {
+            let session = &mut self.slots[slot];
+            let same = session.auth.as_ref().is_some_and(|held| held.nonce == auth.nonce && held.tenant == auth.tenant);
+            if !same {
+                session.auth = Some(auth);
+            }
+        }
+    }
+
+    /// Whether session `id` belongs to `peer`, and its keys and tenant if it is authenticated:
+    /// `None` for an unknown session, `Some(None)` for an unauthenticated one.
+    pub fn auth(&self, id: u32, peer: SocketAddr) -> Option<Option<&SessionAuth>> {
+        self.owned_slot(id, peer).map(|slot| self.slots[slot].auth.as_ref())
+    }
+
+    /// Seals the answer in `buffer[..len]` for session `id` of `peer` (marks it sealed and
+    /// appends the trailer under the response key with the session's next counter); `None` when
+    /// the session has ended meanwhile or has no keys.
+    pub fn seal(&mut self, id: u32, peer: SocketAddr, buffer: &mut [u8], len: usize) -> Option<usize> {
+        let slot = self.owned_slot(id, peer)?;
+        let auth = self.slots[slot].auth.as_mut()?;
+        netdam_isa::wire::mark_sealed(&mut buffer[..len]);
+        let sealed = netdam_auth::trailer::seal(&auth.keys.response, auth.sent, buffer, len).ok()?;
+        auth.sent += 1;
+        Some(sealed)
+    }
+
+    /// Ends every authenticated session `keep` refuses (its tenant was deleted or its key
+    /// rotated); returns how many ended.
+    pub fn end_sessions_where(&mut self, mut end: impl FnMut(&SessionAuth) -> bool) -> u64 {
+        let mut ended = 0;
+        for session in &mut self.slots {
+            if session.is_open() && session.auth.as_ref().is_some_and(&mut end) {
+                session.id = 0;
+                session.auth = None;
+                ended += 1;
+            }
+        }
+        if ended > 0 {
+            self.full_until = Instant::ZERO;
+        }
+        ended
     }
 
     /// Decides what to do with request `sequence` of session `id` from `peer`; a replayed answer

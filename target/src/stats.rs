@@ -71,6 +71,11 @@ counters! {
     ContendedYields => "contended_yields": "Yields of an adaptive worker that lost its core for over 500 µs to another thread; it then blocks on an empty socket for 100 ms instead of yielding.",
     SendErrors => "send_errors": "Responses the kernel refused to send.",
     ReceiveErrors => "receive_errors": "Receive calls that failed other than for lack of data.",
+    DroppedBadMac => "dropped_bad_mac": "Dropped: a sealed datagram whose MAC did not match its session's key (forged, altered, or another session's).",
+    DroppedUnsealed => "dropped_unsealed": "Dropped: a datagram without a MAC naming an authenticated session.",
+    AnsweredUnauthenticated => "answered_unauthenticated": "Answered unauthenticated: a sessionless STAT on a target that requires tenants.",
+    HelloUnauthenticated => "hello_unauthenticated": "HELLOs refused unauthenticated: no key, an unknown tenant, a wrong proof or a rotated key.",
+    SessionsEndedByTenantChange => "sessions_ended_by_tenant_change": "Sessions ended because their tenant was deleted or its key rotated.",
 }
 
 /// What a worker records per opcode for `/metrics`.

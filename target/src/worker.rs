@@ -20,7 +20,7 @@ use netdam_isa::{Duration, Instant, Status};
 
 use crate::block::ReplyTo;
 use crate::config::PollMode;
-use crate::dispatch::{Dispatcher, Handled, Wait};
+use crate::dispatch::{Dispatcher, Handled, SealFor, Wait};
 use crate::sessions::RecordTicket;
 use crate::socket::{self, ReceiveBatch};
 use crate::stats::Counter;
@@ -174,6 +174,9 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                         (len, record, executed)
                     }
                 };
+            // An authenticated session's answer is sealed once it is final: now, or after the
+            // group commit restamps it.
+            let seal = dispatcher.take_seal();
             if executed && dispatcher.persist_is_pending() {
                 if let Some((ticket, _)) = record {
                     dispatcher.hold(ticket);
@@ -182,10 +185,18 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 // an initiator that saw it as network delay would shrink its fabric window.
                 let service_from = Instant::from_nanos(started.as_nanos().saturating_sub(waited.as_nanos()));
                 let opcode = dispatcher.current_opcode();
-                held.push(Held { index, len, service_from, record, opcode }, &out[..len]);
+                held.push(Held { index, len, service_from, record, opcode, seal }, &out[..len]);
                 dispatcher.count(Counter::AnswersHeld);
                 continue;
             }
+            let len = match seal {
+                None => len,
+                Some(seal) => match dispatcher.seal(seal, &mut out, len) {
+                    Some(sealed) => sealed,
+                    // Its session ended in this very datagram (a CLOSE): nothing to answer with.
+                    None => continue,
+                },
+            };
             if let Some((ticket, store_answer)) = record {
                 dispatcher.record(ticket, store_answer.then_some(&out[..len]));
             }
@@ -199,12 +210,20 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 dispatcher.count(Counter::GroupCommitFailures);
             }
             let now = clock.now();
-            for (entry, answer) in held.drain() {
+            for (entry, slot) in held.drain() {
                 let service = now.saturating_since(entry.service_from);
                 dispatcher.observe_service(entry.opcode, service);
                 let service_ns = u32::try_from(service.as_nanos()).unwrap_or(u32::MAX);
                 // The writes may not be durable: then nothing held may say it succeeded.
-                restamp_response(answer, service_ns, persisted.err().map(|_| Status::IoError));
+                restamp_response(&mut slot[..entry.len], service_ns, persisted.err().map(|_| Status::IoError));
+                let len = match entry.seal {
+                    None => entry.len,
+                    Some(seal) => match dispatcher.seal(seal, slot, entry.len) {
+                        Some(sealed) => sealed,
+                        None => continue,
+                    },
+                };
+                let answer = &slot[..len];
                 if let Some((ticket, store_answer)) = entry.record {
                     dispatcher.record(ticket, store_answer.then_some(&*answer));
                 }
@@ -238,6 +257,8 @@ struct Held {
     record: Option<(RecordTicket, bool)>,
     /// Its datagram's label in the service-time histogram.
     opcode: u8,
+    /// The session whose keys seal it after the restamp.
+    seal: Option<SealFor>,
 }
 
 /// Answers of one receive pass held for its group commit, in a buffer allocated once.
@@ -251,7 +272,7 @@ struct HeldAnswers {
 
 impl HeldAnswers {
     fn new(slot_bytes: usize) -> HeldAnswers {
-        let empty = Held { index: 0, len: 0, service_from: Instant::ZERO, record: None, opcode: 0 };
+        let empty = Held { index: 0, len: 0, service_from: Instant::ZERO, record: None, opcode: 0, seal: None };
         HeldAnswers {
             buffer: vec![0u8; slot_bytes * RECEIVE_BATCH],
             slot_bytes,
@@ -272,11 +293,12 @@ impl HeldAnswers {
         self.len += 1;
     }
 
-    /// The held answers in the order they were given, each writable; empties the list.
+    /// The held answers in the order they were given, each with its whole slot (the answer is
+    /// its first `len` bytes; the rest is room for a trailer); empties the list.
     fn drain(&mut self) -> impl Iterator<Item = (Held, &mut [u8])> {
         let len = std::mem::take(&mut self.len);
         let entries = &self.entries[..len];
-        self.buffer.chunks_mut(self.slot_bytes).zip(entries).map(|(slot, &entry)| (entry, &mut slot[..entry.len]))
+        self.buffer.chunks_mut(self.slot_bytes).zip(entries).map(|(slot, &entry)| (entry, slot))
     }
 }
 

@@ -85,6 +85,8 @@ pub fn start_configured_in(
         pin_workers: false,
         // Many targets share one test process: leave its memory alone.
         lock_memory: false,
+        // Tests of the instruction set itself; tests/auth.rs covers tenants.
+        auth: netdam_target::config::AuthMode::None,
         ..Config::default()
     };
     adjust(&mut config);

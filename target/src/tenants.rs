@@ -1,0 +1,312 @@
+//! Tenants, their keys, grants and QoS settings, as the running target applies them.
+//!
+//! The metadata store keeps [`TenantRecord`]s (`netdam-target tenant …`, `grant`, `revoke`). A
+//! running target turns them into a [`TenantSnapshot`]: the grants resolved against the regions
+//! and namespaces it serves, indexed by space id, so the per-instruction check is two array
+//! reads. A new snapshot is published through a [`TenantCell`] when the store changes; workers
+//! notice the new generation with one atomic load per datagram and take the snapshot under a
+//! lock only then (never on the steady-state path).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use netdam_auth::TenantKey;
+use netdam_isa::extension::Permissions;
+use serde::{Deserialize, Serialize};
+
+use crate::namespaces::NamespaceTable;
+use crate::regions::RegionTable;
+
+/// Most tenants a store holds; ids run from 1 to this (0 is "no tenant").
+pub const MAX_TENANTS: u32 = 1024;
+
+/// Most grants one tenant holds.
+pub const MAX_GRANTS_PER_TENANT: usize = 256;
+
+/// Which requests a tenant's are when the target is overloaded: best-effort ones are shed first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QosClass {
+    /// Served first; shed only when the worker itself is overloaded.
+    #[default]
+    LatencyCritical,
+    /// Shed with BUSY (and a back-off hint) as soon as requests start queueing.
+    BestEffort,
+}
+
+/// Per-tenant bounds, all enforced by the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantLimits {
+    /// Sessions open at once, over every worker.
+    pub max_sessions: u32,
+    /// Block datagrams in flight at the target at once.
+    pub max_in_flight: u32,
+    /// Cost units per second the tenant's token bucket refills at (see `qos`); 0 is unlimited.
+    pub cost_per_second: u64,
+    /// Bucket depth in cost units: how much a tenant may spend in a burst.
+    pub burst: u64,
+}
+
+impl Default for TenantLimits {
+    fn default() -> TenantLimits {
+        TenantLimits { max_sessions: 64, max_in_flight: 256, cost_per_second: 0, burst: 0 }
+    }
+}
+
+/// What a grant addresses, by name as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GrantSpace {
+    /// A region by name.
+    Region(String),
+    /// A namespace by name.
+    Namespace(String),
+    /// Every region and namespace, present and future.
+    All,
+}
+
+/// One grant as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRecord {
+    /// What it addresses.
+    pub space: GrantSpace,
+    /// Permission names (`read`, `write`, `atomic`, `compute`, `block`, `admin`).
+    pub permissions: Vec<String>,
+    /// A byte range `[offset, offset + len)` within the space, or the whole space.
+    pub range: Option<(u64, u64)>,
+}
+
+/// One tenant as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantRecord {
+    /// Unique name.
+    pub name: String,
+    /// Number HELLO names it by, 1 to [`MAX_TENANTS`].
+    pub id: u32,
+    /// Key rotations so far (1 for the first key).
+    pub key_version: u32,
+    /// The key, as 64 hex digits (the store file is owner-only).
+    pub key_hex: String,
+    /// Overload class.
+    #[serde(default)]
+    pub class: QosClass,
+    /// Bounds.
+    #[serde(default)]
+    pub limits: TenantLimits,
+    /// What it may touch.
+    #[serde(default)]
+    pub grants: Vec<GrantRecord>,
+}
+
+/// A grant resolved to bytes of one space: permissions over `[start, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// What it allows.
+    pub permissions: Permissions,
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+impl Grant {
+    /// Whether `[offset, offset + len)` lies within the grant and `needed` is granted.
+    pub fn allows(&self, needed: Permissions, offset: u64, len: u64) -> bool {
+        self.permissions.contains(needed)
+            && offset >= self.start
+            && offset.checked_add(len).is_some_and(|end| end <= self.end)
+    }
+}
+
+/// A tenant as a running target applies it.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    /// Its number.
+    pub id: u32,
+    /// Its name.
+    pub name: String,
+    /// Its key.
+    pub key: TenantKey,
+    /// Key rotations so far: a session opened under another version is ended.
+    pub key_version: u32,
+    /// Overload class.
+    pub class: QosClass,
+    /// Bounds.
+    pub limits: TenantLimits,
+    /// Grants by region id (the union of every grant naming it); `None`: nothing granted.
+    pub regions: Vec<Option<Grant>>,
+    /// Grants by namespace id, in bytes.
+    pub namespaces: Vec<Option<Grant>>,
+    /// May read the target's counters (STAT) and manage it.
+    pub admin: bool,
+}
+
+impl Tenant {
+    /// What it holds on region `id`.
+    pub fn region_grant(&self, id: u16) -> Option<Grant> {
+        self.regions.get(usize::from(id)).copied().flatten()
+    }
+
+    /// What it holds on namespace `id`.
+    pub fn namespace_grant(&self, id: u16) -> Option<Grant> {
+        self.namespaces.get(usize::from(id)).copied().flatten()
+    }
+}
+
+/// Every tenant of the store, resolved against the spaces the target serves.
+#[derive(Debug, Clone, Default)]
+pub struct TenantSnapshot {
+    /// By id; index 0 is unused.
+    tenants: Vec<Option<Tenant>>,
+}
+
+impl TenantSnapshot {
+    /// The tenant numbered `id`.
+    pub fn tenant(&self, id: u32) -> Option<&Tenant> {
+        self.tenants.get(id as usize).and_then(Option::as_ref)
+    }
+
+    /// Every tenant.
+    pub fn iter(&self) -> impl Iterator<Item = &Tenant> {
+        self.tenants.iter().flatten()
+    }
+
+    /// Whether there is no tenant.
+    pub fn is_empty(&self) -> bool {
+        self.iter().next().is_none()
+    }
+
+    /// Resolves `records` against the spaces served. A record that cannot be applied (a bad
+    /// key, an unknown permission name) is left out and named in the returned warnings; a grant
+    /// naming a space this target does not serve grants nothing here.
+    pub fn resolve(
+        records: &[TenantRecord],
+        regions: &RegionTable,
+        namespaces: &NamespaceTable,
+    ) -> (TenantSnapshot, Vec<String>) {
+        let mut warnings = Vec::new();
+        let mut tenants: Vec<Option<Tenant>> = Vec::new();
+        for record in records {
+            if record.id == 0 || record.id > MAX_TENANTS {
+                warnings.push(format!("tenant {:?}: id {} is outside 1..={MAX_TENANTS}", record.name, record.id));
+                continue;
+            }
+            let key = match TenantKey::from_hex(&record.key_hex) {
+                Ok(key) => key,
+                Err(error) => {
+                    warnings.push(format!("tenant {:?}: {error}", record.name));
+                    continue;
+                }
+            };
+            let mut tenant = Tenant {
+                id: record.id,
+                name: record.name.clone(),
+                key,
+                key_version: record.key_version,
+                class: record.class,
+                limits: record.limits,
+                regions: vec![None; regions.iter().len()],
+                namespaces: vec![None; namespaces.iter().len()],
+                admin: false,
+            };
+            for grant in &record.grants {
+                let Some(permissions) = parse_permissions(&grant.permissions, &mut tenant.admin) else {
+                    warnings.push(format!("tenant {:?}: unknown permission in {:?}", record.name, grant.permissions));
+                    continue;
+                };
+                if grant.space == GrantSpace::All && grant.permissions.iter().any(|name| name == "all") {
+                    tenant.admin = true;
+                }
+                let widen = |slot: &mut Option<Grant>, size: u64| {
+                    let (start, end) = match grant.range {
+                        Some((offset, len)) => (offset.min(size), offset.saturating_add(len).min(size)),
+                        // The whole space, whatever its size: an access beyond its end is the
+                        // engine's `out_of_range`, not a grant's refusal.
+                        None => (0, u64::MAX),
+                    };
+                    *slot = Some(merge(*slot, Grant { permissions, start, end }));
+                };
+                for (id, region) in regions.iter() {
+                    let named = matches!(&grant.space, GrantSpace::Region(name) if name == region.name());
+                    if named || grant.space == GrantSpace::All {
+                        widen(&mut tenant.regions[usize::from(id)], region.len() as u64);
+                    }
+                }
+                for (id, namespace) in namespaces.iter() {
+                    let named = matches!(&grant.space, GrantSpace::Namespace(name) if name == namespace.name());
+                    if named || grant.space == GrantSpace::All {
+                        let bytes = namespace.capacity_blocks().saturating_mul(u64::from(namespace.block_bytes()));
+                        widen(&mut tenant.namespaces[usize::from(id)], bytes);
+                    }
+                }
+            }
+            let index = record.id as usize;
+            if tenants.len() <= index {
+                tenants.resize(index + 1, None);
+            }
+            tenants[index] = Some(tenant);
+        }
+        (TenantSnapshot { tenants }, warnings)
+    }
+}
+
+/// Two grants on one space: the permissions of both over the span of both. (Grants on disjoint
+/// ranges with different permissions are rare enough that the span is kept simple; `grant`
+/// refuses a second ranged grant on a space with a different range, see the store.)
+fn merge(existing: Option<Grant>, new: Grant) -> Grant {
+    match existing {
+        None => new,
+        Some(old) => Grant {
+            permissions: old.permissions.union(new.permissions),
+            start: old.start.min(new.start),
+            end: old.end.max(new.end),
+        },
+    }
+}
+
+/// Permission names to a set; `admin` is kept apart (it is not a permission on a space).
+pub fn parse_permissions(names: &[String], admin: &mut bool) -> Option<Permissions> {
+    let mut permissions = Permissions::NONE;
+    for name in names {
+        match name.as_str() {
+            "admin" => *admin = true,
+            // Every permission on the space; `admin` only with a grant on `all` spaces (see
+            // `resolve`), so `all` on one region does not hand out the target's counters.
+            "all" => permissions = Permissions::ALL,
+            other => permissions = permissions.union(Permissions::from_name(other)?),
+        }
+    }
+    Some(permissions)
+}
+
+/// The snapshot in force, replaced whole when the store changes.
+#[derive(Debug, Default)]
+pub struct TenantCell {
+    generation: AtomicU64,
+    current: Mutex<Arc<TenantSnapshot>>,
+}
+
+impl TenantCell {
+    /// A cell holding `snapshot` as generation 1.
+    pub fn new(snapshot: TenantSnapshot) -> TenantCell {
+        TenantCell { generation: AtomicU64::new(1), current: Mutex::new(Arc::new(snapshot)) }
+    }
+
+    /// The generation in force: a worker compares it with the one it holds, per datagram.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The snapshot in force, with its generation.
+    pub fn load(&self) -> (u64, Arc<TenantSnapshot>) {
+        let current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        (self.generation.load(Ordering::Acquire), Arc::clone(&current))
+    }
+
+    /// Puts `snapshot` in force.
+    pub fn publish(&self, snapshot: TenantSnapshot) {
+        let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *current = Arc::new(snapshot);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,379 @@
+//! Tenants and authenticated sessions against a real target on loopback: who may open a
+//! session, what each tenant may touch, and what a forged, altered or replayed datagram gets
+//! (nothing executed, memory compared).
+
+mod common;
+
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use netdam_auth::{Credentials, HelloAuth, SessionKeys, TenantKey, TRAILER_BYTES};
+use netdam_initiator::client::{Client, ClientOptions};
+use netdam_initiator::error::ClientError;
+use netdam_initiator::session::SessionConfig;
+use netdam_isa::control::{
+    decode_hello_answer, encode_hello_operand_with, Cookie, HelloRequest, HELLO_AUTH_MAC, NO_COOKIE,
+};
+use netdam_isa::wire::{mark_sealed, peek_is_sealed, Instruction, RequestBuilder, Response};
+use netdam_isa::{Opcode, Status};
+use netdam_target::config::AuthMode;
+use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+
+const REGION: u64 = 1 << 20;
+
+fn key(byte: u8) -> TenantKey {
+    TenantKey::from_bytes([byte; 32])
+}
+
+fn record(name: &str, id: u32, key_byte: u8, grants: Vec<GrantRecord>) -> TenantRecord {
+    TenantRecord {
+        name: name.into(),
+        id,
+        key_version: 1,
+        key_hex: key(key_byte).to_hex(),
+        class: Default::default(),
+        limits: Default::default(),
+        grants,
+    }
+}
+
+fn grant(space: GrantSpace, permissions: &[&str], range: Option<(u64, u64)>) -> GrantRecord {
+    GrantRecord { space, permissions: permissions.iter().map(|name| name.to_string()).collect(), range }
+}
+
+/// Alice may read and write the first half of "shared" and do anything to "alice"; Bob may
+/// only read "shared"; root may do anything anywhere.
+fn records() -> Vec<TenantRecord> {
+    vec![
+        record(
+            "alice",
+            1,
+            0xA1,
+            vec![
+                grant(GrantSpace::Region("alice".into()), &["all"], None),
+                grant(GrantSpace::Region("shared".into()), &["read", "write", "atomic"], Some((0, REGION / 2))),
+            ],
+        ),
+        record("bob", 2, 0xB0, vec![grant(GrantSpace::Region("shared".into()), &["read"], None)]),
+        record("root", 3, 0x77, vec![grant(GrantSpace::All, &["all"], None)]),
+    ]
+}
+
+fn start() -> common::TestTarget {
+    let regions = vec![common::region("alice", REGION, false), common::region("shared", REGION, false)];
+    let target = common::start_configured(regions, |config| config.auth = AuthMode::Tenants);
+    publish(&target, &records());
+    target
+}
+
+fn publish(target: &common::TestTarget, records: &[TenantRecord]) {
+    let (snapshot, warnings) = TenantSnapshot::resolve(records, target.target.regions(), target.target.namespaces());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    target.target.tenants().publish(snapshot);
+}
+
+fn credentials(tenant: u32, key_byte: u8) -> Credentials {
+    Credentials { tenant, key_version: 1, key: key(key_byte) }
+}
+
+fn client(target: &common::TestTarget, credentials: Option<Credentials>) -> Result<Client, ClientError> {
+    let session =
+        SessionConfig { credentials, max_attempts: 3, min_patience: netdam_isa::Duration::ZERO, ..Default::default() };
+    Client::connect_with(target.target.local_addr(), ClientOptions { session, ..Default::default() })
+}
+
+fn refused(result: Result<Client, ClientError>) -> Status {
+    match result {
+        Err(ClientError::HelloRefused(status)) => status,
+        Err(other) => panic!("expected a refused HELLO, got {other}"),
+        Ok(_) => panic!("expected a refused HELLO, got a session"),
+    }
+}
+
+fn stat(target: &common::TestTarget, name: &str) -> u64 {
+    target.target.stats().get(name).unwrap_or_else(|| panic!("no STAT entry {name}"))
+}
+
+#[test]
+fn only_a_tenant_with_its_current_key_gets_a_session() {
+    let target = start();
+    assert_eq!(refused(client(&target, None)), Status::Unauthenticated, "no key");
+    assert_eq!(refused(client(&target, Some(credentials(1, 0xB0)))), Status::Unauthenticated, "bob's key as alice");
+    assert_eq!(refused(client(&target, Some(credentials(9, 0xA1)))), Status::Unauthenticated, "unknown tenant");
+    let old_version = Credentials { key_version: 2, ..credentials(1, 0xA1) };
+    assert_eq!(refused(client(&target, Some(old_version))), Status::Unauthenticated, "another key version");
+    assert!(stat(&target, "hello_unauthenticated") >= 4);
+    let mut alice = client(&target, Some(credentials(1, 0xA1))).expect("alice's key opens a session");
+    alice.write(0, 0, b"alice was here").unwrap();
+    let mut back = [0u8; 14];
+    alice.read(0, 0, &mut back).unwrap();
+    assert_eq!(&back, b"alice was here");
+    // The counters are for admins: a sessionless STAT is refused, an admin's session STATs.
+    let error = Client::sessionless(target.target.local_addr()).unwrap().stat().unwrap_err();
+    assert!(matches!(error, ClientError::DatagramRefused(Status::Unauthenticated)), "{error}");
+    let error = alice.stat().unwrap_err();
+    assert!(matches!(error, ClientError::Refused { status: Status::PermissionDenied, .. }), "{error:?}");
+    let mut root = client(&target, Some(credentials(3, 0x77))).unwrap();
+    assert!(root.stat().unwrap().iter().any(|(name, _)| name == "sessions_open"));
+}
+
+#[test]
+fn every_instruction_is_checked_against_the_tenants_grants_and_touches_nothing_when_refused() {
+    let target = start();
+    let mut root = client(&target, Some(credentials(3, 0x77))).unwrap();
+    let mut alice = client(&target, Some(credentials(1, 0xA1))).unwrap();
+    let mut bob = client(&target, Some(credentials(2, 0xB0))).unwrap();
+    let (alice_region, shared) = (alice.region("alice").unwrap().id, alice.region("shared").unwrap().id);
+    let pattern: Vec<u8> = (0..4096u32).map(|index| (index % 251) as u8).collect();
+    root.write(shared, 0, &pattern).unwrap();
+    root.write(shared, REGION - 4096, &pattern).unwrap();
+    root.write(alice_region, 0, &pattern).unwrap();
+    let denied = |result: Result<(), ClientError>| {
+        matches!(result, Err(ClientError::Refused { status: Status::PermissionDenied, .. }))
+    };
+    // Bob reads "shared" but may not change it, nor see "alice".
+    let mut back = vec![0u8; 4096];
+    bob.read(shared, 0, &mut back).unwrap();
+    assert_eq!(back, pattern);
+    assert!(denied(bob.write(shared, 0, b"bob")));
+    assert!(denied(bob.fill(shared, 0, 64, 0xFF)));
+    assert!(denied(bob.fetch_add(shared, 8, 1).map(|_| ())));
+    assert!(denied(bob.cas(shared, 8, 0, 1).map(|_| ())));
+    assert!(denied(bob.read(alice_region, 0, &mut back)));
+    assert!(denied(bob.crc32(alice_region, 0, 64).map(|_| ())));
+    // Alice holds the first half of "shared" only.
+    alice.write(shared, 4096, b"inside").unwrap();
+    assert!(denied(alice.write(shared, REGION - 4096, b"outside")));
+    assert!(denied(alice.read(shared, REGION / 2 - 2, &mut back[..4])), "straddles the grant's end");
+    assert!(denied(alice.fill(shared, REGION / 2, 64, 0)));
+    // MEMCPY needs read on the source and write on the destination.
+    assert!(denied(alice.memcpy(shared, 0, shared, REGION - 4096, 64)), "source outside her grant");
+    assert!(denied(bob.memcpy(shared, 0, alice_region, 0, 64)), "bob may not read alice's region");
+    alice.memcpy(alice_region, 8192, shared, 0, 64).unwrap();
+    // Nothing refused changed anything.
+    root.read(shared, REGION - 4096, &mut back).unwrap();
+    assert_eq!(back, pattern, "the second half of shared is untouched");
+    root.read(shared, 0, &mut back).unwrap();
+    assert_eq!(back[..4096], pattern[..], "bob's refused writes left the first block alone");
+    let mut copied = vec![0u8; 64];
+    root.read(alice_region, 8192, &mut copied).unwrap();
+    assert_eq!(copied, pattern[..64], "alice's own MEMCPY ran");
+}
+
+#[test]
+fn a_revoked_grant_or_a_rotated_key_applies_to_live_sessions() {
+    let target = start();
+    let mut alice = client(&target, Some(credentials(1, 0xA1))).unwrap();
+    let shared = alice.region("shared").unwrap().id;
+    alice.write(shared, 0, b"before").unwrap();
+    // Revoke: the next instruction of the same session is refused.
+    let mut revoked = records();
+    revoked[0].grants.retain(|grant| grant.space != GrantSpace::Region("shared".into()));
+    publish(&target, &revoked);
+    assert!(matches!(
+        alice.write(shared, 0, b"after"),
+        Err(ClientError::Refused { status: Status::PermissionDenied, .. })
+    ));
+    // Rotate: the session ends, and the old key opens none.
+    let mut rotated = revoked.clone();
+    rotated[0].key_version = 2;
+    rotated[0].key_hex = key(0xA2).to_hex();
+    publish(&target, &rotated);
+    let error = alice.write(0, 0, b"x").unwrap_err();
+    assert!(matches!(error, ClientError::HelloRefused(Status::Unauthenticated)), "{error}");
+    assert!(stat(&target, "sessions_ended_by_tenant_change") >= 1);
+    let new_key = Credentials { tenant: 1, key_version: 2, key: key(0xA2) };
+    client(&target, Some(new_key)).expect("the rotated key opens a session").write(0, 0, b"x").unwrap();
+}
+
+/// A raw authenticated session: what a client does, by hand, so datagrams can be forged.
+struct Raw {
+    socket: UdpSocket,
+    session: u32,
+    keys: SessionKeys,
+    counter: u64,
+}
+
+fn request(session: u32, sequence: u64, instruction: &Instruction<'_>) -> Vec<u8> {
+    let mut buffer = vec![0u8; 9000];
+    let mut builder = RequestBuilder::new(&mut buffer, session, sequence).unwrap();
+    builder.push(instruction).unwrap();
+    let len = builder.finish();
+    buffer.truncate(len);
+    buffer
+}
+
+fn receive(socket: &UdpSocket) -> Option<Vec<u8>> {
+    let mut answer = vec![0u8; 65536];
+    socket.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    socket.recv(&mut answer).ok().map(|len| answer[..len].to_vec())
+}
+
+impl Raw {
+    fn open(target: &common::TestTarget, tenant: u32, key_byte: u8) -> Raw {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.connect(target.target.local_addr()).unwrap();
+        let hello = |cookie: Cookie, area: [u8; 64]| {
+            let operand =
+                encode_hello_operand_with(&HelloRequest { max_datagram_bytes: 9000, cookie }, HELLO_AUTH_MAC, &area);
+            let instruction = Instruction {
+                opcode: Opcode::Hello as u8,
+                flags: 0,
+                space: 0,
+                offset: 0,
+                length: 0,
+                aux: 0,
+                operand: &operand,
+            };
+            request(0, 1, &instruction)
+        };
+        socket.send(&hello(NO_COOKIE, [0; 64])).unwrap();
+        let answer = receive(&socket).expect("a cookie");
+        let response = Response::parse(&answer).unwrap();
+        let result = response.results().next().unwrap();
+        assert_eq!(result.status, Status::Retry);
+        let cookie: Cookie = result.data.try_into().unwrap();
+        let area = HelloAuth::prove(&key(key_byte), tenant, 1, &cookie, HELLO_AUTH_MAC, 9000).unwrap();
+        let keys = area.session_keys(&key(key_byte), &cookie);
+        socket.send(&hello(cookie, area.encode())).unwrap();
+        let answer = receive(&socket).expect("a session");
+        assert!(peek_is_sealed(&answer), "the answer that opens a session is sealed");
+        let len = netdam_auth::trailer::open(&keys.response, &answer).expect("sealed with the session's key");
+        let response = Response::parse_opened(&answer[..len]).unwrap();
+        let session = decode_hello_answer(response.results().next().unwrap().data).unwrap().session;
+        Raw { socket, session, keys, counter: 0 }
+    }
+
+    fn sealed(&mut self, session: u32, sequence: u64, instruction: &Instruction<'_>) -> Vec<u8> {
+        let mut datagram = request(session, sequence, instruction);
+        let len = datagram.len();
+        mark_sealed(&mut datagram);
+        datagram.resize(len + TRAILER_BYTES, 0);
+        netdam_auth::trailer::seal(&self.keys.request, self.counter, &mut datagram, len).unwrap();
+        self.counter += 1;
+        datagram
+    }
+
+    /// Sends `datagram`; the first result's status and data of a verified answer, `None` for
+    /// no answer.
+    fn exchange(&self, datagram: &[u8]) -> Option<(Status, Vec<u8>)> {
+        self.socket.send(datagram).unwrap();
+        let answer = receive(&self.socket)?;
+        if !peek_is_sealed(&answer) {
+            let response = Response::parse(&answer).unwrap();
+            return Some((response.status(), Vec::new()));
+        }
+        let len = netdam_auth::trailer::open(&self.keys.response, &answer).expect("answers are sealed with our key");
+        let response = Response::parse_opened(&answer[..len]).unwrap();
+        if response.status() != Status::Ok {
+            return Some((response.status(), Vec::new()));
+        }
+        let result = response.results().next().unwrap();
+        Some((result.status, result.data.to_vec()))
+    }
+}
+
+fn fetch_add(space: u16, offset: u64, addend: &[u8; 8]) -> Instruction<'_> {
+    Instruction { opcode: Opcode::FetchAdd as u8, flags: 0, space, offset, length: 8, aux: 0, operand: addend }
+}
+
+#[test]
+fn forged_altered_unsealed_and_replayed_datagrams_execute_nothing() {
+    let target = start();
+    let mut root = client(&target, Some(credentials(3, 0x77))).unwrap();
+    let mut raw = Raw::open(&target, 1, 0xA1);
+    let one = 1u64.to_le_bytes();
+    let add = fetch_add(0, 64, &one);
+    let counter = |root: &mut Client| {
+        let mut word = [0u8; 8];
+        root.read(0, 64, &mut word).unwrap();
+        u64::from_le_bytes(word)
+    };
+    // A good one executes.
+    let good = raw.sealed(raw.session, 1, &add);
+    assert_eq!(raw.exchange(&good), Some((Status::Ok, 0u64.to_le_bytes().to_vec())));
+    assert_eq!(counter(&mut root), 1);
+    // Replayed: the stored answer, not a second add.
+    assert_eq!(raw.exchange(&good), Some((Status::Ok, 0u64.to_le_bytes().to_vec())));
+    assert_eq!(counter(&mut root), 1);
+    // Every single-bit change anywhere is dropped unanswered.
+    let dropped_before = stat(&target, "dropped_bad_mac");
+    let fresh = raw.sealed(raw.session, 2, &add);
+    for bit in [0usize, 8 * 5, 8 * 9, 8 * 40, 8 * (fresh.len() - 20), 8 * fresh.len() - 1] {
+        let mut altered = fresh.clone();
+        altered[bit / 8] ^= 1 << (bit % 8);
+        let answer = raw.exchange(&altered);
+        // A changed session id names no session of ours: `no_session`, unsealed, nothing run.
+        assert!(answer.is_none() || answer == Some((Status::NoSession, Vec::new())), "bit {bit}: {answer:?}");
+    }
+    assert!(stat(&target, "dropped_bad_mac") >= dropped_before + 4);
+    assert_eq!(counter(&mut root), 1, "no altered datagram executed");
+    // The same datagram without its MAC (a CRC'd copy) is dropped too.
+    let unsealed = request(raw.session, 3, &add);
+    assert_eq!(raw.exchange(&unsealed), None);
+    assert_eq!(counter(&mut root), 1);
+    // Another session's datagram, from another socket: its MAC is not under that session's
+    // keys, and the session is not the sender's.
+    let mut other = Raw::open(&target, 1, 0xA1);
+    let theirs = raw.sealed(other.session, 4, &add);
+    other.socket.send(&theirs).unwrap();
+    assert_eq!(receive(&other.socket), None, "another session's key does not open in this one");
+    let spliced = other.sealed(raw.session, 5, &add);
+    assert_eq!(raw.exchange(&spliced), None, "a datagram sealed by another session is dropped");
+    assert_eq!(counter(&mut root), 1);
+    // The fresh one still executes once.
+    assert_eq!(raw.exchange(&fresh).map(|(status, _)| status), Some(Status::Ok));
+    assert_eq!(counter(&mut root), 2);
+    other.counter += 0;
+}
+
+#[test]
+fn a_datagram_replayed_after_a_restart_finds_no_session() {
+    let regions = vec![common::region("alice", REGION, true), common::region("shared", REGION, false)];
+    let first = common::start_configured(regions.clone(), |config| config.auth = AuthMode::Tenants);
+    publish(&first, &records());
+    let mut raw = Raw::open(&first, 1, 0xA1);
+    let one = 1u64.to_le_bytes();
+    let add = fetch_add(0, 0, &one);
+    let datagram = raw.sealed(raw.session, 1, &add);
+    assert_eq!(raw.exchange(&datagram).map(|(status, _)| status), Some(Status::Ok));
+    let (addr, dir) = (first.target.local_addr(), first.dir);
+    first.target.stop();
+    let second = common::TestTarget {
+        target: netdam_target::Target::start(&netdam_target::Config {
+            listen: addr,
+            metrics_listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: Some(dir.path().to_path_buf()),
+            workers: 1,
+            poll: netdam_target::PollMode::Blocking,
+            regions,
+            pin_workers: false,
+            lock_memory: false,
+            ..netdam_target::Config::default()
+        })
+        .unwrap(),
+        dir,
+    };
+    publish(&second, &records());
+    assert_eq!(raw.exchange(&datagram), Some((Status::NoSession, Vec::new())));
+    let mut root = client(&second, Some(credentials(3, 0x77))).unwrap();
+    let mut word = [0u8; 8];
+    root.read(0, 0, &mut word).unwrap();
+    assert_eq!(u64::from_le_bytes(word), 1, "the replay did not add again after the restart");
+}
+
+#[test]
+fn an_unauthenticated_target_refuses_to_listen_beyond_loopback_unless_forced() {
+    let mut config = netdam_target::Config {
+        listen: "0.0.0.0:0".parse().unwrap(),
+        auth: AuthMode::None,
+        ..netdam_target::Config::default()
+    };
+    let error = config.validate().unwrap_err().to_string();
+    assert!(error.contains("allow_unauthenticated_network"), "{error}");
+    config.allow_unauthenticated_network = true;
+    config.validate().unwrap();
+    config.auth = AuthMode::Tenants;
+    config.allow_unauthenticated_network = false;
+    config.validate().unwrap();
+}
