@@ -35,6 +35,7 @@ pub fn config(data_dir: &Path, poll: PollMode, namespace: NamespaceConfig) -> Co
             size: ByteSize(64 << 20),
         }],
         namespaces: vec![namespace],
+        auth: netdam_target::AuthMode::None,
         ..Config::default()
     }
 }

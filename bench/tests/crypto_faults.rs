@@ -42,6 +42,8 @@ fn in_place_encrypts_through_loss_duplication_and_reordering_run_exactly_once() 
         pin_workers: false,
         lock_memory: false,
         busy_threshold_us: 60_000,
+        // This test is about at-most-once execution; tests/auth.rs covers tenants.
+        auth: netdam_target::AuthMode::None,
         regions: vec![RegionConfig {
             name: "sealed".into(),
             backend: RegionBackend::Mem,

@@ -35,6 +35,7 @@ fn a_million_fetch_adds_through_loss_duplication_and_reordering_apply_exactly_on
             path: None,
             size: ByteSize(4096),
         }],
+        auth: netdam_target::AuthMode::None,
         ..Config::default()
     };
     let target = Target::start(&config).unwrap();

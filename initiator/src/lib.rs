@@ -20,6 +20,7 @@ pub mod async_client;
 pub mod client;
 pub mod error;
 pub mod hello;
+pub mod keys;
 pub mod metrics;
 pub mod nbd;
 pub mod op;

@@ -15,7 +15,7 @@ use netdam_target::crypto::{generate_key, read_reservation, reservation_path};
 use netdam_target::metadata::{MetadataError, MetadataStore};
 use netdam_target::namespaces::{open_namespace, resolve};
 use netdam_target::server::running_target;
-use netdam_target::{Config, PollMode, Target};
+use netdam_target::{AuthMode, Config, PollMode, Target};
 
 /// A disaggregated storage target with low, deterministic latency: memory regions and block
 /// namespaces served over UDP with the NetDAM instruction set (read, write, atomics, memcpy,
@@ -203,6 +203,11 @@ struct SettingsArgs {
     /// blocking (no idle CPU) [default: adaptive].
     #[arg(long, value_enum)]
     poll: Option<PollMode>,
+    /// tenants: initiators prove a tenant's key and get what it was granted; none: no
+    /// authentication, every initiator may do anything (refused beyond loopback unless the
+    /// config sets allow_unauthenticated_network) [default: tenants].
+    #[arg(long, value_enum)]
+    auth: Option<AuthMode>,
 }
 
 impl SettingsArgs {
@@ -214,6 +219,7 @@ impl SettingsArgs {
             data_dir: self.data_dir.or(base.data_dir),
             workers: self.workers.or(base.workers),
             poll: self.poll.or(base.poll),
+            auth: self.auth.or(base.auth),
         }
     }
 
@@ -236,6 +242,9 @@ impl SettingsArgs {
         }
         if let Some(poll) = self.poll {
             config.poll = poll;
+        }
+        if let Some(auth) = self.auth {
+            config.auth = auth;
         }
         config.validate().map_err(|error| error.to_string())?;
         Ok(config)

@@ -38,6 +38,7 @@ fn start(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>) -> TestTarget 
         pin_workers: false,
         // Many targets share one test process: leave its memory alone.
         lock_memory: false,
+        auth: netdam_target::AuthMode::None,
         ..Config::default()
     };
     let target = Target::start_with(&config, extra).expect("target starts");
@@ -120,6 +121,7 @@ fn verify_data_through_the_client(backend: NamespaceBackend, path: &str) {
         data_dir: Some(dir.path().to_path_buf()),
         poll: PollMode::Blocking,
         namespaces: vec![namespace(backend, path, BLOCKS * u64::from(BLOCK))],
+        auth: netdam_target::AuthMode::None,
         ..Config::default()
     };
     let target = Target::start(&config).expect("target restarts");

@@ -188,7 +188,17 @@ fn admin_commands_store_namespaces_that_the_target_serves() {
     assert!(text.contains("disk") && text.contains("store"), "{text}");
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", data])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data,
+            "--auth",
+            "none",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -275,7 +285,7 @@ fn first_log_line(extra: &[&str], env: &[(&str, &str)]) -> String {
     let data = dir.path().to_str().unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_netdam-target"));
     command
-        .args(["--listen", "127.0.0.1:0", "--data-dir", data, "--poll", "blocking"])
+        .args(["--listen", "127.0.0.1:0", "--data-dir", data, "--poll", "blocking", "--auth", "none"])
         .args(extra)
         .env_remove("NETDAM_LOG")
         .env_remove("RUST_LOG")

@@ -180,6 +180,7 @@ fn an_unknown_extension_or_permission_name_stops_the_start_with_its_name() {
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: Some(dir.path().to_path_buf()),
         extensions: vec!["histogram".to_string()],
+        auth: netdam_target::AuthMode::None,
         ..netdam_target::Config::default()
     };
     let message = config.validate().unwrap_err().to_string();

@@ -345,7 +345,7 @@ fn acknowledged_operations_survive_sigkill_under_load() {
     std::fs::write(
         dir.join(CONFIG),
         "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\ndata_dir = \".\"\nworkers = 2\n\
-         poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\n\
+         poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\nauth = \"none\"\n\
          [[region]]\nname = \"scratch\"\nbackend = \"mem\"\nsize = \"1MiB\"\n",
     )
     .unwrap();

@@ -42,7 +42,7 @@ fn write_config(dir: &Path) {
         dir.join(CONFIG),
         format!(
             "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"off\"\ndata_dir = \".\"\nworkers = 2\n\
-             poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\n\
+             poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\nauth = \"none\"\n\
              [[region]]\nname = \"sealed\"\nbackend = \"file\"\npath = \"sealed.region\"\nsize = \"1MiB\"\n"
         ),
     )

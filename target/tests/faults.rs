@@ -129,6 +129,7 @@ fn start(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>) -> TestTarget 
         busy_threshold_us: 60_000,
         pin_workers: false,
         lock_memory: false,
+        auth: netdam_target::AuthMode::None,
         ..Config::default()
     };
     let target = Target::start_with(&config, extra).expect("target starts");
@@ -331,6 +332,7 @@ fn a_region_that_does_not_fit_its_file_system_stops_the_start() {
         }],
         pin_workers: false,
         lock_memory: false,
+        auth: netdam_target::AuthMode::None,
         ..Config::default()
     };
     let error = Target::start(&config(4 << 20)).expect_err("a 4 MiB region on a 1 MiB file system");

@@ -354,6 +354,8 @@ fn target_survives_100k_hostile_datagrams() {
         "dropped_bad_crc",
         "dropped_oversized",
         "dropped_not_request",
+        "dropped_bad_mac",
+        "dropped_unsealed",
         "duplicates_in_progress",
     ]
     .iter()

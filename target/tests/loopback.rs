@@ -196,6 +196,7 @@ fn start_at(addr: std::net::SocketAddr) -> netdam_target::Target {
         data_dir: Some(std::env::temp_dir()),
         poll: netdam_target::PollMode::Blocking,
         regions: vec![region("mem", 65536, false)],
+        auth: netdam_target::AuthMode::None,
         ..netdam_target::Config::default()
     };
     netdam_target::Target::start(&config).unwrap()

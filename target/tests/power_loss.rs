@@ -53,6 +53,7 @@ fn start_with(image: &CrashImage, regions: Vec<Region>) -> TestTarget {
         busy_threshold_us: 60_000,
         pin_workers: false,
         lock_memory: false,
+        auth: netdam_target::AuthMode::None,
         ..Config::default()
     };
     let target = Target::start_with_spaces(&config, regions, vec![namespace]).expect("target starts");

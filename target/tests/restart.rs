@@ -149,7 +149,7 @@ fn clients_and_volumes_ride_out_target_restarts_under_load() {
         dir.join(CONFIG),
         format!(
             "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:0\"\ndata_dir = \".\"\nworkers = 2\n\
-             poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\n\
+             poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\nauth = \"none\"\n\
              [[region]]\nname = \"scratch\"\nbackend = \"mem\"\nsize = \"1MiB\"\n"
         ),
     )

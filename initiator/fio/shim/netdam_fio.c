@@ -41,6 +41,7 @@ struct netdam_fio_options {
 	char *region;
 	unsigned int sessions;
 	char *poll;
+	char *key;
 };
 
 static struct fio_option options[] = {
@@ -95,6 +96,15 @@ static struct fio_option options[] = {
 		.group = FIO_OPT_G_INVALID,
 	},
 	{
+		.name = "key",
+		.lname = "netdam tenant key",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct netdam_fio_options, key),
+		.help = "Tenant key file (netdam-target tenant create writes one); default $NETDAM_KEY, then the default tenant's key file",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
 		.name = NULL,
 	},
 };
@@ -128,6 +138,7 @@ static struct netdam_fio_settings netdam_settings(struct thread_data *td)
 		.region = o->region,
 		.sessions = o->sessions,
 		.poll = o->poll,
+		.key = o->key,
 	};
 
 	return settings;

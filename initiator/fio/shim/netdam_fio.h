@@ -31,6 +31,8 @@ struct netdam_fio_settings {
 	uint32_t sessions;
 	/* poll=busy|blocking: how the fio thread waits for completions (default blocking). */
 	const char *poll;
+	/* key=FILE: the tenant's key file (NULL: $NETDAM_KEY, then the default tenant's). */
+	const char *key;
 };
 
 /* What netdam_fio_probe learned about the namespace or region. */

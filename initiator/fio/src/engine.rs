@@ -334,7 +334,9 @@ impl Engine {
         let iodepth = iodepth.max(1);
         let mut sessions = Vec::with_capacity(settings.sessions);
         for _ in 0..settings.sessions.max(1) {
-            let session = Client::connect_with(settings.target, ClientOptions::default())
+            let mut options = ClientOptions::default();
+            options.session.credentials = settings.credentials;
+            let session = Client::connect_with(settings.target, options)
                 .map_err(|error| OpenError::client(&settings.target_option(), error))?;
             sessions.push(session);
         }

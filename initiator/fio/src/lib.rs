@@ -43,6 +43,8 @@ pub struct FioSettings {
     pub sessions: u32,
     /// `poll=`.
     pub poll: *const c_char,
+    /// `key=`.
+    pub key: *const c_char,
 }
 
 /// `struct netdam_fio_space`.
@@ -112,6 +114,7 @@ unsafe fn settings_of(settings: *const FioSettings) -> Result<Settings, OpenErro
             region: text("region", settings.region).map_err(invalid)?,
             sessions: settings.sessions,
             poll: text("poll", settings.poll).map_err(invalid)?,
+            key: text("key", settings.key).map_err(invalid)?,
         }
     };
     Settings::parse(&raw).map_err(|error| invalid(error.0))

@@ -23,6 +23,8 @@ pub struct RawSettings<'a> {
     pub sessions: u32,
     /// `poll=busy|blocking`.
     pub poll: Option<&'a str>,
+    /// `key=FILE`.
+    pub key: Option<&'a str>,
 }
 
 /// What fio's I/O addresses on the target.
@@ -68,6 +70,8 @@ pub struct Settings {
     pub sessions: usize,
     /// How to wait for completions.
     pub poll: Poll,
+    /// The tenant's key (`key=`, `$NETDAM_KEY`, or the default tenant's key file).
+    pub credentials: Option<netdam_auth::Credentials>,
 }
 
 /// An option that cannot work; the message starts with the option (`sessions=0: ...`).
@@ -117,7 +121,16 @@ impl Settings {
             "blocking" => Poll::Blocking,
             other => return Err(SettingsError(format!("poll={other}: must be busy or blocking"))),
         };
-        Ok(Settings { target, target_text, space, sessions, poll })
+        let key =
+            given(raw.key).map(std::path::PathBuf::from).or_else(|| std::env::var_os("NETDAM_KEY").map(Into::into));
+        let option = if given(raw.key).is_some() { "key" } else { "NETDAM_KEY" };
+        let credentials = netdam_initiator::keys::resolve(key.as_deref()).map_err(|error| {
+            SettingsError(format!(
+                "{option}={}: {error}",
+                key.as_deref().map_or(String::new(), |path| path.display().to_string())
+            ))
+        })?;
+        Ok(Settings { target, target_text, space, sessions, poll, credentials })
     }
 }
 
@@ -162,6 +175,7 @@ mod tests {
             (RawSettings { poll: Some("spin"), ..raw() }, "poll=spin:"),
             (RawSettings { target: Some("localhost"), ..raw() }, "target=localhost: expected HOST:PORT"),
             (RawSettings { target: Some("127.0.0.1:port"), ..raw() }, "target=127.0.0.1:port: cannot resolve"),
+            (RawSettings { key: Some("/nonexistent/alice.key"), ..raw() }, "key=/nonexistent/alice.key:"),
         ];
         for (raw, expected) in cases {
             let error = Settings::parse(&raw).unwrap_err();
@@ -177,6 +191,7 @@ mod tests {
             poll: Some("busy"),
             sessions: 2,
             target: Some("localhost:7801"),
+            key: None,
         };
         let settings = Settings::parse(&raw).unwrap();
         assert_eq!(settings.space, SpaceName::Region("scratch".into()));

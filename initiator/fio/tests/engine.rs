@@ -55,6 +55,7 @@ fn start() -> TestTarget {
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
         pin_workers: false,
         lock_memory: false,
+        auth: netdam_target::AuthMode::None,
         ..Config::default()
     };
     TestTarget { target: Target::start(&config).expect("target starts"), _dir: dir }
@@ -91,6 +92,7 @@ impl Settings {
             region: text(&self.region),
             sessions: self.sessions,
             poll: self.poll.as_ptr(),
+            key: std::ptr::null(),
         }
     }
 }

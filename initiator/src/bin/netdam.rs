@@ -32,6 +32,11 @@ struct Cli {
     /// Target address.
     #[arg(long, global = true, env = "NETDAM_TARGET", default_value = "127.0.0.1:7800")]
     target: SocketAddr,
+    /// The tenant's key file (written by `netdam-target tenant create`). Without it, the key of
+    /// the default tenant of a target started here with its embedded default is used if
+    /// present ($XDG_DATA_HOME/netdam/tenants/default.key or ~/.local/share/netdam/tenants/default.key).
+    #[arg(long, global = true, env = "NETDAM_KEY", value_name = "FILE")]
+    key: Option<std::path::PathBuf>,
     /// Print machine-readable JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -430,7 +435,8 @@ fn run(cli: &Cli) -> Result<(), String> {
             ..ExportOptions::default()
         };
         let observe = Observe { metrics_listen: *metrics_listen, log_format: *log_format };
-        let client = nbd_client_options(std::time::Duration::from_secs_f64(*reconnect_timeout));
+        let mut client = nbd_client_options(std::time::Duration::from_secs_f64(*reconnect_timeout));
+        client.session.credentials = credentials(cli)?;
         let volume = VolumeOptions { sessions: *sessions, client };
         return serve_nbd(cli.target, namespace, listen, options, volume, usize::from(*io_threads), observe);
     }
@@ -439,9 +445,16 @@ fn run(cli: &Cli) -> Result<(), String> {
     }
     // PING and STAT need no session: they work even when the target has no slot to spare.
     // Every other command opens one, and closes it when the client is dropped on the way out.
-    let sessionless = matches!(cli.command, Command::Ping { .. } | Command::Stat);
+    // With a key, STAT goes through a session: a target with tenants shows its counters to a
+    // tenant holding `admin` only.
+    let credentials = credentials(cli)?;
+    let sessionless =
+        matches!(cli.command, Command::Ping { .. }) || (matches!(cli.command, Command::Stat) && credentials.is_none());
+    let mut options = ClientOptions::default();
+    options.session.credentials = credentials;
     let mut client =
-        if sessionless { Client::sessionless(cli.target) } else { Client::connect(cli.target) }.map_err(text)?;
+        if sessionless { Client::sessionless(cli.target) } else { Client::connect_with(cli.target, options) }
+            .map_err(text)?;
     match &cli.command {
         Command::Ping { count } => {
             for _ in 0..*count {
@@ -867,6 +880,11 @@ fn top(url: &str, interval: std::time::Duration, once: bool, json_out: bool) -> 
 struct Observe {
     metrics_listen: MetricsListen,
     log_format: LogFormat,
+}
+
+/// The tenant key to use (`--key`, `NETDAM_KEY`, or the default tenant's key file), if any.
+fn credentials(cli: &Cli) -> Result<Option<netdam_auth::Credentials>, String> {
+    netdam_initiator::keys::resolve(cli.key.as_deref()).map_err(|error| format!("--key: {error}"))
 }
 
 /// The export's client settings: a request keeps being retried for `reconnect_timeout` after
