@@ -225,7 +225,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 };
                 let answer = &slot[..len];
                 if let Some((ticket, store_answer)) = entry.record {
-                    dispatcher.record(ticket, store_answer.then_some(&*answer));
+                    dispatcher.record(ticket, store_answer.then_some(answer));
                 }
                 send_answer(&fd, &batch, &dispatcher, entry.index, answer);
             }

@@ -273,3 +273,77 @@ fn service_time_of_4_and_16_kib_encrypts() {
         assert!(encrypt > 0);
     }
 }
+
+/// With tenants, ENCRYPT and DECRYPT need `read` and `write` on the region and `write` on a
+/// destination region, over the ranges addressed; a refusal writes nothing.
+#[test]
+fn tenants_need_read_and_write_on_the_source_and_write_on_the_destination() {
+    use netdam_auth::{Credentials, TenantKey};
+    use netdam_initiator::{ClientOptions, SessionConfig};
+    use netdam_target::config::AuthMode;
+    use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+
+    let grant = |region: &str, permissions: &[&str], range: Option<(u64, u64)>| GrantRecord {
+        space: GrantSpace::Region(region.into()),
+        permissions: permissions.iter().map(|name| name.to_string()).collect(),
+        range,
+    };
+    let record = |name: &str, id: u32, key: u8, grants: Vec<GrantRecord>| TenantRecord {
+        name: name.into(),
+        id,
+        key_version: 1,
+        key_hex: TenantKey::from_bytes([key; 32]).to_hex(),
+        class: Default::default(),
+        limits: Default::default(),
+        grants,
+    };
+    // Alice owns "own" and may read and write the first 64 KiB of "shared"; Bob may only read
+    // "own".
+    let records = vec![
+        record(
+            "alice",
+            1,
+            0xA1,
+            vec![grant("own", &["read", "write"], None), grant("shared", &["read", "write"], Some((0, 65_536)))],
+        ),
+        record("bob", 2, 0xB0, vec![grant("own", &["read"], None)]),
+    ];
+    let test = start_with_keys(
+        vec![region("own", REGION_BYTES, false), region("shared", REGION_BYTES, false)],
+        &[SLOT],
+        |config| config.auth = AuthMode::Tenants,
+    );
+    let (snapshot, warnings) = TenantSnapshot::resolve(&records, test.target.regions(), test.target.namespaces());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    test.target.tenants().publish(snapshot);
+    let connect = |tenant: u32, key: u8| {
+        let credentials = Credentials { tenant, key_version: 1, key: TenantKey::from_bytes([key; 32]) };
+        let session = SessionConfig { credentials: Some(credentials), ..Default::default() };
+        Client::connect_with(test.target.local_addr(), ClientOptions { session, ..Default::default() }).unwrap()
+    };
+    let mut alice = connect(1, 0xA1);
+    let mut bob = connect(2, 0xB0);
+
+    let plain = Rng::new(5).bytes(1024);
+    alice.write(0, 0, &plain).unwrap();
+    let seal = alice.encrypt(0, 0, 1024, SLOT, None, b"").unwrap();
+    let cipher = read(&mut alice, 0, 0, 1024);
+    // Within her writable range of "shared": allowed.
+    alice.decrypt(0, 0, 1024, SLOT, &seal, Some((1, 4096)), b"").unwrap();
+    assert_eq!(read(&mut alice, 1, 4096, 1024), plain);
+    // Beyond it, as a destination or in place: refused, nothing written.
+    // Read in the target's own memory: Alice may not read there.
+    let shared_bytes = |offset: usize| {
+        let mut bytes = vec![0u8; 1024];
+        test.target.regions().get(1).unwrap().memory().read(offset, &mut bytes);
+        bytes
+    };
+    let before = shared_bytes(65_000);
+    assert_eq!(refused_with(alice.decrypt(0, 0, 1024, SLOT, &seal, Some((1, 65_000)), b"")), Status::PermissionDenied);
+    assert_eq!(refused_with(alice.encrypt(1, 65_000, 1024, SLOT, None, b"")), Status::PermissionDenied);
+    assert_eq!(shared_bytes(65_000), before);
+    // Bob may read "own" but not write it.
+    assert_eq!(refused_with(bob.encrypt(0, 0, 1024, SLOT, None, b"")), Status::PermissionDenied);
+    assert_eq!(refused_with(bob.decrypt(0, 0, 1024, SLOT, &seal, None, b"")), Status::PermissionDenied);
+    assert_eq!(read(&mut alice, 0, 0, 1024), cipher, "Bob changed nothing");
+}
