@@ -31,7 +31,7 @@ fn in_place_encrypts_through_loss_duplication_and_reordering_run_exactly_once() 
     println!("SEED={seed}");
     let dir = tempfile::tempdir().unwrap();
     let store = netdam_target::metadata::MetadataStore::open(dir.path()).unwrap();
-    store.create_key(SLOT, &netdam_target::crypto::generate_key().unwrap()).unwrap();
+    store.create_crypto_key(SLOT, &netdam_target::crypto::generate_key().unwrap()).unwrap();
     drop(store);
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),

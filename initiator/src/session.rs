@@ -538,19 +538,22 @@ impl Session {
 
     /// Ends the HELLO exchange: adopts the session and sends the requests that waited for it,
     /// or fails them.
-    fn end_hello(&mut self, outcome: Result<HelloAnswer, ClientError>) {
+    fn end_hello(&mut self, mut outcome: Result<HelloAnswer, ClientError>) {
         self.hello = None;
+        if let (Ok(answer), Some(_)) = (&mut outcome, &self.hello_keys) {
+            // What a driver may fill: the negotiated size less the trailer every datagram of an
+            // authenticated session carries.
+            answer.max_datagram_bytes -= TRAILER_BYTES as u32;
+        }
         match &outcome {
             Ok(answer) => {
                 self.ever_established = true;
-                let mut size = answer.max_datagram_bytes as usize;
                 if let Some(keys) = self.hello_keys.take() {
-                    // Everything sent and answered leaves room for the trailer.
                     self.keys = Some(keys);
                     self.sealed = 0;
-                    size -= TRAILER_BYTES;
                 }
-                self.establish(answer.session, size);
+                // Less the trailer already, for an authenticated session (above).
+                self.establish(answer.session, answer.max_datagram_bytes as usize);
                 self.settle_reused_id();
                 let mut parked: Vec<usize> =
                     (0..self.requests.len()).filter(|&index| self.requests[index].state == State::Parked).collect();

@@ -12,10 +12,13 @@
 //! - [`metrics`]: the `/metrics` collector that sums them when scraped.
 //! - [`block`]: one worker's block path (devices, buffers, datagrams waiting for I/O).
 //! - [`namespaces`]: the block namespaces served.
-//! - [`metadata`]: the redb store of regions and namespaces created by admin commands.
+//! - [`metadata`]: the redb store of regions, namespaces and tenants created by admin commands.
 //! - [`sessions`]: one worker's sessions, their replay window and the limits on them.
 //! - [`cookies`]: the HELLO cookies that prove a sender's address before it gets a session.
 //! - [`crypto`]: ENCRYPT and DECRYPT: key slots, nonce reservation, AES-256-GCM.
+//! - [`tenants`]: tenants, keys and grants as the running target applies them.
+//! - [`tenant_admin`]: key files, imported keys and the default tenant, for admin commands.
+//! - [`tenant_watch`]: re-reads the tenants when the store changes and publishes them.
 
 pub mod block;
 pub mod config;
@@ -33,6 +36,8 @@ pub mod server;
 pub mod sessions;
 pub mod socket;
 pub mod stats;
+pub mod tenant_admin;
+pub mod tenant_watch;
 pub mod tenants;
 pub mod worker;
 

@@ -12,9 +12,13 @@ use netdam_target::config::{
     validate_spaces, ByteSize, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig, DEFAULT_BLOCK_BYTES,
 };
 use netdam_target::crypto::{generate_key, read_reservation, reservation_path};
-use netdam_target::metadata::{MetadataError, MetadataStore};
+use netdam_target::metadata::{
+    range_text, read_tenants, space_text, KnownSpaces, MetadataError, MetadataStore, TenantSettings,
+};
 use netdam_target::namespaces::{open_namespace, resolve};
 use netdam_target::server::running_target;
+use netdam_target::tenant_admin::{self, parse_permission_list, parse_range, parse_space};
+use netdam_target::tenants::{GrantRecord, GrantSpace, QosClass, TenantRecord};
 use netdam_target::{AuthMode, Config, PollMode, Target};
 
 /// A disaggregated storage target with low, deterministic latency: memory regions and block
@@ -49,6 +53,16 @@ enum Command {
     /// Create, delete or list block namespaces kept in the metadata store of the data directory.
     #[command(subcommand)]
     Namespace(NamespaceCommand),
+    /// Create, delete, list or change tenants: who may use this target, with which key, class
+    /// and limits. A running target applies every change within a second.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Give a tenant permissions on a region, a namespace or every space (added to what it
+    /// holds there). A running target applies it within a second.
+    Grant(GrantArgs),
+    /// Take permissions (all when none are named) on a space back from a tenant. A running
+    /// target applies it within a second, to live sessions too.
+    Revoke(RevokeArgs),
     /// Create, rotate, delete or list the AES-256-GCM key slots of ENCRYPT and DECRYPT, kept in
     /// the metadata store of the data directory. Keys are drawn from the OS random source and
     /// never printed nor sent by any instruction.
@@ -94,6 +108,139 @@ fn parse_slot(text: &str) -> Result<u32, String> {
         return Err(format!("slot {slot} is beyond the last slot, {}", netdam_isa::limits::CRYPTO_KEY_SLOTS - 1));
     }
     Ok(slot)
+}
+
+#[derive(Debug, Subcommand)]
+enum TenantCommand {
+    /// Create a tenant with a new key (or an imported one) and write its key file, owner-only,
+    /// committed durably before this returns. It holds no grant until `grant` gives it one.
+    Create {
+        /// Unique name: 1 to 64 characters of A-Z a-z 0-9 _ . - (it names the key file too).
+        name: String,
+        #[command(flatten)]
+        settings: TenantSettingsArgs,
+        /// Where to write the key file [default: <data_dir>/tenants/<NAME>.key]; it must not exist.
+        #[arg(long, value_name = "PATH")]
+        key_file: Option<PathBuf>,
+        /// Use the key in FILE (a netdam key file, or 64 hex digits; owner-only) instead of a new one.
+        #[arg(long, value_name = "FILE")]
+        import_key: Option<PathBuf>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Delete a tenant; its sessions on a running target end within a second. Its key file at
+    /// the default place is removed too.
+    Delete {
+        /// The tenant's name.
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List the tenants with their id, class, limits, key version and grants (never their keys).
+    List {
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Give a tenant a new key (its version one more) and rewrite its key file. Sessions opened
+    /// under the old key end within a second on a running target.
+    RotateKey {
+        /// The tenant's name.
+        name: String,
+        /// Where to write the new key file, replacing what is there [default: <data_dir>/tenants/<NAME>.key].
+        #[arg(long, value_name = "PATH")]
+        key_file: Option<PathBuf>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Change a tenant's class or limits; settings not given stay as they are.
+    Set {
+        /// The tenant's name.
+        name: String,
+        #[command(flatten)]
+        settings: TenantSettingsArgs,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+/// A tenant's class and limits on the command line.
+#[derive(Debug, Args, Clone)]
+struct TenantSettingsArgs {
+    /// Overload class: latency-critical is served first, best-effort is shed first with BUSY
+    /// [default for a new tenant: latency-critical].
+    #[arg(long, value_enum)]
+    class: Option<ClassArg>,
+    /// Sessions the tenant may hold open at once, over every worker [default for a new tenant: 64].
+    #[arg(long, value_name = "N")]
+    max_sessions: Option<u32>,
+    /// Block requests the tenant may have in flight at the target at once [default for a new tenant: 256].
+    #[arg(long, value_name = "N")]
+    max_in_flight: Option<u32>,
+    /// Cost units per second the tenant's token bucket refills at; 0 is unlimited [default for a new tenant: 0].
+    #[arg(long, value_name = "N")]
+    cost_per_second: Option<u64>,
+    /// Token bucket depth in cost units, what the tenant may spend in a burst [default: one
+    /// second of --cost-per-second].
+    #[arg(long, value_name = "N")]
+    burst: Option<u64>,
+}
+
+impl TenantSettingsArgs {
+    fn settings(&self) -> TenantSettings {
+        TenantSettings {
+            class: self.class.map(|class| match class {
+                ClassArg::LatencyCritical => QosClass::LatencyCritical,
+                ClassArg::BestEffort => QosClass::BestEffort,
+            }),
+            max_sessions: self.max_sessions,
+            max_in_flight: self.max_in_flight,
+            cost_per_second: self.cost_per_second,
+            burst: self.burst,
+        }
+    }
+}
+
+/// A tenant's overload class, as the command line spells it.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ClassArg {
+    /// Served first; shed only when the worker itself is overloaded.
+    LatencyCritical,
+    /// Shed with BUSY (and a back-off hint) as soon as requests start queueing.
+    BestEffort,
+}
+
+#[derive(Debug, Args)]
+struct GrantArgs {
+    /// The tenant's name.
+    tenant: String,
+    /// region:NAME, namespace:NAME or all (every region and namespace, present and future).
+    #[arg(value_parser = parse_space)]
+    space: GrantSpace,
+    /// Comma list of read, write, atomic, compute, block, admin (STAT and management), or all.
+    perms: String,
+    /// Only the bytes [OFFSET, OFFSET+LEN) of the space, e.g. 0:64MiB (sizes as elsewhere:
+    /// 4096, 0x1000, 64KiB); a space granted over one range cannot be granted over another.
+    #[arg(long, value_name = "OFFSET:LEN", value_parser = parse_range)]
+    range: Option<(u64, u64)>,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+struct RevokeArgs {
+    /// The tenant's name.
+    tenant: String,
+    /// region:NAME, namespace:NAME or all, as granted.
+    #[arg(value_parser = parse_space)]
+    space: GrantSpace,
+    /// Comma list of permissions to take back (read, write, atomic, compute, block, admin, all)
+    /// [default: all, removing the grant].
+    perms: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
 }
 
 /// Where the metadata store is: the data directory, from flags or the config file.
@@ -266,6 +413,9 @@ fn main() -> ExitCode {
         Some(Command::Config(args)) => (false, args.merged_over(cli.settings)),
         Some(Command::Region(command)) => return admin(|| region_command(command)),
         Some(Command::Namespace(command)) => return admin(|| namespace_command(command)),
+        Some(Command::Tenant(command)) => return admin(|| tenant_command(command)),
+        Some(Command::Grant(args)) => return admin(|| grant_command(args)),
+        Some(Command::Revoke(args)) => return admin(|| revoke_command(args)),
         Some(Command::CryptoKey(command)) => return admin(|| crypto_key_command(command)),
     };
     let config = match settings.to_config() {
@@ -279,6 +429,16 @@ fn main() -> ExitCode {
         print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
+    // Secure by default: a target that requires tenants and has none creates the default tenant
+    // (every permission on every space) and its key file, which `netdam` on this machine finds
+    // on its own when the data directory is the default one.
+    let default_key = match default_tenant(&config) {
+        Ok(created) => created,
+        Err(message) => {
+            eprintln!("netdam-target: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
     let target = match Target::start(&config) {
         Ok(target) => target,
         Err(error) => {
@@ -287,7 +447,13 @@ fn main() -> ExitCode {
         }
     };
     log_start(&target, &config);
-    print_banner(&target, &config);
+    if config.auth == AuthMode::None {
+        tracing::warn!(
+            listen = %config.listen,
+            "auth = \"none\": no authentication; every initiator that reaches this address may read and write everything"
+        );
+    }
+    print_banner(&target, &config, default_key.as_deref());
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, request_stop as *const () as libc::sighandler_t);
@@ -449,6 +615,169 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
     Ok(())
 }
 
+/// Tells the user when a tenant change reaches a target.
+fn after_tenant_change(data_dir: &std::path::Path) {
+    match running_target(data_dir) {
+        Some(pid) => {
+            let pid = if pid == 0 { String::new() } else { format!(" (pid {pid})") };
+            println!("The target running on this data directory{pid} applies this within a second.")
+        }
+        None => println!("A target serving this data directory applies this within a second (or from its start)."),
+    }
+}
+
+fn limits_text(record: &TenantRecord) -> String {
+    let limits = &record.limits;
+    let rate = if limits.cost_per_second == 0 {
+        "no rate limit".to_string()
+    } else {
+        format!("{} cost units/s, burst {}", limits.cost_per_second, limits.burst)
+    };
+    format!(
+        "{}, up to {} sessions, {} requests in flight, {rate}",
+        class_text(record.class),
+        limits.max_sessions,
+        limits.max_in_flight
+    )
+}
+
+fn class_text(class: QosClass) -> &'static str {
+    match class {
+        QosClass::LatencyCritical => "latency-critical",
+        QosClass::BestEffort => "best-effort",
+    }
+}
+
+fn grant_text(grant: &GrantRecord) -> String {
+    let range = match grant.range {
+        Some(_) => format!("bytes {}", range_text(grant.range)),
+        None => range_text(None),
+    };
+    format!("{}  {}  ({range})", space_text(&grant.space), grant.permissions.join(","))
+}
+
+fn tenant_command(command: TenantCommand) -> Result<(), String> {
+    match command {
+        TenantCommand::Create { name, settings, key_file, import_key, store } => {
+            let (_, data_dir) = store_context(&store)?;
+            let key = import_key.map(|path| tenant_admin::import_key(&path)).transpose().map_err(|e| e.to_string())?;
+            let imported = key.is_some();
+            let (record, key_file) = tenant_admin::create_tenant(&data_dir, &name, key, &settings.settings(), key_file)
+                .map_err(|error| error.to_string())?;
+            let key_file = key_file.display();
+            println!(
+                "created tenant {name:?}: id {}, {}, {} key; it holds no grant yet",
+                record.id,
+                limits_text(&record),
+                if imported { "imported" } else { "new" }
+            );
+            println!("key file: {key_file} (owner-only: whoever holds it acts as {name:?})");
+            println!("Use it with:  netdam --key {key_file} …   or   NETDAM_KEY={key_file} netdam …");
+            println!("Give it access with, e.g.:  netdam-target grant {name} region:NAME read,write");
+            after_tenant_change(&data_dir);
+        }
+        TenantCommand::Delete { name, store } => {
+            let (_, data_dir) = store_context(&store)?;
+            let (record, removed) = tenant_admin::delete_tenant(&data_dir, &name).map_err(|error| error.to_string())?;
+            let removed = removed.map(|path| format!("; removed its key file {}", path.display()));
+            println!("deleted tenant {name:?} (id {}){}", record.id, removed.unwrap_or_default());
+            println!("Its sessions end when a running target applies this.");
+            after_tenant_change(&data_dir);
+        }
+        TenantCommand::List { json, store } => {
+            let (_, data_dir) = store_context(&store)?;
+            // Read-only: listing neither creates a store nor touches the file a target watches.
+            let tenants = read_tenants(&data_dir).map_err(|error| error.to_string())?;
+            if json {
+                let shown: Vec<serde_json::Value> = tenants
+                    .iter()
+                    .map(|record| {
+                        let mut value = serde_json::to_value(record).expect("tenant records always serialize");
+                        if let Some(object) = value.as_object_mut() {
+                            object.remove("key_hex");
+                        }
+                        value
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&shown).expect("JSON values always serialize"));
+                return Ok(());
+            }
+            if tenants.is_empty() {
+                println!("no tenants (create one with: netdam-target tenant create NAME)");
+            }
+            for record in &tenants {
+                println!("{:>4}  {:<24} key v{}  {}", record.id, record.name, record.key_version, limits_text(record));
+                if record.grants.is_empty() {
+                    println!("        (no grant)");
+                }
+                for grant in &record.grants {
+                    println!("        {}", grant_text(grant));
+                }
+            }
+        }
+        TenantCommand::RotateKey { name, key_file, store } => {
+            let (_, data_dir) = store_context(&store)?;
+            let (record, key_file) =
+                tenant_admin::rotate_key(&data_dir, &name, key_file).map_err(|error| error.to_string())?;
+            println!(
+                "rotated the key of tenant {name:?}: key version {}, new key file {}",
+                record.key_version,
+                key_file.display()
+            );
+            println!(
+                "Sessions opened under the old key end within a second on a running target; \
+                 hand the new key file to the tenant's initiators."
+            );
+            after_tenant_change(&data_dir);
+        }
+        TenantCommand::Set { name, settings, store } => {
+            let settings = settings.settings();
+            if settings.is_empty() {
+                return Err(
+                    "tenant set: nothing to change; give --class, --max-sessions, --max-in-flight, --cost-per-second or --burst"
+                        .into(),
+                );
+            }
+            let (_, data_dir) = store_context(&store)?;
+            let record = MetadataStore::open(&data_dir)
+                .and_then(|metadata| metadata.set_tenant(&name, &settings))
+                .map_err(|error| error.to_string())?;
+            println!("tenant {name:?}: {}", limits_text(&record));
+            after_tenant_change(&data_dir);
+        }
+    }
+    Ok(())
+}
+
+fn grant_command(args: GrantArgs) -> Result<(), String> {
+    let GrantArgs { tenant, space, perms, range, store } = args;
+    let permissions = parse_permission_list(&perms)?;
+    let (config, data_dir) = store_context(&store)?;
+    let grant = GrantRecord { space: space.clone(), permissions, range };
+    let record = MetadataStore::open(&data_dir)
+        .and_then(|metadata| metadata.grant(&tenant, &grant, &KnownSpaces::from_config(&config)))
+        .map_err(|error| error.to_string())?;
+    let held = record.grants.iter().find(|held| held.space == space).expect("a grant just made is held");
+    println!("tenant {tenant:?} now holds {}", grant_text(held));
+    after_tenant_change(&data_dir);
+    Ok(())
+}
+
+fn revoke_command(args: RevokeArgs) -> Result<(), String> {
+    let RevokeArgs { tenant, space, perms, store } = args;
+    let permissions = perms.as_deref().map(parse_permission_list).transpose()?;
+    let (_, data_dir) = store_context(&store)?;
+    let record = MetadataStore::open(&data_dir)
+        .and_then(|metadata| metadata.revoke(&tenant, &space, permissions.as_deref()))
+        .map_err(|error| error.to_string())?;
+    match record.grants.iter().find(|held| held.space == space) {
+        Some(held) => println!("tenant {tenant:?} now holds {}", grant_text(held)),
+        None => println!("tenant {tenant:?} holds nothing on {} any more", space_text(&space)),
+    }
+    after_tenant_change(&data_dir);
+    Ok(())
+}
+
 fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
     let text = |error: MetadataError| error.to_string();
     match command {
@@ -456,7 +785,7 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
             let (_, data_dir) = store_context(&store)?;
             let metadata = MetadataStore::open(&data_dir).map_err(text)?;
             let key = generate_key().map_err(|error| error.to_string())?;
-            let version = metadata.create_key(slot, &key).map_err(text)?;
+            let version = metadata.create_crypto_key(slot, &key).map_err(text)?;
             println!("created key slot {slot}: key version {version}, AES-256-GCM ({})", metadata.path().display());
             drop(metadata);
             after_change(&data_dir);
@@ -465,7 +794,7 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
             let (_, data_dir) = store_context(&store)?;
             let metadata = MetadataStore::open(&data_dir).map_err(text)?;
             let key = generate_key().map_err(|error| error.to_string())?;
-            let version = metadata.rotate_key(slot, &key).map_err(text)?;
+            let version = metadata.rotate_crypto_key(slot, &key).map_err(text)?;
             println!(
                 "rotated key slot {slot}: ENCRYPT seals with key version {version}; DECRYPT still opens older versions"
             );
@@ -475,7 +804,7 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
         CryptoKeyCommand::Delete { slot, store } => {
             let (_, data_dir) = store_context(&store)?;
             let metadata = MetadataStore::open(&data_dir).map_err(text)?;
-            let versions = metadata.delete_key(slot).map_err(text)?;
+            let versions = metadata.delete_crypto_key(slot).map_err(text)?;
             println!(
                 "deleted key slot {slot} (key versions {versions:?}): what they sealed can no longer be decrypted"
             );
@@ -485,7 +814,7 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
         CryptoKeyCommand::List { store } => {
             let (_, data_dir) = store_context(&store)?;
             let slots = if data_dir.join(netdam_target::metadata::METADATA_FILE).exists() {
-                MetadataStore::open(&data_dir).and_then(|metadata| metadata.key_slots()).map_err(text)?
+                MetadataStore::open(&data_dir).and_then(|metadata| metadata.crypto_key_slots()).map_err(text)?
             } else {
                 Vec::new()
             };
@@ -532,7 +861,19 @@ fn log_start(target: &Target, config: &Config) {
 
 /// Prints what is served, in one write: a reader that stops after the first line (a script
 /// waiting for "serving on") must not make a later line fail and stop the daemon.
-fn print_banner(target: &Target, config: &Config) {
+/// Creates the default tenant and its key file when tenants are required and the store holds
+/// none; returns the key file's path when it did.
+fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
+    if config.auth != AuthMode::Tenants {
+        return Ok(None);
+    }
+    let data_dir = config.data_dir().map_err(|error| error.to_string())?;
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|error| format!("cannot create the data directory {}: {error}", data_dir.display()))?;
+    tenant_admin::ensure_default_tenant(&data_dir).map_err(|error| error.to_string())
+}
+
+fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path::Path>) {
     use std::fmt::Write as _;
     use std::io::Write as _;
     let mut banner = String::new();
@@ -580,6 +921,29 @@ fn print_banner(target: &Target, config: &Config) {
     if let Some(metrics) = target.metrics_addr() {
         let _ =
             writeln!(banner, "  metrics: http://{metrics}/metrics  (netdam top --metrics http://{metrics}/metrics)");
+    }
+    match (config.auth, default_key) {
+        (AuthMode::None, _) => {
+            let _ = writeln!(banner, "  auth: NONE: every initiator that reaches {addr} may read and write everything");
+        }
+        (AuthMode::Tenants, Some(key)) => {
+            let _ = writeln!(
+                banner,
+                "  auth: tenants; created tenant \"default\" (all permissions) with key file {}",
+                key.display()
+            );
+            let _ = writeln!(
+                banner,
+                "        (netdam finds it on its own if this is the default data directory; else --key FILE)"
+            );
+        }
+        (AuthMode::Tenants, None) => {
+            let tenants = target.tenants().load().1.iter().count();
+            let _ = writeln!(
+                banner,
+                "  auth: tenants ({tenants} in the store: netdam-target tenant list); initiators pass --key FILE"
+            );
+        }
     }
     let _ = writeln!(banner, "Reach it with:  netdam --target {addr} stat");
     let _ = writeln!(banner, "Stop with Ctrl-C.");

@@ -1,26 +1,51 @@
 //! The metadata store: regions and namespaces created by `netdam-target region|namespace
-//! create`, kept in an embedded ACID database (redb) in the data directory. Every change is
+//! create`, and tenants with their keys and grants (`netdam-target tenant …`, `grant`,
+//! `revoke`), kept in an embedded ACID database (redb) in the data directory. Every change is
 //! committed durably (fsync'd) before the command returns.
 //!
-//! The target reads the store once at start-up and closes it, so admin commands can change it
-//! while a target runs; they tell the user to restart the target to serve the change. Entries
-//! are stored as JSON of the same structs the TOML file uses, so both describe a space alike.
+//! The target reads regions and namespaces once at start-up and closes the store, so admin
+//! commands can change it while a target runs; they tell the user to restart the target to
+//! serve a new space. Tenants are re-read by a running target whenever the file changes
+//! ([`crate::tenant_watch`]), each time opening the store only for the read. redb holds an
+//! exclusive file lock while a store is open for writing, so either side waits briefly
+//! ([`STORE_BUSY_WAIT`]) for the other to close it. Entries are stored as JSON of the same structs
+//! the TOML file uses, so both describe a space alike.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
-
+use netdam_auth::TenantKey;
 use netdam_isa::crypto::KEY_LEN;
+use redb::{Database, DatabaseError, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use crate::config::{NamespaceConfig, RegionConfig};
+use crate::config::{Config, NamespaceConfig, RegionConfig};
+use crate::tenants::{
+    GrantRecord, GrantSpace, QosClass, TenantLimits, TenantRecord, MAX_GRANTS_PER_TENANT, MAX_TENANTS,
+};
 
 const REGIONS: TableDefinition<&str, &str> = TableDefinition::new("regions");
 const NAMESPACES: TableDefinition<&str, &str> = TableDefinition::new("namespaces");
+const TENANTS: TableDefinition<&str, &str> = TableDefinition::new("tenants");
 /// Key slots of ENCRYPT and DECRYPT: slot number to its key versions, each 4 bytes of version
 /// (little-endian) then 32 bytes of AES-256 key, in increasing version order.
 const CRYPTO_KEYS: TableDefinition<u32, &[u8]> = TableDefinition::new("crypto_keys");
 /// Bytes of one stored key version.
 const KEY_ENTRY_LEN: usize = 4 + KEY_LEN;
+
+/// How long, in all, opening the store waits for another process (an admin command, or a
+/// target reading its tenants) to close it before giving up. Either holds it for milliseconds.
+pub const STORE_BUSY_WAIT: Duration = Duration::from_secs(5);
+
+/// Longest pause between two attempts to open a busy store.
+const STORE_BUSY_PAUSE_MAX: Duration = Duration::from_millis(50);
+
+/// Permission names a grant may hold, in the order they are stored and shown. `all` stands for
+/// every one of them.
+pub const PERMISSION_NAMES: [&str; 6] = ["read", "write", "atomic", "compute", "block", "admin"];
+
+/// Longest tenant name: a tenant's name is also its key file's name.
+pub const MAX_TENANT_NAME_BYTES: usize = 64;
 
 /// File name of the store in the data directory.
 pub const METADATA_FILE: &str = "metadata.redb";
@@ -37,6 +62,102 @@ pub enum MetadataError {
     /// No entry has this name.
     #[error("no {kind} named {name:?} in the metadata store {path}")]
     Missing { kind: &'static str, name: String, path: PathBuf },
+    /// A change the store refuses: a bad name, permission or range, a bound reached.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// The spaces a grant may name besides those in the store: the settings file's, with their
+/// sizes in bytes where known (a block device's size is not known before it is opened).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KnownSpaces {
+    /// Region names and sizes.
+    pub regions: Vec<(String, Option<u64>)>,
+    /// Namespace names and sizes.
+    pub namespaces: Vec<(String, Option<u64>)>,
+}
+
+impl KnownSpaces {
+    /// The regions and namespaces `config` serves (its embedded default region when it names none).
+    pub fn from_config(config: &Config) -> KnownSpaces {
+        KnownSpaces {
+            regions: config.effective_regions().into_iter().map(|region| (region.name, Some(region.size.0))).collect(),
+            namespaces: config.namespaces.iter().map(namespace_entry).collect(),
+        }
+    }
+
+    fn size_of(&self, space: &GrantSpace) -> Option<Option<u64>> {
+        let (list, name) = match space {
+            GrantSpace::Region(name) => (&self.regions, name),
+            GrantSpace::Namespace(name) => (&self.namespaces, name),
+            GrantSpace::All => return Some(None),
+        };
+        list.iter().find(|(known, _)| known == name).map(|(_, size)| *size)
+    }
+}
+
+fn namespace_entry(namespace: &NamespaceConfig) -> (String, Option<u64>) {
+    (namespace.name.clone(), namespace.size.map(|size| size.0))
+}
+
+/// Settings of a tenant to create or change; `None` leaves a setting as it is (or at its
+/// default, for a new tenant).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantSettings {
+    /// Overload class.
+    pub class: Option<QosClass>,
+    /// Sessions at once.
+    pub max_sessions: Option<u32>,
+    /// Block datagrams in flight at once.
+    pub max_in_flight: Option<u32>,
+    /// Token bucket refill, cost units per second; 0 is unlimited.
+    pub cost_per_second: Option<u64>,
+    /// Token bucket depth, cost units. When a rate is set on a tenant whose depth is 0 and no
+    /// depth is given, the depth becomes one second of the rate.
+    pub burst: Option<u64>,
+}
+
+impl TenantSettings {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == TenantSettings::default()
+    }
+
+    fn apply(&self, class: &mut QosClass, limits: &mut TenantLimits) -> Result<(), MetadataError> {
+        if let Some(new) = self.class {
+            *class = new;
+        }
+        if let Some(max_sessions) = self.max_sessions {
+            if max_sessions == 0 {
+                return Err(MetadataError::Refused("--max-sessions 0 would lock the tenant out: use 1 or more".into()));
+            }
+            limits.max_sessions = max_sessions;
+        }
+        if let Some(max_in_flight) = self.max_in_flight {
+            if max_in_flight == 0 {
+                return Err(MetadataError::Refused(
+                    "--max-in-flight 0 would lock the tenant out: use 1 or more".into(),
+                ));
+            }
+            limits.max_in_flight = max_in_flight;
+        }
+        if let Some(cost_per_second) = self.cost_per_second {
+            limits.cost_per_second = cost_per_second;
+            if self.burst.is_none() && limits.burst == 0 {
+                limits.burst = cost_per_second;
+            }
+        }
+        if let Some(burst) = self.burst {
+            limits.burst = burst;
+        }
+        if limits.cost_per_second > 0 && limits.burst == 0 {
+            return Err(MetadataError::Refused(format!(
+                "--burst 0 with --cost-per-second {}: the tenant could never spend; give a burst of at least one operation's cost",
+                limits.cost_per_second
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Regions and namespaces kept in the store.
@@ -81,10 +202,17 @@ impl std::fmt::Debug for MetadataStore {
 }
 
 impl MetadataStore {
-    /// Opens (creating where missing) the store in `data_dir`.
+    /// Opens (creating where missing) the store in `data_dir`, waiting up to
+    /// [`STORE_BUSY_WAIT`] while another process has it open.
     pub fn open(data_dir: &Path) -> Result<MetadataStore, MetadataError> {
         let path = data_dir.join(METADATA_FILE);
-        let db = Database::create(&path).map_err(|error| store_error(&path, error))?;
+        let db = wait_while_busy(&path, || Database::create(&path))?;
+        // It holds tenants' keys: owner-only, like a key file.
+        let mode = std::fs::metadata(&path).map_err(|error| store_error(&path, error))?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode & 0o700))
+                .map_err(|error| store_error(&path, error))?;
+        }
         Ok(MetadataStore { db, path })
     }
 
@@ -132,158 +260,11 @@ impl MetadataStore {
         self.remove(NAMESPACES, "namespace", name)
     }
 
-    /// Stores version 1 of key slot `slot`, durably; refuses a slot that holds a key.
-    pub fn create_key(&self, slot: u32, key: &KeyMaterial) -> Result<u32, MetadataError> {
-        self.change_key(slot, |versions| {
-            if !versions.is_empty() {
-                return Err(MetadataError::Exists {
-                    kind: "key slot",
-                    name: slot.to_string(),
-                    where_: " (rotate it, or delete it first)",
-                });
-            }
-            versions.push((1, key.clone()));
-            Ok(1)
-        })
-    }
-
-    /// Adds the next version of key slot `slot`, durably; the older versions stay, so what they
-    /// sealed still opens. Returns the new version.
-    pub fn rotate_key(&self, slot: u32, key: &KeyMaterial) -> Result<u32, MetadataError> {
-        let path = self.path.clone();
-        self.change_key(slot, |versions| {
-            let Some((last, _)) = versions.last() else {
-                return Err(MetadataError::Missing { kind: "key slot", name: slot.to_string(), path });
-            };
-            let version = last.checked_add(1).ok_or_else(|| MetadataError::Store {
-                path: path.clone(),
-                message: format!("key slot {slot} has used every version number"),
-            })?;
-            versions.push((version, key.clone()));
-            Ok(version)
-        })
-    }
-
-    /// Removes key slot `slot` and every version of its key, durably; returns the versions.
-    pub fn delete_key(&self, slot: u32) -> Result<Vec<u32>, MetadataError> {
-        let path = self.path.clone();
-        self.change_key(slot, |versions| {
-            if versions.is_empty() {
-                return Err(MetadataError::Missing { kind: "key slot", name: slot.to_string(), path });
-            }
-            Ok(std::mem::take(versions).into_iter().map(|(version, _)| version).collect())
-        })
-    }
-
-    /// Every key slot with the versions of its key (never the keys).
-    pub fn key_slots(&self) -> Result<Vec<(u32, Vec<u32>)>, MetadataError> {
-        Ok(self
-            .keys()?
-            .into_iter()
-            .map(|(slot, versions)| (slot, versions.into_iter().map(|(v, _)| v).collect()))
-            .collect())
-    }
-
-    /// Every key slot with its key versions: what a target loads at start.
-    pub fn keys(&self) -> Result<Vec<StoredKeySlot>, MetadataError> {
-        let fail = |error: redb::Error| store_error(&self.path, error);
-        let read = self.db.begin_read().map_err(|error| fail(error.into()))?;
-        let table = match read.open_table(CRYPTO_KEYS) {
-            Ok(table) => table,
-            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(error) => return Err(fail(error.into())),
-        };
-        let mut slots = Vec::new();
-        for entry in table.iter().map_err(|error| fail(error.into()))? {
-            let (slot, bytes) = entry.map_err(|error| fail(error.into()))?;
-            slots.push((slot.value(), self.decode_versions(slot.value(), bytes.value())?));
-        }
-        Ok(slots)
-    }
-
-    /// Reads `data_dir`'s key slots; an absent store holds none.
-    pub fn load_keys(data_dir: &Path) -> Result<Vec<StoredKeySlot>, MetadataError> {
-        if !data_dir.join(METADATA_FILE).exists() {
-            return Ok(Vec::new());
-        }
-        MetadataStore::open(data_dir)?.keys()
-    }
-
-    fn decode_versions(&self, slot: u32, bytes: &[u8]) -> Result<Vec<(u32, KeyMaterial)>, MetadataError> {
-        if !bytes.len().is_multiple_of(KEY_ENTRY_LEN) {
-            return Err(MetadataError::Store {
-                path: self.path.clone(),
-                message: format!("key slot {slot} is unreadable ({} bytes)", bytes.len()),
-            });
-        }
-        Ok(bytes
-            .chunks_exact(KEY_ENTRY_LEN)
-            .map(|entry| {
-                let version = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
-                let mut key = [0u8; KEY_LEN];
-                key.copy_from_slice(&entry[4..]);
-                (version, KeyMaterial(key))
-            })
-            .collect())
-    }
-
-    /// Reads slot `slot`'s versions, lets `change` edit them, and commits the result durably
-    /// (an empty list removes the slot) unless `change` refuses.
-    fn change_key<T>(
-        &self,
-        slot: u32,
-        change: impl FnOnce(&mut Vec<(u32, KeyMaterial)>) -> Result<T, MetadataError>,
-    ) -> Result<T, MetadataError> {
-        let fail = |error: redb::Error| store_error(&self.path, error);
-        let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
-        let result = {
-            let mut table = write.open_table(CRYPTO_KEYS).map_err(|error| fail(error.into()))?;
-            let stored = table.get(slot).map_err(|error| fail(error.into()))?.map(|bytes| bytes.value().to_vec());
-            let mut versions = match stored {
-                Some(bytes) => self.decode_versions(slot, &bytes)?,
-                None => Vec::new(),
-            };
-            let result = change(&mut versions)?;
-            if versions.is_empty() {
-                table.remove(slot).map_err(|error| fail(error.into()))?;
-            } else {
-                let mut bytes = Vec::with_capacity(versions.len() * KEY_ENTRY_LEN);
-                for (version, key) in &versions {
-                    bytes.extend_from_slice(&version.to_le_bytes());
-                    bytes.extend_from_slice(key.bytes());
-                }
-                table.insert(slot, bytes.as_slice()).map_err(|error| fail(error.into()))?;
-            }
-            result
-        };
-        // The store now holds keys: only its owner may read it.
-        restrict_to_owner(&self.path)?;
-        // redb's default durability fsyncs the commit before returning.
-        write.commit().map_err(|error| fail(error.into()))?;
-        Ok(result)
-    }
-
     fn list<T: serde::de::DeserializeOwned>(
         &self,
         table: TableDefinition<&str, &str>,
     ) -> Result<Vec<T>, MetadataError> {
-        let fail = |error: redb::Error| store_error(&self.path, error);
-        let read = self.db.begin_read().map_err(|error| fail(error.into()))?;
-        let table = match read.open_table(table) {
-            Ok(table) => table,
-            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(error) => return Err(fail(error.into())),
-        };
-        let mut entries = Vec::new();
-        for entry in table.iter().map_err(|error| fail(error.into()))? {
-            let (name, json) = entry.map_err(|error| fail(error.into()))?;
-            let value = serde_json::from_str(json.value()).map_err(|error| MetadataError::Store {
-                path: self.path.clone(),
-                message: format!("entry {:?} is unreadable: {error}", name.value()),
-            })?;
-            entries.push(value);
-        }
-        Ok(entries)
+        list_table(&self.db, &self.path, table)
     }
 
     fn insert<T: serde::Serialize>(
@@ -329,20 +310,618 @@ impl MetadataStore {
     }
 }
 
-/// Makes the store file readable and writable by its owner only (it holds the crypto keys).
-fn restrict_to_owner(path: &Path) -> Result<(), MetadataError> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|error| MetadataError::Store {
-        path: path.to_path_buf(),
-        message: format!("cannot make it private to its owner: {error}"),
-    })
+/// Tenants: every change reads the record, changes it, checks it and commits it in one write
+/// transaction, so two admin commands never lose each other's change.
+/// Key slots of ENCRYPT and DECRYPT.
+impl MetadataStore {
+    /// Stores version 1 of key slot `slot`, durably; refuses a slot that holds a key.
+    pub fn create_crypto_key(&self, slot: u32, key: &KeyMaterial) -> Result<u32, MetadataError> {
+        self.change_crypto_key(slot, |versions| {
+            if !versions.is_empty() {
+                return Err(MetadataError::Exists {
+                    kind: "key slot",
+                    name: slot.to_string(),
+                    where_: " (rotate it, or delete it first)",
+                });
+            }
+            versions.push((1, key.clone()));
+            Ok(1)
+        })
+    }
+
+    /// Adds the next version of key slot `slot`, durably; the older versions stay, so what they
+    /// sealed still opens. Returns the new version.
+    pub fn rotate_crypto_key(&self, slot: u32, key: &KeyMaterial) -> Result<u32, MetadataError> {
+        let path = self.path.clone();
+        self.change_crypto_key(slot, |versions| {
+            let Some((last, _)) = versions.last() else {
+                return Err(MetadataError::Missing { kind: "key slot", name: slot.to_string(), path });
+            };
+            let version = last.checked_add(1).ok_or_else(|| MetadataError::Store {
+                path: path.clone(),
+                message: format!("key slot {slot} has used every version number"),
+            })?;
+            versions.push((version, key.clone()));
+            Ok(version)
+        })
+    }
+
+    /// Removes key slot `slot` and every version of its key, durably; returns the versions.
+    pub fn delete_crypto_key(&self, slot: u32) -> Result<Vec<u32>, MetadataError> {
+        let path = self.path.clone();
+        self.change_crypto_key(slot, |versions| {
+            if versions.is_empty() {
+                return Err(MetadataError::Missing { kind: "key slot", name: slot.to_string(), path });
+            }
+            Ok(std::mem::take(versions).into_iter().map(|(version, _)| version).collect())
+        })
+    }
+
+    /// Every key slot with the versions of its key (never the keys).
+    pub fn crypto_key_slots(&self) -> Result<Vec<(u32, Vec<u32>)>, MetadataError> {
+        Ok(self
+            .crypto_keys()?
+            .into_iter()
+            .map(|(slot, versions)| (slot, versions.into_iter().map(|(v, _)| v).collect()))
+            .collect())
+    }
+
+    /// Every key slot with its key versions: what a target loads at start.
+    pub fn crypto_keys(&self) -> Result<Vec<StoredKeySlot>, MetadataError> {
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let read = self.db.begin_read().map_err(|error| fail(error.into()))?;
+        let table = match read.open_table(CRYPTO_KEYS) {
+            Ok(table) => table,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(error) => return Err(fail(error.into())),
+        };
+        let mut slots = Vec::new();
+        for entry in table.iter().map_err(|error| fail(error.into()))? {
+            let (slot, bytes) = entry.map_err(|error| fail(error.into()))?;
+            slots.push((slot.value(), self.decode_key_versions(slot.value(), bytes.value())?));
+        }
+        Ok(slots)
+    }
+
+    /// Reads `data_dir`'s key slots; an absent store holds none.
+    pub fn load_crypto_keys(data_dir: &Path) -> Result<Vec<StoredKeySlot>, MetadataError> {
+        if !data_dir.join(METADATA_FILE).exists() {
+            return Ok(Vec::new());
+        }
+        MetadataStore::open(data_dir)?.crypto_keys()
+    }
+
+    fn decode_key_versions(&self, slot: u32, bytes: &[u8]) -> Result<Vec<(u32, KeyMaterial)>, MetadataError> {
+        if !bytes.len().is_multiple_of(KEY_ENTRY_LEN) {
+            return Err(MetadataError::Store {
+                path: self.path.clone(),
+                message: format!("key slot {slot} is unreadable ({} bytes)", bytes.len()),
+            });
+        }
+        Ok(bytes
+            .chunks_exact(KEY_ENTRY_LEN)
+            .map(|entry| {
+                let version = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
+                let mut key = [0u8; KEY_LEN];
+                key.copy_from_slice(&entry[4..]);
+                (version, KeyMaterial(key))
+            })
+            .collect())
+    }
+
+    /// Reads slot `slot`'s versions, lets `change` edit them, and commits the result durably
+    /// (an empty list removes the slot) unless `change` refuses.
+    fn change_crypto_key<T>(
+        &self,
+        slot: u32,
+        change: impl FnOnce(&mut Vec<(u32, KeyMaterial)>) -> Result<T, MetadataError>,
+    ) -> Result<T, MetadataError> {
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
+        let result = {
+            let mut table = write.open_table(CRYPTO_KEYS).map_err(|error| fail(error.into()))?;
+            let stored = table.get(slot).map_err(|error| fail(error.into()))?.map(|bytes| bytes.value().to_vec());
+            let mut versions = match stored {
+                Some(bytes) => self.decode_key_versions(slot, &bytes)?,
+                None => Vec::new(),
+            };
+            let result = change(&mut versions)?;
+            if versions.is_empty() {
+                table.remove(slot).map_err(|error| fail(error.into()))?;
+            } else {
+                let mut bytes = Vec::with_capacity(versions.len() * KEY_ENTRY_LEN);
+                for (version, key) in &versions {
+                    bytes.extend_from_slice(&version.to_le_bytes());
+                    bytes.extend_from_slice(key.bytes());
+                }
+                table.insert(slot, bytes.as_slice()).map_err(|error| fail(error.into()))?;
+            }
+            result
+        };
+        // `open` keeps the store owner-only: it holds keys.
+        // redb's default durability fsyncs the commit before returning.
+        write.commit().map_err(|error| fail(error.into()))?;
+        Ok(result)
+    }
+}
+
+impl MetadataStore {
+    /// Stored tenants, by id.
+    pub fn tenants(&self) -> Result<Vec<TenantRecord>, MetadataError> {
+        let mut tenants: Vec<TenantRecord> = self.list(TENANTS)?;
+        tenants.sort_by_key(|tenant| tenant.id);
+        Ok(tenants)
+    }
+
+    /// The tenant called `name`.
+    pub fn tenant(&self, name: &str) -> Result<TenantRecord, MetadataError> {
+        self.tenants()?.into_iter().find(|tenant| tenant.name == name).ok_or_else(|| self.missing_tenant(name))
+    }
+
+    /// Adds a tenant holding `key` (key version 1) with `settings` over the defaults and no
+    /// grant, numbered with the lowest id free in 1..=[`MAX_TENANTS`]; durably. Refuses a name
+    /// already stored, a key another tenant holds, and a full store.
+    pub fn create_tenant(
+        &self,
+        name: &str,
+        key: &TenantKey,
+        settings: &TenantSettings,
+    ) -> Result<TenantRecord, MetadataError> {
+        self.create_tenant_with(name, key, settings, &[], |_| Ok(()))
+    }
+
+    /// Like [`MetadataStore::create_tenant`], the tenant holding `grants` (each checked as
+    /// [`normalize_permissions`] does, on distinct spaces), and running `before_commit` on the
+    /// new record before the commit: the key file is written there, so a tenant is stored only
+    /// once its key file exists, and a key file that cannot be written leaves the store as it was.
+    pub fn create_tenant_with(
+        &self,
+        name: &str,
+        key: &TenantKey,
+        settings: &TenantSettings,
+        grants: &[GrantRecord],
+        before_commit: impl FnOnce(&TenantRecord) -> Result<(), String>,
+    ) -> Result<TenantRecord, MetadataError> {
+        check_tenant_name(name)?;
+        let mut normalized = Vec::with_capacity(grants.len());
+        for grant in grants {
+            normalized.push(GrantRecord { permissions: normalize_permissions(&grant.permissions)?, ..grant.clone() });
+        }
+        let mut class = QosClass::default();
+        let mut limits = TenantLimits::default();
+        settings.apply(&mut class, &mut limits)?;
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
+        let record = {
+            let mut table = write.open_table(TENANTS).map_err(|error| fail(error.into()))?;
+            let mut taken = Vec::new();
+            for entry in table.iter().map_err(|error| fail(error.into()))? {
+                let (stored_name, json) = entry.map_err(|error| fail(error.into()))?;
+                let other = self.decode(stored_name.value(), json.value())?;
+                if other.name == name {
+                    return Err(MetadataError::Exists {
+                        kind: "tenant",
+                        name: name.to_string(),
+                        where_: " in the metadata store",
+                    });
+                }
+                if TenantKey::from_hex(&other.key_hex).is_ok_and(|other_key| other_key == *key) {
+                    return Err(MetadataError::Refused(format!(
+                        "tenant {:?} holds this key already: each tenant needs its own key",
+                        other.name
+                    )));
+                }
+                taken.push(other.id);
+            }
+            let Some(id) = (1..=MAX_TENANTS).find(|id| !taken.contains(id)) else {
+                return Err(MetadataError::Refused(format!(
+                    "the store holds {MAX_TENANTS} tenants, the most it may: delete one first"
+                )));
+            };
+            let record = TenantRecord {
+                name: name.to_string(),
+                id,
+                key_version: 1,
+                key_hex: key.to_hex(),
+                class,
+                limits,
+                grants: normalized,
+            };
+            check_record(&record).map_err(MetadataError::Refused)?;
+            table.insert(name, encode(&record).as_str()).map_err(|error| fail(error.into()))?;
+            before_commit(&record).map_err(MetadataError::Refused)?;
+            record
+        };
+        // redb's default durability fsyncs the commit before returning.
+        write.commit().map_err(|error| fail(error.into()))?;
+        Ok(record)
+    }
+
+    /// Removes a tenant, durably, and returns what it was.
+    pub fn delete_tenant(&self, name: &str) -> Result<TenantRecord, MetadataError> {
+        self.remove(TENANTS, "tenant", name)
+    }
+
+    /// Gives a tenant a new random key (its version one more), durably; returns the record and
+    /// the key.
+    pub fn rotate_key(&self, name: &str) -> Result<(TenantRecord, TenantKey), MetadataError> {
+        self.rotate_key_with(name, |_| Ok(()))
+    }
+
+    /// Like [`MetadataStore::rotate_key`], running `before_commit` on the new record before the
+    /// commit (where the new key file is written: if it cannot be, the old key stays in force).
+    pub fn rotate_key_with(
+        &self,
+        name: &str,
+        before_commit: impl FnOnce(&TenantRecord) -> Result<(), String>,
+    ) -> Result<(TenantRecord, TenantKey), MetadataError> {
+        let key = TenantKey::generate()
+            .map_err(|error| MetadataError::Refused(format!("cannot draw a new key for {name:?}: {error}")))?;
+        let record = self.update_tenant(name, |record| {
+            record.key_version = record.key_version.checked_add(1).ok_or_else(|| {
+                MetadataError::Refused(format!("tenant {name:?}: the key version cannot grow past {}", u32::MAX))
+            })?;
+            record.key_hex = key.to_hex();
+            before_commit(record).map_err(MetadataError::Refused)
+        })?;
+        Ok((record, key))
+    }
+
+    /// Changes a tenant's class and limits, durably.
+    pub fn set_tenant(&self, name: &str, settings: &TenantSettings) -> Result<TenantRecord, MetadataError> {
+        self.update_tenant(name, |record| settings.apply(&mut record.class, &mut record.limits))
+    }
+
+    /// Adds `grant` to a tenant, durably. A grant on a space the tenant holds already adds its
+    /// permissions to that grant (over the same range: a different range is refused, since one
+    /// space holds one range per tenant). Refuses permission names it does not know, a range
+    /// that is empty or past the space's end, and a space named neither in the store nor in
+    /// `configured` (the settings file's spaces).
+    pub fn grant(
+        &self,
+        tenant: &str,
+        grant: &GrantRecord,
+        configured: &KnownSpaces,
+    ) -> Result<TenantRecord, MetadataError> {
+        let permissions = normalize_permissions(&grant.permissions)?;
+        let size = self.space_size(&grant.space, configured)?;
+        if let Some((offset, len)) = grant.range {
+            if grant.space == GrantSpace::All {
+                return Err(MetadataError::Refused(
+                    "a range applies to one region or namespace, not to `all`: grant each space its range".into(),
+                ));
+            }
+            let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
+                MetadataError::Refused(format!("range {offset}:{len}: give a length above 0 that ends below 2^64"))
+            })?;
+            if let Some(size) = size.filter(|&size| end > size) {
+                return Err(MetadataError::Refused(format!(
+                    "range {offset}:{len} ends at byte {end}, past the end of {} ({size} bytes)",
+                    space_text(&grant.space)
+                )));
+            }
+        }
+        self.update_tenant(tenant, |record| {
+            let index = record.grants.iter().position(|held| held.space == grant.space);
+            let merged = match index {
+                Some(index) => {
+                    let held = &record.grants[index];
+                    if held.range != grant.range {
+                        return Err(MetadataError::Refused(format!(
+                            "tenant {tenant:?} holds {} over {} already; grant the same range, or revoke it first",
+                            space_text(&grant.space),
+                            range_text(held.range)
+                        )));
+                    }
+                    let mut names = held.permissions.clone();
+                    names.extend(permissions.iter().cloned());
+                    normalize_permissions(&names)?
+                }
+                None => permissions.clone(),
+            };
+            let new = GrantRecord { space: grant.space.clone(), permissions: merged, range: grant.range };
+            check_no_widening(tenant, record, &new)?;
+            match index {
+                Some(index) => record.grants[index] = new,
+                None if record.grants.len() >= MAX_GRANTS_PER_TENANT => {
+                    return Err(MetadataError::Refused(format!(
+                        "tenant {tenant:?} holds {MAX_GRANTS_PER_TENANT} grants, the most it may: revoke one first"
+                    )))
+                }
+                None => record.grants.push(new),
+            }
+            Ok(())
+        })
+    }
+
+    /// Takes `permissions` (all of them when `None`) off a tenant's grant on `space`, durably;
+    /// a grant left with none is removed.
+    pub fn revoke(
+        &self,
+        tenant: &str,
+        space: &GrantSpace,
+        permissions: Option<&[String]>,
+    ) -> Result<TenantRecord, MetadataError> {
+        let taken = permissions.map(normalize_permissions).transpose()?;
+        self.update_tenant(tenant, |record| {
+            let Some(index) = record.grants.iter().position(|held| &held.space == space) else {
+                let held: Vec<String> = record.grants.iter().map(|grant| space_text(&grant.space)).collect();
+                return Err(MetadataError::Refused(format!(
+                    "tenant {tenant:?} holds no grant on {} (it holds: {})",
+                    space_text(space),
+                    if held.is_empty() { "nothing".to_string() } else { held.join(", ") }
+                )));
+            };
+            let left: Vec<String> = match &taken {
+                None => Vec::new(),
+                Some(taken) => {
+                    record.grants[index].permissions.iter().filter(|name| !taken.contains(name)).cloned().collect()
+                }
+            };
+            if left.is_empty() {
+                record.grants.remove(index);
+            } else {
+                record.grants[index].permissions = left;
+            }
+            Ok(())
+        })
+    }
+
+    /// Reads tenant `name`, applies `change`, checks the result and commits it, in one write
+    /// transaction.
+    fn update_tenant(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut TenantRecord) -> Result<(), MetadataError>,
+    ) -> Result<TenantRecord, MetadataError> {
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
+        let record = {
+            let mut table = write.open_table(TENANTS).map_err(|error| fail(error.into()))?;
+            let json = match table.get(name).map_err(|error| fail(error.into()))? {
+                Some(json) => json.value().to_string(),
+                None => return Err(self.missing_tenant(name)),
+            };
+            let mut record = self.decode(name, &json)?;
+            change(&mut record)?;
+            check_record(&record).map_err(MetadataError::Refused)?;
+            table.insert(name, encode(&record).as_str()).map_err(|error| fail(error.into()))?;
+            record
+        };
+        write.commit().map_err(|error| fail(error.into()))?;
+        Ok(record)
+    }
+
+    /// The size of `space` in bytes where known; an error when the space is unknown.
+    fn space_size(&self, space: &GrantSpace, configured: &KnownSpaces) -> Result<Option<u64>, MetadataError> {
+        if let Some(size) = configured.size_of(space) {
+            return Ok(size);
+        }
+        let stored = KnownSpaces {
+            regions: self.regions()?.into_iter().map(|region| (region.name, Some(region.size.0))).collect(),
+            namespaces: self.namespaces()?.iter().map(namespace_entry).collect(),
+        };
+        stored.size_of(space).ok_or_else(|| {
+            let (kind, names) = match space {
+                GrantSpace::Region(_) => ("regions", configured.regions.iter().chain(&stored.regions)),
+                _ => ("namespaces", configured.namespaces.iter().chain(&stored.namespaces)),
+            };
+            let names: Vec<&str> = names.map(|(name, _)| name.as_str()).collect();
+            MetadataError::Refused(format!(
+                "no {} in the metadata store {} or the settings file (known {kind}: {})",
+                space_text(space),
+                self.path.display(),
+                if names.is_empty() { "none".to_string() } else { names.join(", ") }
+            ))
+        })
+    }
+
+    fn decode(&self, name: &str, json: &str) -> Result<TenantRecord, MetadataError> {
+        let record: TenantRecord = serde_json::from_str(json).map_err(|error| MetadataError::Store {
+            path: self.path.clone(),
+            message: format!("tenant {name:?} is unreadable: {error}"),
+        })?;
+        // The pair of the assertion in `encode`: what was written is what is read.
+        check_record(&record).map_err(|message| MetadataError::Store { path: self.path.clone(), message })?;
+        Ok(record)
+    }
+
+    fn missing_tenant(&self, name: &str) -> MetadataError {
+        MetadataError::Missing { kind: "tenant", name: name.to_string(), path: self.path.clone() }
+    }
+}
+
+/// Reads the tenants of `data_dir`'s store (none when there is no store) for a running target:
+/// the store is opened read-only (a shared lock) just for the read, waiting while an admin
+/// command has it open. A store an interrupted writer left unclean is opened for writing once,
+/// which repairs it.
+pub fn read_tenants(data_dir: &Path) -> Result<Vec<TenantRecord>, MetadataError> {
+    let path = data_dir.join(METADATA_FILE);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let mut tenants: Vec<TenantRecord> = match wait_while_busy(&path, || ReadOnlyDatabase::open(&path)) {
+        Ok(db) => list_table(&db, &path, TENANTS)?,
+        Err(MetadataError::Store { .. }) if needs_repair(&path) => {
+            let db = wait_while_busy(&path, || Database::open(&path))?;
+            list_table(&db, &path, TENANTS)?
+        }
+        Err(error) => return Err(error),
+    };
+    tenants.sort_by_key(|tenant| tenant.id);
+    Ok(tenants)
+}
+
+/// Whether a read-only open of `path` fails because the store needs repair.
+fn needs_repair(path: &Path) -> bool {
+    matches!(ReadOnlyDatabase::open(path), Err(DatabaseError::RepairAborted))
+}
+
+fn encode(record: &TenantRecord) -> String {
+    assert!(check_record(record).is_ok(), "a tenant record is checked before it is stored: {record:?}");
+    serde_json::to_string(record).expect("tenant records always serialize")
+}
+
+/// What every stored tenant record satisfies.
+fn check_record(record: &TenantRecord) -> Result<(), String> {
+    check_tenant_name(&record.name).map_err(|error| error.to_string())?;
+    if !(1..=MAX_TENANTS).contains(&record.id) {
+        return Err(format!("tenant {:?}: id {} is outside 1..={MAX_TENANTS}", record.name, record.id));
+    }
+    TenantKey::from_hex(&record.key_hex).map_err(|error| format!("tenant {:?}: {error}", record.name))?;
+    if record.grants.len() > MAX_GRANTS_PER_TENANT {
+        return Err(format!(
+            "tenant {:?}: {} grants, at most {MAX_GRANTS_PER_TENANT}",
+            record.name,
+            record.grants.len()
+        ));
+    }
+    for (index, grant) in record.grants.iter().enumerate() {
+        if !normalize_permissions(&grant.permissions).is_ok_and(|normal| normal == grant.permissions) {
+            return Err(format!(
+                "tenant {:?}: grant permissions {:?} are not canonical",
+                record.name, grant.permissions
+            ));
+        }
+        if record.grants[..index].iter().any(|other| other.space == grant.space) {
+            return Err(format!("tenant {:?}: two grants on {}", record.name, space_text(&grant.space)));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a grant that the target (which keeps one grant per tenant and space) could not
+/// combine with the tenant's other grant on the same space without widening or dropping one:
+/// a ranged grant holding a permission its tenant's `all` grant lacks.
+fn check_no_widening(tenant: &str, record: &TenantRecord, new: &GrantRecord) -> Result<(), MetadataError> {
+    let lacking = |wide: &GrantRecord, ranged: &GrantRecord| {
+        ranged.range.is_some() && ranged.permissions.iter().any(|name| !wide.permissions.contains(name))
+    };
+    let (all, ranged) = if new.space == GrantSpace::All {
+        match record.grants.iter().find(|held| held.space != GrantSpace::All && lacking(new, held)) {
+            Some(held) => (new, held),
+            None => return Ok(()),
+        }
+    } else {
+        match record.grants.iter().find(|held| held.space == GrantSpace::All && lacking(held, new)) {
+            Some(held) => (held, new),
+            None => return Ok(()),
+        }
+    };
+    Err(MetadataError::Refused(format!(
+        "tenant {tenant:?}: {} over bytes {} with {} beside `all` with {}: the target keeps one range per space, \
+         so it could not hold both; give `all` those permissions too, grant {} without --range, or revoke one first",
+        space_text(&ranged.space),
+        range_text(ranged.range),
+        ranged.permissions.join(","),
+        all.permissions.join(","),
+        space_text(&ranged.space),
+    )))
+}
+
+/// Checks a tenant name: it names the tenant's key file too.
+pub fn check_tenant_name(name: &str) -> Result<(), MetadataError> {
+    let name_ok = !name.is_empty()
+        && name.len() <= MAX_TENANT_NAME_BYTES
+        && !name.starts_with('.')
+        && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"_.-".contains(&byte));
+    if name_ok {
+        Ok(())
+    } else {
+        Err(MetadataError::Refused(format!(
+            "tenant name {name:?}: use 1 to {MAX_TENANT_NAME_BYTES} characters of A-Z a-z 0-9 _ . - (not starting with .)"
+        )))
+    }
+}
+
+/// Permission names in their stored form: known, each once, in [`PERMISSION_NAMES`] order,
+/// `all` expanded. Refuses an unknown name, naming it, and an empty list.
+pub fn normalize_permissions(names: &[String]) -> Result<Vec<String>, MetadataError> {
+    for name in names {
+        if name != "all" && !PERMISSION_NAMES.contains(&name.as_str()) {
+            return Err(MetadataError::Refused(format!(
+                "unknown permission {name:?}: use {} or all",
+                PERMISSION_NAMES.join(", ")
+            )));
+        }
+    }
+    if names.is_empty() {
+        return Err(MetadataError::Refused(format!("no permission named: use {} or all", PERMISSION_NAMES.join(", "))));
+    }
+    let every = names.iter().any(|name| name == "all");
+    Ok(PERMISSION_NAMES
+        .iter()
+        .filter(|known| every || names.iter().any(|name| name == *known))
+        .map(|known| known.to_string())
+        .collect())
+}
+
+/// A space as the command line writes it: `region:NAME`, `namespace:NAME` or `all`.
+pub fn space_text(space: &GrantSpace) -> String {
+    match space {
+        GrantSpace::Region(name) => format!("region:{name}"),
+        GrantSpace::Namespace(name) => format!("namespace:{name}"),
+        GrantSpace::All => "all".to_string(),
+    }
+}
+
+/// A grant's range as the command line writes it (`OFFSET:LEN`), or "the whole space".
+pub fn range_text(range: Option<(u64, u64)>) -> String {
+    match range {
+        Some((offset, len)) => format!("{offset}:{len}"),
+        None => "the whole space".to_string(),
+    }
+}
+
+fn list_table<T: serde::de::DeserializeOwned>(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    table: TableDefinition<&str, &str>,
+) -> Result<Vec<T>, MetadataError> {
+    let fail = |error: redb::Error| store_error(path, error);
+    let read = db.begin_read().map_err(|error| fail(error.into()))?;
+    let table = match read.open_table(table) {
+        Ok(table) => table,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(error) => return Err(fail(error.into())),
+    };
+    let mut entries = Vec::new();
+    for entry in table.iter().map_err(|error| fail(error.into()))? {
+        let (name, json) = entry.map_err(|error| fail(error.into()))?;
+        let value = serde_json::from_str(json.value()).map_err(|error| MetadataError::Store {
+            path: path.to_path_buf(),
+            message: format!("entry {:?} is unreadable: {error}", name.value()),
+        })?;
+        entries.push(value);
+    }
+    Ok(entries)
+}
+
+/// Runs `open` until it does not fail with [`DatabaseError::DatabaseAlreadyOpen`] (what redb 3
+/// returns when another process holds the file's lock), pausing a little longer each time, for
+/// at most [`STORE_BUSY_WAIT`].
+fn wait_while_busy<T>(path: &Path, mut open: impl FnMut() -> Result<T, DatabaseError>) -> Result<T, MetadataError> {
+    let deadline = Instant::now() + STORE_BUSY_WAIT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match open() {
+            Err(DatabaseError::DatabaseAlreadyOpen) if Instant::now() + pause < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(STORE_BUSY_PAUSE_MAX);
+            }
+            result => return result.map_err(|error| store_error(path, error)),
+        }
+    }
 }
 
 fn store_error(path: &Path, error: impl Into<redb::Error>) -> MetadataError {
     let error: redb::Error = error.into();
     let message = match &error {
         redb::Error::DatabaseAlreadyOpen => {
-            "another process has it open (an admin command running at the same time?); try again".to_string()
+            format!(
+                "another process kept it open for {} s (an admin command running at the same time?); try again",
+                STORE_BUSY_WAIT.as_secs()
+            )
         }
         other => other.to_string(),
     };
@@ -385,24 +964,275 @@ mod tests {
         assert_eq!(store.regions().unwrap(), vec![region]);
     }
 
+    fn key(byte: u8) -> TenantKey {
+        TenantKey::from_bytes([byte; 32])
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|name| name.to_string()).collect()
+    }
+
+    fn region_grant(name: &str, permissions: &[&str], range: Option<(u64, u64)>) -> GrantRecord {
+        GrantRecord { space: GrantSpace::Region(name.into()), permissions: names(permissions), range }
+    }
+
+    fn configured() -> KnownSpaces {
+        KnownSpaces { regions: vec![("scratch".into(), Some(1 << 20))], namespaces: vec![("disk".into(), None)] }
+    }
+
+    #[test]
+    fn tenants_round_trip_and_take_the_lowest_free_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        let settings = TenantSettings {
+            class: Some(QosClass::BestEffort),
+            max_sessions: Some(4),
+            cost_per_second: Some(1000),
+            ..TenantSettings::default()
+        };
+        let alice = store.create_tenant("alice", &key(1), &settings).unwrap();
+        assert_eq!((alice.id, alice.key_version, alice.class), (1, 1, QosClass::BestEffort));
+        assert_eq!(
+            alice.limits,
+            TenantLimits { max_sessions: 4, cost_per_second: 1000, burst: 1000, ..Default::default() }
+        );
+        let bob = store.create_tenant("bob", &key(2), &TenantSettings::default()).unwrap();
+        let carol = store.create_tenant("carol", &key(3), &TenantSettings::default()).unwrap();
+        assert_eq!((bob.id, carol.id), (2, 3));
+        assert_eq!(store.delete_tenant("bob").unwrap(), bob);
+        let dave = store.create_tenant("dave", &key(4), &TenantSettings::default()).unwrap();
+        assert_eq!(dave.id, 2, "the lowest free id is reused");
+        drop(store);
+        assert_eq!(read_tenants(dir.path()).unwrap(), vec![alice.clone(), dave.clone(), carol.clone()]);
+        let store = MetadataStore::open(dir.path()).unwrap();
+        assert_eq!(store.tenant("carol").unwrap(), carol);
+
+        let duplicate = store.create_tenant("alice", &key(9), &TenantSettings::default()).unwrap_err().to_string();
+        assert!(duplicate.contains("tenant named \"alice\" already exists"), "{duplicate}");
+        let same_key = store.create_tenant("eve", &key(1), &TenantSettings::default()).unwrap_err().to_string();
+        assert!(same_key.contains("\"alice\" holds this key"), "{same_key}");
+        let bad_name = store.create_tenant("../x", &key(8), &TenantSettings::default()).unwrap_err().to_string();
+        assert!(bad_name.contains("tenant name \"../x\""), "{bad_name}");
+        let missing = store.delete_tenant("zed").unwrap_err().to_string();
+        assert!(missing.contains("no tenant named \"zed\""), "{missing}");
+        let locked_out = TenantSettings { max_sessions: Some(0), ..TenantSettings::default() };
+        assert!(store.set_tenant("alice", &locked_out).unwrap_err().to_string().contains("--max-sessions 0"));
+
+        let faster = TenantSettings { class: Some(QosClass::LatencyCritical), burst: Some(50), ..Default::default() };
+        let changed = store.set_tenant("alice", &faster).unwrap();
+        assert_eq!(
+            (changed.class, changed.limits.burst, changed.limits.max_sessions),
+            (QosClass::LatencyCritical, 50, 4)
+        );
+        assert_eq!(store.tenant("alice").unwrap(), changed);
+    }
+
+    #[test]
+    fn tenant_ids_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        for index in 0..MAX_TENANTS {
+            let name = format!("t{index}");
+            let record =
+                store.create_tenant(&name, &TenantKey::generate().unwrap(), &TenantSettings::default()).unwrap();
+            assert_eq!(record.id, index + 1);
+        }
+        let full = store.create_tenant("one-more", &key(1), &TenantSettings::default()).unwrap_err().to_string();
+        assert!(full.contains(&format!("holds {MAX_TENANTS} tenants")), "{full}");
+        store.delete_tenant("t99").unwrap();
+        assert_eq!(store.create_tenant("one-more", &key(1), &TenantSettings::default()).unwrap().id, 100);
+    }
+
+    #[test]
+    fn rotating_changes_the_key_and_its_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        let before = store.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
+        let (after, new_key) = store.rotate_key("alice").unwrap();
+        assert_eq!(after.key_version, 2);
+        assert_eq!(after.key_hex, new_key.to_hex());
+        assert_ne!(new_key, key(1));
+        assert_eq!((after.id, &after.name), (before.id, &before.name));
+        let (again, _) = store.rotate_key("alice").unwrap();
+        assert_eq!(again.key_version, 3);
+        // A failing step before the commit leaves the old key in force.
+        let refused = store.rotate_key_with("alice", |_| Err("key file not writable".into())).unwrap_err();
+        assert!(refused.to_string().contains("not writable"));
+        assert_eq!(store.tenant("alice").unwrap(), again);
+        assert!(store.rotate_key("zed").unwrap_err().to_string().contains("no tenant named \"zed\""));
+    }
+
+    #[test]
+    fn grants_merge_on_one_space_and_revokes_take_them_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
+        let known = configured();
+        store.grant("alice", &region_grant("scratch", &["write"], None), &known).unwrap();
+        let merged = store.grant("alice", &region_grant("scratch", &["read", "write"], None), &known).unwrap();
+        assert_eq!(merged.grants, vec![region_grant("scratch", &["read", "write"], None)], "one grant, merged");
+        let namespace =
+            GrantRecord { space: GrantSpace::Namespace("disk".into()), permissions: names(&["block"]), range: None };
+        store.grant("alice", &namespace, &known).unwrap();
+
+        // A space the store holds is known too.
+        let stored =
+            RegionConfig { name: "stored".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(8192) };
+        store.create_region(&stored).unwrap();
+        let ranged = region_grant("stored", &["atomic"], Some((4096, 4096)));
+        store.grant("alice", &ranged, &known).unwrap();
+        let other_range = store.grant("alice", &region_grant("stored", &["read"], Some((0, 4096))), &known);
+        assert!(other_range.unwrap_err().to_string().contains("holds region:stored over 4096:4096 already"));
+        let same_range = store.grant("alice", &region_grant("stored", &["read"], Some((4096, 4096))), &known).unwrap();
+        assert_eq!(same_range.grants[2], region_grant("stored", &["read", "atomic"], Some((4096, 4096))));
+
+        for (grant, culprit) in [
+            (region_grant("scratch", &["read", "fly"], None), "unknown permission \"fly\""),
+            (region_grant("nowhere", &["read"], None), "no region:nowhere"),
+            (region_grant("stored", &["read"], Some((4096, 8192))), "past the end of region:stored (8192 bytes)"),
+            (region_grant("scratch", &["read"], Some((0, 0))), "range 0:0"),
+            (
+                GrantRecord { space: GrantSpace::All, permissions: names(&["read"]), range: Some((0, 1)) },
+                "not to `all`",
+            ),
+            (region_grant("scratch", &[], None), "no permission named"),
+        ] {
+            let error = store.grant("alice", &grant, &known).unwrap_err().to_string();
+            assert!(error.contains(culprit), "{grant:?}: {error}");
+        }
+        assert!(store
+            .grant("zed", &region_grant("scratch", &["read"], None), &known)
+            .unwrap_err()
+            .to_string()
+            .contains("no tenant named"));
+        // `all` beside a ranged grant with a permission `all` lacks would widen it: refused.
+        let everything = GrantRecord { space: GrantSpace::All, permissions: names(&["read"]), range: None };
+        let beside = store.grant("alice", &everything, &known).unwrap_err().to_string();
+        assert!(
+            beside.contains("region:stored over bytes 4096:4096 with read,atomic beside `all` with read"),
+            "{beside}"
+        );
+        let everything = GrantRecord { permissions: names(&["all"]), ..everything };
+        let record = store.grant("alice", &everything, &known).unwrap();
+        assert_eq!(record.grants[3].permissions, PERMISSION_NAMES);
+
+        let scratch = GrantSpace::Region("scratch".into());
+        let record = store.revoke("alice", &scratch, Some(&names(&["write", "compute"]))).unwrap();
+        assert_eq!(record.grants[0], region_grant("scratch", &["read"], None));
+        let record = store.revoke("alice", &scratch, Some(&names(&["read"]))).unwrap();
+        assert!(record.grants.iter().all(|grant| grant.space != scratch), "a grant left with nothing is removed");
+        let again = store.revoke("alice", &scratch, None).unwrap_err().to_string();
+        assert!(
+            again.contains("holds no grant on region:scratch (it holds: namespace:disk, region:stored, all)"),
+            "{again}"
+        );
+        let record = store.revoke("alice", &GrantSpace::All, None).unwrap();
+        assert_eq!(record.grants.len(), 2);
+        assert!(store.revoke("alice", &GrantSpace::Namespace("disk".into()), Some(&names(&["blok"]))).is_err());
+        drop(store);
+        assert_eq!(read_tenants(dir.path()).unwrap()[0], record, "committed");
+    }
+
+    #[test]
+    fn a_ranged_grant_beside_all_that_lacks_its_permissions_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("bob", &key(2), &TenantSettings::default()).unwrap();
+        let everything_read = GrantRecord { space: GrantSpace::All, permissions: names(&["read"]), range: None };
+        store.grant("bob", &everything_read, &configured()).unwrap();
+        let ranged_write = region_grant("scratch", &["write"], Some((0, 4096)));
+        let refused = store.grant("bob", &ranged_write, &configured()).unwrap_err().to_string();
+        assert!(refused.contains("region:scratch over bytes 0:4096 with write beside `all` with read"), "{refused}");
+        // Within what `all` holds, or over the whole space, the target combines them exactly.
+        store.grant("bob", &region_grant("scratch", &["read"], Some((0, 4096))), &configured()).unwrap();
+        let disk =
+            GrantRecord { space: GrantSpace::Namespace("disk".into()), permissions: names(&["block"]), range: None };
+        store.grant("bob", &disk, &configured()).unwrap();
+        assert_eq!(store.tenant("bob").unwrap().grants.len(), 3);
+    }
+
+    #[test]
+    fn grants_per_tenant_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
+        let known = KnownSpaces {
+            regions: (0..=MAX_GRANTS_PER_TENANT).map(|index| (format!("r{index}"), Some(4096))).collect(),
+            namespaces: Vec::new(),
+        };
+        for index in 0..MAX_GRANTS_PER_TENANT {
+            store.grant("alice", &region_grant(&format!("r{index}"), &["read"], None), &known).unwrap();
+        }
+        let last = format!("r{MAX_GRANTS_PER_TENANT}");
+        let full = store.grant("alice", &region_grant(&last, &["read"], None), &known).unwrap_err().to_string();
+        assert!(full.contains(&format!("holds {MAX_GRANTS_PER_TENANT} grants")), "{full}");
+        // Adding to a grant it holds is not a new grant.
+        store.grant("alice", &region_grant("r0", &["write"], None), &known).unwrap();
+    }
+
+    #[test]
+    fn a_store_left_by_a_killed_writer_is_repaired_and_read() {
+        const ABANDON: &str = "NETDAM_TEST_ABANDON_STORE";
+        if let Some(dir) = std::env::var_os(ABANDON) {
+            // The child: commit, then exit without closing the store, as a killed command would.
+            let store = MetadataStore::open(Path::new(&dir)).unwrap();
+            store.create_tenant("left", &key(5), &TenantSettings::default()).unwrap();
+            std::process::exit(0);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "metadata::tests::a_store_left_by_a_killed_writer_is_repaired_and_read"])
+            .env(ABANDON, dir.path())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let path = dir.path().join(METADATA_FILE);
+        assert!(
+            matches!(ReadOnlyDatabase::open(&path), Err(DatabaseError::RepairAborted)),
+            "the store is left unclean"
+        );
+        let tenants = read_tenants(dir.path()).unwrap();
+        assert_eq!(tenants.iter().map(|tenant| tenant.name.as_str()).collect::<Vec<_>>(), ["left"]);
+        assert!(ReadOnlyDatabase::open(&path).is_ok(), "repaired: the next read is read-only again");
+    }
+
+    #[test]
+    fn a_busy_store_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = MetadataStore::open(dir.path()).unwrap();
+        held.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
+        // What redb 3 says while another holder has the file locked, which is what is waited on.
+        assert!(matches!(Database::create(dir.path().join(METADATA_FILE)), Err(DatabaseError::DatabaseAlreadyOpen)));
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let started = Instant::now();
+        let tenants = read_tenants(dir.path()).unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(250), "the read waited for the holder");
+        assert_eq!(tenants.len(), 1);
+        releaser.join().unwrap();
+    }
+
     #[test]
     fn key_slots_are_created_rotated_and_deleted_durably() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(MetadataStore::load_keys(dir.path()).unwrap().is_empty(), "no store, no keys");
+        assert!(MetadataStore::load_crypto_keys(dir.path()).unwrap().is_empty(), "no store, no keys");
         {
             let store = MetadataStore::open(dir.path()).unwrap();
-            assert_eq!(store.create_key(3, &KeyMaterial([1; KEY_LEN])).unwrap(), 1);
-            let again = store.create_key(3, &KeyMaterial([2; KEY_LEN])).unwrap_err().to_string();
+            assert_eq!(store.create_crypto_key(3, &KeyMaterial([1; KEY_LEN])).unwrap(), 1);
+            let again = store.create_crypto_key(3, &KeyMaterial([2; KEY_LEN])).unwrap_err().to_string();
             assert!(again.contains("key slot named \"3\" already exists"), "{again}");
-            assert_eq!(store.rotate_key(3, &KeyMaterial([2; KEY_LEN])).unwrap(), 2);
-            assert!(store.rotate_key(4, &KeyMaterial([2; KEY_LEN])).is_err(), "nothing to rotate");
-            assert_eq!(store.create_key(9, &KeyMaterial([9; KEY_LEN])).unwrap(), 1);
+            assert_eq!(store.rotate_crypto_key(3, &KeyMaterial([2; KEY_LEN])).unwrap(), 2);
+            assert!(store.rotate_crypto_key(4, &KeyMaterial([2; KEY_LEN])).is_err(), "nothing to rotate");
+            assert_eq!(store.create_crypto_key(9, &KeyMaterial([9; KEY_LEN])).unwrap(), 1);
         }
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(dir.path().join(METADATA_FILE)).unwrap().permissions(),
         );
         assert_eq!(mode & 0o777, 0o600, "a store holding keys is private to its owner");
-        let keys = MetadataStore::load_keys(dir.path()).unwrap();
+        let keys = MetadataStore::load_crypto_keys(dir.path()).unwrap();
         assert_eq!(
             keys,
             vec![
@@ -412,8 +1242,8 @@ mod tests {
         );
         assert!(!format!("{keys:?}").contains("1, 1, 1"), "Debug never shows key bytes");
         let store = MetadataStore::open(dir.path()).unwrap();
-        assert_eq!(store.delete_key(3).unwrap(), vec![1, 2]);
-        assert!(store.delete_key(3).is_err());
-        assert_eq!(store.key_slots().unwrap(), vec![(9, vec![1])]);
+        assert_eq!(store.delete_crypto_key(3).unwrap(), vec![1, 2]);
+        assert!(store.delete_crypto_key(3).is_err());
+        assert_eq!(store.crypto_key_slots().unwrap(), vec![(9, vec![1])]);
     }
 }

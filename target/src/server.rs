@@ -25,6 +25,7 @@ use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
 use crate::regions::RegionTable;
 use crate::socket;
 use crate::stats::StatsSnapshot;
+use crate::tenant_watch::{self, WatchHandle};
 use crate::tenants::TenantCell;
 use crate::worker::{self, WorkerSettings};
 
@@ -61,6 +62,9 @@ pub enum StartError {
     /// The secret for HELLO cookies could not be drawn.
     #[error("cannot draw the HELLO cookie secret: {0}")]
     Random(io::Error),
+    /// The tenants could not be read, or their watcher started.
+    #[error("cannot apply the tenants of the metadata store: {0}")]
+    Tenants(io::Error),
 }
 
 /// A running target.
@@ -74,6 +78,8 @@ pub struct Target {
     threads: Vec<JoinHandle<()>>,
     engine_name: &'static str,
     metrics: Option<MetricsServer>,
+    // Re-reads the tenants when the store changes; stopped with the workers.
+    tenant_watch: Option<WatchHandle>,
 }
 
 impl Target {
@@ -129,13 +135,17 @@ impl Target {
             .unwrap_or(0);
         let cookies = CookieJar::from_os_random().map_err(StartError::Random)?;
         let extensions = crate::extensions::registry(&config.extensions).map_err(StartError::Config)?;
+        let tenants = Arc::new(TenantCell::default());
+        let tenant_watch = tenant_watch::watch(&data_dir, regions.clone(), namespaces.clone(), tenants.clone())
+            .map_err(StartError::Tenants)?;
         // Key slots are read once, like the spaces; each slot's nonce counter resumes past its
         // reservation file and reserves its first block before any worker starts.
-        let stored_keys = MetadataStore::load_keys(&data_dir)?;
+        let stored_keys = MetadataStore::load_crypto_keys(&data_dir)?;
         let keys = KeyRing::load(stored_keys, &data_dir, NONCE_RESERVATION_BLOCK)?;
         let shared = Arc::new(
             Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
                 .with_extensions(extensions)
+                .with_tenants(tenants)
                 .with_keys(keys),
         );
         let sockets = bind_workers(config.listen, config.workers)?;
@@ -163,6 +173,7 @@ impl Target {
             threads: Vec::new(),
             engine_name,
             metrics: None,
+            tenant_watch: Some(tenant_watch),
         };
         if let Some(addr) = config.metrics_listen.addr() {
             let build = BuildInfo {
@@ -225,7 +236,7 @@ impl Target {
     }
 
     /// The tenants in force: publishing a snapshot here applies it to every worker within one
-    /// datagram (the store watcher does so when the metadata store changes).
+    /// datagram (the store watcher does so within a second of a change to the store).
     pub fn tenants(&self) -> &Arc<TenantCell> {
         &self.shared.tenants
     }
@@ -251,6 +262,7 @@ impl Target {
     }
 
     fn stop_workers(&mut self) {
+        drop(self.tenant_watch.take());
         self.shutdown.store(true, Ordering::Relaxed);
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {

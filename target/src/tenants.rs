@@ -210,33 +210,47 @@ impl TenantSnapshot {
                 admin: false,
             };
             for grant in &record.grants {
-                let Some(permissions) = parse_permissions(&grant.permissions, &mut tenant.admin) else {
+                let mut admin = false;
+                let Some(permissions) = parse_permissions(&grant.permissions, &mut admin) else {
                     warnings.push(format!("tenant {:?}: unknown permission in {:?}", record.name, grant.permissions));
                     continue;
                 };
-                if grant.space == GrantSpace::All && grant.permissions.iter().any(|name| name == "all") {
+                // `admin` is about the target (its counters), so only a grant on every space
+                // carries it: `all` on one region does not.
+                let every_space = grant.space == GrantSpace::All;
+                if every_space && (admin || grant.permissions.iter().any(|name| name == "all")) {
                     tenant.admin = true;
                 }
-                let widen = |slot: &mut Option<Grant>, size: u64| {
+                let mut widen = |slot: &mut Option<Grant>, size: u64, kind: &str, name: &str| {
                     let (start, end) = match grant.range {
                         Some((offset, len)) => (offset.min(size), offset.saturating_add(len).min(size)),
                         // The whole space, whatever its size: an access beyond its end is the
                         // engine's `out_of_range`, not a grant's refusal.
                         None => (0, u64::MAX),
                     };
-                    *slot = Some(merge(*slot, Grant { permissions, start, end }));
+                    match merge(*slot, Grant { permissions, start, end }) {
+                        Ok(merged) => *slot = Some(merged),
+                        Err(kept) => {
+                            *slot = Some(kept);
+                            warnings.push(format!(
+                                "tenant {:?}: grants on {kind} {name:?} over different ranges with different \
+                                 permissions cannot be combined; only the first applies",
+                                record.name
+                            ));
+                        }
+                    }
                 };
                 for (id, region) in regions.iter() {
                     let named = matches!(&grant.space, GrantSpace::Region(name) if name == region.name());
                     if named || grant.space == GrantSpace::All {
-                        widen(&mut tenant.regions[usize::from(id)], region.len() as u64);
+                        widen(&mut tenant.regions[usize::from(id)], region.len() as u64, "region", region.name());
                     }
                 }
                 for (id, namespace) in namespaces.iter() {
                     let named = matches!(&grant.space, GrantSpace::Namespace(name) if name == namespace.name());
                     if named || grant.space == GrantSpace::All {
                         let bytes = namespace.capacity_blocks().saturating_mul(u64::from(namespace.block_bytes()));
-                        widen(&mut tenant.namespaces[usize::from(id)], bytes);
+                        widen(&mut tenant.namespaces[usize::from(id)], bytes, "namespace", namespace.name());
                     }
                 }
             }
@@ -250,17 +264,26 @@ impl TenantSnapshot {
     }
 }
 
-/// Two grants on one space: the permissions of both over the span of both. (Grants on disjoint
-/// ranges with different permissions are rare enough that the span is kept simple; `grant`
-/// refuses a second ranged grant on a space with a different range, see the store.)
-fn merge(existing: Option<Grant>, new: Grant) -> Grant {
-    match existing {
-        None => new,
-        Some(old) => Grant {
-            permissions: old.permissions.union(new.permissions),
-            start: old.start.min(new.start),
-            end: old.end.max(new.end),
-        },
+/// Two grants on one space, as one grant that allows nothing either does not: over the same
+/// range, the permissions of both; one within the other that it also covers in permissions, the
+/// wider. Any other pair cannot be one grant without widening one of them, so the first is kept
+/// (`Err`) and the caller warns: failing closed. (The store refuses such pairs, see
+/// `MetadataStore::grant`; this guards records written otherwise.)
+fn merge(existing: Option<Grant>, new: Grant) -> Result<Grant, Grant> {
+    let Some(old) = existing else {
+        return Ok(new);
+    };
+    let within = |inner: &Grant, outer: &Grant| {
+        outer.start <= inner.start && inner.end <= outer.end && outer.permissions.contains(inner.permissions)
+    };
+    if (old.start, old.end) == (new.start, new.end) {
+        Ok(Grant { permissions: old.permissions.union(new.permissions), ..old })
+    } else if within(&new, &old) {
+        Ok(old)
+    } else if within(&old, &new) {
+        Ok(new)
+    } else {
+        Err(old)
     }
 }
 
@@ -270,9 +293,11 @@ pub fn parse_permissions(names: &[String], admin: &mut bool) -> Option<Permissio
     for name in names {
         match name.as_str() {
             "admin" => *admin = true,
-            // Every permission on the space; `admin` only with a grant on `all` spaces (see
-            // `resolve`), so `all` on one region does not hand out the target's counters.
-            "all" => permissions = Permissions::ALL,
+            // Every permission on the space (and `admin` with a grant on every space).
+            "all" => {
+                *admin = true;
+                permissions = Permissions::ALL;
+            }
             other => permissions = permissions.union(Permissions::from_name(other)?),
         }
     }

@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
@@ -50,8 +51,16 @@ fn start_default_target(home: &Path) -> Daemon {
     Daemon(child)
 }
 
-fn netdam(args: &[&str]) -> Output {
-    let output = Command::new(netdam_binary()).args(args).output().expect("netdam runs");
+/// Runs `netdam` as a user whose home (and data directory, where a key file may be found) is
+/// under `home`.
+fn netdam_command(home: &Path) -> Command {
+    let mut command = Command::new(netdam_binary());
+    command.env("XDG_DATA_HOME", home.join("data")).env("HOME", home).env_remove("NETDAM_KEY");
+    command
+}
+
+fn netdam(home: &Path, args: &[&str]) -> Output {
+    let output = netdam_command(home).args(args).output().expect("netdam runs");
     assert!(
         output.status.success(),
         "netdam {args:?} failed: {}{}",
@@ -72,30 +81,45 @@ fn default_target_keeps_a_1_mib_write_across_kill_and_restart() {
 
     let mut daemon = start_default_target(home.path());
     assert!(home.path().join("data/netdam/default.region").exists(), "the default region lives in the user's data dir");
-    let written = netdam(&["write", "default", "0", "--file", input.to_str().unwrap()]);
+    // Secure by default: the target created the default tenant and its key file, which netdam
+    // finds on its own; without it, no session.
+    let key_file = home.path().join("data/netdam/tenants/default.key");
+    let mode = std::fs::metadata(&key_file).expect("the default tenant's key file").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the key file is owner-only");
+    let stranger = tempfile::tempdir().unwrap();
+    let refused = netdam_command(stranger.path()).args(["read", "default", "0", "8"]).output().unwrap();
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("unauthenticated") && message.contains("--key"), "{message}");
+    let with_key = netdam_command(stranger.path())
+        .args(["--key", key_file.to_str().unwrap(), "read", "default", "0", "8"])
+        .output()
+        .unwrap();
+    assert!(with_key.status.success(), "{}", String::from_utf8_lossy(&with_key.stderr));
+    let home = home.path();
+    let written = netdam(home, &["write", "default", "0", "--file", input.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&written.stdout).contains("wrote 1048576 bytes"));
-    netdam(&["read", "default", "0", "1MiB", "--out", output.to_str().unwrap()]);
+    netdam(home, &["read", "default", "0", "1MiB", "--out", output.to_str().unwrap()]);
     assert!(std::fs::read(&output).unwrap() == data, "read returned other bytes than were written");
 
     // SIGKILL: no chance to flush anything; acknowledged writes were persisted before the answer.
     daemon.0.kill().unwrap();
     daemon.0.wait().unwrap();
     drop(daemon);
-    let _daemon = start_default_target(home.path());
+    let _daemon = start_default_target(home);
     std::fs::remove_file(&output).unwrap();
-    netdam(&["read", "default", "0", "1MiB", "--out", output.to_str().unwrap()]);
+    netdam(home, &["read", "default", "0", "1MiB", "--out", output.to_str().unwrap()]);
     assert!(std::fs::read(&output).unwrap() == data, "the default region lost bytes across a restart");
 
     // JSON output parses, and errors name the culprit.
-    let stat = netdam(&["--json", "stat"]);
+    let stat = netdam(home, &["--json", "stat"]);
     let stat: serde_json::Value = serde_json::from_slice(&stat.stdout).unwrap();
     // Since the restart: the 1 MiB read in chunks of at most 8960 bytes, plus the HELLOs.
     assert!(stat["status_ok"].as_u64().unwrap() >= 118);
-    let missing = Command::new(netdam_binary()).args(["read", "nope", "0", "1"]).output().unwrap();
+    let missing = netdam_command(home).args(["read", "nope", "0", "1"]).output().unwrap();
     assert!(!missing.status.success());
     let message = String::from_utf8_lossy(&missing.stderr);
     assert!(message.contains("no region \"nope\"") && message.contains("default"), "{message}");
-    let crc = netdam(&["--json", "crc", "default", "0", "1MiB"]);
+    let crc = netdam(home, &["--json", "crc", "default", "0", "1MiB"]);
     let crc: serde_json::Value = serde_json::from_slice(&crc.stdout).unwrap();
     assert_eq!(crc["crc32"].as_u64().unwrap(), u64::from(crc32fast::hash(&data)));
 }
@@ -241,7 +265,7 @@ fn admin_commands_store_namespaces_that_the_target_serves() {
     let bytes = Rng::new(seed()).bytes(3 * 4096);
     std::fs::write(&input, &bytes).unwrap();
     let target = ["--target", addr.as_str()];
-    let run = |args: &[&str]| netdam(&[&target[..], args].concat());
+    let run = |args: &[&str]| netdam(dir.path(), &[&target[..], args].concat());
     run(&["bwrite", "disk", "10", "--file", input.to_str().unwrap(), "--fua"]);
     run(&["flush", "disk"]);
     run(&["bread", "disk", "10", "3", "--out", output.to_str().unwrap()]);
@@ -264,7 +288,7 @@ fn admin_commands_store_namespaces_that_the_target_serves() {
     let namespaces: serde_json::Value = serde_json::from_slice(&namespaces.stdout).unwrap();
     assert_eq!(namespaces.as_array().unwrap().len(), 1, "the running target serves what it read at start");
     assert_eq!(namespaces[0]["reports_allocation"], true, "a file namespace reports allocation");
-    let partial = Command::new(netdam_binary())
+    let partial = netdam_command(dir.path())
         .args([&target[..], &["bwrite", "disk", "0", "--data", "abc"]].concat())
         .output()
         .unwrap();

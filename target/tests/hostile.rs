@@ -238,7 +238,7 @@ fn target_survives_100k_hostile_datagrams() {
     let dir = tempfile::tempdir().unwrap();
     let store = netdam_target::metadata::MetadataStore::open(dir.path()).unwrap();
     for slot in [0, 1] {
-        store.create_key(slot, &netdam_target::crypto::generate_key().unwrap()).unwrap();
+        store.create_crypto_key(slot, &netdam_target::crypto::generate_key().unwrap()).unwrap();
     }
     drop(store);
     let test = start_configured_in(

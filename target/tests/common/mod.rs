@@ -57,7 +57,7 @@ pub fn start_with_keys(regions: Vec<RegionConfig>, slots: &[u32], adjust: impl F
     let dir = tempfile::tempdir().expect("temp dir");
     let store = netdam_target::metadata::MetadataStore::open(dir.path()).expect("metadata store");
     for &slot in slots {
-        store.create_key(slot, &netdam_target::crypto::generate_key().unwrap()).unwrap();
+        store.create_crypto_key(slot, &netdam_target::crypto::generate_key().unwrap()).unwrap();
     }
     drop(store);
     start_configured_in(dir, regions, adjust)

@@ -1,0 +1,306 @@
+//! What `netdam-target tenant …`, `grant` and `revoke` do besides changing the store: key files
+//! (written owner-only into `<data_dir>/tenants/` unless a path is given), imported keys, the
+//! `default` tenant a secure-by-default target starts with, and the command-line spelling of
+//! spaces, permissions and ranges.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use netdam_auth::{KeyFile, KeyFileError, TenantKey};
+
+use crate::metadata::{normalize_permissions, MetadataError, MetadataStore, TenantSettings};
+use crate::tenants::{GrantRecord, GrantSpace, TenantRecord};
+
+/// Directory under the data directory holding the key files the target writes.
+pub const TENANTS_DIR: &str = "tenants";
+
+/// Name of the tenant a secure-by-default target creates when the store holds none.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Why a tenant command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantAdminError {
+    /// The store refused or failed.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// A key file could not be read or written.
+    #[error(transparent)]
+    KeyFile(#[from] KeyFileError),
+    /// A directory could not be made.
+    #[error("cannot create {path}: {source}")]
+    Directory { path: PathBuf, source: std::io::Error },
+    /// An imported key is neither a key file nor 64 hex digits.
+    #[error("{path}: neither a netdam key file nor 64 hex digits ({message})")]
+    Import { path: PathBuf, message: String },
+}
+
+/// Where tenant `name`'s key file goes unless a path is given: `<data_dir>/tenants/<name>.key`.
+pub fn default_key_file(data_dir: &Path, name: &str) -> PathBuf {
+    data_dir.join(TENANTS_DIR).join(format!("{name}.key"))
+}
+
+/// Creates the directory a key file goes into: owner-only (0700) when it is new.
+fn create_key_directory(key_file: &Path) -> Result<(), TenantAdminError> {
+    let Some(directory) = key_file.parent().filter(|parent| !parent.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(directory)
+        .map_err(|source| TenantAdminError::Directory { path: directory.to_path_buf(), source })
+}
+
+fn key_file_of(record: &TenantRecord, key: &TenantKey) -> KeyFile {
+    KeyFile { tenant: record.name.clone(), id: record.id, version: record.key_version, key: *key }
+}
+
+/// Creates tenant `name` with `key` (a new one when `None`) and `settings`, and writes its key
+/// file to `key_file` (default: [`default_key_file`]), which must not exist. The tenant is
+/// committed only once the key file is written. Returns the record and the key file's path.
+pub fn create_tenant(
+    data_dir: &Path,
+    name: &str,
+    key: Option<TenantKey>,
+    settings: &TenantSettings,
+    key_file: Option<PathBuf>,
+) -> Result<(TenantRecord, PathBuf), TenantAdminError> {
+    create_with_grants(data_dir, name, key, settings, &[], key_file, false)
+}
+
+fn create_with_grants(
+    data_dir: &Path,
+    name: &str,
+    key: Option<TenantKey>,
+    settings: &TenantSettings,
+    grants: &[GrantRecord],
+    key_file: Option<PathBuf>,
+    replace_key_file: bool,
+) -> Result<(TenantRecord, PathBuf), TenantAdminError> {
+    crate::metadata::check_tenant_name(name)?;
+    let key = match key {
+        Some(key) => key,
+        None => TenantKey::generate().map_err(|error| MetadataError::Refused(format!("cannot draw a key: {error}")))?,
+    };
+    let key_file = key_file.unwrap_or_else(|| default_key_file(data_dir, name));
+    let store = MetadataStore::open(data_dir)?;
+    // The name first: a taken name is the likelier mistake, and its key file exists too.
+    if store.tenants()?.iter().any(|tenant| tenant.name == name) {
+        return Err(
+            MetadataError::Exists { kind: "tenant", name: name.to_string(), where_: " in the metadata store" }.into()
+        );
+    }
+    if !replace_key_file && key_file.exists() {
+        return Err(KeyFileError::Exists { path: key_file }.into());
+    }
+    create_key_directory(&key_file)?;
+    let record = store.create_tenant_with(name, &key, settings, grants, |record| {
+        key_file_of(record, &key).write(&key_file, replace_key_file).map_err(|error| error.to_string())
+    })?;
+    Ok((record, key_file))
+}
+
+/// Gives tenant `name` a new key and writes it to `key_file` (default: [`default_key_file`]),
+/// replacing that file; the new key is committed only once the file is written. Returns the
+/// record and the key file's path.
+pub fn rotate_key(
+    data_dir: &Path,
+    name: &str,
+    key_file: Option<PathBuf>,
+) -> Result<(TenantRecord, PathBuf), TenantAdminError> {
+    let key_file = key_file.unwrap_or_else(|| default_key_file(data_dir, name));
+    create_key_directory(&key_file)?;
+    let store = MetadataStore::open(data_dir)?;
+    let (record, _) = store.rotate_key_with(name, |record| {
+        let key = TenantKey::from_hex(&record.key_hex).map_err(|error| error.to_string())?;
+        key_file_of(record, &key).write(&key_file, true).map_err(|error| error.to_string())
+    })?;
+    Ok((record, key_file))
+}
+
+/// Deletes tenant `name`, and its key file at the default place when that file holds the
+/// deleted tenant's key (a key file elsewhere is the user's to remove). Returns the record and
+/// the key file removed.
+pub fn delete_tenant(data_dir: &Path, name: &str) -> Result<(TenantRecord, Option<PathBuf>), TenantAdminError> {
+    let record = MetadataStore::open(data_dir)?.delete_tenant(name)?;
+    let key_file = default_key_file(data_dir, name);
+    let holds_its_key = KeyFile::load(&key_file).is_ok_and(|file| {
+        file.id == record.id && TenantKey::from_hex(&record.key_hex).is_ok_and(|key| key == file.key)
+    });
+    let removed = (holds_its_key && std::fs::remove_file(&key_file).is_ok()).then_some(key_file);
+    Ok((record, removed))
+}
+
+/// Reads a key to import: a netdam key file, or a file holding 64 hex digits. Like a key file,
+/// it must be owner-only.
+pub fn import_key(path: &Path) -> Result<TenantKey, TenantAdminError> {
+    let io = |source| KeyFileError::Io { path: path.to_path_buf(), source };
+    let mode = std::fs::metadata(path).map_err(io)?.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeyFileError::TooOpen { path: path.to_path_buf(), mode }.into());
+    }
+    let text = std::fs::read_to_string(path).map_err(io)?;
+    if let Ok(key) = TenantKey::from_hex(&text) {
+        return Ok(key);
+    }
+    KeyFile::parse(&text, path)
+        .map(|file| file.key)
+        .map_err(|error| TenantAdminError::Import { path: path.to_path_buf(), message: error.to_string() })
+}
+
+/// For a target that authenticates tenants: when the store of `data_dir` holds no tenant,
+/// creates tenant [`DEFAULT_TENANT`] holding every permission on every space (`grant default
+/// all all`) and its key file at `<data_dir>/tenants/default.key` (replacing a file left there
+/// from an earlier store), and returns that path. Returns `None` when the store holds a tenant
+/// (or one was created meanwhile by another process).
+pub fn ensure_default_tenant(data_dir: &Path) -> Result<Option<PathBuf>, TenantAdminError> {
+    if !MetadataStore::open(data_dir)?.tenants()?.is_empty() {
+        return Ok(None);
+    }
+    let everything = GrantRecord { space: GrantSpace::All, permissions: vec!["all".into()], range: None };
+    let settings = TenantSettings::default();
+    match create_with_grants(data_dir, DEFAULT_TENANT, None, &settings, &[everything], None, true) {
+        Ok((_, key_file)) => Ok(Some(key_file)),
+        Err(TenantAdminError::Metadata(MetadataError::Exists { .. })) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// A space as the command line names it: `region:NAME`, `namespace:NAME` or `all`.
+pub fn parse_space(text: &str) -> Result<GrantSpace, String> {
+    let bad = || format!("space {text:?}: write region:NAME, namespace:NAME or all");
+    match text.split_once(':') {
+        None if text == "all" => Ok(GrantSpace::All),
+        Some(("region", name)) if !name.is_empty() => Ok(GrantSpace::Region(name.to_string())),
+        Some(("namespace", name)) if !name.is_empty() => Ok(GrantSpace::Namespace(name.to_string())),
+        _ => Err(bad()),
+    }
+}
+
+/// A comma list of permission names (`read,write` or `all`), in stored form.
+pub fn parse_permission_list(text: &str) -> Result<Vec<String>, String> {
+    let names: Vec<String> = text.split(',').map(|name| name.trim().to_string()).collect();
+    normalize_permissions(&names).map_err(|error| error.to_string())
+}
+
+/// A byte range `OFFSET:LEN`, each a size as elsewhere (`4096`, `0x1000`, `64KiB`); the length
+/// above 0 and the end within 64 bits.
+pub fn parse_range(text: &str) -> Result<(u64, u64), String> {
+    let bad = |why: String| format!("range {text:?}: {why} (write OFFSET:LEN, e.g. 0:64KiB)");
+    let (offset, len) = text.split_once(':').ok_or_else(|| bad("no colon".into()))?;
+    let offset = netdam_isa::units::parse_bytes(offset).map_err(bad)?;
+    let len = netdam_isa::units::parse_bytes(len).map_err(bad)?;
+    if len == 0 {
+        return Err(bad("the length is 0".into()));
+    }
+    if offset.checked_add(len).is_none() {
+        return Err(bad("it ends past 2^64".into()));
+    }
+    Ok((offset, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_spellings_parse_and_bad_ones_name_the_culprit() {
+        assert_eq!(parse_space("all"), Ok(GrantSpace::All));
+        assert_eq!(parse_space("region:scratch"), Ok(GrantSpace::Region("scratch".into())));
+        assert_eq!(parse_space("namespace:disk"), Ok(GrantSpace::Namespace("disk".into())));
+        for bad in ["region:", "disk", "volume:x", "all:x"] {
+            assert!(parse_space(bad).unwrap_err().contains(&format!("{bad:?}")), "{bad}");
+        }
+        assert_eq!(parse_permission_list("write, read").unwrap(), ["read", "write"]);
+        assert_eq!(parse_permission_list("all").unwrap().len(), 6);
+        let unknown = parse_permission_list("read,wirte").unwrap_err();
+        assert!(unknown.contains("\"wirte\""), "{unknown}");
+        assert_eq!(parse_range("4KiB:0x1000"), Ok((4096, 4096)));
+        assert!(parse_range("4096").unwrap_err().contains("no colon"));
+        assert!(parse_range("0:0").unwrap_err().contains("length is 0"));
+        assert!(parse_range("0xffffffffffffffff:2").unwrap_err().contains("past 2^64"));
+        assert!(parse_range("x:1").unwrap_err().contains("\"x\""));
+    }
+
+    #[test]
+    fn the_default_tenant_is_made_once_with_everything_granted() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = ensure_default_tenant(dir.path()).unwrap().expect("an empty store gets a default tenant");
+        assert_eq!(key_file, dir.path().join("tenants/default.key"));
+        assert_eq!(std::fs::metadata(dir.path().join("tenants")).unwrap().permissions().mode() & 0o777, 0o700);
+        let file = KeyFile::load(&key_file).unwrap();
+        let stored = MetadataStore::open(dir.path()).unwrap().tenant(DEFAULT_TENANT).unwrap();
+        assert_eq!((file.tenant.as_str(), file.id, file.version), (DEFAULT_TENANT, stored.id, 1));
+        assert_eq!(file.key.to_hex(), stored.key_hex);
+        assert_eq!(stored.grants.len(), 1);
+        assert_eq!(stored.grants[0].space, GrantSpace::All);
+        assert_eq!(stored.grants[0].permissions, crate::metadata::PERMISSION_NAMES);
+        assert_eq!(ensure_default_tenant(dir.path()).unwrap(), None, "a store with a tenant is left alone");
+        assert_eq!(KeyFile::load(&key_file).unwrap(), file, "and its key file too");
+    }
+
+    #[test]
+    fn a_default_key_file_left_from_an_earlier_store_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = ensure_default_tenant(dir.path()).unwrap().unwrap();
+        let old = KeyFile::load(&key_file).unwrap();
+        std::fs::remove_file(dir.path().join(crate::metadata::METADATA_FILE)).unwrap();
+        assert_eq!(ensure_default_tenant(dir.path()).unwrap(), Some(key_file.clone()));
+        let new = KeyFile::load(&key_file).unwrap();
+        assert_ne!(new.key, old.key);
+        assert_eq!(MetadataStore::open(dir.path()).unwrap().tenant(DEFAULT_TENANT).unwrap().key_hex, new.key.to_hex());
+    }
+
+    #[test]
+    fn a_key_file_that_cannot_be_written_leaves_no_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let taken = dir.path().join("taken.key");
+        std::fs::write(&taken, "someone else's").unwrap();
+        let error = create_tenant(dir.path(), "alice", None, &TenantSettings::default(), Some(taken.clone()));
+        assert!(matches!(error, Err(TenantAdminError::KeyFile(KeyFileError::Exists { .. }))), "{error:?}");
+        // A directory where the key file's temporary goes fails the write inside the
+        // transaction, which is then dropped: no tenant without its key file.
+        std::fs::create_dir_all(dir.path().join(".alice.key.new/in-the-way")).unwrap();
+        let error =
+            create_tenant(dir.path(), "alice", None, &TenantSettings::default(), Some(dir.path().join("alice.key")))
+                .unwrap_err();
+        assert!(error.to_string().contains(".alice.key.new"), "{error}");
+        assert!(MetadataStore::open(dir.path()).unwrap().tenants().unwrap().is_empty());
+        assert!(!dir.path().join("alice.key").exists());
+    }
+
+    #[test]
+    fn rotating_rewrites_the_key_file_and_deleting_removes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (record, key_file) = create_tenant(dir.path(), "bob", None, &TenantSettings::default(), None).unwrap();
+        let first = KeyFile::load(&key_file).unwrap();
+        let (rotated, again) = rotate_key(dir.path(), "bob", None).unwrap();
+        assert_eq!(again, key_file);
+        let second = KeyFile::load(&key_file).unwrap();
+        assert_eq!((second.version, rotated.key_version, second.id), (2, 2, record.id));
+        assert_ne!(second.key, first.key);
+        assert_eq!(second.key.to_hex(), rotated.key_hex);
+        let (deleted, removed) = delete_tenant(dir.path(), "bob").unwrap();
+        assert_eq!(deleted.name, "bob");
+        assert_eq!(removed, Some(key_file.clone()));
+        assert!(!key_file.exists());
+    }
+
+    #[test]
+    fn an_imported_key_is_a_key_file_or_hex_and_must_be_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let hex = dir.path().join("hex");
+        let key = TenantKey::from_bytes([7; 32]);
+        std::fs::write(&hex, format!("{}\n", key.to_hex())).unwrap();
+        std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(import_key(&hex).unwrap(), key);
+        let file = dir.path().join("file.key");
+        KeyFile { tenant: "x".into(), id: 3, version: 1, key }.write(&file, false).unwrap();
+        assert_eq!(import_key(&file).unwrap(), key);
+        std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(import_key(&hex).unwrap_err().to_string().contains("chmod 600"));
+        std::fs::write(&hex, "not a key").unwrap();
+        std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(import_key(&hex), Err(TenantAdminError::Import { .. })));
+    }
+}

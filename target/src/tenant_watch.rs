@@ -1,0 +1,357 @@
+//! Applying tenant changes to a running target: a thread polls the metadata store's file and,
+//! when it changed, re-reads the tenants and publishes a new [`TenantSnapshot`] through the
+//! target's [`TenantCell`], so a revoked grant or a rotated key is in force within a second.
+//!
+//! The target never keeps the store open: redb locks the file while it is open, and an admin
+//! command must be able to change it. Each read opens it read-only for a few milliseconds
+//! (waiting while an admin command holds it, see [`crate::metadata::read_tenants`]). Why a
+//! polled file and not inotify or a control socket: docs/DECISIONS.md.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use crate::metadata::{read_tenants, MetadataError, METADATA_FILE};
+use crate::namespaces::NamespaceTable;
+use crate::regions::RegionTable;
+use crate::tenants::{TenantCell, TenantRecord, TenantSnapshot};
+
+/// How often the store file is looked at: with a read that takes milliseconds, a change is in
+/// force well within the one second promised.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A file changed less than this long ago is read again at the next poll even if it looks the
+/// same: file times are kept at the kernel's clock tick, so a second write in the tick of the
+/// first, after the read, leaves time, size and inode as they were.
+const RECENT_CHANGE: Duration = Duration::from_secs(1);
+
+/// The tenants of `data_dir`'s store resolved against the spaces served, with the warnings of
+/// [`TenantSnapshot::resolve`] (records left out and why).
+pub fn load_snapshot(
+    data_dir: &Path,
+    regions: &RegionTable,
+    namespaces: &NamespaceTable,
+) -> Result<(TenantSnapshot, Vec<String>), MetadataError> {
+    let records = read_tenants(data_dir)?;
+    Ok(TenantSnapshot::resolve(&records, regions, namespaces))
+}
+
+/// The running watcher; dropping it stops the thread and waits for it (at most one poll).
+#[derive(Debug)]
+pub struct WatchHandle {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        // Closing the channel wakes the thread at once.
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("the tenant watcher thread panicked");
+            }
+        }
+    }
+}
+
+/// Reads the tenants of `data_dir`'s store, publishes them into `cell`, and starts a thread
+/// that publishes them again whenever the store file changes, until the handle drops. Fails
+/// when the store cannot be read now, or the thread cannot start.
+pub fn watch(
+    data_dir: &Path,
+    regions: Arc<RegionTable>,
+    namespaces: Arc<NamespaceTable>,
+    cell: Arc<TenantCell>,
+) -> std::io::Result<WatchHandle> {
+    let mut watcher = Watcher {
+        data_dir: data_dir.to_path_buf(),
+        path: data_dir.join(METADATA_FILE),
+        regions,
+        namespaces,
+        cell,
+        seen: None,
+        records: Vec::new(),
+        recent: false,
+        failing: None,
+    };
+    watcher.reload(true).map_err(std::io::Error::other)?;
+    let (stop, stopped) = mpsc::channel::<()>();
+    let thread = std::thread::Builder::new().name("netdam-tenants".into()).spawn(move || loop {
+        match stopped.recv_timeout(POLL_INTERVAL) {
+            Err(RecvTimeoutError::Timeout) => watcher.poll(),
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        }
+    })?;
+    Ok(WatchHandle { stop: Some(stop), thread: Some(thread) })
+}
+
+/// What identifies one version of the store file: a write changes its time (or size), a
+/// replaced file its inode. `None`: there is no file.
+type Stamp = Option<(u64, u64, u64, i64, i64, i64, i64)>;
+
+fn stamp(path: &Path) -> Stamp {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((
+        metadata.dev(),
+        metadata.ino(),
+        metadata.size(),
+        metadata.mtime(),
+        metadata.mtime_nsec(),
+        metadata.ctime(),
+        metadata.ctime_nsec(),
+    ))
+}
+
+/// Whether `path` was modified less than [`RECENT_CHANGE`] ago (by the wall clock, either way).
+fn changed_recently(path: &Path) -> bool {
+    let Ok(modified) = std::fs::metadata(path).and_then(|metadata| metadata.modified()) else {
+        return false;
+    };
+    let now = SystemTime::now();
+    let age = now.duration_since(modified).or_else(|_| modified.duration_since(now)).unwrap_or_default();
+    age < RECENT_CHANGE
+}
+
+struct Watcher {
+    data_dir: PathBuf,
+    path: PathBuf,
+    regions: Arc<RegionTable>,
+    namespaces: Arc<NamespaceTable>,
+    cell: Arc<TenantCell>,
+    /// The file as it was before the last successful read.
+    seen: Stamp,
+    /// What that read found.
+    records: Vec<TenantRecord>,
+    /// The file had changed shortly before that read: read it again.
+    recent: bool,
+    /// The last read's error, logged once until a read succeeds.
+    failing: Option<String>,
+}
+
+impl Watcher {
+    fn poll(&mut self) {
+        if stamp(&self.path) == self.seen && !self.recent {
+            return;
+        }
+        if let Err(error) = self.reload(false) {
+            let message = error.to_string();
+            if self.failing.as_ref() != Some(&message) {
+                tracing::warn!(error = %message, "cannot re-read the tenants; the ones in force stay until a read succeeds");
+                self.failing = Some(message);
+            }
+        }
+    }
+
+    /// Reads the store and publishes what it holds when that differs from the last read (or
+    /// `always`). The stamp is taken before the read: a write during the read shows at the next poll.
+    fn reload(&mut self, always: bool) -> Result<(), MetadataError> {
+        let before = stamp(&self.path);
+        let records = read_tenants(&self.data_dir)?;
+        self.seen = before;
+        self.recent = changed_recently(&self.path);
+        if self.failing.take().is_some() {
+            tracing::info!("the tenants can be read again");
+        }
+        if !always && records == self.records {
+            return Ok(());
+        }
+        let (snapshot, warnings) = TenantSnapshot::resolve(&records, &self.regions, &self.namespaces);
+        let tenants = snapshot.iter().count();
+        self.cell.publish(snapshot);
+        let generation = self.cell.generation();
+        if warnings.is_empty() && generation <= 1 {
+            // At start: the start line says how many (it must stay the first line).
+            tracing::debug!(tenants, generation, "tenants loaded from the metadata store");
+        } else if warnings.is_empty() {
+            tracing::info!(tenants, generation, "tenants loaded from the metadata store");
+        } else {
+            tracing::warn!(tenants, generation, warnings = %warnings.join("; "), "tenants loaded from the metadata store, some left out");
+        }
+        self.records = records;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ByteSize, RegionBackend, RegionConfig};
+    use crate::metadata::{KnownSpaces, MetadataStore, TenantSettings};
+    use crate::tenants::{GrantRecord, GrantSpace};
+    use netdam_auth::TenantKey;
+    use netdam_isa::extension::Permissions;
+    use std::time::Instant;
+
+    fn spaces(dir: &Path) -> (Arc<RegionTable>, Arc<NamespaceTable>) {
+        let scratch =
+            RegionConfig { name: "scratch".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(65536) };
+        (Arc::new(RegionTable::open(&[scratch], dir).unwrap()), Arc::new(NamespaceTable::open(&[], dir).unwrap()))
+    }
+
+    fn known() -> KnownSpaces {
+        KnownSpaces { regions: vec![("scratch".into(), Some(65536))], namespaces: Vec::new() }
+    }
+
+    fn grant(permissions: &[&str]) -> GrantRecord {
+        GrantRecord {
+            space: GrantSpace::Region("scratch".into()),
+            permissions: permissions.iter().map(|name| name.to_string()).collect(),
+            range: None,
+        }
+    }
+
+    /// Waits up to `limit` for the cell's generation to pass `after`; returns how long it took.
+    fn wait_for_generation(cell: &TenantCell, after: u64, limit: Duration) -> Option<Duration> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if cell.generation() > after {
+                return Some(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    #[test]
+    fn a_changed_grant_is_published_within_a_second_and_nothing_holds_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (regions, namespaces) = spaces(dir.path());
+        {
+            let store = MetadataStore::open(dir.path()).unwrap();
+            store.create_tenant("alice", &TenantKey::generate().unwrap(), &TenantSettings::default()).unwrap();
+            store.grant("alice", &grant(&["read", "write"]), &known()).unwrap();
+        }
+        let cell = Arc::new(TenantCell::default());
+        let handle = watch(dir.path(), regions, namespaces, cell.clone()).unwrap();
+        let (generation, snapshot) = cell.load();
+        let alice = snapshot.iter().next().expect("alice is published at start");
+        let held = alice.region_grant(0).expect("alice holds scratch");
+        assert!(held.allows(Permissions::WRITE, 0, 65536));
+
+        // Between polls nothing holds the store: an admin command opens it at once.
+        let store = MetadataStore::open(dir.path()).expect("the watcher does not keep the store open");
+        store.revoke("alice", &GrantSpace::Region("scratch".into()), Some(&["write".into()])).unwrap();
+        drop(store);
+        let took = wait_for_generation(&cell, generation, Duration::from_secs(1)).expect("published within 1 s");
+        let (generation, snapshot) = cell.load();
+        let held = snapshot.tenant(alice.id).unwrap().region_grant(0).unwrap();
+        assert!(!held.allows(Permissions::WRITE, 0, 1), "write was revoked ({took:?} after the commit)");
+        assert!(held.allows(Permissions::READ, 0, 1));
+
+        // A rotated key too.
+        let old_key = snapshot.tenant(alice.id).unwrap().key;
+        let (_, new_key) = MetadataStore::open(dir.path()).unwrap().rotate_key("alice").unwrap();
+        wait_for_generation(&cell, generation, Duration::from_secs(1)).expect("published within 1 s");
+        let (generation, snapshot) = cell.load();
+        let alice = snapshot.tenant(alice.id).unwrap();
+        assert_eq!((alice.key_version, &alice.key), (2, &new_key));
+        assert_ne!(alice.key, old_key);
+
+        // Nothing changes: nothing is published, and the store is not open in this process.
+        std::thread::sleep(RECENT_CHANGE + 3 * POLL_INTERVAL);
+        assert_eq!(cell.generation(), generation, "an unchanged store publishes nothing");
+        let store_path = dir.path().join(METADATA_FILE).canonicalize().unwrap();
+        let open_here = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .any(|target| target == store_path);
+        assert!(!open_here, "the watcher keeps no descriptor of the store between reads");
+        let started = Instant::now();
+        drop(handle);
+        assert!(started.elapsed() < POLL_INTERVAL * 2, "dropping the handle stops the thread promptly");
+    }
+
+    #[test]
+    fn admin_commands_succeed_while_the_watcher_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (regions, namespaces) = spaces(dir.path());
+        MetadataStore::open(dir.path())
+            .unwrap()
+            .create_tenant("busy", &TenantKey::generate().unwrap(), &TenantSettings::default())
+            .unwrap();
+        let cell = Arc::new(TenantCell::default());
+        let _handle = watch(dir.path(), regions, namespaces, cell.clone()).unwrap();
+        let start_generation = cell.generation();
+        // Every change makes the watcher read (and read again while the file is recent), so
+        // commands and reads keep meeting on the file lock; each command must still succeed.
+        for round in 0..60 {
+            let store = MetadataStore::open(dir.path()).unwrap_or_else(|error| panic!("round {round}: {error}"));
+            if round % 2 == 0 {
+                store.grant("busy", &grant(&["read"]), &known()).unwrap();
+            } else {
+                store.revoke("busy", &GrantSpace::Region("scratch".into()), None).unwrap();
+            }
+            drop(store);
+            std::thread::sleep(Duration::from_millis(round % 7 * 10));
+        }
+        // The last change (a revoke) is what the target ends with.
+        let deadline = Instant::now() + Duration::from_secs(1) + POLL_INTERVAL;
+        loop {
+            let (_, snapshot) = cell.load();
+            let busy = snapshot.iter().next().unwrap();
+            if busy.region_grant(0).is_none() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the last revoke is not in force");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(cell.generation() > start_generation + 1, "changes were published along the way");
+    }
+
+    #[test]
+    fn no_store_means_no_tenants_until_one_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let (regions, namespaces) = spaces(dir.path());
+        let (snapshot, warnings) = load_snapshot(dir.path(), &regions, &namespaces).unwrap();
+        assert!(snapshot.is_empty() && warnings.is_empty());
+        let cell = Arc::new(TenantCell::default());
+        let _handle = watch(dir.path(), regions.clone(), namespaces.clone(), cell.clone()).unwrap();
+        let (generation, snapshot) = cell.load();
+        assert!(snapshot.is_empty());
+        assert!(!dir.path().join(METADATA_FILE).exists(), "the watcher creates no store");
+        let key_file = crate::tenant_admin::ensure_default_tenant(dir.path()).unwrap().unwrap();
+        wait_for_generation(&cell, generation, Duration::from_secs(1)).expect("published within 1 s");
+        let (_, snapshot) = cell.load();
+        let default = snapshot.iter().next().unwrap();
+        assert_eq!(default.name, "default");
+        assert!(default.admin);
+        assert!(default.region_grant(0).unwrap().allows(Permissions::ALL, 0, 65536));
+        assert_eq!(default.key, netdam_auth::KeyFile::load(&key_file).unwrap().key);
+        let (loaded, _) = load_snapshot(dir.path(), &regions, &namespaces).unwrap();
+        assert_eq!(loaded.iter().count(), 1);
+    }
+
+    #[test]
+    fn grants_that_cannot_be_one_are_not_widened() {
+        let dir = tempfile::tempdir().unwrap();
+        let (regions, namespaces) = spaces(dir.path());
+        let record = |grants: Vec<GrantRecord>| TenantRecord {
+            name: "carol".into(),
+            id: 1,
+            key_version: 1,
+            key_hex: "11".repeat(32),
+            class: Default::default(),
+            limits: Default::default(),
+            grants,
+        };
+        let all_read = GrantRecord { space: GrantSpace::All, permissions: vec!["read".into()], range: None };
+        let ranged_write = GrantRecord { range: Some((0, 4096)), ..grant(&["write"]) };
+        // Written past the store (which refuses this pair): the first grant is kept, warned.
+        let (snapshot, warnings) =
+            TenantSnapshot::resolve(&[record(vec![all_read.clone(), ranged_write])], &regions, &namespaces);
+        let held = snapshot.tenant(1).unwrap().region_grant(0).unwrap();
+        assert!(held.allows(Permissions::READ, 0, 65536));
+        assert!(!held.allows(Permissions::WRITE, 8192, 1), "write must not spread past its range");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        // A ranged grant within a wider one that covers it is simply the wider one.
+        let ranged_read = GrantRecord { range: Some((0, 4096)), ..grant(&["read"]) };
+        let (snapshot, warnings) =
+            TenantSnapshot::resolve(&[record(vec![all_read, ranged_read])], &regions, &namespaces);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert!(snapshot.tenant(1).unwrap().region_grant(0).unwrap().allows(Permissions::READ, 0, 65536));
+    }
+}

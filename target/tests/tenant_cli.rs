@@ -1,0 +1,237 @@
+//! `netdam-target tenant|grant|revoke` as a user runs them: the real binary on a temporary data
+//! directory, its key files, its listing, its refusals; and a running target applying each
+//! change within a second while the commands keep coming.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use netdam_auth::{KeyFile, TenantKey};
+use netdam_isa::extension::Permissions;
+
+/// Runs `netdam-target ARGS --data-dir DIR`.
+fn admin(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(args)
+        .arg("--data-dir")
+        .arg(dir)
+        .env("NETDAM_LOG", "warn")
+        .output()
+        .expect("netdam-target runs")
+}
+
+fn text(output: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&output.stdout).into_owned(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// Runs the command, asserts it succeeded, returns its standard output.
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let output = admin(dir, args);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "netdam-target {args:?} failed:\n{stdout}{stderr}");
+    stdout
+}
+
+/// Runs the command, asserts it failed, returns its standard error.
+fn fails(dir: &Path, args: &[&str]) -> String {
+    let output = admin(dir, args);
+    let (stdout, stderr) = text(&output);
+    assert!(!output.status.success(), "netdam-target {args:?} succeeded:\n{stdout}");
+    stderr
+}
+
+fn list_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&ok(dir, &["tenant", "list", "--json"])).expect("tenant list --json prints JSON")
+}
+
+#[test]
+fn create_grant_list_rotate_revoke_delete() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    assert!(ok(dir, &["tenant", "list"]).contains("no tenants"));
+    assert!(!dir.join("metadata.redb").exists(), "listing creates no store");
+
+    let created = ok(dir, &["tenant", "create", "alice", "--class", "best-effort", "--max-sessions", "8"]);
+    let key_path = dir.join("tenants/alice.key");
+    assert!(created.contains(&key_path.display().to_string()), "{created}");
+    assert!(created.contains(&format!("netdam --key {}", key_path.display())), "{created}");
+    assert!(created.contains(&format!("NETDAM_KEY={}", key_path.display())), "{created}");
+    assert!(created.contains("within a second"), "{created}");
+    assert_eq!(std::fs::metadata(&key_path).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(dir.join("tenants")).unwrap().permissions().mode() & 0o777, 0o700);
+    let store_mode = std::fs::metadata(dir.join("metadata.redb")).unwrap().permissions().mode();
+    assert_eq!(store_mode & 0o077, 0, "the store holds keys: owner-only");
+    let first = KeyFile::load(&key_path).expect("the key file loads");
+    assert_eq!((first.tenant.as_str(), first.id, first.version), ("alice", 1, 1));
+
+    let granted = ok(dir, &["grant", "alice", "region:default", "read,write", "--range", "0:64KiB"]);
+    assert!(granted.contains("region:default  read,write  (bytes 0:65536)"), "{granted}");
+    assert!(granted.contains("within a second"), "{granted}");
+
+    let listed = ok(dir, &["tenant", "list"]);
+    assert!(
+        listed.contains("alice") && listed.contains("best-effort") && listed.contains("up to 8 sessions"),
+        "{listed}"
+    );
+    assert!(listed.contains("region:default  read,write  (bytes 0:65536)"), "{listed}");
+    assert!(!listed.contains(&first.key.to_hex()), "the listing shows no key");
+    let json = list_json(dir);
+    let alice = &json[0];
+    assert_eq!(alice["name"], "alice");
+    assert_eq!(alice["id"], 1);
+    assert_eq!(alice["key_version"], 1);
+    assert_eq!(alice["class"], "best-effort");
+    assert_eq!(alice["limits"]["max_sessions"], 8);
+    assert_eq!(alice["grants"][0]["space"]["region"], "default");
+    assert_eq!(alice["grants"][0]["range"], serde_json::json!([0, 65536]));
+    assert!(alice.get("key_hex").is_none() && !json.to_string().contains(&first.key.to_hex()), "{json}");
+
+    let rotated = ok(dir, &["tenant", "rotate-key", "alice"]);
+    assert!(rotated.contains("key version 2") && rotated.contains("end within a second"), "{rotated}");
+    let second = KeyFile::load(&key_path).unwrap();
+    assert_eq!((second.id, second.version), (1, 2));
+    assert_ne!(second.key, first.key);
+
+    let set = ok(dir, &["tenant", "set", "alice", "--cost-per-second", "5000", "--class", "latency-critical"]);
+    assert!(set.contains("latency-critical") && set.contains("5000 cost units/s, burst 5000"), "{set}");
+
+    let revoked = ok(dir, &["revoke", "alice", "region:default", "write"]);
+    assert!(revoked.contains("region:default  read  (bytes 0:65536)"), "{revoked}");
+    let revoked = ok(dir, &["revoke", "alice", "region:default"]);
+    assert!(revoked.contains("holds nothing on region:default"), "{revoked}");
+    assert!(ok(dir, &["tenant", "list"]).contains("(no grant)"));
+
+    let deleted = ok(dir, &["tenant", "delete", "alice"]);
+    assert!(deleted.contains("deleted tenant \"alice\"") && deleted.contains("removed its key file"), "{deleted}");
+    assert!(!key_path.exists());
+    assert_eq!(list_json(dir), serde_json::json!([]));
+}
+
+#[test]
+fn bad_input_names_the_culprit() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    ok(dir, &["tenant", "create", "alice"]);
+    for (args, culprit) in [
+        (&["tenant", "create", "alice"][..], "\"alice\" already exists"),
+        (&["tenant", "create", "bad/name"], "tenant name \"bad/name\""),
+        (&["grant", "alice", "region:default", "read,fly"], "unknown permission \"fly\""),
+        (&["grant", "alice", "region:default", "read", "--range", "4096"], "range \"4096\""),
+        (&["grant", "alice", "region:default", "read", "--range", "0:1GiB"], "past the end of region:default"),
+        (&["grant", "bob", "region:default", "read"], "no tenant named \"bob\""),
+        (&["grant", "alice", "region:nowhere", "read"], "no region:nowhere"),
+        (&["grant", "alice", "disk", "read"], "space \"disk\""),
+        (&["revoke", "alice", "region:default"], "holds no grant on region:default"),
+        (&["revoke", "bob", "all"], "no tenant named \"bob\""),
+        (&["tenant", "delete", "bob"], "no tenant named \"bob\""),
+        (&["tenant", "rotate-key", "bob"], "no tenant named \"bob\""),
+        (&["tenant", "set", "alice"], "nothing to change"),
+        (&["tenant", "set", "alice", "--max-in-flight", "0"], "--max-in-flight 0"),
+        (&["tenant", "set", "alice", "--class", "urgent"], "urgent"),
+    ] {
+        let stderr = fails(dir, args);
+        assert!(stderr.contains(culprit), "netdam-target {args:?}: expected {culprit:?} in:\n{stderr}");
+    }
+    // Nothing of that changed alice.
+    assert_eq!(list_json(dir)[0]["grants"], serde_json::json!([]));
+}
+
+#[test]
+fn keys_can_be_imported_and_written_elsewhere_and_spaces_come_from_the_settings_file() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("data");
+    let key = TenantKey::from_bytes([0x5A; 32]);
+    let hex = home.path().join("imported.hex");
+    std::fs::write(&hex, key.to_hex()).unwrap();
+    std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let import = hex.to_str().unwrap();
+    let elsewhere = home.path().join("keys/bob.key");
+    let args = ["tenant", "create", "bob", "--import-key", import, "--key-file", elsewhere.to_str().unwrap()];
+    assert!(fails(&dir, &args).contains("chmod 600"), "an imported key others can read is refused");
+    std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let created = ok(&dir, &args);
+    assert!(created.contains("imported key") && created.contains(&elsewhere.display().to_string()), "{created}");
+    assert_eq!(KeyFile::load(&elsewhere).unwrap().key, key);
+    assert!(!dir.join("tenants/bob.key").exists());
+    let again = fails(&dir, &["tenant", "create", "carol", "--import-key", import]);
+    assert!(again.contains("\"bob\" holds this key"), "{again}");
+    assert!(!dir.join("tenants/carol.key").exists(), "a refused tenant leaves no key file");
+}
+
+#[test]
+fn a_grant_may_name_a_space_of_the_settings_file() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("data");
+    let config = home.path().join("netdam.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[[region]]\nname = \"fromtoml\"\nbackend = \"mem\"\nsize = \"64KiB\"\n",
+            dir.display().to_string()
+        ),
+    )
+    .unwrap();
+    ok(&dir, &["tenant", "create", "dave"]);
+    assert!(fails(&dir, &["grant", "dave", "region:fromtoml", "read"]).contains("no region:fromtoml"));
+    let config = config.to_str().unwrap();
+    let granted = ok(&dir, &["grant", "dave", "region:fromtoml", "read", "--config", config]);
+    assert!(granted.contains("region:fromtoml  read"), "{granted}");
+    let beyond =
+        fails(&dir, &["grant", "dave", "region:fromtoml", "write", "--range", "60KiB:8KiB", "--config", config]);
+    assert!(beyond.contains("65536 bytes"), "{beyond}");
+}
+
+#[test]
+fn a_running_target_applies_each_change_within_a_second_while_commands_keep_coming() {
+    let served = common::start(vec![common::region("scratch", 1 << 20, false)], 1, 9000);
+    let dir = served.dir.path();
+    let cell = served.target.tenants();
+    assert!(cell.load().1.is_empty());
+    let created = ok(dir, &["tenant", "create", "erin"]);
+    assert!(created.contains("The target running on this data directory"), "{created}");
+    let id = KeyFile::load(&dir.join("tenants/erin.key")).unwrap().id;
+
+    let wait_until = |what: &str, holds: &dyn Fn(Option<Permissions>) -> bool| {
+        let start = Instant::now();
+        loop {
+            let (_, snapshot) = cell.load();
+            let granted = snapshot.tenant(id).and_then(|tenant| tenant.region_grant(0)).map(|grant| grant.permissions);
+            if snapshot.tenant(id).is_some() && holds(granted) {
+                return start.elapsed();
+            }
+            assert!(start.elapsed() < Duration::from_secs(1), "{what} not in force after 1 s (holds {granted:?})");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // Commands run back to back while the target re-reads after each: none may fail.
+    for round in 0..12 {
+        // The test target's region is not in a settings file the command could read: `all` names it.
+        ok(dir, &["grant", "erin", "all", "read,write"]);
+        wait_until("the grant", &|held| held == Some(Permissions::READ.union(Permissions::WRITE)));
+        ok(dir, &["revoke", "erin", "all", "write"]);
+        let took = wait_until("the revoke", &|held| held == Some(Permissions::READ));
+        ok(dir, &["revoke", "erin", "all"]);
+        wait_until("the whole revoke", &|held| held.is_none());
+        if round == 0 {
+            eprintln!("a revoke was in force {took:?} after its command returned");
+        }
+    }
+    let generation = cell.generation();
+    ok(dir, &["tenant", "rotate-key", "erin"]);
+    let start = Instant::now();
+    while cell.load().1.tenant(id).unwrap().key_version != 2 {
+        assert!(start.elapsed() < Duration::from_secs(1), "the rotated key is not in force after 1 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(cell.generation() > generation);
+    assert_eq!(cell.load().1.tenant(id).unwrap().key, KeyFile::load(&dir.join("tenants/erin.key")).unwrap().key);
+    ok(dir, &["tenant", "delete", "erin"]);
+    let start = Instant::now();
+    while cell.load().1.tenant(id).is_some() {
+        assert!(start.elapsed() < Duration::from_secs(1), "the deleted tenant is still in force after 1 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
