@@ -106,6 +106,9 @@ backend = "mem"
 size = "64MiB"
 EOF
 build/release/netdam-target --config "$work/target.toml" >"$work/target.log" 2>&1 &
+# The target requires tenants (the default) and created its default tenant's key file: the
+# netdam CLI and the fio engine take it from NETDAM_KEY.
+export NETDAM_KEY="$work/tenants/default.key"
 target_pid=$!
 ready=0
 for _ in $(seq 100); do

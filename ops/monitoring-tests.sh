@@ -170,6 +170,8 @@ path = "disk.region"
 size = "64MiB"
 EOF
 "$bin/netdam-target" --config "$work/netdam.toml" >"$work/target.log" 2>&1 &
+# The default tenant's key file, which the target created (it requires tenants by default).
+export NETDAM_KEY="$work/tenants/default.key"
 pids+=($!)
 for _ in $(seq 50); do "$bin/netdam" --target "$target" ping >/dev/null 2>&1 && break; sleep 0.1; done
 "$bin/netdam" --target "$target" ping >/dev/null || fatal "the target did not start: $(cat "$work/target.log")"

@@ -41,6 +41,8 @@ target="127.0.0.1:$port"
 "$bin/netdam-target" namespace create disk --backend file --path disk.img --size 256MiB --data-dir "$work" >/dev/null
 "$bin/netdam-target" --data-dir "$work" --listen "$target" --metrics-listen 127.0.0.1:0 --poll blocking >"$work/target.log" 2>&1 &
 pids+=($!)
+# The target requires tenants (the default); the exports use its default tenant's key file.
+export NETDAM_KEY="$work/tenants/default.key"
 for _ in $(seq 50); do "$bin/netdam" --target "$target" ping >/dev/null 2>&1 && break; sleep 0.1; done
 "$bin/netdam" --target "$target" ping >/dev/null || fail "the target did not start: $(cat "$work/target.log")"
 

@@ -59,6 +59,9 @@ start_target() {
   fail "the target did not start: $(tail -5 "$work/target.log")"
 }
 start_target
+# The target requires tenants (the default); the export uses its default tenant's key file,
+# which stays valid across the restarts (the store keeps the tenant).
+export NETDAM_KEY="$work/tenants/default.key"
 
 "$bin/netdam" --target "$target" nbd --namespace disk --listen "unix:$work/nbd.sock" --reconnect-timeout 30 \
   >"$work/nbd.log" 2>&1 &

@@ -69,6 +69,8 @@ size = "64MiB"
 TOML
 ip netns exec "$target_ns" "$bin/netdam-target" serve --config "$work/target.toml" > "$work/target.log" 2>&1 &
 target_pid=$!
+# The target requires tenants (the default): its default tenant's key file, for every initiator.
+export NETDAM_KEY="$work/tenants/default.key"
 for _ in $(seq 1 50); do
   ip netns exec "${p}i1" "$bin/netdam" --target 10.201.0.1:7800 ping >/dev/null 2>&1 && break
   sleep 0.1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the README's Performance section on this machine: every netdam-bench report (JSON,
-# markdown and PNG plots) into the directory given (default docs/results). Takes about 12 minutes
+# markdown and PNG plots) into the directory given (default docs/results). Takes about 14 minutes
 # and wants the machine otherwise idle. Timings are measurements, never pass/fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +13,7 @@ $bench latency --requests 100000 --warmup 10000 --poll busy,adaptive \
 $bench throughput --depths 1,2,4,8,16,32,64,128 --seconds 2 --out "$out" > /dev/null
 $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 1 --seconds 2 --out "$out/bread-4k" > /dev/null
 $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 2 --seconds 2 --out "$out/bread-4k-batch2" > /dev/null
+$bench allreduce --workers 2,4,8 --sizes 1MiB,16MiB,64MiB --repeats 3 --out "$out" > /dev/null
 $bench block --poll busy --out "$out/block-busy" > /dev/null
 $bench block --poll adaptive --out "$out/block-adaptive" > /dev/null
 # fio through the engine and through `netdam nbd`, beside nbdkit: busy polling (the goals of the

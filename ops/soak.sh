@@ -95,6 +95,7 @@ EOF
 "$bin/netdam-target" serve --config "$work/soak.toml" >"$work/target.log" 2>&1 &
 target_pid=$!
 pids+=("$target_pid")
+export NETDAM_KEY="$work/tenants/default.key"
 for _ in $(seq 100); do "$bin/netdam" --target "$target" ping >/dev/null 2>&1 && break; sleep 0.1; done
 "$bin/netdam" --target "$target" ping >/dev/null || fail "the target did not start: $(cat "$work/target.log")"
 

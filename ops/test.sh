@@ -131,6 +131,9 @@ ls "$smoke_results"
 ./build/release/netdam-bench compare "$smoke_results/throughput.json" "$smoke_results/throughput.json" --fail-on-worse | tail -1
 rm -rf "$smoke_results"
 ./build/release/netdam-bench sim --workload incast --initiators 8 --millis 2 > /dev/null
+# Four worker processes Allreduce 1 MiB through the target and by host-side reduction; the run
+# fails unless every worker's result, by both methods, is the exact i32 sum.
+./build/release/netdam-bench allreduce --workers 4 --sizes 1MiB --repeats 1 > /dev/null
 if command -v fio >/dev/null; then
   ./build/release/netdam-bench block --file-size 64MiB --seconds 0.5 --depths 1,8
 else

@@ -14,7 +14,7 @@ use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::LaneType;
 use netdam_metrics::MetricsListen;
-use netdam_target::config::{Config, PollMode};
+use netdam_target::config::{Config, EngineChoice, PollMode};
 use netdam_target::Target;
 
 use crate::floor;
@@ -94,6 +94,11 @@ pub struct LatencyArgs {
     /// Lock the process's memory (the target's default), or not.
     #[arg(long, value_enum, default_value_t = crate::OnOff::On)]
     pub lock_memory: crate::OnOff,
+    /// The target's engine: software, auto, or fpga=PATH (a `netdam-fpga-model` window; start
+    /// the model with `--device-memory-bytes 67108864` or more so that the 64 MiB bench region
+    /// is placed on it).
+    #[arg(long, default_value = "software", value_name = "software|auto|fpga[=PATH]")]
+    pub engine: EngineChoice,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -128,6 +133,8 @@ pub struct LatencyCase {
     pub target_service_p50_ns: Option<u64>,
     /// With `--metrics-compare`: netdam with metrics off (`netdam` is then the metrics-on runs).
     pub metrics_off: Option<Summary>,
+    /// The engine the target ran (`software` or `fpga`).
+    pub engine: &'static str,
 }
 
 const NAMESPACE_BLOCK: u32 = 512;
@@ -176,11 +183,18 @@ fn answer_data(op: BenchOp, bytes: u32) -> usize {
     }
 }
 
-fn target_config(data_dir: &Path, poll: LatencyPoll, pin: bool, lock_memory: bool, metrics: bool) -> Config {
+fn target_config(
+    data_dir: &Path,
+    poll: LatencyPoll,
+    pin: bool,
+    lock_memory: bool,
+    metrics: bool,
+    engine: &EngineChoice,
+) -> Config {
     let namespace = crate::target::pmem_namespace("bench-namespace.region", 32 << 20, NAMESPACE_BLOCK);
     let config = crate::target::config(data_dir, poll.target(), namespace);
     let metrics_listen = if metrics { config.metrics_listen } else { MetricsListen::Off };
-    Config { pin_workers: pin, lock_memory, metrics_listen, ..config }
+    Config { pin_workers: pin, lock_memory, metrics_listen, engine: engine.clone(), ..config }
 }
 
 /// CPU time the thread named `name` of this process has used, from /proc.
@@ -224,14 +238,23 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
     let mut cases = Vec::new();
     for &poll in &args.poll {
         let start_with = |metrics: bool| {
-            Target::start(&target_config(
+            let target = Target::start(&target_config(
                 scratch.path(),
                 poll,
                 args.pin == crate::OnOff::On,
                 args.lock_memory == crate::OnOff::On,
                 metrics,
+                &args.engine,
             ))
-            .unwrap_or_else(|error| panic!("netdam target: {error}"))
+            .unwrap_or_else(|error| panic!("netdam target: {error}"));
+            // Memory instructions through the device only if the bench region is on it.
+            if target.engine_name() == "fpga" && !target.engine_state().region_on_device(0) {
+                panic!(
+                    "the 64 MiB bench region does not fit in the device's memory: start netdam-fpga-model \
+                     with --device-memory-bytes 67108864 or more"
+                );
+            }
+            target
         };
         let start = || start_with(true);
         let idle_worker_cpu = if with_netdam {
@@ -242,6 +265,16 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
         } else {
             None
         };
+        // Started once to learn the engine's name: `auto` may find a device or not.
+        let engine = if with_netdam {
+            let target = start();
+            let name = target.engine_name();
+            target.stop();
+            name
+        } else {
+            "software"
+        };
+        let labelled = |what: String| if engine == "software" { what } else { format!("{what}, {engine} engine") };
         for &op in &args.ops {
             let sizes: &[u32] = if matches!(op, BenchOp::Cas | BenchOp::FetchAdd) { &[8] } else { &args.sizes };
             let mut measured_bytes = Vec::new();
@@ -278,14 +311,15 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
                             off.add(&histogram).expect("histograms of one shape add");
                         }
                     }
-                    metrics_off = Some(Summary::new(format!("netdam {name} {bytes} B, metrics off"), &off));
-                    let on = Summary::new(format!("netdam {name} {bytes} B, metrics on"), &on);
-                    (Some(on), retransmissions, Some(service))
+                    metrics_off = Some(Summary::new(labelled(format!("netdam {name} {bytes} B, metrics off")), &off));
+                    let metrics_on = Summary::new(labelled(format!("netdam {name} {bytes} B, metrics on")), &on);
+                    (Some(metrics_on), retransmissions, Some(service))
                 } else if with_netdam {
                     let target = start();
                     let (histogram, retransmissions, service) = measure_netdam(&target, args, poll, op, size, &payload);
                     target.stop();
-                    (Some(Summary::new(format!("netdam {name} {bytes} B"), &histogram)), retransmissions, Some(service))
+                    let summary = Summary::new(labelled(format!("netdam {name} {bytes} B")), &histogram);
+                    (Some(summary), retransmissions, Some(service))
                 } else {
                     (None, 0, None)
                 };
@@ -299,6 +333,7 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
                     retransmissions,
                     target_service_p50_ns: service,
                     metrics_off,
+                    engine,
                 });
             }
         }

@@ -1,6 +1,7 @@
 //! `netdam-bench`: where netdam stands on this machine, measured against the floor of the
 //! machine in the same run. Absolute times hold for this machine only; the ratios are the result.
 
+mod allreduce;
 mod block;
 mod compare;
 mod fio;
@@ -37,6 +38,9 @@ use netdam_initiator::{Client, Op};
 ///   through `netdam nbd` (fio's nbd engine, TCP and Unix socket) and through `nbdkit memory`
 ///   (the peer), on memory-backed storage in the same run; IOPS, p50/p99/p99.9 of total latency
 ///   and goals as ratios to nbdkit and to `throughput`'s client.
+/// - `allreduce`: Allreduce through the target (VADD, FETCH_ADD barrier, READ) against host-side
+///   reduction (each worker reads every other worker's buffer and sums it), N worker processes
+///   for N = 2, 4, 8 and 1 to 64 MiB buffers: time, bytes on the wire per worker (counted), speedup.
 /// - `compare OLD.json NEW.json`: the regression guard; every figure of two reports of the same
 ///   kind, with the ones that moved past a threshold (10% by default) flagged worse or better.
 /// - `sim`, `sim-table`, `load`: the congestion-control simulator and the incast load generator.
@@ -68,6 +72,13 @@ enum Command {
     /// `netdam nbd` and through `nbdkit memory` (TCP and Unix socket), on memory-backed storage;
     /// IOPS, latency percentiles and goals as ratios to nbdkit in the same run.
     Fio(fio::FioArgs),
+    /// Allreduce through the target (VADD into an accumulator, FETCH_ADD barrier, READ) against
+    /// host-side reduction (WRITE, barrier, READ every other buffer, sum locally), with N worker
+    /// processes; time, bytes on the wire per worker and speedup, and the results checked exact.
+    Allreduce(allreduce::AllreduceArgs),
+    /// One worker process of `allreduce` (started by it).
+    #[command(hide = true)]
+    AllreduceWorker(allreduce::WorkerArgs),
     /// Two reports of the same kind (the JSON `--out` writes), figure by figure: each figure's
     /// change, and the figures of merit that moved past a threshold flagged worse or better.
     Compare(compare::CompareArgs),
@@ -109,6 +120,9 @@ struct LoadArgs {
     /// Swift's fabric base target delay, µs: must exceed the fabric's unloaded round trip.
     #[arg(long)]
     base_target_us: Option<u64>,
+    /// The tenant's key file (else the default tenant's, as `netdam` finds it).
+    #[arg(long, env = "NETDAM_KEY", value_name = "FILE")]
+    key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -194,6 +208,18 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        Command::Allreduce(args) => {
+            if let Err(message) = allreduce::run(&args) {
+                eprintln!("netdam-bench allreduce: {message}");
+                std::process::exit(1);
+            }
+        }
+        Command::AllreduceWorker(args) => {
+            if let Err(message) = allreduce::worker(&args) {
+                eprintln!("netdam-bench allreduce worker: {message}");
+                std::process::exit(1);
+            }
+        }
         Command::Compare(args) => {
             if let Err(message) = compare::run(&args) {
                 eprintln!("netdam-bench compare: {message}");
@@ -227,6 +253,8 @@ fn load(args: &LoadArgs) {
         println!("{}", serde_json::json!({ "error": message }));
         std::process::exit(1);
     };
+    session.credentials =
+        netdam_initiator::keys::resolve(args.key.as_deref()).unwrap_or_else(|error| fail(format!("--key: {error}")));
     let mut client = Client::connect_with(args.target, ClientOptions { session, ..ClientOptions::default() })
         .unwrap_or_else(|error| fail(format!("connect: {error}")));
     let space = client.region(&args.region).map(|region| region.id).unwrap_or_else(|error| fail(error.to_string()));

@@ -187,3 +187,93 @@ pub fn throughput(points: &[Point], dir: &Path) -> Result<Vec<String>, String> {
     root.present().map_err(|e| e.to_string())?;
     Ok(vec!["throughput.png".into(), "throughput-latency.png".into()])
 }
+
+/// `allreduce.png`: per buffer size, time against workers (left, log scale) and bytes on the wire
+/// per worker (right); through the target solid, host-side dashed.
+pub fn allreduce(points: &[crate::allreduce::PlotPoint], dir: &Path) -> Result<Vec<String>, String> {
+    if !font_ready() {
+        return Err(format!("no font for plot text (looked for {}): plots skipped", FONT_FILES.join(", ")));
+    }
+    if points.is_empty() {
+        return Ok(Vec::new());
+    }
+    let name = "allreduce.png";
+    let path = dir.join(name);
+    let root = BitMapBackend::new(&path, (1200, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let (left, right) = root.split_horizontally(600);
+    let mut sizes: Vec<u64> = points.iter().map(|p| p.bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let most_workers = points.iter().map(|p| p.workers).max().unwrap_or(2) as f64;
+    type Pick = fn(&crate::allreduce::PlotPoint) -> (f64, f64);
+    let panels: [(_, &str, &str, bool, Pick); 2] = [
+        (&left, "Time until every worker holds the sum", "ms (log scale)", true, |p| (p.target_ms, p.host_ms)),
+        (&right, "Bytes on the wire per worker", "MiB (log scale)", false, |p| {
+            (p.target_wire_bytes / f64::from(1u32 << 20), p.host_wire_bytes / f64::from(1u32 << 20))
+        }),
+    ];
+    for (area, caption, unit, is_time, pick) in panels {
+        let area: &DrawingArea<BitMapBackend, _> = area;
+        let values = points.iter().flat_map(|p| {
+            let (target, host) = pick(p);
+            [target, host]
+        });
+        let (low, high) = values.fold((f64::MAX, 0.0f64), |(low, high), v| (low.min(v), high.max(v)));
+        let low = (low * 0.7).max(if is_time { 0.01 } else { 0.001 });
+        let mut chart = ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 18))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(1.5f64..most_workers + 0.5, (low..high * 1.5).log_scale())
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("worker processes")
+            .y_desc(unit)
+            .x_labels(8)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (index, bytes) in sizes.iter().enumerate() {
+            let color = Palette99::pick(index).to_rgba();
+            let mut series: Vec<(f64, f64, f64)> = points
+                .iter()
+                .filter(|p| p.bytes == *bytes)
+                .map(|p| {
+                    let (target, host) = pick(p);
+                    (f64::from(p.workers), target, host)
+                })
+                .collect();
+            series.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let size = crate::allreduce::size_name(*bytes);
+            chart
+                .draw_series(LineSeries::new(series.iter().map(|s| (s.0, s.1)), color.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(format!("{size}, through the target"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            chart
+                .draw_series(series.iter().map(|s| Circle::new((s.0, s.1), 3, color.filled())))
+                .map_err(|e| e.to_string())?;
+            chart
+                .draw_series(DashedLineSeries::new(series.iter().map(|s| (s.0, s.2)), 6, 4, color.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(format!("{size}, host-side"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 8, y)], color.stroke_width(2)));
+            chart
+                .draw_series(series.iter().map(|s| TriangleMarker::new((s.0, s.2), 4, color.filled())))
+                .map_err(|e| e.to_string())?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(|e| e.to_string())?;
+    }
+    root.present().map_err(|e| e.to_string())?;
+    Ok(vec![name.to_string()])
+}

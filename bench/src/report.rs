@@ -81,7 +81,8 @@ fn latency_json(cases: &[LatencyCase], args: &LatencyArgs) -> serde_json::Value 
         .iter()
         .map(|case| {
             let netdam = case.netdam.as_ref();
-            json!({"op": case.op, "bytes": case.size, "poll": case.poll.name(), "floor": case.floor.to_json(),
+            json!({"op": case.op, "bytes": case.size, "poll": case.poll.name(), "engine": case.engine,
+                   "floor": case.floor.to_json(),
                    "netdam": netdam.map(Summary::to_json),
                    "p50_ratio": netdam.map(|n| ratio(n.p50, case.floor.p50)),
                    "p999_ratio": netdam.map(|n| ratio(n.p999, case.floor.p999)),

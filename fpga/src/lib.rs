@@ -4,16 +4,17 @@
 //!
 //! - [`registers`]: the register map at the start of the window, and the region table.
 //! - [`Descriptor`] (64 bytes) and [`CompletionEntry`] (16 bytes): the ring entries.
-//! - [`window`]: the memory the two sides share (a file mapping today; VFIO BAR later).
+//! - [`window`]: the memory the two sides share (a model's file or a sysfs `resource0`), and
+//!   the probe `auto` runs.
 //! - [`driver`]: the host side: submit and reap without blocking, wedge and reset detection.
 //! - [`conformance`]: seeded instruction streams that every engine must answer alike.
 //! - [`model`]: the device side in software, as a thread or as the `netdam-fpga-model` binary.
 //! - [`nvme`]: real NVMe SQE/CQE layouts and a model of the SSD behind the device's NVMe
 //!   controller (the controller logic that builds SQEs from block descriptors comes later).
 //!
-//! The seam for the target: an `FpgaEngine` implementing `netdam_isa::engine::Engine` would
-//! own a [`driver::Driver`], submit each memory instruction and reap its completion; it is not
-//! built yet (see FPGA.md, "Seam").
+//! The seam for the target: its `FpgaEngine` (crate `netdam-target`) implements
+//! `netdam_isa::engine::Engine` over a [`driver::Driver`], submitting each memory instruction
+//! and reaping its completion (FPGA.md, "Seam").
 
 pub mod conformance;
 pub mod driver;

@@ -206,7 +206,7 @@ pub enum WindowError {
         path: String,
     },
     /// The device exists but this build cannot map it that way yet.
-    #[error("{what} at {path} found, but mapping it is not built yet (FPGA.md §1); use a model window (file:PATH)")]
+    #[error("{what} at {path} found, but mapping it is not built yet (FPGA.md §1); use resource0:ADDRESS or a model window (file:PATH)")]
     NotBuilt {
         /// The kind of window.
         what: &'static str,
@@ -253,14 +253,14 @@ impl std::str::FromStr for WindowSource {
 
 impl WindowSource {
     /// Probes and opens the window; `sysfs` is normally `/sys` (a directory tree in tests).
-    /// VFIO and `resource0` are probed (does the device exist, is it bound to `vfio-pci`) and
-    /// then refused as not built yet.
+    /// A `resource0:` source maps the function's sysfs `resource0` file with the code that maps a
+    /// model's window file (root only: the kernel refuses the mapping to anyone else). A `vfio:`
+    /// source is probed (does the function exist, is it bound to `vfio-pci`) and then refused:
+    /// mapping through VFIO is not built.
     pub fn open(&self, sysfs: &Path) -> Result<std::sync::Arc<dyn Window>, WindowError> {
         let device = |pci_address: &str| sysfs.join("bus/pci/devices").join(pci_address);
         match self {
-            WindowSource::File { path } => FileWindow::open(path)
-                .map(|window| std::sync::Arc::new(window) as std::sync::Arc<dyn Window>)
-                .map_err(|source| WindowError::File { path: path.display().to_string(), source }),
+            WindowSource::File { path } => open_file(path),
             WindowSource::Vfio { pci_address } => {
                 let driver = device(pci_address).join("driver");
                 let bound = std::fs::read_link(&driver)
@@ -277,10 +277,124 @@ impl WindowSource {
                 if !resource.exists() {
                     return Err(WindowError::NotFound { what: "BAR0", path: resource.display().to_string() });
                 }
-                Err(WindowError::NotBuilt { what: "sysfs resource0", path: resource.display().to_string() })
+                open_file(&resource)
             }
         }
     }
+}
+
+/// Maps a window file: a model's window, or a PCI function's sysfs `resource0` (one code path).
+fn open_file(path: &Path) -> Result<std::sync::Arc<dyn Window>, WindowError> {
+    FileWindow::open(path)
+        .map(|window| std::sync::Arc::new(window) as std::sync::Arc<dyn Window>)
+        .map_err(|source| WindowError::File { path: path.display().to_string(), source })
+}
+
+/// PCI vendor id of a netdam card: the FPGA vendor's (Xilinx), under which the bitstream sets
+/// its own device id. `auto` maps only functions with both ids, then checks `DEVICE_ID`.
+pub const PCI_VENDOR_ID: u16 = 0x10EE;
+/// PCI device id the netdam bitstream reports ("ND").
+pub const PCI_DEVICE_ID: u16 = 0x4E44;
+
+/// Where [`probe`] looks: `/dev` and `/sys` normally, directory trees in tests.
+#[derive(Debug, Clone)]
+pub struct ProbeRoots {
+    /// Holds `vfio/` when the vfio-pci driver is loaded.
+    pub dev: std::path::PathBuf,
+    /// Holds `bus/pci/devices/`.
+    pub sysfs: std::path::PathBuf,
+}
+
+impl Default for ProbeRoots {
+    fn default() -> ProbeRoots {
+        ProbeRoots { dev: "/dev".into(), sysfs: "/sys".into() }
+    }
+}
+
+/// A window [`probe`] found and mapped.
+pub struct Probed {
+    /// What was mapped, for the log line (`resource0:0000:3b:00.0`, `file:PATH`).
+    pub source: String,
+    /// The mapping.
+    pub window: std::sync::Arc<dyn Window>,
+}
+
+impl std::fmt::Debug for Probed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probed").field("source", &self.source).finish_non_exhaustive()
+    }
+}
+
+/// PCI functions under `sysfs` whose vendor and device ids are a netdam card's, sorted.
+fn netdam_functions(sysfs: &Path) -> Vec<String> {
+    let id = |device: &Path, file: &str| {
+        std::fs::read_to_string(device.join(file))
+            .ok()
+            .and_then(|text| u16::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok())
+    };
+    let Ok(entries) = std::fs::read_dir(sysfs.join("bus/pci/devices")) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let path = entry.path();
+            id(&path, "vendor") == Some(PCI_VENDOR_ID) && id(&path, "device") == Some(PCI_DEVICE_ID)
+        })
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| is_pci_address(name))
+        .collect();
+    found.sort();
+    found
+}
+
+/// `auto`'s search, in FPGA.md §1's order: VFIO, then the `resource0` of a function with the
+/// netdam PCI ids whose BAR0 holds `DEVICE_ID`, then `model_window` if one is configured. The
+/// first window found is returned; with none, one line saying why each way failed, for the
+/// log line of the fallback to software.
+pub fn probe(roots: &ProbeRoots, model_window: Option<&Path>) -> Result<Probed, String> {
+    let mut misses = Vec::new();
+    let functions = netdam_functions(&roots.sysfs);
+    let vfio = roots.dev.join("vfio");
+    if !vfio.exists() {
+        misses.push(format!("VFIO: {} does not exist (vfio-pci not loaded)", vfio.display()));
+    } else {
+        let bound: Vec<&String> = functions
+            .iter()
+            .filter(|address| {
+                let driver = roots.sysfs.join("bus/pci/devices").join(address).join("driver");
+                std::fs::read_link(driver).ok().is_some_and(|target| target.ends_with("vfio-pci"))
+            })
+            .collect();
+        match bound.first() {
+            None => misses.push("VFIO: no netdam card bound to vfio-pci".to_string()),
+            Some(address) => misses.push(format!("VFIO: card {address} found, but mapping through VFIO is not built")),
+        }
+    }
+    if functions.is_empty() {
+        misses.push(format!("resource0: no PCI function {PCI_VENDOR_ID:04x}:{PCI_DEVICE_ID:04x} in sysfs"));
+    }
+    for address in &functions {
+        let source = WindowSource::Resource0 { pci_address: address.clone() };
+        match source.open(&roots.sysfs) {
+            Ok(window) => {
+                let found = window.u32_at(crate::registers::DEVICE_ID).load(std::sync::atomic::Ordering::Acquire);
+                if found == crate::DEVICE_ID {
+                    return Ok(Probed { source: format!("resource0:{address}"), window });
+                }
+                misses.push(format!("resource0:{address}: DEVICE_ID {found:#010x} is not netdam's"));
+            }
+            Err(error) => misses.push(format!("resource0: {error}")),
+        }
+    }
+    match model_window {
+        None => misses.push("model: no fpga_window configured".to_string()),
+        Some(path) => match open_file(path) {
+            Ok(window) => return Ok(Probed { source: format!("file:{}", path.display()), window }),
+            Err(error) => misses.push(format!("model: {error}")),
+        },
+    }
+    Err(misses.join("; "))
 }
 
 #[cfg(test)]
@@ -309,7 +423,7 @@ mod tests {
     }
 
     #[test]
-    fn pci_windows_are_probed_and_refused_as_not_built() {
+    fn vfio_is_probed_and_refused_as_not_built_and_resource0_is_mapped() {
         let sysfs = tempfile::tempdir().unwrap();
         let vfio: WindowSource = "vfio:0000:3b:00.0".parse().unwrap();
         let resource: WindowSource = "resource0:0000:3b:00.0".parse().unwrap();
@@ -320,8 +434,52 @@ mod tests {
         std::fs::write(device.join("resource0"), b"").unwrap();
         std::os::unix::fs::symlink("../../../bus/pci/drivers/vfio-pci", device.join("driver")).unwrap();
         assert!(matches!(vfio.open(sysfs.path()), Err(WindowError::NotBuilt { .. })));
-        assert!(matches!(resource.open(sysfs.path()), Err(WindowError::NotBuilt { .. })));
+        // An empty resource0 is no window: mapping it fails, naming the file.
+        let refused = resource.open(sysfs.path()).err().unwrap().to_string();
+        assert!(refused.contains("resource0") && refused.contains("register block"), "{refused}");
+        // One the size of a BAR maps, as a model's window file does.
+        let bar = std::fs::File::options().write(true).open(device.join("resource0")).unwrap();
+        bar.set_len(2 * crate::registers::REGISTER_BLOCK_BYTES).unwrap();
+        assert_eq!(resource.open(sysfs.path()).unwrap().len(), 2 * crate::registers::REGISTER_BLOCK_BYTES as usize);
         let missing: WindowSource = "file:no-such-window".parse().unwrap();
         assert!(matches!(missing.open(sysfs.path()), Err(WindowError::File { .. })));
+    }
+
+    #[test]
+    fn probe_tries_vfio_then_resource0_then_the_model_window_and_says_why_it_found_none() {
+        let roots = tempfile::tempdir().unwrap();
+        let roots = ProbeRoots { dev: roots.path().join("dev"), sysfs: roots.path().join("sys") };
+        std::fs::create_dir_all(&roots.dev).unwrap();
+        let why = probe(&roots, None).unwrap_err();
+        assert!(why.contains("vfio") && why.contains("does not exist"), "{why}");
+        assert!(why.contains("no PCI function 10ee:4e44") && why.contains("no fpga_window"), "{why}");
+
+        // A card of another kind, and a netdam card whose BAR0 holds the register block.
+        let devices = roots.sysfs.join("bus/pci/devices");
+        for (address, vendor) in [("0000:01:00.0", "0x8086"), ("0000:3b:00.0", "0x10ee")] {
+            std::fs::create_dir_all(devices.join(address)).unwrap();
+            std::fs::write(devices.join(address).join("vendor"), format!("{vendor}\n")).unwrap();
+            std::fs::write(devices.join(address).join("device"), "0x4e44\n").unwrap();
+            let bar = std::fs::File::create(devices.join(address).join("resource0")).unwrap();
+            bar.set_len(crate::registers::REGISTER_BLOCK_BYTES).unwrap();
+        }
+        let why = probe(&roots, None).unwrap_err();
+        assert!(why.contains("resource0:0000:3b:00.0: DEVICE_ID 0x00000000"), "{why}");
+        let bar = FileWindow::open(&devices.join("0000:3b:00.0/resource0")).unwrap();
+        bar.u32_at(crate::registers::DEVICE_ID).store(crate::DEVICE_ID, std::sync::atomic::Ordering::Release);
+        let found = probe(&roots, None).unwrap();
+        assert_eq!(found.source, "resource0:0000:3b:00.0");
+
+        // /dev/vfio present but no card bound to vfio-pci: said so, and resource0 still serves.
+        std::fs::create_dir_all(roots.dev.join("vfio")).unwrap();
+        assert_eq!(probe(&roots, None).unwrap().source, "resource0:0000:3b:00.0");
+
+        // Without a card, a configured model window is the last resort.
+        std::fs::remove_dir_all(&devices).unwrap();
+        let model = roots.dev.join("window");
+        drop(FileWindow::create(&model, 2 * crate::registers::REGISTER_BLOCK_BYTES as usize).unwrap());
+        assert_eq!(probe(&roots, Some(&model)).unwrap().source, format!("file:{}", model.display()));
+        let why = probe(&roots, Some(&roots.dev.join("missing"))).unwrap_err();
+        assert!(why.contains("no netdam card bound to vfio-pci") && why.contains("missing"), "{why}");
     }
 }

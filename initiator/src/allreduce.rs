@@ -7,8 +7,9 @@
 //! maximum: the `vmax` extension, which the target must enable) of its chunk into the
 //! accumulator then FETCH_ADD of 1 to the chunk's counter: a datagram executes in
 //! order on one worker, so a counter counts only contributions already added (the barrier).
-//! Chunks are pipelined (the session's window). Then the worker polls the counters with READs and
-//! reads each chunk whose counter reached N. Both instructions are non-idempotent and execute
+//! Chunks are pipelined (the session's window). Then the worker polls the counters of the first
+//! chunks still pending with READs and reads back each run of chunks whose counters reached N
+//! (one pipelined READ per run). Both instructions are non-idempotent and execute
 //! at most once (the target replays their stored answer to a retransmission), so loss neither
 //! drops nor doubles a contribution.
 //!
@@ -223,33 +224,47 @@ pub fn allreduce(
     while let Some(ticket) = tickets.pop_front() {
         check_both(client.wait(ticket)?)?;
     }
-    // 2. Wait for every chunk's N contributions, then read it.
+    // 2. Wait for every chunk's N contributions, then read it. Each poll reads the counters of
+    // the first chunks still pending (one datagram's worth: chunks complete roughly in order),
+    // and each run of consecutive complete chunks is read back in one pipelined READ.
     let started = Instant::now();
     let chunk_count = plan.chunk_count();
     let mut done = vec![false; chunk_count];
-    let mut remaining = chunk_count;
+    let mut first_pending = 0;
     let mut counters = vec![0u8; 8 * chunk_count];
     let mut pause = Duration::from_micros(50);
-    while remaining > 0 {
-        client.read(plan.space, plan.offset, &mut counters)?;
+    while first_pending < chunk_count {
+        let last = (first_pending + COUNTERS_PER_POLL).min(chunk_count);
+        client.read(plan.space, plan.offset + 8 * first_pending as u64, &mut counters[8 * first_pending..8 * last])?;
+        let complete = |index: usize| {
+            let arrived = u64::from_le_bytes(counters[8 * index..8 * index + 8].try_into().expect("8 bytes"));
+            arrived >= u64::from(plan.workers)
+        };
         let mut progressed = false;
-        for (index, (at, position, len)) in chunks(plan.accumulator(), plan.len, plan.chunk_bytes).enumerate() {
-            if done[index] {
+        let mut index = first_pending;
+        while index < last {
+            if done[index] || !complete(index) {
+                index += 1;
                 continue;
             }
-            let arrived = u64::from_le_bytes(counters[8 * index..8 * index + 8].try_into().expect("8 bytes"));
-            if arrived >= u64::from(plan.workers) {
-                client.read(plan.space, at, &mut result[position..position + len])?;
+            let run_start = index;
+            while index < last && !done[index] && complete(index) {
                 done[index] = true;
-                remaining -= 1;
-                progressed = true;
+                index += 1;
             }
+            let position = run_start * plan.chunk_bytes;
+            let end = (index * plan.chunk_bytes).min(plan.len);
+            client.read(plan.space, plan.accumulator() + position as u64, &mut result[position..end])?;
+            progressed = true;
         }
-        if remaining == 0 {
+        while first_pending < chunk_count && done[first_pending] {
+            first_pending += 1;
+        }
+        if first_pending == chunk_count {
             break;
         }
         if started.elapsed() > timeout {
-            let chunk = done.iter().position(|done| !done).expect("a chunk remains");
+            let chunk = first_pending;
             let arrived = u64::from_le_bytes(counters[8 * chunk..8 * chunk + 8].try_into().expect("8 bytes"));
             return Err(AllreduceError::Incomplete {
                 chunk,
@@ -266,6 +281,9 @@ pub fn allreduce(
     }
     Ok(())
 }
+
+/// Counters read per poll: one 8 KiB READ, the chunks of 8 MiB at 8 KiB per chunk.
+const COUNTERS_PER_POLL: usize = 1024;
 
 /// The least value of a lane type, little-endian: where a maximum starts (i32::MIN, −∞).
 fn least_lane(lane: LaneType) -> &'static [u8] {

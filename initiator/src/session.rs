@@ -386,6 +386,13 @@ pub struct SessionStats {
     pub submitted: u64,
     /// Datagrams sent, retransmissions included.
     pub transmissions: u64,
+    /// Bytes of those datagrams (UDP payload, headers of the protocol included): what this
+    /// session put on the wire, counted as it was handed over, not computed.
+    pub bytes_transmitted: u64,
+    /// Datagrams received, answers to nothing waiting and unparsable ones included.
+    pub datagrams_received: u64,
+    /// Bytes of those datagrams (UDP payload).
+    pub bytes_received: u64,
     /// Retransmissions after a timeout.
     pub retransmissions: u64,
     /// Requests that failed after their last attempt.
@@ -858,6 +865,7 @@ impl Session {
             request.sent_at = now;
             request.first_sent_at.get_or_insert(now);
             self.stats.transmissions += 1;
+            self.stats.bytes_transmitted += self.requests[index].datagram.as_slice().len() as u64;
             if !first_send {
                 self.stats.retransmissions += 1;
             }
@@ -878,6 +886,8 @@ impl Session {
     /// timestamp): the round trip that congestion control and the retransmission timeout learn
     /// from ends at its arrival, not at this thread's reading it (`stamped`).
     pub fn handle_datagram_waited(&mut self, now: Instant, waited: Duration, bytes: &[u8]) {
+        self.stats.datagrams_received += 1;
+        self.stats.bytes_received += bytes.len() as u64;
         let Some(bytes) = self.open(bytes) else {
             self.stats.ignored += 1;
             return;

@@ -63,6 +63,7 @@ fn idempotent_requests_are_retransmitted_with_back_off_then_fail() {
     assert!(matches!(completion.result, Err(ClientError::TimedOut { attempts: 3 })));
     let stats = session.stats();
     assert_eq!((stats.transmissions, stats.retransmissions, stats.timeouts), (3, 2, 1));
+    assert_eq!(stats.bytes_transmitted, 3 * first.len() as u64, "every transmission's bytes are counted");
     assert_eq!(session.in_flight(), 0);
 }
 
@@ -176,6 +177,10 @@ fn answers_complete_their_request_once_and_late_duplicates_are_ignored() {
     assert_eq!(session.poll_completion().unwrap().token, 1);
     assert!(session.poll_completion().is_none(), "a duplicate answer completes nothing");
     assert_eq!(session.stats().ignored, 2);
+    let stats = session.stats();
+    assert_eq!(stats.bytes_transmitted, (write.len() + read.len()) as u64);
+    assert_eq!(stats.datagrams_received, 4, "answers, a duplicate and garbage: all received");
+    assert_eq!(stats.bytes_received, (answer(&read).len() + 2 * answer(&write).len() + b"garbage".len()) as u64);
     assert_eq!(session.poll_timeout(), None);
 }
 
@@ -213,6 +218,7 @@ fn target_answer(request: &[u8], session: u32, reply: Status) -> Vec<u8> {
                 session,
                 9000,
                 64,
+                0,
                 no_regions,
                 std::iter::empty(),
             )

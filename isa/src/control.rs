@@ -147,6 +147,10 @@ pub struct NamespaceEntry<'n> {
     pub reports_allocation: bool,
 }
 
+/// Bit 0 of HELLO's target flags: the target executes instructions on an FPGA engine (regions
+/// placed on the device); clear when it executes on the CPU, including after a failover.
+pub const TARGET_FLAG_FPGA: u16 = 0x0001;
+
 /// What HELLO answers.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HelloAnswer {
@@ -156,6 +160,8 @@ pub struct HelloAnswer {
     pub max_datagram_bytes: u32,
     /// Instructions per datagram the target accepts.
     pub max_instructions: u16,
+    /// Target flags ([`TARGET_FLAG_FPGA`]); other bits are reserved, 0.
+    pub target_flags: u16,
     /// The regions the target serves.
     pub regions: Vec<RegionInfo>,
     /// The block namespaces the target serves.
@@ -168,6 +174,7 @@ pub fn encode_hello_answer<'r>(
     session: u32,
     max_datagram_bytes: u32,
     max_instructions: u16,
+    target_flags: u16,
     regions: impl ExactSizeIterator<Item = (u16, &'r str, u64, bool)>,
     namespaces: impl ExactSizeIterator<Item = NamespaceEntry<'r>>,
 ) -> Result<usize, Status> {
@@ -181,7 +188,7 @@ pub fn encode_hello_answer<'r>(
     out[8..10].copy_from_slice(&max_instructions.to_le_bytes());
     out[10..12].copy_from_slice(&count.to_le_bytes());
     out[12..14].copy_from_slice(&namespace_count.to_le_bytes());
-    out[14..16].fill(0);
+    out[14..16].copy_from_slice(&target_flags.to_le_bytes());
     let mut len = HELLO_ANSWER_FIXED_LEN;
     for (id, name, size_bytes, persistent) in regions {
         assert!(name.len() <= MAX_REGION_NAME_BYTES, "region names are validated at start-up");
@@ -223,7 +230,8 @@ pub fn decode_hello_answer(data: &[u8]) -> Result<HelloAnswer, DecodeError> {
     }
     let count = u16::from_le_bytes([data[10], data[11]]);
     let namespace_count = u16::from_le_bytes([data[12], data[13]]);
-    if data[14..16] != [0; 2] {
+    let target_flags = u16::from_le_bytes([data[14], data[15]]);
+    if target_flags & !TARGET_FLAG_FPGA != 0 {
         return Err(DecodeError::ReservedNotZero);
     }
     let mut regions = Vec::with_capacity(usize::from(count));
@@ -280,6 +288,7 @@ pub fn decode_hello_answer(data: &[u8]) -> Result<HelloAnswer, DecodeError> {
         session: u32::from_le_bytes([data[0], data[1], data[2], data[3]]),
         max_datagram_bytes: u32::from_le_bytes([data[4], data[5], data[6], data[7]]),
         max_instructions: u16::from_le_bytes([data[8], data[9]]),
+        target_flags,
         regions,
         namespaces,
     })
@@ -384,6 +393,7 @@ mod tests {
             7,
             9000,
             64,
+            TARGET_FLAG_FPGA,
             regions.iter().map(|r| (r.0, r.1, r.2, r.3)),
             namespaces.iter().copied(),
         )
@@ -401,11 +411,18 @@ mod tests {
         assert_eq!(answer.namespaces, vec![disk, pm]);
         assert_eq!(answer.session, 7);
         assert_eq!(answer.max_datagram_bytes, 9000);
+        assert_eq!(answer.target_flags, TARGET_FLAG_FPGA);
+        assert_eq!(out[14..16], [0x01, 0x00], "target flags at offset 14, little endian");
         assert_eq!(answer.regions.len(), 2);
         assert_eq!(answer.regions[0].name, "default");
         assert!(answer.regions[0].persistent);
         assert_eq!(answer.regions[1].size_bytes, 4096);
         assert_eq!(decode_hello_answer(&out[..len - 1]), Err(DecodeError::Truncated));
+        // Target flags other than bit 0 are reserved.
+        out[14] |= 0x02;
+        assert_eq!(decode_hello_answer(&out[..len]), Err(DecodeError::ReservedNotZero));
+        out[14] = 0;
+        assert_eq!(decode_hello_answer(&out[..len]).unwrap().target_flags, 0);
         // The first namespace entry's flags byte: bits other than "reports allocation" are reserved.
         let flags_at = HELLO_ANSWER_FIXED_LEN + 2 * REGION_ENTRY_FIXED_LEN + "default".len() + "scratch".len() + 2;
         assert_eq!(out[flags_at], NAMESPACE_FLAG_REPORTS_ALLOCATION);

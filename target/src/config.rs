@@ -55,6 +55,62 @@ pub enum PollMode {
     Blocking,
 }
 
+/// Which engine executes instructions: `auto`, `software`, `fpga` or `fpga=PATH`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum EngineChoice {
+    /// Probe for a device (VFIO, then a sysfs `resource0`, then `fpga_window`); software if
+    /// none is found, with one log line saying why.
+    #[default]
+    Auto,
+    /// The CPU only.
+    Software,
+    /// The FPGA, found as `auto` probes it (without `PATH`) or through the window file `PATH`
+    /// (a model's window, or a PCI function's sysfs `resource0`); a target that cannot map and
+    /// attach it does not start.
+    Fpga(Option<PathBuf>),
+}
+
+impl std::str::FromStr for EngineChoice {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<EngineChoice, String> {
+        match text {
+            "auto" => Ok(EngineChoice::Auto),
+            "software" => Ok(EngineChoice::Software),
+            "fpga" => Ok(EngineChoice::Fpga(None)),
+            _ => match text.strip_prefix("fpga=") {
+                Some(path) if !path.is_empty() => Ok(EngineChoice::Fpga(Some(PathBuf::from(path)))),
+                _ => Err(format!("engine {text:?}: use auto, software, fpga or fpga=PATH")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for EngineChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineChoice::Auto => f.write_str("auto"),
+            EngineChoice::Software => f.write_str("software"),
+            EngineChoice::Fpga(None) => f.write_str("fpga"),
+            EngineChoice::Fpga(Some(path)) => write!(f, "fpga={}", path.display()),
+        }
+    }
+}
+
+/// `engine` in the TOML file: its text form.
+mod engine_text {
+    use super::EngineChoice;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &EngineChoice, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(value)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<EngineChoice, D::Error> {
+        String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// Where a region's bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -274,6 +330,18 @@ pub struct Config {
     /// A session silent this long (ms) expires; its initiator says HELLO again when it returns.
     #[serde(default = "default_session_idle_timeout_ms")]
     pub session_idle_timeout_ms: u64,
+    /// Which engine executes instructions: `auto` (probe for an FPGA, else software),
+    /// `software`, `fpga` (probe, and fail to start without one) or `fpga=PATH` (the window
+    /// file of `netdam-fpga-model`, or a sysfs `resource0`).
+    #[serde(default, with = "engine_text")]
+    pub engine: EngineChoice,
+    /// A device model's window file that `auto` (and `fpga`) use when no card is found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fpga_window: Option<PathBuf>,
+    /// An FPGA with an instruction in flight that makes no progress for this long (ms) is
+    /// declared wedged, and the target fails over to software. A worker waits this long once.
+    #[serde(default = "default_fpga_progress_deadline_ms")]
+    pub fpga_progress_deadline_ms: u64,
     /// Regions; none configured means the embedded default region. Regions created with
     /// `netdam-target region create` are served as well.
     #[serde(default, rename = "region", skip_serializing_if = "Vec::is_empty")]
@@ -326,6 +394,10 @@ mod metrics_listen_text {
     }
 }
 
+fn default_fpga_progress_deadline_ms() -> u64 {
+    // Far above a device's microseconds, far below an initiator's patience (5 s).
+    1_000
+}
 fn default_workers() -> usize {
     1
 }
@@ -375,6 +447,9 @@ impl Default for Config {
             sessions_per_worker: default_sessions_per_worker(),
             max_sessions_per_address: default_max_sessions_per_address(),
             session_idle_timeout_ms: default_session_idle_timeout_ms(),
+            engine: EngineChoice::Auto,
+            fpga_window: None,
+            fpga_progress_deadline_ms: default_fpga_progress_deadline_ms(),
             regions: Vec::new(),
             namespaces: Vec::new(),
             extensions: Vec::new(),
@@ -488,6 +563,12 @@ impl Config {
                 self.listen
             ));
         }
+        if !(10..=60_000).contains(&self.fpga_progress_deadline_ms) {
+            return invalid(format!(
+                "fpga_progress_deadline_ms = {}: must be between 10 and 60000",
+                self.fpga_progress_deadline_ms
+            ));
+        }
         validate_spaces(&self.effective_regions(), &self.namespaces)?;
         crate::extensions::registry(&self.extensions)?;
         crate::extensions::permissions(&self.session_permissions)?;
@@ -568,6 +649,26 @@ mod tests {
             RegionConfig { name: "f".into(), backend: RegionBackend::File, path: None, size: ByteSize(4096) };
         let config = Config { regions: vec![pathless], ..Config::default() };
         assert!(config.validate().unwrap_err().to_string().contains("needs a path"));
+    }
+
+    #[test]
+    fn engine_is_auto_software_fpga_or_a_window_path() {
+        assert_eq!(Config::default().engine, EngineChoice::Auto);
+        for (text, choice) in [
+            ("auto", EngineChoice::Auto),
+            ("software", EngineChoice::Software),
+            ("fpga", EngineChoice::Fpga(None)),
+            ("fpga=run/window", EngineChoice::Fpga(Some("run/window".into()))),
+        ] {
+            let config: Config = toml::from_str(&format!("engine = \"{text}\"")).unwrap();
+            assert_eq!(config.engine, choice);
+            assert!(config.to_toml().contains(&format!("engine = \"{text}\"")), "{}", config.to_toml());
+            assert_eq!(toml::from_str::<Config>(&config.to_toml()).unwrap().engine, config.engine);
+        }
+        for bad in ["fpga=", "gpu", "FPGA"] {
+            let message = toml::from_str::<Config>(&format!("engine = \"{bad}\"")).unwrap_err().to_string();
+            assert!(message.contains("auto, software, fpga or fpga=PATH"), "{message}");
+        }
     }
 
     #[test]

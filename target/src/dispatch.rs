@@ -14,7 +14,7 @@ use netdam_auth::HelloAuth;
 use netdam_isa::block::{encode_extents, BlockOp, Extent};
 use netdam_isa::control::{
     decode_hello_auth, decode_hello_operand, encode_hello_answer, HelloRequest, NamespaceEntry, StatWriter, COOKIE_LEN,
-    HELLO_AUTH_LEN, HELLO_AUTH_MAC,
+    HELLO_AUTH_LEN, HELLO_AUTH_MAC, TARGET_FLAG_FPGA,
 };
 use netdam_isa::engine::Engine;
 use netdam_isa::extension::{ExtensionRegistry, Permissions, EXTENSION_OPCODES};
@@ -34,6 +34,7 @@ use netdam_pmem::Durability;
 use crate::block::{self, BlockPath, Pending, ReplyTo, RunEntry};
 use crate::cookies::{CookieJar, CookieRefusal};
 use crate::crypto::KeyRing;
+use crate::fpga_engine::EngineState;
 use crate::namespaces::NamespaceTable;
 use crate::overload::StandingQueue;
 use crate::regions::RegionTable;
@@ -135,6 +136,8 @@ pub struct Shared {
     pub keys: Arc<KeyRing>,
     /// The tenants in force, replaced whole when the metadata store changes.
     pub tenants: Arc<TenantCell>,
+    /// Which engine executes now (STAT `engine_fpga`, HELLO's target flags, `/metrics`).
+    pub engine: Arc<EngineState>,
 }
 
 impl Shared {
@@ -148,7 +151,6 @@ impl Shared {
         cookies: CookieJar,
     ) -> Shared {
         let stats = (0..workers).map(|_| WorkerStats::default()).collect();
-        let tenants = Arc::new(TenantCell::default());
         Shared {
             regions,
             namespaces,
@@ -157,7 +159,8 @@ impl Shared {
             epoch,
             cookies,
             extensions: ExtensionRegistry::new(),
-            tenants,
+            engine: Arc::new(EngineState::software()),
+            tenants: Arc::new(TenantCell::default()),
             keys: Arc::new(KeyRing::default()),
         }
     }
@@ -170,6 +173,11 @@ impl Shared {
     /// The same state applying the tenants of `cell`.
     pub fn with_tenants(self, cell: Arc<TenantCell>) -> Shared {
         Shared { tenants: cell, ..self }
+    }
+
+    /// The same state reporting the engine through `state`.
+    pub fn with_engine(self, state: Arc<EngineState>) -> Shared {
+        Shared { engine: state, ..self }
     }
 
     /// The same state serving the extensions of `registry`.
@@ -966,6 +974,10 @@ impl<E: Engine> Dispatcher<E> {
     fn extension(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
         let granted = self.session_permissions(instruction.space);
         let shared = &*self.shared;
+        if shared.engine.region_on_device(instruction.space) {
+            // Handlers read and write host memory; this region's bytes are on the device.
+            return Err(Status::NotSupported);
+        }
         let outcome = shared.extensions.execute(instruction, &*shared.regions, granted, out)?;
         if let Some(written) = outcome.written {
             let region = shared.regions.get(written.space).expect("the registry wrote to a region that exists");
@@ -998,6 +1010,12 @@ impl<E: Engine> Dispatcher<E> {
         // A tenant's grant on a destination region (and the ranges) was checked in `check_grant`.
         let granted = self.session_permissions(instruction.space);
         let shared = &*self.shared;
+        let destination = netdam_isa::crypto::decode(instruction).ok().and_then(|request| request.destination);
+        let on_device = |space: u16| shared.engine.region_on_device(space);
+        if on_device(instruction.space) || destination.is_some_and(|to| on_device(to.space)) {
+            // Sealing reads and writes host memory; this region's bytes are on the device.
+            return Err(Status::NotSupported);
+        }
         let outcome = crate::crypto::execute(
             instruction,
             &*shared.regions,
@@ -1108,7 +1126,9 @@ impl<E: Engine> Dispatcher<E> {
             capacity_blocks: namespace.capacity_blocks(),
             reports_allocation: namespace.reports_allocation(),
         });
-        match encode_hello_answer(out, session, negotiated, MAX_INSTRUCTIONS_PER_DATAGRAM as u16, regions, namespaces) {
+        let target_flags = if self.shared.engine.on_fpga() { TARGET_FLAG_FPGA } else { 0 };
+        let max_instructions = MAX_INSTRUCTIONS_PER_DATAGRAM as u16;
+        match encode_hello_answer(out, session, negotiated, max_instructions, target_flags, regions, namespaces) {
             Ok(len) => (Status::Ok, len),
             // The session stays unused and expires within a second.
             Err(status) => (status, 0),
@@ -1258,6 +1278,8 @@ impl<E: Engine> Dispatcher<E> {
         writer.push("workers", self.shared.stats.len() as u64)?;
         writer.push("regions", self.shared.regions.iter().len() as u64)?;
         writer.push("namespaces", self.shared.namespaces.iter().len() as u64)?;
+        writer.push("engine_fpga", u64::from(self.shared.engine.on_fpga()))?;
+        writer.push("engine_failovers", self.shared.engine.failovers())?;
         let sum = |counter| workers.iter().map(|worker| worker.get(counter)).sum::<u64>();
         let ended = sum(Counter::SessionsClosed) + sum(Counter::SessionsExpired) + sum(Counter::SessionsEvicted);
         writer.push("sessions_open", sum(Counter::SessionsOpened).saturating_sub(ended))?;

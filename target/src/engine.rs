@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use netdam_isa::engine::Engine;
-use netdam_isa::semantics;
+use netdam_isa::semantics::{self, AddressSpaces};
 use netdam_isa::wire::Instruction;
 use netdam_isa::Status;
 use netdam_pmem::Durability;
@@ -95,17 +95,8 @@ impl Engine for SoftwareEngine {
     }
 
     fn execute(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
-        let outcome = semantics::execute(instruction, &*self.regions, out)?;
-        if let Some(written) = outcome.written {
-            let range = PendingRange { space: written.space, offset: written.offset, len: written.len };
-            let region = self.regions.get(written.space).expect("semantics wrote to a region that exists");
-            if self.group_commit && region.durability() == Durability::Persistent {
-                self.defer(range)?;
-            } else {
-                self.persist(range)?;
-            }
-        }
-        Ok(outcome.data_len)
+        let regions = Arc::clone(&self.regions);
+        self.execute_over(&*regions, instruction, out)
     }
 
     fn set_group_commit(&mut self, on: bool) {
@@ -122,6 +113,35 @@ impl Engine for SoftwareEngine {
             return Err(Status::IoError);
         }
         Ok(())
+    }
+}
+
+impl SoftwareEngine {
+    /// The regions this engine executes on.
+    pub fn regions(&self) -> &Arc<RegionTable> {
+        &self.regions
+    }
+
+    /// Executes on the CPU over `spaces`, which must name the same regions as this engine's
+    /// table (the FPGA engine passes a view in which some of them are the device's memory), and
+    /// persists or defers what it wrote as [`Engine::execute`] does.
+    pub fn execute_over(
+        &mut self,
+        spaces: &impl AddressSpaces,
+        instruction: &Instruction<'_>,
+        out: &mut [u8],
+    ) -> Result<usize, Status> {
+        let outcome = semantics::execute(instruction, spaces, out)?;
+        if let Some(written) = outcome.written {
+            let range = PendingRange { space: written.space, offset: written.offset, len: written.len };
+            let region = self.regions.get(written.space).expect("semantics wrote to a region that exists");
+            if self.group_commit && region.durability() == Durability::Persistent {
+                self.defer(range)?;
+            } else {
+                self.persist(range)?;
+            }
+        }
+        Ok(outcome.data_len)
     }
 }
 

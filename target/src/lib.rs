@@ -5,6 +5,7 @@
 //! - [`worker`]: the per-core polling loop (socket I/O and time).
 //! - [`dispatch`]: what happens to one datagram (sans-IO).
 //! - [`engine`]: the software execution engine.
+//! - [`fpga_engine`]: the FPGA engine, its device placement and its failover to software.
 //! - [`extensions`]: the extension handlers configuration may enable.
 //! - [`regions`]: the table of memory regions.
 //! - [`socket`]: the shared-port socket and batched receive.
@@ -27,6 +28,7 @@ pub mod crypto;
 pub mod dispatch;
 pub mod engine;
 pub mod extensions;
+pub mod fpga_engine;
 pub mod metadata;
 pub mod metrics;
 pub mod namespaces;

@@ -9,7 +9,8 @@ use clap::{Args, Parser, Subcommand};
 use netdam_metrics::{LogFormat, MetricsListen};
 use netdam_pmem::{Backing, Durability, Region};
 use netdam_target::config::{
-    validate_spaces, ByteSize, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig, DEFAULT_BLOCK_BYTES,
+    validate_spaces, ByteSize, EngineChoice, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig,
+    DEFAULT_BLOCK_BYTES,
 };
 use netdam_target::crypto::{generate_key, read_reservation, reservation_path};
 use netdam_target::metadata::{
@@ -329,7 +330,7 @@ fn parse_size(text: &str) -> Result<ByteSize, String> {
 struct SettingsArgs {
     /// TOML file with settings (listen, metrics_listen, data_dir, workers, poll, adaptive_spin_us, pin_workers,
     /// lock_memory, max_datagram_bytes, busy_threshold_us, sessions_per_worker,
-    /// max_sessions_per_address, session_idle_timeout_ms, [[region]] tables with name, backend =
+    /// max_sessions_per_address, session_idle_timeout_ms, engine, fpga_window, fpga_progress_deadline_ms, [[region]] tables with name, backend =
     /// mem|file|dax, path, size, and [[namespace]] tables with name, backend =
     /// file|blockdev|pmem, path, size, block_size). `netdam-target config` prints them all.
     #[arg(long, value_name = "FILE")]
@@ -355,6 +356,11 @@ struct SettingsArgs {
     /// config sets allow_unauthenticated_network) [default: tenants].
     #[arg(long, value_enum)]
     auth: Option<AuthMode>,
+    /// Execution engine: auto (an FPGA if one is found, else software), software, fpga (fail
+    /// without one) or fpga=PATH (a netdam-fpga-model window file or a sysfs resource0)
+    /// [default: auto].
+    #[arg(long, value_name = "auto|software|fpga[=PATH]")]
+    engine: Option<EngineChoice>,
 }
 
 impl SettingsArgs {
@@ -367,6 +373,7 @@ impl SettingsArgs {
             workers: self.workers.or(base.workers),
             poll: self.poll.or(base.poll),
             auth: self.auth.or(base.auth),
+            engine: self.engine.or(base.engine),
         }
     }
 
@@ -392,6 +399,9 @@ impl SettingsArgs {
         }
         if let Some(auth) = self.auth {
             config.auth = auth;
+        }
+        if let Some(engine) = &self.engine {
+            config.engine = engine.clone();
         }
         config.validate().map_err(|error| error.to_string())?;
         Ok(config)
@@ -852,6 +862,7 @@ fn log_start(target: &Target, config: &Config) {
         max_sessions_per_address = config.max_sessions_per_address,
         session_idle_timeout_ms = config.session_idle_timeout_ms,
         engine = target.engine_name(),
+        engine_selection = target.engine_selection(),
         regions = target.regions().iter().len(),
         namespaces = target.namespaces().iter().len(),
         version = env!("CARGO_PKG_VERSION"),

@@ -100,6 +100,23 @@ impl Collector for TargetCollector {
                 ("poll_mode", self.build.poll_mode.clone()),
             ],
         )?;
+        let engine = &self.shared.engine;
+        gauges(
+            encoder,
+            "netdam_engine",
+            "1 for the engine executing instructions now (software or fpga), 0 for the other",
+            None,
+            [("software", !engine.on_fpga()), ("fpga", engine.on_fpga())]
+                .into_iter()
+                .map(|(name, now)| (label("engine", name), f64::from(u8::from(now)))),
+        )?;
+        counters(
+            encoder,
+            "netdam_engine_failovers",
+            "Failovers from the FPGA engine to software (a wedged, reset or failed device)",
+            None,
+            [(no_labels(), engine.failovers())],
+        )?;
         gauges(
             encoder,
             "netdam_workers",

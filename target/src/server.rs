@@ -14,11 +14,12 @@ use netdam_isa::Duration;
 use netdam_metrics::MetricsServer;
 use netdam_pmem::{Region, RegionError};
 
-use crate::config::{validate_spaces, Config, ConfigError};
+use crate::config::{validate_spaces, Config, ConfigError, EngineChoice};
 use crate::cookies::CookieJar;
 use crate::crypto::{CryptoError, KeyRing};
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
+use crate::fpga_engine::{EngineState, FpgaEngine, FpgaSettings};
 use crate::metadata::{MetadataError, MetadataStore};
 use crate::metrics::{BuildInfo, TargetCollector};
 use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
@@ -59,6 +60,9 @@ pub enum StartError {
     /// The key slots or their nonce reservations could not be loaded.
     #[error(transparent)]
     Crypto(#[from] CryptoError),
+    /// The FPGA engine was asked for and cannot be used.
+    #[error("{0}")]
+    Engine(String),
     /// The secret for HELLO cookies could not be drawn.
     #[error("cannot draw the HELLO cookie secret: {0}")]
     Random(io::Error),
@@ -77,6 +81,7 @@ pub struct Target {
     shutdown: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     engine_name: &'static str,
+    engine_selection: String,
     metrics: Option<MetricsServer>,
     // Re-reads the tenants when the store changes; stopped with the workers.
     tenant_watch: Option<WatchHandle>,
@@ -142,11 +147,13 @@ impl Target {
         // reservation file and reserves its first block before any worker starts.
         let stored_keys = MetadataStore::load_crypto_keys(&data_dir)?;
         let keys = KeyRing::load(stored_keys, &data_dir, NONCE_RESERVATION_BLOCK)?;
+        let Selection { engine, state: engine_state, why } = select_engine(config, Arc::clone(&regions))?;
         let shared = Arc::new(
             Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
                 .with_extensions(extensions)
                 .with_tenants(tenants)
-                .with_keys(keys),
+                .with_keys(keys)
+                .with_engine(Arc::clone(&engine_state)),
         );
         let sockets = bind_workers(config.listen, config.workers)?;
         let local_addr = socket::local_addr(&sockets[0]).map_err(|source| StartError::Bind {
@@ -163,7 +170,6 @@ impl Target {
             clock: MonotonicClock::new(),
         };
         let shutdown = Arc::new(AtomicBool::new(false));
-        let engine = SoftwareEngine::new(regions);
         let engine_name = engine.name();
         let mut target = Target {
             local_addr,
@@ -172,6 +178,7 @@ impl Target {
             shutdown: shutdown.clone(),
             threads: Vec::new(),
             engine_name,
+            engine_selection: why,
             metrics: None,
             tenant_watch: Some(tenant_watch),
         };
@@ -241,9 +248,20 @@ impl Target {
         &self.shared.tenants
     }
 
-    /// Name of the engine executing memory instructions.
+    /// Which engine was selected at start-up (`fpga` or `software`).
     pub fn engine_name(&self) -> &'static str {
         self.engine_name
+    }
+
+    /// Why this engine was selected: the device used, or why `auto` found none. The daemon
+    /// writes it in its start line.
+    pub fn engine_selection(&self) -> &str {
+        &self.engine_selection
+    }
+
+    /// Which engine executes now, and how many failovers there were.
+    pub fn engine_state(&self) -> &EngineState {
+        &self.shared.engine
     }
 
     /// The address `/metrics` is served on, when it is.
@@ -275,6 +293,121 @@ impl Target {
 impl Drop for Target {
     fn drop(&mut self) {
         self.stop_workers();
+    }
+}
+
+/// The engine a target runs: one type for the workers, so the dispatcher stays monomorphic.
+#[derive(Debug, Clone)]
+pub enum SelectedEngine {
+    /// The CPU.
+    Software(SoftwareEngine),
+    /// The FPGA, with its software fallback.
+    Fpga(FpgaEngine),
+}
+
+impl Engine for SelectedEngine {
+    fn name(&self) -> &'static str {
+        match self {
+            SelectedEngine::Software(engine) => engine.name(),
+            SelectedEngine::Fpga(engine) => engine.name(),
+        }
+    }
+
+    fn execute(
+        &mut self,
+        instruction: &netdam_isa::wire::Instruction<'_>,
+        out: &mut [u8],
+    ) -> Result<usize, netdam_isa::Status> {
+        match self {
+            SelectedEngine::Software(engine) => engine.execute(instruction, out),
+            SelectedEngine::Fpga(engine) => engine.execute(instruction, out),
+        }
+    }
+
+    fn set_group_commit(&mut self, on: bool) {
+        match self {
+            SelectedEngine::Software(engine) => engine.set_group_commit(on),
+            SelectedEngine::Fpga(engine) => engine.set_group_commit(on),
+        }
+    }
+
+    fn persist_is_pending(&self) -> bool {
+        match self {
+            SelectedEngine::Software(engine) => engine.persist_is_pending(),
+            SelectedEngine::Fpga(engine) => engine.persist_is_pending(),
+        }
+    }
+
+    fn persist_pending(&mut self) -> Result<(), netdam_isa::Status> {
+        match self {
+            SelectedEngine::Software(engine) => engine.persist_pending(),
+            SelectedEngine::Fpga(engine) => engine.persist_pending(),
+        }
+    }
+}
+
+/// The engine chosen at start-up.
+#[derive(Debug)]
+pub struct Selection {
+    /// The engine every worker gets a clone of.
+    pub engine: SelectedEngine,
+    /// What it reports through.
+    pub state: Arc<EngineState>,
+    /// Why: the device used, or why `auto` executes on software (for the start line).
+    pub why: String,
+}
+
+/// Chooses the engine as `config.engine` says (docs/FPGA.md §1 for the probe order): `auto`
+/// falls back to software and says why in [`Selection::why`]; `fpga` and `fpga=PATH` fail the
+/// start with a message naming what was missing or could not be mapped.
+pub fn select_engine(config: &Config, regions: Arc<RegionTable>) -> Result<Selection, StartError> {
+    let settings = FpgaSettings {
+        progress_deadline: Duration::from_millis(config.fpga_progress_deadline_ms),
+        ..FpgaSettings::default()
+    };
+    select_engine_in(config, regions, &netdam_fpga::window::ProbeRoots::default(), settings)
+}
+
+/// [`select_engine`] probing under `roots` and driving the device with `settings`.
+pub fn select_engine_in(
+    config: &Config,
+    regions: Arc<RegionTable>,
+    roots: &netdam_fpga::window::ProbeRoots,
+    settings: FpgaSettings,
+) -> Result<Selection, StartError> {
+    let software = |regions, why: String| Selection {
+        engine: SelectedEngine::Software(SoftwareEngine::new(regions)),
+        state: Arc::new(EngineState::software()),
+        why,
+    };
+    let (source, window) = match &config.engine {
+        EngineChoice::Software => return Ok(software(regions, "engine = software".to_string())),
+        EngineChoice::Fpga(Some(path)) => {
+            let window = netdam_fpga::window::WindowSource::File { path: path.clone() }
+                .open(&roots.sysfs)
+                .map_err(|error| StartError::Engine(format!("engine fpga={}: {error}", path.display())))?;
+            (format!("file:{}", path.display()), window)
+        }
+        EngineChoice::Auto | EngineChoice::Fpga(None) => {
+            match netdam_fpga::window::probe(roots, config.fpga_window.as_deref()) {
+                Ok(probed) => (probed.source, probed.window),
+                Err(why) if config.engine == EngineChoice::Auto => {
+                    return Ok(software(regions, format!("engine auto found no FPGA: {why}")));
+                }
+                Err(why) => return Err(StartError::Engine(format!("engine fpga: no FPGA found ({why})"))),
+            }
+        }
+    };
+    match FpgaEngine::attach(window, Arc::clone(&regions), settings) {
+        Ok((engine, state)) => {
+            Ok(Selection { engine: SelectedEngine::Fpga(engine), state, why: format!("FPGA at {source}") })
+        }
+        Err(error) if config.engine == EngineChoice::Auto => {
+            Ok(software(regions, format!("engine auto: the FPGA at {source} cannot be used: {error}")))
+        }
+        Err(error) => {
+            Err(StartError::Engine(format!("engine {}: the device at {source} cannot be used: {error}", config.engine)))
+        }
     }
 }
 

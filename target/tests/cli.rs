@@ -142,6 +142,23 @@ fn bad_settings_are_refused_with_the_setting_named() {
         .unwrap();
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && message.contains("poling") && message.contains("bad.toml"), "{message}");
+    // The engine: shown by `config`, an unknown one refused with the accepted forms, a window
+    // that cannot be mapped refused at start with its path.
+    let shown = target_admin(&["config", "--engine", "fpga=run/window"]);
+    assert!(String::from_utf8_lossy(&shown.stdout).contains("engine = \"fpga=run/window\""));
+    let refused = target_admin(&["config", "--engine", "gpu"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("auto, software, fpga or fpga=PATH"), "{message}");
+    let missing = dir.path().join("no-window");
+    let output = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir"])
+        .arg(dir.path())
+        .arg("--engine")
+        .arg(format!("fpga={}", missing.display()))
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && message.contains("no-window"), "{message}");
 }
 
 fn target_admin(args: &[&str]) -> Output {

@@ -282,6 +282,42 @@ mod allreduce {
         }
     }
 
+    /// More chunks than one poll of the counters covers (small datagrams, so small chunks): the
+    /// workers poll window after window and read runs of complete chunks, and the sum is exact.
+    #[test]
+    fn an_allreduce_of_more_chunks_than_one_poll_reads_is_exact() {
+        const WORKERS: u32 = 3;
+        let test = start(vec![region("mem", 16 << 20, false)], 2, 4096);
+        let addr = test.target.local_addr();
+        let lanes = 2_600_000usize;
+        let value =
+            |worker: u32, lane: usize| (lane as i32).wrapping_mul(2_654_435_761u32 as i32) ^ (worker as i32 * 7919);
+        let mut setup = Client::connect(addr).unwrap();
+        let plan = AllreducePlan::new(&setup, 0, 0, WORKERS, lanes * 4, LaneType::I32, AllreduceOp::Sum).unwrap();
+        assert!(plan.chunk_count() > 2 * 1024, "{} chunks: more than two polls' worth", plan.chunk_count());
+        prepare(&mut setup, &plan).unwrap();
+        let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..WORKERS)
+                .map(|worker| {
+                    scope.spawn(move || {
+                        let buffer: Vec<u8> = (0..lanes).flat_map(|lane| value(worker, lane).to_le_bytes()).collect();
+                        let mut client = Client::connect(addr).unwrap();
+                        let mut result = vec![0u8; buffer.len()];
+                        allreduce(&mut client, &plan, &buffer, &mut result, Duration::from_secs(30)).unwrap();
+                        result
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+        });
+        let expected: Vec<u8> = (0..lanes)
+            .flat_map(|lane| (0..WORKERS).map(|worker| value(worker, lane)).fold(0i32, i32::wrapping_add).to_le_bytes())
+            .collect();
+        for result in results {
+            assert!(result == expected, "a worker's sum differs from the exact one");
+        }
+    }
+
     /// Three of four workers contribute: they fail with the missing chunk named, in about the
     /// timeout, instead of hanging.
     #[test]

@@ -1,7 +1,7 @@
 //! The software engine and the FPGA device model (through the host driver, over a shared
 //! window) answer the same seeded instruction stream identically and leave the same bytes in
-//! memory. The first engine comparison of issue 14; the `FpgaEngine` and the conformance suite
-//! across every engine come later.
+//! memory. The driver-level comparison; `fpga_engine.rs` runs the conformance suite across the
+//! target's engines.
 
 use std::sync::Arc;
 

@@ -271,6 +271,7 @@ fn a_non_idempotent_request_that_may_have_run_is_not_resent_in_a_new_session() {
                             5 + hellos,
                             9000,
                             64,
+                            0,
                             [(0u16, "mem", 4096u64, false)].into_iter(),
                             std::iter::empty(),
                         )

@@ -2,8 +2,9 @@
 //! real target on loopback while a client that itself allocates nothing in its loop (a raw
 //! socket and fixed buffers) sends every memory instruction, and a block namespace's reads,
 //! writes and block status (`lseek`s on the worker, into a fixed extent array), the `reduce`
-//! extension, ENCRYPT and DECRYPT. One test in its own binary, so no other test's allocations
-//! are counted.
+//! extension, ENCRYPT and DECRYPT; then the same (but `reduce` and the crypto instructions, which
+//! do not run on a region held by a device) with the FPGA engine over `netdam-fpga-model` as a
+//! separate process. One test in its own binary, so no other test's allocations are counted.
 
 mod common;
 
@@ -44,31 +45,116 @@ fn instruction(opcode: Opcode, space: u16, offset: u64, length: u32, operand: &[
     Instruction { opcode: opcode as u8, flags: 0, space, offset, length, aux: 0, operand }
 }
 
-#[test]
-fn the_request_path_allocates_nothing_after_warm_up() {
-    let namespace = NamespaceConfig {
+fn namespace() -> NamespaceConfig {
+    NamespaceConfig {
         name: "disk".into(),
         backend: NamespaceBackend::File,
         path: "disk.img".into(),
         size: Some(ByteSize(1 << 20)),
         block_size: 4096,
-    };
-    // With the `reduce` extension on, and a key in slot 1: extension handlers and ENCRYPT and
+    }
+}
+
+#[test]
+fn the_request_path_allocates_nothing_after_warm_up() {
+    // With the `reduce` extension on, and a key in slot 1: extension handlers, ENCRYPT and
     // DECRYPT run on this path too.
     let test = common::start_with_keys(vec![common::region("mem", 1 << 20, false)], &[1], |config| {
-        config.namespaces = vec![namespace];
+        config.namespaces = vec![namespace()];
         config.extensions = vec!["reduce".to_string()];
     });
+    assert_eq!(test.target.engine_name(), "software");
+    // The key slot was written to the metadata store just before the start: the tenant watcher
+    // reads a store changed within the last second again (file times are coarse), allocating
+    // as it does. Those reads are not the request path: let them end before counting.
+    std::thread::sleep(Duration::from_millis(1500) + 2 * netdam_target::tenant_watch::POLL_INTERVAL);
+    // A sealed range to DECRYPT again and again (to a separate destination: the source stays).
+    let seal = netdam_initiator::Client::connect(test.target.local_addr())
+        .unwrap()
+        .encrypt(0, 100_000, 512, 1, None, b"aad")
+        .unwrap();
+    count_allocations(&test, true, None, Some(seal));
+    drop(test);
+
+    // An authenticated session: every request opened (its MAC checked) and checked against the
+    // tenant's grants, every answer sealed.
+    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+        config.namespaces = vec![namespace()];
+        config.extensions = vec!["reduce".to_string()];
+        config.auth = netdam_target::AuthMode::Tenants;
+    });
+    let key = netdam_auth::TenantKey::from_bytes([0x42; 32]);
+    let record = netdam_target::tenants::TenantRecord {
+        name: "bench".into(),
+        id: 1,
+        key_version: 1,
+        key_hex: key.to_hex(),
+        class: Default::default(),
+        limits: Default::default(),
+        grants: vec![netdam_target::tenants::GrantRecord {
+            space: netdam_target::tenants::GrantSpace::All,
+            permissions: vec!["all".into()],
+            range: None,
+        }],
+    };
+    let (snapshot, _) =
+        netdam_target::tenants::TenantSnapshot::resolve(&[record], test.target.regions(), test.target.namespaces());
+    test.target.tenants().publish(snapshot);
+    count_allocations(&test, true, Some((1, key)), None);
+    drop(test);
+
+    // The FPGA engine: the region is placed on the device, every memory instruction crosses the
+    // rings. The model runs as a process of its own, so only the target's allocations count.
+    let model_dir = tempfile::tempdir().unwrap();
+    let window = model_dir.path().join("window");
+    let model_binary =
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_netdam-target")).with_file_name("netdam-fpga-model");
+    assert!(model_binary.exists(), "{} is missing: build the workspace first", model_binary.display());
+    let mut model = std::process::Command::new(model_binary)
+        .arg("--window")
+        .arg(&window)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !window.exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "the model did not create its window");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+        config.namespaces = vec![namespace()];
+        config.engine = netdam_target::config::EngineChoice::Fpga(Some(window.clone()));
+    });
+    assert_eq!(test.target.engine_name(), "fpga");
+    count_allocations(&test, false, None, None);
+    assert!(test.target.engine_state().on_fpga(), "the device served the whole run");
+    drop(test);
+    let _ = model.kill();
+    let _ = model.wait();
+}
+
+/// Sends every request 400 times over a raw socket; the last 200 rounds must allocate nothing.
+/// With `tenant`, over an authenticated session of that tenant (id and key); with `seal` (of the
+/// 512 bytes at offset 100,000, slot 1, associated data `aad`), ENCRYPT and DECRYPT too.
+fn count_allocations(
+    test: &common::TestTarget,
+    with_reduce: bool,
+    tenant: Option<(u32, netdam_auth::TenantKey)>,
+    seal: Option<netdam_isa::crypto::Seal>,
+) {
     // Recording the per-opcode counters and histograms is part of the path measured here.
     assert!(test.target.metrics_addr().is_some(), "metrics are on in the test settings");
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.connect(test.target.local_addr()).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    // The key slot was written to the metadata store just before the start: the tenant watcher
-    // reads a store changed within the last second again (file times are coarse), allocating
-    // as it does. Those reads are not the request path: let them end before counting.
-    std::thread::sleep(std::time::Duration::from_millis(1500) + 2 * netdam_target::tenant_watch::POLL_INTERVAL);
-    let session = common::hello(&socket);
+    let (session, keys) = match &tenant {
+        Some((id, key)) => {
+            let (session, keys) = common::auth_hello(&socket, *id, key);
+            (session, Some(keys))
+        }
+        None => (common::hello(&socket), None),
+    };
+    let mut sealed = 0u64;
 
     // Every buffer and operand is made before counting starts.
     let word = 5u64.to_le_bytes();
@@ -91,26 +177,7 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         aux: reduce_aux(LaneType::F32, ReduceOp::Max),
         ..instruction(Opcode::Read, 0, 0, 65536, &[])
     };
-    // A sealed range to DECRYPT again and again (to a separate destination: the source stays).
-    let seal = netdam_initiator::Client::connect(test.target.local_addr())
-        .unwrap()
-        .encrypt(0, 100_000, 512, 1, None, b"aad")
-        .unwrap();
-    let mut decrypt_operand = Vec::new();
-    netdam_isa::crypto::encode_operand(
-        &mut decrypt_operand,
-        Some(&seal),
-        Some(netdam_isa::crypto::Destination { space: 0, offset: 200_000 }),
-        b"aad",
-    );
-    let decrypt = Instruction {
-        opcode: Opcode::Decrypt as u8,
-        flags: netdam_isa::crypto::CRYPTO_FLAG_TO_DESTINATION,
-        aux: 1,
-        ..instruction(Opcode::Decrypt, 0, 100_000, 512, &decrypt_operand)
-    };
-    let encrypt = Instruction { aux: 1, ..instruction(Opcode::Encrypt, 0, 300_000, 4096, b"aad") };
-    let requests: [&[Instruction<'_>]; 15] = [
+    let all: [&[Instruction<'_>]; 13] = [
         &[instruction(Opcode::Read, 0, 0, 64, &[])],
         &[instruction(Opcode::Write, 0, 64, data.len() as u32, &data)],
         &[instruction(Opcode::Cas, 0, 1024, 8, &cas)],
@@ -124,9 +191,25 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         &[instruction(Opcode::BlockRead, 0, 3, 1, &[]), instruction(Opcode::Flush, 0, 0, 0, &[])],
         &[instruction(Opcode::BlockStatus, 0, 0, 256, &[])],
         &[reduce],
-        &[encrypt],
-        &[decrypt],
     ];
+    let mut decrypt_operand = Vec::new();
+    if let Some(seal) = &seal {
+        let destination = netdam_isa::crypto::Destination { space: 0, offset: 200_000 };
+        netdam_isa::crypto::encode_operand(&mut decrypt_operand, Some(seal), Some(destination), b"aad");
+    }
+    let crypto = [
+        Instruction { aux: 1, ..instruction(Opcode::Encrypt, 0, 300_000, 4096, b"aad") },
+        Instruction {
+            flags: netdam_isa::crypto::CRYPTO_FLAG_TO_DESTINATION,
+            aux: 1,
+            ..instruction(Opcode::Decrypt, 0, 100_000, 512, &decrypt_operand)
+        },
+    ];
+    let mut requests: Vec<&[Instruction<'_>]> = if with_reduce { all.to_vec() } else { all[..12].to_vec() };
+    if seal.is_some() {
+        requests.push(&crypto[..1]);
+        requests.push(&crypto[1..]);
+    }
     let mut out = vec![0u8; 9000];
     let mut answer = vec![0u8; 65_536];
     let mut sequence = 0u64;
@@ -135,7 +218,12 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         for op in ops {
             builder.push(op).unwrap();
         }
-        let len = builder.finish();
+        let mut len = builder.finish();
+        if let Some(keys) = &keys {
+            netdam_isa::wire::mark_sealed(&mut out[..len]);
+            len = netdam_auth::trailer::seal(&keys.request, sealed, &mut out, len).unwrap();
+            sealed += 1;
+        }
         socket.send(&out[..len]).unwrap();
         loop {
             let len = match socket.recv(&mut answer) {
@@ -143,7 +231,13 @@ fn the_request_path_allocates_nothing_after_warm_up() {
                 Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(error) => panic!("no answer to request {sequence} within 5 s: {error}"),
             };
-            let response = Response::parse(&answer[..len]).expect("the answer decodes");
+            let response = match &keys {
+                Some(keys) => {
+                    let opened = netdam_auth::trailer::open(&keys.response, &answer[..len]).expect("a sealed answer");
+                    Response::parse_opened(&answer[..opened]).expect("the answer decodes")
+                }
+                None => Response::parse(&answer[..len]).expect("the answer decodes"),
+            };
             if response.header.sequence == sequence {
                 assert_eq!(response.status(), Status::Ok);
                 let mut results = response.results();
@@ -155,7 +249,7 @@ fn the_request_path_allocates_nothing_after_warm_up() {
     for round in 0..2 {
         let before = ALLOCATIONS.load(Ordering::Relaxed);
         for _ in 0..200 {
-            for ops in requests {
+            for &ops in &requests {
                 sequence += 1;
                 exchange(ops, sequence);
             }
@@ -163,7 +257,8 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
         if round == 1 {
             // The first round warms up (the session, lazily initialised state); the second counts.
-            assert_eq!(allocations, 0, "{allocations} heap allocations in 3,000 requests after warm-up");
+            let count = 200 * requests.len();
+            assert_eq!(allocations, 0, "{allocations} heap allocations in {count} requests after warm-up");
         }
     }
 }

@@ -171,3 +171,54 @@ pub fn try_hello(socket: &std::net::UdpSocket) -> Result<u32, netdam_isa::Status
         }
     }
 }
+
+/// Opens an authenticated session over a raw socket, as a client does: a cookie, then a HELLO
+/// proving `key` for `tenant` (key version 1); returns the session id and its keys. The answer
+/// that opens the session must be sealed with the session's response key.
+pub fn auth_hello(
+    socket: &std::net::UdpSocket,
+    tenant: u32,
+    key: &netdam_auth::TenantKey,
+) -> (u32, netdam_auth::SessionKeys) {
+    use netdam_isa::control::{
+        decode_hello_answer, encode_hello_operand_with, Cookie, HelloRequest, HELLO_AUTH_MAC, NO_COOKIE,
+    };
+    use netdam_isa::wire::{peek_is_sealed, Instruction, RequestBuilder, Response};
+    use netdam_isa::{Opcode, Status};
+    let hello = |cookie: Cookie, area: [u8; 64], sequence: u64| {
+        let operand =
+            encode_hello_operand_with(&HelloRequest { max_datagram_bytes: 9000, cookie }, HELLO_AUTH_MAC, &area);
+        let instruction = Instruction {
+            opcode: Opcode::Hello as u8,
+            flags: 0,
+            space: 0,
+            offset: 0,
+            length: 0,
+            aux: 0,
+            operand: &operand,
+        };
+        let mut buffer = vec![0u8; 512];
+        let mut builder = RequestBuilder::new(&mut buffer, 0, sequence).unwrap();
+        builder.push(&instruction).unwrap();
+        let len = builder.finish();
+        buffer.truncate(len);
+        buffer
+    };
+    let mut answer = vec![0u8; 65536];
+    socket.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    socket.send(&hello(NO_COOKIE, [0; 64], u64::MAX / 2)).unwrap();
+    let len = socket.recv(&mut answer).expect("a cookie");
+    let response = Response::parse(&answer[..len]).unwrap();
+    let result = response.results().next().unwrap();
+    assert_eq!(result.status, Status::Retry);
+    let cookie: Cookie = result.data.try_into().unwrap();
+    let area = netdam_auth::HelloAuth::prove(key, tenant, 1, &cookie, HELLO_AUTH_MAC, 9000).unwrap();
+    let keys = area.session_keys(key, &cookie);
+    socket.send(&hello(cookie, area.encode(), u64::MAX / 2 + 1)).unwrap();
+    let len = socket.recv(&mut answer).expect("a session");
+    assert!(peek_is_sealed(&answer[..len]), "the answer that opens a session is sealed");
+    let opened = netdam_auth::trailer::open(&keys.response, &answer[..len]).expect("sealed with the session's key");
+    let response = Response::parse_opened(&answer[..opened]).unwrap();
+    let session = decode_hello_answer(response.results().next().unwrap().data).unwrap().session;
+    (session, keys)
+}
