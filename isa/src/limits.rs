@@ -52,8 +52,9 @@ pub const MAX_REGIONS: usize = 64;
 /// Longest region name, in bytes of UTF-8.
 pub const MAX_REGION_NAME_BYTES: usize = 32;
 
-/// Entries a STAT answer may carry.
-pub const MAX_STAT_ENTRIES: usize = 64;
+/// Entries a STAT answer may carry: room for every counter and status of the target with a
+/// margin (80 entries of the longest name still fit the smallest datagram, asserted below).
+pub const MAX_STAT_ENTRIES: usize = 80;
 
 /// Longest STAT counter name.
 pub const MAX_STAT_NAME_BYTES: usize = 40;

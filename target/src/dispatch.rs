@@ -43,7 +43,7 @@ use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
 use crate::tenants::{TenantCell, TenantSnapshot};
 
 /// STAT entries that describe the target rather than count events.
-pub const TARGET_STAT_ENTRIES: usize = 4;
+pub const TARGET_STAT_ENTRIES: usize = 6;
 
 /// How often at most a worker logs that it refuses HELLOs (with the count since its last line).
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_millis(10_000);
@@ -1600,6 +1600,11 @@ mod tests {
         let (answer, _) =
             exchange_at(&mut dispatcher, now, ME, 0, Duration::ZERO, &[instruction(Opcode::Stat, 0, &vec![0; 4000])]);
         let entries = decode_stat_answer(&first_result(&answer).1).unwrap();
+        assert_eq!(
+            entries.len(),
+            TARGET_STAT_ENTRIES + Counter::ALL.len() + Status::ALL.len(),
+            "TARGET_STAT_ENTRIES counts what `stat` writes besides counters and statuses (stats.rs asserts the sum fits)"
+        );
         let get = |name: &str| entries.iter().find(|(entry, _)| entry == name).map(|(_, value)| *value);
         assert_eq!(get("sessions_opened"), Some(2));
         assert_eq!(get("sessions_closed"), Some(1));
