@@ -37,10 +37,11 @@ use crate::crypto::KeyRing;
 use crate::fpga_engine::EngineState;
 use crate::namespaces::NamespaceTable;
 use crate::overload::StandingQueue;
+use crate::qos::{Shed, UsageTable};
 use crate::regions::RegionTable;
 use crate::sessions::{Admission, OpenRefusal, RecordTicket, SessionAuth, SessionLimits, SessionTable};
 use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
-use crate::tenants::{TenantCell, TenantSnapshot};
+use crate::tenants::{QosClass, TenantCell, TenantSnapshot};
 
 /// STAT entries that describe the target rather than count events.
 pub const TARGET_STAT_ENTRIES: usize = 6;
@@ -136,6 +137,8 @@ pub struct Shared {
     pub keys: Arc<KeyRing>,
     /// The tenants in force, replaced whole when the metadata store changes.
     pub tenants: Arc<TenantCell>,
+    /// Each tenant's sessions, block I/O in flight, token bucket and shed counts.
+    pub usage: Arc<UsageTable>,
     /// Which engine executes now (STAT `engine_fpga`, HELLO's target flags, `/metrics`).
     pub engine: Arc<EngineState>,
 }
@@ -162,6 +165,7 @@ impl Shared {
             engine: Arc::new(EngineState::software()),
             tenants: Arc::new(TenantCell::default()),
             keys: Arc::new(KeyRing::default()),
+            usage: Arc::new(UsageTable::default()),
         }
     }
 
@@ -245,6 +249,8 @@ pub struct Dispatcher<E> {
     overload: StandingQueue,
     /// Where ENCRYPT and DECRYPT seal and open, [`MAX_CRYPTO_BYTES`] allocated at start.
     crypto_scratch: Box<[u8]>,
+    /// The same test at a quarter of the threshold: best-effort tenants are shed there first.
+    overload_best_effort: StandingQueue,
     /// The tenants this worker applies, and the generation of the cell they came from.
     tenants: Arc<TenantSnapshot>,
     tenants_generation: u64,
@@ -259,12 +265,15 @@ impl<E: Engine> Dispatcher<E> {
     /// instructions on `devices` (this worker's, by namespace id).
     pub fn new(engine: E, shared: Arc<Shared>, worker: usize, devices: Vec<Box<dyn BlockDevice>>) -> Dispatcher<E> {
         assert!(worker < shared.stats.len(), "worker index beyond the stats table");
-        let sessions = SessionTable::new(worker, shared.epoch, shared.settings.sessions);
+        let sessions =
+            SessionTable::new(worker, shared.epoch, shared.settings.sessions).with_usage(shared.usage.clone());
         let block = BlockPath::new(devices, shared.settings.max_datagram_bytes);
         let metrics = shared.settings.metrics;
         // A queue over the threshold for as long again is standing (see `overload`).
         let busy = shared.settings.busy_threshold;
         let overload = StandingQueue::new(busy, busy);
+        let early = Duration::from_nanos(busy.as_nanos() / 4);
+        let overload_best_effort = StandingQueue::new(early, early);
         Dispatcher {
             engine,
             shared,
@@ -279,6 +288,7 @@ impl<E: Engine> Dispatcher<E> {
             metrics,
             overload,
             crypto_scratch: vec![0u8; MAX_CRYPTO_BYTES].into_boxed_slice(),
+            overload_best_effort,
             tenants: Arc::new(TenantSnapshot::default()),
             tenants_generation: 0,
             current_tenant: None,
@@ -334,6 +344,25 @@ impl<E: Engine> Dispatcher<E> {
                 ended,
                 "ended sessions whose tenant was deleted or whose key was rotated"
             );
+        }
+    }
+
+    /// Whether the session's tenant must be answered BUSY for this datagram, and the wait to
+    /// hint: a best-effort tenant as soon as requests start to queue (a quarter of the BUSY
+    /// threshold, standing as long), any tenant whose token bucket cannot pay the datagram's
+    /// cost. Latency-critical tenants are shed only by the standing queue all requests face.
+    fn shed_for_tenant(&mut self, now: Instant, queueing: Duration, request: &Request<'_>) -> Option<(Shed, Duration)> {
+        let id = self.current_tenant?;
+        let tenant = self.tenants.tenant(id)?;
+        if tenant.class == QosClass::BestEffort && self.overload_best_effort.is_standing(now, queueing) {
+            return Some((Shed::Overload, queueing));
+        }
+        let shapes = &self.block.shapes;
+        let block_bytes = |space: u16| shapes.get(usize::from(space)).map_or(1, |shape| u64::from(shape.block_bytes));
+        let cost = crate::qos::cost(request.instructions(), block_bytes);
+        match self.shared.usage.get(id).take(now.as_nanos(), cost, &tenant.limits) {
+            Ok(()) => None,
+            Err(wait_ns) => Some((Shed::Rate, Duration::from_nanos(wait_ns))),
         }
     }
 
@@ -425,6 +454,17 @@ impl<E: Engine> Dispatcher<E> {
             let mut response = ResponseWriter::new(out, header.session, header.sequence);
             response.set_status(Status::Busy);
             response.set_queueing_us(queueing_us);
+            return Handled::Answer { response, record: None };
+        }
+        if let Some((reason, hint)) = self.shed_for_tenant(now, queueing, &request) {
+            // The tenant's share is spent, or it is best-effort and requests queue: nothing
+            // executes, and the initiator waits `hint` before trying again.
+            let tenant = self.current_tenant.unwrap_or(0);
+            self.shared.usage.get(tenant).count_shed(reason);
+            self.count(Counter::AnsweredBusy);
+            let mut response = ResponseWriter::new(out, header.session, header.sequence);
+            response.set_status(Status::Busy);
+            response.set_queueing_us(queueing_field(hint));
             return Handled::Answer { response, record: None };
         }
         let mut record = None;
@@ -536,7 +576,22 @@ impl<E: Engine> Dispatcher<E> {
     ) -> Handled<'b> {
         let (session, sequence) = peek_session_sequence(datagram).expect("a parsed request has a header");
         let queueing_us = queueing_field(wait.queueing);
+        if let Some(id) = self.current_tenant {
+            let max = self.tenants.tenant(id).map_or(0, |tenant| tenant.limits.max_in_flight);
+            if !self.shared.usage.get(id).start_in_flight(max) {
+                // The tenant's share of the target's block slots is taken; nothing executed.
+                self.shared.usage.get(id).count_shed(Shed::InFlight);
+                self.count(Counter::AnsweredBusy);
+                let mut response = ResponseWriter::new(out, session, sequence);
+                response.set_status(Status::Busy);
+                response.set_queueing_us(queueing_us);
+                return Handled::Answer { response, record: None };
+            }
+        }
         let Some(slot) = self.block.free_slots.pop() else {
+            if let Some(id) = self.current_tenant {
+                self.shared.usage.get(id).end_in_flight();
+            }
             // Nothing was executed: the initiator backs off and sends it again.
             self.count(Counter::BusyBlockSlotsFull);
             let mut response = ResponseWriter::new(out, session, sequence);
@@ -588,6 +643,7 @@ impl<E: Engine> Dispatcher<E> {
     /// pass took a whole batch): without one, BUSY would shed nothing (see `overload`).
     pub fn set_backlog(&mut self, backlog: bool) {
         self.overload.set_backlog(backlog);
+        self.overload_best_effort.set_backlog(backlog);
     }
 
     /// Group commit for one receive pass (see [`Engine::set_group_commit`]).
@@ -631,6 +687,9 @@ impl<E: Engine> Dispatcher<E> {
         while let Some(slot) = self.block.finished.pop() {
             let mut pending = std::mem::take(&mut self.block.slots[usize::from(slot)]);
             let progress = pending.progress.take().expect("a finished answer has its progress");
+            if let Some(id) = pending.tenant {
+                self.shared.usage.get(id).end_in_flight();
+            }
             let response = ResponseWriter::resume(&mut pending.response[..pending.room], progress);
             let count = response.count();
             let held = pending.waited + now.saturating_since(pending.started);
@@ -1092,7 +1151,7 @@ impl<E: Engine> Dispatcher<E> {
         if expired > 0 {
             self.stats().add(Counter::SessionsExpired, expired);
         }
-        let session = match opened {
+        let (session, existing) = match opened {
             Ok(opened) => {
                 if !opened.existing {
                     self.count(Counter::SessionsOpened);
@@ -1100,15 +1159,25 @@ impl<E: Engine> Dispatcher<E> {
                 if opened.evicted {
                     self.count(Counter::SessionsEvicted);
                 }
-                opened.id
+                (opened.id, opened.existing)
             }
             Err(refusal) => return self.refuse_hello(now, context.from, refusal),
         };
         let out = match auth {
             Some(auth) => {
+                let tenant = auth.tenant;
+                let max = self.tenants.tenant(tenant).map_or(0, |tenant| tenant.limits.max_sessions);
+                let counted = !existing;
+                if counted && !self.shared.usage.get(tenant).open_session(max) {
+                    // The tenant holds its share of sessions over the whole target.
+                    self.sessions.close(session, context.from);
+                    self.count(Counter::SessionsClosed);
+                    self.shared.usage.get(tenant).sessions_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return (Status::SessionLimit, 0);
+                }
                 // The answer is sealed with the new session's response key: the initiator learns
                 // that this target holds its tenant's key, and nobody can alter the answer.
-                self.sessions.authenticate(session, context.from, auth);
+                self.sessions.authenticate(session, context.from, SessionAuth { counted, ..auth });
                 self.pending_seal = Some(SealFor { session, peer: context.from });
                 let room = out.len().saturating_sub(netdam_auth::TRAILER_BYTES);
                 &mut out[..room]
@@ -1171,6 +1240,7 @@ impl<E: Engine> Dispatcher<E> {
             key_version: tenant.key_version,
             nonce: area.nonce,
             sent: 0,
+            counted: false,
         })
     }
 

@@ -33,6 +33,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod namespaces;
 pub mod overload;
+pub mod qos;
 pub mod regions;
 pub mod server;
 pub mod sessions;

@@ -4,6 +4,7 @@
 //! them all at scrape time and writes the families listed in `docs/METRICS.md`. Nothing here
 //! runs on a worker: the endpoint has a thread of its own ([`netdam_metrics::MetricsServer`]).
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use netdam_isa::Status;
@@ -14,6 +15,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::dispatch::Shared;
+use crate::qos::Shed;
 use crate::stats::{opcode_slot_name, Counter, WorkerStats, OPCODE_SLOTS, OTHER_OPCODE_SLOT};
 
 /// What `netdam_build_info` says about this target.
@@ -387,6 +389,70 @@ impl Collector for TargetCollector {
             "Receive calls that failed other than for lack of data",
             None,
             [(no_labels(), self.sum(Counter::ReceiveErrors))],
+        )?;
+        counters(
+            encoder,
+            "netdam_auth_refusals",
+            "Datagrams refused for want of authentication, by reason: bad_mac and unsealed (dropped unanswered), hello (HELLOs answered unauthenticated), stat (sessionless STATs answered unauthenticated)",
+            None,
+            self.by_reason(
+                "reason",
+                &[
+                    ("bad_mac", Counter::DroppedBadMac),
+                    ("unsealed", Counter::DroppedUnsealed),
+                    ("hello", Counter::HelloUnauthenticated),
+                    ("stat", Counter::AnsweredUnauthenticated),
+                ],
+            ),
+        )?;
+        counters(
+            encoder,
+            "netdam_sessions_ended_by_tenant_change",
+            "Sessions ended because their tenant was deleted or its key rotated",
+            None,
+            [(no_labels(), self.sum(Counter::SessionsEndedByTenantChange))],
+        )?;
+        // Per tenant, for the tenants in force (read at scrape time, never on the request path).
+        let (_, tenants) = self.shared.tenants.load();
+        let usage = &self.shared.usage;
+        gauges(
+            encoder,
+            "netdam_tenant_sessions",
+            "Sessions open now, by tenant",
+            None,
+            tenants.iter().map(|tenant| {
+                (label("tenant", tenant.name.clone()), f64::from(usage.get(tenant.id).sessions.load(Relaxed)))
+            }),
+        )?;
+        gauges(
+            encoder,
+            "netdam_tenant_block_in_flight",
+            "Block datagrams waiting for I/O at the target now, by tenant (bounded by its max_in_flight)",
+            None,
+            tenants.iter().map(|tenant| {
+                (label("tenant", tenant.name.clone()), f64::from(usage.get(tenant.id).in_flight.load(Relaxed)))
+            }),
+        )?;
+        counters(
+            encoder,
+            "netdam_tenant_shed",
+            "Requests answered busy instead of executed, by tenant and reason: rate (its token bucket was empty), overload (best-effort while requests queued), in_flight (its block I/O limit)",
+            None,
+            tenants.iter().flat_map(|tenant| {
+                Shed::ALL.into_iter().map(move |reason| {
+                    let labels = vec![("tenant", tenant.name.clone()), ("reason", reason.name().to_string())];
+                    (labels, usage.get(tenant.id).shed(reason))
+                })
+            }),
+        )?;
+        counters(
+            encoder,
+            "netdam_tenant_sessions_refused",
+            "HELLOs refused session_limit because the tenant held max_sessions, by tenant",
+            None,
+            tenants.iter().map(|tenant| {
+                (label("tenant", tenant.name.clone()), usage.get(tenant.id).sessions_refused.load(Relaxed))
+            }),
         )?;
         Ok(())
     }

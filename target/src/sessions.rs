@@ -20,6 +20,7 @@
 //! overwritten, is refused `stale`. Stored answers live in a fixed ring of bytes, so memory never grows.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use netdam_isa::limits::{
     MAX_SESSIONS_PER_WORKER, MAX_WORKERS, MIN_SESSIONS_PER_WORKER, REPLAY_ARENA_BYTES, REPLAY_WINDOW,
@@ -28,6 +29,7 @@ use netdam_isa::limits::{
 use netdam_isa::{Duration, Instant};
 
 use crate::cookies::CookieTag;
+use crate::qos::UsageTable;
 
 /// How long a full table with no idle session is taken to stay so (unless a session ends).
 const FULL_TABLE_RECHECK: Duration = Duration::from_millis(1);
@@ -143,6 +145,8 @@ pub struct SessionAuth {
     pub nonce: [u8; netdam_auth::hello::NONCE_BYTES],
     /// Counter of the next answer sealed: the nonce, never used twice under the response key.
     pub sent: u64,
+    /// The session counts against its tenant's `max_sessions` (until it ends).
+    pub counted: bool,
 }
 
 #[derive(Debug)]
@@ -163,6 +167,9 @@ struct Session {
     window: Box<[Remembered]>,
     /// Keys and tenant of an authenticated session; `None` with `auth = "none"`.
     auth: Option<SessionAuth>,
+    /// The id the slot held until it ended (0: none since its reuse): its keys still seal the
+    /// answer to the datagram that ended it.
+    closed_id: u32,
 }
 
 impl Session {
@@ -220,6 +227,18 @@ impl ReplayArena {
     }
 }
 
+/// Ends `session`: frees its slot, and gives an authenticated session back to its tenant's count.
+/// Its keys stay until the slot is reused, so the answer to the CLOSE that ended it can still
+/// be sealed (`closed_id`).
+fn end(session: &mut Session, usage: &UsageTable) {
+    session.closed_id = session.id;
+    session.id = 0;
+    if let Some(auth) = session.auth.as_mut().filter(|auth| auth.counted) {
+        auth.counted = false;
+        usage.get(auth.tenant).close_session();
+    }
+}
+
 /// The sessions of one worker.
 #[derive(Debug)]
 pub struct SessionTable {
@@ -235,6 +254,9 @@ pub struct SessionTable {
     /// A full table had no idle session at the last look: until this instant (or until a
     /// session ends), HELLOs are refused without looking again.
     full_until: Instant,
+    /// Sessions per tenant, over every worker: an authenticated session that ends gives its
+    /// tenant's count back here.
+    usage: Arc<UsageTable>,
 }
 
 impl SessionTable {
@@ -260,6 +282,7 @@ impl SessionTable {
             highest_sequence: 0,
             window: vec![Remembered::default(); REPLAY_WINDOW].into_boxed_slice(),
             auth: None,
+            closed_id: 0,
         };
         SessionTable {
             worker: worker as u32,
@@ -270,7 +293,13 @@ impl SessionTable {
             sweep_cursor: 0,
             by_address: Vec::with_capacity(limits.slots),
             full_until: Instant::ZERO,
+            usage: Arc::new(UsageTable::default()),
         }
+    }
+
+    /// The same table counting authenticated sessions per tenant in `usage`.
+    pub fn with_usage(self, usage: Arc<UsageTable>) -> SessionTable {
+        SessionTable { usage, ..self }
     }
 
     /// The limits in force.
@@ -300,7 +329,7 @@ impl SessionTable {
         let mut own_idle: Option<(Instant, usize)> = None;
         for (slot, session) in self.slots.iter_mut().enumerate() {
             if session.is_open() && session.is_expired(now, idle_timeout) {
-                session.id = 0;
+                end(session, &self.usage);
                 expired += 1;
             }
             if !session.is_open() {
@@ -335,6 +364,10 @@ impl SessionTable {
         };
         let id = self.next_id(slot);
         let session = &mut self.slots[slot];
+        if session.is_open() {
+            // An evicted session.
+            end(session, &self.usage);
+        }
         session.id = id;
         session.peer = peer;
         session.address = address;
@@ -346,6 +379,7 @@ impl SessionTable {
         session.highest_sequence = 0;
         session.window.fill(Remembered::default());
         session.auth = None;
+        session.closed_id = 0;
         Ok(Opened { id, existing: false, evicted, expired })
     }
 
@@ -403,7 +437,7 @@ impl SessionTable {
     pub fn close(&mut self, id: u32, peer: SocketAddr) -> bool {
         match self.owned_slot(id, peer) {
             Some(slot) => {
-                self.slots[slot].id = 0;
+                end(&mut self.slots[slot], &self.usage);
                 self.full_until = Instant::ZERO;
                 true
             }
@@ -418,7 +452,7 @@ impl SessionTable {
         for _ in 0..slots.min(self.slots.len()) {
             let session = &mut self.slots[self.sweep_cursor];
             if session.is_open() && session.is_expired(now, self.limits.idle_timeout) {
-                session.id = 0;
+                end(session, &self.usage);
                 expired += 1;
             }
             self.sweep_cursor = (self.sweep_cursor + 1) % self.slots.len();
@@ -443,7 +477,10 @@ impl SessionTable {
             let session = &mut self.slots[slot];
             let same = session.auth.as_ref().is_some_and(|held| held.nonce == auth.nonce && held.tenant == auth.tenant);
             if !same {
-                session.auth = Some(auth);
+                // New keys (a counter starts again under them); the session's place in its
+                // tenant's count stays as it was.
+                let counted = session.auth.as_ref().is_some_and(|held| held.counted);
+                session.auth = Some(SessionAuth { counted: counted || auth.counted, ..auth });
             }
         }
     }
@@ -458,22 +495,26 @@ impl SessionTable {
     /// appends the trailer under the response key with the session's next counter); `None` when
     /// the session has ended meanwhile or has no keys.
     pub fn seal(&mut self, id: u32, peer: SocketAddr, buffer: &mut [u8], len: usize) -> Option<usize> {
-        let slot = self.owned_slot(id, peer)?;
-        let auth = self.slots[slot].auth.as_mut()?;
+        let slot = (id & ((1 << SLOT_BITS) - 1)) as usize;
+        let session = self.slots.get_mut(slot)?;
+        let current = id != 0 && (session.id == id || session.closed_id == id);
+        if !current || session.peer != peer {
+            return None;
+        }
+        let auth = session.auth.as_mut()?;
         netdam_isa::wire::mark_sealed(&mut buffer[..len]);
         let sealed = netdam_auth::trailer::seal(&auth.keys.response, auth.sent, buffer, len).ok()?;
         auth.sent += 1;
         Some(sealed)
     }
 
-    /// Ends every authenticated session `keep` refuses (its tenant was deleted or its key
+    /// Ends every authenticated session `refuse` names (its tenant was deleted or its key
     /// rotated); returns how many ended.
-    pub fn end_sessions_where(&mut self, mut end: impl FnMut(&SessionAuth) -> bool) -> u64 {
+    pub fn end_sessions_where(&mut self, mut refuse: impl FnMut(&SessionAuth) -> bool) -> u64 {
         let mut ended = 0;
         for session in &mut self.slots {
-            if session.is_open() && session.auth.as_ref().is_some_and(&mut end) {
-                session.id = 0;
-                session.auth = None;
+            if session.is_open() && session.auth.as_ref().is_some_and(&mut refuse) {
+                end(session, &self.usage);
                 ended += 1;
             }
         }

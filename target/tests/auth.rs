@@ -14,7 +14,7 @@ use netdam_initiator::session::SessionConfig;
 use netdam_isa::wire::{mark_sealed, peek_is_sealed, Instruction, RequestBuilder, Response};
 use netdam_isa::{Opcode, Status};
 use netdam_target::config::AuthMode;
-use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+use netdam_target::tenants::{GrantRecord, GrantSpace, QosClass, TenantLimits, TenantRecord, TenantSnapshot};
 
 const REGION: u64 = 1 << 20;
 
@@ -345,4 +345,101 @@ fn an_unauthenticated_target_refuses_to_listen_beyond_loopback_unless_forced() {
     config.auth = AuthMode::Tenants;
     config.allow_unauthenticated_network = false;
     config.validate().unwrap();
+}
+
+fn limited(name: &str, id: u32, key_byte: u8, class: QosClass, limits: TenantLimits) -> TenantRecord {
+    TenantRecord {
+        class,
+        limits,
+        ..record(name, id, key_byte, vec![grant(GrantSpace::Region("shared".into()), &["read", "write"], None)])
+    }
+}
+
+fn scrape(target: &common::TestTarget) -> String {
+    use std::io::{Read, Write};
+    let addr = target.target.metrics_addr().expect("metrics are on in the test settings");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no series {series} in /metrics"))
+}
+
+#[test]
+fn a_tenant_gets_no_more_sessions_than_its_share() {
+    let target = start();
+    let mut tenants = records();
+    tenants.push(limited(
+        "capped",
+        4,
+        0xC4,
+        QosClass::LatencyCritical,
+        TenantLimits { max_sessions: 2, ..Default::default() },
+    ));
+    publish(&target, &tenants);
+    let first = client(&target, Some(credentials(4, 0xC4))).unwrap();
+    let _second = client(&target, Some(credentials(4, 0xC4))).unwrap();
+    assert_eq!(refused(client(&target, Some(credentials(4, 0xC4)))), Status::SessionLimit);
+    // Another tenant is not affected, and a closed session gives its place back.
+    client(&target, Some(credentials(2, 0xB0))).expect("bob still gets a session");
+    first.close().unwrap();
+    client(&target, Some(credentials(4, 0xC4))).expect("a closed session frees its share");
+    let metrics = scrape(&target);
+    assert_eq!(sample(&metrics, "netdam_tenant_sessions_refused_total{tenant=\"capped\"}"), 1.0);
+}
+
+#[test]
+fn a_best_effort_tenant_over_its_rate_is_shed_and_a_latency_critical_one_is_not() {
+    let target = start();
+    let mut tenants = records();
+    // 2,000 cost units a second, a burst of 40; a 64-byte READ costs 2 units.
+    let rate = TenantLimits { cost_per_second: 2_000, burst: 40, ..Default::default() };
+    tenants.push(limited("batch", 5, 0xBE, QosClass::BestEffort, rate));
+    publish(&target, &tenants);
+    let mut batch = Raw::open(&target, 5, 0xBE);
+    let mut interactive = client(&target, Some(credentials(2, 0xB0))).unwrap();
+    let shared = interactive.region("shared").unwrap().id;
+    let read = Instruction {
+        opcode: Opcode::Read as u8,
+        flags: 0,
+        space: shared,
+        offset: 0,
+        length: 64,
+        aux: 0,
+        operand: &[],
+    };
+    let started = std::time::Instant::now();
+    let (mut executed, mut shed, mut sequence) = (0u64, 0u64, 0u64);
+    let mut word = [0u8; 64];
+    while started.elapsed() < Duration::from_millis(400) {
+        sequence += 1;
+        let datagram = batch.sealed(batch.session, sequence, &read);
+        match batch.exchange(&datagram) {
+            Some((Status::Ok, _)) => executed += 1,
+            Some((Status::Busy, _)) => shed += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+        if sequence % 50 == 0 {
+            // The latency-critical tenant, at a modest rate beside it, is never shed.
+            interactive.read(shared, 0, &mut word).unwrap();
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // What the bucket allows: its burst, then its rate (2 units per READ), with a little slack
+    // for the instant the bucket was read.
+    let allowed = (40.0 + 2_000.0 * elapsed) / 2.0 + 2.0;
+    assert!(shed > 0, "the tenant asked for {sequence} READs in {elapsed:.2} s and none was shed");
+    assert!((executed as f64) <= allowed, "{executed} executed, the bucket allows {allowed:.0} in {elapsed:.2} s");
+    assert!(executed >= 20, "the burst at least executed: {executed}");
+    assert_eq!(interactive.session_stats().busy, 0, "the latency-critical tenant got BUSY answers");
+    let metrics = scrape(&target);
+    let counted = sample(&metrics, "netdam_tenant_shed_total{tenant=\"batch\",reason=\"rate\"}");
+    assert_eq!(counted, shed as f64, "every shed request is counted for its tenant");
+    assert_eq!(sample(&metrics, "netdam_tenant_shed_total{tenant=\"bob\",reason=\"rate\"}"), 0.0);
 }
