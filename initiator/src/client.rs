@@ -10,6 +10,7 @@ use std::os::fd::AsRawFd;
 
 use netdam_isa::block::{decode_extents, Extent};
 use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo};
+use netdam_isa::crypto::Seal;
 use netdam_isa::extension::reduce::{ReduceOp, REDUCE_MAX_BYTES, REDUCE_OPCODE};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
@@ -516,6 +517,40 @@ impl Client {
             Ok(())
         })?;
         total.ok_or(ClientError::MissingResult(0))
+    }
+
+    /// ENCRYPT `len` bytes at `offset` under key slot `slot` (AES-256-GCM), in place or into
+    /// `destination` (region, offset), binding `aad`; returns the seal (nonce and tag) that
+    /// [`Client::decrypt`] needs. Not idempotent: a retransmission gets the stored answer.
+    pub fn encrypt(
+        &mut self,
+        space: u16,
+        offset: u64,
+        len: u32,
+        slot: u32,
+        destination: Option<(u16, u64)>,
+        aad: &[u8],
+    ) -> Result<Seal, ClientError> {
+        let reply = self.call(&[Op::encrypt(space, offset, len, slot, destination, aad)])?;
+        let data = reply.data(0)?;
+        Seal::from_bytes(data).ok_or(ClientError::MissingResult(0))
+    }
+
+    /// DECRYPT `len` bytes at `offset` that ENCRYPT sealed as `seal`, under key slot `slot` and
+    /// with the same `aad`, in place or into `destination`. A tampered range, seal or `aad` is
+    /// refused with `auth_failed`, and nothing is written.
+    #[allow(clippy::too_many_arguments)] // the instruction's own fields
+    pub fn decrypt(
+        &mut self,
+        space: u16,
+        offset: u64,
+        len: u32,
+        slot: u32,
+        seal: &Seal,
+        destination: Option<(u16, u64)>,
+        aad: &[u8],
+    ) -> Result<(), ClientError> {
+        self.call(&[Op::decrypt(space, offset, len, slot, seal, destination, aad)])?.data(0).map(|_| ())
     }
 
     /// CRC32 of `len` bytes.

@@ -2,6 +2,7 @@
 //! layout of docs/PROTOCOL.md.
 
 use netdam_isa::control::{encode_hello_operand, encode_hello_operand_with, Cookie, HelloRequest, HELLO_AUTH_LEN};
+use netdam_isa::crypto::{encode_operand, Destination, Seal, CRYPTO_FLAG_TO_DESTINATION};
 use netdam_isa::extension::reduce::{reduce_aux, ReduceOp, REDUCE_OPCODE};
 use netdam_isa::opcode::{BWRITE_FLAG_FUA, VADD_FLAG_RETURN_RESULT};
 use netdam_isa::wire::Instruction;
@@ -137,6 +138,49 @@ impl Op {
     /// REDUCE (the extension `reduce`): `op` over the `lane` lanes of `length` bytes at `offset`.
     pub fn reduce(space: u16, offset: u64, length: u32, lane: LaneType, op: ReduceOp) -> Op {
         Op::extension(REDUCE_OPCODE, 0, space, offset, length, reduce_aux(lane, op), &[])
+    }
+
+    /// ENCRYPT `length` bytes at `offset` with AES-256-GCM under key slot `slot`: in place, or
+    /// into `destination` (region, offset); `aad` is authenticated with them, not stored. The
+    /// answer's data is the 28-byte seal DECRYPT needs.
+    pub fn encrypt(space: u16, offset: u64, length: u32, slot: u32, destination: Option<(u16, u64)>, aad: &[u8]) -> Op {
+        Op::crypto(Opcode::Encrypt, space, offset, length, slot, None, destination, aad)
+    }
+
+    /// DECRYPT `length` bytes at `offset` sealed as `seal` says, under key slot `slot` and with the
+    /// same `aad`: in place, or into `destination` (region, offset).
+    pub fn decrypt(
+        space: u16,
+        offset: u64,
+        length: u32,
+        slot: u32,
+        seal: &Seal,
+        destination: Option<(u16, u64)>,
+        aad: &[u8],
+    ) -> Op {
+        Op::crypto(Opcode::Decrypt, space, offset, length, slot, Some(seal), destination, aad)
+    }
+
+    #[allow(clippy::too_many_arguments)] // the two public constructors above name them
+    fn crypto(
+        opcode: Opcode,
+        space: u16,
+        offset: u64,
+        length: u32,
+        slot: u32,
+        seal: Option<&Seal>,
+        destination: Option<(u16, u64)>,
+        aad: &[u8],
+    ) -> Op {
+        let destination = destination.map(|(space, offset)| Destination { space, offset });
+        let mut operand = Vec::new();
+        encode_operand(&mut operand, seal, destination, aad);
+        Op {
+            flags: if destination.is_some() { CRYPTO_FLAG_TO_DESTINATION } else { 0 },
+            aux: slot,
+            operand,
+            ..Op::new(opcode, space, offset, length)
+        }
     }
 
     /// CRC32 of `length` bytes at `offset`.

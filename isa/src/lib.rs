@@ -5,6 +5,7 @@
 //! - [`semantics`]: what memory and compute instructions do, over [`memory::SharedMemory`].
 //! - [`compute`]: VADD's vectorised lane arithmetic and its per-chunk exclusion.
 //! - [`control`]: HELLO and STAT payloads.
+//! - [`crypto`]: ENCRYPT and DECRYPT operands, nonces and seals.
 //! - [`limits`]: every bound, in one place.
 //! - [`time`]: the protocol's own `Instant` and `Duration`.
 //! - [`engine`]: the trait execution engines implement.
@@ -14,6 +15,7 @@
 pub mod block;
 pub mod compute;
 pub mod control;
+pub mod crypto;
 pub mod engine;
 pub mod extension;
 #[doc(hidden)]

@@ -21,6 +21,22 @@ pub const MAX_INSTRUCTIONS_PER_DATAGRAM: usize = 64;
 /// Largest VADD operand: 2048 f32 lanes, the NetDAM Allreduce primitive.
 pub const MAX_VADD_BYTES: usize = 2048 * 4;
 
+/// Most bytes one ENCRYPT or DECRYPT addresses. AES-256-GCM runs at a few GB/s per core with
+/// AES-NI, so 16 KiB holds a worker for a few microseconds, in line with a full VADD; the target
+/// seals through a per-worker scratch buffer of this size (allocated at start-up).
+pub const MAX_CRYPTO_BYTES: usize = 16 * 1024;
+
+/// Most associated-data bytes an ENCRYPT or DECRYPT operand may carry.
+pub const MAX_CRYPTO_AAD_BYTES: usize = 1024;
+
+/// Key slots a target holds: ENCRYPT's and DECRYPT's `aux` is a slot number below this.
+pub const CRYPTO_KEY_SLOTS: u32 = 256;
+
+/// Nonces a target reserves for a key slot at a time, by fsyncing the end of the block to the
+/// slot's reservation file before it uses any of them. It reserves the next block when half of
+/// the current one is used, so the fsync runs once per 64 Ki encryptions, with 32 Ki in hand.
+pub const NONCE_RESERVATION_BLOCK: u64 = 1 << 16;
+
 /// Bytes of memory one VADD exclusion flag covers: a VADD adds one such aligned chunk at a time
 /// while holding its flag (see `compute`). 1 KiB (256 f32 lanes) keeps a hold well under a
 /// microsecond and a full 8 KiB VADD at 8 or 9 flag operations.
@@ -36,7 +52,8 @@ pub const MAX_REGIONS: usize = 64;
 /// Longest region name, in bytes of UTF-8.
 pub const MAX_REGION_NAME_BYTES: usize = 32;
 
-/// Entries a STAT answer may carry (the answer must fit the smallest datagram, checked below).
+/// Entries a STAT answer may carry: room for every counter and status of the target with a
+/// margin (80 entries of the longest name still fit the smallest datagram, asserted below).
 pub const MAX_STAT_ENTRIES: usize = 80;
 
 /// Longest STAT counter name.

@@ -29,9 +29,9 @@ pub enum Opcode {
     Vadd = 0x20,
     /// CRC32 of a range.
     Crc32 = 0x28,
-    /// AEAD-encrypt a range with a key slot (reserved).
+    /// AES-256-GCM-encrypt a range with a key slot; answers the nonce and tag (see `crypto`).
     Encrypt = 0x30,
-    /// AEAD-decrypt a range with a key slot (reserved).
+    /// AES-256-GCM-decrypt a range with a key slot, given ENCRYPT's nonce and tag.
     Decrypt = 0x31,
     /// Read blocks of a namespace (reserved).
     BlockRead = 0x40,
@@ -121,8 +121,9 @@ impl Opcode {
             | Opcode::Trim
             | Opcode::WriteZeroes
             | Opcode::BlockStatus => true,
-            // MEMCPY is idempotent only while source and destination do not overlap:
-            // Instruction::is_idempotent checks that.
+            // MEMCPY is idempotent only while source and destination do not overlap, DECRYPT only
+            // to a separate destination: Instruction::is_idempotent checks that. ENCRYPT never is
+            // (a fresh nonce each time, see `crypto::is_idempotent`).
             Opcode::Cas | Opcode::FetchAdd | Opcode::Vadd | Opcode::Encrypt | Opcode::Decrypt => false,
         }
     }

@@ -186,6 +186,8 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
         | Opcode::Ping
         | Opcode::Stat
         | Opcode::Close
+        // ENCRYPT and DECRYPT need the target's keys and nonce counters: its `crypto` module
+        // executes them (the layouts are in `crate::crypto`).
         | Opcode::Encrypt
         | Opcode::Decrypt
         | Opcode::BlockRead

@@ -49,11 +49,16 @@ pub enum Status {
     /// key, with an unknown tenant, a wrong proof or a rotated key, or a sessionless request
     /// only an authenticated session may make (PROTOCOL.md, "Authentication").
     Unauthenticated = 0x11,
+    /// DECRYPT: the ciphertext, tag, nonce or associated data is not what the key sealed (or the
+    /// nonce names a key version the slot does not hold); nothing was written.
+    AuthFailed = 0x12,
+    /// ENCRYPT or DECRYPT: the key slot holds no key.
+    NoSuchKey = 0x13,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 18] = [
+    pub const ALL: [Status; 20] = [
         Status::Ok,
         Status::Malformed,
         Status::UnsupportedVersion,
@@ -72,6 +77,8 @@ impl Status {
         Status::SessionLimit,
         Status::NoSpace,
         Status::Unauthenticated,
+        Status::AuthFailed,
+        Status::NoSuchKey,
     ];
 
     /// The status with this wire value, if any.
@@ -100,6 +107,8 @@ impl Status {
             Status::SessionLimit => "session_limit",
             Status::NoSpace => "no_space",
             Status::Unauthenticated => "unauthenticated",
+            Status::AuthFailed => "auth_failed",
+            Status::NoSuchKey => "no_such_key",
         }
     }
 }

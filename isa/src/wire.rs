@@ -378,6 +378,7 @@ impl Instruction<'_> {
                     || source_offset.saturating_add(length) <= self.offset
                     || self.offset.saturating_add(length) <= source_offset
             }
+            Some(crate::Opcode::Decrypt) => crate::crypto::is_idempotent(self),
             Some(opcode) => opcode.is_idempotent(),
             None => false,
         }

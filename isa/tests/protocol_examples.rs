@@ -28,7 +28,7 @@ const AUTH_PREFIX: &str = "```text example:auth-";
 #[test]
 fn every_example_in_the_document_is_checked() {
     let named = PROTOCOL.matches("```text example:").count() - PROTOCOL.matches(AUTH_PREFIX).count();
-    assert_eq!(named, 15, "a new example in PROTOCOL.md needs its assertions here (or in the auth crate's)");
+    assert_eq!(named, 19, "a new example in PROTOCOL.md needs its assertions here (or in the auth crate's)");
 }
 
 #[test]
@@ -135,6 +135,55 @@ fn new_numbers_are_the_documented_ones() {
     assert_eq!((Status::Retry as u8, Status::Retry.name()), (0x0E, "retry"));
     assert_eq!((Status::SessionLimit as u8, Status::SessionLimit.name()), (0x0F, "session_limit"));
     assert_eq!((Status::NoSpace as u8, Status::NoSpace.name()), (0x10, "no_space"));
+    assert_eq!((Status::AuthFailed as u8, Status::AuthFailed.name()), (0x12, "auth_failed"));
+    assert_eq!((Status::NoSuchKey as u8, Status::NoSuchKey.name()), (0x13, "no_such_key"));
+}
+
+#[test]
+fn encrypt_and_decrypt_exchange() {
+    use netdam_isa::crypto::{self, Destination, Nonce, Seal, CRYPTO_FLAG_TO_DESTINATION, SEAL_LEN};
+
+    let bytes = example("encrypt-request");
+    check_decode_round_trip(&bytes);
+    let request = Request::parse(&bytes).unwrap();
+    assert_eq!((request.header.session, request.header.sequence, request.header.count), (7, 10, 1));
+    let instruction = request.instructions().next().unwrap();
+    assert_eq!(instruction.opcode, Opcode::Encrypt as u8);
+    assert_eq!((instruction.space, instruction.offset, instruction.length), (0, 0x2000, 4096));
+    let encrypt = crypto::decode(&instruction).unwrap();
+    assert_eq!((encrypt.decrypt, encrypt.slot, encrypt.seal, encrypt.destination), (false, 1, None, None));
+    assert_eq!(encrypt.aad, b"vol7");
+    assert!(!instruction.is_idempotent(), "ENCRYPT is at most once");
+
+    let bytes = example("encrypt-response");
+    check_decode_round_trip(&bytes);
+    let response = Response::parse(&bytes).unwrap();
+    assert_eq!((response.header.sequence, response.header.service_time_ns), (10, 3100));
+    let result = response.results().next().unwrap();
+    assert_eq!((result.opcode, result.status, result.data.len()), (Opcode::Encrypt as u8, Status::Ok, SEAL_LEN));
+    let seal = Seal::from_bytes(result.data).unwrap();
+    assert_eq!(seal.nonce, Nonce { key_version: 1, counter: 65_536 });
+    assert_eq!(seal.tag[0], 0x9c);
+
+    let bytes = example("decrypt-request");
+    check_decode_round_trip(&bytes);
+    let request = Request::parse(&bytes).unwrap();
+    assert_eq!((request.header.session, request.header.sequence), (7, 11));
+    let instruction = request.instructions().next().unwrap();
+    assert_eq!((instruction.opcode, instruction.flags), (Opcode::Decrypt as u8, CRYPTO_FLAG_TO_DESTINATION));
+    assert_eq!((instruction.space, instruction.offset, instruction.length, instruction.aux), (0, 0x2000, 4096, 1));
+    let decrypt = crypto::decode(&instruction).unwrap();
+    assert_eq!(decrypt.seal, Some(seal), "DECRYPT carries ENCRYPT's seal back");
+    assert_eq!(decrypt.destination, Some(Destination { space: 1, offset: 0x400 }));
+    assert_eq!(decrypt.aad, b"vol7");
+    assert!(instruction.is_idempotent(), "DECRYPT to a separate destination may run again");
+
+    let bytes = example("decrypt-response");
+    check_decode_round_trip(&bytes);
+    let response = Response::parse(&bytes).unwrap();
+    assert_eq!((response.header.sequence, response.header.service_time_ns), (11, 2900));
+    let result = response.results().next().unwrap();
+    assert_eq!((result.opcode, result.status, result.data.len()), (Opcode::Decrypt as u8, Status::AuthFailed, 0));
 }
 
 #[test]

@@ -20,8 +20,8 @@ use netdam_isa::engine::Engine;
 use netdam_isa::extension::{ExtensionRegistry, Permissions, EXTENSION_OPCODES};
 use netdam_isa::limits::{
     DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
-    MAX_BLOCK_STATUS_EXTENTS, MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES, SESSION_SWEEP_INTERVAL,
-    SESSION_SWEEP_SLOTS,
+    MAX_BLOCK_STATUS_EXTENTS, MAX_CRYPTO_BYTES, MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES,
+    SESSION_SWEEP_INTERVAL, SESSION_SWEEP_SLOTS,
 };
 use netdam_isa::wire::{
     peek_is_response, peek_is_sealed, peek_session_sequence, DecodeError, Disposition, Instruction, Request,
@@ -33,6 +33,7 @@ use netdam_pmem::Durability;
 
 use crate::block::{self, BlockPath, Pending, ReplyTo, RunEntry};
 use crate::cookies::{CookieJar, CookieRefusal};
+use crate::crypto::KeyRing;
 use crate::fpga_engine::EngineState;
 use crate::namespaces::NamespaceTable;
 use crate::overload::StandingQueue;
@@ -132,6 +133,8 @@ pub struct Shared {
     pub cookies: CookieJar,
     /// The extension instructions served (none unless configured).
     pub extensions: ExtensionRegistry,
+    /// The key slots of ENCRYPT and DECRYPT (none unless created with `crypto-key create`).
+    pub keys: Arc<KeyRing>,
     /// The tenants in force, replaced whole when the metadata store changes.
     pub tenants: Arc<TenantCell>,
     /// Each tenant's sessions, block I/O in flight, token bucket and shed counts.
@@ -161,8 +164,14 @@ impl Shared {
             extensions: ExtensionRegistry::new(),
             engine: Arc::new(EngineState::software()),
             tenants: Arc::new(TenantCell::default()),
+            keys: Arc::new(KeyRing::default()),
             usage: Arc::new(UsageTable::default()),
         }
+    }
+
+    /// The same state serving the key slots of `keys`.
+    pub fn with_keys(self, keys: KeyRing) -> Shared {
+        Shared { keys: Arc::new(keys), ..self }
     }
 
     /// The same state applying the tenants of `cell`.
@@ -238,6 +247,8 @@ pub struct Dispatcher<E> {
     metrics: bool,
     /// Whether requests that queued past the BUSY threshold form a standing queue.
     overload: StandingQueue,
+    /// Where ENCRYPT and DECRYPT seal and open, [`MAX_CRYPTO_BYTES`] allocated at start.
+    crypto_scratch: Box<[u8]>,
     /// The same test at a quarter of the threshold: best-effort tenants are shed there first.
     overload_best_effort: StandingQueue,
     /// The tenants this worker applies, and the generation of the cell they came from.
@@ -276,6 +287,7 @@ impl<E: Engine> Dispatcher<E> {
             current_opcode: 0,
             metrics,
             overload,
+            crypto_scratch: vec![0u8; MAX_CRYPTO_BYTES].into_boxed_slice(),
             overload_best_effort,
             tenants: Arc::new(TenantSnapshot::default()),
             tenants_generation: 0,
@@ -1029,6 +1041,7 @@ impl<E: Engine> Dispatcher<E> {
             Some(Opcode::Hello) => unreachable!("execute_into answers HELLO"),
             // Reached only when this target serves no namespace at all.
             Some(opcode) if opcode.is_block() => Err(Status::NoSuchSpace),
+            Some(Opcode::Encrypt | Opcode::Decrypt) => self.crypto(instruction, out),
             None if EXTENSION_OPCODES.contains(&instruction.opcode) => self.extension(instruction, out),
             _ => self.engine.execute(instruction, out),
         }
@@ -1038,25 +1051,63 @@ impl<E: Engine> Dispatcher<E> {
     /// declaration and the session's permissions, and runs the handler; a range it modified on a
     /// persistent region is persisted at once (extensions are outside group commit).
     fn extension(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+        let granted = self.session_permissions(instruction.space);
         let shared = &*self.shared;
         if shared.engine.region_on_device(instruction.space) {
             // Handlers read and write host memory; this region's bytes are on the device.
             return Err(Status::NotSupported);
         }
-        let granted = match self.current_tenant {
-            None => shared.settings.session_permissions,
-            Some(tenant) => self
-                .tenants
-                .tenant(tenant)
-                .and_then(|tenant| tenant.region_grant(instruction.space))
-                .map_or(Permissions::NONE, |grant| grant.permissions),
-        };
         let outcome = shared.extensions.execute(instruction, &*shared.regions, granted, out)?;
         if let Some(written) = outcome.written {
             let region = shared.regions.get(written.space).expect("the registry wrote to a region that exists");
             region.persist(written.offset, written.len).map_err(|error| {
                 let (offset, len) = (written.offset, written.len);
                 tracing::error!(region = region.name(), offset, len, %error, "persist of an extension's write failed");
+                Status::IoError
+            })?;
+        }
+        Ok(outcome.data_len)
+    }
+
+    /// What the session whose datagram is executing may do on region `space`: its tenant's grant
+    /// there, or without tenants (`auth = "none"`) the target-wide `session_permissions`. One
+    /// function, so extensions, ENCRYPT and DECRYPT read permissions from one place.
+    fn session_permissions(&self, space: u16) -> Permissions {
+        match self.current_tenant {
+            None => self.shared.settings.session_permissions,
+            Some(tenant) => self
+                .tenants
+                .tenant(tenant)
+                .and_then(|tenant| tenant.region_grant(space))
+                .map_or(Permissions::NONE, |grant| grant.permissions),
+        }
+    }
+
+    /// Executes an ENCRYPT or DECRYPT (see `crypto`); what it wrote on a persistent region is
+    /// persisted at once, before the answer (crypto is outside group commit, as extensions are).
+    fn crypto(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+        // A tenant's grant on a destination region (and the ranges) was checked in `check_grant`.
+        let granted = self.session_permissions(instruction.space);
+        let shared = &*self.shared;
+        let destination = netdam_isa::crypto::decode(instruction).ok().and_then(|request| request.destination);
+        let on_device = |space: u16| shared.engine.region_on_device(space);
+        if on_device(instruction.space) || destination.is_some_and(|to| on_device(to.space)) {
+            // Sealing reads and writes host memory; this region's bytes are on the device.
+            return Err(Status::NotSupported);
+        }
+        let outcome = crate::crypto::execute(
+            instruction,
+            &*shared.regions,
+            &shared.keys,
+            granted,
+            &mut self.crypto_scratch,
+            out,
+        )?;
+        if let Some(written) = outcome.written {
+            let region = shared.regions.get(written.space).expect("crypto wrote to a region that exists");
+            region.persist(written.offset, written.len).map_err(|error| {
+                let (offset, len) = (written.offset, written.len);
+                tracing::error!(region = region.name(), offset, len, %error, "persist of a crypto result failed");
                 Status::IoError
             })?;
         }
@@ -1232,7 +1283,15 @@ impl<E: Engine> Dispatcher<E> {
             Some(Opcode::Cas | Opcode::FetchAdd) => region(Permissions::ATOMIC, offset, 8),
             Some(Opcode::Vadd) => region(Permissions::COMPUTE, offset, length),
             Some(Opcode::Encrypt | Opcode::Decrypt) => {
+                // The source is read and (in place) written; a destination is written. A
+                // malformed operand is the executor's to answer; it touches nothing.
+                let destination = netdam_isa::crypto::decode(instruction).ok().and_then(|request| request.destination);
                 region(Permissions::READ.union(Permissions::WRITE), offset, length)
+                    && destination.is_none_or(|to| {
+                        tenant
+                            .region_grant(to.space)
+                            .is_some_and(|grant| grant.allows(Permissions::WRITE, to.offset, length))
+                    })
             }
             Some(Opcode::Memcpy) => {
                 let operand = instruction.operand;
@@ -1646,6 +1705,11 @@ mod tests {
         let (answer, _) =
             exchange_at(&mut dispatcher, now, ME, 0, Duration::ZERO, &[instruction(Opcode::Stat, 0, &vec![0; 4000])]);
         let entries = decode_stat_answer(&first_result(&answer).1).unwrap();
+        assert_eq!(
+            entries.len(),
+            TARGET_STAT_ENTRIES + Counter::ALL.len() + Status::ALL.len(),
+            "TARGET_STAT_ENTRIES counts what `stat` writes besides counters and statuses (stats.rs asserts the sum fits)"
+        );
         let get = |name: &str| entries.iter().find(|(entry, _)| entry == name).map(|(_, value)| *value);
         assert_eq!(get("sessions_opened"), Some(2));
         assert_eq!(get("sessions_closed"), Some(1));

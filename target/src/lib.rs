@@ -16,6 +16,7 @@
 //! - [`metadata`]: the redb store of regions, namespaces and tenants created by admin commands.
 //! - [`sessions`]: one worker's sessions, their replay window and the limits on them.
 //! - [`cookies`]: the HELLO cookies that prove a sender's address before it gets a session.
+//! - [`crypto`]: ENCRYPT and DECRYPT: key slots, nonce reservation, AES-256-GCM.
 //! - [`tenants`]: tenants, keys and grants as the running target applies them.
 //! - [`tenant_admin`]: key files, imported keys and the default tenant, for admin commands.
 //! - [`tenant_watch`]: re-reads the tenants when the store changes and publishes them.
@@ -23,6 +24,7 @@
 pub mod block;
 pub mod config;
 pub mod cookies;
+pub mod crypto;
 pub mod dispatch;
 pub mod engine;
 pub mod extensions;

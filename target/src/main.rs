@@ -12,7 +12,10 @@ use netdam_target::config::{
     validate_spaces, ByteSize, EngineChoice, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig,
     DEFAULT_BLOCK_BYTES,
 };
-use netdam_target::metadata::{range_text, read_tenants, space_text, KnownSpaces, MetadataStore, TenantSettings};
+use netdam_target::crypto::{generate_key, read_reservation, reservation_path};
+use netdam_target::metadata::{
+    range_text, read_tenants, space_text, KnownSpaces, MetadataError, MetadataStore, TenantSettings,
+};
 use netdam_target::namespaces::{open_namespace, resolve};
 use netdam_target::server::running_target;
 use netdam_target::tenant_admin::{self, parse_permission_list, parse_range, parse_space};
@@ -21,7 +24,8 @@ use netdam_target::{AuthMode, Config, PollMode, Target};
 
 /// A disaggregated storage target with low, deterministic latency: memory regions and block
 /// namespaces served over UDP with the NetDAM instruction set (read, write, atomics, memcpy,
-/// fill, vector add, CRC; block read, write with FUA, flush, trim, write-zeroes).
+/// fill, vector add, CRC, AES-256-GCM encrypt and decrypt; block read, write with FUA, flush, trim,
+/// write-zeroes).
 ///
 /// With no arguments it serves a persistent 64 MiB region named "default", kept in a file under
 /// the user's data directory, on 127.0.0.1:7800.
@@ -60,6 +64,51 @@ enum Command {
     /// Take permissions (all when none are named) on a space back from a tenant. A running
     /// target applies it within a second, to live sessions too.
     Revoke(RevokeArgs),
+    /// Create, rotate, delete or list the AES-256-GCM key slots of ENCRYPT and DECRYPT, kept in
+    /// the metadata store of the data directory. Keys are drawn from the OS random source and
+    /// never printed nor sent by any instruction.
+    #[command(subcommand, name = "crypto-key")]
+    CryptoKey(CryptoKeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum CryptoKeyCommand {
+    /// Put a new random key (version 1) in an empty slot, committed durably before this returns.
+    Create {
+        /// Slot number, 0 to 255: ENCRYPT's and DECRYPT's aux field.
+        #[arg(value_parser = parse_slot)]
+        slot: u32,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Add a new random key version to a slot: ENCRYPT seals with it from the target's next
+    /// start; DECRYPT still opens what older versions sealed (the nonce names the version).
+    Rotate {
+        #[arg(value_parser = parse_slot)]
+        slot: u32,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Remove a slot and every version of its key: what they sealed can no longer be decrypted.
+    Delete {
+        #[arg(value_parser = parse_slot)]
+        slot: u32,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List the slots that hold a key, with their key versions (never the keys).
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+fn parse_slot(text: &str) -> Result<u32, String> {
+    let slot: u32 = text.parse().map_err(|_| format!("{text:?} is not a slot number"))?;
+    if slot >= netdam_isa::limits::CRYPTO_KEY_SLOTS {
+        return Err(format!("slot {slot} is beyond the last slot, {}", netdam_isa::limits::CRYPTO_KEY_SLOTS - 1));
+    }
+    Ok(slot)
 }
 
 #[derive(Debug, Subcommand)]
@@ -377,6 +426,7 @@ fn main() -> ExitCode {
         Some(Command::Tenant(command)) => return admin(|| tenant_command(command)),
         Some(Command::Grant(args)) => return admin(|| grant_command(args)),
         Some(Command::Revoke(args)) => return admin(|| revoke_command(args)),
+        Some(Command::CryptoKey(command)) => return admin(|| crypto_key_command(command)),
     };
     let config = match settings.to_config() {
         Ok(config) => config,
@@ -738,6 +788,60 @@ fn revoke_command(args: RevokeArgs) -> Result<(), String> {
     Ok(())
 }
 
+fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
+    let text = |error: MetadataError| error.to_string();
+    match command {
+        CryptoKeyCommand::Create { slot, store } => {
+            let (_, data_dir) = store_context(&store)?;
+            let metadata = MetadataStore::open(&data_dir).map_err(text)?;
+            let key = generate_key().map_err(|error| error.to_string())?;
+            let version = metadata.create_crypto_key(slot, &key).map_err(text)?;
+            println!("created key slot {slot}: key version {version}, AES-256-GCM ({})", metadata.path().display());
+            drop(metadata);
+            after_change(&data_dir);
+        }
+        CryptoKeyCommand::Rotate { slot, store } => {
+            let (_, data_dir) = store_context(&store)?;
+            let metadata = MetadataStore::open(&data_dir).map_err(text)?;
+            let key = generate_key().map_err(|error| error.to_string())?;
+            let version = metadata.rotate_crypto_key(slot, &key).map_err(text)?;
+            println!(
+                "rotated key slot {slot}: ENCRYPT seals with key version {version}; DECRYPT still opens older versions"
+            );
+            drop(metadata);
+            after_change(&data_dir);
+        }
+        CryptoKeyCommand::Delete { slot, store } => {
+            let (_, data_dir) = store_context(&store)?;
+            let metadata = MetadataStore::open(&data_dir).map_err(text)?;
+            let versions = metadata.delete_crypto_key(slot).map_err(text)?;
+            println!(
+                "deleted key slot {slot} (key versions {versions:?}): what they sealed can no longer be decrypted"
+            );
+            drop(metadata);
+            after_change(&data_dir);
+        }
+        CryptoKeyCommand::List { store } => {
+            let (_, data_dir) = store_context(&store)?;
+            let slots = if data_dir.join(netdam_target::metadata::METADATA_FILE).exists() {
+                MetadataStore::open(&data_dir).and_then(|metadata| metadata.crypto_key_slots()).map_err(text)?
+            } else {
+                Vec::new()
+            };
+            if slots.is_empty() {
+                println!("no key slot holds a key (netdam-target crypto-key create SLOT makes one)");
+            }
+            for (slot, versions) in slots {
+                let current = versions.last().copied().unwrap_or_default();
+                let reserved =
+                    read_reservation(&reservation_path(&data_dir, slot)).map_err(|error| error.to_string())?;
+                println!("{slot:>3}  key version {current:<4} versions {versions:?}  nonces reserved up to {reserved}");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The one log line at start: the settings in force and where the metrics are.
 fn log_start(target: &Target, config: &Config) {
     let metrics = match target.metrics_addr() {
@@ -821,6 +925,9 @@ fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path
             namespace.block_bytes(),
             namespace.backing()
         );
+    }
+    for (slot, keys) in target.keys().loaded() {
+        let _ = writeln!(banner, "  key slot {slot}: AES-256-GCM, nonces from {}", keys.nonces().peek());
     }
     if let Some(metrics) = target.metrics_addr() {
         let _ =

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use netdam_auth::TenantKey;
+use netdam_isa::crypto::KEY_LEN;
 use redb::{Database, DatabaseError, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
 use crate::config::{Config, NamespaceConfig, RegionConfig};
@@ -26,6 +27,11 @@ use crate::tenants::{
 const REGIONS: TableDefinition<&str, &str> = TableDefinition::new("regions");
 const NAMESPACES: TableDefinition<&str, &str> = TableDefinition::new("namespaces");
 const TENANTS: TableDefinition<&str, &str> = TableDefinition::new("tenants");
+/// Key slots of ENCRYPT and DECRYPT: slot number to its key versions, each 4 bytes of version
+/// (little-endian) then 32 bytes of AES-256 key, in increasing version order.
+const CRYPTO_KEYS: TableDefinition<u32, &[u8]> = TableDefinition::new("crypto_keys");
+/// Bytes of one stored key version.
+const KEY_ENTRY_LEN: usize = 4 + KEY_LEN;
 
 /// How long, in all, opening the store waits for another process (an admin command, or a
 /// target reading its tenants) to close it before giving up. Either holds it for milliseconds.
@@ -163,6 +169,26 @@ pub struct Stored {
     pub namespaces: Vec<NamespaceConfig>,
 }
 
+/// An AES-256 key as stored: printed by no `Debug`, sent by no instruction or command.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyMaterial(pub [u8; KEY_LEN]);
+
+impl KeyMaterial {
+    /// The key bytes.
+    pub fn bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for KeyMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyMaterial(..)")
+    }
+}
+
+/// A key slot and its key versions, oldest first.
+pub type StoredKeySlot = (u32, Vec<(u32, KeyMaterial)>);
+
 /// An open store; holds the database's file lock while it lives.
 pub struct MetadataStore {
     db: Database,
@@ -286,6 +312,139 @@ impl MetadataStore {
 
 /// Tenants: every change reads the record, changes it, checks it and commits it in one write
 /// transaction, so two admin commands never lose each other's change.
+/// Key slots of ENCRYPT and DECRYPT.
+impl MetadataStore {
+    /// Stores version 1 of key slot `slot`, durably; refuses a slot that holds a key.
+    pub fn create_crypto_key(&self, slot: u32, key: &KeyMaterial) -> Result<u32, MetadataError> {
+        self.change_crypto_key(slot, |versions| {
+            if !versions.is_empty() {
+                return Err(MetadataError::Exists {
+                    kind: "key slot",
+                    name: slot.to_string(),
+                    where_: " (rotate it, or delete it first)",
+                });
+            }
+            versions.push((1, key.clone()));
+            Ok(1)
+        })
+    }
+
+    /// Adds the next version of key slot `slot`, durably; the older versions stay, so what they
+    /// sealed still opens. Returns the new version.
+    pub fn rotate_crypto_key(&self, slot: u32, key: &KeyMaterial) -> Result<u32, MetadataError> {
+        let path = self.path.clone();
+        self.change_crypto_key(slot, |versions| {
+            let Some((last, _)) = versions.last() else {
+                return Err(MetadataError::Missing { kind: "key slot", name: slot.to_string(), path });
+            };
+            let version = last.checked_add(1).ok_or_else(|| MetadataError::Store {
+                path: path.clone(),
+                message: format!("key slot {slot} has used every version number"),
+            })?;
+            versions.push((version, key.clone()));
+            Ok(version)
+        })
+    }
+
+    /// Removes key slot `slot` and every version of its key, durably; returns the versions.
+    pub fn delete_crypto_key(&self, slot: u32) -> Result<Vec<u32>, MetadataError> {
+        let path = self.path.clone();
+        self.change_crypto_key(slot, |versions| {
+            if versions.is_empty() {
+                return Err(MetadataError::Missing { kind: "key slot", name: slot.to_string(), path });
+            }
+            Ok(std::mem::take(versions).into_iter().map(|(version, _)| version).collect())
+        })
+    }
+
+    /// Every key slot with the versions of its key (never the keys).
+    pub fn crypto_key_slots(&self) -> Result<Vec<(u32, Vec<u32>)>, MetadataError> {
+        Ok(self
+            .crypto_keys()?
+            .into_iter()
+            .map(|(slot, versions)| (slot, versions.into_iter().map(|(v, _)| v).collect()))
+            .collect())
+    }
+
+    /// Every key slot with its key versions: what a target loads at start.
+    pub fn crypto_keys(&self) -> Result<Vec<StoredKeySlot>, MetadataError> {
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let read = self.db.begin_read().map_err(|error| fail(error.into()))?;
+        let table = match read.open_table(CRYPTO_KEYS) {
+            Ok(table) => table,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(error) => return Err(fail(error.into())),
+        };
+        let mut slots = Vec::new();
+        for entry in table.iter().map_err(|error| fail(error.into()))? {
+            let (slot, bytes) = entry.map_err(|error| fail(error.into()))?;
+            slots.push((slot.value(), self.decode_key_versions(slot.value(), bytes.value())?));
+        }
+        Ok(slots)
+    }
+
+    /// Reads `data_dir`'s key slots; an absent store holds none.
+    pub fn load_crypto_keys(data_dir: &Path) -> Result<Vec<StoredKeySlot>, MetadataError> {
+        if !data_dir.join(METADATA_FILE).exists() {
+            return Ok(Vec::new());
+        }
+        MetadataStore::open(data_dir)?.crypto_keys()
+    }
+
+    fn decode_key_versions(&self, slot: u32, bytes: &[u8]) -> Result<Vec<(u32, KeyMaterial)>, MetadataError> {
+        if !bytes.len().is_multiple_of(KEY_ENTRY_LEN) {
+            return Err(MetadataError::Store {
+                path: self.path.clone(),
+                message: format!("key slot {slot} is unreadable ({} bytes)", bytes.len()),
+            });
+        }
+        Ok(bytes
+            .chunks_exact(KEY_ENTRY_LEN)
+            .map(|entry| {
+                let version = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
+                let mut key = [0u8; KEY_LEN];
+                key.copy_from_slice(&entry[4..]);
+                (version, KeyMaterial(key))
+            })
+            .collect())
+    }
+
+    /// Reads slot `slot`'s versions, lets `change` edit them, and commits the result durably
+    /// (an empty list removes the slot) unless `change` refuses.
+    fn change_crypto_key<T>(
+        &self,
+        slot: u32,
+        change: impl FnOnce(&mut Vec<(u32, KeyMaterial)>) -> Result<T, MetadataError>,
+    ) -> Result<T, MetadataError> {
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
+        let result = {
+            let mut table = write.open_table(CRYPTO_KEYS).map_err(|error| fail(error.into()))?;
+            let stored = table.get(slot).map_err(|error| fail(error.into()))?.map(|bytes| bytes.value().to_vec());
+            let mut versions = match stored {
+                Some(bytes) => self.decode_key_versions(slot, &bytes)?,
+                None => Vec::new(),
+            };
+            let result = change(&mut versions)?;
+            if versions.is_empty() {
+                table.remove(slot).map_err(|error| fail(error.into()))?;
+            } else {
+                let mut bytes = Vec::with_capacity(versions.len() * KEY_ENTRY_LEN);
+                for (version, key) in &versions {
+                    bytes.extend_from_slice(&version.to_le_bytes());
+                    bytes.extend_from_slice(key.bytes());
+                }
+                table.insert(slot, bytes.as_slice()).map_err(|error| fail(error.into()))?;
+            }
+            result
+        };
+        // `open` keeps the store owner-only: it holds keys.
+        // redb's default durability fsyncs the commit before returning.
+        write.commit().map_err(|error| fail(error.into()))?;
+        Ok(result)
+    }
+}
+
 impl MetadataStore {
     /// Stored tenants, by id.
     pub fn tenants(&self) -> Result<Vec<TenantRecord>, MetadataError> {
@@ -1054,5 +1213,37 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(250), "the read waited for the holder");
         assert_eq!(tenants.len(), 1);
         releaser.join().unwrap();
+    }
+
+    #[test]
+    fn key_slots_are_created_rotated_and_deleted_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(MetadataStore::load_crypto_keys(dir.path()).unwrap().is_empty(), "no store, no keys");
+        {
+            let store = MetadataStore::open(dir.path()).unwrap();
+            assert_eq!(store.create_crypto_key(3, &KeyMaterial([1; KEY_LEN])).unwrap(), 1);
+            let again = store.create_crypto_key(3, &KeyMaterial([2; KEY_LEN])).unwrap_err().to_string();
+            assert!(again.contains("key slot named \"3\" already exists"), "{again}");
+            assert_eq!(store.rotate_crypto_key(3, &KeyMaterial([2; KEY_LEN])).unwrap(), 2);
+            assert!(store.rotate_crypto_key(4, &KeyMaterial([2; KEY_LEN])).is_err(), "nothing to rotate");
+            assert_eq!(store.create_crypto_key(9, &KeyMaterial([9; KEY_LEN])).unwrap(), 1);
+        }
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.path().join(METADATA_FILE)).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "a store holding keys is private to its owner");
+        let keys = MetadataStore::load_crypto_keys(dir.path()).unwrap();
+        assert_eq!(
+            keys,
+            vec![
+                (3, vec![(1, KeyMaterial([1; KEY_LEN])), (2, KeyMaterial([2; KEY_LEN]))]),
+                (9, vec![(1, KeyMaterial([9; KEY_LEN]))])
+            ]
+        );
+        assert!(!format!("{keys:?}").contains("1, 1, 1"), "Debug never shows key bytes");
+        let store = MetadataStore::open(dir.path()).unwrap();
+        assert_eq!(store.delete_crypto_key(3).unwrap(), vec![1, 2]);
+        assert!(store.delete_crypto_key(3).is_err());
+        assert_eq!(store.crypto_key_slots().unwrap(), vec![(9, vec![1])]);
     }
 }

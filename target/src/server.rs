@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use netdam_isa::engine::Engine;
+use netdam_isa::limits::NONCE_RESERVATION_BLOCK;
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::Duration;
 use netdam_metrics::MetricsServer;
@@ -15,6 +16,7 @@ use netdam_pmem::{Region, RegionError};
 
 use crate::config::{validate_spaces, Config, ConfigError, EngineChoice};
 use crate::cookies::CookieJar;
+use crate::crypto::{CryptoError, KeyRing};
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
 use crate::fpga_engine::{EngineState, FpgaEngine, FpgaSettings};
@@ -55,6 +57,9 @@ pub enum StartError {
     /// The metrics endpoint could not listen.
     #[error("cannot serve /metrics on {addr} (metrics_listen, --metrics-listen): {source}{hint}")]
     Metrics { addr: SocketAddr, source: io::Error, hint: &'static str },
+    /// The key slots or their nonce reservations could not be loaded.
+    #[error(transparent)]
+    Crypto(#[from] CryptoError),
     /// The FPGA engine was asked for and cannot be used.
     #[error("{0}")]
     Engine(String),
@@ -138,11 +143,16 @@ impl Target {
         let tenants = Arc::new(TenantCell::default());
         let tenant_watch = tenant_watch::watch(&data_dir, regions.clone(), namespaces.clone(), tenants.clone())
             .map_err(StartError::Tenants)?;
+        // Key slots are read once, like the spaces; each slot's nonce counter resumes past its
+        // reservation file and reserves its first block before any worker starts.
+        let stored_keys = MetadataStore::load_crypto_keys(&data_dir)?;
+        let keys = KeyRing::load(stored_keys, &data_dir, NONCE_RESERVATION_BLOCK)?;
         let Selection { engine, state: engine_state, why } = select_engine(config, Arc::clone(&regions))?;
         let shared = Arc::new(
             Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
                 .with_extensions(extensions)
                 .with_tenants(tenants)
+                .with_keys(keys)
                 .with_engine(Arc::clone(&engine_state)),
         );
         let sockets = bind_workers(config.listen, config.workers)?;
@@ -225,6 +235,11 @@ impl Target {
     /// The block namespaces served.
     pub fn namespaces(&self) -> &NamespaceTable {
         &self.shared.namespaces
+    }
+
+    /// The key slots of ENCRYPT and DECRYPT, as loaded at start.
+    pub fn keys(&self) -> &KeyRing {
+        &self.shared.keys
     }
 
     /// The tenants in force: publishing a snapshot here applies it to every worker within one

@@ -7,8 +7,9 @@ mod common;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use common::{hello, region, seed, start_with_namespaces, Rng};
+use common::{hello, region, seed, start_configured_in, Rng};
 use netdam_initiator::Client;
+use netdam_isa::crypto::{CRYPTO_FLAG_TO_DESTINATION, SEAL_LEN};
 use netdam_isa::wire::{datagram_crc, Instruction, Request, RequestBuilder, Response, HEADER_LEN};
 use netdam_isa::Opcode;
 use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
@@ -32,7 +33,7 @@ fn fix_crc(bytes: &mut [u8]) {
 /// A well-formed request of one to four instructions, valid or not in its fields.
 /// `space`: the region the instructions address, or `None` for any of 0, 1 and the missing 2.
 fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -> Vec<u8> {
-    const OPCODES: [Opcode; 17] = [
+    const OPCODES: [Opcode; 19] = [
         Opcode::Read,
         Opcode::Write,
         Opcode::Cas,
@@ -50,6 +51,8 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -
         Opcode::Trim,
         Opcode::WriteZeroes,
         Opcode::BlockStatus,
+        Opcode::Encrypt,
+        Opcode::Decrypt,
     ];
     let mut buffer = vec![0u8; MAX_DATAGRAM];
     let session = if rng.below(50) == 0 { rng.next_u64() as u32 } else { session };
@@ -81,6 +84,28 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -
             let hello = netdam_isa::control::HelloRequest { max_datagram_bytes: 4096, cookie };
             operand = netdam_isa::control::encode_hello_operand(&hello).to_vec();
         }
+        let mut flags = if rng.below(8) == 0 { rng.next_u64() as u8 } else { 0 };
+        if matches!(Opcode::from_u8(opcode), Some(Opcode::Encrypt | Opcode::Decrypt)) {
+            // A seal (random: DECRYPT fails authentication), maybe a destination, then random
+            // associated data; or, now and then, arbitrary operand bytes.
+            let to_destination = rng.below(2) == 0;
+            if rng.below(8) == 0 {
+                let len = rng.below(64) as usize;
+                operand = rng.bytes(len);
+            } else {
+                operand = if opcode == Opcode::Decrypt as u8 { rng.bytes(SEAL_LEN) } else { Vec::new() };
+                if to_destination {
+                    operand.extend_from_slice(&(rng.below(3) as u16).to_le_bytes());
+                    operand.extend_from_slice(&[0; 6]);
+                    operand.extend_from_slice(&rng.below(SCRATCH_BYTES).to_le_bytes());
+                }
+                let aad_len = rng.below(40) as usize;
+                operand.extend_from_slice(&rng.bytes(aad_len));
+            }
+            if flags == 0 && to_destination {
+                flags = CRYPTO_FLAG_TO_DESTINATION;
+            }
+        }
         if opcode == Opcode::Memcpy as u8 {
             operand[2..8].fill(0);
             operand[0..2].copy_from_slice(&(rng.below(3) as u16).to_le_bytes());
@@ -88,7 +113,7 @@ fn well_formed(rng: &mut Rng, session: u32, sequence: u64, space: Option<u16>) -
         }
         let instruction = Instruction {
             opcode,
-            flags: if rng.below(8) == 0 { rng.next_u64() as u8 } else { 0 },
+            flags,
             space: space.unwrap_or_else(|| rng.below(3) as u16),
             offset: if block {
                 rng.below(NAMESPACE_BLOCKS + 2)
@@ -169,6 +194,16 @@ fn hostile(rng: &mut Rng, clean_session: u32, mutated_session: u32, sequence: u6
 fn mark_footprint(bytes: &[u8], touched: &mut [Vec<bool>; 2]) {
     let Ok(request) = Request::parse(bytes) else { return };
     for instruction in request.instructions() {
+        if let Ok(crypto) = netdam_isa::crypto::decode(&instruction) {
+            // ENCRYPT and DECRYPT write their result in place or at their destination.
+            let target = crypto.target_of(&instruction);
+            let Some(region) = touched.get_mut(usize::from(target.space)) else { continue };
+            let end = target.offset.checked_add(u64::from(instruction.length));
+            if let Some(end) = end.filter(|end| *end <= REGION_BYTES as u64) {
+                region[target.offset as usize..end as usize].fill(true);
+            }
+            continue;
+        }
         let mutating = matches!(
             Opcode::from_u8(instruction.opcode),
             Some(Opcode::Write | Opcode::Cas | Opcode::FetchAdd | Opcode::Memcpy | Opcode::Fill | Opcode::Vadd)
@@ -199,11 +234,20 @@ fn target_survives_100k_hostile_datagrams() {
         size: Some(ByteSize(NAMESPACE_BLOCKS * u64::from(NAMESPACE_BLOCK))),
         block_size: NAMESPACE_BLOCK,
     };
-    let test = start_with_namespaces(
+    // Key slots 0 and 1 hold keys (the fuzzed aux is 0 to 3): ENCRYPT and DECRYPT execute.
+    let dir = tempfile::tempdir().unwrap();
+    let store = netdam_target::metadata::MetadataStore::open(dir.path()).unwrap();
+    for slot in [0, 1] {
+        store.create_crypto_key(slot, &netdam_target::crypto::generate_key().unwrap()).unwrap();
+    }
+    drop(store);
+    let test = start_configured_in(
+        dir,
         vec![region("guard0", REGION_BYTES as u64, false), region("guard1", REGION_BYTES as u64, false)],
-        vec![namespace],
-        1,
-        MAX_DATAGRAM,
+        |config| {
+            config.namespaces = vec![namespace];
+            config.max_datagram_bytes = MAX_DATAGRAM;
+        },
     );
     let addr = test.target.local_addr();
 
@@ -298,6 +342,8 @@ fn target_survives_100k_hostile_datagrams() {
         "status_unaligned",
         "answered_no_session",
         "answered_stale",
+        "status_auth_failed",
+        "status_no_such_key",
     ] {
         assert!(value(reason) > 0, "SEED={seed}: STAT shows no {reason}");
     }

@@ -1,10 +1,10 @@
 //! The target's request path allocates nothing once warm: a counting global allocator watches a
 //! real target on loopback while a client that itself allocates nothing in its loop (a raw
 //! socket and fixed buffers) sends every memory instruction, and a block namespace's reads,
-//! writes and block status (`lseek`s on the worker, into a fixed extent array), and the
-//! `reduce` extension; then the same (but `reduce`, which does not run on a region held by a
-//! device) with the FPGA engine over `netdam-fpga-model` as a separate process. One test in its
-//! own binary, so no other test's allocations are counted.
+//! writes and block status (`lseek`s on the worker, into a fixed extent array), the `reduce`
+//! extension, ENCRYPT and DECRYPT; then the same (but `reduce` and the crypto instructions, which
+//! do not run on a region held by a device) with the FPGA engine over `netdam-fpga-model` as a
+//! separate process. One test in its own binary, so no other test's allocations are counted.
 
 mod common;
 
@@ -57,13 +57,23 @@ fn namespace() -> NamespaceConfig {
 
 #[test]
 fn the_request_path_allocates_nothing_after_warm_up() {
-    // With the `reduce` extension on: extension handlers run on this path too.
-    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+    // With the `reduce` extension on, and a key in slot 1: extension handlers, ENCRYPT and
+    // DECRYPT run on this path too.
+    let test = common::start_with_keys(vec![common::region("mem", 1 << 20, false)], &[1], |config| {
         config.namespaces = vec![namespace()];
         config.extensions = vec!["reduce".to_string()];
     });
     assert_eq!(test.target.engine_name(), "software");
-    count_allocations(&test, true, None);
+    // The key slot was written to the metadata store just before the start: the tenant watcher
+    // reads a store changed within the last second again (file times are coarse), allocating
+    // as it does. Those reads are not the request path: let them end before counting.
+    std::thread::sleep(Duration::from_millis(1500) + 2 * netdam_target::tenant_watch::POLL_INTERVAL);
+    // A sealed range to DECRYPT again and again (to a separate destination: the source stays).
+    let seal = netdam_initiator::Client::connect(test.target.local_addr())
+        .unwrap()
+        .encrypt(0, 100_000, 512, 1, None, b"aad")
+        .unwrap();
+    count_allocations(&test, true, None, Some(seal));
     drop(test);
 
     // An authenticated session: every request opened (its MAC checked) and checked against the
@@ -90,7 +100,7 @@ fn the_request_path_allocates_nothing_after_warm_up() {
     let (snapshot, _) =
         netdam_target::tenants::TenantSnapshot::resolve(&[record], test.target.regions(), test.target.namespaces());
     test.target.tenants().publish(snapshot);
-    count_allocations(&test, true, Some((1, key)));
+    count_allocations(&test, true, Some((1, key)), None);
     drop(test);
 
     // The FPGA engine: the region is placed on the device, every memory instruction crosses the
@@ -116,7 +126,7 @@ fn the_request_path_allocates_nothing_after_warm_up() {
         config.engine = netdam_target::config::EngineChoice::Fpga(Some(window.clone()));
     });
     assert_eq!(test.target.engine_name(), "fpga");
-    count_allocations(&test, false, None);
+    count_allocations(&test, false, None, None);
     assert!(test.target.engine_state().on_fpga(), "the device served the whole run");
     drop(test);
     let _ = model.kill();
@@ -124,8 +134,14 @@ fn the_request_path_allocates_nothing_after_warm_up() {
 }
 
 /// Sends every request 400 times over a raw socket; the last 200 rounds must allocate nothing.
-/// With `tenant`, over an authenticated session of that tenant (id and key).
-fn count_allocations(test: &common::TestTarget, with_reduce: bool, tenant: Option<(u32, netdam_auth::TenantKey)>) {
+/// With `tenant`, over an authenticated session of that tenant (id and key); with `seal` (of the
+/// 512 bytes at offset 100,000, slot 1, associated data `aad`), ENCRYPT and DECRYPT too.
+fn count_allocations(
+    test: &common::TestTarget,
+    with_reduce: bool,
+    tenant: Option<(u32, netdam_auth::TenantKey)>,
+    seal: Option<netdam_isa::crypto::Seal>,
+) {
     // Recording the per-opcode counters and histograms is part of the path measured here.
     assert!(test.target.metrics_addr().is_some(), "metrics are on in the test settings");
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -176,7 +192,24 @@ fn count_allocations(test: &common::TestTarget, with_reduce: bool, tenant: Optio
         &[instruction(Opcode::BlockStatus, 0, 0, 256, &[])],
         &[reduce],
     ];
-    let requests = if with_reduce { &all[..] } else { &all[..12] };
+    let mut decrypt_operand = Vec::new();
+    if let Some(seal) = &seal {
+        let destination = netdam_isa::crypto::Destination { space: 0, offset: 200_000 };
+        netdam_isa::crypto::encode_operand(&mut decrypt_operand, Some(seal), Some(destination), b"aad");
+    }
+    let crypto = [
+        Instruction { aux: 1, ..instruction(Opcode::Encrypt, 0, 300_000, 4096, b"aad") },
+        Instruction {
+            flags: netdam_isa::crypto::CRYPTO_FLAG_TO_DESTINATION,
+            aux: 1,
+            ..instruction(Opcode::Decrypt, 0, 100_000, 512, &decrypt_operand)
+        },
+    ];
+    let mut requests: Vec<&[Instruction<'_>]> = if with_reduce { all.to_vec() } else { all[..12].to_vec() };
+    if seal.is_some() {
+        requests.push(&crypto[..1]);
+        requests.push(&crypto[1..]);
+    }
     let mut out = vec![0u8; 9000];
     let mut answer = vec![0u8; 65_536];
     let mut sequence = 0u64;
@@ -216,7 +249,7 @@ fn count_allocations(test: &common::TestTarget, with_reduce: bool, tenant: Optio
     for round in 0..2 {
         let before = ALLOCATIONS.load(Ordering::Relaxed);
         for _ in 0..200 {
-            for &ops in requests {
+            for &ops in &requests {
                 sequence += 1;
                 exchange(ops, sequence);
             }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use netdam_initiator::allreduce::{self, AllreduceOp, AllreducePlan};
 use netdam_initiator::metrics::{InitiatorMetrics, ObservedBackend};
 use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
@@ -16,6 +16,7 @@ use netdam_initiator::top::{Snapshot, View};
 use netdam_initiator::{Client, ClientError, ClientOptions, Volume, VolumeOptions};
 use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
+use netdam_isa::crypto::{Seal, SEAL_LEN};
 use netdam_isa::extension::reduce::ReduceOp;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
@@ -274,6 +275,34 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Encrypt LEN bytes (at most 16 KiB) at OFFSET with AES-256-GCM under a key slot of the
+    /// target (created with `netdam-target crypto-key create SLOT`), in place or into
+    /// --to-region at --to-offset. Prints the seal: the 12-byte nonce and 16-byte tag, 56 hex
+    /// digits, which `netdam decrypt --seal` needs. The key never leaves the target.
+    Encrypt {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        #[arg(value_parser = parse_bytes)]
+        len: u64,
+        #[command(flatten)]
+        crypto: CryptoArgs,
+    },
+    /// Decrypt LEN bytes at OFFSET that `netdam encrypt` sealed, in place or into --to-region at
+    /// --to-offset. A changed byte of the range, the seal or the --aad fails with auth_failed,
+    /// and nothing is written.
+    Decrypt {
+        region: String,
+        #[arg(value_parser = parse_bytes)]
+        offset: u64,
+        #[arg(value_parser = parse_bytes)]
+        len: u64,
+        /// The seal `netdam encrypt` printed (56 hex digits).
+        #[arg(long)]
+        seal: String,
+        #[command(flatten)]
+        crypto: CryptoArgs,
+    },
     /// Copy LEN bytes from SOURCE_REGION at SOURCE_OFFSET to REGION at OFFSET, within the target.
     Memcpy {
         region: String,
@@ -285,6 +314,23 @@ enum Command {
         #[arg(value_parser = parse_bytes)]
         len: u64,
     },
+}
+
+/// Options ENCRYPT and DECRYPT share.
+#[derive(Debug, Args)]
+struct CryptoArgs {
+    /// Key slot, 0 to 255.
+    #[arg(long)]
+    slot: u32,
+    /// Write the result into this region instead of in place.
+    #[arg(long, value_name = "REGION")]
+    to_region: Option<String>,
+    /// Offset of the result in --to-region.
+    #[arg(long, value_parser = parse_bytes, requires = "to_region", default_value_t = 0)]
+    to_offset: u64,
+    /// Associated data (UTF-8): authenticated with the range, not stored; decrypt needs the same.
+    #[arg(long, default_value = "")]
+    aad: String,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -726,6 +772,40 @@ fn run(cli: &Cli) -> Result<(), String> {
                 println!("filled {len} bytes with {value:#04x}");
             }
         }
+        Command::Encrypt { region, offset, len, crypto } => {
+            let space = region_id(&client, region)?;
+            let destination = crypto_destination(&client, crypto)?;
+            let length = u32_length(*len, "encrypt")?;
+            let seal = client
+                .encrypt(space, *offset, length, crypto.slot, destination, crypto.aad.as_bytes())
+                .map_err(text)?;
+            let hex = hex_string(&seal.to_bytes());
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"encrypted": len, "seal": hex, "key_version": seal.nonce.key_version, "nonce_counter": seal.nonce.counter})
+                );
+            } else {
+                println!("encrypted {len} bytes with key slot {} version {}", crypto.slot, seal.nonce.key_version);
+                println!("seal {hex}");
+            }
+        }
+        Command::Decrypt { region, offset, len, seal, crypto } => {
+            let space = region_id(&client, region)?;
+            let destination = crypto_destination(&client, crypto)?;
+            let bytes = parse_hex(seal).ok_or_else(|| format!("--seal {seal:?} is not hex"))?;
+            let seal = Seal::from_bytes(&bytes)
+                .ok_or_else(|| format!("--seal must be {} hex digits, not {}", 2 * SEAL_LEN, seal.len()))?;
+            let length = u32_length(*len, "decrypt")?;
+            client
+                .decrypt(space, *offset, length, crypto.slot, &seal, destination, crypto.aad.as_bytes())
+                .map_err(text)?;
+            if cli.json {
+                println!("{}", json!({"decrypted": len}));
+            } else {
+                println!("decrypted {len} bytes");
+            }
+        }
         Command::Memcpy { region, offset, source_region, source_offset, len } => {
             let space = region_id(&client, region)?;
             let source = region_id(&client, source_region)?;
@@ -740,6 +820,23 @@ fn run(cli: &Cli) -> Result<(), String> {
         Command::Top { .. } => unreachable!("shown above, without a client"),
     }
     Ok(())
+}
+
+/// The (region, offset) of --to-region and --to-offset, if given.
+fn crypto_destination(client: &Client, crypto: &CryptoArgs) -> Result<Option<(u16, u64)>, String> {
+    crypto.to_region.as_ref().map(|region| Ok((region_id(client, region)?, crypto.to_offset))).transpose()
+}
+
+fn hex_string(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn parse_hex(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim();
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok()).collect()
 }
 
 /// One scrape of `url`.

@@ -48,7 +48,27 @@ pub fn start_with_namespaces(
 /// Starts a target with the test settings of [`start`] (one worker, 9000-byte datagrams),
 /// changed by `adjust`.
 pub fn start_configured(regions: Vec<RegionConfig>, adjust: impl FnOnce(&mut Config)) -> TestTarget {
+    start_configured_in(tempfile::tempdir().expect("temp dir"), regions, adjust)
+}
+
+/// Like [`start_configured`], with key slots `slots` created in the data directory first (keys
+/// drawn as `netdam-target crypto-key create` draws them).
+pub fn start_with_keys(regions: Vec<RegionConfig>, slots: &[u32], adjust: impl FnOnce(&mut Config)) -> TestTarget {
     let dir = tempfile::tempdir().expect("temp dir");
+    let store = netdam_target::metadata::MetadataStore::open(dir.path()).expect("metadata store");
+    for &slot in slots {
+        store.create_crypto_key(slot, &netdam_target::crypto::generate_key().unwrap()).unwrap();
+    }
+    drop(store);
+    start_configured_in(dir, regions, adjust)
+}
+
+/// Like [`start_configured`], on the data directory `dir` (which the result keeps).
+pub fn start_configured_in(
+    dir: tempfile::TempDir,
+    regions: Vec<RegionConfig>,
+    adjust: impl FnOnce(&mut Config),
+) -> TestTarget {
     let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         // Metrics on, on any free port: tests and benchmarks run many targets at once.

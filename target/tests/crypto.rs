@@ -1,0 +1,349 @@
+//! ENCRYPT and DECRYPT against a running target: round trips in place and to a destination,
+//! authentication failures that write nothing, the documented refusals, distinct nonces from
+//! several workers, and at-most-once execution of a retransmitted in-place ENCRYPT.
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use common::{hello, region, start_with_keys, Rng};
+use netdam_initiator::{Client, ClientError, Op};
+use netdam_isa::crypto::{Nonce, Seal, CRYPTO_FLAG_TO_DESTINATION, SEAL_LEN};
+use netdam_isa::limits::{CRYPTO_KEY_SLOTS, MAX_CRYPTO_BYTES};
+use netdam_isa::wire::{RequestBuilder, Response};
+use netdam_isa::Status;
+
+const REGION_BYTES: u64 = 1 << 20;
+/// The slot every test target holds a key in; slot 2 holds another key.
+const SLOT: u32 = 1;
+const OTHER_SLOT: u32 = 2;
+
+fn refused_with(result: Result<impl std::fmt::Debug, ClientError>) -> Status {
+    match result {
+        Err(ClientError::Refused { status, .. }) => status,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn read(client: &mut Client, space: u16, offset: u64, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    client.read(space, offset, &mut bytes).unwrap();
+    bytes
+}
+
+#[test]
+fn encrypt_then_decrypt_round_trips_in_place_and_to_a_destination() {
+    let test =
+        start_with_keys(vec![region("a", REGION_BYTES, false), region("b", REGION_BYTES, true)], &[SLOT], |_| {});
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let mut rng = Rng::new(7);
+
+    // In place, at an odd offset and length: no alignment is required.
+    let plain = rng.bytes(4097);
+    client.write(0, 3, &plain).unwrap();
+    let seal = client.encrypt(0, 3, 4097, SLOT, None, b"").unwrap();
+    assert_eq!(seal.nonce.key_version, 1);
+    let cipher = read(&mut client, 0, 3, plain.len());
+    assert_ne!(cipher, plain, "the range now holds ciphertext");
+    client.decrypt(0, 3, 4097, SLOT, &seal, None, b"").unwrap();
+    assert_eq!(read(&mut client, 0, 3, plain.len()), plain);
+
+    // To a destination in another (persistent) region, with associated data; the source stays.
+    let plain = rng.bytes(MAX_CRYPTO_BYTES);
+    client.write(0, 65_536, &plain).unwrap();
+    let seal = client.encrypt(0, 65_536, plain.len() as u32, SLOT, Some((1, 8192)), b"volume 7").unwrap();
+    assert_eq!(read(&mut client, 0, 65_536, plain.len()), plain, "the source is left as it was");
+    let cipher = read(&mut client, 1, 8192, plain.len());
+    assert_ne!(cipher, plain);
+    client.decrypt(1, 8192, plain.len() as u32, SLOT, &seal, Some((0, 200_000)), b"volume 7").unwrap();
+    assert_eq!(read(&mut client, 0, 200_000, plain.len()), plain);
+    assert_eq!(read(&mut client, 1, 8192, plain.len()), cipher, "decrypting to a destination keeps the ciphertext");
+
+    // Overlapping source and destination behave like memmove.
+    let plain = rng.bytes(1000);
+    client.write(0, 300_000, &plain).unwrap();
+    let seal = client.encrypt(0, 300_000, 1000, SLOT, Some((0, 300_010)), b"").unwrap();
+    client.decrypt(0, 300_010, 1000, SLOT, &seal, Some((0, 299_990)), b"").unwrap();
+    assert_eq!(read(&mut client, 0, 299_990, 1000), plain);
+
+    // An empty range still gets a tag over its associated data.
+    let seal = client.encrypt(0, 0, 0, SLOT, None, b"just a header").unwrap();
+    client.decrypt(0, 0, 0, SLOT, &seal, None, b"just a header").unwrap();
+    assert_eq!(refused_with(client.decrypt(0, 0, 0, SLOT, &seal, None, b"just a headex")), Status::AuthFailed);
+}
+
+#[test]
+fn tampering_fails_authentication_and_writes_nothing() {
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT, OTHER_SLOT], |_| {});
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let mut rng = Rng::new(11);
+    let plain = rng.bytes(2048);
+    client.write(0, 0, &plain).unwrap();
+    let seal = client.encrypt(0, 0, 2048, SLOT, None, b"aad").unwrap();
+    let cipher = read(&mut client, 0, 0, 2048);
+    // The destination and the in-place range hold known bytes, which must survive every failure.
+    let guard = rng.bytes(2048);
+    client.write(0, 100_000, &guard).unwrap();
+
+    let mut wrong_tag = seal;
+    wrong_tag.tag[5] ^= 0x01;
+    let mut wrong_counter = seal;
+    wrong_counter.nonce.counter ^= 1;
+    let mut unknown_version = seal;
+    unknown_version.nonce = Nonce { key_version: 9, ..seal.nonce };
+    let attempts: [(&str, Seal, u32, &[u8]); 5] = [
+        ("tag", wrong_tag, SLOT, b"aad"),
+        ("nonce", wrong_counter, SLOT, b"aad"),
+        ("key version", unknown_version, SLOT, b"aad"),
+        ("slot", seal, OTHER_SLOT, b"aad"),
+        ("associated data", seal, SLOT, b"aae"),
+    ];
+    for (what, seal, slot, aad) in attempts {
+        let to_destination = client.decrypt(0, 0, 2048, slot, &seal, Some((0, 100_000)), aad);
+        assert_eq!(refused_with(to_destination), Status::AuthFailed, "a changed {what}");
+        assert_eq!(read(&mut client, 0, 100_000, 2048), guard, "a changed {what}: the destination is untouched");
+        assert_eq!(refused_with(client.decrypt(0, 0, 2048, slot, &seal, None, aad)), Status::AuthFailed);
+        assert_eq!(read(&mut client, 0, 0, 2048), cipher, "a changed {what}: the range in place is untouched");
+    }
+
+    // One flipped ciphertext bit.
+    client.fill(0, 777, 1, cipher[777] ^ 0x80).unwrap();
+    assert_eq!(refused_with(client.decrypt(0, 0, 2048, SLOT, &seal, Some((0, 100_000)), b"aad")), Status::AuthFailed);
+    assert_eq!(read(&mut client, 0, 100_000, 2048), guard);
+    client.fill(0, 777, 1, cipher[777]).unwrap();
+    client.decrypt(0, 0, 2048, SLOT, &seal, None, b"aad").unwrap();
+    assert_eq!(read(&mut client, 0, 0, 2048), plain, "restored, it opens");
+    let stat = client.stat().unwrap();
+    let auth_failed = stat.iter().find(|(name, _)| name == "status_auth_failed").map(|(_, value)| *value);
+    assert_eq!(auth_failed, Some(11), "STAT counts every authentication failure");
+}
+
+#[test]
+fn refusals_have_their_documented_statuses() {
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT], |_| {});
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let seal = client.encrypt(0, 0, 64, SLOT, None, b"").unwrap();
+    let cases: Vec<(&str, Op, Status)> = vec![
+        ("a slot without a key", Op::encrypt(0, 0, 64, 0, None, b""), Status::NoSuchKey),
+        ("a slot without a key", Op::decrypt(0, 0, 64, 9, &seal, None, b""), Status::NoSuchKey),
+        ("a slot beyond the last", Op::encrypt(0, 0, 64, CRYPTO_KEY_SLOTS, None, b""), Status::Malformed),
+        ("an unknown flag", Op { flags: 0x02, ..Op::encrypt(0, 0, 64, SLOT, None, b"") }, Status::Malformed),
+        (
+            "a short seal",
+            Op { operand: vec![0; SEAL_LEN - 1], ..Op::decrypt(0, 0, 64, SLOT, &seal, None, b"") },
+            Status::Malformed,
+        ),
+        (
+            "a destination flag without a destination",
+            Op { flags: CRYPTO_FLAG_TO_DESTINATION, ..Op::encrypt(0, 0, 64, SLOT, None, b"") },
+            Status::Malformed,
+        ),
+        ("a missing region", Op::encrypt(3, 0, 64, SLOT, None, b""), Status::NoSuchSpace),
+        ("a missing destination region", Op::encrypt(0, 0, 64, SLOT, Some((3, 0)), b""), Status::NoSuchSpace),
+        ("a range past the end", Op::encrypt(0, REGION_BYTES - 63, 64, SLOT, None, b""), Status::OutOfRange),
+        ("an offset that wraps", Op::encrypt(0, u64::MAX - 8, 64, SLOT, None, b""), Status::OutOfRange),
+        ("a destination past the end", Op::encrypt(0, 0, 64, SLOT, Some((0, REGION_BYTES)), b""), Status::OutOfRange),
+        ("over 16 KiB", Op::encrypt(0, 0, MAX_CRYPTO_BYTES as u32 + 1, SLOT, None, b""), Status::TooLarge),
+        ("over 1 KiB of associated data", Op::encrypt(0, 0, 64, SLOT, None, &[0; 1025]), Status::TooLarge),
+    ];
+    let before = read(&mut client, 0, 0, 4096);
+    for (what, op, status) in cases {
+        let reply = client.call(&[op]).unwrap();
+        assert_eq!(refused_with(reply.data(0)), status, "{what}");
+    }
+    assert_eq!(read(&mut client, 0, 0, 4096), before, "no refused instruction wrote anything");
+
+    // A target whose sessions may only read refuses both.
+    let reader = start_with_keys(vec![region("a", 4096, false)], &[SLOT], |config| {
+        config.session_permissions = vec!["read".to_string()];
+    });
+    let mut client = Client::connect(reader.target.local_addr()).unwrap();
+    assert_eq!(refused_with(client.encrypt(0, 0, 64, SLOT, None, b"")), Status::PermissionDenied);
+    assert_eq!(refused_with(client.decrypt(0, 0, 64, SLOT, &seal, None, b"")), Status::PermissionDenied);
+}
+
+#[test]
+fn nonces_are_distinct_across_workers_and_sessions() {
+    const CLIENTS: usize = 4;
+    const EACH: usize = 300;
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT], |config| config.workers = 2);
+    let addr = test.target.local_addr();
+    // Several sockets, so that SO_REUSEPORT spreads them over both workers.
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|index| {
+            std::thread::spawn(move || {
+                let mut client = Client::connect(addr).unwrap();
+                let offset = index as u64 * 4096;
+                (0..EACH).map(|_| client.encrypt(0, offset, 256, SLOT, None, b"").unwrap().nonce).collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    for thread in threads {
+        for nonce in thread.join().unwrap() {
+            assert_eq!(nonce.key_version, 1);
+            assert!(seen.insert(nonce.counter), "nonce counter {} used twice", nonce.counter);
+        }
+    }
+    assert_eq!(seen.len(), CLIENTS * EACH);
+    let reserved =
+        netdam_target::crypto::read_reservation(&netdam_target::crypto::reservation_path(test.dir.path(), SLOT))
+            .unwrap();
+    assert!(seen.iter().all(|&counter| counter < reserved), "every nonce used lies below the durable reservation");
+}
+
+/// Sends `datagram` on `socket` and returns the answer with its sequence.
+fn exchange(socket: &UdpSocket, datagram: &[u8], sequence: u64) -> Vec<u8> {
+    socket.send(datagram).unwrap();
+    let mut answer = vec![0u8; 65_536];
+    loop {
+        let len = socket.recv(&mut answer).expect("an answer");
+        if Response::parse(&answer[..len]).is_ok_and(|response| response.header.sequence == sequence) {
+            return answer[..len].to_vec();
+        }
+    }
+}
+
+#[test]
+fn a_retransmitted_in_place_encrypt_gets_its_stored_answer_and_runs_once() {
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT], |_| {});
+    let addr = test.target.local_addr();
+    let mut client = Client::connect(addr).unwrap();
+    let plain = Rng::new(3).bytes(512);
+    client.write(0, 4096, &plain).unwrap();
+
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.connect(addr).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let session = hello(&socket);
+    let op = Op::encrypt(0, 4096, 512, SLOT, None, b"");
+    assert!(!op.is_idempotent(), "ENCRYPT in place is at most once");
+    let mut datagram = vec![0u8; 1024];
+    let mut builder = RequestBuilder::new(&mut datagram, session, 1).unwrap();
+    builder.push(&op.as_instruction()).unwrap();
+    let len = builder.finish();
+    let first = exchange(&socket, &datagram[..len], 1);
+    let second = exchange(&socket, &datagram[..len], 1);
+    assert_eq!(first, second, "the retransmission is answered with the stored answer, byte for byte");
+    let response = Response::parse(&first).unwrap();
+    let result = response.results().next().unwrap();
+    assert_eq!(result.status, Status::Ok);
+    let seal = Seal::from_bytes(result.data).unwrap();
+    // Encrypted once: one decryption with that seal gives the plaintext back.
+    client.decrypt(0, 4096, 512, SLOT, &seal, None, b"").unwrap();
+    assert_eq!(read(&mut client, 0, 4096, 512), plain);
+    let stat = client.stat().unwrap();
+    let replayed = stat.iter().find(|(name, _)| name == "duplicates_replayed").map(|(_, value)| *value);
+    assert_eq!(replayed, Some(1));
+}
+
+/// Smoke measurement (not a benchmark: the machine is shared): the service time the target
+/// reports for ENCRYPTs in place of 4 KiB and 16 KiB, next to READs of the same sizes, and the
+/// throughput per worker core that implies (bytes over the median service time, the whole
+/// datagram's cost included). Run with `--nocapture` to see it.
+#[test]
+fn service_time_of_4_and_16_kib_encrypts() {
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT], |_| {});
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let median = |mut values: Vec<u32>| {
+        values.sort_unstable();
+        values[values.len() / 2]
+    };
+    for bytes in [4096u32, MAX_CRYPTO_BYTES as u32] {
+        let mut encrypt = Vec::new();
+        let mut read_back = Vec::new();
+        for _ in 0..500 {
+            let reply = client.call(&[Op::encrypt(0, 0, bytes, SLOT, None, b"")]).unwrap();
+            reply.data(0).unwrap();
+            encrypt.push(reply.response().header.service_time_ns);
+            // READ answers carry the bytes, so the largest READ is what fits in a datagram.
+            let read_bytes = bytes.min(8192);
+            let reply = client.call(&[Op::read(0, 0, read_bytes)]).unwrap();
+            read_back.push(reply.response().header.service_time_ns);
+        }
+        let (encrypt, read_back) = (median(encrypt), median(read_back));
+        println!(
+            "{bytes}-byte ENCRYPT service time: median {encrypt} ns ({:.0} MB/s per worker core); \
+             {}-byte READ in the same run: median {read_back} ns (500 each)",
+            f64::from(bytes) * 1000.0 / f64::from(encrypt.max(1)),
+            bytes.min(8192)
+        );
+        assert!(encrypt > 0);
+    }
+}
+
+/// With tenants, ENCRYPT and DECRYPT need `read` and `write` on the region and `write` on a
+/// destination region, over the ranges addressed; a refusal writes nothing.
+#[test]
+fn tenants_need_read_and_write_on_the_source_and_write_on_the_destination() {
+    use netdam_auth::{Credentials, TenantKey};
+    use netdam_initiator::{ClientOptions, SessionConfig};
+    use netdam_target::config::AuthMode;
+    use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+
+    let grant = |region: &str, permissions: &[&str], range: Option<(u64, u64)>| GrantRecord {
+        space: GrantSpace::Region(region.into()),
+        permissions: permissions.iter().map(|name| name.to_string()).collect(),
+        range,
+    };
+    let record = |name: &str, id: u32, key: u8, grants: Vec<GrantRecord>| TenantRecord {
+        name: name.into(),
+        id,
+        key_version: 1,
+        key_hex: TenantKey::from_bytes([key; 32]).to_hex(),
+        class: Default::default(),
+        limits: Default::default(),
+        grants,
+    };
+    // Alice owns "own" and may read and write the first 64 KiB of "shared"; Bob may only read
+    // "own".
+    let records = vec![
+        record(
+            "alice",
+            1,
+            0xA1,
+            vec![grant("own", &["read", "write"], None), grant("shared", &["read", "write"], Some((0, 65_536)))],
+        ),
+        record("bob", 2, 0xB0, vec![grant("own", &["read"], None)]),
+    ];
+    let test = start_with_keys(
+        vec![region("own", REGION_BYTES, false), region("shared", REGION_BYTES, false)],
+        &[SLOT],
+        |config| config.auth = AuthMode::Tenants,
+    );
+    let (snapshot, warnings) = TenantSnapshot::resolve(&records, test.target.regions(), test.target.namespaces());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    test.target.tenants().publish(snapshot);
+    let connect = |tenant: u32, key: u8| {
+        let credentials = Credentials { tenant, key_version: 1, key: TenantKey::from_bytes([key; 32]) };
+        let session = SessionConfig { credentials: Some(credentials), ..Default::default() };
+        Client::connect_with(test.target.local_addr(), ClientOptions { session, ..Default::default() }).unwrap()
+    };
+    let mut alice = connect(1, 0xA1);
+    let mut bob = connect(2, 0xB0);
+
+    let plain = Rng::new(5).bytes(1024);
+    alice.write(0, 0, &plain).unwrap();
+    let seal = alice.encrypt(0, 0, 1024, SLOT, None, b"").unwrap();
+    let cipher = read(&mut alice, 0, 0, 1024);
+    // Within her writable range of "shared": allowed.
+    alice.decrypt(0, 0, 1024, SLOT, &seal, Some((1, 4096)), b"").unwrap();
+    assert_eq!(read(&mut alice, 1, 4096, 1024), plain);
+    // Beyond it, as a destination or in place: refused, nothing written.
+    // Read in the target's own memory: Alice may not read there.
+    let shared_bytes = |offset: usize| {
+        let mut bytes = vec![0u8; 1024];
+        test.target.regions().get(1).unwrap().memory().read(offset, &mut bytes);
+        bytes
+    };
+    let before = shared_bytes(65_000);
+    assert_eq!(refused_with(alice.decrypt(0, 0, 1024, SLOT, &seal, Some((1, 65_000)), b"")), Status::PermissionDenied);
+    assert_eq!(refused_with(alice.encrypt(1, 65_000, 1024, SLOT, None, b"")), Status::PermissionDenied);
+    assert_eq!(shared_bytes(65_000), before);
+    // Bob may read "own" but not write it.
+    assert_eq!(refused_with(bob.encrypt(0, 0, 1024, SLOT, None, b"")), Status::PermissionDenied);
+    assert_eq!(refused_with(bob.decrypt(0, 0, 1024, SLOT, &seal, None, b"")), Status::PermissionDenied);
+    assert_eq!(read(&mut alice, 0, 0, 1024), cipher, "Bob changed nothing");
+}
