@@ -461,3 +461,126 @@ fn a_best_effort_tenant_over_its_rate_is_shed_and_a_latency_critical_one_is_not(
     assert_eq!(counted, shed as f64, "every shed request is counted for its tenant");
     assert_eq!(sample(&metrics, "netdam_tenant_shed_total{tenant=\"bob\",reason=\"rate\"}"), 0.0);
 }
+
+#[test]
+fn hostile_authenticated_hellos_and_trailers_change_nothing_and_never_stop_the_target() {
+    let target = start();
+    let seed = common::seed();
+    let mut rng = common::Rng::new(seed);
+    let mut root = client(&target, Some(credentials(3, 0x77))).unwrap();
+    let pattern = rng.bytes(REGION as usize);
+    root.write(0, 0, &pattern).unwrap();
+    root.write(1, 0, &pattern).unwrap();
+    // Bob may only read: whatever his session's datagrams become, no byte may change.
+    let mut bob = Raw::open(&target, 2, 0xB0);
+    let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
+    attacker.connect(target.target.local_addr()).unwrap();
+    // A real cookie for the attacker's address, so its HELLOs reach the authentication check.
+    let first = netdam_isa::control::encode_hello_operand_with(
+        &netdam_isa::control::HelloRequest { max_datagram_bytes: 9000, cookie: [0; 24] },
+        netdam_isa::control::HELLO_AUTH_MAC,
+        &[0; 64],
+    );
+    let hello =
+        Instruction { opcode: Opcode::Hello as u8, flags: 0, space: 0, offset: 0, length: 0, aux: 0, operand: &first };
+    attacker.send(&request(0, 1, &hello)).unwrap();
+    let answer = receive(&attacker).expect("a cookie");
+    let valid_cookie: [u8; 24] =
+        Response::parse(&answer).unwrap().results().next().unwrap().data.try_into().expect("a 24-byte cookie");
+    let before = target.target.stats();
+    let mut sent = 0u64;
+    for sequence in 1..=6_000u64 {
+        let kind = rng.below(6);
+        let data_len = 1 + rng.below(64) as usize;
+        let write_data = rng.bytes(data_len);
+        let write = Instruction {
+            opcode: [Opcode::Write, Opcode::Fill, Opcode::FetchAdd, Opcode::Read][rng.below(4) as usize] as u8,
+            flags: 0,
+            space: rng.below(3) as u16,
+            offset: rng.below(REGION),
+            length: write_data.len() as u32,
+            aux: 0,
+            operand: &write_data,
+        };
+        let datagram = match kind {
+            // A sealed datagram of bob's, then a byte of it changed (header, body or trailer).
+            0 | 1 => {
+                let mut sealed = bob.sealed(bob.session, sequence, &write);
+                let at = rng.below(sealed.len() as u64) as usize;
+                sealed[at] ^= 1 + rng.below(255) as u8;
+                sealed
+            }
+            // Bob's own, unchanged: executed (refused by his grant where it writes).
+            2 => bob.sealed(bob.session, sequence, &write),
+            // A HELLO with the MAC method and a random area (random tenant, proof), or a random
+            // method byte.
+            3 => {
+                let mut cookie = valid_cookie;
+                if rng.below(4) == 0 {
+                    cookie.copy_from_slice(&rng.bytes(24));
+                }
+                let mut area = [0u8; 64];
+                area.copy_from_slice(&rng.bytes(64));
+                if rng.below(4) != 0 {
+                    // Reserved bytes zero: the proof itself is checked (tenant 1 to 4 exist).
+                    area[56..].fill(0);
+                    area[..4].copy_from_slice(&(rng.below(6) as u32).to_le_bytes());
+                }
+                let method = if rng.below(4) == 0 { rng.next_u64() as u8 } else { netdam_isa::control::HELLO_AUTH_MAC };
+                let operand = netdam_isa::control::encode_hello_operand_with(
+                    &netdam_isa::control::HelloRequest { max_datagram_bytes: 9000, cookie },
+                    method,
+                    &area,
+                );
+                request(0, sequence, &Instruction { operand: &operand, ..hello })
+            }
+            // Random bytes behind a sealed header naming bob's session or a random one.
+            _ => {
+                let mut bytes = request(bob.session, sequence, &write);
+                bytes[3] |= 0x02;
+                if rng.below(2) == 0 {
+                    bytes[4..8].copy_from_slice(&(rng.next_u64() as u32).to_le_bytes());
+                }
+                let extra = rng.below(40) as usize;
+                bytes.extend(rng.bytes(extra));
+                bytes
+            }
+        };
+        let socket = if kind == 3 { &attacker } else { &bob.socket };
+        socket.send(&datagram).unwrap();
+        sent += 1;
+        // Drain without waiting: answers are not the point here, the target's state is.
+        let mut sink = [0u8; 65536];
+        socket.set_nonblocking(true).unwrap();
+        while socket.recv(&mut sink).is_ok() {}
+        socket.set_nonblocking(false).unwrap();
+    }
+    // The target still serves, and every region is as root wrote it.
+    let mut back = vec![0u8; REGION as usize];
+    for space in [0, 1] {
+        root.read(space, 0, &mut back).unwrap();
+        assert!(back == pattern, "SEED={seed}: region {space} changed under hostile datagrams");
+    }
+    let after = target.target.stats();
+    let delta = |name: &str| after.get(name).unwrap() - before.get(name).unwrap();
+    assert!(delta("datagrams_received") >= sent, "SEED={seed}: the target saw every datagram");
+    assert!(delta("dropped_bad_mac") > 0, "SEED={seed}: no altered datagram was refused");
+    let counts: Vec<(&str, u64)> = [
+        "cookies_sent",
+        "hello_bad_cookie",
+        "hello_expired_cookie",
+        "answered_malformed",
+        "answered_no_session",
+        "responses_sent",
+        "datagrams_received",
+        "dropped_bad_mac",
+        "dropped_unsealed",
+        "answered_busy",
+        "instructions_executed",
+    ]
+    .iter()
+    .map(|name| (*name, delta(name)))
+    .collect();
+    assert!(delta("hello_unauthenticated") > 0, "SEED={seed}: no HELLO was refused unauthenticated: {counts:?}");
+    assert_eq!(delta("sessions_opened"), 0, "SEED={seed}: a HELLO without the key opened a session");
+}
