@@ -28,4 +28,20 @@ pub fn check_decode_round_trip(bytes: &[u8]) {
         let len = writer.finish(header.ttl, header.service_time_ns, header.queue_depth);
         assert_eq!(&buf[..len], bytes, "response re-encoded differently");
     }
+    // The same bytes as an opened sealed datagram (its trailer already checked and cut): the
+    // decoder must refuse or accept them without panicking, and what it accepts re-encodes.
+    if let Ok(request) = Request::parse_opened(bytes) {
+        let mut buf = vec![0u8; bytes.len()];
+        let mut builder = RequestBuilder::new(&mut buf, request.header.session, request.header.sequence)
+            .expect("a decoded request is at least a header long");
+        for instruction in request.instructions() {
+            builder.push(&instruction).expect("a decoded instruction fits where it came from");
+        }
+        let len = builder.finish_sealed();
+        assert_eq!(&buf[..len], bytes, "sealed request re-encoded differently");
+    }
+    // A HELLO operand's authentication part decodes without panicking, whatever its bytes.
+    if bytes.len() >= crate::control::HELLO_OPERAND_LEN && crate::control::decode_hello_operand(bytes).is_ok() {
+        let (_method, _area) = crate::control::decode_hello_auth(bytes);
+    }
 }

@@ -584,3 +584,127 @@ fn hostile_authenticated_hellos_and_trailers_change_nothing_and_never_stop_the_t
     assert!(delta("hello_unauthenticated") > 0, "SEED={seed}: no HELLO was refused unauthenticated: {counts:?}");
     assert_eq!(delta("sessions_opened"), 0, "SEED={seed}: a HELLO without the key opened a session");
 }
+
+/// Every opcode group outside a tenant's grant: each instruction is refused `permission_denied`
+/// and nothing changes in any region or namespace; the same instruction with one byte of its
+/// datagram changed gets no answer at all.
+#[test]
+fn every_opcode_group_is_refused_outside_the_grant_and_a_forged_one_is_dropped() {
+    use netdam_isa::extension::reduce::{reduce_aux, ReduceOp, REDUCE_OPCODE};
+    let dir = tempfile::tempdir().unwrap();
+    let store = netdam_target::metadata::MetadataStore::open(dir.path()).unwrap();
+    store.create_crypto_key(0, &netdam_target::crypto::generate_key().unwrap()).unwrap();
+    drop(store);
+    let regions = vec![common::region("alice", REGION, false), common::region("shared", REGION, false)];
+    let target = common::start_configured_in(dir, regions, |config| {
+        config.auth = AuthMode::Tenants;
+        config.extensions = vec!["reduce".into()];
+        config.namespaces = vec![netdam_target::config::NamespaceConfig {
+            name: "disk".into(),
+            backend: netdam_target::config::NamespaceBackend::File,
+            path: "disk.img".into(),
+            size: Some(netdam_target::config::ByteSize(1 << 20)),
+            block_size: 4096,
+        }];
+    });
+    let mut tenants = records();
+    // Narrow may read the first 4 KiB of "shared" and read blocks 0..16 of "disk", nothing else.
+    tenants.push(record(
+        "narrow",
+        6,
+        0x66,
+        vec![
+            grant(GrantSpace::Region("shared".into()), &["read"], Some((0, 4096))),
+            grant(GrantSpace::Namespace("disk".into()), &["read", "block"], Some((0, 16 * 4096))),
+        ],
+    ));
+    publish(&target, &tenants);
+    let mut root = client(&target, Some(credentials(3, 0x77))).unwrap();
+    let mut rng = common::Rng::new(common::seed());
+    let pattern = rng.bytes(REGION as usize);
+    root.write(0, 0, &pattern).unwrap();
+    root.write(1, 0, &pattern).unwrap();
+    let disk = root.namespace("disk").unwrap().clone();
+    let blocks = rng.bytes(64 * 4096);
+    root.block_write(&disk, 0, &blocks, true).unwrap();
+    let snapshot = |root: &mut Client| {
+        let mut regions = vec![0u8; 2 * REGION as usize];
+        root.read(0, 0, &mut regions[..REGION as usize]).unwrap();
+        root.read(1, 0, &mut regions[REGION as usize..]).unwrap();
+        let mut namespace = vec![0u8; 64 * 4096];
+        root.block_read(&disk, 0, &mut namespace).unwrap();
+        (regions, namespace)
+    };
+    let before = snapshot(&mut root);
+
+    let word = 1u64.to_le_bytes();
+    let cas = [0u8; 16];
+    let lanes = [0u8; 64];
+    let block = [7u8; 4096];
+    let memcpy = {
+        let mut operand = [0u8; 16];
+        operand[0..2].copy_from_slice(&1u16.to_le_bytes());
+        operand
+    };
+    let encrypt_operand = {
+        let mut operand = Vec::new();
+        netdam_isa::crypto::encode_operand(&mut operand, None, None, &[]);
+        operand
+    };
+    let op = |opcode: u8, space: u16, offset: u64, length: u32, operand: &'static [u8]| Instruction {
+        opcode,
+        flags: 0,
+        space,
+        offset,
+        length,
+        aux: 0,
+        operand,
+    };
+    let leak = |bytes: &[u8]| -> &'static [u8] { Box::leak(bytes.to_vec().into_boxed_slice()) };
+    let (word, cas, lanes, block, memcpy) = (leak(&word), leak(&cas), leak(&lanes), leak(&block), leak(&memcpy));
+    let encrypt_operand = leak(&encrypt_operand);
+    let mut vadd = op(Opcode::Vadd as u8, 1, 0, 64, lanes);
+    vadd.aux = netdam_isa::LaneType::F32 as u32;
+    let reduce =
+        Instruction { aux: reduce_aux(netdam_isa::LaneType::F32, ReduceOp::Sum), ..op(REDUCE_OPCODE, 0, 0, 64, &[]) };
+    let mut fill = op(Opcode::Fill as u8, 1, 0, 64, &[]);
+    fill.aux = 0xEE;
+    let cases: Vec<(&str, Instruction<'_>)> = vec![
+        ("READ outside the range", op(Opcode::Read as u8, 1, 4096, 64, &[])),
+        ("READ of an ungranted region", op(Opcode::Read as u8, 0, 0, 64, &[])),
+        ("WRITE without write", op(Opcode::Write as u8, 1, 0, 8, word)),
+        ("FILL without write", fill),
+        ("CAS without atomic", op(Opcode::Cas as u8, 1, 0, 8, cas)),
+        ("FETCH_ADD without atomic", op(Opcode::FetchAdd as u8, 1, 0, 8, word)),
+        ("MEMCPY into a read-only grant", op(Opcode::Memcpy as u8, 1, 64, 64, memcpy)),
+        ("VADD without compute", vadd),
+        ("CRC32 of an ungranted region", op(Opcode::Crc32 as u8, 0, 0, 64, &[])),
+        ("REDUCE of an ungranted region", reduce),
+        ("ENCRYPT without write", Instruction { aux: 0, ..op(Opcode::Encrypt as u8, 1, 0, 64, encrypt_operand) }),
+        ("BREAD outside the range", op(Opcode::BlockRead as u8, 0, 16, 1, &[])),
+        ("BWRITE without write", op(Opcode::BlockWrite as u8, 0, 0, 1, block)),
+        ("TRIM without write", op(Opcode::Trim as u8, 0, 0, 1, &[])),
+        ("WRITE_ZEROES without write", op(Opcode::WriteZeroes as u8, 0, 0, 1, &[])),
+        ("BLOCK_STATUS outside the range", op(Opcode::BlockStatus as u8, 0, 20, 4, &[])),
+    ];
+    let mut narrow = Raw::open(&target, 6, 0x66);
+    for (index, (name, instruction)) in cases.iter().enumerate() {
+        let sequence = 2 * index as u64 + 1;
+        let datagram = narrow.sealed(narrow.session, sequence, instruction);
+        assert_eq!(
+            narrow.exchange(&datagram).map(|(status, _)| status),
+            Some(Status::PermissionDenied),
+            "{name}: not refused"
+        );
+        // One byte of the instruction changed (its offset): the MAC no longer matches.
+        let mut forged = narrow.sealed(narrow.session, sequence + 1, instruction);
+        forged[32 + 8] ^= 0x01;
+        assert_eq!(narrow.exchange(&forged), None, "{name}: a forged datagram was answered");
+    }
+    // What narrow may do still works, and nothing refused changed a byte anywhere.
+    let allowed = narrow.sealed(narrow.session, 1000, &op(Opcode::Read as u8, 1, 0, 64, &[]));
+    assert_eq!(narrow.exchange(&allowed).map(|(status, _)| status), Some(Status::Ok));
+    let allowed = narrow.sealed(narrow.session, 1001, &op(Opcode::BlockRead as u8, 0, 15, 1, &[]));
+    assert_eq!(narrow.exchange(&allowed).map(|(status, _)| status), Some(Status::Ok));
+    assert!(snapshot(&mut root) == before, "a refused or forged instruction changed a region or the namespace");
+}
