@@ -6,14 +6,11 @@ use crate::wire::{Request, RequestBuilder, Response, ResponseWriter, HEADER_LEN}
 /// Decodes `bytes` as a request and as a response; each that decodes must re-encode identically.
 pub fn check_decode_round_trip(bytes: &[u8]) {
     if let Ok(request) = Request::parse(bytes) {
-        let mut buf = vec![0u8; bytes.len()];
-        let mut builder = RequestBuilder::new(&mut buf, request.header.session, request.header.sequence)
-            .expect("a decoded request is at least a header long");
-        for instruction in request.instructions() {
-            builder.push(&instruction).expect("a decoded instruction fits where it came from");
-        }
-        let len = builder.finish();
-        assert_eq!(&buf[..len], bytes, "request re-encoded differently");
+        assert_eq!(
+            reencode(&request, bytes.len(), |builder| builder.finish()),
+            bytes,
+            "request re-encoded differently"
+        );
     }
     if let Ok(response) = Response::parse(bytes) {
         let mut buf = vec![0u8; bytes.len().max(HEADER_LEN)];
@@ -31,17 +28,27 @@ pub fn check_decode_round_trip(bytes: &[u8]) {
     // The same bytes as an opened sealed datagram (its trailer already checked and cut): the
     // decoder must refuse or accept them without panicking, and what it accepts re-encodes.
     if let Ok(request) = Request::parse_opened(bytes) {
-        let mut buf = vec![0u8; bytes.len()];
-        let mut builder = RequestBuilder::new(&mut buf, request.header.session, request.header.sequence)
-            .expect("a decoded request is at least a header long");
-        for instruction in request.instructions() {
-            builder.push(&instruction).expect("a decoded instruction fits where it came from");
-        }
-        let len = builder.finish_sealed();
-        assert_eq!(&buf[..len], bytes, "sealed request re-encoded differently");
+        assert_eq!(
+            reencode(&request, bytes.len(), |builder| builder.finish_sealed()),
+            bytes,
+            "sealed request re-encoded differently"
+        );
     }
     // A HELLO operand's authentication part decodes without panicking, whatever its bytes.
     if bytes.len() >= crate::control::HELLO_OPERAND_LEN && crate::control::decode_hello_operand(bytes).is_ok() {
         let (_method, _area) = crate::control::decode_hello_auth(bytes);
     }
+}
+
+/// The bytes `request` (decoded from `len` bytes) encodes to again, its header written by `finish`.
+fn reencode(request: &Request<'_>, len: usize, finish: impl FnOnce(RequestBuilder<'_>) -> usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    let mut builder = RequestBuilder::new(&mut buf, request.header.session, request.header.sequence)
+        .expect("a decoded request is at least a header long");
+    for instruction in request.instructions() {
+        builder.push(&instruction).expect("a decoded instruction fits where it came from");
+    }
+    let len = finish(builder);
+    buf.truncate(len);
+    buf
 }
