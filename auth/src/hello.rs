@@ -22,6 +22,8 @@ pub mod method {
     pub const NONE: u8 = 0;
     /// Every datagram carries a MAC (AES-256-GCM's tag over the whole datagram).
     pub const MAC: u8 = 1;
+    /// As MAC, and every datagram's body (instructions, results) is encrypted.
+    pub const ENCRYPT: u8 = 2;
 }
 
 /// Label the proof's HMAC starts with.
@@ -132,9 +134,11 @@ impl HelloAuth {
         })
     }
 
-    /// The session's keys, as both sides derive them from this HELLO.
-    pub fn session_keys(&self, key: &TenantKey, cookie: &[u8]) -> SessionKeys {
-        SessionKeys::derive(key, cookie, &self.nonce, self.tenant)
+    /// The keys of session `session`, as both sides derive them from this HELLO and the id the
+    /// target gave the session (fresh for every session it opens, so a HELLO replayed after its
+    /// session ended gets other keys).
+    pub fn session_keys(&self, key: &TenantKey, cookie: &[u8], session: u32) -> SessionKeys {
+        SessionKeys::derive(key, cookie, &self.nonce, self.tenant, session)
     }
 }
 
@@ -168,10 +172,12 @@ impl hkdf::KeyType for TwoKeys {
 
 impl SessionKeys {
     /// HKDF-SHA256 with salt `netdam-session-v1`, the tenant key as input key material, and
-    /// info = cookie ‖ nonce ‖ tenant (`u32`): 64 bytes, the request key then the response key.
-    pub fn derive(key: &TenantKey, cookie: &[u8], nonce: &[u8; NONCE_BYTES], tenant: u32) -> SessionKeys {
+    /// info = cookie ‖ nonce ‖ tenant (`u32`) ‖ session id (`u32`): 64 bytes, the request key
+    /// then the response key.
+    pub fn derive(key: &TenantKey, cookie: &[u8], nonce: &[u8; NONCE_BYTES], tenant: u32, session: u32) -> SessionKeys {
         let tenant = tenant.to_le_bytes();
-        let info: [&[u8]; 3] = [cookie, nonce, &tenant];
+        let session = session.to_le_bytes();
+        let info: [&[u8]; 4] = [cookie, nonce, &tenant, &session];
         let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, SESSION_SALT).extract(key.as_bytes());
         let mut bytes = [0u8; 64];
         prk.expand(&info, TwoKeys)

@@ -160,7 +160,8 @@ impl KeyFile {
             }
             let fail = |message: String| KeyFileError::Parse { path: path.to_path_buf(), line: index + 1, message };
             let Some((name, value)) = line.split_once('=') else {
-                return Err(fail(format!("expected `name = value`, found {line:?}")));
+                // The line itself is not echoed: it may hold a key.
+                return Err(fail("expected `name = value`".to_string()));
             };
             let value = value.trim();
             let unquoted = || {

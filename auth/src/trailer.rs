@@ -57,11 +57,7 @@ fn tag(key: &LessSafeKey, counter: u64, datagram: &[u8], len: usize) -> Result<[
     if body.len() > MAX_BODY_BYTES {
         return Err(TrailerError::TooLarge);
     }
-    let mut associated = [0u8; HEADER_BYTES + COUNTER_BYTES];
-    associated[..HEADER_BYTES].copy_from_slice(&datagram[..HEADER_BYTES]);
-    associated[HEADER_BYTES..].copy_from_slice(&counter.to_le_bytes());
-    let mut nonce = [0u8; NONCE_LEN];
-    nonce[..COUNTER_BYTES].copy_from_slice(&counter.to_le_bytes());
+    let (associated, nonce) = associated_and_nonce(&datagram[..HEADER_BYTES], counter);
     SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
         if scratch.len() < MAX_BODY_BYTES {
@@ -70,7 +66,7 @@ fn tag(key: &LessSafeKey, counter: u64, datagram: &[u8], len: usize) -> Result<[
         let scratch = &mut scratch[..body.len()];
         scratch.copy_from_slice(body);
         let tag = key
-            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(&associated), scratch)
+            .seal_in_place_separate_tag(nonce, Aad::from(&associated), scratch)
             .expect("AES-GCM of a datagram-sized input cannot fail");
         let mut out = [0u8; TAG_BYTES];
         out.copy_from_slice(tag.as_ref());
@@ -89,6 +85,48 @@ pub fn seal(key: &LessSafeKey, counter: u64, buffer: &mut [u8], len: usize) -> R
     buffer[len..len + COUNTER_BYTES].copy_from_slice(&counter.to_le_bytes());
     buffer[len + COUNTER_BYTES..sealed].copy_from_slice(&tag);
     Ok(sealed)
+}
+
+/// Seals `buffer[..len]` of an encrypted session: the body is encrypted in place (the same
+/// AES-256-GCM as [`seal`], whose ciphertext is here sent) and the trailer appended; returns the
+/// sealed length. The header (with its flags) must be final before: it is authenticated.
+pub fn seal_encrypted(key: &LessSafeKey, counter: u64, buffer: &mut [u8], len: usize) -> Result<usize, TrailerError> {
+    let sealed = len + TRAILER_BYTES;
+    if buffer.len() < sealed || len < HEADER_BYTES {
+        return Err(TrailerError::NoRoom);
+    }
+    let (associated, nonce) = associated_and_nonce(&buffer[..HEADER_BYTES], counter);
+    let tag = key
+        .seal_in_place_separate_tag(nonce, Aad::from(&associated), &mut buffer[HEADER_BYTES..len])
+        .expect("AES-GCM of a datagram-sized input cannot fail");
+    buffer[len..len + COUNTER_BYTES].copy_from_slice(&counter.to_le_bytes());
+    buffer[len + COUNTER_BYTES..sealed].copy_from_slice(tag.as_ref());
+    Ok(sealed)
+}
+
+/// Opens a datagram of an encrypted session in place: checks the tag and decrypts the body;
+/// returns the length without the trailer. On failure the body is left as garbage.
+pub fn open_encrypted(key: &LessSafeKey, datagram: &mut [u8]) -> Result<usize, TrailerError> {
+    let len =
+        datagram.len().checked_sub(TRAILER_BYTES).filter(|&len| len >= HEADER_BYTES).ok_or(TrailerError::TooShort)?;
+    let counter = u64::from_le_bytes(datagram[len..len + COUNTER_BYTES].try_into().expect("8 bytes"));
+    let (associated, nonce) = associated_and_nonce(&datagram[..HEADER_BYTES], counter);
+    let mut tag = [0u8; TAG_BYTES];
+    tag.copy_from_slice(&datagram[len + COUNTER_BYTES..]);
+    let body = &mut datagram[HEADER_BYTES..len];
+    key.open_in_place_separate_tag(nonce, Aad::from(&associated), ring::aead::Tag::from(tag), body, 0..)
+        .map(|_| len)
+        .map_err(|_| TrailerError::BadTag)
+}
+
+/// The associated data (header, counter) and the nonce of a datagram's tag.
+fn associated_and_nonce(header: &[u8], counter: u64) -> ([u8; HEADER_BYTES + COUNTER_BYTES], Nonce) {
+    let mut associated = [0u8; HEADER_BYTES + COUNTER_BYTES];
+    associated[..HEADER_BYTES].copy_from_slice(header);
+    associated[HEADER_BYTES..].copy_from_slice(&counter.to_le_bytes());
+    let mut nonce = [0u8; NONCE_LEN];
+    nonce[..COUNTER_BYTES].copy_from_slice(&counter.to_le_bytes());
+    (associated, Nonce::assume_unique_for_key(nonce))
 }
 
 /// Checks the trailer of `datagram` under `key`; returns the length without it.
@@ -113,7 +151,7 @@ mod tests {
     use crate::keyfile::TenantKey;
 
     fn keys(seed: u8) -> SessionKeys {
-        SessionKeys::derive(&TenantKey::from_bytes([seed; 32]), &[1; 24], &[2; 16], 1)
+        SessionKeys::derive(&TenantKey::from_bytes([seed; 32]), &[1; 24], &[2; 16], 1, 7)
     }
 
     #[test]
@@ -131,6 +169,29 @@ mod tests {
             altered[bit / 8] ^= 1 << (bit % 8);
             assert_eq!(open(&keys.request, &altered[..sealed]), Err(TrailerError::BadTag), "bit {bit}");
         }
+    }
+
+    #[test]
+    fn an_encrypted_datagram_hides_its_body_opens_to_it_and_carries_the_same_tag() {
+        let keys = keys(3);
+        let mut plain = [0u8; 200];
+        for (index, byte) in plain[..100].iter_mut().enumerate() {
+            *byte = index as u8;
+        }
+        let mut macced = plain;
+        let sealed = seal(&keys.request, 9, &mut macced, 100).unwrap();
+        let mut encrypted = plain;
+        assert_eq!(seal_encrypted(&keys.request, 9, &mut encrypted, 100).unwrap(), sealed);
+        assert_eq!(encrypted[..HEADER_BYTES], plain[..HEADER_BYTES], "the header stays readable");
+        assert_ne!(encrypted[HEADER_BYTES..100], plain[HEADER_BYTES..100], "the body is hidden");
+        assert_eq!(encrypted[100..sealed], macced[100..sealed], "one construction: the same trailer");
+        let mut received = encrypted;
+        assert_eq!(open_encrypted(&keys.request, &mut received[..sealed]), Ok(100));
+        assert_eq!(received[..100], plain[..100]);
+        let mut altered = encrypted;
+        altered[50] ^= 1;
+        assert_eq!(open_encrypted(&keys.request, &mut altered[..sealed]), Err(TrailerError::BadTag));
+        assert_eq!(open_encrypted(&keys.response, &mut encrypted.clone()[..sealed]), Err(TrailerError::BadTag));
     }
 
     #[test]

@@ -109,7 +109,7 @@ fn the_authenticated_hello_carries_a_proof_of_the_tenant_key() {
 
 #[test]
 fn the_hello_answer_is_sealed_with_the_new_sessions_response_key() {
-    let keys = hello_area().session_keys(&KEY, &cookie());
+    let keys = hello_area().session_keys(&KEY, &cookie(), SESSION);
     let bytes = example("auth-hello-answer");
     assert!(peek_is_sealed(&bytes));
     assert_eq!(bytes[3], FLAG_RESPONSE | FLAG_SEALED);
@@ -121,8 +121,8 @@ fn the_hello_answer_is_sealed_with_the_new_sessions_response_key() {
     let response = Response::parse_opened(&bytes[..len]).unwrap();
     assert_eq!(
         (response.header.session, response.header.sequence, response.header.count),
-        (0, 3, 1),
-        "the header echoes the HELLO's session field, 0"
+        (SESSION, 3, 1),
+        "the header names the session it opens"
     );
     assert_eq!((response.header.ttl, response.header.service_time_ns), (64, 2500));
     assert_eq!(response.status(), Status::Ok);
@@ -144,7 +144,7 @@ fn read() -> Instruction<'static> {
 
 #[test]
 fn a_sealed_read_and_its_sealed_answer() {
-    let keys = hello_area().session_keys(&KEY, &cookie());
+    let keys = hello_area().session_keys(&KEY, &cookie(), SESSION);
 
     let bytes = example("auth-read-request");
     assert_eq!(bytes.len(), HEADER_LEN + INSTRUCTION_HEADER_LEN + TRAILER_BYTES);

@@ -38,7 +38,7 @@ fn per_call(iterations: u32, mut work: impl FnMut() -> u64) -> f64 {
 
 /// Prints one markdown row per size.
 pub fn run(args: &IntegrityArgs) {
-    let keys = SessionKeys::derive(&TenantKey::from_bytes([7; 32]), &[1; 24], &[2; 16], 1);
+    let keys = SessionKeys::derive(&TenantKey::from_bytes([7; 32]), &[1; 24], &[2; 16], 1, 1);
     let hmac = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &[9; 32]);
     println!(
         "| datagram bytes | CRC-32 (crc32fast) ns | MAC trailer seal ns | MAC trailer open ns | GMAC (all as associated data) ns | HMAC-SHA256 ns |"

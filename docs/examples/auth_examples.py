@@ -97,9 +97,9 @@ def proof(key, cookie, nonce, tenant, key_version, method, requested_bytes):
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
-def session_keys(key, cookie, nonce, tenant):
-    """(request key, response key)."""
-    okm = hkdf_sha256(SESSION_SALT, key, cookie + nonce + struct.pack("<I", tenant), 64)
+def session_keys(key, cookie, nonce, tenant, session):
+    """(request key, response key) of session `session`."""
+    okm = hkdf_sha256(SESSION_SALT, key, cookie + nonce + struct.pack("<II", tenant, session), 64)
     return okm[:32], okm[32:]
 
 
@@ -129,18 +129,18 @@ def examples():
     assert len(operand) == 96
     hello = with_crc(header(0, 0, HELLO_SEQUENCE, 1) + instruction(OP_HELLO, operand=operand))
 
-    request_key, response_key = session_keys(TENANT_KEY, COOKIE, NONCE, TENANT)
+    request_key, response_key = session_keys(TENANT_KEY, COOKIE, NONCE, TENANT, SESSION)
 
     # The `ok` answer: session 7, 9000 bytes, 64 instructions, one region "default" of 1 MiB, no
-    # namespace, target flags 0. Its header echoes the request's session field (0); it is the
-    # first datagram sealed with the response key: counter 0.
+    # namespace, target flags 0. Its header names the new session (the keys are derived with its
+    # id); it is the first datagram sealed with the response key: counter 0.
     name = b"default"
     data = struct.pack("<IIHHHH", SESSION, REQUESTED_DATAGRAM_BYTES, 64, 1, 0, 0)
     data += struct.pack("<HBBQ", 0, 0, len(name), REGION_BYTES) + name
     hello_answer = seal(
         response_key,
         0,
-        header(FLAG_RESPONSE, 0, HELLO_SEQUENCE, 1, ttl=TTL, service_ns=2500) + result(OP_HELLO, STATUS_OK, data),
+        header(FLAG_RESPONSE, SESSION, HELLO_SEQUENCE, 1, ttl=TTL, service_ns=2500) + result(OP_HELLO, STATUS_OK, data),
     )
 
     # The first request of the session: the initiator's counter 0.

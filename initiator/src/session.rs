@@ -21,13 +21,13 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use netdam_auth::{Credentials, HelloAuth, SessionKeys, TRAILER_BYTES};
+use netdam_auth::{Credentials, HelloAuth, SessionKeys, TenantKey, TRAILER_BYTES};
 use netdam_isa::control::{Cookie, HelloAnswer, NO_COOKIE};
-use netdam_isa::control::{HELLO_AUTH_LEN, HELLO_AUTH_MAC};
+use netdam_isa::control::{HELLO_AUTH_ENCRYPT, HELLO_AUTH_LEN, HELLO_AUTH_MAC};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT, REPLAY_WINDOW};
 use netdam_isa::wire::{
-    mark_sealed, peek_datagram_status, peek_is_sealed, peek_session_sequence, set_request_session, Instruction,
-    InstructionResult, RequestBuilder, Response, FLAG_SEALED,
+    mark_sealed, peek_datagram_status, peek_is_encrypted, peek_is_sealed, peek_session_sequence, set_request_session,
+    Instruction, InstructionResult, RequestBuilder, Response, FLAG_ENCRYPTED, FLAG_SEALED,
 };
 use netdam_isa::{Duration, Instant, Opcode, Status};
 
@@ -84,6 +84,9 @@ pub struct SessionConfig {
     /// The tenant's key: HELLO proves it and every datagram of the session is sealed with a MAC
     /// (PROTOCOL.md, "Authentication"). `None` for a target with `auth = "none"`.
     pub credentials: Option<Credentials>,
+    /// With credentials: encrypt the body of every datagram of the session, both ways (HELLO
+    /// method 2), besides the MAC.
+    pub encrypt: bool,
 }
 
 impl Default for SessionConfig {
@@ -101,6 +104,7 @@ impl Default for SessionConfig {
             congestion: Some(SwiftConfig::default()),
             reconnect_patience: Duration::from_millis(5_000),
             credentials: None,
+            encrypt: false,
         }
     }
 }
@@ -447,15 +451,27 @@ pub struct Session {
     /// Keys of the session in use (an authenticated one), and of the one the HELLO under way
     /// will open.
     keys: Option<SessionKeys>,
-    hello_keys: Option<SessionKeys>,
+    /// The proof the HELLO under way sent, from which the new session's keys are derived once
+    /// its sealed answer names the session (the keys depend on its id).
+    hello_proof: Option<(HelloAuth, TenantKey, Cookie)>,
+    /// Those keys, with the session id they were derived for.
+    hello_keys: Option<(u32, SessionKeys)>,
     /// Counter of the next datagram sealed: never reused under the session's request key.
     sealed: u64,
+    /// Where an encrypted answer is decrypted.
+    decrypted: Vec<u8>,
+    /// Where an encrypted session's request is sealed for its transmission.
+    transmit: Vec<u8>,
 }
 
 impl Session {
     /// A session with id `session_id` (0 before HELLO has assigned one).
-    pub fn new(config: SessionConfig, session_id: u32) -> Session {
+    pub fn new(mut config: SessionConfig, session_id: u32) -> Session {
         assert!((1..=MAX_IN_FLIGHT).contains(&config.max_in_flight), "max_in_flight must be 1..={MAX_IN_FLIGHT}");
+        if config.credentials.is_some() {
+            // Requests made before HELLO answers are sealed once it has: leave their trailer room.
+            config.max_datagram_bytes -= TRAILER_BYTES;
+        }
         Session {
             config,
             session_id,
@@ -474,8 +490,11 @@ impl Session {
             ever_established: false,
             refused_since: None,
             keys: None,
+            hello_proof: None,
             hello_keys: None,
             sealed: 0,
+            decrypted: Vec::new(),
+            transmit: Vec::new(),
         }
     }
 
@@ -520,15 +539,17 @@ impl Session {
     /// request: it does not count against the caller's bound on requests in flight.
     fn send_hello(&mut self) {
         let (Some(size), Some((cookie, _))) = (self.hello_size, self.hello) else { return };
+        let method = if self.config.encrypt { HELLO_AUTH_ENCRYPT } else { HELLO_AUTH_MAC };
         let hello = match self.config.credentials {
             None => Op::hello(size, cookie),
-            Some(_) if cookie == NO_COOKIE => Op::hello_with(size, cookie, HELLO_AUTH_MAC, &[0; HELLO_AUTH_LEN]),
+            Some(_) if cookie == NO_COOKIE => Op::hello_with(size, cookie, method, &[0; HELLO_AUTH_LEN]),
             Some(credentials) => {
                 let (tenant, version, key) = (credentials.tenant, credentials.key_version, &credentials.key);
-                match HelloAuth::prove(key, tenant, version, &cookie, HELLO_AUTH_MAC, size) {
+                match HelloAuth::prove(key, tenant, version, &cookie, method, size) {
                     Ok(area) => {
-                        self.hello_keys = Some(area.session_keys(key, &cookie));
-                        Op::hello_with(size, cookie, HELLO_AUTH_MAC, &area.encode())
+                        self.hello_proof = Some((area, *key, cookie));
+                        self.hello_keys = None;
+                        Op::hello_with(size, cookie, method, &area.encode())
                     }
                     Err(_) => return self.end_hello(Err(ClientError::Random)),
                 }
@@ -547,7 +568,7 @@ impl Session {
     /// or fails them.
     fn end_hello(&mut self, mut outcome: Result<HelloAnswer, ClientError>) {
         self.hello = None;
-        if let (Ok(answer), Some(_)) = (&mut outcome, &self.hello_keys) {
+        if let (Ok(answer), Some(_)) = (&mut outcome, &self.config.credentials) {
             // What a driver may fill: the negotiated size less the trailer every datagram of an
             // authenticated session carries.
             answer.max_datagram_bytes -= TRAILER_BYTES as u32;
@@ -555,7 +576,8 @@ impl Session {
         match &outcome {
             Ok(answer) => {
                 self.ever_established = true;
-                if let Some(keys) = self.hello_keys.take() {
+                self.hello_proof = None;
+                if let Some((_, keys)) = self.hello_keys.take() {
                     self.keys = Some(keys);
                     self.sealed = 0;
                 }
@@ -616,7 +638,9 @@ impl Session {
             request.datagram.buffer[3] &= !FLAG_SEALED;
         }
         set_request_session(request.datagram.as_mut_slice(), self.session_id);
-        seal_request(self.keys.as_ref(), &mut self.sealed, self.session_id, &mut request.datagram);
+        if !self.config.encrypt {
+            seal_request(self.keys.as_ref(), &mut self.sealed, self.session_id, &mut request.datagram);
+        }
         let request = &mut self.requests[index];
         request.session_id = self.session_id;
         request.attempts = 0;
@@ -655,7 +679,10 @@ impl Session {
     fn on_session_lost(&mut self, index: usize) {
         let request = &self.requests[index];
         let lost_current = request.session_id == self.session_id;
-        if request.attempts == 1 || request.idempotent {
+        // An unsealed `no_session` may be forged in an authenticated session: a request that may
+        // have run is then not sent again on its word, unless running twice is harmless.
+        let believed = self.config.credentials.is_none() && request.attempts == 1;
+        if believed || request.idempotent {
             // This transmission did not run, and no other did (or running twice is harmless).
             self.requests[index].state = State::Parked;
             if !lost_current && self.hello.is_none() && self.session_id != 0 {
@@ -775,7 +802,10 @@ impl Session {
                     (false, _) => Err(too_large),
                     (true, true) => Err(ClientError::Empty),
                     // A request of an authenticated session is sealed next: no CRC.
-                    (true, false) if self.keys.is_some() && self.session_id != 0 => Ok(builder.finish_sealed()),
+                    // (An encrypted session keeps requests in the clear and seals each transmission.)
+                    (true, false) if self.keys.is_some() && self.session_id != 0 && !self.config.encrypt => {
+                        Ok(builder.finish_sealed())
+                    }
                     (true, false) => Ok(builder.finish()),
                 }
             }
@@ -784,7 +814,10 @@ impl Session {
         match encoded {
             Ok(len) => {
                 datagram.len = len;
-                seal_request(self.keys.as_ref(), &mut self.sealed, self.session_id, &mut datagram);
+                if !self.config.encrypt {
+                    // An encrypted session seals each transmission (`poll_transmit`).
+                    seal_request(self.keys.as_ref(), &mut self.sealed, self.session_id, &mut datagram);
+                }
                 Ok(datagram)
             }
             Err(error) => {
@@ -874,6 +907,22 @@ impl Session {
             if let Some(swift) = &mut self.swift {
                 swift.on_send(now);
             }
+            let datagram = self.requests[index].datagram.as_slice();
+            if let (true, Some(keys), false) = (self.config.encrypt, &self.keys, self.session_id == 0) {
+                // Encrypted anew for each transmission, with the next counter: the request is
+                // kept in the clear, so it can move to a new session and be sent again.
+                let len = datagram.len();
+                if self.transmit.len() < len + TRAILER_BYTES {
+                    self.transmit.resize(len + TRAILER_BYTES, 0);
+                }
+                self.transmit[..len].copy_from_slice(datagram);
+                mark_sealed(&mut self.transmit[..len]);
+                self.transmit[3] |= FLAG_ENCRYPTED;
+                let sealed = netdam_auth::trailer::seal_encrypted(&keys.request, self.sealed, &mut self.transmit, len)
+                    .expect("the transmit buffer has room for the trailer");
+                self.sealed += 1;
+                return Some(&self.transmit[..sealed]);
+            }
             return Some(self.requests[index].datagram.as_slice());
         }
         None
@@ -890,10 +939,54 @@ impl Session {
     pub fn handle_datagram_waited(&mut self, now: Instant, waited: Duration, bytes: &[u8]) {
         self.stats.datagrams_received += 1;
         self.stats.bytes_received += bytes.len() as u64;
+        if peek_is_sealed(bytes) && peek_is_encrypted(bytes) {
+            // Decrypted (which checks the tag) into the session's own buffer, taken out while
+            // the answer is handled; it grows to the largest datagram once.
+            let mut plain = std::mem::take(&mut self.decrypted);
+            if plain.len() < bytes.len() {
+                plain.resize(bytes.len(), 0);
+            }
+            plain[..bytes.len()].copy_from_slice(bytes);
+            match self.open_encrypted(&mut plain[..bytes.len()]) {
+                Some(len) => self.handle_opened(now, waited, &plain[..len]),
+                None => self.stats.ignored += 1,
+            }
+            self.decrypted = plain;
+            return;
+        }
         let Some(bytes) = self.open(bytes) else {
             self.stats.ignored += 1;
             return;
         };
+        self.handle_opened(now, waited, bytes);
+    }
+
+    /// Decrypts an encrypted answer in place and checks its tag (the session's keys, or in
+    /// session 0 the HELLO's); the length without the trailer.
+    fn open_encrypted(&mut self, datagram: &mut [u8]) -> Option<usize> {
+        let (session, _) = peek_session_sequence(datagram)?;
+        let keys = self.keys_for(session)?;
+        netdam_auth::trailer::open_encrypted(&keys.response, datagram).ok()
+    }
+
+    /// The keys that open an answer naming `session`: the session's, or those of the session
+    /// the HELLO under way opened (derived from its proof and the id the answer gives).
+    fn keys_for(&mut self, session: u32) -> Option<&SessionKeys> {
+        if session != 0 && session == self.session_id && self.keys.is_some() {
+            return self.keys.as_ref();
+        }
+        let (area, key, cookie) = self.hello_proof.as_ref()?;
+        if session == 0 {
+            return None;
+        }
+        if self.hello_keys.as_ref().is_none_or(|(id, _)| *id != session) {
+            self.hello_keys = Some((session, area.session_keys(key, cookie, session)));
+        }
+        self.hello_keys.as_ref().map(|(_, keys)| keys)
+    }
+
+    /// Takes an answer that is plain or opened (its MAC checked, its trailer cut).
+    fn handle_opened(&mut self, now: Instant, waited: Duration, bytes: &[u8]) {
         let parsed = if peek_is_sealed(bytes) { Response::parse_opened(bytes) } else { Response::parse(bytes) };
         let Ok(response) = parsed else {
             self.stats.ignored += 1;
@@ -907,7 +1000,9 @@ impl Session {
             request.sequence == header.sequence
                 && request.attempts > 0
                 && !matches!(request.state, State::Held { .. })
-                && (header.session == request.session_id || header.session == 0)
+                // The answer that opens an authenticated session names it; others echo the
+                // request's session, or 0.
+                && (header.session == request.session_id || header.session == 0 || request.origin == Origin::Hello)
         });
         let Some(index) = found else {
             self.stats.ignored += 1;
@@ -964,10 +1059,14 @@ impl Session {
     /// unsealed answer is believed only where the target cannot seal: in session 0 (a cookie,
     /// a refused HELLO, a sessionless PING or STAT) and `no_session` (the target lost the
     /// session and its keys). `None`: ignore it.
-    fn open<'b>(&self, bytes: &'b [u8]) -> Option<&'b [u8]> {
+    fn open<'b>(&mut self, bytes: &'b [u8]) -> Option<&'b [u8]> {
         let (session, _) = peek_session_sequence(bytes)?;
         if peek_is_sealed(bytes) {
-            let keys = if session == 0 { self.hello_keys.as_ref() } else { self.keys.as_ref() }?;
+            if self.config.encrypt {
+                // An encrypted session's answers are all encrypted (the other path).
+                return None;
+            }
+            let keys = self.keys_for(session)?;
             let len = netdam_auth::trailer::open(&keys.response, bytes).ok()?;
             return Some(&bytes[..len]);
         }

@@ -17,6 +17,8 @@ pub const HELLO_AUTH_NONE: u8 = 0;
 /// Authentication method of a tenant's HELLO: its authentication area proves the tenant's key,
 /// and every datagram of the session carries a MAC trailer (PROTOCOL.md, "Authentication").
 pub const HELLO_AUTH_MAC: u8 = 1;
+/// As [`HELLO_AUTH_MAC`], and the body of every datagram of the session is encrypted.
+pub const HELLO_AUTH_ENCRYPT: u8 = 2;
 
 /// Operand layout of HELLO (offsets within the operand).
 mod hello_field {
@@ -86,7 +88,7 @@ pub fn decode_hello_operand(operand: &[u8]) -> Result<HelloRequest, Status> {
     }
     match operand[hello_field::AUTH_METHOD] {
         HELLO_AUTH_NONE if operand[hello_field::AUTH].iter().any(|&byte| byte != 0) => return Err(Status::Malformed),
-        HELLO_AUTH_NONE | HELLO_AUTH_MAC => {}
+        HELLO_AUTH_NONE | HELLO_AUTH_MAC | HELLO_AUTH_ENCRYPT => {}
         _ => return Err(Status::NotSupported),
     }
     let mut size = [0u8; 4];
@@ -449,7 +451,7 @@ mod tests {
         assert_eq!(decode_hello_operand(&operand), Ok(hello));
         assert_eq!(decode_hello_operand(&operand[..HELLO_OPERAND_LEN - 1]), Err(Status::Malformed));
         assert_eq!(decode_hello_operand(&[0; 8]), Err(Status::Malformed), "the 8-byte operand of earlier builds");
-        for (at, value, status) in [(5, 1, Status::Malformed), (40, 1, Status::Malformed), (4, 2, Status::NotSupported)]
+        for (at, value, status) in [(5, 1, Status::Malformed), (40, 1, Status::Malformed), (4, 3, Status::NotSupported)]
         {
             let mut bad = operand;
             bad[at] = value;

@@ -29,6 +29,15 @@ const FLAGS_KNOWN: u8 = FLAG_RESPONSE;
 /// (PROTOCOL.md, "Authentication"); its CRC field is 0 and not checked, the MAC covers it.
 pub const FLAG_SEALED: u8 = 0x02;
 
+/// Flag bit 2, with [`FLAG_SEALED`]: the body (instructions or results) is encrypted, in a
+/// session whose HELLO asked for encryption (PROTOCOL.md, "Authentication").
+pub const FLAG_ENCRYPTED: u8 = 0x04;
+
+/// Whether a datagram's header says its body is encrypted (flags byte read at the v1 position).
+pub fn peek_is_encrypted(bytes: &[u8]) -> bool {
+    bytes.len() > header_field::FLAGS && bytes[header_field::FLAGS] & FLAG_ENCRYPTED != 0
+}
+
 /// Whether a datagram's header says it is sealed (flags byte read at the v1 position).
 pub fn peek_is_sealed(bytes: &[u8]) -> bool {
     bytes.len() > header_field::FLAGS && bytes[header_field::FLAGS] & FLAG_SEALED != 0
@@ -287,7 +296,7 @@ impl Header {
             queue_depth: read_u16(bytes, header_field::QUEUE_DEPTH),
             queueing_us: read_u16(bytes, header_field::QUEUEING_US),
         };
-        let known = if opened { FLAGS_KNOWN | FLAG_SEALED } else { FLAGS_KNOWN };
+        let known = if opened { FLAGS_KNOWN | FLAG_SEALED | FLAG_ENCRYPTED } else { FLAGS_KNOWN };
         if header.flags & !known != 0 {
             return Err(DecodeError::ReservedNotZero);
         }
@@ -594,6 +603,12 @@ impl<'b> ResponseWriter<'b> {
         fixed[result_field::DATA_LEN].copy_from_slice(&(data_len as u32).to_le_bytes());
         self.len += RESPONSE_INSTRUCTION_HEADER_LEN + data_len;
         self.header.count += 1;
+    }
+
+    /// Names `session` in the answer's header instead of the request's (the answer that opens
+    /// an authenticated session; PROTOCOL.md, "Authentication").
+    pub fn set_session(&mut self, session: u32) {
+        self.header.session = session;
     }
 
     /// Sets the datagram status (for a datagram none of whose instructions were executed).

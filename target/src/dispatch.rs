@@ -14,7 +14,7 @@ use netdam_auth::HelloAuth;
 use netdam_isa::block::{encode_extents, BlockOp, Extent};
 use netdam_isa::control::{
     decode_hello_auth, decode_hello_operand, encode_hello_answer, HelloRequest, NamespaceEntry, StatWriter, COOKIE_LEN,
-    HELLO_AUTH_LEN, HELLO_AUTH_MAC, TARGET_FLAG_FPGA,
+    HELLO_AUTH_ENCRYPT, HELLO_AUTH_LEN, HELLO_AUTH_MAC, HELLO_AUTH_NONE, TARGET_FLAG_FPGA,
 };
 use netdam_isa::engine::Engine;
 use netdam_isa::extension::{ExtensionRegistry, Permissions, EXTENSION_OPCODES};
@@ -24,8 +24,8 @@ use netdam_isa::limits::{
     SESSION_SWEEP_INTERVAL, SESSION_SWEEP_SLOTS,
 };
 use netdam_isa::wire::{
-    peek_is_response, peek_is_sealed, peek_session_sequence, DecodeError, Disposition, Instruction, Request,
-    ResponseWriter, HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN,
+    peek_is_encrypted, peek_is_response, peek_is_sealed, peek_session_sequence, DecodeError, Disposition, Instruction,
+    Request, ResponseWriter, HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN,
 };
 use netdam_isa::{Duration, Instant, Opcode, Status};
 use netdam_nvme::{BlockDevice, BlockRequest, BufferIndex};
@@ -65,6 +65,15 @@ impl Wait {
     pub fn queued(queueing: Duration) -> Wait {
         Wait { total: queueing, queueing }
     }
+}
+
+/// A HELLO whose proof checked out: what the session's keys are derived from once the session
+/// has its id.
+struct Proven {
+    area: HelloAuth,
+    key: netdam_auth::TenantKey,
+    key_version: u32,
+    encrypt: bool,
 }
 
 /// Which session's keys seal an answer, once it is finished: it is sealed only if that
@@ -258,6 +267,11 @@ pub struct Dispatcher<E> {
     current_tenant: Option<u32>,
     /// The session whose keys seal the answer of the datagram last handled, if any.
     pending_seal: Option<SealFor>,
+    /// Where an encrypted request is decrypted (the largest datagram), allocated once.
+    plaintext: Box<[u8]>,
+    /// The session an authenticated HELLO of the datagram under way opened: its answer's header
+    /// names it.
+    hello_session: Option<u32>,
 }
 
 impl<E: Engine> Dispatcher<E> {
@@ -268,6 +282,7 @@ impl<E: Engine> Dispatcher<E> {
         let sessions =
             SessionTable::new(worker, shared.epoch, shared.settings.sessions).with_usage(shared.usage.clone());
         let block = BlockPath::new(devices, shared.settings.max_datagram_bytes);
+        let plaintext = vec![0u8; shared.settings.max_datagram_bytes].into_boxed_slice();
         let metrics = shared.settings.metrics;
         // A queue over the threshold for as long again is standing (see `overload`).
         let busy = shared.settings.busy_threshold;
@@ -293,6 +308,8 @@ impl<E: Engine> Dispatcher<E> {
             tenants_generation: 0,
             current_tenant: None,
             pending_seal: None,
+            plaintext,
+            hello_session: None,
         }
     }
 
@@ -396,7 +413,6 @@ impl<E: Engine> Dispatcher<E> {
         datagram: &[u8],
         out: &'b mut [u8],
     ) -> Handled<'b> {
-        let queueing = wait.queueing;
         self.stats().add(Counter::DatagramsReceived, 1);
         self.pending_seal = None;
         self.current_tenant = None;
@@ -408,7 +424,8 @@ impl<E: Engine> Dispatcher<E> {
         self.refresh_tenants();
         // A sealed datagram is opened (its MAC checked) before anything else reads it: what
         // fails the check is dropped unanswered, since nothing proves who sent it.
-        let (datagram, out) = if peek_is_sealed(datagram) {
+        // `room`: how much of `out` the answer may fill; a sealed one leaves room for its trailer.
+        let (datagram, room) = if peek_is_sealed(datagram) {
             let Some((session, sequence)) = peek_session_sequence(datagram) else {
                 let counter =
                     if datagram.len() < HEADER_LEN { Counter::DroppedTooShort } else { Counter::DroppedBadMagic };
@@ -424,14 +441,44 @@ impl<E: Engine> Dispatcher<E> {
                     return Handled::Dropped;
                 }
             };
+            if peek_is_encrypted(datagram) != auth.encrypt {
+                // Encrypted in a session that did not ask for it, or the other way round.
+                self.count(Counter::DroppedBadMac);
+                return Handled::Dropped;
+            }
+            let tenant = auth.tenant;
+            let room = out.len() - netdam_auth::TRAILER_BYTES;
+            if auth.encrypt {
+                // Decrypted (which checks the tag) into the dispatcher's own buffer, taken out
+                // while the request runs so the dispatcher stays free to use.
+                if datagram.len() > self.plaintext.len() {
+                    self.count(Counter::DroppedOversized);
+                    return Handled::Dropped;
+                }
+                let mut plain = std::mem::take(&mut self.plaintext);
+                plain[..datagram.len()].copy_from_slice(datagram);
+                let opened = netdam_auth::trailer::open_encrypted(&auth.keys.request, &mut plain[..datagram.len()]);
+                let handled = match opened {
+                    Ok(len) => {
+                        self.current_tenant = Some(tenant);
+                        self.pending_seal = Some(SealFor { session, peer: from.peer });
+                        self.handle_request(now, from, wait, &plain[..len], out, room)
+                    }
+                    Err(_) => {
+                        self.count(Counter::DroppedBadMac);
+                        Handled::Dropped
+                    }
+                };
+                self.plaintext = plain;
+                return handled;
+            }
             let Ok(len) = netdam_auth::trailer::open(&auth.keys.request, datagram) else {
                 self.count(Counter::DroppedBadMac);
                 return Handled::Dropped;
             };
-            self.current_tenant = Some(auth.tenant);
+            self.current_tenant = Some(tenant);
             self.pending_seal = Some(SealFor { session, peer: from.peer });
-            let room = out.len() - netdam_auth::TRAILER_BYTES;
-            (&datagram[..len], &mut out[..room])
+            (&datagram[..len], room)
         } else {
             if let Some((session, _)) = peek_session_sequence(datagram) {
                 if session != 0 && matches!(self.sessions.auth(session, from.peer), Some(Some(_))) {
@@ -440,13 +487,28 @@ impl<E: Engine> Dispatcher<E> {
                     return Handled::Dropped;
                 }
             }
-            (datagram, out)
+            (datagram, out.len())
         };
+        self.handle_request(now, from, wait, datagram, out, room)
+    }
+
+    /// Handles a request datagram that is plain or has been opened (its MAC checked, its body
+    /// decrypted, its trailer cut): from framing on.
+    fn handle_request<'b>(
+        &mut self,
+        now: Instant,
+        from: ReplyTo,
+        wait: Wait,
+        datagram: &[u8],
+        out: &'b mut [u8],
+        room: usize,
+    ) -> Handled<'b> {
+        let queueing = wait.queueing;
         let parsed =
             if self.current_tenant.is_some() { Request::parse_opened(datagram) } else { Request::parse(datagram) };
         let request = match parsed {
             Ok(request) => request,
-            Err(error) => return self.refuse(datagram, error, out),
+            Err(error) => return self.refuse(datagram, error, &mut out[..room]),
         };
         let header = request.header;
         let queueing_us = queueing_field(queueing);
@@ -459,7 +521,7 @@ impl<E: Engine> Dispatcher<E> {
             // as long as this request waited, then retries; nothing was executed. A backlog that
             // only waited out a pause of the worker executes (`overload`).
             self.count(Counter::AnsweredBusy);
-            let mut response = ResponseWriter::new(out, header.session, header.sequence);
+            let mut response = ResponseWriter::new(&mut out[..room], header.session, header.sequence);
             response.set_status(Status::Busy);
             response.set_queueing_us(queueing_us);
             return Handled::Answer { response, record: None };
@@ -470,7 +532,7 @@ impl<E: Engine> Dispatcher<E> {
             let tenant = self.current_tenant.unwrap_or(0);
             self.shared.usage.get(tenant).count_shed(reason);
             self.count(Counter::AnsweredBusy);
-            let mut response = ResponseWriter::new(out, header.session, header.sequence);
+            let mut response = ResponseWriter::new(&mut out[..room], header.session, header.sequence);
             response.set_status(Status::Busy);
             response.set_queueing_us(queueing_field(hint));
             return Handled::Answer { response, record: None };
@@ -495,13 +557,14 @@ impl<E: Engine> Dispatcher<E> {
                 Admission::ExecuteAgain => self.count(Counter::DuplicatesExecutedAgain),
                 Admission::Replay(len) => {
                     self.count(Counter::DuplicatesReplayed);
-                    // Stored as sent, sealed already: the same bytes go out again. (An answer
-                    // within a trailer's length of the largest datagram does not fit the room a
-                    // sealed session's answer is built in, and is answered `stale` instead.)
+                    // Stored as sent, sealed already: the same bytes go out again (into the whole
+                    // of `out`: a stored sealed answer may fill it, trailer included).
                     self.pending_seal = None;
                     return Handled::Replay(len);
                 }
-                Admission::Stale => return self.datagram_status(out, header.session, header.sequence, Status::Stale),
+                Admission::Stale => {
+                    return self.datagram_status(&mut out[..room], header.session, header.sequence, Status::Stale)
+                }
                 Admission::InProgress => {
                     self.count(Counter::DuplicatesInProgress);
                     return Handled::Dropped;
@@ -509,28 +572,31 @@ impl<E: Engine> Dispatcher<E> {
                 Admission::UnknownSession => {
                     // Not this sender's session (or no longer anyone's): a CLOSE ends nothing.
                     self.count_closes_ignored(&request);
-                    return self.datagram_status(out, header.session, header.sequence, Status::NoSession);
+                    return self.datagram_status(&mut out[..room], header.session, header.sequence, Status::NoSession);
                 }
             }
         } else if !request.instructions().all(|instruction| is_sessionless(instruction.opcode)) {
             // Without a session only HELLO, PING and STAT: anything else needs the replay window.
             self.count_closes_ignored(&request);
-            return self.datagram_status(out, 0, header.sequence, Status::NoSession);
+            return self.datagram_status(&mut out[..room], 0, header.sequence, Status::NoSession);
         } else if self.shared.settings.auth_required
             && request.instructions().any(|instruction| instruction.opcode == Opcode::Stat as u8)
         {
             // The counters are the target's business: an authenticated session with `admin`.
-            return self.datagram_status(out, 0, header.sequence, Status::Unauthenticated);
+            return self.datagram_status(&mut out[..room], 0, header.sequence, Status::Unauthenticated);
         }
         let context = Context { from: from.peer, session: header.session, request_len: datagram.len() };
         let serves_blocks = !self.block.devices.is_empty();
         if serves_blocks && request.instructions().any(|instruction| is_block(instruction.opcode)) {
-            return self.defer(now, from, wait, datagram, record, out);
+            return self.defer(now, from, wait, datagram, record, &mut out[..room]);
         }
-        let mut response = ResponseWriter::new(out, header.session, header.sequence);
+        let mut response = ResponseWriter::new(&mut out[..room], header.session, header.sequence);
         response.set_queueing_us(queueing_us);
         for instruction in request.instructions() {
             self.execute_into(now, context, &instruction, &mut response);
+        }
+        if let Some(session) = self.hello_session.take() {
+            response.set_session(session);
         }
         self.stats().add(Counter::InstructionsExecuted, u64::from(response.count()));
         Handled::Answer { response, record }
@@ -562,7 +628,10 @@ impl<E: Engine> Dispatcher<E> {
             }
         }
         let data = &mut response.data_area()[..capacity];
-        let (status, data_len) = if instruction.opcode == Opcode::Hello as u8 {
+        let (status, data_len) = if instruction.opcode == Opcode::Hello as u8 && context.session != 0 {
+            // HELLO opens a session; sent in one it would seal its answer with the new one's keys.
+            (Status::Malformed, 0)
+        } else if instruction.opcode == Opcode::Hello as u8 {
             self.hello(now, context, instruction, data)
         } else {
             match self.execute(context, instruction, data) {
@@ -1155,7 +1224,7 @@ impl<E: Engine> Dispatcher<E> {
             }
         };
         let (method, area) = decode_hello_auth(instruction.operand);
-        let auth = if self.shared.settings.auth_required || method == HELLO_AUTH_MAC {
+        let auth = if self.shared.settings.auth_required || method != HELLO_AUTH_NONE {
             match self.authenticate_hello(context.from, method, &area, &hello) {
                 Ok(auth) => Some(auth),
                 Err(status) => return (status, 0),
@@ -1163,6 +1232,19 @@ impl<E: Engine> Dispatcher<E> {
         } else {
             None
         };
+        if let Some(proven) = &auth {
+            // A tenant at its share of sessions gets no new one (checked before the table looks
+            // for room, so it evicts nobody's idle session; reserved for real below).
+            let tenant = proven.area.tenant;
+            let max = self.tenants.tenant(tenant).map_or(0, |tenant| tenant.limits.max_sessions);
+            let usage = self.shared.usage.get(tenant);
+            if usage.sessions.load(std::sync::atomic::Ordering::Relaxed) >= max
+                && !self.sessions.is_open_by(context.from, tag)
+            {
+                usage.sessions_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return (Status::SessionLimit, 0);
+            }
+        }
         let opened = self.sessions.open(now, context.from, tag);
         let expired = match opened {
             Ok(opened) => opened.expired,
@@ -1184,8 +1266,8 @@ impl<E: Engine> Dispatcher<E> {
             Err(refusal) => return self.refuse_hello(now, context.from, refusal),
         };
         let out = match auth {
-            Some(auth) => {
-                let tenant = auth.tenant;
+            Some(proven) => {
+                let tenant = proven.area.tenant;
                 let max = self.tenants.tenant(tenant).map_or(0, |tenant| tenant.limits.max_sessions);
                 let counted = !existing;
                 if counted && !self.shared.usage.get(tenant).open_session(max) {
@@ -1195,10 +1277,31 @@ impl<E: Engine> Dispatcher<E> {
                     self.shared.usage.get(tenant).sessions_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     return (Status::SessionLimit, 0);
                 }
-                // The answer is sealed with the new session's response key: the initiator learns
-                // that this target holds its tenant's key, and nobody can alter the answer.
-                self.sessions.authenticate(session, context.from, SessionAuth { counted, ..auth });
+                // The keys depend on the session's id, which no other session gets: a HELLO
+                // replayed after its session ended opens one with other keys.
+                let auth = SessionAuth {
+                    keys: proven.area.session_keys(&proven.key, &hello.cookie, session),
+                    tenant,
+                    key_version: proven.key_version,
+                    nonce: proven.area.nonce,
+                    sent: 0,
+                    counted,
+                    encrypt: proven.encrypt,
+                };
+                if !self.sessions.authenticate(session, context.from, auth) {
+                    // Another proof on the cookie of a live session: a live session's keys are
+                    // never replaced (its counters would start again under them).
+                    if counted {
+                        self.shared.usage.get(tenant).close_session();
+                    }
+                    self.count(Counter::HelloUnauthenticated);
+                    return (Status::Unauthenticated, 0);
+                }
+                // The answer is sealed with the new session's response key, and carries the
+                // session's id in its header (the keys need it): the initiator learns that this
+                // target holds its tenant's key, and nobody can alter the answer.
                 self.pending_seal = Some(SealFor { session, peer: context.from });
+                self.hello_session = Some(session);
                 let room = out.len().saturating_sub(netdam_auth::TRAILER_BYTES);
                 &mut out[..room]
             }
@@ -1233,13 +1336,13 @@ impl<E: Engine> Dispatcher<E> {
         method: u8,
         area: &[u8; HELLO_AUTH_LEN],
         hello: &HelloRequest,
-    ) -> Result<SessionAuth, Status> {
+    ) -> Result<Proven, Status> {
         let refuse = |dispatcher: &mut Self, why: &'static str, tenant: u32| {
             dispatcher.count(Counter::HelloUnauthenticated);
             tracing::debug!(worker = dispatcher.worker, %from, tenant, why, "HELLO refused unauthenticated");
             Err(Status::Unauthenticated)
         };
-        if method != HELLO_AUTH_MAC {
+        if method != HELLO_AUTH_MAC && method != HELLO_AUTH_ENCRYPT {
             return refuse(self, "no tenant key (the target requires one)", 0);
         }
         let Some(area) = HelloAuth::decode(area) else {
@@ -1254,14 +1357,7 @@ impl<E: Engine> Dispatcher<E> {
         if !area.verify(&tenant.key, &hello.cookie, method, hello.max_datagram_bytes) {
             return refuse(self, "wrong proof (another key)", area.tenant);
         }
-        Ok(SessionAuth {
-            keys: area.session_keys(&tenant.key, &hello.cookie),
-            tenant: tenant.id,
-            key_version: tenant.key_version,
-            nonce: area.nonce,
-            sent: 0,
-            counted: false,
-        })
+        Ok(Proven { area, key: tenant.key, key_version: tenant.key_version, encrypt: method == HELLO_AUTH_ENCRYPT })
     }
 
     /// Whether the session's tenant may execute `instruction`: it needs a grant on the space

@@ -147,6 +147,8 @@ pub struct SessionAuth {
     pub sent: u64,
     /// The session counts against its tenant's `max_sessions` (until it ends).
     pub counted: bool,
+    /// Its HELLO asked for encryption: every datagram's body is encrypted, both ways.
+    pub encrypt: bool,
 }
 
 #[derive(Debug)]
@@ -469,20 +471,27 @@ impl SessionTable {
         (id != 0 && session.id == id && session.peer == peer).then_some(slot)
     }
 
-    /// Gives session `id` (just opened or found again by its HELLO) its keys and tenant. A
-    /// retransmitted HELLO (the same nonce) keeps the keys and the send counter in use: a counter
-    /// must never be reused under a key.
-    pub fn authenticate(&mut self, id: u32, peer: SocketAddr, auth: SessionAuth) {
-        if let Some(slot) = self.owned_slot(id, peer) {
-            let session = &mut self.slots[slot];
-            let same = session.auth.as_ref().is_some_and(|held| held.nonce == auth.nonce && held.tenant == auth.tenant);
-            if !same {
-                // New keys (a counter starts again under them); the session's place in its
-                // tenant's count stays as it was.
-                let counted = session.auth.as_ref().is_some_and(|held| held.counted);
-                session.auth = Some(SessionAuth { counted: counted || auth.counted, ..auth });
+    /// Gives session `id` (just opened or found again by its HELLO) its keys and tenant; returns
+    /// false, changing nothing, when the session holds other keys already. A retransmitted
+    /// HELLO (the same nonce and tenant) keeps the keys and the send counter in use: a counter
+    /// must never be reused under a key, and a live session's keys are never replaced.
+    pub fn authenticate(&mut self, id: u32, peer: SocketAddr, auth: SessionAuth) -> bool {
+        let Some(slot) = self.owned_slot(id, peer) else { return false };
+        let session = &mut self.slots[slot];
+        match &session.auth {
+            None => {
+                session.auth = Some(auth);
+                true
             }
+            // A retransmitted HELLO: the same keys, and the counter goes on.
+            Some(held) => held.nonce == auth.nonce && held.tenant == auth.tenant,
         }
+    }
+
+    /// Whether `peer` holds a live session opened with cookie `cookie` (a retransmitted HELLO
+    /// would get it again).
+    pub fn is_open_by(&self, peer: SocketAddr, cookie: CookieTag) -> bool {
+        self.slots.iter().any(|session| session.is_open() && session.peer == peer && session.cookie == cookie)
     }
 
     /// Whether session `id` belongs to `peer`, and its keys and tenant if it is authenticated:
@@ -503,7 +512,12 @@ impl SessionTable {
         }
         let auth = session.auth.as_mut()?;
         netdam_isa::wire::mark_sealed(&mut buffer[..len]);
-        let sealed = netdam_auth::trailer::seal(&auth.keys.response, auth.sent, buffer, len).ok()?;
+        let sealed = if auth.encrypt {
+            buffer[3] |= netdam_isa::wire::FLAG_ENCRYPTED;
+            netdam_auth::trailer::seal_encrypted(&auth.keys.response, auth.sent, buffer, len).ok()?
+        } else {
+            netdam_auth::trailer::seal(&auth.keys.response, auth.sent, buffer, len).ok()?
+        };
         auth.sent += 1;
         Some(sealed)
     }

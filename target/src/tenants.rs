@@ -76,8 +76,8 @@ pub struct GrantRecord {
     pub range: Option<(u64, u64)>,
 }
 
-/// One tenant as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One tenant as stored. (`Debug` leaves the key out.)
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantRecord {
     /// Unique name.
     pub name: String,
@@ -96,6 +96,20 @@ pub struct TenantRecord {
     /// What it may touch.
     #[serde(default)]
     pub grants: Vec<GrantRecord>,
+}
+
+impl std::fmt::Debug for TenantRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantRecord")
+            .field("name", &self.name)
+            .field("id", &self.id)
+            .field("key_version", &self.key_version)
+            .field("key_hex", &"<secret>")
+            .field("class", &self.class)
+            .field("limits", &self.limits)
+            .field("grants", &self.grants)
+            .finish()
+    }
 }
 
 /// A grant resolved to bytes of one space: permissions over `[start, end)`.

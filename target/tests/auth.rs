@@ -708,3 +708,62 @@ fn every_opcode_group_is_refused_outside_the_grant_and_a_forged_one_is_dropped()
     assert_eq!(narrow.exchange(&allowed).map(|(status, _)| status), Some(Status::Ok));
     assert!(snapshot(&mut root) == before, "a refused or forged instruction changed a region or the namespace");
 }
+
+#[test]
+fn an_encrypted_session_hides_what_it_carries_and_works_as_any_other() {
+    let target = start();
+    let secret: &'static [u8] = b"a secret the network must not see";
+    // Through the library, as users run it: memory and atomics in an encrypted session.
+    let session = SessionConfig {
+        credentials: Some(credentials(1, 0xA1)),
+        encrypt: true,
+        max_attempts: 3,
+        min_patience: netdam_isa::Duration::ZERO,
+        ..Default::default()
+    };
+    let options = ClientOptions { session, ..Default::default() };
+    let mut alice = Client::connect_with(target.target.local_addr(), options).expect("an encrypted session");
+    let shared = alice.region("shared").unwrap().id;
+    alice.write(shared, 0, secret).unwrap();
+    let mut back = vec![0u8; secret.len()];
+    alice.read(shared, 0, &mut back).unwrap();
+    assert_eq!(back, secret);
+    assert_eq!(alice.fetch_add(shared, 4096, 5).unwrap(), 0);
+    // On the wire: the same WRITE, encrypted by hand, does not show its bytes, and its answer
+    // opens only by decrypting.
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.connect(target.target.local_addr()).unwrap();
+    let (session_id, keys) = common::auth_hello_with(&socket, 1, &key(0xA1), netdam_isa::control::HELLO_AUTH_ENCRYPT);
+    let write = Instruction {
+        opcode: Opcode::Write as u8,
+        flags: 0,
+        space: shared,
+        offset: 8192,
+        length: secret.len() as u32,
+        aux: 0,
+        operand: secret,
+    };
+    let mut datagram = request(session_id, 1, &write);
+    let len = datagram.len();
+    mark_sealed(&mut datagram);
+    datagram[3] |= netdam_isa::wire::FLAG_ENCRYPTED;
+    datagram.resize(len + TRAILER_BYTES, 0);
+    netdam_auth::trailer::seal_encrypted(&keys.request, 0, &mut datagram, len).unwrap();
+    assert!(!datagram.windows(secret.len()).any(|window| window == secret), "the secret is on the wire");
+    socket.send(&datagram).unwrap();
+    let mut answer = receive(&socket).expect("an answer");
+    assert!(netdam_isa::wire::peek_is_encrypted(&answer), "the answer is encrypted too");
+    let opened = netdam_auth::trailer::open_encrypted(&keys.response, &mut answer).expect("it opens");
+    let response = Response::parse_opened(&answer[..opened]).unwrap();
+    assert_eq!(response.results().next().unwrap().status, Status::Ok);
+    alice.read(shared, 8192, &mut back).unwrap();
+    assert_eq!(back, secret, "the target wrote what was decrypted");
+    // In an encrypted session a datagram with a MAC but in the clear is dropped.
+    let mut clear = request(session_id, 2, &write);
+    let len = clear.len();
+    mark_sealed(&mut clear);
+    clear.resize(len + TRAILER_BYTES, 0);
+    netdam_auth::trailer::seal(&keys.request, 1, &mut clear, len).unwrap();
+    socket.send(&clear).unwrap();
+    assert_eq!(receive(&socket), None, "a clear datagram in an encrypted session was answered");
+}

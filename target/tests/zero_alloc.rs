@@ -100,7 +100,9 @@ fn the_request_path_allocates_nothing_after_warm_up() {
     let (snapshot, _) =
         netdam_target::tenants::TenantSnapshot::resolve(&[record], test.target.regions(), test.target.namespaces());
     test.target.tenants().publish(snapshot);
-    count_allocations(&test, true, Some((1, key)), None);
+    count_allocations(&test, true, Some((1, key, false)), None);
+    // And with every body encrypted both ways (decrypted into the worker's own buffer).
+    count_allocations(&test, true, Some((1, key, true)), None);
     drop(test);
 
     // The FPGA engine: the region is placed on the device, every memory instruction crosses the
@@ -134,12 +136,12 @@ fn the_request_path_allocates_nothing_after_warm_up() {
 }
 
 /// Sends every request 400 times over a raw socket; the last 200 rounds must allocate nothing.
-/// With `tenant`, over an authenticated session of that tenant (id and key); with `seal` (of the
+/// With `tenant`, over an authenticated session of that tenant (id, key, whether encrypted); with `seal` (of the
 /// 512 bytes at offset 100,000, slot 1, associated data `aad`), ENCRYPT and DECRYPT too.
 fn count_allocations(
     test: &common::TestTarget,
     with_reduce: bool,
-    tenant: Option<(u32, netdam_auth::TenantKey)>,
+    tenant: Option<(u32, netdam_auth::TenantKey, bool)>,
     seal: Option<netdam_isa::crypto::Seal>,
 ) {
     // Recording the per-opcode counters and histograms is part of the path measured here.
@@ -147,9 +149,12 @@ fn count_allocations(
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.connect(test.target.local_addr()).unwrap();
     socket.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let encrypt = tenant.as_ref().is_some_and(|(_, _, encrypt)| *encrypt);
     let (session, keys) = match &tenant {
-        Some((id, key)) => {
-            let (session, keys) = common::auth_hello(&socket, *id, key);
+        Some((id, key, encrypt)) => {
+            let method =
+                if *encrypt { netdam_isa::control::HELLO_AUTH_ENCRYPT } else { netdam_isa::control::HELLO_AUTH_MAC };
+            let (session, keys) = common::auth_hello_with(&socket, *id, key, method);
             (session, Some(keys))
         }
         None => (common::hello(&socket), None),
@@ -221,7 +226,12 @@ fn count_allocations(
         let mut len = builder.finish();
         if let Some(keys) = &keys {
             netdam_isa::wire::mark_sealed(&mut out[..len]);
-            len = netdam_auth::trailer::seal(&keys.request, sealed, &mut out, len).unwrap();
+            len = if encrypt {
+                out[3] |= netdam_isa::wire::FLAG_ENCRYPTED;
+                netdam_auth::trailer::seal_encrypted(&keys.request, sealed, &mut out, len).unwrap()
+            } else {
+                netdam_auth::trailer::seal(&keys.request, sealed, &mut out, len).unwrap()
+            };
             sealed += 1;
         }
         socket.send(&out[..len]).unwrap();
@@ -232,6 +242,11 @@ fn count_allocations(
                 Err(error) => panic!("no answer to request {sequence} within 5 s: {error}"),
             };
             let response = match &keys {
+                Some(keys) if encrypt => {
+                    let opened = netdam_auth::trailer::open_encrypted(&keys.response, &mut answer[..len])
+                        .expect("a sealed answer");
+                    Response::parse_opened(&answer[..opened]).expect("the answer decodes")
+                }
                 Some(keys) => {
                     let opened = netdam_auth::trailer::open(&keys.response, &answer[..len]).expect("a sealed answer");
                     Response::parse_opened(&answer[..opened]).expect("the answer decodes")

@@ -37,6 +37,10 @@ struct Cli {
     /// present ($XDG_DATA_HOME/netdam/tenants/default.key or ~/.local/share/netdam/tenants/default.key).
     #[arg(long, global = true, env = "NETDAM_KEY", value_name = "FILE")]
     key: Option<std::path::PathBuf>,
+    /// With a key: also encrypt every datagram's instructions and results (the MAC alone
+    /// proves who sent them and that nothing changed; this hides them too).
+    #[arg(long, global = true, env = "NETDAM_ENCRYPT")]
+    encrypt: bool,
     /// Print machine-readable JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
@@ -437,6 +441,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         let observe = Observe { metrics_listen: *metrics_listen, log_format: *log_format };
         let mut client = nbd_client_options(std::time::Duration::from_secs_f64(*reconnect_timeout));
         client.session.credentials = credentials(cli)?;
+        client.session.encrypt = cli.encrypt;
         let volume = VolumeOptions { sessions: *sessions, client };
         return serve_nbd(cli.target, namespace, listen, options, volume, usize::from(*io_threads), observe);
     }
@@ -452,6 +457,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         matches!(cli.command, Command::Ping { .. }) || (matches!(cli.command, Command::Stat) && credentials.is_none());
     let mut options = ClientOptions::default();
     options.session.credentials = credentials;
+    options.session.encrypt = cli.encrypt;
     let mut client =
         if sessionless { Client::sessionless(cli.target) } else { Client::connect_with(cli.target, options) }
             .map_err(text)?;

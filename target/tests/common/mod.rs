@@ -180,14 +180,21 @@ pub fn auth_hello(
     tenant: u32,
     key: &netdam_auth::TenantKey,
 ) -> (u32, netdam_auth::SessionKeys) {
-    use netdam_isa::control::{
-        decode_hello_answer, encode_hello_operand_with, Cookie, HelloRequest, HELLO_AUTH_MAC, NO_COOKIE,
-    };
+    auth_hello_with(socket, tenant, key, netdam_isa::control::HELLO_AUTH_MAC)
+}
+
+/// As [`auth_hello`], with authentication `method` (MAC, or MAC and encryption).
+pub fn auth_hello_with(
+    socket: &std::net::UdpSocket,
+    tenant: u32,
+    key: &netdam_auth::TenantKey,
+    method: u8,
+) -> (u32, netdam_auth::SessionKeys) {
+    use netdam_isa::control::{decode_hello_answer, encode_hello_operand_with, Cookie, HelloRequest, NO_COOKIE};
     use netdam_isa::wire::{peek_is_sealed, Instruction, RequestBuilder, Response};
     use netdam_isa::{Opcode, Status};
     let hello = |cookie: Cookie, area: [u8; 64], sequence: u64| {
-        let operand =
-            encode_hello_operand_with(&HelloRequest { max_datagram_bytes: 9000, cookie }, HELLO_AUTH_MAC, &area);
+        let operand = encode_hello_operand_with(&HelloRequest { max_datagram_bytes: 9000, cookie }, method, &area);
         let instruction = Instruction {
             opcode: Opcode::Hello as u8,
             flags: 0,
@@ -212,13 +219,20 @@ pub fn auth_hello(
     let result = response.results().next().unwrap();
     assert_eq!(result.status, Status::Retry);
     let cookie: Cookie = result.data.try_into().unwrap();
-    let area = netdam_auth::HelloAuth::prove(key, tenant, 1, &cookie, HELLO_AUTH_MAC, 9000).unwrap();
-    let keys = area.session_keys(key, &cookie);
+    let area = netdam_auth::HelloAuth::prove(key, tenant, 1, &cookie, method, 9000).unwrap();
     socket.send(&hello(cookie, area.encode(), u64::MAX / 2 + 1)).unwrap();
     let len = socket.recv(&mut answer).expect("a session");
     assert!(peek_is_sealed(&answer[..len]), "the answer that opens a session is sealed");
-    let opened = netdam_auth::trailer::open(&keys.response, &answer[..len]).expect("sealed with the session's key");
+    // Its header names the new session, whose id the keys are derived with.
+    let (named, _) = netdam_isa::wire::peek_session_sequence(&answer[..len]).unwrap();
+    let keys = area.session_keys(key, &cookie, named);
+    let opened = if netdam_isa::wire::peek_is_encrypted(&answer[..len]) {
+        netdam_auth::trailer::open_encrypted(&keys.response, &mut answer[..len]).expect("sealed with the session's key")
+    } else {
+        netdam_auth::trailer::open(&keys.response, &answer[..len]).expect("sealed with the session's key")
+    };
     let response = Response::parse_opened(&answer[..opened]).unwrap();
     let session = decode_hello_answer(response.results().next().unwrap().data).unwrap().session;
+    assert_eq!(session, named, "the header names the session the answer opens");
     (session, keys)
 }
