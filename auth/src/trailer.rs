@@ -191,7 +191,8 @@ mod tests {
         let mut altered = encrypted;
         altered[50] ^= 1;
         assert_eq!(open_encrypted(&keys.request, &mut altered[..sealed]), Err(TrailerError::BadTag));
-        assert_eq!(open_encrypted(&keys.response, &mut encrypted.clone()[..sealed]), Err(TrailerError::BadTag));
+        let mut other_key = encrypted;
+        assert_eq!(open_encrypted(&keys.response, &mut other_key[..sealed]), Err(TrailerError::BadTag));
     }
 
     #[test]
