@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use netdam_initiator::volume::check_request;
-use netdam_initiator::{Client, ClientError, ClientOptions, Op, Ticket};
+use netdam_initiator::{Client, ClientError, Op, Ticket};
 use netdam_isa::control::{NamespaceInfo, RegionInfo};
 use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
 use netdam_isa::wire::{Instruction, HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
@@ -175,7 +175,7 @@ pub struct SpaceSize {
 /// Connects once, without threads (fio may call this in its parent process, before it forks
 /// the jobs), and describes the namespace or region. The message names the option at fault.
 pub fn probe(settings: &Settings) -> Result<SpaceSize, OpenError> {
-    let client = Client::connect_with(settings.target, ClientOptions::default())
+    let client = Client::connect_with(settings.target, settings.client_options())
         .map_err(|error| OpenError::client(&settings.target_option(), error))?;
     let size = match &settings.space {
         SpaceName::Namespace(name) => client.namespace(name).map(|namespace| SpaceSize {
@@ -334,9 +334,7 @@ impl Engine {
         let iodepth = iodepth.max(1);
         let mut sessions = Vec::with_capacity(settings.sessions);
         for _ in 0..settings.sessions.max(1) {
-            let mut options = ClientOptions::default();
-            options.session.credentials = settings.credentials;
-            let session = Client::connect_with(settings.target, options)
+            let session = Client::connect_with(settings.target, settings.client_options())
                 .map_err(|error| OpenError::client(&settings.target_option(), error))?;
             sessions.push(session);
         }

@@ -87,6 +87,13 @@ impl fmt::Display for SettingsError {
 impl std::error::Error for SettingsError {}
 
 impl Settings {
+    /// How the engine's sessions connect: with the tenant's key when there is one.
+    pub fn client_options(&self) -> netdam_initiator::ClientOptions {
+        let mut options = netdam_initiator::ClientOptions::default();
+        options.session.credentials = self.credentials;
+        options
+    }
+
     /// `target=` as the user wrote it: the prefix of messages about the target.
     pub fn target_option(&self) -> String {
         format!("target={}", self.target_text)
