@@ -104,6 +104,9 @@ pub struct LatencyArgs {
     /// checked against the tenant's grants. Without it, `auth = "none"`.
     #[arg(long)]
     pub auth: bool,
+    /// With `--auth`: encrypted sessions (every datagram's body encrypted, both ways).
+    #[arg(long, requires = "auth")]
+    pub encrypt: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -365,6 +368,7 @@ fn measure_netdam(
     };
     if args.auth {
         options.session.credentials = Some(crate::target::BENCH_CREDENTIALS);
+        options.session.encrypt = args.encrypt;
     }
     let mut client =
         Client::connect_with(target.local_addr(), options).unwrap_or_else(|error| panic!("netdam client: {error}"));
