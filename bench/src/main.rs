@@ -11,6 +11,7 @@ mod latency;
 mod plots;
 mod report;
 mod target;
+mod tenancy;
 mod throughput;
 
 use std::net::SocketAddr;
@@ -87,6 +88,9 @@ enum Command {
     Sim(SimArgs),
     /// Print the table of simulated results (docs/SIMULATION.md) to standard output.
     SimTable,
+    /// What tenant authentication costs (READ 64 B with no authentication, a MAC, encryption)
+    /// and what QoS protects (a latency-critical tenant alone and beside a flood), in one run.
+    Tenancy(tenancy::TenancyArgs),
     /// What checking one datagram costs: CRC-32, the MAC trailer of an authenticated session
     /// (seal and open) and HMAC-SHA256, per datagram size.
     Integrity(integrity::IntegrityArgs),
@@ -194,6 +198,7 @@ fn main() {
         Command::Latency(args) => latency(&args, true),
         Command::Floor(args) => latency(&args, false),
         Command::Integrity(args) => integrity::run(&args),
+        Command::Tenancy(args) => tenancy::run(&args),
         Command::Sim(args) => simulate(&args),
         Command::Throughput(args) => {
             if let Err(message) = throughput::run(&args).and_then(|points| throughput::report(&points, &args)) {

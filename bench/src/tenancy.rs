@@ -1,0 +1,238 @@
+//! `netdam-bench tenancy`: what tenant authentication costs and what QoS protects, in one run.
+//!
+//! 1. READ 64 B through three sessions of one in-process target, alike but for authentication:
+//!    none, a MAC on every datagram, and encrypted bodies (the target runs `auth = "none"`, which
+//!    still authenticates a HELLO that offers a key); rounds alternate between the three so that
+//!    drift on the machine falls on all of them.
+//! 2. A latency-critical tenant's READ 64 B latency alone, then beside a best-effort tenant that
+//!    floods the target from several sessions, and the same flood from a tenant that is not
+//!    best-effort and has no rate limit (what QoS protects against).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use netdam_auth::{Credentials, TenantKey};
+use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
+use netdam_target::config::PollMode;
+use netdam_target::tenants::{GrantRecord, GrantSpace, QosClass, TenantLimits, TenantRecord, TenantSnapshot};
+use netdam_target::{AuthMode, Target};
+
+use crate::report::Summary;
+
+/// `netdam-bench tenancy`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TenancyArgs {
+    /// Measured READs per authentication mode (split over the rounds).
+    #[arg(long, default_value_t = 60_000)]
+    pub requests: u64,
+    /// Rounds the modes alternate in.
+    #[arg(long, default_value_t = 6)]
+    pub rounds: u64,
+    /// Measured READs of the latency-critical tenant per QoS phase.
+    #[arg(long, default_value_t = 20_000)]
+    pub qos_requests: u64,
+    /// Sessions the flooding tenant sends from, each keeping `--flood-window` requests in flight.
+    #[arg(long, default_value_t = 4)]
+    pub flood_sessions: usize,
+    /// Requests in flight per flooding session.
+    #[arg(long, default_value_t = 32)]
+    pub flood_window: usize,
+    /// The best-effort tenant's rate, cost units per second (a 4 KiB WRITE costs 4).
+    #[arg(long, default_value_t = 100_000)]
+    pub best_effort_rate: u64,
+    /// How the targets' workers wait.
+    #[arg(long, value_enum, default_value_t = PollMode::Busy)]
+    pub poll: PollMode,
+}
+
+const KEYS: [u8; 3] = [0x11, 0x22, 0x33];
+
+fn tenant(id: u32, name: &str, class: QosClass, limits: TenantLimits) -> TenantRecord {
+    TenantRecord {
+        name: name.into(),
+        id,
+        key_version: 1,
+        key_hex: TenantKey::from_bytes([KEYS[id as usize - 1]; 32]).to_hex(),
+        class,
+        limits,
+        grants: vec![GrantRecord { space: GrantSpace::All, permissions: vec!["all".into()], range: None }],
+    }
+}
+
+fn credentials(id: u32) -> Credentials {
+    Credentials { tenant: id, key_version: 1, key: TenantKey::from_bytes([KEYS[id as usize - 1]; 32]) }
+}
+
+fn start(data_dir: &std::path::Path, poll: PollMode, auth: AuthMode, tenants: &[TenantRecord]) -> Target {
+    let namespace = crate::target::pmem_namespace("tenancy-namespace.region", 4 << 20, 4096);
+    let config = crate::target::config(data_dir, poll, namespace);
+    let target = Target::start(&netdam_target::Config { auth, pin_workers: false, lock_memory: false, ..config })
+        .unwrap_or_else(|error| panic!("netdam target: {error}"));
+    {
+        let (snapshot, warnings) = TenantSnapshot::resolve(tenants, target.regions(), target.namespaces());
+        assert!(warnings.is_empty(), "{warnings:?}");
+        target.tenants().publish(snapshot);
+    }
+    target
+}
+
+fn connect(target: &Target, credentials: Option<Credentials>, encrypt: bool, poll: ClientPoll) -> Client {
+    let mut options = ClientOptions { poll, ..ClientOptions::default() };
+    options.session.credentials = credentials;
+    options.session.encrypt = encrypt;
+    Client::connect_with(target.local_addr(), options).unwrap_or_else(|error| panic!("netdam client: {error}"))
+}
+
+/// `count` READs of 64 B, each timed.
+fn reads(client: &mut Client, count: u64, into: &mut Histogram<u64>) {
+    let read = [Op::read(0, 0, 64)];
+    for _ in 0..count {
+        let started = Instant::now();
+        let reply = client.call(&read).unwrap_or_else(|error| panic!("READ: {error}"));
+        into.record(started.elapsed().as_nanos() as u64).expect("within the histogram's range");
+        client.recycle(reply);
+    }
+}
+
+fn row(name: &str, summary: &Summary, base: Option<&Summary>) -> String {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let ratio = |a: u64, b: u64| if b == 0 { f64::NAN } else { a as f64 / b as f64 };
+    let (p50, p99, p999) = match base {
+        Some(base) => (
+            format!("{:.2}x", ratio(summary.p50, base.p50)),
+            format!("{:.2}x", ratio(summary.p99, base.p99)),
+            format!("{:.2}x", ratio(summary.p999, base.p999)),
+        ),
+        None => ("".into(), "".into(), "".into()),
+    };
+    format!(
+        "| {name} | {:.1} | {:.1} | {:.1} | {p50} | {p99} | {p999} |",
+        us(summary.p50),
+        us(summary.p99),
+        us(summary.p999)
+    )
+}
+
+/// Runs both parts and prints their tables.
+pub fn run(args: &TenancyArgs) {
+    let scratch = tempfile::tempdir().expect("temporary directory");
+    let poll = if args.poll == PollMode::Busy { ClientPoll::Busy } else { ClientPoll::Blocking };
+    let everyone = [
+        tenant(1, "interactive", QosClass::LatencyCritical, TenantLimits::default()),
+        tenant(
+            2,
+            "batch",
+            QosClass::BestEffort,
+            TenantLimits {
+                cost_per_second: args.best_effort_rate,
+                burst: args.best_effort_rate / 10,
+                ..TenantLimits::default()
+            },
+        ),
+        tenant(3, "unshaped", QosClass::LatencyCritical, TenantLimits::default()),
+    ];
+
+    // 1. What authentication costs.
+    // One target, so that one worker serves every mode (a second target would spin beside it).
+    let auth_target = start(scratch.path(), args.poll, AuthMode::None, &everyone);
+    let mut clients = [
+        ("no authentication", connect(&auth_target, None, false, poll)),
+        ("MAC", connect(&auth_target, Some(credentials(1)), false, poll)),
+        ("MAC + encryption", connect(&auth_target, Some(credentials(1)), true, poll)),
+    ];
+    let mut histograms: Vec<Histogram<u64>> = (0..clients.len()).map(|_| crate::histogram()).collect();
+    for (_, client) in clients.iter_mut() {
+        let mut warm = crate::histogram();
+        reads(client, 2_000, &mut warm);
+    }
+    let per_round = (args.requests / args.rounds.max(1)).max(1);
+    for _ in 0..args.rounds.max(1) {
+        for ((_, client), histogram) in clients.iter_mut().zip(histograms.iter_mut()) {
+            reads(client, per_round, histogram);
+        }
+    }
+    let summaries: Vec<Summary> = clients
+        .iter()
+        .zip(&histograms)
+        .map(|((name, _), histogram)| Summary::new(name.to_string(), histogram))
+        .collect();
+    println!(
+        "READ 64 B, {} requests per mode in {} alternating rounds, {:?} polling",
+        per_round * args.rounds,
+        args.rounds,
+        args.poll
+    );
+    println!("| session | p50 µs | p99 µs | p99.9 µs | p50 / no auth | p99 / no auth | p99.9 / no auth |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for (index, summary) in summaries.iter().enumerate() {
+        println!("{}", row(&summary.name, summary, (index > 0).then(|| &summaries[0])));
+    }
+    drop(clients);
+
+    // 2. What QoS protects: the interactive tenant alone, beside a best-effort flood, and beside
+    // the same flood from a tenant without QoS.
+    let mut interactive = connect(&auth_target, Some(credentials(1)), false, poll);
+    let mut warm = crate::histogram();
+    reads(&mut interactive, 2_000, &mut warm);
+    let mut alone = crate::histogram();
+    reads(&mut interactive, args.qos_requests, &mut alone);
+    let mut phases = vec![Summary::new("interactive alone".into(), &alone)];
+    let mut flood_rates = Vec::new();
+    for (flooder, name) in [(2u32, "beside a best-effort flood"), (3u32, "beside the same flood, no QoS")] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let threads: Vec<_> = (0..args.flood_sessions)
+            .map(|_| {
+                let (stop, done) = (stop.clone(), done.clone());
+                let mut options = ClientOptions { poll: ClientPoll::Blocking, ..ClientOptions::default() };
+                options.session.credentials = Some(credentials(flooder));
+                options.session.max_in_flight = args.flood_window;
+                let addr = auth_target.local_addr();
+                std::thread::spawn(move || {
+                    let mut client =
+                        Client::connect_with(addr, options).unwrap_or_else(|error| panic!("flood: {error}"));
+                    let data = vec![0x5Au8; 4096];
+                    let mut offset = 1u64 << 20;
+                    while !stop.load(Ordering::Relaxed) {
+                        while client.has_room() {
+                            offset = if offset >= 32 << 20 { 1 << 20 } else { offset + 4096 };
+                            if client.submit(&[Op::write(0, offset, &data)]).is_err() {
+                                break;
+                            }
+                        }
+                        // Answers (BUSY ones are retried by the session after its back-off).
+                        if let Ok(Some((_, Ok(reply)))) = client.wait_any() {
+                            done.fetch_add(1, Ordering::Relaxed);
+                            client.recycle(reply);
+                        }
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut beside = crate::histogram();
+        reads(&mut interactive, args.qos_requests, &mut beside);
+        stop.store(true, Ordering::Relaxed);
+        for thread in threads {
+            let _ = thread.join();
+        }
+        flood_rates.push((name, done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()));
+        phases.push(Summary::new(name.into(), &beside));
+    }
+    println!();
+    println!(
+        "QoS: a latency-critical tenant's READ 64 B ({} each), alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
+        args.qos_requests, args.flood_sessions, args.flood_window
+    );
+    println!("| interactive tenant | p50 µs | p99 µs | p99.9 µs | p50 / alone | p99 / alone | p99.9 / alone |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for (index, summary) in phases.iter().enumerate() {
+        println!("{}", row(&summary.name, summary, (index > 0).then(|| &phases[0])));
+    }
+    for (name, rate) in flood_rates {
+        println!("flood {name}: {rate:.0} WRITEs/s completed");
+    }
+}
