@@ -521,10 +521,7 @@ impl<E: Engine> Dispatcher<E> {
             // as long as this request waited, then retries; nothing was executed. A backlog that
             // only waited out a pause of the worker executes (`overload`).
             self.count(Counter::AnsweredBusy);
-            let mut response = ResponseWriter::new(&mut out[..room], header.session, header.sequence);
-            response.set_status(Status::Busy);
-            response.set_queueing_us(queueing_us);
-            return Handled::Answer { response, record: None };
+            return busy(&mut out[..room], header.session, header.sequence, queueing_us);
         }
         if let Some((reason, hint)) = self.shed_for_tenant(now, queueing, &request) {
             // The tenant's share is spent, or it is best-effort and requests queue: nothing
@@ -532,10 +529,7 @@ impl<E: Engine> Dispatcher<E> {
             let tenant = self.current_tenant.unwrap_or(0);
             self.shared.usage.get(tenant).count_shed(reason);
             self.count(Counter::AnsweredBusy);
-            let mut response = ResponseWriter::new(&mut out[..room], header.session, header.sequence);
-            response.set_status(Status::Busy);
-            response.set_queueing_us(queueing_field(hint));
-            return Handled::Answer { response, record: None };
+            return busy(&mut out[..room], header.session, header.sequence, queueing_field(hint));
         }
         let mut record = None;
         if header.session != 0 {
@@ -667,10 +661,7 @@ impl<E: Engine> Dispatcher<E> {
                 // The tenant's share of the target's block slots is taken; nothing executed.
                 self.shared.usage.get(id).count_shed(Shed::InFlight);
                 self.count(Counter::AnsweredBusy);
-                let mut response = ResponseWriter::new(out, session, sequence);
-                response.set_status(Status::Busy);
-                response.set_queueing_us(queueing_us);
-                return Handled::Answer { response, record: None };
+                return busy(out, session, sequence, queueing_us);
             }
         }
         let Some(slot) = self.block.free_slots.pop() else {
@@ -679,10 +670,7 @@ impl<E: Engine> Dispatcher<E> {
             }
             // Nothing was executed: the initiator backs off and sends it again.
             self.count(Counter::BusyBlockSlotsFull);
-            let mut response = ResponseWriter::new(out, session, sequence);
-            response.set_status(Status::Busy);
-            response.set_queueing_us(queueing_us);
-            return Handled::Answer { response, record: None };
+            return busy(out, session, sequence, queueing_us);
         };
         self.count(Counter::BlockDatagramsDeferred);
         if let Some((ticket, _)) = record {
@@ -1128,12 +1116,7 @@ impl<E: Engine> Dispatcher<E> {
         }
         let outcome = shared.extensions.execute(instruction, &*shared.regions, granted, out)?;
         if let Some(written) = outcome.written {
-            let region = shared.regions.get(written.space).expect("the registry wrote to a region that exists");
-            region.persist(written.offset, written.len).map_err(|error| {
-                let (offset, len) = (written.offset, written.len);
-                tracing::error!(region = region.name(), offset, len, %error, "persist of an extension's write failed");
-                Status::IoError
-            })?;
+            persist_now(shared, written.space, written.offset, written.len, "an extension's write")?;
         }
         Ok(outcome.data_len)
     }
@@ -1173,12 +1156,7 @@ impl<E: Engine> Dispatcher<E> {
             out,
         )?;
         if let Some(written) = outcome.written {
-            let region = shared.regions.get(written.space).expect("crypto wrote to a region that exists");
-            region.persist(written.offset, written.len).map_err(|error| {
-                let (offset, len) = (written.offset, written.len);
-                tracing::error!(region = region.name(), offset, len, %error, "persist of a crypto result failed");
-                Status::IoError
-            })?;
+            persist_now(shared, written.space, written.offset, written.len, "a crypto result")?;
         }
         Ok(outcome.data_len)
     }
@@ -1510,6 +1488,24 @@ fn write_results(
 }
 
 /// The queueing header field: µs, saturating.
+/// A BUSY answer: nothing was executed; the initiator waits about `hint_us` and sends it again.
+fn busy(out: &mut [u8], session: u32, sequence: u64, hint_us: u16) -> Handled<'_> {
+    let mut response = ResponseWriter::new(out, session, sequence);
+    response.set_status(Status::Busy);
+    response.set_queueing_us(hint_us);
+    Handled::Answer { response, record: None }
+}
+
+/// Persists what an instruction outside group commit (an extension, ENCRYPT, DECRYPT) wrote,
+/// before its answer; a failure is the instruction's `io_error`.
+fn persist_now(shared: &Shared, space: u16, offset: usize, len: usize, what: &str) -> Result<(), Status> {
+    let region = shared.regions.get(space).expect("an instruction wrote to a region that exists");
+    region.persist(offset, len).map_err(|error| {
+        tracing::error!(region = region.name(), offset, len, %error, "persist of {what} failed");
+        Status::IoError
+    })
+}
+
 /// Whether an instruction leaves every region, namespace and session as it found them, so that
 /// executing it again (a retransmission, or a replay) cannot undo a later change.
 fn changes_nothing(opcode: u8) -> bool {
