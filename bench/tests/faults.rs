@@ -24,28 +24,40 @@ const OPERATIONS: u64 = 1_000_000;
 const PER_DATAGRAM: u64 = 4;
 const WINDOW: usize = 16;
 
-#[test]
-fn a_million_fetch_adds_through_loss_duplication_and_reordering_apply_exactly_once() {
+/// The seed of a randomized test: $NETDAM_SEED, or one drawn from the clock; printed first.
+fn seed() -> u64 {
     let seed = std::env::var("NETDAM_SEED").ok().and_then(|text| text.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
     println!("SEED={seed}");
-    let config = Config {
+    seed
+}
+
+/// A target on a loopback port (metrics on any free port: tests run many targets at once),
+/// serving one memory region, unauthenticated (these tests are about loss, not tenants).
+fn start(region: &str, size: u64, adjust: impl FnOnce(&mut Config)) -> Target {
+    let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
-        // Metrics on, on any free port: tests and benchmarks run many targets at once.
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: Some(std::env::temp_dir()),
         poll: PollMode::Blocking,
         regions: vec![RegionConfig {
-            name: "counters".into(),
+            name: region.into(),
             backend: RegionBackend::Mem,
             path: None,
-            size: ByteSize(4096),
+            size: ByteSize(size),
         }],
         auth: netdam_target::AuthMode::None,
         ..Config::default()
     };
-    let target = Target::start(&config).unwrap();
+    adjust(&mut config);
+    Target::start(&config).unwrap()
+}
+
+#[test]
+fn a_million_fetch_adds_through_loss_duplication_and_reordering_apply_exactly_once() {
+    let seed = seed();
+    let target = start("counters", 4096, |_| {});
     let faults = Faults { loss: 0.05, duplicate: 0.01, reorder: 0.01, reorder_delay: Duration::from_micros(300), seed };
     let proxy = Proxy::start(target.local_addr(), faults).unwrap();
     let options = ClientOptions {
@@ -154,28 +166,12 @@ fn vadds_and_their_counters_through_loss_and_duplication_add_every_acknowledged_
     const VADD_AT: u64 = 0;
     const VMAX_AT: u64 = 16_384;
     const COUNTER_AT: u64 = 32_768;
-    let seed = std::env::var("NETDAM_SEED").ok().and_then(|text| text.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    let seed = seed();
+    // Two workers: the initiators' sessions are spread over both, adding into the same lanes.
+    let target = start("lanes", 65536, |config| {
+        config.workers = 2;
+        config.extensions = vec!["vmax".to_string()];
     });
-    println!("SEED={seed}");
-    let config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: Some(std::env::temp_dir()),
-        poll: PollMode::Blocking,
-        // Two workers: the initiators' sessions are spread over both, adding into the same lanes.
-        workers: 2,
-        extensions: vec!["vmax".to_string()],
-        regions: vec![RegionConfig {
-            name: "lanes".into(),
-            backend: RegionBackend::Mem,
-            path: None,
-            size: ByteSize(65536),
-        }],
-        auth: netdam_target::AuthMode::None,
-        ..Config::default()
-    };
-    let target = Target::start(&config).unwrap();
     let mut setup = Client::connect(target.local_addr()).unwrap();
     // VMAX lanes start at the least i32.
     setup.write(0, VMAX_AT, &i32::MIN.to_le_bytes().repeat(LANES)).unwrap();
