@@ -306,16 +306,12 @@ impl Drop for Region {
 }
 
 fn map_anonymous(name: &str, len: usize) -> Result<*mut u8, RegionError> {
+    // Mapped inaccessible first: a process that has locked its future memory (the target's
+    // `mlockall(MCL_FUTURE)`) gets every accessible mapping populated inside `mmap`, with small
+    // pages, before any advice could ask for huge ones. An inaccessible mapping is not populated.
     // SAFETY: a fresh anonymous mapping; no existing memory is affected.
     let base = unsafe {
-        libc::mmap(
-            core::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
+        libc::mmap(core::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
     };
     if base == libc::MAP_FAILED {
         return Err(last_error(name, format!("mmap of {len} anonymous bytes")));
@@ -326,6 +322,15 @@ fn map_anonymous(name: &str, len: usize) -> Result<*mut u8, RegionError> {
     // Where THP is off (`never`) the advice is refused and the region keeps small pages.
     // SAFETY: advice on our own fresh mapping.
     unsafe { libc::madvise(base, len, libc::MADV_HUGEPAGE) };
+    // Made accessible with the advice in place; a locked mapping is populated here, now with
+    // huge pages where the kernel has them.
+    // SAFETY: our own fresh mapping, referenced by nothing yet.
+    if unsafe { libc::mprotect(base, len, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+        let error = last_error(name, format!("mprotect of {len} anonymous bytes"));
+        // SAFETY: unmapping our own mapping, which nothing references.
+        unsafe { libc::munmap(base, len) };
+        return Err(error);
+    }
     // Populated now, as MAP_POPULATE did, so no request pays a page fault.
     // SAFETY: as above.
     if unsafe { libc::madvise(base, len, libc::MADV_POPULATE_WRITE) } != 0 {
