@@ -98,6 +98,11 @@ fn update_chunks(
     let base = memory.base() as usize;
     let in_memory = memory.range(start as u64, operand.len());
     assert!(in_memory.is_some(), "VADD {start}+{} beyond memory: the executor must bounds-check", operand.len());
+    // Every line of the range is asked for before the first chunk's flag is taken, so the adds
+    // do not wait for memory one line at a time (the worker's hint may have started this, but
+    // an 8 KiB range is more lines than the CPU keeps in flight: the target's handling of a
+    // VADD at random offsets took 1.42 µs with the hint alone, 1.31 with both; DECISIONS).
+    memory.prefetch(start as u64, operand.len(), true);
     let mut done = 0;
     while done < operand.len() {
         let at = start + done;
@@ -150,24 +155,65 @@ unsafe fn update_in_place_avx2(update: Update, lane: LaneType, stored: *mut u8, 
 const STEP_BYTES: usize = 32;
 
 /// The lane loops, in steps of `STEP_BYTES` that the compiler turns into vector instructions
-/// (fixed-size arrays read and written unaligned), then the tail lane by lane.
+/// (fixed-size arrays read and written unaligned), then the tail lane by lane. The operation is
+/// chosen once, outside the loop: a choice inside it kept each step's lanes on the stack (a
+/// store and reload per step) and cost 379 against 226 ns per 8 KiB f32 VADD in cache.
 ///
 /// # Safety
 /// As `update_in_place`.
 #[inline(always)]
 unsafe fn update_lanes(update: Update, lane: LaneType, stored: *mut u8, other: &[u8]) {
+    // SAFETY (every arm): the caller's contract.
+    unsafe {
+        match (update, lane) {
+            (Update::Add, LaneType::F32) => each_step(stored, other, |mine, theirs| {
+                each_u32(mine, theirs, |a, b| (f32::from_bits(a) + f32::from_bits(b)).to_bits())
+            }),
+            (Update::Add, LaneType::I32) => {
+                each_step(stored, other, |mine, theirs| each_u32(mine, theirs, |a, b| a.wrapping_add(b)))
+            }
+            (Update::Add, LaneType::Bf16) => each_step(stored, other, |mine, theirs| {
+                each_u16(mine, theirs, |a, b| f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(b)))
+            }),
+            (Update::Max, LaneType::F32) => each_step(stored, other, |mine, theirs| {
+                each_u32(mine, theirs, |a, b| f32::from_bits(a).max(f32::from_bits(b)).to_bits())
+            }),
+            (Update::Max, LaneType::I32) => {
+                each_step(stored, other, |mine, theirs| each_u32(mine, theirs, |a, b| (a as i32).max(b as i32) as u32))
+            }
+            (Update::Max, LaneType::Bf16) => each_step(stored, other, |mine, theirs| {
+                each_u16(mine, theirs, |a, b| {
+                    // The other lane wins when larger or when ours is NaN (as f32::max).
+                    let (x, y) = (bf16_to_f32(a), bf16_to_f32(b));
+                    if y > x || x.is_nan() {
+                        b
+                    } else {
+                        a
+                    }
+                })
+            }),
+        }
+    }
+}
+
+/// Applies `step` to every `STEP_BYTES` of lanes at `stored` with those of `other`, in place,
+/// then to the tail (padded with zero lanes, of which only the tail's bytes are written back).
+///
+/// # Safety
+/// As `update_in_place`.
+#[inline(always)]
+unsafe fn each_step(stored: *mut u8, other: &[u8], step: impl Fn(&mut [u8; STEP_BYTES], &[u8; STEP_BYTES])) {
     let whole = other.len() / STEP_BYTES * STEP_BYTES;
     let mut at = 0;
     while at < whole {
         // SAFETY: `at + STEP_BYTES <= other.len()`, within the caller's valid range.
         let target = unsafe { stored.add(at) };
-        let mut mine = [0u8; STEP_BYTES];
         // SAFETY: as above; unaligned reads and writes of plain bytes.
-        unsafe { core::ptr::copy_nonoverlapping(target, mine.as_mut_ptr(), STEP_BYTES) };
+        let mut mine = unsafe { core::ptr::read_unaligned(target.cast::<[u8; STEP_BYTES]>()) };
         let theirs: &[u8; STEP_BYTES] = other[at..at + STEP_BYTES].try_into().expect("a whole step");
-        combine(update, lane, &mut mine, theirs);
+        step(&mut mine, theirs);
         // SAFETY: as above.
-        unsafe { core::ptr::copy_nonoverlapping(mine.as_ptr(), target, STEP_BYTES) };
+        unsafe { core::ptr::write_unaligned(target.cast::<[u8; STEP_BYTES]>(), mine) };
         at += STEP_BYTES;
     }
     if at < other.len() {
@@ -177,34 +223,9 @@ unsafe fn update_lanes(update: Update, lane: LaneType, stored: *mut u8, other: &
         unsafe { core::ptr::copy_nonoverlapping(stored.add(at), mine.as_mut_ptr(), tail) };
         let mut theirs = [0u8; STEP_BYTES];
         theirs[..tail].copy_from_slice(&other[at..]);
-        combine(update, lane, &mut mine, &theirs);
+        step(&mut mine, &theirs);
         // SAFETY: as above; only the tail's bytes are written back.
         unsafe { core::ptr::copy_nonoverlapping(mine.as_ptr(), stored.add(at), tail) };
-    }
-}
-
-/// One step of lanes: `mine` becomes `mine (+ or max) theirs`, lane by lane, little-endian.
-#[inline(always)]
-fn combine(update: Update, lane: LaneType, mine: &mut [u8; STEP_BYTES], theirs: &[u8; STEP_BYTES]) {
-    match (update, lane) {
-        (Update::Add, LaneType::F32) => {
-            each_u32(mine, theirs, |a, b| (f32::from_bits(a) + f32::from_bits(b)).to_bits())
-        }
-        (Update::Add, LaneType::I32) => each_u32(mine, theirs, |a, b| a.wrapping_add(b)),
-        (Update::Add, LaneType::Bf16) => each_u16(mine, theirs, |a, b| f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(b))),
-        (Update::Max, LaneType::F32) => {
-            each_u32(mine, theirs, |a, b| f32::from_bits(a).max(f32::from_bits(b)).to_bits())
-        }
-        (Update::Max, LaneType::I32) => each_u32(mine, theirs, |a, b| (a as i32).max(b as i32) as u32),
-        (Update::Max, LaneType::Bf16) => each_u16(mine, theirs, |a, b| {
-            // The other lane wins when larger or when ours is NaN (as f32::max).
-            let (x, y) = (bf16_to_f32(a), bf16_to_f32(b));
-            if y > x || x.is_nan() {
-                b
-            } else {
-                a
-            }
-        }),
     }
 }
 
@@ -335,6 +356,23 @@ mod tests {
         bytes
     }
 
+    /// Lane by lane, the same bits, or NaN in both: which NaN an operation on NaNs gives is not
+    /// specified (the compiler may swap the operands of an add), only that it is a NaN.
+    fn same_lanes(lane: LaneType, got: &[u8], want: &[u8]) -> bool {
+        got.len() == want.len()
+            && match lane {
+                LaneType::I32 => got == want,
+                LaneType::F32 => got.chunks_exact(4).zip(want.chunks_exact(4)).all(|(a, b)| {
+                    let (a, b) = (f32::from_le_bytes(a.try_into().unwrap()), f32::from_le_bytes(b.try_into().unwrap()));
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+                }),
+                LaneType::Bf16 => got.chunks_exact(2).zip(want.chunks_exact(2)).all(|(a, b)| {
+                    let (a, b) = (u16::from_le_bytes([a[0], a[1]]), u16::from_le_bytes([b[0], b[1]]));
+                    a == b || (bf16_to_f32(a).is_nan() && bf16_to_f32(b).is_nan())
+                }),
+            }
+    }
+
     #[test]
     fn vector_loops_match_the_lane_by_lane_definition_for_every_lane_type_length_and_start() {
         let mut rng = crate::rng::Rng::new(0x5EED_0ADD);
@@ -355,9 +393,12 @@ mod tests {
             reference(update, lane, &mut expected[start..start + len], &operand);
             let mut stored = vec![0u8; before.len()];
             memory.read(0, &mut stored);
-            assert_eq!(stored, expected, "round {round}: {update:?} {lane:?} of {len} bytes at {start}");
+            assert!(
+                same_lanes(lane, &stored, &expected),
+                "round {round}: {update:?} {lane:?} of {len} bytes at {start}"
+            );
             if !result.is_empty() {
-                assert_eq!(result, expected[start..start + len], "round {round}: the returned lanes");
+                assert!(same_lanes(lane, &result, &expected[start..start + len]), "round {round}: the returned lanes");
             }
         }
     }

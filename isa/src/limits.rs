@@ -38,9 +38,10 @@ pub const CRYPTO_KEY_SLOTS: u32 = 256;
 pub const NONCE_RESERVATION_BLOCK: u64 = 1 << 16;
 
 /// Bytes of memory one VADD exclusion flag covers: a VADD adds one such aligned chunk at a time
-/// while holding its flag (see `compute`). 1 KiB (256 f32 lanes) keeps a hold well under a
-/// microsecond and a full 8 KiB VADD at 8 or 9 flag operations.
-pub const VADD_CHUNK_BYTES: usize = 1024;
+/// while holding its flag (see `compute`). 4 KiB (1024 f32 lanes) keeps a hold well under a
+/// microsecond and a full 8 KiB VADD at 2 or 3 flag operations (1 KiB took 8 or 9, which cost
+/// 75 ns of a 226 ns VADD in cache; docs/DECISIONS.md).
+pub const VADD_CHUNK_BYTES: usize = 4096;
 
 /// VADD exclusion flags, one cache line each (64 KiB in all): chunks share a flag only when
 /// their addresses are this many chunks apart (a spurious wait, never a lost update).

@@ -9,6 +9,13 @@
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 
+/// The most [`SharedMemory::prefetch`] asks for at once: a whole 9000-byte datagram's data and
+/// no more, so a hint never evicts much of what the cache holds.
+pub const PREFETCH_MAX_BYTES: usize = 9 * 1024;
+
+/// Bytes of a cache line on the CPUs we run on.
+const CACHE_LINE_BYTES: usize = 64;
+
 /// A bounds-checked view of `len` bytes of shared memory.
 #[derive(Debug, Clone, Copy)]
 pub struct SharedMemory<'a> {
@@ -72,6 +79,35 @@ impl<'a> SharedMemory<'a> {
         let start = usize::try_from(offset).ok()?;
         let end = start.checked_add(len)?;
         (end <= self.len).then_some(start..end)
+    }
+
+    /// Asks the CPU to start bringing `len` bytes at `offset` into its cache (`for_write`: in a
+    /// state it may write, saving the upgrade when it does) without waiting for them. A hint:
+    /// it changes no byte and never faults; a range beyond the view is ignored, and at most
+    /// [`PREFETCH_MAX_BYTES`] are asked for.
+    pub fn prefetch(&self, offset: u64, len: usize, for_write: bool) {
+        let Some(range) = self.range(offset, len.min(PREFETCH_MAX_BYTES)) else { return };
+        #[cfg(target_arch = "x86_64")]
+        {
+            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+            let start = self.base as usize + range.start;
+            let end = self.base as usize + range.end;
+            let mut line = start & !(CACHE_LINE_BYTES - 1);
+            while line < end {
+                // SAFETY: a prefetch reads nothing architecturally and cannot fault; the line is
+                // within the view's mapping anyway.
+                unsafe {
+                    if for_write {
+                        _mm_prefetch::<_MM_HINT_ET0>(line as *const i8);
+                    } else {
+                        _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+                    }
+                }
+                line += CACHE_LINE_BYTES;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (range, for_write);
     }
 
     fn assert_within(&self, offset: usize, len: usize) {
