@@ -194,8 +194,7 @@ pub fn allreduce(
         )));
     }
     if plan.op == AllreduceOp::Max {
-        // A VMAX the target refuses (not enabled, not permitted) would still be followed by its
-        // FETCH_ADD and counted: probe first with one that changes nothing (the least lane).
+        // A target without the extension refuses every VMAX: say why once, before anything.
         let least = least_lane(plan.lane);
         let probe =
             Op::extension(VMAX_OPCODE, 0, plan.space, plan.accumulator(), least.len() as u32, plan.lane as u32, least);
@@ -206,23 +205,53 @@ pub fn allreduce(
             )));
         }
     }
-    // 1. Contribute: VADD (or VMAX) then FETCH_ADD per chunk, pipelined.
-    let one = Op::fetch_add(plan.space, 0, 1);
-    let mut tickets = std::collections::VecDeque::new();
+    // 1. Contribute: VADD (or VMAX) per chunk, pipelined, and a chunk's FETCH_ADD only once the
+    // target has answered that it added. The target executes every instruction of a datagram on
+    // its own, so a FETCH_ADD sent beside a refused VADD (a grant short of the accumulator, a
+    // region that shrank) would count a contribution that never arrived, and the other workers
+    // would read a sum without it as if it were complete. So each chunk's count rides in the
+    // datagram of a later chunk's VADD (no datagram of its own: counting in datagrams of their
+    // own measured 450 -> 560 ms at N = 4, 64 MiB), and the last ones go together at the end.
+    // A refusal stops this worker with its error and leaves the chunk's count short: the other
+    // workers fail `Incomplete`.
+    let count = |index: usize| Op::fetch_add(plan.space, plan.offset + 8 * index as u64, 1);
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut added = std::collections::VecDeque::new();
+    let settle = |client: &mut Client, added: &mut std::collections::VecDeque<usize>, (index, counts, ticket)| {
+        let reply = client.wait(ticket)?;
+        reply.data(0)?;
+        added.push_back(index);
+        if counts {
+            reply.data(1)?;
+        }
+        Ok::<(), AllreduceError>(())
+    };
     for (index, (at, position, len)) in chunks(plan.accumulator(), plan.len, plan.chunk_bytes).enumerate() {
         let lanes = &buffer[position..position + len];
         let combine = match plan.op {
             AllreduceOp::Sum => Op::vadd(plan.space, at, plan.lane, lanes, false),
             AllreduceOp::Max => Op::extension(VMAX_OPCODE, 0, plan.space, at, len as u32, plan.lane as u32, lanes),
         };
-        let count = Op { offset: plan.offset + 8 * index as u64, ..one.clone() };
-        tickets.push_back(client.submit(&[combine, count])?);
-        while tickets.len() > 16 {
-            check_both(client.wait(tickets.pop_front().expect("not empty"))?)?;
+        let ticket = match added.pop_front() {
+            Some(earlier) => (index, true, client.submit(&[combine, count(earlier)])?),
+            None => (index, false, client.submit(&[combine])?),
+        };
+        in_flight.push_back(ticket);
+        while in_flight.len() > IN_FLIGHT {
+            settle(client, &mut added, in_flight.pop_front().expect("not empty"))?;
         }
     }
-    while let Some(ticket) = tickets.pop_front() {
-        check_both(client.wait(ticket)?)?;
+    while let Some(ticket) = in_flight.pop_front() {
+        settle(client, &mut added, ticket)?;
+    }
+    let rest: Vec<Op> = added.into_iter().map(count).collect();
+    let tickets =
+        rest.chunks(COUNTS_PER_DATAGRAM).map(|counts| client.submit(counts)).collect::<Result<Vec<_>, _>>()?;
+    for (ticket, counts) in tickets.into_iter().zip(rest.chunks(COUNTS_PER_DATAGRAM)) {
+        let reply = client.wait(ticket)?;
+        for index in 0..counts.len() {
+            reply.data(index)?;
+        }
     }
     // 2. Wait for every chunk's N contributions, then read it. Each poll reads the counters of
     // the first chunks still pending (one datagram's worth: chunks complete roughly in order),
@@ -282,6 +311,13 @@ pub fn allreduce(
     Ok(())
 }
 
+/// VADD datagrams a worker keeps in flight.
+const IN_FLIGHT: usize = 16;
+
+/// FETCH_ADDs per datagram when the last chunks' counts go together (more than `IN_FLIGHT`
+/// are never left, and a datagram holds up to 64 instructions).
+const COUNTS_PER_DATAGRAM: usize = 32;
+
 /// Counters read per poll: one 8 KiB READ, the chunks of 8 MiB at 8 KiB per chunk.
 const COUNTERS_PER_POLL: usize = 1024;
 
@@ -292,10 +328,4 @@ fn least_lane(lane: LaneType) -> &'static [u8] {
         LaneType::F32 => &[0x00, 0x00, 0x80, 0xFF],
         LaneType::Bf16 => &[0x80, 0xFF],
     }
-}
-
-fn check_both(reply: crate::session::Reply) -> Result<(), ClientError> {
-    reply.data(0)?;
-    reply.data(1)?;
-    Ok(())
 }
