@@ -180,17 +180,29 @@ pub fn run(args: &TenancyArgs) {
     reads(&mut interactive, args.qos_requests, &mut alone);
     let mut phases = vec![Summary::new("interactive alone".into(), &alone)];
     let mut flood_rates = Vec::new();
-    for (flooder, name) in [(2u32, "beside a best-effort flood"), (3u32, "beside the same flood, no QoS")] {
+    // The machine's own floor: the same best-effort flood sent to a second target, so nothing of
+    // it passes the interactive tenant's target, yet its client threads and its serving take the
+    // same cores. What the interactive tenant loses here, no scheduling in our target can win
+    // back on a machine whose cores the load generator shares (docs/DECISIONS.md).
+    let sink_dir = scratch.path().join("sink");
+    std::fs::create_dir_all(&sink_dir).expect("sink target directory");
+    let sink = start(&sink_dir, PollMode::Blocking, AuthMode::None, &everyone);
+    let phases_to_run = [
+        (2u32, "beside a best-effort flood", auth_target.local_addr()),
+        (3u32, "beside the same flood, no QoS", auth_target.local_addr()),
+        (2u32, "beside the same flood sent to another target", sink.local_addr()),
+    ];
+    for (flooder, name, addr) in phases_to_run {
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicU64::new(0));
+        let busy = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let threads: Vec<_> = (0..args.flood_sessions)
             .map(|_| {
-                let (stop, done) = (stop.clone(), done.clone());
+                let (stop, done, busy) = (stop.clone(), done.clone(), busy.clone());
                 let mut options = ClientOptions { poll: ClientPoll::Blocking, ..ClientOptions::default() };
                 options.session.credentials = Some(credentials(flooder));
                 options.session.max_in_flight = args.flood_window;
-                let addr = auth_target.local_addr();
                 std::thread::spawn(move || {
                     let mut client =
                         Client::connect_with(addr, options).unwrap_or_else(|error| panic!("flood: {error}"));
@@ -209,6 +221,7 @@ pub fn run(args: &TenancyArgs) {
                             client.recycle(reply);
                         }
                     }
+                    busy.fetch_add(client.session_stats().busy, Ordering::Relaxed);
                 })
             })
             .collect();
@@ -219,7 +232,12 @@ pub fn run(args: &TenancyArgs) {
         for thread in threads {
             let _ = thread.join();
         }
-        flood_rates.push((name, done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()));
+        let seconds = started.elapsed().as_secs_f64();
+        flood_rates.push((
+            name,
+            done.load(Ordering::Relaxed) as f64 / seconds,
+            busy.load(Ordering::Relaxed) as f64 / seconds,
+        ));
         phases.push(Summary::new(name.into(), &beside));
     }
     println!();
@@ -232,7 +250,7 @@ pub fn run(args: &TenancyArgs) {
     for (index, summary) in phases.iter().enumerate() {
         println!("{}", row(&summary.name, summary, (index > 0).then(|| &phases[0])));
     }
-    for (name, rate) in flood_rates {
-        println!("flood {name}: {rate:.0} WRITEs/s completed");
+    for (name, rate, busy) in flood_rates {
+        println!("flood {name}: {rate:.0} WRITEs/s completed, {busy:.0} BUSY answers/s");
     }
 }
