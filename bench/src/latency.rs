@@ -33,6 +33,68 @@ pub enum BenchOp {
     Bwrite,
 }
 
+/// An engine the latency cases run through: one the target chooses itself, or a device model
+/// process the benchmark starts (`model`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BenchEngine {
+    /// `software`, `auto`, `fpga` or `fpga=PATH`, as the target's `--engine` takes them.
+    Target(EngineChoice),
+    /// A spinning `netdam-fpga-model` on a window of this run's own.
+    Model,
+}
+
+impl std::str::FromStr for BenchEngine {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<BenchEngine, String> {
+        if text == "model" {
+            return Ok(BenchEngine::Model);
+        }
+        text.parse().map(BenchEngine::Target).map_err(|error: String| format!("{error}, or model"))
+    }
+}
+
+/// A `netdam-fpga-model --spin` process serving a window in `dir`; killed when dropped.
+struct ModelProcess {
+    child: std::process::Child,
+    window: std::path::PathBuf,
+}
+
+impl ModelProcess {
+    /// Device memory it offers: the 64 MiB bench region and room to spare.
+    const DEVICE_MEMORY_BYTES: u64 = 80 << 20;
+
+    fn start(dir: &Path) -> ModelProcess {
+        let program = std::env::current_exe().expect("this program's path").with_file_name("netdam-fpga-model");
+        let window = dir.join("fpga-model.window");
+        let child = std::process::Command::new(&program)
+            .arg("--window")
+            .arg(&window)
+            .args(["--device-memory-bytes", &Self::DEVICE_MEMORY_BYTES.to_string(), "--spin"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| panic!("{}: {error} (build it: cargo build --release --bins)", program.display()));
+        let mut model = ModelProcess { child, window };
+        // The model publishes its window (renamed into place) once it is powered on.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !model.window.exists() {
+            if let Ok(Some(status)) = model.child.try_wait() {
+                panic!("netdam-fpga-model exited before its window appeared: {status}");
+            }
+            assert!(Instant::now() < deadline, "netdam-fpga-model: no window after 10 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        model
+    }
+}
+
+impl Drop for ModelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// How the target worker and the client wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LatencyPoll {
@@ -94,11 +156,14 @@ pub struct LatencyArgs {
     /// Lock the process's memory (the target's default), or not.
     #[arg(long, value_enum, default_value_t = crate::OnOff::On)]
     pub lock_memory: crate::OnOff,
-    /// The target's engine: software, auto, or fpga=PATH (a `netdam-fpga-model` window; start
-    /// the model with `--device-memory-bytes 67108864` or more so that the 64 MiB bench region
-    /// is placed on it).
-    #[arg(long, default_value = "software", value_name = "software|auto|fpga[=PATH]")]
-    pub engine: EngineChoice,
+    /// The target's engines, comma-separated, each case run through each: software, auto,
+    /// fpga=PATH (a running `netdam-fpga-model` window; start the model with
+    /// `--device-memory-bytes 67108864` or more so that the 64 MiB bench region is placed on
+    /// it), or model: a `netdam-fpga-model --spin` process this run starts on a window of its
+    /// own beside this program, and stops after its cases. The model takes a core while it
+    /// runs: on two cores, compare the engines with `--poll blocking`.
+    #[arg(long, value_delimiter = ',', default_value = "software", value_name = "software|auto|fpga[=PATH]|model")]
+    pub engine: Vec<BenchEngine>,
     /// Authenticated sessions: the target requires tenants, and every datagram of netdam's
     /// client carries a MAC trailer (its CRC is then not computed) and every instruction is
     /// checked against the tenant's grants. Without it, `auth = "none"`.
@@ -239,20 +304,43 @@ fn idle_cpu(window: Duration) -> Option<f64> {
     Some((after - before).as_secs_f64() / window.as_secs_f64() * 100.0)
 }
 
-/// Runs every case.
+/// Runs every case, through each engine in turn.
 pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
     let scratch = tempfile::tempdir().expect("temporary directory");
-    let payload = vec![0x3Cu8; 1 << 16];
     let mut cases = Vec::new();
+    for engine in &args.engine {
+        let (choice, _model) = match engine {
+            BenchEngine::Target(choice) => (choice.clone(), None),
+            BenchEngine::Model if with_netdam => {
+                let model = ModelProcess::start(scratch.path());
+                (EngineChoice::Fpga(Some(model.window.clone())), Some(model))
+            }
+            // The floor alone needs no engine.
+            BenchEngine::Model => (EngineChoice::Software, None),
+        };
+        run_engine(args, &choice, scratch.path(), with_netdam, &mut cases);
+    }
+    cases
+}
+
+/// Every case through one engine.
+fn run_engine(
+    args: &LatencyArgs,
+    engine: &EngineChoice,
+    scratch: &Path,
+    with_netdam: bool,
+    cases: &mut Vec<LatencyCase>,
+) {
+    let payload = vec![0x3Cu8; 1 << 16];
     for &poll in &args.poll {
         let start_with = |metrics: bool| {
             let config = target_config(
-                scratch.path(),
+                scratch,
                 poll,
                 args.pin == crate::OnOff::On,
                 args.lock_memory == crate::OnOff::On,
                 metrics,
-                &args.engine,
+                engine,
             );
             let auth = if args.auth { netdam_target::AuthMode::Tenants } else { netdam_target::AuthMode::None };
             let target =
@@ -351,7 +439,6 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
             }
         }
     }
-    cases
 }
 
 fn measure_netdam(

@@ -53,6 +53,9 @@ pub struct ModelConfig {
     pub faults: Faults,
     /// The SSD behind the NVMe controller, if any: a file served as NVMe namespace 1.
     pub namespace: Option<NamespaceBacking>,
+    /// Keep polling the rings when idle, as a card's logic does, instead of napping after a
+    /// short spin: the device then answers within its own polling pass, and takes a core.
+    pub spin: bool,
 }
 
 /// A file the model's SSD serves as namespace [`SSD_NSID`].
@@ -80,6 +83,7 @@ impl Default for ModelConfig {
             stage_latency: std::time::Duration::ZERO,
             faults: Faults::default(),
             namespace: None,
+            spin: false,
         }
     }
 }
@@ -529,7 +533,9 @@ impl Model {
     }
 
     /// Runs the device loop until `stop` is set, spinning briefly when idle, then napping so an
-    /// idle model does not take a core from the host it serves.
+    /// idle model does not take a core from the host it serves (unless `spin` is configured:
+    /// a nap of 50 µs is what a request arriving at an idle model waits, which hides the cost
+    /// of the ring crossing itself).
     pub fn run(&mut self, stop: &AtomicBool) {
         let mut idle_passes = 0u32;
         while !stop.load(Ordering::Relaxed) {
@@ -537,7 +543,7 @@ impl Model {
                 idle_passes = 0;
             } else {
                 idle_passes = idle_passes.saturating_add(1);
-                if idle_passes > 64 {
+                if idle_passes > 64 && !self.config.spin {
                     std::thread::sleep(std::time::Duration::from_micros(50));
                 } else {
                     std::hint::spin_loop();

@@ -47,6 +47,11 @@ struct Args {
     /// Block size of that namespace, in bytes.
     #[arg(long, default_value_t = 512)]
     block_bytes: u32,
+    /// Poll the rings without ever napping, as a card does: answers come within one polling
+    /// pass instead of up to 50 µs after an idle spell, and the model takes a whole core
+    /// (for measuring the ring crossing; see `netdam-bench latency --engine`).
+    #[arg(long)]
+    spin: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +67,7 @@ fn main() -> std::process::ExitCode {
             media_error_at: args.media_error_at,
         },
         namespace: args.namespace.map(|path| NamespaceBacking { path, block_bytes: args.block_bytes }),
+        spin: args.spin,
     };
     let mut staging = args.window.clone().into_os_string();
     staging.push(".creating");
