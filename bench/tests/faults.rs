@@ -7,6 +7,9 @@
 //!   Allreduce sends them), and VMAXs, from four initiators into the same lanes of a target with
 //!   two workers: every lane ends at exactly the sum of the VADDs acknowledged (and the maximum of
 //!   the VMAXs), the counter at their number.
+//! - VADDs with `RETURN_RESULT` adding 1 to 2048 i32 lanes from four initiators: every lane ends
+//!   at the number of VADDs applied, and the values answered for a lane are each the lane's value
+//!   right after one add: distinct, 1..=total, and higher for a VADD sent after another's answer.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -293,6 +296,125 @@ fn vadds_and_their_counters_through_loss_and_duplication_add_every_acknowledged_
             *got == acknowledged || possible.clone().any(|value| value == *got && value > acknowledged),
             "SEED={seed}: VMAX lane {lane} is {got}, the acknowledged maximum {acknowledged}"
         );
+    }
+    assert!(counts.dropped > 0 && counts.duplicated > 0 && counts.reordered > 0, "the proxy injected every fault");
+    assert!(stats.get("duplicates_replayed").unwrap() > 0, "repeated VADDs were answered from the replay window");
+}
+
+/// Each VADD adds 1 to every lane and returns the lanes' new values. Applied exactly once, the
+/// `n` VADDs that reach a lane leave it at `n` and answer it `1..=n`, each value once (the
+/// target steps through each aligned 4 KiB as one, so a VADD's lanes in one 4 KiB answer the
+/// same value). A duplicate executed again would add twice; an answer replayed without its data,
+/// or with another request's, would repeat or skip a value.
+#[test]
+fn vadds_returning_their_result_through_loss_and_duplication_answer_each_value_once() {
+    const ROUNDS: usize = 300;
+    const IN_FLIGHT: usize = 8;
+    /// i32 lanes per aligned 4 KiB the target steps through at once.
+    const LANES_PER_STEP: usize = 1024;
+    let seed = seed();
+    let target = start("lanes", 65536, |config| config.workers = 2);
+    let faults = Faults { loss: 0.05, duplicate: 0.03, reorder: 0.02, reorder_delay: Duration::from_micros(300), seed };
+    let proxy = Proxy::start(target.local_addr(), faults).unwrap();
+    let options = ClientOptions {
+        session: SessionConfig { max_in_flight: IN_FLIGHT, max_attempts: 40, ..SessionConfig::default() },
+        ..ClientOptions::default()
+    };
+    let ones = 1i32.to_le_bytes().repeat(LANES);
+    let front = proxy.addr();
+    // Per initiator, per round: the lanes answered, or None when every attempt went unanswered.
+    let answers: Vec<Vec<Option<Vec<i32>>>> = std::thread::scope(|scope| {
+        let initiators: Vec<_> = (0..INITIATORS)
+            .map(|_| {
+                let ones = &ones;
+                scope.spawn(move || {
+                    let mut client = Client::connect_with(front, options).expect("connect through the proxy");
+                    assert!(client.info().vadd_chunk_bytes(LaneType::I32, true) >= ones.len(), "one VADD each");
+                    let mut answers = Vec::with_capacity(ROUNDS);
+                    let mut pending = VecDeque::new();
+                    let mut settle = |client: &mut Client, ticket| {
+                        let answer = client.wait(ticket).and_then(|reply| reply.data(0).map(i32_lanes));
+                        match answer {
+                            Ok(lanes) => {
+                                assert_eq!(lanes.len(), LANES, "SEED={seed}: the whole result");
+                                answers.push(Some(lanes));
+                            }
+                            Err(ClientError::TimedOut { .. }) => answers.push(None),
+                            Err(error) => panic!("SEED={seed}: {error}"),
+                        }
+                    };
+                    for _ in 0..ROUNDS {
+                        // Round r goes only once round r - IN_FLIGHT has been answered.
+                        if pending.len() == IN_FLIGHT {
+                            settle(&mut client, pending.pop_front().unwrap());
+                        }
+                        let vadd = Op::vadd(0, 0, LaneType::I32, ones, true);
+                        pending.push_back(client.submit(&[vadd]).expect("submit"));
+                    }
+                    while let Some(ticket) = pending.pop_front() {
+                        settle(&mut client, ticket);
+                    }
+                    answers
+                })
+            })
+            .collect();
+        initiators.into_iter().map(|initiator| initiator.join().expect("initiator thread")).collect()
+    });
+    let counts = proxy.stop().unwrap();
+    let stats = target.stats();
+    let acknowledged = answers.iter().flatten().filter(|answer| answer.is_some()).count();
+    let unknown = answers.iter().flatten().filter(|answer| answer.is_none()).count();
+    println!(
+        "{acknowledged} VADDs answered, {unknown} unknown; proxy: {counts:?}; target: {} duplicates replayed",
+        stats.get("duplicates_replayed").unwrap()
+    );
+    assert_eq!(acknowledged + unknown, INITIATORS as usize * ROUNDS);
+    assert!(unknown <= 12, "SEED={seed}: too many requests failed");
+
+    let mut direct = Client::connect(target.local_addr()).unwrap();
+    let mut stored = vec![0u8; LANES * 4];
+    direct.read(0, 0, &mut stored).unwrap();
+    let finals = i32_lanes(&stored);
+    for (lane, &last) in finals.iter().enumerate() {
+        // Every answered VADD was applied once, each unknown one at most once.
+        let applied = last as usize;
+        assert!(
+            (acknowledged..=acknowledged + unknown).contains(&applied),
+            "SEED={seed}: lane {lane} holds {last} after {acknowledged} answered VADDs and {unknown} unknown"
+        );
+        let mut values: Vec<i32> = answers.iter().flatten().flatten().map(|lanes| lanes[lane]).collect();
+        values.sort_unstable();
+        values.dedup();
+        assert_eq!(values.len(), acknowledged, "SEED={seed}: lane {lane}: two VADDs answered the same value");
+        assert!(
+            values.first() >= Some(&1) && values.last() <= Some(&last),
+            "SEED={seed}: lane {lane}: answered values {:?}..{:?} outside 1..={last}",
+            values.first(),
+            values.last()
+        );
+        if unknown == 0 {
+            assert!(values.iter().copied().eq(1..=last), "SEED={seed}: lane {lane}: a value is missing");
+        }
+    }
+    for (initiator, rounds) in answers.iter().enumerate() {
+        for (round, answer) in rounds.iter().enumerate() {
+            let Some(lanes) = answer else { continue };
+            for step in lanes.chunks_exact(LANES_PER_STEP) {
+                assert!(
+                    step.iter().all(|value| *value == step[0]),
+                    "SEED={seed}: initiator {initiator} round {round}: lanes of one 4 KiB step answered apart"
+                );
+            }
+            // Sent after the answer to round - IN_FLIGHT: added after it, so every lane is higher.
+            let earlier = round.checked_sub(IN_FLIGHT).and_then(|earlier| rounds[earlier].as_ref());
+            if let Some(earlier) = earlier {
+                assert!(
+                    lanes.iter().zip(earlier).all(|(later, earlier)| later > earlier),
+                    "SEED={seed}: initiator {initiator} round {round} answered no more than round {}",
+                    round - IN_FLIGHT
+                );
+            }
+        }
     }
     assert!(counts.dropped > 0 && counts.duplicated > 0 && counts.reordered > 0, "the proxy injected every fault");
     assert!(stats.get("duplicates_replayed").unwrap() > 0, "repeated VADDs were answered from the replay window");

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use common::{region, start, start_configured};
 use netdam_initiator::reduce::ReduceValue;
-use netdam_initiator::{Client, ClientError, Op};
+use netdam_initiator::{AsyncClient, Client, ClientError, Op};
 use netdam_isa::extension::reduce::{reduce_aux, ReduceOp, REDUCE_MAX_BYTES, REDUCE_OPCODE};
 use netdam_isa::semantics::{bf16_to_f32, f32_to_bf16};
 use netdam_isa::{LaneType, Status};
@@ -81,6 +81,42 @@ fn a_vadd_larger_than_the_negotiated_datagram_is_split_by_the_initiator() {
     // A VADD reaching past the region is refused, whole.
     let refused = client.vadd(0, (1 << 20) - 4, LaneType::F32, &[0; 8], false).unwrap_err();
     assert!(matches!(refused, ClientError::Refused { status: Status::OutOfRange, .. }), "{refused:?}");
+}
+
+/// The same through the async client: its VADD goes as several in-flight pieces, each the size
+/// the negotiated datagram allows (counted by the target), and the result comes back whole and in
+/// order.
+#[test]
+fn an_async_vadd_larger_than_the_negotiated_datagram_is_split_by_the_initiator() {
+    let test = start(vec![region("mem", 1 << 20, false)], 1, 4096);
+    let target = &test.target;
+    let executed = || target.stats().get("instructions_executed").unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let client = AsyncClient::connect(target.local_addr()).await.unwrap();
+        assert_eq!(client.info().hello.max_datagram_bytes, 4096);
+        let values: Vec<f32> = (0..2048).map(|lane| lane as f32 * 0.25).collect();
+        let lanes = lanes_of(&values, |value| value.to_le_bytes().to_vec());
+        let pieces = |return_result| lanes.len().div_ceil(client.info().vadd_chunk_bytes(LaneType::F32, return_result));
+        assert!(pieces(false) >= 2 && pieces(true) >= 2, "more than one datagram holds");
+        let before = executed();
+        assert!(client.vadd(0, 100, LaneType::F32, &lanes, false).await.unwrap().is_empty());
+        assert_eq!(executed() - before, pieces(false) as u64, "one VADD per piece");
+        let before = executed();
+        let result = client.vadd(0, 100, LaneType::F32, &lanes, true).await.unwrap();
+        assert_eq!(executed() - before, pieces(true) as u64, "one VADD per piece");
+        let sums: Vec<f32> = result.chunks_exact(4).map(|lane| f32::from_le_bytes(lane.try_into().unwrap())).collect();
+        assert_eq!(sums, values.iter().map(|value| value * 2.0).collect::<Vec<_>>());
+        assert_eq!(client.read(0, 100, lanes.len()).await.unwrap(), result, "the result is what memory holds");
+        // More i32 lanes than the ISA allows in one VADD at any datagram size.
+        let many = lanes_of(&(0..5000).collect::<Vec<i32>>(), |value| value.to_le_bytes().to_vec());
+        client.vadd(0, 200_000, LaneType::I32, &many, false).await.unwrap();
+        assert_eq!(client.read(0, 200_000, many.len()).await.unwrap(), many);
+        // A VADD reaching past the region is refused.
+        let refused = client.vadd(0, (1 << 20) - 4, LaneType::F32, &[0; 8], false).await.unwrap_err();
+        assert!(matches!(refused, ClientError::Refused { status: Status::OutOfRange, .. }), "{refused:?}");
+        client.close().await;
+    });
 }
 
 fn start_with_reduce(session_permissions: &[&str]) -> common::TestTarget {
@@ -282,6 +318,64 @@ mod allreduce {
         }
     }
 
+    /// Four workers sum bf16 buffers. Every input is k/4 with |k| <= 255, exact in bf16 (8
+    /// significant bits), so the only error is the target's: each VADD adds in f32 (exactly, for
+    /// these magnitudes) and rounds the running sum to bf16 once, to nearest even. The module
+    /// states the bound of recursive summation in any order, |got - exact| <= (N - 1) * 2^-8 *
+    /// sum |x_i| (the accumulator starts at zero, so the first add is exact and N - 1 round).
+    /// Sums reach 255 and need up to 10 bits: many lanes do round, and the bound is what is checked.
+    #[test]
+    fn four_workers_sum_bf16_within_the_stated_bound() {
+        const WORKERS: u32 = 4;
+        const LANES: usize = 250_000;
+        let test = start(vec![region("mem", 4 << 20, false)], 2, 9000);
+        let addr = test.target.local_addr();
+        let value = |worker: u32, index: usize| {
+            let quarters = ((index * 7919 + worker as usize * 104_729) % 511) as i32 - 255;
+            quarters as f32 * 0.25
+        };
+        let buffer_of = |worker: u32| -> Vec<u8> {
+            (0..LANES)
+                .flat_map(|index| {
+                    let bits = f32_to_bf16(value(worker, index));
+                    assert_eq!(bf16_to_f32(bits), value(worker, index), "inputs are exact in bf16");
+                    bits.to_le_bytes()
+                })
+                .collect()
+        };
+        let mut setup = Client::connect(addr).unwrap();
+        let plan = AllreducePlan::new(&setup, 0, 0, WORKERS, LANES * 2, LaneType::Bf16, AllreduceOp::Sum).unwrap();
+        assert!(plan.chunk_count() > 50, "pipelined over many chunks");
+        prepare(&mut setup, &plan).unwrap();
+        let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..WORKERS)
+                .map(|worker| {
+                    let buffer = buffer_of(worker);
+                    scope.spawn(move || {
+                        let mut client = Client::connect(addr).unwrap();
+                        let mut result = vec![0u8; buffer.len()];
+                        allreduce(&mut client, &plan, &buffer, &mut result, Duration::from_secs(30)).unwrap();
+                        result
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+        });
+        for result in &results {
+            assert_eq!(result, &results[0], "every worker reads the same sum");
+        }
+        let mut rounded_lanes = 0;
+        for index in 0..LANES {
+            let values: Vec<f64> = (0..WORKERS).map(|worker| f64::from(value(worker, index))).collect();
+            let exact: f64 = values.iter().sum();
+            let bound = f64::from(WORKERS - 1) * 2f64.powi(-8) * values.iter().map(|value| value.abs()).sum::<f64>();
+            let got = f64::from(bf16_to_f32(u16::from_le_bytes([results[0][2 * index], results[0][2 * index + 1]])));
+            assert!((got - exact).abs() <= bound, "lane {index}: {got} against {exact} ± {bound}");
+            rounded_lanes += usize::from(got != exact);
+        }
+        assert!(rounded_lanes > LANES / 100, "only {rounded_lanes} lanes rounded: the bound was hardly tested");
+    }
+
     /// More chunks than one poll of the counters covers (small datagrams, so small chunks): the
     /// workers poll window after window and read runs of complete chunks, and the sum is exact.
     #[test]
@@ -349,6 +443,127 @@ mod allreduce {
                 });
             }
         });
+    }
+
+    /// Kills its children on drop, so a failed assertion leaves no `netdam` process behind.
+    struct Children(Vec<std::process::Child>);
+
+    impl Drop for Children {
+        fn drop(&mut self) {
+            for child in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    /// Waits for `child` until `deadline`; `None` if it is still running then.
+    fn exit_by(child: &mut std::process::Child, deadline: std::time::Instant) -> Option<std::process::ExitStatus> {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Three `netdam allreduce` processes; the third is SIGKILLed once it has begun contributing
+    /// (chunk 0 counted three times) and long before it could finish. The two survivors, already
+    /// waiting, exit non-zero in about their `--timeout-seconds`, naming the first chunk the dead
+    /// worker never counted, print no result and write no output file. Small (4 KiB) datagrams
+    /// make many chunks, so the victim is stopped with most of them still to send.
+    #[test]
+    fn a_netdam_process_killed_partway_through_an_allreduce_fails_the_others_in_bounded_time() {
+        const WORKERS: u64 = 3;
+        let netdam = PathBuf::from(env!("CARGO_BIN_EXE_netdam-target")).with_file_name("netdam");
+        assert!(
+            netdam.exists(),
+            "{} is missing: build the workspace first (cargo build --workspace)",
+            netdam.display()
+        );
+        let len = 16usize << 20;
+        let test = start(vec![region("mem", 17 << 20, false)], 2, 4096);
+        let addr = test.target.local_addr().to_string();
+        let mut watcher = Client::connect(test.target.local_addr()).unwrap();
+        let plan = AllreducePlan::new(&watcher, 0, 0, WORKERS as u32, len, LaneType::I32, AllreduceOp::Sum).unwrap();
+        let chunks = plan.chunk_count();
+        let counters = |watcher: &mut Client| -> Vec<u64> {
+            let mut bytes = vec![0u8; 8 * chunks];
+            watcher.read(0, 0, &mut bytes).unwrap();
+            bytes.chunks_exact(8).map(|word| u64::from_le_bytes(word.try_into().unwrap())).collect()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let common = ["--target", addr.as_str(), "allreduce", "mem", "0", "--workers", "3", "--type", "i32"];
+        let prepared =
+            Command::new(&netdam).args(common).args(["--json", "--prepare", &len.to_string()]).output().unwrap();
+        assert!(prepared.status.success(), "{}", String::from_utf8_lossy(&prepared.stderr));
+        let prepared: serde_json::Value = serde_json::from_slice(&prepared.stdout).unwrap();
+        assert_eq!(prepared["chunks"], serde_json::json!(chunks), "the CLI plans the chunks this test watches");
+        for worker in 0..3i32 {
+            std::fs::write(dir.path().join(format!("in{worker}")), (worker + 1).to_le_bytes().repeat(len / 4)).unwrap();
+        }
+        let spawn = |worker: i32| {
+            Command::new(&netdam)
+                .args(common)
+                .args(["--timeout-seconds", "3", "--file"])
+                .arg(dir.path().join(format!("in{worker}")))
+                .arg("--out")
+                .arg(dir.path().join(format!("out{worker}")))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let mut children = Children(vec![spawn(0), spawn(1)]);
+        // The survivors contribute every chunk, then wait for the third worker.
+        let started = std::time::Instant::now();
+        while counters(&mut watcher).iter().any(|&count| count < WORKERS - 1) {
+            assert!(started.elapsed() < Duration::from_secs(60), "the two survivors never finished contributing");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        children.0.push(spawn(2));
+        let started = std::time::Instant::now();
+        let mut first = [0u8; 8];
+        loop {
+            watcher.read(0, 0, &mut first).unwrap();
+            if u64::from_le_bytes(first) == WORKERS {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "the third worker never began contributing");
+        }
+        children.0[2].kill().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let killed = exit_by(&mut children.0[2], deadline).expect("a SIGKILLed process ends");
+        assert!(!killed.success(), "{killed}");
+        let at_kill = counters(&mut watcher);
+        let counted = at_kill.iter().filter(|&&count| count == WORKERS).count();
+        println!("the victim was killed after counting {counted} of {chunks} chunks");
+        assert!(at_kill.iter().all(|&count| count == WORKERS - 1 || count == WORKERS), "{at_kill:?}");
+        let missing = at_kill
+            .iter()
+            .position(|&count| count < WORKERS)
+            .expect("the third worker was killed before counting every chunk");
+        assert!(missing > 0, "chunk 0 was counted");
+
+        // Each survivor: non-zero within its 3 s timeout (and some slack), with the chunk named.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        for worker in 0..2 {
+            let child = &mut children.0[worker];
+            let status = exit_by(child, deadline).unwrap_or_else(|| panic!("worker {worker} hangs"));
+            let mut stderr = String::new();
+            let mut stdout = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+            std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
+            assert!(!status.success(), "worker {worker} succeeded without the third contribution: {stdout}");
+            let named = format!("chunk {missing} (bytes {}..) has 2 of 3 contributions", missing * plan.chunk_bytes);
+            assert!(stderr.contains(&named) && stderr.contains("incomplete"), "worker {worker}: {stderr}");
+            assert!(stdout.is_empty(), "worker {worker} printed a result: {stdout}");
+            assert!(!dir.path().join(format!("out{worker}")).exists(), "worker {worker} wrote a result");
+        }
+        assert_eq!(counters(&mut watcher), at_kill, "nothing was counted after the kill");
     }
 
     /// The maximum of four workers' f32, i32 and bf16 buffers through the vmax extension is
