@@ -16,11 +16,6 @@ pub trait Engine: Send {
     /// response) and returning its length. Durable spaces are persisted before this returns.
     fn execute(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status>;
 
-    /// A hint before an instruction is checked or executed: it will reach `bytes` at `offset`
-    /// of space `space` (read from the datagram unchecked, so possibly nonsense). An engine may
-    /// start moving that memory closer meanwhile; it must change nothing. Ignored by default.
-    fn prefetch(&self, _opcode: u8, _space: u16, _offset: u64, _bytes: usize) {}
-
     /// Group commit. While on, `execute` may leave what it wrote to durable spaces unpersisted
     /// until [`Engine::persist_pending`], and its caller holds back every answer given meanwhile
     /// (whatever it reads may depend on the unpersisted writes) until that has succeeded. The

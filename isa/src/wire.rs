@@ -313,21 +313,6 @@ pub fn peek_session_sequence(bytes: &[u8]) -> Option<(u32, u64)> {
     Some((read_u32(bytes, header_field::SESSION), read_u64(bytes, header_field::SEQUENCE)))
 }
 
-/// Where the first instruction of a datagram says it reaches, read from fixed positions without
-/// any check (neither CRC nor framing): `(opcode, space, offset, bytes)`, where `bytes` is the
-/// operand's length for what carries its data (WRITE, VADD) and the length field otherwise.
-/// Only a hint, for warming caches while the datagram is checked; nothing may act on it.
-pub fn peek_first_reach(bytes: &[u8]) -> Option<(u8, u16, u64, usize)> {
-    let instruction = bytes.get(HEADER_LEN..HEADER_LEN + INSTRUCTION_HEADER_LEN)?;
-    let opcode = instruction[instruction_field::OPCODE];
-    let space = read_u16(instruction, instruction_field::SPACE);
-    let offset = read_u64(instruction, instruction_field::OFFSET);
-    let operand = read_u32(instruction, instruction_field::OPERAND_LEN) as usize;
-    let length = read_u32(instruction, instruction_field::LENGTH) as usize;
-    let reach = if operand > 0 { operand } else { length };
-    Some((opcode, space, offset, reach))
-}
-
 /// Moves an encoded request into session `session`: rewrites its session field and its CRC.
 /// (An initiator sends a request again in a new session after the target lost the old one.)
 pub fn set_request_session(datagram: &mut [u8], session: u32) {

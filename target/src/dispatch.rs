@@ -24,8 +24,8 @@ use netdam_isa::limits::{
     SESSION_SWEEP_INTERVAL, SESSION_SWEEP_SLOTS,
 };
 use netdam_isa::wire::{
-    peek_first_reach, peek_is_encrypted, peek_is_response, peek_is_sealed, peek_session_sequence, DecodeError,
-    Disposition, Instruction, Request, ResponseWriter, HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN,
+    peek_is_encrypted, peek_is_response, peek_is_sealed, peek_session_sequence, DecodeError, Disposition, Instruction,
+    Request, ResponseWriter, HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN,
 };
 use netdam_isa::{Duration, Instant, Opcode, Status};
 use netdam_nvme::{BlockDevice, BlockRequest, BufferIndex};
@@ -401,19 +401,6 @@ impl<E: Engine> Dispatcher<E> {
     /// answer to be sealed is built `TRAILER_BYTES` short of it.
     pub fn seal(&mut self, seal: SealFor, buffer: &mut [u8], len: usize) -> Option<usize> {
         self.sessions.seal(seal.session, seal.peer, buffer, len)
-    }
-
-    /// Lets the engine start fetching the memory a received datagram's first instruction will
-    /// reach, before anything of it is checked: a hint the worker gives for a whole receive batch
-    /// at once, so the memory traffic overlaps the checks and the work ahead of it. An encrypted
-    /// body says nothing readable and is skipped.
-    pub fn prefetch(&self, datagram: &[u8]) {
-        if peek_is_encrypted(datagram) {
-            return;
-        }
-        if let Some((opcode, space, offset, bytes)) = peek_first_reach(datagram) {
-            self.engine.prefetch(opcode, space, offset, bytes);
-        }
     }
 
     /// Handles one datagram from `from` whose execution starts at `now` after it waited as

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use netdam_isa::engine::Engine;
 use netdam_isa::semantics::{self, AddressSpaces};
 use netdam_isa::wire::Instruction;
-use netdam_isa::{Opcode, Status};
+use netdam_isa::Status;
 use netdam_pmem::Durability;
 
 use crate::regions::RegionTable;
@@ -101,20 +101,6 @@ impl Engine for SoftwareEngine {
 
     fn set_group_commit(&mut self, on: bool) {
         self.group_commit = on;
-    }
-
-    fn prefetch(&self, opcode: u8, space: u16, offset: u64, bytes: usize) {
-        // The memory instructions that move a datagram's worth of data; the lines they write are
-        // asked for in a writable state, saving the upgrade when they are written.
-        let (bytes, for_write) = match Opcode::from_u8(opcode) {
-            Some(Opcode::Read) => (bytes, false),
-            Some(Opcode::Write | Opcode::Vadd) => (bytes, true),
-            Some(Opcode::Cas | Opcode::FetchAdd) => (8, true),
-            _ => return,
-        };
-        if let Some(region) = self.regions.get(space) {
-            region.memory().prefetch(offset, bytes, for_write);
-        }
     }
 
     fn persist_is_pending(&self) -> bool {

@@ -120,10 +120,6 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         dispatcher.set_group_commit(true);
         // A whole batch means more datagrams wait in the socket: only then can BUSY shed load.
         dispatcher.set_backlog(count == RECEIVE_BATCH);
-        // The batch's memory traffic starts now, all of it, while each datagram is checked.
-        for index in 0..count {
-            dispatcher.prefetch(batch.get(index).1);
-        }
         for index in 0..count {
             let (received, datagram) = batch.get(index);
             if received.truncated {
