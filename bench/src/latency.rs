@@ -74,6 +74,8 @@ impl ModelProcess {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap_or_else(|error| panic!("{}: {error} (build it: cargo build --release --bins)", program.display()));
+        // Not pinned: pinned to the core the worker leaves, it shared that core with the client,
+        // whose every wake-up then waited for the spinning model's slice to end (a run of minutes).
         let mut model = ModelProcess { child, window };
         // The model publishes its window (renamed into place) once it is powered on.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -160,8 +162,10 @@ pub struct LatencyArgs {
     /// fpga=PATH (a running `netdam-fpga-model` window; start the model with
     /// `--device-memory-bytes 67108864` or more so that the 64 MiB bench region is placed on
     /// it), or model: a `netdam-fpga-model --spin` process this run starts on a window of its
-    /// own beside this program, and stops after its cases. The model takes a core while it
-    /// runs: on two cores, compare the engines with `--poll blocking`.
+    /// own beside this program, for the whole run (every engine's cases then run beside it
+    /// alike). The model takes a core: on two cores, compare the engines
+    /// with `--poll blocking`, since a busy worker, a busy client and the model are one spinner
+    /// too many.
     #[arg(long, value_delimiter = ',', default_value = "software", value_name = "software|auto|fpga[=PATH]|model")]
     pub engine: Vec<BenchEngine>,
     /// Authenticated sessions: the target requires tenants, and every datagram of netdam's
@@ -308,15 +312,16 @@ fn idle_cpu(window: Duration) -> Option<f64> {
 pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
     let scratch = tempfile::tempdir().expect("temporary directory");
     let mut cases = Vec::new();
+    // The model runs through every engine's cases, not only its own: a process spinning on one
+    // of the machine's cores changes every other figure (on two cores it keeps a core awake,
+    // and blocking wake-ups fall from tens of µs to a few), so all engines are measured beside it.
+    let model = (with_netdam && args.engine.contains(&BenchEngine::Model)).then(|| ModelProcess::start(scratch.path()));
     for engine in &args.engine {
-        let (choice, _model) = match engine {
-            BenchEngine::Target(choice) => (choice.clone(), None),
-            BenchEngine::Model if with_netdam => {
-                let model = ModelProcess::start(scratch.path());
-                (EngineChoice::Fpga(Some(model.window.clone())), Some(model))
-            }
+        let choice = match (engine, &model) {
+            (BenchEngine::Target(choice), _) => choice.clone(),
+            (BenchEngine::Model, Some(model)) => EngineChoice::Fpga(Some(model.window.clone())),
             // The floor alone needs no engine.
-            BenchEngine::Model => (EngineChoice::Software, None),
+            (BenchEngine::Model, None) => EngineChoice::Software,
         };
         run_engine(args, &choice, scratch.path(), with_netdam, &mut cases);
     }
