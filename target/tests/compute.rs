@@ -253,6 +253,30 @@ mod allreduce {
     use netdam_initiator::allreduce::{allreduce, prepare, AllreduceError, AllreduceOp, AllreducePlan};
     use std::time::Duration;
 
+    /// Runs one Allreduce worker per buffer `buffer_of(worker)`, each a thread with its own
+    /// client, on `plan`; their results, in worker order.
+    fn allreduce_threads(
+        addr: std::net::SocketAddr,
+        plan: &AllreducePlan,
+        buffer_of: impl Fn(u32) -> Vec<u8> + Sync,
+    ) -> Vec<Vec<u8>> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..plan.workers)
+                .map(|worker| {
+                    let buffer_of = &buffer_of;
+                    scope.spawn(move || {
+                        let buffer = buffer_of(worker);
+                        let mut client = Client::connect(addr).unwrap();
+                        let mut result = vec![0u8; buffer.len()];
+                        allreduce(&mut client, plan, &buffer, &mut result, Duration::from_secs(30)).unwrap();
+                        result
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+        })
+    }
+
     /// Four workers, each its own client on one of two target workers, sum 1 MB buffers: i32
     /// exactly, f32 within the bound the module states.
     #[test]
@@ -347,20 +371,7 @@ mod allreduce {
         let plan = AllreducePlan::new(&setup, 0, 0, WORKERS, LANES * 2, LaneType::Bf16, AllreduceOp::Sum).unwrap();
         assert!(plan.chunk_count() > 50, "pipelined over many chunks");
         prepare(&mut setup, &plan).unwrap();
-        let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..WORKERS)
-                .map(|worker| {
-                    let buffer = buffer_of(worker);
-                    scope.spawn(move || {
-                        let mut client = Client::connect(addr).unwrap();
-                        let mut result = vec![0u8; buffer.len()];
-                        allreduce(&mut client, &plan, &buffer, &mut result, Duration::from_secs(30)).unwrap();
-                        result
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|handle| handle.join().unwrap()).collect()
-        });
+        let results = allreduce_threads(addr, &plan, buffer_of);
         for result in &results {
             assert_eq!(result, &results[0], "every worker reads the same sum");
         }
@@ -390,19 +401,8 @@ mod allreduce {
         let plan = AllreducePlan::new(&setup, 0, 0, WORKERS, lanes * 4, LaneType::I32, AllreduceOp::Sum).unwrap();
         assert!(plan.chunk_count() > 2 * 1024, "{} chunks: more than two polls' worth", plan.chunk_count());
         prepare(&mut setup, &plan).unwrap();
-        let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..WORKERS)
-                .map(|worker| {
-                    scope.spawn(move || {
-                        let buffer: Vec<u8> = (0..lanes).flat_map(|lane| value(worker, lane).to_le_bytes()).collect();
-                        let mut client = Client::connect(addr).unwrap();
-                        let mut result = vec![0u8; buffer.len()];
-                        allreduce(&mut client, &plan, &buffer, &mut result, Duration::from_secs(30)).unwrap();
-                        result
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|handle| handle.join().unwrap()).collect()
+        let results = allreduce_threads(addr, &plan, |worker| {
+            (0..lanes).flat_map(|lane| value(worker, lane).to_le_bytes()).collect()
         });
         let expected: Vec<u8> = (0..lanes)
             .flat_map(|lane| (0..WORKERS).map(|worker| value(worker, lane)).fold(0i32, i32::wrapping_add).to_le_bytes())
@@ -591,20 +591,7 @@ mod allreduce {
             let mut setup = Client::connect(addr).unwrap();
             let plan = AllreducePlan::new(&setup, 0, area, WORKERS, len, lane, AllreduceOp::Max).unwrap();
             prepare(&mut setup, &plan).unwrap();
-            let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..WORKERS)
-                    .map(|worker| {
-                        let buffer = buffer_of(worker);
-                        scope.spawn(move || {
-                            let mut client = Client::connect(addr).unwrap();
-                            let mut result = vec![0u8; buffer.len()];
-                            allreduce(&mut client, &plan, &buffer, &mut result, Duration::from_secs(30)).unwrap();
-                            result
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|handle| handle.join().unwrap()).collect()
-            });
+            let results = allreduce_threads(addr, &plan, buffer_of);
             let expected: Vec<u8> = (0..lanes)
                 .flat_map(|index| encode((0..WORKERS).map(|worker| value(worker, index)).max().unwrap()))
                 .collect();
