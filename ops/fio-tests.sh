@@ -219,6 +219,34 @@ for space in namespace=disk region=scratch; do
   fi
 done
 
+step "encrypted sessions (encrypt=1): randwrite + verify=crc32c; without a key the job fails naming encrypt="
+for space in namespace=disk region=scratch; do
+  name="encrypted-${space%%=*}"
+  status=0
+  run_fio "$name" --"$space" --encrypt=1 --sessions=2 --rw=randwrite --size=4m --iodepth=16 \
+    --offset=48m --verify=crc32c --verify_fatal=1 || status=$?
+  if [ "$status" = 0 ] && jobs_ok "$name" && [ "$(ios "$name" read)" = "$(ios "$name" write)" ]; then
+    pass "$name: $(ios "$name" write) blocks written and verified over encrypted sessions"
+  else
+    fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
+  fi
+done
+name="encrypted-without-key"
+status=0
+# No key anywhere: NETDAM_KEY unset, and a data directory holding no default tenant's key file.
+mkdir -p "$work/no-key-home"
+(
+  unset NETDAM_KEY
+  HOME="$work/no-key-home" XDG_DATA_HOME="$work/no-key-home" run_fio "$name" --namespace=disk --encrypt=1 \
+    --rw=randread --size=1m
+) || status=$?
+expected="netdam: encrypt=1: encryption needs a tenant key"
+if [ "$status" != 0 ] && grep -qF "$expected" "$work/$name.err"; then
+  pass "$name: fio exited $status: $(grep -F "$expected" "$work/$name.err" | head -c 160)"
+else
+  fail "$name: fio exited $status, expected a failure saying '$expected'; stderr: $(head -c 600 "$work/$name.err")"
+fi
+
 step "a missing namespace or region fails the job, naming it"
 for space in namespace=nosuch region=nosuch; do
   name="missing-${space%%=*}"

@@ -42,6 +42,7 @@ struct netdam_fio_options {
 	unsigned int sessions;
 	char *poll;
 	char *key;
+	unsigned int encrypt;
 };
 
 static struct fio_option options[] = {
@@ -105,6 +106,16 @@ static struct fio_option options[] = {
 		.group = FIO_OPT_G_INVALID,
 	},
 	{
+		.name = "encrypt",
+		.lname = "netdam encrypted sessions",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct netdam_fio_options, encrypt),
+		.def = "0",
+		.help = "Encrypt every datagram's instructions and data, both ways (needs a tenant key)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
 		.name = NULL,
 	},
 };
@@ -139,6 +150,7 @@ static struct netdam_fio_settings netdam_settings(struct thread_data *td)
 		.sessions = o->sessions,
 		.poll = o->poll,
 		.key = o->key,
+		.encrypt = o->encrypt,
 	};
 
 	return settings;

@@ -33,6 +33,8 @@ struct netdam_fio_settings {
 	const char *poll;
 	/* key=FILE: the tenant's key file (NULL: $NETDAM_KEY, then the default tenant's). */
 	const char *key;
+	/* encrypt=1: encrypted sessions (the bodies of all datagrams, both ways); needs a key. */
+	uint32_t encrypt;
 };
 
 /* What netdam_fio_probe learned about the namespace or region. */

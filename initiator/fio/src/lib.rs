@@ -45,6 +45,8 @@ pub struct FioSettings {
     pub poll: *const c_char,
     /// `key=`.
     pub key: *const c_char,
+    /// `encrypt=` (0 or 1).
+    pub encrypt: u32,
 }
 
 /// `struct netdam_fio_space`.
@@ -115,6 +117,7 @@ unsafe fn settings_of(settings: *const FioSettings) -> Result<Settings, OpenErro
             sessions: settings.sessions,
             poll: text("poll", settings.poll).map_err(invalid)?,
             key: text("key", settings.key).map_err(invalid)?,
+            encrypt: settings.encrypt != 0,
         }
     };
     Settings::parse(&raw).map_err(|error| invalid(error.0))

@@ -25,6 +25,8 @@ pub struct RawSettings<'a> {
     pub poll: Option<&'a str>,
     /// `key=FILE`.
     pub key: Option<&'a str>,
+    /// `encrypt=1`.
+    pub encrypt: bool,
 }
 
 /// What fio's I/O addresses on the target.
@@ -72,6 +74,8 @@ pub struct Settings {
     pub poll: Poll,
     /// The tenant's key (`key=`, `$NETDAM_KEY`, or the default tenant's key file).
     pub credentials: Option<netdam_auth::Credentials>,
+    /// Encrypted sessions (`encrypt=1`): every datagram's body, both ways; only with a key.
+    pub encrypt: bool,
 }
 
 /// An option that cannot work; the message starts with the option (`sessions=0: ...`).
@@ -91,6 +95,7 @@ impl Settings {
     pub fn client_options(&self) -> netdam_initiator::ClientOptions {
         let mut options = netdam_initiator::ClientOptions::default();
         options.session.credentials = self.credentials;
+        options.session.encrypt = self.encrypt;
         options
     }
 
@@ -128,8 +133,7 @@ impl Settings {
             "blocking" => Poll::Blocking,
             other => return Err(SettingsError(format!("poll={other}: must be busy or blocking"))),
         };
-        let key =
-            given(raw.key).map(std::path::PathBuf::from).or_else(|| std::env::var_os("NETDAM_KEY").map(Into::into));
+        let key = given(raw.key).map(std::path::PathBuf::from).or_else(|| netdam_key_variable().map(Into::into));
         let option = if given(raw.key).is_some() { "key" } else { "NETDAM_KEY" };
         let credentials = netdam_initiator::keys::resolve(key.as_deref()).map_err(|error| {
             SettingsError(format!(
@@ -137,8 +141,20 @@ impl Settings {
                 key.as_deref().map_or(String::new(), |path| path.display().to_string())
             ))
         })?;
-        Ok(Settings { target, target_text, space, sessions, poll, credentials })
+        if raw.encrypt && credentials.is_none() {
+            return Err(SettingsError(
+                "encrypt=1: encryption needs a tenant key, and none was found: give key=FILE or set NETDAM_KEY \
+                 (`netdam-target tenant create` writes one; a target with auth = \"none\" cannot encrypt)"
+                    .to_string(),
+            ));
+        }
+        Ok(Settings { target, target_text, space, sessions, poll, credentials, encrypt: raw.encrypt })
     }
+}
+
+/// `$NETDAM_KEY`, where set and not empty (an empty one means none, as for the CLI).
+fn netdam_key_variable() -> Option<std::ffi::OsString> {
+    std::env::var_os("NETDAM_KEY").filter(|value| !value.is_empty())
 }
 
 /// A text option with its blanks trimmed; `None` when missing or blank.
@@ -191,6 +207,36 @@ mod tests {
     }
 
     #[test]
+    fn encrypt_takes_the_key_and_reaches_the_sessions_and_names_itself_without_one() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("alice.key");
+        let file = netdam_auth::KeyFile {
+            tenant: "alice".into(),
+            id: 4,
+            version: 1,
+            key: netdam_auth::TenantKey::from_bytes([7; 32]),
+        };
+        file.write(&path, false).unwrap();
+        let key = path.to_str().unwrap();
+        let settings = Settings::parse(&RawSettings { key: Some(key), encrypt: true, ..raw() }).unwrap();
+        assert!(settings.encrypt);
+        let options = settings.client_options();
+        assert!(options.session.encrypt, "the sessions are asked to encrypt");
+        assert_eq!(options.session.credentials, Some(file.credentials()));
+        let plain = Settings::parse(&RawSettings { key: Some(key), ..raw() }).unwrap();
+        assert!(!plain.client_options().session.encrypt, "MAC only unless asked");
+        // Without a key the refusal names the option; where this machine has a default tenant's
+        // key file (a target started here with its embedded default), there is a key.
+        match (Settings::parse(&RawSettings { encrypt: true, ..raw() }), netdam_key_variable()) {
+            (Err(error), None) => {
+                assert!(error.0.starts_with("encrypt=1: encryption needs a tenant key"), "{}", error.0)
+            }
+            (Err(error), Some(_)) => assert!(error.0.starts_with("NETDAM_KEY="), "{}", error.0),
+            (Ok(settings), _) => assert!(settings.credentials.is_some() && settings.encrypt),
+        }
+    }
+
+    #[test]
     fn a_region_and_busy_polling_are_taken() {
         let raw = RawSettings {
             namespace: Some(" "),
@@ -199,6 +245,7 @@ mod tests {
             sessions: 2,
             target: Some("localhost:7801"),
             key: None,
+            encrypt: false,
         };
         let settings = Settings::parse(&raw).unwrap();
         assert_eq!(settings.space, SpaceName::Region("scratch".into()));

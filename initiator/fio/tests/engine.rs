@@ -93,6 +93,7 @@ impl Settings {
             sessions: self.sessions,
             poll: self.poll.as_ptr(),
             key: std::ptr::null(),
+            encrypt: 0,
         }
     }
 }
