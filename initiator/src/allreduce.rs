@@ -3,11 +3,12 @@
 //! lanes, and each gets the result.
 //!
 //! Layout at `offset` of the region: one `u64` counter per chunk, then the accumulation buffer
-//! (8-byte aligned). Each worker sends, per chunk, one datagram of two instructions, VADD (for a
-//! maximum: the `vmax` extension, which the target must enable) of its chunk into the
-//! accumulator then FETCH_ADD of 1 to the chunk's counter: a datagram executes in
-//! order on one worker, so a counter counts only contributions already added (the barrier).
-//! Chunks are pipelined (the session's window). Then the worker polls the counters of the first
+//! (8-byte aligned). Each worker sends, per chunk, a VADD (for a maximum: the `vmax` extension,
+//! which the target must enable) of its chunk into the accumulator, and a FETCH_ADD of 1 to the
+//! chunk's counter once the target has answered that the VADD added; that FETCH_ADD rides in the
+//! datagram of a later chunk's VADD. So a counter counts only contributions already added (the
+//! barrier), even when the target refuses a VADD (a datagram's instructions execute each on its
+//! own). Chunks are pipelined (16 in flight). Then the worker polls the counters of the first
 //! chunks still pending with READs and reads back each run of chunks whose counters reached N
 //! (one pipelined READ per run). Both instructions are non-idempotent and execute
 //! at most once (the target replays their stored answer to a retransmission), so loss neither
@@ -114,9 +115,9 @@ impl AllreducePlan {
             return Err(AllreduceError::Plan("the negotiated datagram holds no lane".to_string()));
         }
         let plan = AllreducePlan { op, space, offset, workers, len, lane, chunk_bytes };
-        // Checked here, not left to the target: a VADD refused for its range would still be
-        // followed by its FETCH_ADD (a datagram's instructions run independently), and the
-        // others would read a sum that lacks it.
+        // Checked here, not left to the target: a worker whose VADDs the target refuses for
+        // their range makes every other worker fail `Incomplete` after its timeout; better to
+        // say at once that the area does not fit.
         let region_bytes = info.hello.regions.iter().find(|region| region.id == space).map(|region| region.size_bytes);
         match region_bytes {
             Some(size) if offset.checked_add(plan.area_bytes()).is_some_and(|end| end <= size) => Ok(plan),
@@ -145,6 +146,11 @@ impl AllreducePlan {
     /// Where the accumulator starts.
     pub fn accumulator(&self) -> u64 {
         self.offset + self.counters_bytes()
+    }
+
+    /// The FETCH_ADD that counts one contribution to chunk `index`.
+    fn count(&self, index: usize) -> Op {
+        Op::fetch_add(self.space, self.offset + 8 * index as u64, 1)
     }
 
     /// Bytes of the region the area takes: counters and accumulator.
@@ -206,53 +212,14 @@ pub fn allreduce(
         }
     }
     // 1. Contribute: VADD (or VMAX) per chunk, pipelined, and a chunk's FETCH_ADD only once the
-    // target has answered that it added. The target executes every instruction of a datagram on
-    // its own, so a FETCH_ADD sent beside a refused VADD (a grant short of the accumulator, a
-    // region that shrank) would count a contribution that never arrived, and the other workers
-    // would read a sum without it as if it were complete. So each chunk's count rides in the
-    // datagram of a later chunk's VADD (no datagram of its own: counting in datagrams of their
-    // own measured 450 -> 560 ms at N = 4, 64 MiB), and the last ones go together at the end.
-    // A refusal stops this worker with its error and leaves the chunk's count short: the other
-    // workers fail `Incomplete`.
-    let count = |index: usize| Op::fetch_add(plan.space, plan.offset + 8 * index as u64, 1);
-    let mut in_flight = std::collections::VecDeque::new();
+    // target has answered that it added (see `add_chunks`). Every chunk answered as added is
+    // counted, also when a later one was refused: the other workers then stop at exactly the
+    // first chunk this worker could not add, and fail `Incomplete` naming it.
     let mut added = std::collections::VecDeque::new();
-    let settle = |client: &mut Client, added: &mut std::collections::VecDeque<usize>, (index, counts, ticket)| {
-        let reply = client.wait(ticket)?;
-        reply.data(0)?;
-        added.push_back(index);
-        if counts {
-            reply.data(1)?;
-        }
-        Ok::<(), AllreduceError>(())
-    };
-    for (index, (at, position, len)) in chunks(plan.accumulator(), plan.len, plan.chunk_bytes).enumerate() {
-        let lanes = &buffer[position..position + len];
-        let combine = match plan.op {
-            AllreduceOp::Sum => Op::vadd(plan.space, at, plan.lane, lanes, false),
-            AllreduceOp::Max => Op::extension(VMAX_OPCODE, 0, plan.space, at, len as u32, plan.lane as u32, lanes),
-        };
-        let ticket = match added.pop_front() {
-            Some(earlier) => (index, true, client.submit(&[combine, count(earlier)])?),
-            None => (index, false, client.submit(&[combine])?),
-        };
-        in_flight.push_back(ticket);
-        while in_flight.len() > IN_FLIGHT {
-            settle(client, &mut added, in_flight.pop_front().expect("not empty"))?;
-        }
-    }
-    while let Some(ticket) = in_flight.pop_front() {
-        settle(client, &mut added, ticket)?;
-    }
-    let rest: Vec<Op> = added.into_iter().map(count).collect();
-    let tickets =
-        rest.chunks(COUNTS_PER_DATAGRAM).map(|counts| client.submit(counts)).collect::<Result<Vec<_>, _>>()?;
-    for (ticket, counts) in tickets.into_iter().zip(rest.chunks(COUNTS_PER_DATAGRAM)) {
-        let reply = client.wait(ticket)?;
-        for index in 0..counts.len() {
-            reply.data(index)?;
-        }
-    }
+    let outcome = add_chunks(client, plan, buffer, &mut added);
+    let counted = count_chunks(client, plan, added);
+    outcome?;
+    counted?;
     // 2. Wait for every chunk's N contributions, then read it. Each poll reads the counters of
     // the first chunks still pending (one datagram's worth: chunks complete roughly in order),
     // and each run of consecutive complete chunks is read back in one pipelined READ.
@@ -311,11 +278,73 @@ pub fn allreduce(
     Ok(())
 }
 
+/// Sends every chunk's VADD (or VMAX), pipelined, and each chunk's FETCH_ADD in the datagram of
+/// a later chunk's VADD once the target has answered that it added the chunk; what was added and
+/// is not yet counted is left in `added`. The target executes every instruction of a datagram
+/// on its own, so a FETCH_ADD sent beside its own VADD would count a VADD that was refused (a
+/// grant short of the accumulator, a region that shrank), and the other workers would read a sum
+/// without it as if it were complete. Riding in a later VADD's datagram, counts cost no datagram
+/// of their own (counting in datagrams of their own measured 450 -> 560 ms at N = 4, 64 MiB).
+fn add_chunks(
+    client: &mut Client,
+    plan: &AllreducePlan,
+    buffer: &[u8],
+    added: &mut std::collections::VecDeque<usize>,
+) -> Result<(), AllreduceError> {
+    let mut in_flight = std::collections::VecDeque::new();
+    let settle = |client: &mut Client, added: &mut std::collections::VecDeque<usize>, (index, counts, ticket)| {
+        let reply = client.wait(ticket)?;
+        reply.data(0)?;
+        added.push_back(index);
+        if counts {
+            reply.data(1)?;
+        }
+        Ok::<(), AllreduceError>(())
+    };
+    for (index, (at, position, len)) in chunks(plan.accumulator(), plan.len, plan.chunk_bytes).enumerate() {
+        while in_flight.len() >= IN_FLIGHT {
+            settle(client, added, in_flight.pop_front().expect("not empty"))?;
+        }
+        let lanes = &buffer[position..position + len];
+        let combine = match plan.op {
+            AllreduceOp::Sum => Op::vadd(plan.space, at, plan.lane, lanes, false),
+            AllreduceOp::Max => Op::extension(VMAX_OPCODE, 0, plan.space, at, len as u32, plan.lane as u32, lanes),
+        };
+        let ticket = match added.pop_front() {
+            Some(earlier) => (index, true, client.submit(&[combine, plan.count(earlier)])?),
+            None => (index, false, client.submit(&[combine])?),
+        };
+        in_flight.push_back(ticket);
+    }
+    while let Some(ticket) = in_flight.pop_front() {
+        settle(client, added, ticket)?;
+    }
+    Ok(())
+}
+
+/// Counts the chunks of `added` (answered as added, not yet counted), several per datagram.
+fn count_chunks(
+    client: &mut Client,
+    plan: &AllreducePlan,
+    added: std::collections::VecDeque<usize>,
+) -> Result<(), AllreduceError> {
+    let counts: Vec<Op> = added.into_iter().map(|index| plan.count(index)).collect();
+    let tickets =
+        counts.chunks(COUNTS_PER_DATAGRAM).map(|counts| client.submit(counts)).collect::<Result<Vec<_>, _>>()?;
+    for (ticket, counts) in tickets.into_iter().zip(counts.chunks(COUNTS_PER_DATAGRAM)) {
+        let reply = client.wait(ticket)?;
+        for index in 0..counts.len() {
+            reply.data(index)?;
+        }
+    }
+    Ok(())
+}
+
 /// VADD datagrams a worker keeps in flight.
 const IN_FLIGHT: usize = 16;
 
-/// FETCH_ADDs per datagram when the last chunks' counts go together (more than `IN_FLIGHT`
-/// are never left, and a datagram holds up to 64 instructions).
+/// FETCH_ADDs per datagram when the last chunks' counts go together (at most `IN_FLIGHT` are
+/// left, and a datagram holds up to 64 instructions).
 const COUNTS_PER_DATAGRAM: usize = 32;
 
 /// Counters read per poll: one 8 KiB READ, the chunks of 8 MiB at 8 KiB per chunk.

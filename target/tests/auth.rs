@@ -769,9 +769,10 @@ fn an_encrypted_session_hides_what_it_carries_and_works_as_any_other() {
 }
 
 /// Two workers sum through "shared"; one tenant's grant ends halfway through the accumulator.
-/// Its VADDs beyond the grant are refused, so it fails with `permission_denied`, and since it
-/// counts a chunk only once the target has added it, the other worker never reads the chunks it
-/// did not add: that worker fails `Incomplete` instead of returning a sum without them.
+/// Its VADDs beyond the grant are refused, so it fails with `permission_denied`; it counts a
+/// chunk only once the target has answered that it added it, and counts every chunk it did add.
+/// So the other worker, run after it, finds exactly the first half counted twice and fails
+/// `Incomplete` at the first chunk past the grant, instead of returning a sum without it.
 #[test]
 fn an_allreduce_worker_refused_part_of_the_accumulator_counts_nothing_it_did_not_add() {
     use netdam_initiator::allreduce::{allreduce, prepare, AllreduceError, AllreduceOp, AllreducePlan};
@@ -779,8 +780,9 @@ fn an_allreduce_worker_refused_part_of_the_accumulator_counts_nothing_it_did_not
     let target = common::start_configured(regions, |config| config.auth = AuthMode::Tenants);
     publish(&target, &records());
     const LEN: usize = 256 << 10;
-    let root = client(&target, Some(credentials(3, 0x77))).unwrap();
+    let mut root = client(&target, Some(credentials(3, 0x77))).unwrap();
     let plan = AllreducePlan::new(&root, 1, 0, 2, LEN, netdam_isa::LaneType::I32, AllreduceOp::Sum).unwrap();
+    assert_eq!(LEN / 2 % plan.chunk_bytes, 0, "the grant ends on a chunk boundary");
     let half = plan.accumulator() + LEN as u64 / 2;
     let mut records = records();
     records.push(record(
@@ -790,23 +792,16 @@ fn an_allreduce_worker_refused_part_of_the_accumulator_counts_nothing_it_did_not
         vec![grant(GrantSpace::Region("shared".into()), &["read", "write", "atomic", "compute"], Some((0, half)))],
     ));
     publish(&target, &records);
-    let mut root = root;
     prepare(&mut root, &plan).unwrap();
-    let (full, partial) = std::thread::scope(|scope| {
-        let run = |credentials: Credentials| {
-            let target = &target;
-            let plan = &plan;
-            scope.spawn(move || {
-                let mut worker = client(target, Some(credentials)).unwrap();
-                let buffer = vec![1u8; LEN];
-                let mut result = vec![0u8; LEN];
-                allreduce(&mut worker, plan, &buffer, &mut result, Duration::from_millis(500)).map(|()| result)
-            })
-        };
-        let full = run(credentials(3, 0x77));
-        let partial = run(credentials(5, 0x55));
-        (full.join().unwrap(), partial.join().unwrap())
-    });
+    // One after the other, so that no timing decides which chunks the first has counted.
+    let run = |credentials: Credentials| {
+        let mut worker = client(&target, Some(credentials)).unwrap();
+        let buffer = vec![1u8; LEN];
+        let mut result = vec![0u8; LEN];
+        allreduce(&mut worker, &plan, &buffer, &mut result, Duration::from_millis(300)).map(|()| result)
+    };
+    let partial = run(credentials(5, 0x55));
+    let full = run(credentials(3, 0x77));
     match partial {
         Err(AllreduceError::Client(ClientError::Refused { status: Status::PermissionDenied, .. })) => {}
         other => panic!("the worker short of its grant: expected permission_denied, got {other:?}"),
@@ -814,10 +809,7 @@ fn an_allreduce_worker_refused_part_of_the_accumulator_counts_nothing_it_did_not
     match full {
         Err(AllreduceError::Incomplete { first_byte, arrived, workers, .. }) => {
             assert_eq!((arrived, workers), (1, 2), "only the full worker counted the chunk");
-            assert!(
-                first_byte >= LEN / 2 - plan.chunk_bytes,
-                "the first incomplete chunk is past the grant ({first_byte})"
-            );
+            assert_eq!(first_byte, LEN / 2, "the first chunk short is the first past the grant");
         }
         Ok(_) => panic!("the full worker read a sum without the other worker's second half"),
         Err(other) => panic!("expected Incomplete, got {other}"),
