@@ -316,14 +316,18 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
     // of the machine's cores changes every other figure (on two cores it keeps a core awake,
     // and blocking wake-ups fall from tens of µs to a few), so all engines are measured beside it.
     let model = (with_netdam && args.engine.contains(&BenchEngine::Model)).then(|| ModelProcess::start(scratch.path()));
+    if !with_netdam {
+        // The floor alone needs no engine: once.
+        run_engine(args, &EngineChoice::Software, scratch.path(), false, &mut cases);
+        return cases;
+    }
     for engine in &args.engine {
         let choice = match (engine, &model) {
             (BenchEngine::Target(choice), _) => choice.clone(),
             (BenchEngine::Model, Some(model)) => EngineChoice::Fpga(Some(model.window.clone())),
-            // The floor alone needs no engine.
-            (BenchEngine::Model, None) => EngineChoice::Software,
+            (BenchEngine::Model, None) => unreachable!("started above whenever an engine is `model`"),
         };
-        run_engine(args, &choice, scratch.path(), with_netdam, &mut cases);
+        run_engine(args, &choice, scratch.path(), true, &mut cases);
     }
     cases
 }

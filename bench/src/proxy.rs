@@ -17,6 +17,16 @@ use std::time::{Duration, Instant};
 
 use netdam_isa::rng::Rng;
 
+/// The seed of a fault test: `NETDAM_SEED` when set (to replay a failure), else the clock;
+/// printed as `SEED=...` so that a failing run can be replayed.
+pub fn test_seed() -> u64 {
+    let seed = std::env::var("NETDAM_SEED").ok().and_then(|text| text.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
+    println!("SEED={seed}");
+    seed
+}
+
 /// Fault probabilities, applied to each datagram in each direction.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Faults {

@@ -11,7 +11,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
-use netdam_bench::proxy::{Faults, Proxy};
+use netdam_bench::proxy::{test_seed, Faults, Proxy};
 use netdam_initiator::{Client, ClientError, ClientOptions, Op, SessionConfig};
 use netdam_isa::crypto::Seal;
 use netdam_isa::Status;
@@ -26,15 +26,6 @@ const WINDOW: usize = 16;
 
 fn pattern(index: u64) -> Vec<u8> {
     (0..RANGE_BYTES).map(|at| (index.wrapping_mul(31) ^ at.wrapping_mul(7)) as u8).collect()
-}
-
-/// The seed of a randomized test: $NETDAM_SEED, or one drawn from the clock; printed first.
-fn seed() -> u64 {
-    let seed = std::env::var("NETDAM_SEED").ok().and_then(|text| text.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    });
-    println!("SEED={seed}");
-    seed
 }
 
 /// A target with key slot `SLOT` and one memory region of `ENCRYPTIONS` ranges, in `dir`.
@@ -77,7 +68,7 @@ fn options() -> ClientOptions {
 
 #[test]
 fn in_place_encrypts_through_loss_duplication_and_reordering_run_exactly_once() {
-    let seed = seed();
+    let seed = test_seed();
     let dir = tempfile::tempdir().unwrap();
     let target = start(&dir);
     let mut direct = Client::connect(target.local_addr()).unwrap();
@@ -135,7 +126,7 @@ fn in_place_encrypts_through_loss_duplication_and_reordering_run_exactly_once() 
 
 #[test]
 fn in_place_decrypts_through_loss_duplication_and_reordering_run_exactly_once() {
-    let seed = seed();
+    let seed = test_seed();
     let dir = tempfile::tempdir().unwrap();
     let target = start(&dir);
     // Sealed directly, without faults: every range ciphertext, its seal known.

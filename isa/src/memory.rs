@@ -9,9 +9,9 @@
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 
-/// The most [`SharedMemory::prefetch`] asks for at once: a whole 9000-byte datagram's data and
-/// no more, so a hint never evicts much of what the cache holds.
-pub const PREFETCH_MAX_BYTES: usize = 9 * 1024;
+/// The most [`SharedMemory::prefetch`] asks for at once (an operand is at most 8 KiB), so that
+/// a prefetch never evicts much of what the cache holds.
+const PREFETCH_MAX_BYTES: usize = 9 * 1024;
 
 /// Bytes of a cache line on the CPUs we run on.
 const CACHE_LINE_BYTES: usize = 64;
@@ -84,7 +84,7 @@ impl<'a> SharedMemory<'a> {
     /// Asks the CPU to start bringing `len` bytes at `offset` into its cache (`for_write`: in a
     /// state it may write, saving the upgrade when it does) without waiting for them. A hint:
     /// it changes no byte and never faults; a range beyond the view is ignored, and at most
-    /// [`PREFETCH_MAX_BYTES`] are asked for.
+    /// 9 KiB are asked for.
     pub fn prefetch(&self, offset: u64, len: usize, for_write: bool) {
         let Some(range) = self.range(offset, len.min(PREFETCH_MAX_BYTES)) else { return };
         #[cfg(target_arch = "x86_64")]
@@ -94,8 +94,8 @@ impl<'a> SharedMemory<'a> {
             let end = self.base as usize + range.end;
             let mut line = start & !(CACHE_LINE_BYTES - 1);
             while line < end {
-                // SAFETY: a prefetch reads nothing architecturally and cannot fault; the line is
-                // within the view's mapping anyway.
+                // SAFETY: a prefetch reads nothing architecturally and cannot fault, so an address
+                // outside the view is harmless (the first line, rounded down, may begin before it).
                 unsafe {
                     if for_write {
                         _mm_prefetch::<_MM_HINT_ET0>(line as *const i8);

@@ -6,18 +6,10 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
 use common::{seed, Rng};
-
-/// `netdam` is built by the initiator crate into the same directory as this crate's binaries.
-fn netdam_binary() -> PathBuf {
-    let target_binary = PathBuf::from(env!("CARGO_BIN_EXE_netdam-target"));
-    let netdam = target_binary.with_file_name("netdam");
-    assert!(netdam.exists(), "{} is missing: build the workspace first (cargo build --workspace)", netdam.display());
-    netdam
-}
 
 struct Daemon(Child);
 
@@ -54,7 +46,7 @@ fn start_default_target(home: &Path) -> Daemon {
 /// Runs `netdam` as a user whose home (and data directory, where a key file may be found) is
 /// under `home`.
 fn netdam_command(home: &Path) -> Command {
-    let mut command = Command::new(netdam_binary());
+    let mut command = Command::new(common::netdam_binary());
     command.env("XDG_DATA_HOME", home.join("data")).env("HOME", home).env_remove("NETDAM_KEY");
     command
 }

@@ -5,7 +5,6 @@
 mod common;
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -41,18 +40,12 @@ fn from_host(host: [u8; 4]) -> ClientOptions {
     ClientOptions { local_addr: Some(SocketAddr::from((host, 0))), ..ClientOptions::default() }
 }
 
-fn netdam_binary() -> PathBuf {
-    let netdam = PathBuf::from(env!("CARGO_BIN_EXE_netdam-target")).with_file_name("netdam");
-    assert!(netdam.exists(), "{} is missing: build the workspace first (cargo build --workspace)", netdam.display());
-    netdam
-}
-
 #[test]
 fn ten_thousand_cli_commands_in_a_row_all_succeed() {
     const COMMANDS: usize = 10_000;
     let test = start_configured(vec![region("mem", 1 << 20, false)], |_| {});
     let target = test.target.local_addr().to_string();
-    let netdam = netdam_binary();
+    let netdam = common::netdam_binary();
     let started = Instant::now();
     let mut fetch_adds = 0u64;
     for index in 0..COMMANDS {
@@ -330,12 +323,14 @@ fn ping_and_stat_answer_when_every_slot_is_taken_and_idle_sessions_make_room() {
     assert!(stat.contains(&("sessions_open".to_string(), 16)), "{stat:?}");
     assert!(stat.contains(&("hello_refused_table_full".to_string(), 1)), "{stat:?}");
     for command in ["ping", "stat"] {
-        let output = Command::new(netdam_binary()).args(["--target", &addr.to_string(), command]).output().unwrap();
+        let output =
+            Command::new(common::netdam_binary()).args(["--target", &addr.to_string(), command]).output().unwrap();
         assert!(output.status.success(), "netdam {command}: {}", String::from_utf8_lossy(&output.stderr));
     }
     // A command that needs a session, from the address holding every slot, is refused for
     // that address's share (checked before the table as a whole), and says so.
-    let output = Command::new(netdam_binary()).args(["--target", &addr.to_string(), "regions"]).output().unwrap();
+    let output =
+        Command::new(common::netdam_binary()).args(["--target", &addr.to_string(), "regions"]).output().unwrap();
     assert!(!output.status.success(), "a command that needs a session is refused");
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(message.contains("max_sessions_per_address"), "the CLI says why: {message}");

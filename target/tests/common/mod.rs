@@ -9,6 +9,13 @@ pub mod durability;
 use netdam_target::config::{ByteSize, Config, NamespaceConfig, PollMode, RegionBackend, RegionConfig};
 use netdam_target::Target;
 
+/// The `netdam` CLI built beside the target binary; says how to build it when it is missing.
+pub fn netdam_binary() -> std::path::PathBuf {
+    let netdam = std::path::PathBuf::from(env!("CARGO_BIN_EXE_netdam-target")).with_file_name("netdam");
+    assert!(netdam.exists(), "{} is missing: build the workspace first (cargo build --workspace)", netdam.display());
+    netdam
+}
+
 /// A running target and the directory its files live in (removed on drop).
 pub struct TestTarget {
     pub target: Target,
