@@ -172,85 +172,139 @@ pub fn run(args: &TenancyArgs) {
     drop(clients);
 
     // 2. What QoS protects: the interactive tenant alone, beside a best-effort flood, and beside
-    // the same flood from a tenant without QoS.
+    // the same flood from a tenant without QoS; first with the flood's threads scheduled like any
+    // other, then at SCHED_IDLE, standing in for initiators on other hosts.
+    let sink_dir = scratch.path().join("sink");
+    std::fs::create_dir_all(&sink_dir).expect("sink target directory");
+    let sink = start(&sink_dir, PollMode::Blocking, AuthMode::None, &everyone);
     let mut interactive = connect(&auth_target, Some(credentials(1)), false, poll);
-    let mut warm = crate::histogram();
-    reads(&mut interactive, 2_000, &mut warm);
-    let mut alone = crate::histogram();
-    reads(&mut interactive, args.qos_requests, &mut alone);
-    let mut phases = vec![Summary::new("interactive alone".into(), &alone)];
-    let mut flood_rates = Vec::new();
     // The machine's own floor: the same best-effort flood sent to a second target, so nothing of
     // it passes the interactive tenant's target, yet its client threads and its serving take the
     // same cores. What the interactive tenant loses here, no scheduling in our target can win
     // back on a machine whose cores the load generator shares (docs/DECISIONS.md).
-    let sink_dir = scratch.path().join("sink");
-    std::fs::create_dir_all(&sink_dir).expect("sink target directory");
-    let sink = start(&sink_dir, PollMode::Blocking, AuthMode::None, &everyone);
-    let phases_to_run = [
+    let contended = [
         (2u32, "beside a best-effort flood", auth_target.local_addr()),
         (3u32, "beside the same flood, no QoS", auth_target.local_addr()),
         (2u32, "beside the same flood sent to another target", sink.local_addr()),
     ];
-    for (flooder, name, addr) in phases_to_run {
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
-        let busy = Arc::new(AtomicU64::new(0));
-        let started = Instant::now();
-        let threads: Vec<_> = (0..args.flood_sessions)
-            .map(|_| {
-                let (stop, done, busy) = (stop.clone(), done.clone(), busy.clone());
-                let mut options = ClientOptions { poll: ClientPoll::Blocking, ..ClientOptions::default() };
-                options.session.credentials = Some(credentials(flooder));
-                options.session.max_in_flight = args.flood_window;
-                std::thread::spawn(move || {
-                    let mut client =
-                        Client::connect_with(addr, options).unwrap_or_else(|error| panic!("flood: {error}"));
-                    let data = vec![0x5Au8; 4096];
-                    let mut offset = 1u64 << 20;
-                    while !stop.load(Ordering::Relaxed) {
-                        while client.has_room() {
-                            offset = if offset >= 32 << 20 { 1 << 20 } else { offset + 4096 };
-                            if client.submit(&[Op::write(0, offset, &data)]).is_err() {
-                                break;
-                            }
-                        }
-                        // Answers (BUSY ones are retried by the session after its back-off).
-                        if let Ok(Some((_, Ok(reply)))) = client.wait_any() {
-                            done.fetch_add(1, Ordering::Relaxed);
-                            client.recycle(reply);
-                        }
-                    }
-                    busy.fetch_add(client.session_stats().busy, Ordering::Relaxed);
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_millis(200));
-        let mut beside = crate::histogram();
-        reads(&mut interactive, args.qos_requests, &mut beside);
-        stop.store(true, Ordering::Relaxed);
-        for thread in threads {
-            let _ = thread.join();
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        flood_rates.push((
-            name,
-            done.load(Ordering::Relaxed) as f64 / seconds,
-            busy.load(Ordering::Relaxed) as f64 / seconds,
-        ));
-        phases.push(Summary::new(name.into(), &beside));
-    }
-    println!();
-    println!(
+    let title = format!(
         "QoS: a latency-critical tenant's READ 64 B ({} each), alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
         args.qos_requests, args.flood_sessions, args.flood_window
     );
+    qos_table(args, &title, &mut interactive, &contended, FloodThreads::Normal);
+    // On other hosts the flood would take none of this machine's cores. Its threads at
+    // SCHED_IDLE run only on time nothing else here wants, so what the interactive tenant still
+    // loses is the target's doing. The interactive client sleeps for its answers (spinning, it
+    // would leave the flood no core at all), alone as beside the flood.
+    let mut interactive = connect(&auth_target, Some(credentials(1)), false, ClientPoll::Blocking);
+    let remote = [
+        (2u32, "beside a best-effort flood at SCHED_IDLE", auth_target.local_addr()),
+        (3u32, "beside the same flood at SCHED_IDLE, no QoS", auth_target.local_addr()),
+    ];
+    let title = format!(
+        "QoS, the flood as if from other hosts (its threads at SCHED_IDLE; the interactive client blocking): \
+         READ 64 B ({} each) alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
+        args.qos_requests, args.flood_sessions, args.flood_window
+    );
+    qos_table(args, &title, &mut interactive, &remote, FloodThreads::Idle);
+}
+
+/// How the flood's threads are scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FloodThreads {
+    /// Like every other thread: on a small machine they take cores the target and the
+    /// interactive client need.
+    Normal,
+    /// `SCHED_IDLE`: they run only on time no other thread wants.
+    Idle,
+}
+
+/// The interactive tenant's READs alone, then beside each flood of `phases` (flooding tenant,
+/// name, address flooded); prints the table and each flood's rates.
+fn qos_table(
+    args: &TenancyArgs,
+    title: &str,
+    interactive: &mut Client,
+    phases: &[(u32, &str, std::net::SocketAddr)],
+    threads: FloodThreads,
+) {
+    let mut warm = crate::histogram();
+    reads(interactive, 2_000, &mut warm);
+    let mut alone = crate::histogram();
+    reads(interactive, args.qos_requests, &mut alone);
+    let mut summaries = vec![Summary::new("interactive alone".into(), &alone)];
+    let mut flood_rates = Vec::new();
+    for &(flooder, name, addr) in phases {
+        let (beside, writes, busy) = beside_flood(args, interactive, flooder, addr, threads);
+        flood_rates.push((name, writes, busy));
+        summaries.push(Summary::new(name.into(), &beside));
+    }
+    println!();
+    println!("{title}");
     println!("| interactive tenant | p50 µs | p99 µs | p99.9 µs | p50 / alone | p99 / alone | p99.9 / alone |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
-    for (index, summary) in phases.iter().enumerate() {
-        println!("{}", row(&summary.name, summary, (index > 0).then(|| &phases[0])));
+    for (index, summary) in summaries.iter().enumerate() {
+        println!("{}", row(&summary.name, summary, (index > 0).then(|| &summaries[0])));
     }
     for (name, rate, busy) in flood_rates {
         println!("flood {name}: {rate:.0} WRITEs/s completed, {busy:.0} BUSY answers/s");
     }
+}
+
+/// The interactive tenant's READs while `flooder` floods `addr` with 4 KiB WRITEs from
+/// `--flood-sessions` sessions; with the flood's WRITEs and BUSY answers per second.
+fn beside_flood(
+    args: &TenancyArgs,
+    interactive: &mut Client,
+    flooder: u32,
+    addr: std::net::SocketAddr,
+    threads: FloodThreads,
+) -> (Histogram<u64>, f64, f64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let busy = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let flood: Vec<_> = (0..args.flood_sessions)
+        .map(|_| {
+            let (stop, done, busy) = (stop.clone(), done.clone(), busy.clone());
+            let mut options = ClientOptions { poll: ClientPoll::Blocking, ..ClientOptions::default() };
+            options.session.credentials = Some(credentials(flooder));
+            options.session.max_in_flight = args.flood_window;
+            std::thread::spawn(move || {
+                if threads == FloodThreads::Idle {
+                    let param = libc::sched_param { sched_priority: 0 };
+                    // SAFETY: sets this thread's own policy (pid 0); lowering needs no privilege.
+                    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+                        panic!("flood: SCHED_IDLE refused: {}", std::io::Error::last_os_error());
+                    }
+                }
+                let mut client = Client::connect_with(addr, options).unwrap_or_else(|error| panic!("flood: {error}"));
+                let data = vec![0x5Au8; 4096];
+                let mut offset = 1u64 << 20;
+                while !stop.load(Ordering::Relaxed) {
+                    while client.has_room() {
+                        offset = if offset >= 32 << 20 { 1 << 20 } else { offset + 4096 };
+                        if client.submit(&[Op::write(0, offset, &data)]).is_err() {
+                            break;
+                        }
+                    }
+                    // Answers (BUSY ones are retried by the session after its back-off).
+                    if let Ok(Some((_, Ok(reply)))) = client.wait_any() {
+                        done.fetch_add(1, Ordering::Relaxed);
+                        client.recycle(reply);
+                    }
+                }
+                busy.fetch_add(client.session_stats().busy, Ordering::Relaxed);
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut beside = crate::histogram();
+    reads(interactive, args.qos_requests, &mut beside);
+    stop.store(true, Ordering::Relaxed);
+    for thread in flood {
+        let _ = thread.join();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    (beside, done.load(Ordering::Relaxed) as f64 / seconds, busy.load(Ordering::Relaxed) as f64 / seconds)
 }
