@@ -16,7 +16,7 @@ use netdam_isa::semantics::{self, AddressSpaces};
 use netdam_isa::wire::Instruction;
 use netdam_isa::Status;
 
-use crate::nvme::{self, opcode as nvme_opcode, QueuePair, SsdModel, SubmissionEntry};
+use crate::nvme::{self, admin_opcode, opcode as nvme_opcode, QueuePair, SsdModel, SubmissionEntry};
 use crate::registers::{self as reg, NamespaceEntry, RegionEntry};
 use crate::window::Window;
 use crate::{
@@ -71,9 +71,16 @@ pub struct NamespaceBacking {
 pub const SSD_NSID: u32 = 1;
 /// Entries of the model's NVMe I/O queues.
 const SSD_QUEUE_ENTRIES: u32 = 16;
-/// Bytes at the top of on-board memory the NVMe path keeps when an SSD is configured: submission
-/// queue, completion queue, doorbells and PRP list (a page each), then one transfer buffer.
-pub const NVME_AREA_BYTES: u64 = 4 * 4096 + SLOT_BYTES_MAX as u64;
+/// Entries of the model's NVMe admin queues: bring-up runs one command at a time.
+const SSD_ADMIN_QUEUE_ENTRIES: u32 = 4;
+/// Bytes at the top of on-board memory the NVMe path keeps when an SSD is configured: I/O
+/// submission queue, I/O completion queue, doorbells, PRP list, admin submission queue and admin
+/// completion queue (a page each), then one transfer buffer (which also takes IDENTIFY data).
+pub const NVME_AREA_BYTES: u64 = 6 * 4096 + SLOT_BYTES_MAX as u64;
+const _: () = assert!(SSD_QUEUE_ENTRIES as usize * nvme::SUBMISSION_ENTRY_BYTES <= 4096, "I/O SQ in its page");
+const _: () = assert!(SSD_ADMIN_QUEUE_ENTRIES as usize * nvme::SUBMISSION_ENTRY_BYTES <= 4096, "admin SQ in its page");
+const _: () = assert!(SSD_QUEUE_ENTRIES <= nvme::IO_QUEUE_ENTRIES_MAX, "the SSD accepts the I/O queues");
+const _: () = assert!(SLOT_BYTES_MAX as usize >= nvme::IDENTIFY_BYTES, "IDENTIFY data fits the transfer buffer");
 
 impl Default for ModelConfig {
     fn default() -> ModelConfig {
@@ -158,14 +165,28 @@ struct Running {
     namespaces: [Option<NamespaceEntry>; reg::NAMESPACE_TABLE_ENTRIES],
 }
 
-/// The FPGA's NVMe controller side: one I/O queue pair to the SSD, driven synchronously (one
-/// block instruction at a time; the pipeline waits for its CQEs).
-struct Controller {
-    ssd: SsdModel,
-    queues: QueuePair,
+/// One queue pair as the FPGA's controller drives it: its SQ tail, CQ head and expected phase.
+#[derive(Debug, Clone, Copy)]
+struct HostQueue {
+    pair: QueuePair,
     sq_tail: u32,
     cq_head: u32,
     phase: bool,
+}
+
+impl HostQueue {
+    fn new(pair: QueuePair) -> HostQueue {
+        HostQueue { pair, sq_tail: 0, cq_head: 0, phase: true }
+    }
+}
+
+/// The FPGA's NVMe controller side: brings the SSD up through its admin queue, then drives one
+/// I/O queue pair synchronously (one block instruction at a time; the pipeline waits for its
+/// CQEs).
+struct Controller {
+    ssd: SsdModel,
+    admin: HostQueue,
+    io: HostQueue,
     next_command_id: u16,
     /// Bus address of the PRP-list page and of the transfer buffer.
     prp_list: u64,
@@ -218,30 +239,56 @@ impl Model {
                     netdam_nvme::UringDevice::open(&backing.path, backing.block_bytes, 4, SLOT_BYTES_MAX as usize)?;
                 let geometry = netdam_nvme::BlockDevice::geometry(&device);
                 let area = config.device_memory_offset() + config.nvme_area_offset();
-                let queues = QueuePair {
-                    nsid: SSD_NSID,
-                    sq_id: 1,
+                let doorbells = area + 2 * 4096;
+                let admin = QueuePair {
+                    sq_id: 0,
+                    entries: SSD_ADMIN_QUEUE_ENTRIES,
+                    sq_base: area + 4 * 4096,
+                    cq_base: area + 5 * 4096,
+                    doorbells,
+                };
+                let io = QueuePair {
+                    sq_id: nvme::IO_QUEUE_ID,
                     entries: SSD_QUEUE_ENTRIES,
                     sq_base: area,
                     cq_base: area + 4096,
-                    doorbells: area + 2 * 4096,
+                    doorbells: doorbells + 8 * u64::from(nvme::IO_QUEUE_ID),
                 };
-                let mut ssd = SsdModel::new(Arc::clone(&window), queues, Box::new(device));
+                // The host zeroes a completion queue before handing it over, so that no stale
+                // entry (from an earlier run over the same window file) carries the phase it
+                // waits for. The SSD zeroes I/O queues it creates itself.
+                let zeroes = [0u8; 4096];
+                window.write_bytes(admin.cq_base, &zeroes).expect("NVMe area within the window");
+                let mut ssd = SsdModel::new(Arc::clone(&window), admin, Box::new(device));
                 if let Some(number) = config.faults.media_error_at {
                     ssd.inject_media_error_at(number);
                 }
-                Some(Controller {
+                let mut controller = Controller {
                     ssd,
-                    queues,
-                    sq_tail: 0,
-                    cq_head: 0,
-                    phase: true,
+                    admin: HostQueue::new(admin),
+                    io: HostQueue::new(io),
                     next_command_id: 0,
                     prp_list: area + 3 * 4096,
-                    buffer: area + 4 * 4096,
-                    block_bytes: geometry.block_bytes,
-                    capacity_blocks: geometry.capacity_blocks,
-                })
+                    buffer: area + 6 * 4096,
+                    block_bytes: 0,
+                    capacity_blocks: 0,
+                };
+                controller.bring_up(&*window, &backing.path)?;
+                // IDENTIFY must describe the file the SSD serves: a mismatch is a bug in the
+                // SSD model, reported rather than served.
+                if (controller.block_bytes, controller.capacity_blocks)
+                    != (geometry.block_bytes, geometry.capacity_blocks)
+                {
+                    return Err(std::io::Error::other(format!(
+                        "{}: IDENTIFY namespace reports {} blocks of {} bytes, the file holds {} of {}",
+                        backing.path.display(),
+                        controller.capacity_blocks,
+                        controller.block_bytes,
+                        geometry.capacity_blocks,
+                        geometry.block_bytes
+                    )));
+                }
+                Some(controller)
             }
         };
         Ok(Model {
@@ -668,9 +715,105 @@ impl Controller {
         (status, 0)
     }
 
-    fn entry(&mut self, opcode: u8, nsid: u32, slba: u64, blocks: u32, fua: bool, prps: (u64, u64)) -> SubmissionEntry {
+    /// The NVMe 1.4 bring-up after the admin queues are placed (FPGA.md §9.1 steps 5 and 6):
+    /// IDENTIFY controller (the transfer limit must cover one transfer buffer), IDENTIFY
+    /// namespace 1 (block size and capacity), then the I/O completion and submission queues.
+    fn bring_up(&mut self, window: &dyn Window, path: &std::path::Path) -> std::io::Result<()> {
+        let failed = |what: &str, detail: String| {
+            std::io::Error::other(format!("{}: NVMe bring-up of the model's SSD: {what} {detail}", path.display()))
+        };
+        let identify = |model: &mut Controller, nsid: u32, cns: u8| {
+            let command_id = model.next_id();
+            let entry = SubmissionEntry {
+                opcode: admin_opcode::IDENTIFY,
+                command_id,
+                nsid,
+                prp1: model.buffer,
+                cdw: [u32::from(cns), 0, 0, 0, 0, 0],
+                ..SubmissionEntry::default()
+            };
+            model.admin_command(window, &entry)
+        };
+        let admin_status = |status: u16| format!("failed with NVMe status {status:#05x}");
+
+        let status = identify(self, 0, nvme::cns::CONTROLLER);
+        if status != nvme::status::SUCCESS {
+            return Err(failed("IDENTIFY controller", admin_status(status)));
+        }
+        let mut data = [0u8; nvme::IDENTIFY_BYTES];
+        window.read_bytes(self.buffer, &mut data).expect("transfer buffer in the window");
+        let mdts = data[77];
+        // MDTS 0 is "no limit"; otherwise 2^MDTS pages of CAP.MPSMIN (4 KiB, CC.MPS = 0).
+        let max_transfer_bytes =
+            if mdts == 0 { u64::MAX } else { nvme::PAGE_BYTES.checked_shl(mdts.into()).unwrap_or(u64::MAX) };
+        if max_transfer_bytes < u64::from(SLOT_BYTES_MAX) {
+            return Err(failed(
+                "IDENTIFY controller",
+                format!("reports MDTS {mdts}, below one {SLOT_BYTES_MAX}-byte transfer"),
+            ));
+        }
+
+        let status = identify(self, SSD_NSID, nvme::cns::NAMESPACE);
+        if status != nvme::status::SUCCESS {
+            return Err(failed("IDENTIFY namespace 1", admin_status(status)));
+        }
+        window.read_bytes(self.buffer, &mut data).expect("transfer buffer in the window");
+        let nsze = u64::from_le_bytes(data[0..8].try_into().expect("8 bytes"));
+        let format = usize::from(data[26] & 0x0F); // FLBAS bits 3:0
+        let lba_format = u32::from_le_bytes(data[128 + 4 * format..132 + 4 * format].try_into().expect("4 bytes"));
+        let lba_data_size_log2 = (lba_format >> 16) & 0xFF;
+        if !(9..=16).contains(&lba_data_size_log2) {
+            return Err(failed("IDENTIFY namespace 1", format!("reports LBADS {lba_data_size_log2}, not 9 to 16")));
+        }
+        self.block_bytes = 1 << lba_data_size_log2;
+        self.capacity_blocks = nsze;
+
+        let queue_size = (SSD_QUEUE_ENTRIES - 1) << 16 | u32::from(nvme::IO_QUEUE_ID); // QSIZE | QID
+        let create = |model: &mut Controller, opcode: u8, base: u64, cdw11: u32| {
+            let command_id = model.next_id();
+            let entry = SubmissionEntry {
+                opcode,
+                command_id,
+                prp1: base,
+                cdw: [queue_size, cdw11, 0, 0, 0, 0],
+                ..SubmissionEntry::default()
+            };
+            model.admin_command(window, &entry)
+        };
+        // PC = 1, IEN = 0: contiguous, polled.
+        let status = create(self, admin_opcode::CREATE_IO_COMPLETION_QUEUE, self.io.pair.cq_base, 1);
+        if status != nvme::status::SUCCESS {
+            return Err(failed("CREATE I/O COMPLETION QUEUE", admin_status(status)));
+        }
+        // CQID << 16 | PC.
+        let cdw11 = u32::from(nvme::IO_QUEUE_ID) << 16 | 1;
+        let status = create(self, admin_opcode::CREATE_IO_SUBMISSION_QUEUE, self.io.pair.sq_base, cdw11);
+        if status != nvme::status::SUCCESS {
+            return Err(failed("CREATE I/O SUBMISSION QUEUE", admin_status(status)));
+        }
+        Ok(())
+    }
+
+    fn next_id(&mut self) -> u16 {
         let command_id = self.next_command_id;
         self.next_command_id = self.next_command_id.wrapping_add(1);
+        command_id
+    }
+
+    /// Runs one admin command; its NVMe status field (`INTERNAL_ERROR` if the completion is not
+    /// the command's, which with one command at a time would be an SSD bug).
+    fn admin_command(&mut self, window: &dyn Window, entry: &SubmissionEntry) -> u16 {
+        let mut queue = self.admin;
+        let completion = wait_for(&mut self.ssd, window, &mut queue, entry);
+        self.admin = queue;
+        if completion.command_id != entry.command_id {
+            return nvme::status::INTERNAL_ERROR;
+        }
+        completion.status
+    }
+
+    fn entry(&mut self, opcode: u8, nsid: u32, slba: u64, blocks: u32, fua: bool, prps: (u64, u64)) -> SubmissionEntry {
+        let command_id = self.next_id();
         SubmissionEntry::read_write(opcode, command_id, nsid, slba, blocks, fua, prps)
     }
 
@@ -693,36 +836,49 @@ impl Controller {
         }
     }
 
-    /// Submits one SQE, runs the SSD until its CQE arrives, returns its status as the wire's.
+    /// Submits one I/O SQE, runs the SSD until its CQE arrives, returns its status as the wire's.
     fn run(&mut self, window: &dyn Window, entry: &SubmissionEntry) -> Status {
-        let at = self.queues.sq_base + u64::from(self.sq_tail) * nvme::SUBMISSION_ENTRY_BYTES as u64;
-        window.write_bytes(at, &entry.encode()).expect("submission queue in the window");
-        self.sq_tail = (self.sq_tail + 1) % self.queues.entries;
-        window.u32_at(self.queues.doorbells).store(self.sq_tail, Ordering::Release);
-        let at = self.queues.cq_base + u64::from(self.cq_head) * nvme::COMPLETION_ENTRY_BYTES as u64;
-        loop {
-            let second_half = window.u64_at(at + 8).load(Ordering::Acquire);
-            let phase = (second_half >> 48) & 1 != 0;
-            if phase == self.phase {
-                let mut bytes = [0u8; nvme::COMPLETION_ENTRY_BYTES];
-                window.read_bytes(at, &mut bytes).expect("completion queue in the window");
-                let completion = nvme::CompletionEntry::decode(&bytes);
-                self.cq_head = (self.cq_head + 1) % self.queues.entries;
-                if self.cq_head == 0 {
-                    self.phase = !self.phase;
-                }
-                window.u32_at(self.queues.doorbells + 4).store(self.cq_head, Ordering::Release);
-                if completion.command_id != entry.command_id {
-                    return Status::IoError; // one command at a time: anything else is an SSD bug
-                }
-                if completion.status != nvme::status::SUCCESS {
-                    window.u32_at(reg::NVME_LAST_STATUS).store(u32::from(completion.status), Ordering::Relaxed);
-                }
-                return nvme::wire_status(completion.status);
+        let mut queue = self.io;
+        let completion = wait_for(&mut self.ssd, window, &mut queue, entry);
+        self.io = queue;
+        if completion.command_id != entry.command_id {
+            return Status::IoError; // one command at a time: anything else is an SSD bug
+        }
+        if completion.status != nvme::status::SUCCESS {
+            window.u32_at(reg::NVME_LAST_STATUS).store(u32::from(completion.status), Ordering::Relaxed);
+        }
+        nvme::wire_status(completion.status)
+    }
+}
+
+/// Submits `entry` on `queue`, runs the SSD until a CQE arrives there and consumes it.
+fn wait_for(
+    ssd: &mut SsdModel,
+    window: &dyn Window,
+    queue: &mut HostQueue,
+    entry: &SubmissionEntry,
+) -> nvme::CompletionEntry {
+    let pair = queue.pair;
+    let at = pair.sq_base + u64::from(queue.sq_tail) * nvme::SUBMISSION_ENTRY_BYTES as u64;
+    window.write_bytes(at, &entry.encode()).expect("submission queue in the window");
+    queue.sq_tail = (queue.sq_tail + 1) % pair.entries;
+    window.u32_at(pair.doorbells).store(queue.sq_tail, Ordering::Release);
+    let at = pair.cq_base + u64::from(queue.cq_head) * nvme::COMPLETION_ENTRY_BYTES as u64;
+    loop {
+        let second_half = window.u64_at(at + 8).load(Ordering::Acquire);
+        let phase = (second_half >> 48) & 1 != 0;
+        if phase == queue.phase {
+            let mut bytes = [0u8; nvme::COMPLETION_ENTRY_BYTES];
+            window.read_bytes(at, &mut bytes).expect("completion queue in the window");
+            queue.cq_head = (queue.cq_head + 1) % pair.entries;
+            if queue.cq_head == 0 {
+                queue.phase = !queue.phase;
             }
-            if !self.ssd.step() {
-                std::thread::sleep(std::time::Duration::from_micros(10));
-            }
+            window.u32_at(pair.doorbells + 4).store(queue.cq_head, Ordering::Release);
+            return nvme::CompletionEntry::decode(&bytes);
+        }
+        if !ssd.step() {
+            std::thread::sleep(std::time::Duration::from_micros(10));
         }
     }
 }

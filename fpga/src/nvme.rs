@@ -3,8 +3,9 @@
 //! FPGA's NVMe controller: it consumes real SQEs from a submission queue in the window, moves
 //! data through PRPs, executes on a `netdam-nvme` [`BlockDevice`] and posts CQEs. FPGA.md §9.
 //!
-//! This is the first part of the device-side NVMe path: the FPGA's controller logic that turns
-//! a block descriptor into SQEs (§9.5) is not modelled yet; tests play that role.
+//! The SSD starts with only its admin queue pair (placed at construction, as `AQA`/`ASQ`/`ACQ`
+//! would place it) and serves IDENTIFY and I/O queue creation on it; its I/O queue exists only
+//! once the host has created it, as on a real controller. FPGA.md §9.1 and §9.6.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -22,6 +23,42 @@ pub const COMPLETION_ENTRY_BYTES: usize = 16;
 pub const PAGE_BYTES: u64 = 4096;
 /// Bytes of one DATASET MANAGEMENT range.
 pub const DSM_RANGE_BYTES: usize = 16;
+/// Bytes of an IDENTIFY data structure (one page, written through PRP1/PRP2).
+pub const IDENTIFY_BYTES: usize = 4096;
+/// The one namespace the SSD has (`NN = 1`).
+pub const NAMESPACE_ID: u32 = 1;
+/// The one I/O queue id the SSD lets the host create.
+pub const IO_QUEUE_ID: u16 = 1;
+/// Largest I/O queue the SSD accepts, in entries (`CAP.MQES + 1`): the model keeps a command
+/// slot per entry, allocated at construction, so this bounds that pool.
+pub const IO_QUEUE_ENTRIES_MAX: u32 = 256;
+/// Largest admin queue (`AQA.ASQS`/`ACQS` are 12-bit 0-based sizes).
+pub const ADMIN_QUEUE_ENTRIES_MAX: u32 = 4096;
+/// PCI vendor id the SSD reports in IDENTIFY controller (`VID`, `SSVID`): Xilinx's, as the
+/// FPGA's functions carry (FPGA.md §1), since the model is part of that card.
+pub const VENDOR_ID: u16 = 0x10EE;
+
+/// Admin command set opcodes the SSD serves.
+pub mod admin_opcode {
+    /// DELETE I/O SUBMISSION QUEUE.
+    pub const DELETE_IO_SUBMISSION_QUEUE: u8 = 0x00;
+    /// CREATE I/O SUBMISSION QUEUE.
+    pub const CREATE_IO_SUBMISSION_QUEUE: u8 = 0x01;
+    /// DELETE I/O COMPLETION QUEUE.
+    pub const DELETE_IO_COMPLETION_QUEUE: u8 = 0x04;
+    /// CREATE I/O COMPLETION QUEUE.
+    pub const CREATE_IO_COMPLETION_QUEUE: u8 = 0x05;
+    /// IDENTIFY.
+    pub const IDENTIFY: u8 = 0x06;
+}
+
+/// IDENTIFY `CDW10.CNS` values the SSD serves.
+pub mod cns {
+    /// The namespace named by `NSID`.
+    pub const NAMESPACE: u8 = 0x00;
+    /// The controller.
+    pub const CONTROLLER: u8 = 0x01;
+}
 
 /// NVM command set opcodes used by the FPGA.
 pub mod opcode {
@@ -55,6 +92,14 @@ pub mod status {
     pub const PRP_OFFSET_INVALID: u16 = 0x013;
     /// Generic (command specific range): LBA out of range.
     pub const LBA_OUT_OF_RANGE: u16 = 0x080;
+    /// Command specific (SCT 1): completion queue invalid (an SQ naming a CQ that does not exist).
+    pub const COMPLETION_QUEUE_INVALID: u16 = 0x100;
+    /// Command specific (SCT 1): invalid queue identifier.
+    pub const INVALID_QUEUE_IDENTIFIER: u16 = 0x101;
+    /// Command specific (SCT 1): invalid queue size.
+    pub const INVALID_QUEUE_SIZE: u16 = 0x102;
+    /// Command specific (SCT 1): invalid queue deletion (a CQ some SQ still uses).
+    pub const INVALID_QUEUE_DELETION: u16 = 0x10C;
     /// Media error: write fault.
     pub const WRITE_FAULT: u16 = 0x280;
     /// Media error: unrecovered read error.
@@ -202,12 +247,11 @@ impl CompletionEntry {
     }
 }
 
-/// Where the SSD model's I/O queue pair and doorbells live in the window.
+/// Where a queue pair and its doorbells live in the window: the admin pair given to
+/// [`SsdModel::new`], or an I/O pair as the host side sees the one it created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueuePair {
-    /// Namespace id the SSD serves.
-    pub nsid: u32,
-    /// Queue id (as in CREATE I/O SUBMISSION QUEUE).
+    /// Queue id: 0 for the admin pair, [`IO_QUEUE_ID`] for the I/O pair.
     pub sq_id: u16,
     /// Entries of each queue (2..=65536, as `QSIZE + 1`).
     pub entries: u32,
@@ -215,8 +259,39 @@ pub struct QueuePair {
     pub sq_base: u64,
     /// Bus address of the completion queue (page aligned).
     pub cq_base: u64,
-    /// Bus address of the SSD's doorbells: SQ tail at +0, CQ head at +4 (`DSTRD = 0`).
+    /// Bus address of this pair's doorbells: SQ tail at +0, CQ head at +4 (`DSTRD = 0`). For
+    /// the admin pair this is the start of the SSD's doorbell registers: queue `y`'s are at
+    /// `doorbells + 8 × y`, as at BAR0 `0x1000 + 8 × y` on a real SSD.
     pub doorbells: u64,
+}
+
+/// A submission queue the SSD fetches from.
+#[derive(Debug, Clone, Copy)]
+struct SubmissionQueue {
+    id: u16,
+    base: u64,
+    entries: u32,
+    head: u32,
+    tail_doorbell: u64,
+}
+
+/// A completion queue the SSD posts to.
+#[derive(Debug, Clone, Copy)]
+struct CompletionQueue {
+    base: u64,
+    entries: u32,
+    tail: u32,
+    phase: bool,
+    head_doorbell: u64,
+}
+
+impl CompletionQueue {
+    /// Entries posted and not yet consumed, by the host's head doorbell (a head out of range
+    /// counts as the last valid one, so a bad doorbell cannot make room that is not there).
+    fn posted(&self, window: &dyn Window) -> u32 {
+        let head = window.u32_at(self.head_doorbell).load(Ordering::Acquire).min(self.entries - 1);
+        (self.tail + self.entries - head) % self.entries
+    }
 }
 
 /// A command taken from the submission queue and not yet completed.
@@ -232,15 +307,19 @@ struct Command {
     in_use: bool,
 }
 
-/// The SSD: one I/O queue pair over a [`BlockDevice`]. The queues, PRP lists and data live in
-/// the window (the FPGA's on-board memory); doorbells are NVMe indices, not counters.
+/// The SSD: an admin queue pair and at most one I/O queue pair over a [`BlockDevice`]. The
+/// queues, PRP lists and data live in the window (the FPGA's on-board memory); doorbells are
+/// NVMe indices, not counters.
 pub struct SsdModel {
     window: Arc<dyn Window>,
-    queues: QueuePair,
     device: Box<dyn BlockDevice>,
-    sq_head: u32,
-    cq_tail: u32,
-    phase: bool,
+    /// Start of the doorbell registers (the admin pair's).
+    doorbells: u64,
+    admin_sq: SubmissionQueue,
+    admin_cq: CompletionQueue,
+    /// The I/O queues, once created.
+    io_sq: Option<SubmissionQueue>,
+    io_cq: Option<CompletionQueue>,
     /// Commands by slot (the tag given to the device); fixed size, no allocation per command.
     commands: Vec<Command>,
     free_buffers: Vec<u16>,
@@ -255,7 +334,7 @@ pub struct SsdModel {
 
 impl std::fmt::Debug for SsdModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SsdModel").field("queues", &self.queues).field("sq_head", &self.sq_head).finish_non_exhaustive()
+        f.debug_struct("SsdModel").field("io_sq", &self.io_sq).field("io_cq", &self.io_cq).finish_non_exhaustive()
     }
 }
 
@@ -270,24 +349,52 @@ fn block_status(error: &BlockError) -> u16 {
 }
 
 impl SsdModel {
-    /// An SSD serving `queues` from `device`. Panics if the queue pair does not fit the window:
-    /// it is the model's own configuration, not input.
-    pub fn new(window: Arc<dyn Window>, queues: QueuePair, device: Box<dyn BlockDevice>) -> SsdModel {
-        assert!((2..=65536).contains(&queues.entries), "NVMe queues hold 2 to 65536 entries");
-        let sq_bytes = queues.entries as usize * SUBMISSION_ENTRY_BYTES;
-        let cq_bytes = queues.entries as usize * COMPLETION_ENTRY_BYTES;
-        assert!(window.pointer(queues.sq_base, sq_bytes).is_some(), "submission queue within the window");
-        assert!(window.pointer(queues.cq_base, cq_bytes).is_some(), "completion queue within the window");
-        assert!(window.pointer(queues.doorbells, 8).is_some(), "doorbells within the window");
-        let depth = device.geometry().queue_depth;
+    /// An SSD with its admin queue pair at `admin` (as a controller's `AQA`, `ASQ` and `ACQ`
+    /// registers would place it; both queues have `admin.entries`) serving namespace
+    /// [`NAMESPACE_ID`] from `device`. It has no I/O queue until the host creates one. Panics
+    /// if the admin pair or the doorbells do not fit the window, or the device cannot move a
+    /// page per command: that is the model's own configuration, not input.
+    pub fn new(window: Arc<dyn Window>, admin: QueuePair, device: Box<dyn BlockDevice>) -> SsdModel {
+        assert_eq!(admin.sq_id, 0, "the admin queue pair is queue 0");
+        assert!((2..=ADMIN_QUEUE_ENTRIES_MAX).contains(&admin.entries), "admin queues hold 2 to 4096 entries");
+        let sq_bytes = admin.entries as usize * SUBMISSION_ENTRY_BYTES;
+        let cq_bytes = admin.entries as usize * COMPLETION_ENTRY_BYTES;
+        assert!(window.pointer(admin.sq_base, sq_bytes).is_some(), "admin submission queue within the window");
+        assert!(window.pointer(admin.cq_base, cq_bytes).is_some(), "admin completion queue within the window");
+        // Admin pair and I/O pair 1: four doorbells.
+        assert!(window.pointer(admin.doorbells, 16).is_some(), "doorbells within the window");
+        let geometry = device.geometry();
+        assert!(
+            u64::from(geometry.max_transfer_blocks) * u64::from(geometry.block_bytes) >= PAGE_BYTES,
+            "MDTS counts pages: the device must move at least one per command"
+        );
+        // Doorbells are registers a controller reset clears; in the window they may hold what
+        // an earlier run left.
+        for index in 0..4 {
+            window.u32_at(admin.doorbells + 4 * index).store(0, Ordering::Release);
+        }
+        let depth = geometry.queue_depth;
         SsdModel {
             window,
-            queues,
             device,
-            sq_head: 0,
-            cq_tail: 0,
-            phase: true,
-            commands: vec![Command::default(); queues.entries as usize],
+            doorbells: admin.doorbells,
+            admin_sq: SubmissionQueue {
+                id: 0,
+                base: admin.sq_base,
+                entries: admin.entries,
+                head: 0,
+                tail_doorbell: admin.doorbells,
+            },
+            admin_cq: CompletionQueue {
+                base: admin.cq_base,
+                entries: admin.entries,
+                tail: 0,
+                phase: true,
+                head_doorbell: admin.doorbells + 4,
+            },
+            io_sq: None,
+            io_cq: None,
+            commands: vec![Command::default(); IO_QUEUE_ENTRIES_MAX as usize],
             free_buffers: (0..depth as u16).rev().collect(),
             finished: Vec::with_capacity(depth as usize),
             taken: 0,
@@ -305,10 +412,25 @@ impl SsdModel {
         self.commands.iter().filter(|command| command.in_use).count() as u32
     }
 
-    /// One pass: fetch what fits, push it to the device, post what finished. Returns whether
-    /// anything happened.
+    /// The largest transfer, in bytes, a READ or WRITE may move: what the device takes per
+    /// request, rounded down to the power of two of pages IDENTIFY reports as `MDTS`.
+    pub fn max_transfer_bytes(&self) -> u64 {
+        PAGE_BYTES << self.mdts()
+    }
+
+    /// `MDTS`: log2 of the largest transfer in pages (checked ≥ 1 page at [`SsdModel::new`]).
+    fn mdts(&self) -> u8 {
+        let geometry = self.device.geometry();
+        let pages = u64::from(geometry.max_transfer_blocks) * u64::from(geometry.block_bytes) / PAGE_BYTES;
+        // One PRP list page: PRP1's page and 512 more, so no more than 512 pages either way.
+        pages.clamp(1, PAGE_BYTES / 8).ilog2() as u8
+    }
+
+    /// One pass: run the admin commands submitted, fetch the I/O commands that fit, push them
+    /// to the device, post what finished. Returns whether anything happened.
     pub fn step(&mut self) -> bool {
-        let mut progressed = self.fetch();
+        let mut progressed = self.fetch_admin();
+        progressed |= self.fetch();
         let mut finished = std::mem::take(&mut self.finished);
         finished.clear();
         self.device.reap(&mut |completion| {
@@ -323,26 +445,196 @@ impl SsdModel {
         progressed
     }
 
+    /// Fetches and runs admin commands; each completes at once (none touches the device).
+    fn fetch_admin(&mut self) -> bool {
+        let mut progressed = false;
+        loop {
+            let sq = self.admin_sq;
+            let tail = self.window.u32_at(sq.tail_doorbell).load(Ordering::Acquire);
+            if tail >= sq.entries || tail == sq.head {
+                return progressed; // an invalid doorbell value is ignored (a real SSD logs an async event)
+            }
+            if self.admin_cq.posted(&*self.window) + 1 >= self.admin_cq.entries {
+                return progressed; // the admin CQ is full until the host consumes an entry
+            }
+            let mut bytes = [0u8; SUBMISSION_ENTRY_BYTES];
+            let at = sq.base + u64::from(sq.head) * SUBMISSION_ENTRY_BYTES as u64;
+            self.window.read_bytes(at, &mut bytes).expect("admin queue within the window (checked at new)");
+            let status = match SubmissionEntry::decode(&bytes) {
+                None => status::INVALID_FIELD | status::DO_NOT_RETRY,
+                Some(entry) => match self.admin(&entry) {
+                    Some(status) => status,
+                    None => return progressed, // waits for the I/O queue to drain
+                },
+            };
+            self.admin_sq.head = (sq.head + 1) % sq.entries;
+            let command_id = SubmissionEntry::command_id_of(&bytes);
+            let mut cq = self.admin_cq;
+            post(&*self.window, &mut cq, 0, self.admin_sq.head, command_id, status);
+            self.admin_cq = cq;
+            progressed = true;
+        }
+    }
+
+    /// Runs one admin command: its status, or `None` when it must wait (deleting the I/O
+    /// submission queue while commands from it are on the device).
+    fn admin(&mut self, entry: &SubmissionEntry) -> Option<u16> {
+        let refused = |status: u16| Some(status | status::DO_NOT_RETRY);
+        let queue_id = (entry.cdw[0] & 0xFFFF) as u16;
+        let queue_entries = (entry.cdw[0] >> 16) + 1;
+        let contiguous = entry.cdw[1] & 1 != 0;
+        match entry.opcode {
+            admin_opcode::IDENTIFY => {
+                let mut data = [0u8; IDENTIFY_BYTES];
+                match (entry.cdw[0] & 0xFF) as u8 {
+                    cns::CONTROLLER => self.identify_controller(&mut data),
+                    cns::NAMESPACE if entry.nsid == NAMESPACE_ID => self.identify_namespace(&mut data),
+                    // NVMe 1.4 §5.15.1: an NSID that is not a valid one (NN = 1).
+                    cns::NAMESPACE => return refused(status::INVALID_NAMESPACE),
+                    _ => return refused(status::INVALID_FIELD),
+                }
+                let done = transfer(&*self.window, entry.prp1, entry.prp2, &mut data, Direction::ToMemory);
+                Some(done.err().unwrap_or(status::SUCCESS))
+            }
+            admin_opcode::CREATE_IO_COMPLETION_QUEUE => {
+                if queue_id != IO_QUEUE_ID || self.io_cq.is_some() {
+                    return refused(status::INVALID_QUEUE_IDENTIFIER);
+                }
+                if !(2..=IO_QUEUE_ENTRIES_MAX).contains(&queue_entries) {
+                    return refused(status::INVALID_QUEUE_SIZE);
+                }
+                let interrupts = entry.cdw[1] & (1 << 1) != 0;
+                let bytes = queue_entries as usize * COMPLETION_ENTRY_BYTES;
+                if !contiguous || interrupts || !self.queue_fits(entry.prp1, bytes) {
+                    return refused(status::INVALID_FIELD);
+                }
+                // Zeroed so that no stale entry carries the phase the host will wait for.
+                self.window.write_bytes(entry.prp1, &vec![0u8; bytes]).expect("checked within the window");
+                let head_doorbell = self.doorbells + 8 * u64::from(IO_QUEUE_ID) + 4;
+                self.window.u32_at(head_doorbell).store(0, Ordering::Release);
+                self.io_cq = Some(CompletionQueue {
+                    base: entry.prp1,
+                    entries: queue_entries,
+                    tail: 0,
+                    phase: true,
+                    head_doorbell,
+                });
+                Some(status::SUCCESS)
+            }
+            admin_opcode::CREATE_IO_SUBMISSION_QUEUE => {
+                if queue_id != IO_QUEUE_ID || self.io_sq.is_some() {
+                    return refused(status::INVALID_QUEUE_IDENTIFIER);
+                }
+                if !(2..=IO_QUEUE_ENTRIES_MAX).contains(&queue_entries) {
+                    return refused(status::INVALID_QUEUE_SIZE);
+                }
+                let completion_queue_id = (entry.cdw[1] >> 16) as u16;
+                if completion_queue_id != IO_QUEUE_ID || self.io_cq.is_none() {
+                    return refused(status::COMPLETION_QUEUE_INVALID);
+                }
+                if !contiguous || !self.queue_fits(entry.prp1, queue_entries as usize * SUBMISSION_ENTRY_BYTES) {
+                    return refused(status::INVALID_FIELD);
+                }
+                let tail_doorbell = self.doorbells + 8 * u64::from(IO_QUEUE_ID);
+                // The tail starts at 0: whatever the doorbell held before creation is no command.
+                self.window.u32_at(tail_doorbell).store(0, Ordering::Release);
+                self.io_sq = Some(SubmissionQueue {
+                    id: IO_QUEUE_ID,
+                    base: entry.prp1,
+                    entries: queue_entries,
+                    head: 0,
+                    tail_doorbell,
+                });
+                Some(status::SUCCESS)
+            }
+            admin_opcode::DELETE_IO_SUBMISSION_QUEUE => {
+                if queue_id != IO_QUEUE_ID || self.io_sq.is_none() {
+                    return refused(status::INVALID_QUEUE_IDENTIFIER);
+                }
+                if self.commands_in_flight() > 0 {
+                    // NVMe aborts them; the model lets them finish first, which a host cannot
+                    // tell apart from their completing just before the delete.
+                    return None;
+                }
+                self.io_sq = None;
+                Some(status::SUCCESS)
+            }
+            admin_opcode::DELETE_IO_COMPLETION_QUEUE => {
+                if queue_id != IO_QUEUE_ID || self.io_cq.is_none() {
+                    return refused(status::INVALID_QUEUE_IDENTIFIER);
+                }
+                if self.io_sq.is_some() {
+                    return refused(status::INVALID_QUEUE_DELETION);
+                }
+                self.io_cq = None;
+                Some(status::SUCCESS)
+            }
+            _ => refused(status::INVALID_OPCODE),
+        }
+    }
+
+    /// A queue base is page aligned (`PC = 1`, `CC.MPS = 0`) and the queue lies in the window.
+    fn queue_fits(&self, base: u64, bytes: usize) -> bool {
+        base.is_multiple_of(PAGE_BYTES) && self.window.pointer(base, bytes).is_some()
+    }
+
+    /// IDENTIFY controller (NVMe 1.4 Figure 247): only the fields a host needs to bring the
+    /// SSD up and size its commands; the rest stays zero ("not reported").
+    fn identify_controller(&self, data: &mut [u8; IDENTIFY_BYTES]) {
+        data[0..2].copy_from_slice(&VENDOR_ID.to_le_bytes()); // VID
+        data[2..4].copy_from_slice(&VENDOR_ID.to_le_bytes()); // SSVID
+        let ascii = |field: &mut [u8], text: &str| {
+            field.fill(b' '); // ASCII fields are space padded, not NUL terminated
+            field[..text.len()].copy_from_slice(text.as_bytes());
+        };
+        ascii(&mut data[4..24], "NETDAM-MODEL-0001"); // SN
+        ascii(&mut data[24..64], "netdam FPGA model SSD"); // MN
+        ascii(&mut data[64..72], env!("CARGO_PKG_VERSION")); // FR
+        data[77] = self.mdts(); // MDTS
+        data[80..84].copy_from_slice(&0x0001_0400u32.to_le_bytes()); // VER: 1.4.0
+        data[512] = 0x66; // SQES: 64-byte entries, required and largest
+        data[513] = 0x44; // CQES: 16-byte entries
+        data[516..520].copy_from_slice(&1u32.to_le_bytes()); // NN
+        data[520..522].copy_from_slice(&0x000Cu16.to_le_bytes()); // ONCS: DSM, WRITE ZEROES
+        data[525] = 0x01; // VWC: a volatile write cache, so FLUSH matters
+    }
+
+    /// IDENTIFY namespace (NVMe 1.4 Figure 245): size, capacity and utilisation all the whole
+    /// namespace (no thin provisioning), one LBA format without metadata.
+    fn identify_namespace(&self, data: &mut [u8; IDENTIFY_BYTES]) {
+        let geometry = self.device.geometry();
+        for at in [0, 8, 16] {
+            data[at..at + 8].copy_from_slice(&geometry.capacity_blocks.to_le_bytes());
+            // NSZE, NCAP, NUSE
+        }
+        data[25] = 0; // NLBAF: one format (0-based)
+        data[26] = 0; // FLBAS: format 0, no metadata
+        let lba_format = u32::from(geometry.block_bytes.trailing_zeros() as u8) << 16; // LBADS, MS = 0, RP = 0
+        data[128..132].copy_from_slice(&lba_format.to_le_bytes());
+    }
+
     fn fetch(&mut self) -> bool {
         let mut progressed = false;
-        let entries = self.queues.entries;
+        // An uncreated queue's doorbell is not a queue: nothing is fetched.
+        let (Some(sq), Some(cq)) = (self.io_sq, self.io_cq) else { return false };
+        let entries = sq.entries;
         loop {
-            let tail = self.window.u32_at(self.queues.doorbells).load(Ordering::Acquire);
-            if tail >= entries || tail == self.sq_head {
+            let sq_head = self.io_sq.map_or(sq.head, |sq| sq.head);
+            let tail = self.window.u32_at(sq.tail_doorbell).load(Ordering::Acquire);
+            if tail >= entries || tail == sq_head {
                 return progressed; // an invalid doorbell value is ignored (a real SSD logs an async event)
             }
             // A completion slot must stay free for every command taken (CQ holds entries - 1).
-            let cq_head = self.window.u32_at(self.queues.doorbells + 4).load(Ordering::Acquire);
-            let posted = (self.cq_tail + entries - cq_head.min(entries - 1)) % entries;
-            if posted + self.commands_in_flight() + 1 >= entries {
+            let posted = self.io_cq.map_or(0, |cq| cq.posted(&*self.window));
+            if posted + self.commands_in_flight() + 1 >= cq.entries {
                 return progressed;
             }
             let mut bytes = [0u8; SUBMISSION_ENTRY_BYTES];
-            let at = self.queues.sq_base + u64::from(self.sq_head) * SUBMISSION_ENTRY_BYTES as u64;
-            self.window.read_bytes(at, &mut bytes).expect("queue within the window (checked at new)");
+            let at = sq.base + u64::from(sq_head) * SUBMISSION_ENTRY_BYTES as u64;
+            self.window.read_bytes(at, &mut bytes).expect("queue within the window (checked at creation)");
             let Some(slot) = self.commands.iter().position(|command| !command.in_use) else { return progressed };
             let Some(entry) = SubmissionEntry::decode(&bytes) else {
-                self.sq_head = (self.sq_head + 1) % entries;
+                self.advance_io_head();
                 let id = SubmissionEntry::command_id_of(&bytes);
                 self.post(id, status::INVALID_FIELD | status::DO_NOT_RETRY);
                 progressed = true;
@@ -358,8 +650,14 @@ impl SsdModel {
                 return progressed; // the device is full: fetch it again next pass
             }
             self.taken += 1;
-            self.sq_head = (self.sq_head + 1) % entries;
+            self.advance_io_head();
             progressed = true;
+        }
+    }
+
+    fn advance_io_head(&mut self) {
+        if let Some(sq) = self.io_sq.as_mut() {
+            sq.head = (sq.head + 1) % sq.entries;
         }
     }
 
@@ -371,7 +669,7 @@ impl SsdModel {
             model.post(entry.command_id, status);
             true
         };
-        if entry.nsid != self.queues.nsid {
+        if entry.nsid != NAMESPACE_ID {
             return complete_now(self, status::INVALID_NAMESPACE | status::DO_NOT_RETRY);
         }
         let slba = u64::from(entry.cdw[0]) | (u64::from(entry.cdw[1]) << 32);
@@ -382,7 +680,8 @@ impl SsdModel {
                 if free_requests == 0 || self.free_buffers.is_empty() {
                     return false;
                 }
-                if blocks > geometry.max_transfer_blocks {
+                // The limit IDENTIFY reports (MDTS), not the device's own, so the two agree.
+                if u64::from(blocks) * u64::from(geometry.block_bytes) > self.max_transfer_bytes() {
                     return complete_now(self, status::INVALID_FIELD | status::DO_NOT_RETRY);
                 }
                 if geometry.check_range(slba, blocks).is_err() {
@@ -525,29 +824,31 @@ impl SsdModel {
         self.post(command.entry.command_id, status);
     }
 
-    /// Writes a CQE with the current phase and advances the completion tail.
+    /// Posts the completion of an I/O command to the I/O completion queue.
     fn post(&mut self, command_id: u16, status: u16) {
-        let entry = CompletionEntry {
-            dw0: 0,
-            sq_head: self.sq_head as u16,
-            sq_id: self.queues.sq_id,
-            command_id,
-            phase: self.phase,
-            status,
+        // Commands are only taken while both I/O queues exist, and neither is deleted while
+        // one is on the device, so both are there for every completion.
+        let (Some(sq), Some(cq)) = (self.io_sq, self.io_cq.as_mut()) else {
+            debug_assert!(false, "an I/O completion with no I/O queues");
+            return;
         };
-        let bytes = entry.encode();
-        let at = self.queues.cq_base + u64::from(self.cq_tail) * COMPLETION_ENTRY_BYTES as u64;
-        // Bytes 0..8 first, then 8..16 (with the phase) in one release store: a reader that
-        // sees the new phase sees the whole entry.
-        self.window.u64_at(at).store(u64::from_le_bytes(bytes[0..8].try_into().expect("8 bytes")), Ordering::Relaxed);
-        self.window
-            .u64_at(at + 8)
-            .store(u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")), Ordering::Release);
-        self.cq_tail += 1;
-        if self.cq_tail == self.queues.entries {
-            self.cq_tail = 0;
-            self.phase = !self.phase;
-        }
+        post(&*self.window, cq, sq.id, sq.head, command_id, status);
+    }
+}
+
+/// Writes a CQE to `cq` with its current phase and advances its tail.
+fn post(window: &dyn Window, cq: &mut CompletionQueue, sq_id: u16, sq_head: u32, command_id: u16, status: u16) {
+    let entry = CompletionEntry { dw0: 0, sq_head: sq_head as u16, sq_id, command_id, phase: cq.phase, status };
+    let bytes = entry.encode();
+    let at = cq.base + u64::from(cq.tail) * COMPLETION_ENTRY_BYTES as u64;
+    // Bytes 0..8 first, then 8..16 (with the phase) in one release store: a reader that
+    // sees the new phase sees the whole entry.
+    window.u64_at(at).store(u64::from_le_bytes(bytes[0..8].try_into().expect("8 bytes")), Ordering::Relaxed);
+    window.u64_at(at + 8).store(u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")), Ordering::Release);
+    cq.tail += 1;
+    if cq.tail == cq.entries {
+        cq.tail = 0;
+        cq.phase = !cq.phase;
     }
 }
 
