@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use netdam_fpga::driver::{Driver, DriverConfig, DriverError};
 use netdam_fpga::model::{self, Faults, ModelConfig, NamespaceBacking, SSD_NSID};
-use netdam_fpga::registers::{self as reg, NamespaceEntry};
+use netdam_fpga::registers::{self as reg, NamespaceEntry, RegionEntry};
 use netdam_fpga::window::{FileWindow, Window};
 use netdam_isa::wire::Instruction;
 use netdam_isa::{Duration, Instant, Opcode, Status};
@@ -28,11 +28,12 @@ fn namespace(blocks: u64) -> NamespaceEntry {
 }
 
 fn start(namespaces: Vec<NamespaceEntry>) -> (tempfile::TempDir, model::ModelThread, Result<Driver, DriverError>) {
-    start_with(namespaces, Faults::default())
+    start_with(namespaces, Vec::new(), Faults::default())
 }
 
 fn start_with(
     namespaces: Vec<NamespaceEntry>,
+    regions: Vec<RegionEntry>,
     faults: Faults,
 ) -> (tempfile::TempDir, model::ModelThread, Result<Driver, DriverError>) {
     let directory = tempfile::tempdir().unwrap();
@@ -50,7 +51,7 @@ fn start_with(
         ring_entries: 8,
         slot_bytes: 16 * 1024,
         progress_deadline: Duration::from_millis(30_000),
-        regions: Vec::new(),
+        regions,
         namespaces,
     };
     let driver = Driver::attach(window, &driver_config, PATIENCE);
@@ -142,9 +143,29 @@ fn a_namespace_table_the_ssd_does_not_match_is_refused_at_attach() {
 }
 
 #[test]
+fn regions_may_use_on_board_memory_up_to_the_nvme_area_and_not_into_it() {
+    let config = ModelConfig {
+        namespace: Some(NamespaceBacking { path: "unused".into(), block_bytes: BLOCK_BYTES as u32 }),
+        ..ModelConfig::default()
+    };
+    assert_eq!(config.nvme_area_offset(), config.device_memory_bytes - model::NVME_AREA_BYTES);
+    // Queues, doorbells, PRP list, admin queues (a page each) and the transfer buffer.
+    assert_eq!(model::NVME_AREA_BYTES, 6 * 4096 + 16 * 1024);
+    let below = RegionEntry { space: 7, offset: 0, bytes: config.nvme_area_offset() };
+    let (_directory, _model, driver) = start_with(vec![namespace(8)], vec![below], Faults::default());
+    assert!(driver.is_ok(), "a region ending where the NVMe area starts is accepted");
+    let into = RegionEntry { bytes: config.nvme_area_offset() + 8, ..below };
+    let (_directory, _model, driver) = start_with(vec![namespace(8)], vec![into], Faults::default());
+    assert_eq!(driver.unwrap_err(), DriverError::Fatal { error_code: reg::ERROR_BAD_REGION_TABLE });
+}
+
+#[test]
 fn an_ssd_media_error_is_io_error_on_that_instruction_only() {
-    let (directory, model, driver) =
-        start_with(vec![namespace(NAMESPACE_BLOCKS)], Faults { media_error_at: Some(1), ..Faults::default() });
+    let (directory, model, driver) = start_with(
+        vec![namespace(NAMESPACE_BLOCKS)],
+        Vec::new(),
+        Faults { media_error_at: Some(1), ..Faults::default() },
+    );
     let mut rig = Rig { directory, _model: model, driver: driver.unwrap(), started: std::time::Instant::now() };
     let data = pattern(BLOCK_BYTES, 1);
     assert_eq!(rig.run(&block(Opcode::BlockWrite, 0, 0, 1, &data), 0), Ok(vec![]));
