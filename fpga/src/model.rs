@@ -229,8 +229,10 @@ impl AddressSpaces for DeviceSpaces<'_> {
 }
 
 impl Model {
-    /// A model over a window [`power_on`] has initialised; opens the SSD's backing file if one
-    /// is configured.
+    /// A model over a window; opens the SSD's backing file if one is configured and brings the
+    /// SSD up through its admin queue (IDENTIFY controller and namespace, CREATE I/O CQ and SQ),
+    /// failing with a message naming the file if that does not succeed. [`spawn`] and the
+    /// binary call [`power_on`] after it, so a host sees the NVMe path up only once it is.
     pub fn new(window: Arc<dyn Window>, config: ModelConfig) -> std::io::Result<Model> {
         let controller = match &config.namespace {
             None => None,
