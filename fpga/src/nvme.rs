@@ -617,9 +617,11 @@ impl SsdModel {
         let mut progressed = false;
         // An uncreated queue's doorbell is not a queue: nothing is fetched.
         let (Some(sq), Some(cq)) = (self.io_sq, self.io_cq) else { return false };
+        // Neither queue is deleted during a fetch: these copies give their places and sizes;
+        // the head and the tail move in `self`.
         let entries = sq.entries;
         loop {
-            let sq_head = self.io_sq.map_or(sq.head, |sq| sq.head);
+            let sq_head = self.io_sq.map_or(sq.head, |current| current.head);
             let tail = self.window.u32_at(sq.tail_doorbell).load(Ordering::Acquire);
             if tail >= entries || tail == sq_head {
                 return progressed; // an invalid doorbell value is ignored (a real SSD logs an async event)
