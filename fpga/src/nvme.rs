@@ -509,7 +509,9 @@ impl SsdModel {
                     return refused(status::INVALID_FIELD);
                 }
                 // Zeroed so that no stale entry carries the phase the host will wait for.
-                self.window.write_bytes(entry.prp1, &vec![0u8; bytes]).expect("checked within the window");
+                for offset in (0..bytes as u64).step_by(8) {
+                    self.window.u64_at(entry.prp1 + offset).store(0, Ordering::Relaxed);
+                }
                 let head_doorbell = self.doorbells + 8 * u64::from(IO_QUEUE_ID) + 4;
                 self.window.u32_at(head_doorbell).store(0, Ordering::Release);
                 self.io_cq = Some(CompletionQueue {
