@@ -945,6 +945,17 @@ mod tests {
         assert_eq!(wire_status(failed.status), Status::IoError);
         assert_eq!(wire_status(status::LBA_OUT_OF_RANGE | status::DO_NOT_RETRY), Status::OutOfRange);
         assert_eq!(wire_status(status::SUCCESS), Status::Ok);
+        // Queue creation's statuses are command specific: SCT 1 in DW3 bits 27:25.
+        for (code, sc) in [
+            (status::COMPLETION_QUEUE_INVALID, 0x00),
+            (status::INVALID_QUEUE_IDENTIFIER, 0x01),
+            (status::INVALID_QUEUE_SIZE, 0x02),
+            (status::INVALID_QUEUE_DELETION, 0x0C),
+        ] {
+            let bytes = CompletionEntry { status: code, ..Default::default() }.encode();
+            let dw3 = u32::from_le_bytes(bytes[12..16].try_into().unwrap());
+            assert_eq!(((dw3 >> 25) & 0x7, (dw3 >> 17) & 0xFF), (1, sc), "status {code:#05x}");
+        }
     }
 
     #[test]
