@@ -725,15 +725,7 @@ impl Controller {
             std::io::Error::other(format!("{}: NVMe bring-up of the model's SSD: {what} {detail}", path.display()))
         };
         let identify = |model: &mut Controller, nsid: u32, cns: u8| {
-            let command_id = model.next_id();
-            let entry = SubmissionEntry {
-                opcode: admin_opcode::IDENTIFY,
-                command_id,
-                nsid,
-                prp1: model.buffer,
-                cdw: [u32::from(cns), 0, 0, 0, 0, 0],
-                ..SubmissionEntry::default()
-            };
+            let entry = SubmissionEntry::identify(model.next_id(), nsid, cns, model.buffer);
             model.admin_command(window, &entry)
         };
         let admin_status = |status: u16| format!("failed with NVMe status {status:#05x}");
@@ -770,16 +762,15 @@ impl Controller {
         self.block_bytes = 1 << lba_data_size_log2;
         self.capacity_blocks = nsze;
 
-        let queue_size = (SSD_QUEUE_ENTRIES - 1) << 16 | u32::from(nvme::IO_QUEUE_ID); // QSIZE | QID
         let create = |model: &mut Controller, opcode: u8, base: u64, cdw11: u32| {
-            let command_id = model.next_id();
-            let entry = SubmissionEntry {
+            let entry = SubmissionEntry::create_io_queue(
                 opcode,
-                command_id,
-                prp1: base,
-                cdw: [queue_size, cdw11, 0, 0, 0, 0],
-                ..SubmissionEntry::default()
-            };
+                model.next_id(),
+                nvme::IO_QUEUE_ID,
+                SSD_QUEUE_ENTRIES,
+                base,
+                cdw11,
+            );
             model.admin_command(window, &entry)
         };
         // PC = 1, IEN = 0: contiguous, polled.

@@ -137,6 +137,39 @@ pub struct SubmissionEntry {
 }
 
 impl SubmissionEntry {
+    /// IDENTIFY (`CDW10.CNS = cns`) of namespace `nsid` (0 for the controller), into the page at
+    /// `prp1`.
+    pub fn identify(command_id: u16, nsid: u32, cns: u8, prp1: u64) -> SubmissionEntry {
+        SubmissionEntry {
+            opcode: admin_opcode::IDENTIFY,
+            command_id,
+            nsid,
+            prp1,
+            cdw: [u32::from(cns), 0, 0, 0, 0, 0],
+            ..SubmissionEntry::default()
+        }
+    }
+
+    /// CREATE I/O COMPLETION QUEUE or CREATE I/O SUBMISSION QUEUE (`opcode`) of queue `qid`
+    /// with `entries` (≥ 1) at `base`: `CDW10 = QSIZE << 16 | QID` (QSIZE 0-based), `CDW11` as
+    /// given (for a CQ `IV << 16 | IEN << 1 | PC`, for an SQ `CQID << 16 | QPRIO << 1 | PC`).
+    pub fn create_io_queue(
+        opcode: u8,
+        command_id: u16,
+        qid: u16,
+        entries: u32,
+        base: u64,
+        cdw11: u32,
+    ) -> SubmissionEntry {
+        SubmissionEntry {
+            opcode,
+            command_id,
+            prp1: base,
+            cdw: [entries.wrapping_sub(1) << 16 | u32::from(qid), cdw11, 0, 0, 0, 0],
+            ..SubmissionEntry::default()
+        }
+    }
+
     /// READ or WRITE of `blocks` (≥ 1) from `slba`.
     pub fn read_write(
         opcode: u8,

@@ -92,37 +92,14 @@ fn bare_rig(entries: u32) -> (tempfile::TempDir, Controller, Controller, SsdMode
     (directory, host(admin), host(io), ssd)
 }
 
-/// CREATE I/O COMPLETION QUEUE: `CDW10 = QSIZE << 16 | QID`, `CDW11 = IV << 16 | IEN << 1 | PC`.
+/// CREATE I/O COMPLETION QUEUE 1: `CDW11 = IV << 16 | IEN << 1 | PC`.
 fn create_cq(id: u16, base: u64, entries: u32, cdw11: u32) -> SubmissionEntry {
-    SubmissionEntry {
-        opcode: admin_opcode::CREATE_IO_COMPLETION_QUEUE,
-        command_id: id,
-        prp1: base,
-        cdw: [(entries - 1) << 16 | 1, cdw11, 0, 0, 0, 0],
-        ..Default::default()
-    }
+    SubmissionEntry::create_io_queue(admin_opcode::CREATE_IO_COMPLETION_QUEUE, id, 1, entries, base, cdw11)
 }
 
-/// CREATE I/O SUBMISSION QUEUE: `CDW11 = CQID << 16 | QPRIO << 1 | PC`.
+/// CREATE I/O SUBMISSION QUEUE 1: `CDW11 = CQID << 16 | QPRIO << 1 | PC`.
 fn create_sq(id: u16, base: u64, entries: u32, cdw11: u32) -> SubmissionEntry {
-    SubmissionEntry {
-        opcode: admin_opcode::CREATE_IO_SUBMISSION_QUEUE,
-        command_id: id,
-        prp1: base,
-        cdw: [(entries - 1) << 16 | 1, cdw11, 0, 0, 0, 0],
-        ..Default::default()
-    }
-}
-
-fn identify(id: u16, nsid: u32, cns: u8, prp1: u64) -> SubmissionEntry {
-    SubmissionEntry {
-        opcode: admin_opcode::IDENTIFY,
-        command_id: id,
-        nsid,
-        prp1,
-        cdw: [u32::from(cns), 0, 0, 0, 0, 0],
-        ..Default::default()
-    }
+    SubmissionEntry::create_io_queue(admin_opcode::CREATE_IO_SUBMISSION_QUEUE, id, 1, entries, base, cdw11)
 }
 
 /// Creates I/O queue pair 1 through the admin queue, as a host does after IDENTIFY.
@@ -279,7 +256,7 @@ fn identify_reports_the_controller_and_namespace_1() {
         data
     };
 
-    assert_eq!(admin.run(&mut ssd, &identify(1, 0, cns::CONTROLLER, DATA)).status, status::SUCCESS);
+    assert_eq!(admin.run(&mut ssd, &SubmissionEntry::identify(1, 0, cns::CONTROLLER, DATA)).status, status::SUCCESS);
     let controller = page(DATA);
     assert_eq!(&controller[0..2], &nvme::VENDOR_ID.to_le_bytes()); // VID
     let serial = std::str::from_utf8(&controller[4..24]).unwrap();
@@ -292,7 +269,7 @@ fn identify_reports_the_controller_and_namespace_1() {
 
     // PRP1 inside a page: the rest of the 4 KiB goes to PRP2's page.
     let (first, second) = (DATA + 8 * PAGE + 0x800, DATA + 12 * PAGE);
-    let with_prp2 = SubmissionEntry { prp2: second, ..identify(3, NSID, cns::NAMESPACE, first) };
+    let with_prp2 = SubmissionEntry { prp2: second, ..SubmissionEntry::identify(3, NSID, cns::NAMESPACE, first) };
     assert_eq!(admin.run(&mut ssd, &with_prp2).status, status::SUCCESS);
     let mut namespace = page(first)[..0x800].to_vec();
     namespace.extend_from_slice(&page(second)[..0x800]);
@@ -397,9 +374,9 @@ fn admin_commands_are_refused_with_nvme_statuses() {
     };
     let cases = [
         (SubmissionEntry { opcode: 0x7F, command_id: 1, ..Default::default() }, status::INVALID_OPCODE),
-        (identify(2, 0, 0x02, DATA), status::INVALID_FIELD), // CNS 2: active namespace list, not served
-        (identify(3, 2, cns::NAMESPACE, DATA), status::INVALID_NAMESPACE), // NN = 1
-        (identify(4, 0, cns::NAMESPACE, DATA), status::INVALID_NAMESPACE),
+        (SubmissionEntry::identify(2, 0, 0x02, DATA), status::INVALID_FIELD), // CNS 2: active namespace list, not served
+        (SubmissionEntry::identify(3, 2, cns::NAMESPACE, DATA), status::INVALID_NAMESPACE), // NN = 1
+        (SubmissionEntry::identify(4, 0, cns::NAMESPACE, DATA), status::INVALID_NAMESPACE),
         (with_qid(create_cq(5, IO_CQ, 8, 1), 2), status::INVALID_QUEUE_IDENTIFIER),
         (with_qid(create_cq(6, IO_CQ, 8, 1), 0), status::INVALID_QUEUE_IDENTIFIER),
         (create_cq(7, IO_CQ, too_many, 1), status::INVALID_QUEUE_SIZE),
