@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # fio through the netdam engine (libnetdam_fio.so) against a real netdam-target on loopback:
 # - randwrite with verify=crc32c on a file namespace and a memory region, at iodepth 1 and 32
-#   (and 32 with batched submission, which packs several I/Os per datagram), with 1 and 2
-#   sessions: fio writes, then reads every block back and checks it; a second fio
-#   run (verify_only) reads the same blocks back through a new engine and checks them again;
+#   (coalescing on, the default, and off; and 32 with batched submission, which packs several
+#   I/Os per datagram), with 1 and 2 sessions: fio writes, then reads every block back and
+#   checks it; a second fio run (verify_only) reads the same blocks back through a new engine
+#   and checks them again;
 # - trims, and writes with fsync (the namespace's FLUSH); busy polling;
 # - a job naming a namespace or region the target lacks fails, with a message naming it;
 # - short randread/randwrite runs at QD1 and QD32, whose IOPS and latency are printed for
@@ -155,19 +156,22 @@ ios() { jq ".jobs[0].$2.total_ios" "$work/$1.json"; }
 
 step "randwrite + verify=crc32c, then verify_only in a new fio run"
 for space in namespace=disk region=scratch; do
-  # Each run of a space gets its own 8 MiB: six runs fit the 64 MiB region.
+  # Each run of a space gets its own 8 MiB: eight runs fit the 64 MiB region.
   slot=0
   # "32b": depth 32, with fio committing 8 I/Os at a time and sizes from 4 to 16 KiB, so that
-  # the engine packs pieces of several I/Os into one datagram.
-  for depth in 1 32 32b; do
+  # the engine packs pieces of several I/Os into one datagram. "32n": depth 32 with coalescing
+  # off (each I/O sent as fio commits it; "32" coalesces, the default).
+  for depth in 1 32 32b 32n; do
     for sessions in 1 2; do
       name="verify-${space%%=*}-qd$depth-s$sessions"
       batch=()
       if [ "$depth" = 32b ]; then
         batch=(--iodepth_batch_submit=8 --bsrange=4k-16k)
+      elif [ "$depth" = 32n ]; then
+        batch=(--coalesce=0)
       fi
       # Each run its own 8 MiB and its own seed, so that no run can pass on an earlier one's data.
-      job=(--"$space" --iodepth="${depth%b}" --sessions="$sessions" --rw=randwrite --size=8m
+      job=(--"$space" --iodepth="${depth%[bn]}" --sessions="$sessions" --rw=randwrite --size=8m
         --offset=$((slot * 8))m --randseed=$((1000 + slot)) --verify=crc32c --verify_fatal=1 "${batch[@]}")
       slot=$((slot + 1))
       status=0

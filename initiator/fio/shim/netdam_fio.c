@@ -43,6 +43,7 @@ struct netdam_fio_options {
 	char *poll;
 	char *key;
 	unsigned int encrypt;
+	unsigned int coalesce;
 };
 
 static struct fio_option options[] = {
@@ -116,6 +117,16 @@ static struct fio_option options[] = {
 		.group = FIO_OPT_G_INVALID,
 	},
 	{
+		.name = "coalesce",
+		.lname = "netdam coalescing",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct netdam_fio_options, coalesce),
+		.def = "1",
+		.help = "While 8 or more datagrams are in flight, let a datagram with room wait (at most 20 us) for the next I/O to share it",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
 		.name = NULL,
 	},
 };
@@ -151,6 +162,7 @@ static struct netdam_fio_settings netdam_settings(struct thread_data *td)
 		.poll = o->poll,
 		.key = o->key,
 		.encrypt = o->encrypt,
+		.coalesce = o->coalesce,
 	};
 
 	return settings;

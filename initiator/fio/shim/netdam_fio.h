@@ -35,6 +35,9 @@ struct netdam_fio_settings {
 	const char *key;
 	/* encrypt=1: encrypted sessions (the bodies of all datagrams, both ways); needs a key. */
 	uint32_t encrypt;
+	/* coalesce=1 (the default): while many datagrams are in flight, a datagram with room for
+	 * more I/Os waits briefly for the next one (see netdam_fio_commit); 0 sends each at once. */
+	uint32_t coalesce;
 };
 
 /* What netdam_fio_probe learned about the namespace or region. */
@@ -81,8 +84,11 @@ int netdam_fio_open(const struct netdam_fio_settings *settings, uint32_t iodepth
 int netdam_fio_submit(struct netdam_fio_engine *engine, uint32_t kind, uint64_t offset, void *buffer,
 		      uint64_t len, void *cookie);
 
-/* Sends every I/O queued since the last commit, packing consecutive ones into datagrams while
- * they fit. */
+/* Sends the I/Os queued since the last commit, packing consecutive ones into datagrams while
+ * they fit. With coalescing, while at least 8 datagrams are in flight a last datagram with room
+ * for more waits for the next I/O, for the next reap to find an answer, or for 20 µs, whichever
+ * comes first: at depth, fio hands over one I/O per completion, and two 4 KiB I/Os then share
+ * a datagram. */
 void netdam_fio_commit(struct netdam_fio_engine *engine);
 
 /* Sends what is queued, then waits for at least `min` completions (fewer if fewer are outstanding), for at most

@@ -47,6 +47,8 @@ pub struct FioSettings {
     pub key: *const c_char,
     /// `encrypt=` (0 or 1).
     pub encrypt: u32,
+    /// `coalesce=` (0 or 1).
+    pub coalesce: u32,
 }
 
 /// `struct netdam_fio_space`.
@@ -118,6 +120,7 @@ unsafe fn settings_of(settings: *const FioSettings) -> Result<Settings, OpenErro
             poll: text("poll", settings.poll).map_err(invalid)?,
             key: text("key", settings.key).map_err(invalid)?,
             encrypt: settings.encrypt != 0,
+            coalesce: settings.coalesce != 0,
         }
     };
     Settings::parse(&raw).map_err(|error| invalid(error.0))

@@ -27,6 +27,8 @@ pub struct RawSettings<'a> {
     pub key: Option<&'a str>,
     /// `encrypt=1`.
     pub encrypt: bool,
+    /// `coalesce=1` (fio's default for it).
+    pub coalesce: bool,
 }
 
 /// What fio's I/O addresses on the target.
@@ -76,6 +78,8 @@ pub struct Settings {
     pub credentials: Option<netdam_auth::Credentials>,
     /// Encrypted sessions (`encrypt=1`): every datagram's body, both ways; only with a key.
     pub encrypt: bool,
+    /// Let a datagram with room wait briefly for the next I/O while many are in flight.
+    pub coalesce: bool,
 }
 
 /// An option that cannot work; the message starts with the option (`sessions=0: ...`).
@@ -148,7 +152,16 @@ impl Settings {
                     .to_string(),
             ));
         }
-        Ok(Settings { target, target_text, space, sessions, poll, credentials, encrypt: raw.encrypt })
+        Ok(Settings {
+            target,
+            target_text,
+            space,
+            sessions,
+            poll,
+            credentials,
+            encrypt: raw.encrypt,
+            coalesce: raw.coalesce,
+        })
     }
 }
 
@@ -246,10 +259,12 @@ mod tests {
             target: Some("localhost:7801"),
             key: None,
             encrypt: false,
+            coalesce: true,
         };
         let settings = Settings::parse(&raw).unwrap();
         assert_eq!(settings.space, SpaceName::Region("scratch".into()));
         assert_eq!(settings.space.option(), "region=scratch");
         assert_eq!((settings.sessions, settings.poll, settings.target.port()), (2, Poll::Busy, 7801));
+        assert!(settings.coalesce);
     }
 }

@@ -6,8 +6,8 @@ use std::ffi::{c_void, CString};
 use std::ptr;
 
 use netdam_fio::{
-    netdam_fio_close, netdam_fio_open, netdam_fio_probe, netdam_fio_reap, netdam_fio_submit, FioCompletion, FioEngine,
-    FioSettings, FioSpace,
+    netdam_fio_close, netdam_fio_commit, netdam_fio_open, netdam_fio_probe, netdam_fio_reap, netdam_fio_submit,
+    FioCompletion, FioEngine, FioSettings, FioSpace,
 };
 use netdam_target::config::{
     ByteSize, Config, NamespaceBackend, NamespaceConfig, PollMode, RegionBackend, RegionConfig,
@@ -68,6 +68,7 @@ struct Settings {
     region: Option<CString>,
     poll: CString,
     sessions: u32,
+    coalesce: bool,
 }
 
 impl Settings {
@@ -80,6 +81,7 @@ impl Settings {
             region: if kind == "region" { name } else { None },
             poll: CString::new(poll).unwrap(),
             sessions,
+            coalesce: true,
         }
     }
 
@@ -94,6 +96,7 @@ impl Settings {
             poll: self.poll.as_ptr(),
             key: std::ptr::null(),
             encrypt: 0,
+            coalesce: u32::from(self.coalesce),
         }
     }
 }
@@ -108,9 +111,13 @@ fn probe(settings: &Settings) -> Result<FioSpace, i32> {
 }
 
 fn open(settings: &Settings) -> Result<*mut FioEngine, i32> {
+    open_with_depth(settings, IODEPTH)
+}
+
+fn open_with_depth(settings: &Settings, iodepth: usize) -> Result<*mut FioEngine, i32> {
     let mut engine = ptr::null_mut();
     // SAFETY: as in `probe`; `engine` is writable.
-    match unsafe { netdam_fio_open(&settings.abi(), IODEPTH as u32, &mut engine) } {
+    match unsafe { netdam_fio_open(&settings.abi(), iodepth as u32, &mut engine) } {
         0 => Ok(engine),
         errno => {
             assert!(engine.is_null(), "a failed open hands out no engine");
@@ -264,4 +271,77 @@ fn ios_queued_together_share_datagrams() {
     }
     // SAFETY: the engine came from `open` and is not used again.
     unsafe { netdam_fio_close(engine) };
+}
+
+/// fio at depth commits one I/O at a time. With coalescing, once 8 datagrams are in flight the
+/// engine holds a datagram with room for the next I/O: the 9th and 10th 4 KiB reads share one.
+/// A held I/O alone still completes (its hold ends). `coalesce=0` sends each I/O at once.
+#[test]
+fn at_depth_an_io_waits_for_the_next_to_share_its_datagram_unless_coalescing_is_off() {
+    let test = start();
+    let counters = || {
+        let stats = test.target.stats();
+        (stats.get("datagrams_received").expect("a counter"), stats.get("instructions_executed").expect("a counter"))
+    };
+    for coalesce in [true, false] {
+        let mut settings = Settings::new(&test.target, "namespace=disk", "blocking", 1);
+        settings.coalesce = coalesce;
+        let depth = 16;
+        let engine = open_with_depth(&settings, depth).expect("open");
+        let mut buffers: Vec<Vec<u8>> = (0..11).map(|_| vec![0u8; BLOCK]).collect();
+        let (datagrams_before, instructions_before) = counters();
+        for (index, buffer) in buffers.iter_mut().take(10).enumerate() {
+            let offset = (index * BLOCK) as u64;
+            // SAFETY: a live engine; the buffer outlives the reaps below.
+            let errno = unsafe {
+                netdam_fio_submit(engine, READ, offset, buffer.as_mut_ptr().cast(), BLOCK as u64, ptr::null_mut())
+            };
+            assert_eq!(errno, 0);
+            // SAFETY: as above.
+            unsafe { netdam_fio_commit(engine) };
+        }
+        let mut out: Vec<FioCompletion> =
+            (0..depth).map(|_| FioCompletion { cookie: ptr::null_mut(), error: 0 }).collect();
+        let mut reap = |count: usize| {
+            let mut done = 0;
+            while done < count {
+                // SAFETY: a live engine; `out` has room for `depth` completions.
+                let reaped = unsafe { netdam_fio_reap(engine, 1, depth as u32, 5_000_000_000, out.as_mut_ptr()) };
+                assert!(reaped > 0, "completions within 5 s");
+                assert!(out[..reaped as usize].iter().all(|completion| completion.error == 0));
+                done += reaped as usize;
+            }
+        };
+        reap(10);
+        let (datagrams, instructions) = counters();
+        let (datagrams, instructions) = (datagrams - datagrams_before, instructions - instructions_before);
+        assert!(instructions >= 10, "every read was executed: {instructions}");
+        if coalesce {
+            // Retransmissions on a loaded machine could add datagrams, never instructions
+            // beyond datagrams: the pair is what makes instructions outnumber datagrams.
+            assert!(instructions > datagrams, "two reads shared a datagram: {instructions} in {datagrams}");
+        } else {
+            assert!(instructions <= datagrams, "coalesce=0: a datagram per read: {instructions} in {datagrams}");
+        }
+        // Eight reads in flight, and a ninth alone: it is held, and still completes.
+        for (index, buffer) in buffers.iter_mut().take(9).enumerate() {
+            // SAFETY: as above.
+            let errno = unsafe {
+                netdam_fio_submit(
+                    engine,
+                    READ,
+                    (index * BLOCK) as u64,
+                    buffer.as_mut_ptr().cast(),
+                    BLOCK as u64,
+                    ptr::null_mut(),
+                )
+            };
+            assert_eq!(errno, 0);
+            // SAFETY: as above.
+            unsafe { netdam_fio_commit(engine) };
+        }
+        reap(9);
+        // SAFETY: the engine came from `open` and is not used again.
+        unsafe { netdam_fio_close(engine) };
+    }
 }
