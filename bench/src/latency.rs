@@ -14,7 +14,7 @@ use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::LaneType;
 use netdam_metrics::MetricsListen;
-use netdam_target::config::{Config, EngineChoice, PollMode};
+use netdam_target::config::{Config, EngineChoice, NamespaceBackend, PollMode};
 use netdam_target::Target;
 
 use crate::floor;
@@ -64,13 +64,19 @@ impl ModelProcess {
     /// Device memory it offers: the 64 MiB bench region and room to spare.
     const DEVICE_MEMORY_BYTES: u64 = 80 << 20;
 
-    fn start(dir: &Path) -> ModelProcess {
+    /// Starts the model; its SSD serves `namespace` (a file of `NAMESPACE_BYTES`, blocks of
+    /// `NAMESPACE_BLOCK`), the file the targets' namespace is, so that BREAD and BWRITE reach
+    /// the device's NVMe through the FPGA engine.
+    fn start(dir: &Path, namespace: &Path) -> ModelProcess {
         let program = std::env::current_exe().expect("this program's path").with_file_name("netdam-fpga-model");
         let window = dir.join("fpga-model.window");
         let child = std::process::Command::new(&program)
             .arg("--window")
             .arg(&window)
             .args(["--device-memory-bytes", &Self::DEVICE_MEMORY_BYTES.to_string(), "--spin"])
+            .arg("--namespace")
+            .arg(namespace)
+            .args(["--block-bytes", &NAMESPACE_BLOCK.to_string()])
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap_or_else(|error| panic!("{}: {error} (build it: cargo build --release --bins)", program.display()));
@@ -215,6 +221,8 @@ pub struct LatencyCase {
 }
 
 const NAMESPACE_BLOCK: u32 = 512;
+/// The bench namespace's size.
+const NAMESPACE_BYTES: u64 = 32 << 20;
 
 fn op_for(op: BenchOp, size: u32, index: u64, payload: &[u8]) -> (Op, &'static str, u32) {
     let span = (32u64 << 20) / u64::from(size.max(8));
@@ -233,7 +241,7 @@ fn op_for(op: BenchOp, size: u32, index: u64, payload: &[u8]) -> (Op, &'static s
         BenchOp::Crc32 => (Op::crc32(0, offset, size), "CRC32", size),
         BenchOp::Bread | BenchOp::Bwrite => {
             let blocks = size.div_ceil(NAMESPACE_BLOCK).max(1);
-            let span_blocks = (32u64 << 20) / u64::from(NAMESPACE_BLOCK) - u64::from(blocks);
+            let span_blocks = NAMESPACE_BYTES / u64::from(NAMESPACE_BLOCK) - u64::from(blocks);
             let first = index.wrapping_mul(2_654_435_761) % span_blocks;
             let bytes = blocks * NAMESPACE_BLOCK;
             if op == BenchOp::Bread {
@@ -267,11 +275,18 @@ fn target_config(
     lock_memory: bool,
     metrics: bool,
     engine: &EngineChoice,
+    namespace_file: Option<&Path>,
 ) -> Config {
-    let namespace = crate::target::pmem_namespace("bench-namespace.region", 32 << 20, NAMESPACE_BLOCK);
+    let mut namespace = crate::target::pmem_namespace("bench-namespace.region", NAMESPACE_BYTES, NAMESPACE_BLOCK);
+    let mut fpga_namespace = None;
+    if let Some(file) = namespace_file {
+        namespace.backend = NamespaceBackend::File;
+        namespace.path = file.to_path_buf();
+        fpga_namespace = matches!(engine, EngineChoice::Fpga(_)).then(|| namespace.name.clone());
+    }
     let config = crate::target::config(data_dir, poll.target(), namespace);
     let metrics_listen = if metrics { config.metrics_listen } else { MetricsListen::Off };
-    Config { pin_workers: pin, lock_memory, metrics_listen, engine: engine.clone(), ..config }
+    Config { pin_workers: pin, lock_memory, metrics_listen, engine: engine.clone(), fpga_namespace, ..config }
 }
 
 /// CPU time the thread named `name` of this process has used, from /proc.
@@ -315,19 +330,31 @@ pub fn run(args: &LatencyArgs, with_netdam: bool) -> Vec<LatencyCase> {
     // The model runs through every engine's cases, not only its own: a process spinning on one
     // of the machine's cores changes every other figure (on two cores it keeps a core awake,
     // and blocking wake-ups fall from tens of µs to a few), so all engines are measured beside it.
-    let model = (with_netdam && args.engine.contains(&BenchEngine::Model)).then(|| ModelProcess::start(scratch.path()));
+    // With the model, every engine's namespace is one file that the model's SSD serves too: the
+    // software engine reads it through the target's own file device, the FPGA engine through
+    // the device's NVMe (`fpga_namespace`), so their BREAD figures compare the same data path's
+    // ends. On tmpfs where there is one, as the pmem namespace of the other runs is memory.
+    let model_namespace = (with_netdam && args.engine.contains(&BenchEngine::Model)).then(|| {
+        let dir = Path::new("/dev/shm");
+        let file = if dir.is_dir() { tempfile::NamedTempFile::new_in(dir) } else { tempfile::NamedTempFile::new() }
+            .expect("a namespace file");
+        file.as_file().set_len(NAMESPACE_BYTES).expect("the namespace file's size");
+        file
+    });
+    let model = model_namespace.as_ref().map(|namespace| ModelProcess::start(scratch.path(), namespace.path()));
     if !with_netdam {
         // The floor alone needs no engine: once.
-        run_engine(args, &EngineChoice::Software, scratch.path(), false, &mut cases);
+        run_engine(args, &EngineChoice::Software, scratch.path(), None, false, &mut cases);
         return cases;
     }
+    let namespace_file = model_namespace.as_ref().map(tempfile::NamedTempFile::path);
     for engine in &args.engine {
         let choice = match (engine, &model) {
             (BenchEngine::Target(choice), _) => choice.clone(),
             (BenchEngine::Model, Some(model)) => EngineChoice::Fpga(Some(model.window.clone())),
             (BenchEngine::Model, None) => unreachable!("started above whenever an engine is `model`"),
         };
-        run_engine(args, &choice, scratch.path(), true, &mut cases);
+        run_engine(args, &choice, scratch.path(), namespace_file, true, &mut cases);
     }
     cases
 }
@@ -337,6 +364,7 @@ fn run_engine(
     args: &LatencyArgs,
     engine: &EngineChoice,
     scratch: &Path,
+    namespace_file: Option<&Path>,
     with_netdam: bool,
     cases: &mut Vec<LatencyCase>,
 ) {
@@ -350,6 +378,7 @@ fn run_engine(
                 args.lock_memory == crate::OnOff::On,
                 metrics,
                 engine,
+                namespace_file,
             );
             let auth = if args.auth { netdam_target::AuthMode::Tenants } else { netdam_target::AuthMode::None };
             let target =
@@ -363,6 +392,9 @@ fn run_engine(
                     "the 64 MiB bench region does not fit in the device's memory: start netdam-fpga-model \
                      with --device-memory-bytes 67108864 or more"
                 );
+            }
+            if target.engine_name() == "fpga" && namespace_file.is_some() {
+                assert!(target.engine_state().namespace_on_device(0), "the bench namespace is on the device's NVMe");
             }
             target
         };

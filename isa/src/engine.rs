@@ -16,6 +16,15 @@ pub trait Engine: Send {
     /// response) and returning its length. Durable spaces are persisted before this returns.
     fn execute(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status>;
 
+    /// Executes a block instruction (checked by the caller: grant, namespace, range) on a
+    /// namespace this engine holds itself, such as an FPGA's NVMe SSD, writing a BREAD's blocks
+    /// into `out`, and returns their length; `None` when it does not hold that namespace now,
+    /// so that the target's own device serves it. Block instructions are idempotent, so one an
+    /// engine gave up on mid-way (its device failed) may be served by the target's device.
+    fn execute_block(&mut self, _instruction: &Instruction<'_>, _out: &mut [u8]) -> Option<Result<usize, Status>> {
+        None
+    }
+
     /// Group commit. While on, `execute` may leave what it wrote to durable spaces unpersisted
     /// until [`Engine::persist_pending`], and its caller holds back every answer given meanwhile
     /// (whatever it reads may depend on the unpersisted writes) until that has succeeded. The

@@ -342,6 +342,11 @@ pub struct Config {
     /// declared wedged, and the target fails over to software. A worker waits this long once.
     #[serde(default = "default_fpga_progress_deadline_ms")]
     pub fpga_progress_deadline_ms: u64,
+    /// A `file` namespace whose file is also the namespace of the FPGA's NVMe SSD (the model's
+    /// `--namespace`): with the FPGA engine, its block instructions go to the device's NVMe
+    /// controller, and to the target's own file after a failover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fpga_namespace: Option<String>,
     /// Regions; none configured means the embedded default region. Regions created with
     /// `netdam-target region create` are served as well.
     #[serde(default, rename = "region", skip_serializing_if = "Vec::is_empty")]
@@ -450,6 +455,7 @@ impl Default for Config {
             engine: EngineChoice::Auto,
             fpga_window: None,
             fpga_progress_deadline_ms: default_fpga_progress_deadline_ms(),
+            fpga_namespace: None,
             regions: Vec::new(),
             namespaces: Vec::new(),
             extensions: Vec::new(),
@@ -570,6 +576,22 @@ impl Config {
             ));
         }
         validate_spaces(&self.effective_regions(), &self.namespaces)?;
+        if let Some(name) = &self.fpga_namespace {
+            match self.namespaces.iter().find(|namespace| &namespace.name == name) {
+                None => {
+                    return invalid(format!(
+                        "fpga_namespace = {name:?}: no [[namespace]] of that name is configured here"
+                    ))
+                }
+                Some(namespace) if namespace.backend != NamespaceBackend::File => {
+                    return invalid(format!(
+                        "fpga_namespace = {name:?}: the namespace must be backend = \"file\" (the file the FPGA's SSD \
+                         serves, and the target's own after a failover)"
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
         crate::extensions::registry(&self.extensions)?;
         crate::extensions::permissions(&self.session_permissions)?;
         Ok(())
@@ -669,6 +691,30 @@ mod tests {
             let message = toml::from_str::<Config>(&format!("engine = \"{bad}\"")).unwrap_err().to_string();
             assert!(message.contains("auto, software, fpga or fpga=PATH"), "{message}");
         }
+    }
+
+    #[test]
+    fn fpga_namespace_names_a_configured_file_namespace() {
+        let namespace = |name: &str, backend| NamespaceConfig {
+            name: name.into(),
+            backend,
+            path: format!("{name}.img").into(),
+            size: Some(ByteSize(1 << 20)),
+            block_size: 4096,
+        };
+        let with = |namespaces: Vec<NamespaceConfig>, fpga_namespace: &str| Config {
+            namespaces,
+            fpga_namespace: Some(fpga_namespace.into()),
+            ..Config::default()
+        };
+        with(vec![namespace("disk", NamespaceBackend::File)], "disk").validate().unwrap();
+        let missing = with(vec![namespace("disk", NamespaceBackend::File)], "dsik").validate().unwrap_err().to_string();
+        assert!(missing.contains("fpga_namespace = \"dsik\"") && missing.contains("no [[namespace]]"), "{missing}");
+        let pmem = with(vec![namespace("mem", NamespaceBackend::Pmem)], "mem").validate().unwrap_err().to_string();
+        assert!(pmem.contains("fpga_namespace = \"mem\"") && pmem.contains("backend = \"file\""), "{pmem}");
+        let config: Config = toml::from_str("fpga_namespace = \"disk\"").unwrap();
+        assert_eq!(config.fpga_namespace.as_deref(), Some("disk"));
+        assert!(config.to_toml().contains("fpga_namespace = \"disk\""), "{}", config.to_toml());
     }
 
     #[test]

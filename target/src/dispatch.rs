@@ -44,7 +44,7 @@ use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
 use crate::tenants::{QosClass, TenantCell, TenantSnapshot};
 
 /// STAT entries that describe the target rather than count events.
-pub const TARGET_STAT_ENTRIES: usize = 6;
+pub const TARGET_STAT_ENTRIES: usize = 7;
 
 /// How often at most a worker logs that it refuses HELLOs (with the count since its last line).
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_millis(10_000);
@@ -946,6 +946,9 @@ impl<E: Engine> Dispatcher<E> {
         }
         let block_bytes = shape.block_bytes as usize;
         let namespace = usize::from(namespace);
+        if self.execute_on_engine(namespace, block_bytes, op, instruction, &mut entry) {
+            return entry;
+        }
         let buffer = match op {
             BlockOp::Read { .. } | BlockOp::Write { .. } => match self.block.free_buffers[namespace].pop() {
                 Some(buffer) => Some(BufferIndex(buffer)),
@@ -993,6 +996,60 @@ impl<E: Engine> Dispatcher<E> {
             }
         }
         entry
+    }
+
+    /// Serves a block instruction on a namespace the engine holds itself (an FPGA's NVMe SSD):
+    /// answered at once, a BREAD's blocks kept in a transfer buffer like the target's own
+    /// device's. False when the engine does not hold it now (the target's device serves it).
+    fn execute_on_engine(
+        &mut self,
+        namespace: usize,
+        block_bytes: usize,
+        op: BlockOp<'_>,
+        instruction: &Instruction<'_>,
+        entry: &mut RunEntry,
+    ) -> bool {
+        if !self.shared.engine.namespace_on_device(instruction.space) {
+            return false;
+        }
+        let read_bytes = match op {
+            BlockOp::Read { num_blocks, .. } => num_blocks as usize * block_bytes,
+            _ => 0,
+        };
+        let buffer = if read_bytes > 0 {
+            let Some(buffer) = self.block.free_buffers[namespace].pop() else {
+                entry.status = Status::Busy;
+                return true;
+            };
+            Some(buffer)
+        } else {
+            None
+        };
+        let out = match buffer {
+            Some(buffer) => &mut self.block.devices[namespace].buffer(BufferIndex(buffer))[..read_bytes],
+            None => &mut [][..],
+        };
+        match self.engine.execute_block(instruction, out) {
+            Some(Ok(len)) => {
+                entry.data_len = len.min(read_bytes);
+                entry.buffer = buffer;
+                true
+            }
+            Some(Err(status)) => {
+                entry.status = status;
+                if let Some(buffer) = buffer {
+                    self.block.free_buffers[namespace].push(buffer);
+                }
+                true
+            }
+            None => {
+                // Failed over meanwhile: the target's own device serves it.
+                if let Some(buffer) = buffer {
+                    self.block.free_buffers[namespace].push(buffer);
+                }
+                false
+            }
+        }
     }
 
     /// Answers a BLOCK_STATUS at once: the device finds the extents with a bounded number of
@@ -1450,6 +1507,7 @@ impl<E: Engine> Dispatcher<E> {
         writer.push("namespaces", self.shared.namespaces.iter().len() as u64)?;
         writer.push("engine_fpga", u64::from(self.shared.engine.on_fpga()))?;
         writer.push("engine_failovers", self.shared.engine.failovers())?;
+        writer.push("engine_fpga_block_instructions", self.shared.engine.device_block_instructions())?;
         let sum = |counter| workers.iter().map(|worker| worker.get(counter)).sum::<u64>();
         let ended = sum(Counter::SessionsClosed) + sum(Counter::SessionsExpired) + sum(Counter::SessionsEvicted);
         writer.push("sessions_open", sum(Counter::SessionsOpened).saturating_sub(ended))?;

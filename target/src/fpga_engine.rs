@@ -5,7 +5,10 @@
 //! Placement: at attach, every volatile (`mem`) region that fits is given a range of on-board
 //! memory, in region order, up to the device's 16 region-table entries; its host copy is
 //! written into that range first, so both engines start from the same bytes. Persistent regions
-//! stay on the host (on-board memory is DRAM).
+//! stay on the host (on-board memory is DRAM). A `file` namespace named by `fpga_namespace` is
+//! placed on the device's NVMe SSD, which serves the same file (the model's `--namespace`): its
+//! block instructions go to the device's controller (FPGA.md §9.5), each submitted and reaped
+//! like a memory instruction, and to the target's own file after a failover.
 //!
 //! One instruction at a time: `execute` submits the instruction, then polls its completion (the
 //! device answers in microseconds) and returns, so the worker loop is held for that instruction
@@ -28,11 +31,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use netdam_fpga::driver::{Driver, DriverConfig, DriverError, SubmitError};
-use netdam_fpga::registers::{self as reg, RegionEntry};
+use netdam_fpga::registers::{self as reg, NamespaceEntry, RegionEntry};
 use netdam_fpga::window::Window;
 use netdam_fpga::SLOT_BYTES_MAX;
 use netdam_isa::engine::Engine;
-use netdam_isa::limits::MAX_REGIONS;
+use netdam_isa::limits::{MAX_NAMESPACES, MAX_REGIONS};
 use netdam_isa::memory::SharedMemory;
 use netdam_isa::semantics::AddressSpaces;
 use netdam_isa::time::MonotonicClock;
@@ -43,8 +46,8 @@ use netdam_pmem::{Backing, Durability};
 use crate::engine::SoftwareEngine;
 use crate::regions::RegionTable;
 
-// A placed region is one bit of a u64.
-const _: () = assert!(MAX_REGIONS <= 64);
+// A placed region, or namespace, is one bit of a u64.
+const _: () = assert!(MAX_REGIONS <= 64 && MAX_NAMESPACES <= 64);
 
 /// Which engine executes instructions now, shared by the engine, the dispatchers (STAT, HELLO)
 /// and `/metrics`.
@@ -54,6 +57,10 @@ pub struct EngineState {
     selected_fpga: bool,
     /// Regions whose instructions the device executes now (bit = region id); 0 after failover.
     on_device: AtomicU64,
+    /// Namespaces whose block instructions the device's NVMe serves now (bit = namespace id).
+    namespaces_on_device: AtomicU64,
+    /// Block instructions the device has answered.
+    device_block_instructions: AtomicU64,
     /// The device is in use (cleared by failover, for good).
     fpga: AtomicBool,
     /// Failovers to software since start-up (0 or 1).
@@ -79,6 +86,16 @@ impl EngineState {
     /// Whether region `space` lives in the device's memory now.
     pub fn region_on_device(&self, space: u16) -> bool {
         usize::from(space) < MAX_REGIONS && self.on_device.load(Ordering::Acquire) & (1 << space) != 0
+    }
+
+    /// Whether namespace `space` is served by the device's NVMe now.
+    pub fn namespace_on_device(&self, space: u16) -> bool {
+        usize::from(space) < MAX_NAMESPACES && self.namespaces_on_device.load(Ordering::Acquire) & (1 << space) != 0
+    }
+
+    /// Block instructions the device has answered since start-up.
+    pub fn device_block_instructions(&self) -> u64 {
+        self.device_block_instructions.load(Ordering::Relaxed)
     }
 
     /// Failovers to software since start-up.
@@ -122,6 +139,18 @@ impl Default for FpgaSettings {
             reset_timeout: std::time::Duration::from_millis(100),
         }
     }
+}
+
+/// A namespace of the target that the device's NVMe SSD holds, as the target numbers and
+/// shapes it (the device checks the shape against its SSD at attach).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceNamespace {
+    /// The target's namespace id (the `space` of its block instructions).
+    pub space: u16,
+    /// Its block size, a power of two.
+    pub block_bytes: u32,
+    /// Its capacity in blocks.
+    pub blocks: u64,
 }
 
 /// Why the FPGA engine could not start.
@@ -190,6 +219,7 @@ impl FpgaEngine {
     pub fn attach(
         window: Arc<dyn Window>,
         regions: Arc<RegionTable>,
+        namespaces: &[DeviceNamespace],
         settings: FpgaSettings,
     ) -> Result<(FpgaEngine, Arc<EngineState>), FpgaError> {
         let found = window.u32_at(reg::DEVICE_ID).load(Ordering::Acquire);
@@ -228,13 +258,29 @@ impl FpgaEngine {
             entries.push(RegionEntry { space: id, offset: next, bytes });
             next = align_up(next + bytes, 4096);
         }
+        let mut namespace_entries = Vec::new();
+        for namespace in namespaces {
+            if capabilities & reg::CAPABILITY_NVME == 0 {
+                tracing::warn!(
+                    namespace = namespace.space,
+                    "fpga_namespace: the device has no NVMe controller; the namespace is served from the target's file"
+                );
+                continue;
+            }
+            namespace_entries.push(NamespaceEntry {
+                space: namespace.space,
+                lba_shift: namespace.block_bytes.trailing_zeros() as u8,
+                nsid: netdam_fpga::model::SSD_NSID,
+                blocks: namespace.blocks,
+            });
+        }
         let slot_bytes = SLOT_BYTES_MAX;
         let config = DriverConfig {
             ring_entries: settings.ring_entries,
             slot_bytes,
             progress_deadline: settings.progress_deadline,
             regions: entries.clone(),
-            namespaces: Vec::new(),
+            namespaces: namespace_entries.clone(),
         };
         let driver = Driver::attach(Arc::clone(&window), &config, settings.attach_timeout)?;
         let mut on_device = 0u64;
@@ -252,7 +298,12 @@ impl FpgaEngine {
                 "region placed on the FPGA"
             );
         }
-        if entries.is_empty() {
+        let mut namespaces_on_device = 0u64;
+        for entry in &namespace_entries {
+            namespaces_on_device |= 1 << entry.space;
+            tracing::info!(namespace = entry.space, blocks = entry.blocks, "namespace served by the FPGA's NVMe");
+        }
+        if entries.is_empty() && namespace_entries.is_empty() {
             tracing::warn!(
                 "no region is placed on the FPGA (only volatile `mem` regions that fit in its memory are): \
                  every instruction executes on the CPU"
@@ -261,6 +312,8 @@ impl FpgaEngine {
         let state = Arc::new(EngineState {
             selected_fpga: true,
             on_device: AtomicU64::new(on_device),
+            namespaces_on_device: AtomicU64::new(namespaces_on_device),
+            device_block_instructions: AtomicU64::new(0),
             fpga: AtomicBool::new(true),
             failovers: AtomicU64::new(0),
         });
@@ -358,6 +411,7 @@ impl FpgaEngine {
             region.memory().copy_from(0, &on_board, 0, bytes as usize);
         }
         device.state.on_device.store(0, Ordering::Release);
+        device.state.namespaces_on_device.store(0, Ordering::Release);
         device.state.fpga.store(false, Ordering::Release);
         device.state.failovers.fetch_add(1, Ordering::Relaxed);
         tracing::error!(
@@ -365,8 +419,8 @@ impl FpgaEngine {
             abandoned,
             device_quiesced = quiesced,
             "FPGA engine failed over to software: the device's regions were copied back to host memory and every \
-             instruction executes on the CPU from now on (an abandoned non-idempotent instruction is answered \
-             io_error); restart the target to use the device again"
+             instruction executes on the CPU from now on, block instructions on the target's own files (an \
+             abandoned non-idempotent instruction is answered io_error); restart the target to use the device again"
         );
     }
 }
@@ -407,6 +461,28 @@ impl Engine for FpgaEngine {
                 } else {
                     Err(Status::IoError)
                 }
+            }
+        }
+    }
+
+    fn execute_block(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Option<Result<usize, Status>> {
+        let state = &self.device.state;
+        if !state.namespace_on_device(instruction.space) {
+            return None;
+        }
+        let device = Arc::clone(&self.device);
+        let mut driver = device.driver.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Failed over while this worker waited for the lock: the target's file serves it.
+        let live = driver.as_mut()?;
+        match self.on_device(live, instruction, out) {
+            Ok(result) => {
+                state.device_block_instructions.fetch_add(1, Ordering::Relaxed);
+                Some(result)
+            }
+            Err((error, _)) => {
+                // Every block instruction is idempotent: the target's file serves it again.
+                self.fail_over(&mut driver, error);
+                None
             }
         }
     }

@@ -330,7 +330,7 @@ fn parse_size(text: &str) -> Result<ByteSize, String> {
 struct SettingsArgs {
     /// TOML file with settings (listen, metrics_listen, data_dir, workers, poll, adaptive_spin_us, pin_workers,
     /// lock_memory, max_datagram_bytes, busy_threshold_us, sessions_per_worker,
-    /// max_sessions_per_address, session_idle_timeout_ms, engine, fpga_window, fpga_progress_deadline_ms, [[region]] tables with name, backend =
+    /// max_sessions_per_address, session_idle_timeout_ms, engine, fpga_window, fpga_progress_deadline_ms, fpga_namespace, [[region]] tables with name, backend =
     /// mem|file|dax, path, size, and [[namespace]] tables with name, backend =
     /// file|blockdev|pmem, path, size, block_size). `netdam-target config` prints them all.
     #[arg(long, value_name = "FILE")]

@@ -19,7 +19,7 @@ use crate::cookies::CookieJar;
 use crate::crypto::{CryptoError, KeyRing};
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
-use crate::fpga_engine::{EngineState, FpgaEngine, FpgaSettings};
+use crate::fpga_engine::{DeviceNamespace, EngineState, FpgaEngine, FpgaSettings};
 use crate::metadata::{MetadataError, MetadataStore};
 use crate::metrics::{BuildInfo, TargetCollector};
 use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
@@ -147,7 +147,9 @@ impl Target {
         // reservation file and reserves its first block before any worker starts.
         let stored_keys = MetadataStore::load_crypto_keys(&data_dir)?;
         let keys = KeyRing::load(stored_keys, &data_dir, NONCE_RESERVATION_BLOCK)?;
-        let Selection { engine, state: engine_state, why } = select_engine(config, Arc::clone(&regions))?;
+        let device_namespaces = device_namespaces(config, &namespaces);
+        let Selection { engine, state: engine_state, why } =
+            select_engine(config, Arc::clone(&regions), &device_namespaces)?;
         let shared = Arc::new(
             Shared::new(regions.clone(), namespaces, config.workers, config.dispatch_settings(), epoch, cookies)
                 .with_extensions(extensions)
@@ -324,6 +326,17 @@ impl Engine for SelectedEngine {
         }
     }
 
+    fn execute_block(
+        &mut self,
+        instruction: &netdam_isa::wire::Instruction<'_>,
+        out: &mut [u8],
+    ) -> Option<Result<usize, netdam_isa::Status>> {
+        match self {
+            SelectedEngine::Software(engine) => engine.execute_block(instruction, out),
+            SelectedEngine::Fpga(engine) => engine.execute_block(instruction, out),
+        }
+    }
+
     fn set_group_commit(&mut self, on: bool) {
         match self {
             SelectedEngine::Software(engine) => engine.set_group_commit(on),
@@ -360,18 +373,38 @@ pub struct Selection {
 /// Chooses the engine as `config.engine` says (docs/FPGA.md §1 for the probe order): `auto`
 /// falls back to software and says why in [`Selection::why`]; `fpga` and `fpga=PATH` fail the
 /// start with a message naming what was missing or could not be mapped.
-pub fn select_engine(config: &Config, regions: Arc<RegionTable>) -> Result<Selection, StartError> {
+pub fn select_engine(
+    config: &Config,
+    regions: Arc<RegionTable>,
+    namespaces: &[DeviceNamespace],
+) -> Result<Selection, StartError> {
     let settings = FpgaSettings {
         progress_deadline: Duration::from_millis(config.fpga_progress_deadline_ms),
         ..FpgaSettings::default()
     };
-    select_engine_in(config, regions, &netdam_fpga::window::ProbeRoots::default(), settings)
+    select_engine_in(config, regions, namespaces, &netdam_fpga::window::ProbeRoots::default(), settings)
+}
+
+/// The namespace `fpga_namespace` names (validated to be a configured `file` namespace), as
+/// the FPGA engine places it on the device's SSD.
+fn device_namespaces(config: &Config, namespaces: &NamespaceTable) -> Vec<DeviceNamespace> {
+    let Some(name) = &config.fpga_namespace else { return Vec::new() };
+    namespaces
+        .iter()
+        .filter(|(_, namespace)| namespace.name() == name)
+        .map(|(space, namespace)| DeviceNamespace {
+            space,
+            block_bytes: namespace.block_bytes(),
+            blocks: namespace.capacity_blocks(),
+        })
+        .collect()
 }
 
 /// [`select_engine`] probing under `roots` and driving the device with `settings`.
 pub fn select_engine_in(
     config: &Config,
     regions: Arc<RegionTable>,
+    namespaces: &[DeviceNamespace],
     roots: &netdam_fpga::window::ProbeRoots,
     settings: FpgaSettings,
 ) -> Result<Selection, StartError> {
@@ -398,7 +431,7 @@ pub fn select_engine_in(
             }
         }
     };
-    match FpgaEngine::attach(window, Arc::clone(&regions), settings) {
+    match FpgaEngine::attach(window, Arc::clone(&regions), namespaces, settings) {
         Ok((engine, state)) => {
             Ok(Selection { engine: SelectedEngine::Fpga(engine), state, why: format!("FPGA at {source}") })
         }

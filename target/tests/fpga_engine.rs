@@ -7,7 +7,8 @@
 //! the FPGA engine over the model as a separate process (`netdam-fpga-model`); every answer and
 //! the memory each leaves behind are compared byte for byte. Through the real target
 //! (`--engine fpga=PATH` against `--engine software`) the same is done with block instructions
-//! added and the namespace files compared. Fault tests: the device stalls, resets itself, or its
+//! added and the namespace files compared (the FPGA target's namespace served by the model's
+//! NVMe SSD, `fpga_namespace`, until the model is killed). Fault tests: the device stalls, resets itself, or its
 //! process is killed mid-stream; the engine fails over to software and ends with the reference's
 //! memory, every acknowledged write intact.
 //!
@@ -172,7 +173,7 @@ fn software_rig() -> Rig {
 
 fn fpga_rig(window: Arc<dyn Window>, directory: tempfile::TempDir, settings: FpgaSettings) -> Rig {
     let regions = Arc::new(RegionTable::open(&region_configs(directory.path()), directory.path()).unwrap());
-    let (engine, state) = FpgaEngine::attach(Arc::clone(&window), Arc::clone(&regions), settings).unwrap();
+    let (engine, state) = FpgaEngine::attach(Arc::clone(&window), Arc::clone(&regions), &[], settings).unwrap();
     assert!(state.on_fpga() && state.region_on_device(0) && state.region_on_device(1));
     assert!(!state.region_on_device(2), "a persistent region stays on the host");
     Rig {
@@ -438,9 +439,22 @@ fn the_target_answers_alike_on_software_and_on_the_model_process_then_keeps_serv
     assert_eq!(software.engine_name(), "software");
     let fpga_dir = tempfile::tempdir().unwrap();
     let window = fpga_dir.path().join("window");
-    let mut model = ModelProcess::start(&window, &[]);
-    let fpga = Target::start(&target_config(fpga_dir.path(), EngineChoice::Fpga(Some(window.clone())))).unwrap();
+    // The device's SSD serves the target's namespace file: block instructions go to its NVMe
+    // until the model dies, then to the target's own file.
+    let disk = fpga_dir.path().join("disk.img");
+    std::fs::File::create(&disk).unwrap().set_len(NAMESPACE_BLOCKS * u64::from(BLOCK_BYTES)).unwrap();
+    let block_bytes = BLOCK_BYTES.to_string();
+    let mut model = ModelProcess::start(
+        &window,
+        &["--namespace", disk.to_str().expect("a UTF-8 temporary path"), "--block-bytes", &block_bytes],
+    );
+    let fpga_config = Config {
+        fpga_namespace: Some("disk".into()),
+        ..target_config(fpga_dir.path(), EngineChoice::Fpga(Some(window.clone())))
+    };
+    let fpga = Target::start(&fpga_config).unwrap();
     assert_eq!(fpga.engine_name(), "fpga");
+    assert!(fpga.engine_state().namespace_on_device(0), "the namespace is placed on the device's NVMe");
     let mut expected_client = Client::connect(software.local_addr()).unwrap();
     let mut fpga_client = Client::connect(fpga.local_addr()).unwrap();
     assert_eq!(expected_client.info().hello.target_flags & TARGET_FLAG_FPGA, 0);
@@ -453,6 +467,9 @@ fn the_target_answers_alike_on_software_and_on_the_model_process_then_keeps_serv
     let mut abandoned = None;
     for index in 0..1200 {
         if index == kill_at {
+            let on_device = stat(&mut fpga_client, "engine_fpga_block_instructions");
+            assert!(on_device > 0, "seed {seed:#x}: the device's NVMe answered no block instruction");
+            println!("{on_device} block instructions answered by the device's NVMe before the model is killed");
             model.kill();
         }
         let op = random_op(&mut rng, index, &mut operand);
@@ -480,6 +497,7 @@ fn the_target_answers_alike_on_software_and_on_the_model_process_then_keeps_serv
     assert_eq!((stat(&mut fpga_client, "engine_fpga"), stat(&mut fpga_client, "engine_failovers")), (0, 1));
     let late = Client::connect(fpga.local_addr()).unwrap();
     assert_eq!(late.info().hello.target_flags, 0, "after failover the target executes on software");
+    assert!(!fpga.engine_state().namespace_on_device(0), "after failover the target's file serves the namespace");
 }
 
 #[test]
