@@ -18,6 +18,7 @@
 
 pub mod conformance;
 pub mod driver;
+pub mod interrupt;
 pub mod model;
 pub mod nvme;
 pub mod registers;

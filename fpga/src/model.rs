@@ -16,6 +16,7 @@ use netdam_isa::semantics::{self, AddressSpaces};
 use netdam_isa::wire::Instruction;
 use netdam_isa::Status;
 
+use crate::interrupt::InterruptLine;
 use crate::nvme::{self, admin_opcode, opcode as nvme_opcode, QueuePair, SsdModel, SubmissionEntry};
 use crate::registers::{self as reg, NamespaceEntry, RegionEntry};
 use crate::window::Window;
@@ -206,6 +207,8 @@ pub struct Model {
     operand: Vec<u8>,
     answer: Vec<u8>,
     controller: Option<Controller>,
+    /// The completion interrupt, once a host or test has connected it.
+    interrupts: Option<Arc<InterruptLine>>,
 }
 
 impl std::fmt::Debug for Model {
@@ -302,7 +305,17 @@ impl Model {
             operand: vec![0; SLOT_BYTES_MAX as usize],
             answer: vec![0; SLOT_BYTES_MAX as usize],
             controller,
+            interrupts: None,
         })
+    }
+
+    /// Raises `line` for every completion posted while the host enables the completion
+    /// interrupt (`INTERRUPT_MASK` bit 0), and says so in CAPABILITIES; call after
+    /// [`power_on`] (which writes CAPABILITIES afresh).
+    pub fn with_interrupts(mut self, line: Arc<InterruptLine>) -> Model {
+        self.window.u64_at(reg::CAPABILITIES).fetch_or(reg::CAPABILITY_INTERRUPTS, Ordering::Release);
+        self.interrupts = Some(line);
+        self
     }
 
     fn register(&self, offset: u64) -> &std::sync::atomic::AtomicU32 {
@@ -529,6 +542,15 @@ impl Model {
         running.completion_tail = running.completion_tail.wrapping_add(1);
         self.register(reg::COMPLETION_TAIL).store(running.completion_tail, Ordering::Release);
         self.register(reg::INTERRUPT_STATUS).fetch_or(0b01, Ordering::Release);
+        if let Some(line) = &self.interrupts {
+            // The completion's store, then the mask's load; the host arms the mask, then polls
+            // the ring (FPGA.md §6). Sequentially consistent on both sides, so that either the
+            // host sees the completion or this sees the mask: never neither.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.register(reg::INTERRUPT_MASK).load(Ordering::SeqCst) & 1 != 0 {
+                line.raise();
+            }
+        }
         self.running = Some(running);
         self.delay();
         true
@@ -612,8 +634,20 @@ pub struct ModelThread {
 /// Powers the window on and runs a model over it on a new thread; fails if the SSD's backing
 /// file cannot be opened.
 pub fn spawn(window: Arc<dyn Window>, config: ModelConfig) -> std::io::Result<ModelThread> {
+    spawn_with(window, config, None)
+}
+
+/// [`spawn`], raising `interrupts` (if given) for completions while the host enables them.
+pub fn spawn_with(
+    window: Arc<dyn Window>,
+    config: ModelConfig,
+    interrupts: Option<Arc<InterruptLine>>,
+) -> std::io::Result<ModelThread> {
     let mut model = Model::new(Arc::clone(&window), config.clone())?;
     power_on(&*window, &config);
+    if let Some(line) = interrupts {
+        model = model.with_interrupts(line);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let thread_stop = Arc::clone(&stop);
     let handle = std::thread::Builder::new().name("netdam-fpga-model".into()).spawn(move || model.run(&thread_stop))?;

@@ -27,6 +27,7 @@
 //! initiator must treat as an unknown outcome (the session's replay window then answers its
 //! retransmissions with the same `io_error`, never a second execution).
 
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -65,6 +66,8 @@ pub struct EngineState {
     fpga: AtomicBool,
     /// Failovers to software since start-up (0 or 1).
     failovers: AtomicU64,
+    /// Workers sleep on the device's completion interrupt through slow answers.
+    sleeps_on_interrupt: bool,
 }
 
 impl EngineState {
@@ -91,6 +94,12 @@ impl EngineState {
     /// Whether namespace `space` is served by the device's NVMe now.
     pub fn namespace_on_device(&self, space: u16) -> bool {
         usize::from(space) < MAX_NAMESPACES && self.namespaces_on_device.load(Ordering::Acquire) & (1 << space) != 0
+    }
+
+    /// Whether workers sleep on the device's completion interrupt through slow answers (the
+    /// device raises one, and the workers do not busy-poll).
+    pub fn sleeps_on_interrupt(&self) -> bool {
+        self.sleeps_on_interrupt
     }
 
     /// Block instructions the device has answered since start-up.
@@ -125,6 +134,9 @@ pub struct FpgaSettings {
     /// Bound on the wait for the reset that quiesces a failed device before its memory is
     /// copied back (a dead device never answers it).
     pub reset_timeout: std::time::Duration,
+    /// With a completion interrupt, how long a worker spins for an answer before it arms the
+    /// interrupt and sleeps on it (`None`: it always spins, as a busy-polling worker does).
+    pub sleep_after: Option<std::time::Duration>,
 }
 
 impl Default for FpgaSettings {
@@ -137,6 +149,7 @@ impl Default for FpgaSettings {
             progress_deadline: Duration::from_millis(1_000),
             attach_timeout: std::time::Duration::from_secs(10),
             reset_timeout: std::time::Duration::from_millis(100),
+            sleep_after: None,
         }
     }
 }
@@ -152,6 +165,10 @@ pub struct DeviceNamespace {
     /// Its capacity in blocks.
     pub blocks: u64,
 }
+
+/// The longest one sleep on the completion interrupt lasts before the driver checks its
+/// progress deadline again.
+const INTERRUPT_WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Why the FPGA engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -175,6 +192,11 @@ struct Device {
     reset_timeout: std::time::Duration,
     /// `None` once failed over.
     driver: Mutex<Option<Driver>>,
+    /// The completion interrupt's eventfd, when the device raises one.
+    interrupt: Option<OwnedFd>,
+    sleep_after: Option<std::time::Duration>,
+    /// Times a worker slept on the interrupt waiting for an answer.
+    interrupt_waits: AtomicU64,
 }
 
 /// Host regions and the device's placed ones, as instruction semantics see them: what a
@@ -220,6 +242,7 @@ impl FpgaEngine {
         window: Arc<dyn Window>,
         regions: Arc<RegionTable>,
         namespaces: &[DeviceNamespace],
+        interrupt: Option<OwnedFd>,
         settings: FpgaSettings,
     ) -> Result<(FpgaEngine, Arc<EngineState>), FpgaError> {
         let found = window.u32_at(reg::DEVICE_ID).load(Ordering::Acquire);
@@ -283,6 +306,7 @@ impl FpgaEngine {
             namespaces: namespace_entries.clone(),
         };
         let driver = Driver::attach(Arc::clone(&window), &config, settings.attach_timeout)?;
+        let interrupt = interrupt.filter(|_| capabilities & reg::CAPABILITY_INTERRUPTS != 0);
         let mut on_device = 0u64;
         for entry in &entries {
             let region = regions.get(entry.space).expect("placed regions exist");
@@ -316,6 +340,7 @@ impl FpgaEngine {
             device_block_instructions: AtomicU64::new(0),
             fpga: AtomicBool::new(true),
             failovers: AtomicU64::new(0),
+            sleeps_on_interrupt: interrupt.is_some() && settings.sleep_after.is_some(),
         });
         let device = Device {
             state: Arc::clone(&state),
@@ -325,6 +350,9 @@ impl FpgaEngine {
             slot_bytes,
             reset_timeout: settings.reset_timeout,
             driver: Mutex::new(Some(driver)),
+            interrupt,
+            sleep_after: settings.sleep_after,
+            interrupt_waits: AtomicU64::new(0),
         };
         let engine = FpgaEngine {
             software: SoftwareEngine::new(regions),
@@ -337,6 +365,26 @@ impl FpgaEngine {
     /// The state this engine reports through.
     pub fn state(&self) -> &Arc<EngineState> {
         &self.device.state
+    }
+
+    /// Whether workers sleep on the device's completion interrupt when an answer is slow.
+    pub fn sleeps_on_interrupt(&self) -> bool {
+        self.device.interrupt.is_some() && self.device.sleep_after.is_some()
+    }
+
+    /// Times a worker slept on the completion interrupt.
+    pub fn interrupt_waits(&self) -> u64 {
+        self.device.interrupt_waits.load(Ordering::Relaxed)
+    }
+
+    /// Enables (or disables) the completion interrupt (FPGA.md §6).
+    fn arm_interrupt(&self, on: bool) {
+        let mask = self.device.window.u32_at(reg::INTERRUPT_MASK);
+        if on {
+            mask.fetch_or(1, Ordering::SeqCst);
+        } else {
+            mask.fetch_and(!1, Ordering::SeqCst);
+        }
     }
 
     /// Whether `instruction` touches a region the device holds: its own space, or a MEMCPY's
@@ -367,18 +415,40 @@ impl FpgaEngine {
             Err(SubmitError::TooLarge) => return Ok(Err(Status::TooLarge)),
             Err(SubmitError::Device(error)) => return Err((error, false)),
         };
-        loop {
+        // Spin; with an interrupt and a worker that may sleep, arm it once the answer is slow
+        // (a block instruction on the SSD), poll once more (a completion posted before the arm
+        // raised nothing), then sleep on it in slices, so the driver's deadline check still runs.
+        let sleep_after = self.device.interrupt.as_ref().and(self.device.sleep_after);
+        let started = sleep_after.map(|_| std::time::Instant::now());
+        let mut armed = false;
+        let result = loop {
             match driver.poll_completion(self.clock.now(), &mut out[..capacity]) {
                 Ok(Some(completion)) => {
                     // One instruction in flight: a completion for another tag would have failed
                     // the driver's checks (FPGA.md §5.3).
                     debug_assert_eq!(completion.tag, tag, "one instruction in flight under the lock");
-                    return Ok(completion.result);
+                    break Ok(completion.result);
                 }
-                Ok(None) => std::hint::spin_loop(),
-                Err(error) => return Err((error, true)),
+                Ok(None) => {}
+                Err(error) => break Err((error, true)),
             }
+            match (sleep_after, started, &self.device.interrupt) {
+                (Some(after), Some(started), Some(eventfd)) if started.elapsed() >= after => {
+                    if !armed {
+                        self.arm_interrupt(true);
+                        armed = true;
+                        continue;
+                    }
+                    self.device.interrupt_waits.fetch_add(1, Ordering::Relaxed);
+                    netdam_fpga::interrupt::wait(eventfd, INTERRUPT_WAIT_SLICE);
+                }
+                _ => std::hint::spin_loop(),
+            }
+        };
+        if armed {
+            self.arm_interrupt(false);
         }
+        result
     }
 
     /// Stops using the device: one log line, a reset so that nothing queued on it runs later,

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -380,10 +380,18 @@ pub fn select_engine(
 ) -> Result<Selection, StartError> {
     let settings = FpgaSettings {
         progress_deadline: Duration::from_millis(config.fpga_progress_deadline_ms),
+        // A worker that may sleep does not spin through a slow answer (a block instruction on
+        // the device's SSD): past this it sleeps on the completion interrupt, where there is
+        // one. Memory instructions answer well within it.
+        sleep_after: (config.poll != crate::config::PollMode::Busy).then_some(DEVICE_SPIN_BEFORE_SLEEP),
         ..FpgaSettings::default()
     };
     select_engine_in(config, regions, namespaces, &netdam_fpga::window::ProbeRoots::default(), settings)
 }
+
+/// How long a non-busy worker spins for the FPGA's answer before it sleeps on the device's
+/// completion interrupt.
+const DEVICE_SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// The namespace `fpga_namespace` names (validated to be a configured `file` namespace), as
 /// the FPGA engine places it on the device's SSD.
@@ -431,7 +439,19 @@ pub fn select_engine_in(
             }
         }
     };
-    match FpgaEngine::attach(window, Arc::clone(&regions), namespaces, settings) {
+    // A model's window file takes an eventfd for its completion interrupt on the socket beside
+    // it (a card's interrupts would come through VFIO, which is not built: FPGA.md §12).
+    let interrupt = source.strip_prefix("file:").and_then(|path| {
+        let socket = netdam_fpga::interrupt::socket_path(Path::new(path));
+        match netdam_fpga::interrupt::request(&socket) {
+            Ok(eventfd) => Some(eventfd),
+            Err(error) => {
+                tracing::info!(socket = %socket.display(), %error, "the device model offers no completion interrupt: workers spin for its answers");
+                None
+            }
+        }
+    });
+    match FpgaEngine::attach(window, Arc::clone(&regions), namespaces, interrupt, settings) {
         Ok((engine, state)) => {
             Ok(Selection { engine: SelectedEngine::Fpga(engine), state, why: format!("FPGA at {source}") })
         }

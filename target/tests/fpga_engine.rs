@@ -173,7 +173,7 @@ fn software_rig() -> Rig {
 
 fn fpga_rig(window: Arc<dyn Window>, directory: tempfile::TempDir, settings: FpgaSettings) -> Rig {
     let regions = Arc::new(RegionTable::open(&region_configs(directory.path()), directory.path()).unwrap());
-    let (engine, state) = FpgaEngine::attach(Arc::clone(&window), Arc::clone(&regions), &[], settings).unwrap();
+    let (engine, state) = FpgaEngine::attach(Arc::clone(&window), Arc::clone(&regions), &[], None, settings).unwrap();
     assert!(state.on_fpga() && state.region_on_device(0) && state.region_on_device(1));
     assert!(!state.region_on_device(2), "a persistent region stays on the host");
     Rig {
@@ -455,6 +455,10 @@ fn the_target_answers_alike_on_software_and_on_the_model_process_then_keeps_serv
     let fpga = Target::start(&fpga_config).unwrap();
     assert_eq!(fpga.engine_name(), "fpga");
     assert!(fpga.engine_state().namespace_on_device(0), "the namespace is placed on the device's NVMe");
+    assert!(
+        fpga.engine_state().sleeps_on_interrupt(),
+        "the target took the model's completion interrupt over the socket beside its window"
+    );
     let mut expected_client = Client::connect(software.local_addr()).unwrap();
     let mut fpga_client = Client::connect(fpga.local_addr()).unwrap();
     assert_eq!(expected_client.info().hello.target_flags & TARGET_FLAG_FPGA, 0);
@@ -564,4 +568,63 @@ fn several_workers_share_the_device_and_its_atomics_stay_atomic() {
         client.reduce(0, 0, 64, netdam_isa::LaneType::F32, netdam_isa::extension::reduce::ReduceOp::Sum).unwrap_err();
     assert!(refused.to_string().contains("not_supported"), "{refused}");
     client.reduce(2, 0, 64, netdam_isa::LaneType::F32, netdam_isa::extension::reduce::ReduceOp::Sum).unwrap();
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu_time() -> std::time::Duration {
+    // SAFETY: rusage is plain data; getrusage fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    let micros = |time: libc::timeval| time.tv_sec as u64 * 1_000_000 + time.tv_usec as u64;
+    std::time::Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
+
+/// A device whose answers take milliseconds (each pipeline stage 2 ms): an engine allowed to
+/// sleep arms the completion interrupt and sleeps on it, using a fraction of the wall time in
+/// CPU, and every answer is right; one that may not (a busy-polling worker's) spins and never
+/// sleeps.
+#[test]
+fn a_slow_device_answer_is_slept_through_on_the_completion_interrupt() {
+    for sleep in [true, false] {
+        let directory = tempfile::tempdir().unwrap();
+        let config = ModelConfig { stage_latency: std::time::Duration::from_millis(2), ..ModelConfig::default() };
+        let window: Arc<dyn Window> =
+            Arc::new(FileWindow::create(&directory.path().join("window"), config.window_bytes() as usize).unwrap());
+        let line = Arc::new(netdam_fpga::interrupt::InterruptLine::default());
+        let _model = model::spawn_with(Arc::clone(&window), config, Some(Arc::clone(&line))).unwrap();
+        let eventfd = netdam_fpga::interrupt::new_eventfd().unwrap();
+        assert!(line.connect(eventfd.try_clone().unwrap()));
+        let regions = Arc::new(RegionTable::open(&region_configs(directory.path()), directory.path()).unwrap());
+        let settings =
+            FpgaSettings { sleep_after: sleep.then_some(std::time::Duration::from_micros(20)), ..test_settings() };
+        let (mut engine, state) =
+            FpgaEngine::attach(Arc::clone(&window), regions, &[], Some(eventfd), settings).unwrap();
+        assert_eq!((state.on_fpga(), state.sleeps_on_interrupt()), (true, sleep));
+        let wall = std::time::Instant::now();
+        let cpu = thread_cpu_time();
+        for index in 0..8u64 {
+            let value = 0x1111_0000 + index;
+            let write = Instruction {
+                opcode: Opcode::Write as u8,
+                flags: 0,
+                space: 0,
+                offset: index * 8,
+                length: 8,
+                aux: 0,
+                operand: &value.to_le_bytes(),
+            };
+            assert_eq!(answer(&mut engine, &write), Ok(Vec::new()));
+            let read = Instruction { opcode: Opcode::Read as u8, operand: &[], ..write };
+            assert_eq!(answer(&mut engine, &read), Ok(value.to_le_bytes().to_vec()), "sleep {sleep}: read {index}");
+        }
+        let (wall, cpu) = (wall.elapsed(), thread_cpu_time() - cpu);
+        println!("sleep {sleep}: 16 answers in {wall:?}, {cpu:?} of CPU, {} sleeps", engine.interrupt_waits());
+        assert_eq!(state.failovers(), 0);
+        if sleep {
+            assert!(engine.interrupt_waits() > 0, "the engine slept on the interrupt");
+            assert!(cpu < wall / 2, "sleeping, the thread used {cpu:?} of CPU in {wall:?}");
+        } else {
+            assert_eq!(engine.interrupt_waits(), 0, "a busy worker's engine spins");
+        }
+    }
 }

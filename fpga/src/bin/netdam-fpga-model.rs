@@ -92,6 +92,12 @@ fn main() -> std::process::ExitCode {
         }
     };
     model::power_on(&*window, &config);
+    // The completion interrupt: hosts hand their eventfds over a socket beside the window.
+    let irq = netdam_fpga::interrupt::socket_path(&args.window);
+    match netdam_fpga::interrupt::serve(&irq) {
+        Ok(line) => device = device.with_interrupts(line),
+        Err(error) => eprintln!("netdam-fpga-model: no interrupts (cannot listen on {}): {error}", irq.display()),
+    }
     if let Err(error) = std::fs::rename(&staging, &args.window) {
         eprintln!("netdam-fpga-model: cannot move {} to {}: {error}", staging.display(), args.window.display());
         return std::process::ExitCode::FAILURE;

@@ -1,0 +1,209 @@
+//! The completion interrupt (FPGA.md §6): an `eventfd` the device writes when it posts a
+//! completion while the host has enabled the interrupt (`INTERRUPT_MASK` bit 0), so that a host
+//! thread waiting for a slow instruction (a block instruction on the SSD) can sleep instead of
+//! spinning.
+//!
+//! A card raises MSI-X vector 0, which VFIO delivers to an eventfd the host bound with
+//! `VFIO_DEVICE_SET_IRQS`. A model's window file has no MSI, so the host creates the eventfd
+//! and hands it to the model over a Unix socket beside the window (`<window>.irq`, one
+//! `SCM_RIGHTS` message per eventfd); the model writes to every eventfd it was given. Either
+//! way the host's side is the same: arm, poll the ring once more, wait on the eventfd.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Eventfds one model keeps at most: one per host that attached, a few restarts' worth.
+pub const MAX_LISTENERS: usize = 8;
+
+/// The Unix socket beside a model's window file on which it takes eventfds.
+pub fn socket_path(window: &Path) -> PathBuf {
+    let mut name = window.as_os_str().to_owned();
+    name.push(".irq");
+    PathBuf::from(name)
+}
+
+/// The device side: the eventfds it raises.
+#[derive(Debug, Default)]
+pub struct InterruptLine {
+    eventfds: Mutex<Vec<OwnedFd>>,
+}
+
+impl InterruptLine {
+    /// Adds an eventfd to raise; false (and the eventfd closed) when `MAX_LISTENERS` are held.
+    pub fn connect(&self, eventfd: OwnedFd) -> bool {
+        let mut eventfds = self.eventfds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if eventfds.len() >= MAX_LISTENERS {
+            return false;
+        }
+        eventfds.push(eventfd);
+        true
+    }
+
+    /// Whether any host has given an eventfd.
+    pub fn is_connected(&self) -> bool {
+        !self.eventfds.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
+    }
+
+    /// Raises the interrupt: adds 1 to every eventfd (a full counter, or a closed reader, is
+    /// ignored: the host re-polls the ring whenever it wakes).
+    pub fn raise(&self) {
+        let eventfds = self.eventfds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for eventfd in eventfds.iter() {
+            let one = 1u64;
+            // SAFETY: a valid eventfd and 8 readable bytes.
+            let _ = unsafe { libc::write(eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+    }
+}
+
+/// Takes eventfds on `path` (replacing a stale socket file) on a thread of its own, for as long
+/// as the process lives, into the returned line.
+pub fn serve(path: &Path) -> io::Result<Arc<InterruptLine>> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    let line = Arc::new(InterruptLine::default());
+    let serving = Arc::clone(&line);
+    std::thread::Builder::new().name("netdam-fpga-irq".into()).spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            match receive_fd(&stream) {
+                Ok(eventfd) => {
+                    let accepted = serving.connect(eventfd);
+                    let _ = std::io::Write::write_all(&mut &stream, &[u8::from(accepted)]);
+                }
+                Err(error) => eprintln!("netdam-fpga-model: an interrupt request carried no eventfd: {error}"),
+            }
+        }
+    })?;
+    Ok(line)
+}
+
+/// The host side: creates an eventfd and hands it to the model serving `path`; the model raises
+/// it from then on.
+pub fn request(path: &Path) -> io::Result<OwnedFd> {
+    let eventfd = new_eventfd()?;
+    let stream = UnixStream::connect(path)?;
+    send_fd(&stream, eventfd.as_raw_fd())?;
+    let mut answer = [0u8; 1];
+    std::io::Read::read_exact(&mut &stream, &mut answer)?;
+    if answer[0] != 1 {
+        return Err(io::Error::other(format!(
+            "the model at {} holds {MAX_LISTENERS} eventfds already",
+            path.display()
+        )));
+    }
+    Ok(eventfd)
+}
+
+/// A non-blocking eventfd.
+pub fn new_eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd has no memory-safety preconditions.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor this function owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Waits at most `timeout` for the eventfd to be raised, and consumes what was raised; true if
+/// it was.
+pub fn wait(eventfd: &OwnedFd, timeout: std::time::Duration) -> bool {
+    let mut poll = libc::pollfd { fd: eventfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let millis = timeout.as_millis().clamp(0, i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd.
+    let ready = unsafe { libc::poll(&mut poll, 1, millis) };
+    if ready <= 0 {
+        return false;
+    }
+    let mut count = 0u64;
+    // SAFETY: 8 writable bytes; the eventfd is non-blocking.
+    unsafe { libc::read(eventfd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) == 8 }
+}
+
+fn send_fd(stream: &UnixStream, fd: RawFd) -> io::Result<()> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: msghdr is plain data; every pointer below outlives the call.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = &mut iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    header.msg_controllen = space as _;
+    // SAFETY: the control buffer holds one SCM_RIGHTS message of one descriptor.
+    unsafe {
+        let message = libc::CMSG_FIRSTHDR(&header);
+        (*message).cmsg_level = libc::SOL_SOCKET;
+        (*message).cmsg_type = libc::SCM_RIGHTS;
+        (*message).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(message).cast::<RawFd>(), fd);
+    }
+    // SAFETY: a connected socket and a header whose buffers are live.
+    if unsafe { libc::sendmsg(stream.as_raw_fd(), &header, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn receive_fd(stream: &UnixStream) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    // SAFETY: as in `send_fd`.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: as in `send_fd`.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = &mut iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    header.msg_controllen = space as _;
+    // SAFETY: a connected socket and a header whose buffers are live.
+    if unsafe { libc::recvmsg(stream.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the CMSG macros walk the control data the kernel filled, within its length.
+    unsafe {
+        let message = libc::CMSG_FIRSTHDR(&header);
+        if message.is_null() || (*message).cmsg_level != libc::SOL_SOCKET || (*message).cmsg_type != libc::SCM_RIGHTS {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "no SCM_RIGHTS message"));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(message).cast::<RawFd>());
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_eventfd_handed_over_the_socket_is_raised_by_the_line() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = socket_path(&directory.path().join("window"));
+        assert!(path.to_string_lossy().ends_with("window.irq"));
+        let line = serve(&path).unwrap();
+        assert!(!line.is_connected());
+        let eventfd = request(&path).unwrap();
+        assert!(line.is_connected());
+        assert!(!wait(&eventfd, std::time::Duration::ZERO), "nothing raised yet");
+        line.raise();
+        line.raise();
+        assert!(wait(&eventfd, std::time::Duration::from_secs(5)), "raised");
+        assert!(!wait(&eventfd, std::time::Duration::ZERO), "a wait consumes every raise so far");
+    }
+
+    #[test]
+    fn the_line_holds_a_bounded_number_of_eventfds() {
+        let line = InterruptLine::default();
+        for _ in 0..MAX_LISTENERS {
+            assert!(line.connect(new_eventfd().unwrap()));
+        }
+        assert!(!line.connect(new_eventfd().unwrap()), "one more than MAX_LISTENERS is refused");
+    }
+}
