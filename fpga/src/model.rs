@@ -68,6 +68,9 @@ pub struct NamespaceBacking {
     pub block_bytes: u32,
 }
 
+/// Where the SSD's controller registers sit in its doorbell page.
+const SSD_REGISTERS_IN_DOORBELL_PAGE: u64 = 0x800;
+
 /// The namespace id of the model's SSD.
 pub const SSD_NSID: u32 = 1;
 /// Entries of the model's NVMe I/O queues.
@@ -186,6 +189,8 @@ impl HostQueue {
 /// CQEs).
 struct Controller {
     ssd: SsdModel,
+    /// The SSD's controller registers (`CAP`, `CC`, `CSTS`, `AQA`, `ASQ`, `ACQ`).
+    registers: u64,
     admin: HostQueue,
     io: HostQueue,
     next_command_id: u16,
@@ -264,12 +269,16 @@ impl Model {
                 // waits for. The SSD zeroes I/O queues it creates itself.
                 let zeroes = [0u8; 4096];
                 window.write_bytes(admin.cq_base, &zeroes).expect("NVMe area within the window");
-                let mut ssd = SsdModel::new(Arc::clone(&window), admin, Box::new(device));
+                // The SSD's controller registers share the doorbells' page (a real SSD has them
+                // at BAR0 0x0 and the doorbells at 0x1000).
+                let registers = doorbells + SSD_REGISTERS_IN_DOORBELL_PAGE;
+                let mut ssd = SsdModel::powered(Arc::clone(&window), registers, doorbells, Box::new(device));
                 if let Some(number) = config.faults.media_error_at {
                     ssd.inject_media_error_at(number);
                 }
                 let mut controller = Controller {
                     ssd,
+                    registers,
                     admin: HostQueue::new(admin),
                     io: HostQueue::new(io),
                     next_command_id: 0,
@@ -764,6 +773,31 @@ impl Controller {
         };
         let admin_status = |status: u16| format!("failed with NVMe status {status:#05x}");
 
+        // §9.1 steps 1 to 4: CAP, disable, the admin queues, enable.
+        let registers = self.registers;
+        let register = |offset: u64| registers + offset;
+        let cap = window.u64_at(register(nvme::register::CAP)).load(Ordering::Acquire);
+        let max_queue_entries = (cap & 0xFFFF) as u32 + 1;
+        let ready_within =
+            std::time::Duration::from_millis(500 * ((cap >> nvme::register::CAP_TO_SHIFT) & 0xFF).max(1));
+        if cap & nvme::register::CAP_CSS_NVM == 0 || (cap >> 48) & 0xF != 0 || (cap >> 32) & 0xF != 0 {
+            return Err(failed(
+                "CAP",
+                format!("{cap:#x}: no NVM command set, or no 4 KiB pages, or a doorbell stride"),
+            ));
+        }
+        if self.admin.pair.entries > max_queue_entries || self.io.pair.entries > max_queue_entries {
+            return Err(failed("CAP", format!("MQES allows {max_queue_entries} entries per queue")));
+        }
+        window.u32_at(register(nvme::register::CC)).store(0, Ordering::Release);
+        self.wait_ready(window, false, ready_within).map_err(|why| failed("disable", why))?;
+        let entries = self.admin.pair.entries - 1;
+        window.u32_at(register(nvme::register::AQA)).store(entries << 16 | entries, Ordering::Relaxed);
+        window.u64_at(register(nvme::register::ASQ)).store(self.admin.pair.sq_base, Ordering::Relaxed);
+        window.u64_at(register(nvme::register::ACQ)).store(self.admin.pair.cq_base, Ordering::Relaxed);
+        window.u32_at(register(nvme::register::CC)).store(nvme::register::CC_ENABLE, Ordering::Release);
+        self.wait_ready(window, true, ready_within).map_err(|why| failed("enable", why))?;
+
         let status = identify(self, 0, nvme::cns::CONTROLLER);
         if status != nvme::status::SUCCESS {
             return Err(failed("IDENTIFY controller", admin_status(status)));
@@ -829,6 +863,27 @@ impl Controller {
 
     /// Runs one admin command; its NVMe status field (`INTERNAL_ERROR` if the completion is not
     /// the command's, which with one command at a time would be an SSD bug).
+    /// Runs the SSD until `CSTS.RDY` is `ready`, or `CSTS.CFS` (fatal), or `within` passes.
+    fn wait_ready(&mut self, window: &dyn Window, ready: bool, within: std::time::Duration) -> Result<(), String> {
+        let csts = window.u32_at(self.registers + nvme::register::CSTS);
+        let started = std::time::Instant::now();
+        loop {
+            let status = csts.load(Ordering::Acquire);
+            if status & nvme::register::CSTS_CFS != 0 {
+                return Err(format!("CSTS {status:#x}: controller fatal status"));
+            }
+            if (status & nvme::register::CSTS_RDY != 0) == ready {
+                return Ok(());
+            }
+            if started.elapsed() > within {
+                return Err(format!("CSTS.RDY did not become {} within {within:?} (CAP.TO)", u8::from(ready)));
+            }
+            if !self.ssd.step() {
+                std::thread::sleep(std::time::Duration::from_micros(10));
+            }
+        }
+    }
+
     fn admin_command(&mut self, window: &dyn Window, entry: &SubmissionEntry) -> u16 {
         let mut queue = self.admin;
         let completion = wait_for(&mut self.ssd, window, &mut queue, entry);

@@ -39,6 +39,42 @@ pub const ADMIN_QUEUE_ENTRIES_MAX: u32 = 4096;
 pub const VENDOR_ID: u16 = 0x10EE;
 
 /// Admin command set opcodes the SSD serves.
+/// The SSD's controller registers (NVMe 1.4 §3.1.1), by offset from its register block, and
+/// the bits the FPGA's controller uses (FPGA.md §9.1).
+pub mod register {
+    /// u64: Controller Capabilities.
+    pub const CAP: u64 = 0x00;
+    /// u32: Version.
+    pub const VS: u64 = 0x08;
+    /// u32: Controller Configuration.
+    pub const CC: u64 = 0x14;
+    /// u32: Controller Status.
+    pub const CSTS: u64 = 0x1C;
+    /// u32: Admin Queue Attributes (`ACQS << 16 | ASQS`, 0-based).
+    pub const AQA: u64 = 0x24;
+    /// u64: Admin Submission Queue base address.
+    pub const ASQ: u64 = 0x28;
+    /// u64: Admin Completion Queue base address.
+    pub const ACQ: u64 = 0x30;
+    /// Bytes of the register block the model keeps.
+    pub const BYTES: u64 = 0x38;
+    /// `CC.EN`.
+    pub const CC_EN: u32 = 1;
+    /// `CC` as the FPGA enables the SSD: `EN`, `CSS = 0` (NVM), `MPS = 0` (4 KiB pages),
+    /// `IOSQES = 6` (64-byte SQEs), `IOCQES = 4` (16-byte CQEs).
+    pub const CC_ENABLE: u32 = CC_EN | 6 << 16 | 4 << 20;
+    /// `CSTS.RDY`.
+    pub const CSTS_RDY: u32 = 1;
+    /// `CSTS.CFS`: Controller Fatal Status.
+    pub const CSTS_CFS: u32 = 1 << 1;
+    /// `CAP.CQR`: queues must be physically contiguous.
+    pub const CAP_CQR: u64 = 1 << 16;
+    /// `CAP.TO` shift: worst-case ready time, in 500 ms units.
+    pub const CAP_TO_SHIFT: u32 = 24;
+    /// `CAP.CSS` bit 37: the NVM command set.
+    pub const CAP_CSS_NVM: u64 = 1 << 37;
+}
+
 pub mod admin_opcode {
     /// DELETE I/O SUBMISSION QUEUE.
     pub const DELETE_IO_SUBMISSION_QUEUE: u8 = 0x00;
@@ -363,6 +399,10 @@ pub struct SsdModel {
     taken: u64,
     /// Fail this command (numbered by `taken`, from 0) with a media error instead of running it.
     media_error_at: Option<u64>,
+    /// Where its controller registers are (`None`: built enabled, with fixed admin queues).
+    registers: Option<u64>,
+    /// `CC.EN` has been taken: the admin queues of `AQA`/`ASQ`/`ACQ` are in use.
+    enabled: bool,
 }
 
 impl std::fmt::Debug for SsdModel {
@@ -432,7 +472,101 @@ impl SsdModel {
             finished: Vec::with_capacity(depth as usize),
             taken: 0,
             media_error_at: None,
+            registers: None,
+            enabled: true,
         }
+    }
+
+    /// An SSD with its controller registers at `registers` ([`register::BYTES`] of the window)
+    /// and its doorbells at `doorbells` (queue `y`'s at `doorbells + 8 × y`), disabled: the
+    /// host places the admin queues with `AQA`, `ASQ` and `ACQ` and sets `CC.EN` (FPGA.md
+    /// §9.1); `CSTS.RDY` says when it may submit. Panics if the registers or doorbells are not
+    /// in the window (the model's own layout, not input).
+    pub fn powered(window: Arc<dyn Window>, registers: u64, doorbells: u64, device: Box<dyn BlockDevice>) -> SsdModel {
+        assert!(window.pointer(registers, register::BYTES as usize).is_some(), "registers within the window");
+        // Placeholder admin queues, replaced at enable.
+        let placeholder = QueuePair { sq_id: 0, entries: 2, sq_base: 0, cq_base: 0, doorbells };
+        let depth = device.geometry().queue_depth;
+        let mut ssd = SsdModel::new(Arc::clone(&window), placeholder, device);
+        ssd.registers = Some(registers);
+        ssd.enabled = false;
+        debug_assert_eq!(ssd.free_buffers.len(), depth as usize);
+        let cap = u64::from(IO_QUEUE_ENTRIES_MAX - 1) // MQES, 0-based
+            | register::CAP_CQR
+            | 1 << register::CAP_TO_SHIFT // ready within 500 ms
+            | register::CAP_CSS_NVM; // DSTRD 0, MPSMIN 0 (4 KiB), MPSMAX 0
+        window.u64_at(registers + register::CAP).store(cap, Ordering::Relaxed);
+        window.u32_at(registers + register::VS).store(0x0001_0400, Ordering::Relaxed);
+        for offset in [register::CC, register::CSTS, register::AQA] {
+            window.u32_at(registers + offset).store(0, Ordering::Relaxed);
+        }
+        window.u64_at(registers + register::ASQ).store(0, Ordering::Relaxed);
+        window.u64_at(registers + register::ACQ).store(0, Ordering::Release);
+        ssd
+    }
+
+    /// Follows `CC.EN`: on 0 → 1, takes the admin queues from `AQA`/`ASQ`/`ACQ` and sets
+    /// `CSTS.RDY`, or sets `CSTS.CFS` if they or `CC` cannot be served; on 1 → 0, a controller
+    /// reset, once the commands on its device have finished (the model cannot abort them): the
+    /// I/O queues are gone and `CSTS` is 0.
+    fn follow_enable(&mut self) -> bool {
+        let Some(registers) = self.registers else { return false };
+        let window = Arc::clone(&self.window);
+        let cc = window.u32_at(registers + register::CC).load(Ordering::Acquire);
+        let csts = window.u32_at(registers + register::CSTS);
+        let wants = cc & register::CC_EN != 0;
+        let fatal = csts.load(Ordering::Relaxed) & register::CSTS_CFS != 0;
+        if !wants && fatal {
+            // A reset clears the fatal status of a refused enable.
+            csts.store(0, Ordering::Release);
+            return true;
+        }
+        if wants == self.enabled || fatal {
+            return false;
+        }
+        if !wants {
+            if self.commands_in_flight() > 0 {
+                return false;
+            }
+            self.enabled = false;
+            self.io_sq = None;
+            self.io_cq = None;
+            csts.store(0, Ordering::Release);
+            return true;
+        }
+        let aqa = window.u32_at(registers + register::AQA).load(Ordering::Relaxed);
+        let sq_entries = (aqa & 0xFFF) + 1;
+        let cq_entries = ((aqa >> 16) & 0xFFF) + 1;
+        let sq_base = window.u64_at(registers + register::ASQ).load(Ordering::Relaxed);
+        let cq_base = window.u64_at(registers + register::ACQ).load(Ordering::Relaxed);
+        let page_aligned = |base: u64| base % PAGE_BYTES == 0;
+        let fits = |base: u64, bytes: usize| page_aligned(base) && window.pointer(base, bytes).is_some();
+        let served = cc == register::CC_ENABLE
+            && (2..=ADMIN_QUEUE_ENTRIES_MAX).contains(&sq_entries)
+            && (2..=ADMIN_QUEUE_ENTRIES_MAX).contains(&cq_entries)
+            && fits(sq_base, sq_entries as usize * SUBMISSION_ENTRY_BYTES)
+            && fits(cq_base, cq_entries as usize * COMPLETION_ENTRY_BYTES);
+        if !served {
+            csts.store(register::CSTS_CFS, Ordering::Release);
+            return true;
+        }
+        self.admin_sq =
+            SubmissionQueue { id: 0, base: sq_base, entries: sq_entries, head: 0, tail_doorbell: self.doorbells };
+        self.admin_cq = CompletionQueue {
+            base: cq_base,
+            entries: cq_entries,
+            tail: 0,
+            phase: true,
+            head_doorbell: self.doorbells + 4,
+        };
+        for index in 0..4 {
+            window.u32_at(self.doorbells + 4 * index).store(0, Ordering::Release);
+        }
+        self.io_sq = None;
+        self.io_cq = None;
+        self.enabled = true;
+        csts.store(register::CSTS_RDY, Ordering::Release);
+        true
     }
 
     /// Completes command number `number` (0 = the first taken from the queue) with a media error
@@ -462,8 +596,11 @@ impl SsdModel {
     /// One pass: run the admin commands submitted, fetch the I/O commands that fit, push them
     /// to the device, post what finished. Returns whether anything happened.
     pub fn step(&mut self) -> bool {
-        let mut progressed = self.fetch_admin();
-        progressed |= self.fetch();
+        let mut progressed = self.follow_enable();
+        if self.enabled {
+            progressed |= self.fetch_admin();
+            progressed |= self.fetch();
+        }
         let mut finished = std::mem::take(&mut self.finished);
         finished.clear();
         self.device.reap(&mut |completion| {

@@ -402,3 +402,84 @@ fn admin_commands_are_refused_with_nvme_statuses() {
         assert_eq!(completion.sq_id, 0);
     }
 }
+
+/// The SSD's controller registers, as the FPGA's controller drives them (FPGA.md §9.1): CAP
+/// read, admin queues placed with AQA/ASQ/ACQ, CC.EN set and CSTS.RDY awaited; nothing is
+/// fetched before that; admin queues it cannot serve are CSTS.CFS; clearing CC.EN resets the
+/// controller (I/O queues gone, CSTS 0) and a new enable serves afresh.
+#[test]
+fn the_controller_registers_enable_disable_and_refuse_what_cannot_be_served() {
+    use nvme::register;
+    const REGISTERS: u64 = DOORBELLS + 0x800;
+    let directory = tempfile::tempdir().unwrap();
+    let window: Arc<dyn Window> = Arc::new(FileWindow::create(&directory.path().join("window"), 1 << 20).unwrap());
+    let backing = directory.path().join("namespace");
+    std::fs::File::create(&backing).unwrap().set_len(NAMESPACE_BYTES).unwrap();
+    let device = UringDevice::open(&backing, BLOCK_BYTES as u32, 4, DEVICE_TRANSFER_BYTES).unwrap();
+    let mut ssd = SsdModel::powered(Arc::clone(&window), REGISTERS, DOORBELLS, Box::new(device));
+    let reg32 = |offset: u64| window.u32_at(REGISTERS + offset);
+    let reg64 = |offset: u64| window.u64_at(REGISTERS + offset);
+    let cap = reg64(register::CAP).load(Ordering::Acquire);
+    assert_eq!((cap & 0xFFFF) + 1, u64::from(nvme::IO_QUEUE_ENTRIES_MAX), "MQES");
+    assert!(cap & register::CAP_CQR != 0 && cap & register::CAP_CSS_NVM != 0);
+    assert_eq!((cap >> 32) & 0xF, 0, "DSTRD 0: doorbells 4 bytes apart");
+    assert_eq!(reg32(register::VS).load(Ordering::Relaxed), 0x0001_0400);
+    assert_eq!(reg32(register::CSTS).load(Ordering::Relaxed), 0, "disabled at power-on");
+
+    let admin = QueuePair { sq_id: 0, entries: 4, sq_base: 0x1_3000, cq_base: 0x1_4000, doorbells: DOORBELLS };
+    let mut host = Controller { window: Arc::clone(&window), queues: admin, sq_tail: 0, cq_head: 0, phase: true };
+    // A command before the enable is not fetched.
+    host.submit(&SubmissionEntry::identify(1, 0, cns::CONTROLLER, DATA));
+    assert_nothing_happens(&mut ssd);
+
+    let enable = |ssd: &mut SsdModel, aqa: u32, cc: u32| {
+        reg32(register::AQA).store(aqa, Ordering::Relaxed);
+        reg64(register::ASQ).store(admin.sq_base, Ordering::Relaxed);
+        reg64(register::ACQ).store(admin.cq_base, Ordering::Relaxed);
+        reg32(register::CC).store(cc, Ordering::Release);
+        for _ in 0..4 {
+            ssd.step();
+        }
+        reg32(register::CSTS).load(Ordering::Acquire)
+    };
+    let disable = |ssd: &mut SsdModel| {
+        reg32(register::CC).store(0, Ordering::Release);
+        for _ in 0..4 {
+            ssd.step();
+        }
+        reg32(register::CSTS).load(Ordering::Acquire)
+    };
+    // One-entry admin queues (AQA 0-based 0), and 128-byte SQEs: fatal status, no queues.
+    assert_eq!(enable(&mut ssd, 0, register::CC_ENABLE), register::CSTS_CFS);
+    assert_eq!(disable(&mut ssd), 0, "a disable clears the fatal status");
+    assert_eq!(enable(&mut ssd, 3 << 16 | 3, register::CC_EN | 7 << 16 | 4 << 20), register::CSTS_CFS);
+    assert_eq!(disable(&mut ssd), 0);
+
+    // Enabled properly: ready, and the admin queue serves from its first entry.
+    host.sq_tail = 0;
+    assert_eq!(enable(&mut ssd, 3 << 16 | 3, register::CC_ENABLE), register::CSTS_RDY);
+    let completion = host.run(&mut ssd, &SubmissionEntry::identify(2, 0, cns::CONTROLLER, DATA));
+    assert_eq!(completion.status, status::SUCCESS);
+    let io =
+        QueuePair { sq_id: nvme::IO_QUEUE_ID, entries: 8, sq_base: IO_SQ, cq_base: IO_CQ, doorbells: DOORBELLS + 8 };
+    create_io_queues(&mut host, &mut ssd, io.entries);
+
+    // A controller reset: not ready, and the I/O queues are gone (a WRITE on them is not run).
+    assert_eq!(disable(&mut ssd), 0);
+    let mut io_host = Controller { window: Arc::clone(&window), queues: io, sq_tail: 0, cq_head: 0, phase: true };
+    io_host.submit(&rw(opcode::WRITE, 9, 0, 1, false, (DATA, 0)));
+    assert_nothing_happens(&mut ssd);
+
+    // Enabled again: the admin queues start over, and queues can be created afresh.
+    let mut host = Controller { window: Arc::clone(&window), queues: admin, sq_tail: 0, cq_head: 0, phase: true };
+    window.write_bytes(admin.cq_base, &[0u8; 4096]).unwrap();
+    assert_eq!(enable(&mut ssd, 3 << 16 | 3, register::CC_ENABLE), register::CSTS_RDY);
+    create_io_queues(&mut host, &mut ssd, io.entries);
+    let mut io_host = Controller { window: Arc::clone(&window), queues: io, sq_tail: 0, cq_head: 0, phase: true };
+    window.write_bytes(DATA, &pattern(BLOCK_BYTES, 7)).unwrap();
+    assert_eq!(io_host.run(&mut ssd, &rw(opcode::WRITE, 10, 3, 1, true, (DATA, 0))).status, status::SUCCESS);
+    let mut back = vec![0u8; BLOCK_BYTES];
+    use std::os::unix::fs::FileExt;
+    std::fs::File::open(&backing).unwrap().read_exact_at(&mut back, 3 * BLOCK_BYTES as u64).unwrap();
+    assert_eq!(back, pattern(BLOCK_BYTES, 7), "the write after re-enabling reached the file");
+}
