@@ -539,7 +539,7 @@ impl SsdModel {
         let cq_entries = ((aqa >> 16) & 0xFFF) + 1;
         let sq_base = window.u64_at(registers + register::ASQ).load(Ordering::Relaxed);
         let cq_base = window.u64_at(registers + register::ACQ).load(Ordering::Relaxed);
-        let page_aligned = |base: u64| base % PAGE_BYTES == 0;
+        let page_aligned = |base: u64| base.is_multiple_of(PAGE_BYTES);
         let fits = |base: u64, bytes: usize| page_aligned(base) && window.pointer(base, bytes).is_some();
         let served = cc == register::CC_ENABLE
             && (2..=ADMIN_QUEUE_ENTRIES_MAX).contains(&sq_entries)
