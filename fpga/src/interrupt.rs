@@ -124,18 +124,28 @@ pub fn wait(eventfd: &OwnedFd, timeout: std::time::Duration) -> bool {
     unsafe { libc::read(eventfd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) == 8 }
 }
 
+/// Room for one `SCM_RIGHTS` message of one descriptor.
+fn control_space() -> usize {
+    // SAFETY: CMSG_SPACE is a pure computation.
+    unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize }
+}
+
+/// A message header over one byte (`iov`) and `control`; both must outlive its use.
+fn message_header(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    header.msg_controllen = control.len() as _;
+    header
+}
+
 fn send_fd(stream: &UnixStream, fd: RawFd) -> io::Result<()> {
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: msghdr is plain data; every pointer below outlives the call.
-    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-    header.msg_iov = &mut iov;
-    header.msg_iovlen = 1;
-    header.msg_control = control.as_mut_ptr().cast();
-    header.msg_controllen = space as _;
+    let mut control = vec![0u8; control_space()];
+    let header = message_header(&mut iov, &mut control);
     // SAFETY: the control buffer holds one SCM_RIGHTS message of one descriptor.
     unsafe {
         let message = libc::CMSG_FIRSTHDR(&header);
@@ -154,15 +164,8 @@ fn send_fd(stream: &UnixStream, fd: RawFd) -> io::Result<()> {
 fn receive_fd(stream: &UnixStream) -> io::Result<OwnedFd> {
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-    // SAFETY: as in `send_fd`.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: as in `send_fd`.
-    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
-    header.msg_iov = &mut iov;
-    header.msg_iovlen = 1;
-    header.msg_control = control.as_mut_ptr().cast();
-    header.msg_controllen = space as _;
+    let mut control = vec![0u8; control_space()];
+    let mut header = message_header(&mut iov, &mut control);
     // SAFETY: a connected socket and a header whose buffers are live.
     if unsafe { libc::recvmsg(stream.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) } < 0 {
         return Err(io::Error::last_os_error());
