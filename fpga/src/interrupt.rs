@@ -25,33 +25,42 @@ pub fn socket_path(window: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// The device side: the eventfds it raises.
+/// How long either side waits for the other during the hand-over of an eventfd.
+const HANDOVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The device side: the eventfds it raises, each under the id of the connection it came on.
 #[derive(Debug, Default)]
 pub struct InterruptLine {
-    eventfds: Mutex<Vec<OwnedFd>>,
+    eventfds: Mutex<Vec<(u64, OwnedFd)>>,
 }
 
 impl InterruptLine {
-    /// Adds an eventfd to raise; false (and the eventfd closed) when `MAX_LISTENERS` are held.
-    pub fn connect(&self, eventfd: OwnedFd) -> bool {
+    /// Adds an eventfd to raise under `id`; false (and the eventfd closed) when
+    /// `MAX_LISTENERS` are held.
+    pub fn connect(&self, id: u64, eventfd: OwnedFd) -> bool {
         let mut eventfds = self.eventfds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if eventfds.len() >= MAX_LISTENERS {
             return false;
         }
-        eventfds.push(eventfd);
+        eventfds.push((id, eventfd));
         true
     }
 
-    /// Whether any host has given an eventfd.
-    pub fn is_connected(&self) -> bool {
-        !self.eventfds.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
+    /// Stops raising (and closes) the eventfd given under `id`.
+    pub fn disconnect(&self, id: u64) {
+        self.eventfds.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|(held, _)| *held != id);
     }
 
-    /// Raises the interrupt: adds 1 to every eventfd (a full counter, or a closed reader, is
-    /// ignored: the host re-polls the ring whenever it wakes).
+    /// How many eventfds it raises.
+    pub fn listeners(&self) -> usize {
+        self.eventfds.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    /// Raises the interrupt: adds 1 to every eventfd (a full counter is ignored: the host
+    /// re-polls the ring whenever it wakes).
     pub fn raise(&self) {
         let eventfds = self.eventfds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for eventfd in eventfds.iter() {
+        for (_, eventfd) in eventfds.iter() {
             let one = 1u64;
             // SAFETY: a valid eventfd and 8 readable bytes.
             let _ = unsafe { libc::write(eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
@@ -59,33 +68,63 @@ impl InterruptLine {
     }
 }
 
-/// Takes eventfds on `path` (replacing a stale socket file) on a thread of its own, for as long
-/// as the process lives, into the returned line.
+/// Takes eventfds on `path` (replacing a stale socket file), for as long as the process lives,
+/// into the returned line. Each host keeps its connection open while it wants the interrupt:
+/// when the connection ends (the host closed it, or exited), its eventfd is dropped, so hosts
+/// that come and go do not use up the `MAX_LISTENERS` places.
 pub fn serve(path: &Path) -> io::Result<Arc<InterruptLine>> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
     let line = Arc::new(InterruptLine::default());
     let serving = Arc::clone(&line);
     std::thread::Builder::new().name("netdam-fpga-irq".into()).spawn(move || {
-        for stream in listener.incoming() {
+        for (id, stream) in (0u64..).zip(listener.incoming()) {
             let Ok(stream) = stream else { continue };
-            match receive_fd(&stream) {
-                Ok(eventfd) => {
-                    let accepted = serving.connect(eventfd);
-                    let _ = std::io::Write::write_all(&mut &stream, &[u8::from(accepted)]);
+            let line = Arc::clone(&serving);
+            // One thread per connection, each ending with its host; at most MAX_LISTENERS
+            // hold an eventfd, the rest are answered 0 and end at once.
+            let _ = std::thread::Builder::new().name("netdam-fpga-irq-host".into()).spawn(move || {
+                let _ = stream.set_read_timeout(Some(HANDOVER_TIMEOUT));
+                let _ = stream.set_write_timeout(Some(HANDOVER_TIMEOUT));
+                let eventfd = match receive_fd(&stream) {
+                    Ok(eventfd) => eventfd,
+                    Err(error) => {
+                        eprintln!("netdam-fpga-model: an interrupt request carried no eventfd: {error}");
+                        return;
+                    }
+                };
+                let accepted = line.connect(id, eventfd);
+                if std::io::Write::write_all(&mut &stream, &[u8::from(accepted)]).is_err() || !accepted {
+                    line.disconnect(id);
+                    return;
                 }
-                Err(error) => eprintln!("netdam-fpga-model: an interrupt request carried no eventfd: {error}"),
-            }
+                // Held until the host's end closes: a read returns 0 (or fails).
+                let _ = stream.set_read_timeout(None);
+                let mut byte = [0u8; 1];
+                while matches!(std::io::Read::read(&mut &stream, &mut byte), Ok(n) if n > 0) {}
+                line.disconnect(id);
+            });
         }
     })?;
     Ok(line)
 }
 
+/// A host's completion interrupt from a model: the eventfd the model raises, and the
+/// connection that keeps it raised (dropping this ends both).
+#[derive(Debug)]
+pub struct InterruptLink {
+    /// The eventfd to wait on.
+    pub eventfd: OwnedFd,
+    _connection: UnixStream,
+}
+
 /// The host side: creates an eventfd and hands it to the model serving `path`; the model raises
-/// it from then on.
-pub fn request(path: &Path) -> io::Result<OwnedFd> {
+/// it for as long as the returned link lives.
+pub fn request(path: &Path) -> io::Result<InterruptLink> {
     let eventfd = new_eventfd()?;
     let stream = UnixStream::connect(path)?;
+    stream.set_read_timeout(Some(HANDOVER_TIMEOUT))?;
+    stream.set_write_timeout(Some(HANDOVER_TIMEOUT))?;
     send_fd(&stream, eventfd.as_raw_fd())?;
     let mut answer = [0u8; 1];
     std::io::Read::read_exact(&mut &stream, &mut answer)?;
@@ -95,7 +134,7 @@ pub fn request(path: &Path) -> io::Result<OwnedFd> {
             path.display()
         )));
     }
-    Ok(eventfd)
+    Ok(InterruptLink { eventfd, _connection: stream })
 }
 
 /// A non-blocking eventfd.
@@ -191,22 +230,37 @@ mod tests {
         let path = socket_path(&directory.path().join("window"));
         assert!(path.to_string_lossy().ends_with("window.irq"));
         let line = serve(&path).unwrap();
-        assert!(!line.is_connected());
-        let eventfd = request(&path).unwrap();
-        assert!(line.is_connected());
-        assert!(!wait(&eventfd, std::time::Duration::ZERO), "nothing raised yet");
+        assert_eq!(line.listeners(), 0);
+        let link = request(&path).unwrap();
+        assert_eq!(line.listeners(), 1);
+        assert!(!wait(&link.eventfd, std::time::Duration::ZERO), "nothing raised yet");
         line.raise();
         line.raise();
-        assert!(wait(&eventfd, std::time::Duration::from_secs(5)), "raised");
-        assert!(!wait(&eventfd, std::time::Duration::ZERO), "a wait consumes every raise so far");
+        assert!(wait(&link.eventfd, std::time::Duration::from_secs(5)), "raised");
+        assert!(!wait(&link.eventfd, std::time::Duration::ZERO), "a wait consumes every raise so far");
+        // A host that goes away gives its place back: more hosts than MAX_LISTENERS, one after
+        // the other, each get the interrupt.
+        drop(link);
+        for _ in 0..MAX_LISTENERS + 2 {
+            let started = std::time::Instant::now();
+            while line.listeners() > 0 {
+                assert!(started.elapsed() < std::time::Duration::from_secs(5), "a closed link is let go");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let link = request(&path).expect("a place is free again");
+            line.raise();
+            assert!(wait(&link.eventfd, std::time::Duration::from_secs(5)));
+        }
     }
 
     #[test]
     fn the_line_holds_a_bounded_number_of_eventfds() {
         let line = InterruptLine::default();
-        for _ in 0..MAX_LISTENERS {
-            assert!(line.connect(new_eventfd().unwrap()));
+        for id in 0..MAX_LISTENERS as u64 {
+            assert!(line.connect(id, new_eventfd().unwrap()));
         }
-        assert!(!line.connect(new_eventfd().unwrap()), "one more than MAX_LISTENERS is refused");
+        assert!(!line.connect(99, new_eventfd().unwrap()), "one more than MAX_LISTENERS is refused");
+        line.disconnect(3);
+        assert!(line.connect(99, new_eventfd().unwrap()), "a place given back is taken again");
     }
 }

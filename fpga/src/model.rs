@@ -39,6 +39,8 @@ pub struct Faults {
     pub reset_at: Option<u64>,
     /// The SSD fails this NVMe command (0 = the first it takes) with a media error.
     pub media_error_at: Option<u64>,
+    /// Ignore RESET: a device that keeps running (and stalled) whatever the host does.
+    pub deaf_to_reset: bool,
 }
 
 /// The model's shape and behaviour.
@@ -463,7 +465,7 @@ impl Model {
     /// Returns whether it did anything.
     pub fn step(&mut self) -> bool {
         self.register(reg::HEARTBEAT).fetch_add(1, Ordering::Relaxed);
-        if self.register(reg::RESET).load(Ordering::Acquire) == reg::RESET_MAGIC {
+        if self.register(reg::RESET).load(Ordering::Acquire) == reg::RESET_MAGIC && !self.config.faults.deaf_to_reset {
             self.reset();
             return true;
         }
@@ -760,7 +762,7 @@ impl Controller {
         (status, 0)
     }
 
-    /// The NVMe 1.4 bring-up after the admin queues are placed (FPGA.md §9.1 steps 5 and 6):
+    /// The NVMe 1.4 bring-up (FPGA.md §9.1): the controller registers (steps 1 to 4), then
     /// IDENTIFY controller (the transfer limit must cover one transfer buffer), IDENTIFY
     /// namespace 1 (block size and capacity), then the I/O completion and submission queues.
     fn bring_up(&mut self, window: &dyn Window, path: &std::path::Path) -> std::io::Result<()> {
@@ -861,8 +863,6 @@ impl Controller {
         command_id
     }
 
-    /// Runs one admin command; its NVMe status field (`INTERNAL_ERROR` if the completion is not
-    /// the command's, which with one command at a time would be an SSD bug).
     /// Runs the SSD until `CSTS.RDY` is `ready`, or `CSTS.CFS` (fatal), or `within` passes.
     fn wait_ready(&mut self, window: &dyn Window, ready: bool, within: std::time::Duration) -> Result<(), String> {
         let csts = window.u32_at(self.registers + nvme::register::CSTS);
@@ -884,6 +884,8 @@ impl Controller {
         }
     }
 
+    /// Runs one admin command; its NVMe status field (`INTERNAL_ERROR` if the completion is not
+    /// the command's, which with one command at a time would be an SSD bug).
     fn admin_command(&mut self, window: &dyn Window, entry: &SubmissionEntry) -> u16 {
         let mut queue = self.admin;
         let completion = wait_for(&mut self.ssd, window, &mut queue, entry);

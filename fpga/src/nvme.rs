@@ -38,7 +38,6 @@ pub const ADMIN_QUEUE_ENTRIES_MAX: u32 = 4096;
 /// FPGA's functions carry (FPGA.md §1), since the model is part of that card.
 pub const VENDOR_ID: u16 = 0x10EE;
 
-/// Admin command set opcodes the SSD serves.
 /// The SSD's controller registers (NVMe 1.4 §3.1.1), by offset from its register block, and
 /// the bits the FPGA's controller uses (FPGA.md §9.1).
 pub mod register {
@@ -75,6 +74,7 @@ pub mod register {
     pub const CAP_CSS_NVM: u64 = 1 << 37;
 }
 
+/// Admin command set opcodes the SSD serves.
 pub mod admin_opcode {
     /// DELETE I/O SUBMISSION QUEUE.
     pub const DELETE_IO_SUBMISSION_QUEUE: u8 = 0x00;

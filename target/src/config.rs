@@ -589,6 +589,15 @@ impl Config {
                          serves, and the target's own after a failover)"
                     ))
                 }
+                Some(_) if self.max_datagram_bytes > netdam_fpga::SLOT_BYTES_MAX as usize => {
+                    return invalid(format!(
+                        "fpga_namespace = {name:?} with max_datagram_bytes = {}: the device moves at most {} bytes \
+                         per instruction, so a larger BREAD or BWRITE would be refused on it but not on the \
+                         target's file; lower max_datagram_bytes",
+                        self.max_datagram_bytes,
+                        netdam_fpga::SLOT_BYTES_MAX
+                    ))
+                }
                 Some(_) => {}
             }
         }
@@ -712,6 +721,10 @@ mod tests {
         assert!(missing.contains("fpga_namespace = \"dsik\"") && missing.contains("no [[namespace]]"), "{missing}");
         let pmem = with(vec![namespace("mem", NamespaceBackend::Pmem)], "mem").validate().unwrap_err().to_string();
         assert!(pmem.contains("fpga_namespace = \"mem\"") && pmem.contains("backend = \"file\""), "{pmem}");
+        let large =
+            Config { max_datagram_bytes: 32 * 1024, ..with(vec![namespace("disk", NamespaceBackend::File)], "disk") };
+        let large = large.validate().unwrap_err().to_string();
+        assert!(large.contains("fpga_namespace = \"disk\" with max_datagram_bytes = 32768"), "{large}");
         let config: Config = toml::from_str("fpga_namespace = \"disk\"").unwrap();
         assert_eq!(config.fpga_namespace.as_deref(), Some("disk"));
         assert!(config.to_toml().contains("fpga_namespace = \"disk\""), "{}", config.to_toml());

@@ -1009,7 +1009,8 @@ impl<E: Engine> Dispatcher<E> {
         instruction: &Instruction<'_>,
         entry: &mut RunEntry,
     ) -> bool {
-        if !self.shared.engine.namespace_on_device(instruction.space) {
+        let engine = &self.shared.engine;
+        if !engine.namespace_on_device(instruction.space) && !engine.namespace_fenced(instruction.space) {
             return false;
         }
         let read_bytes = match op {
@@ -1030,9 +1031,17 @@ impl<E: Engine> Dispatcher<E> {
             None => &mut [][..],
         };
         match self.engine.execute_block(instruction, out) {
-            Some(Ok(len)) => {
-                entry.data_len = len.min(read_bytes);
+            Some(Ok(len)) if len == read_bytes => {
+                entry.data_len = len;
                 entry.buffer = buffer;
+                true
+            }
+            Some(Ok(_)) => {
+                // Fewer (or more) blocks than asked: never a short answer.
+                entry.status = Status::IoError;
+                if let Some(buffer) = buffer {
+                    self.block.free_buffers[namespace].push(buffer);
+                }
                 true
             }
             Some(Err(status)) => {

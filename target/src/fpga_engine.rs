@@ -27,11 +27,11 @@
 //! initiator must treat as an unknown outcome (the session's replay window then answers its
 //! retransmissions with the same `io_error`, never a second execution).
 
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use netdam_fpga::driver::{Driver, DriverConfig, DriverError, SubmitError};
+use netdam_fpga::interrupt::InterruptLink;
 use netdam_fpga::registers::{self as reg, NamespaceEntry, RegionEntry};
 use netdam_fpga::window::Window;
 use netdam_fpga::SLOT_BYTES_MAX;
@@ -60,6 +60,9 @@ pub struct EngineState {
     on_device: AtomicU64,
     /// Namespaces whose block instructions the device's NVMe serves now (bit = namespace id).
     namespaces_on_device: AtomicU64,
+    /// Namespaces answered `io_error` until a restart: the device failed without quiescing and
+    /// still runs, so it may yet write their file (bit = namespace id).
+    namespaces_fenced: AtomicU64,
     /// Block instructions the device has answered.
     device_block_instructions: AtomicU64,
     /// The device is in use (cleared by failover, for good).
@@ -100,6 +103,12 @@ impl EngineState {
     /// device raises one, and the workers do not busy-poll).
     pub fn sleeps_on_interrupt(&self) -> bool {
         self.sleeps_on_interrupt
+    }
+
+    /// Whether namespace `space` is fenced: answered `io_error`, since a device that failed
+    /// without quiescing may still write its file.
+    pub fn namespace_fenced(&self, space: u16) -> bool {
+        usize::from(space) < MAX_NAMESPACES && self.namespaces_fenced.load(Ordering::Acquire) & (1 << space) != 0
     }
 
     /// Block instructions the device has answered since start-up.
@@ -192,11 +201,13 @@ struct Device {
     reset_timeout: std::time::Duration,
     /// `None` once failed over.
     driver: Mutex<Option<Driver>>,
-    /// The completion interrupt's eventfd, when the device raises one.
-    interrupt: Option<OwnedFd>,
+    /// The completion interrupt, when the device raises one.
+    interrupt: Option<InterruptLink>,
     sleep_after: Option<std::time::Duration>,
-    /// Times a worker slept on the interrupt waiting for an answer.
+    /// Times a worker slept on the interrupt waiting for an answer, and times the interrupt
+    /// woke it (rather than the slice ending).
     interrupt_waits: AtomicU64,
+    interrupt_wakeups: AtomicU64,
 }
 
 /// Host regions and the device's placed ones, as instruction semantics see them: what a
@@ -242,7 +253,7 @@ impl FpgaEngine {
         window: Arc<dyn Window>,
         regions: Arc<RegionTable>,
         namespaces: &[DeviceNamespace],
-        interrupt: Option<OwnedFd>,
+        interrupt: Option<InterruptLink>,
         settings: FpgaSettings,
     ) -> Result<(FpgaEngine, Arc<EngineState>), FpgaError> {
         let found = window.u32_at(reg::DEVICE_ID).load(Ordering::Acquire);
@@ -337,6 +348,7 @@ impl FpgaEngine {
             selected_fpga: true,
             on_device: AtomicU64::new(on_device),
             namespaces_on_device: AtomicU64::new(namespaces_on_device),
+            namespaces_fenced: AtomicU64::new(0),
             device_block_instructions: AtomicU64::new(0),
             fpga: AtomicBool::new(true),
             failovers: AtomicU64::new(0),
@@ -353,6 +365,7 @@ impl FpgaEngine {
             interrupt,
             sleep_after: settings.sleep_after,
             interrupt_waits: AtomicU64::new(0),
+            interrupt_wakeups: AtomicU64::new(0),
         };
         let engine = FpgaEngine {
             software: SoftwareEngine::new(regions),
@@ -367,14 +380,9 @@ impl FpgaEngine {
         &self.device.state
     }
 
-    /// Whether workers sleep on the device's completion interrupt when an answer is slow.
-    pub fn sleeps_on_interrupt(&self) -> bool {
-        self.device.interrupt.is_some() && self.device.sleep_after.is_some()
-    }
-
-    /// Times a worker slept on the completion interrupt.
-    pub fn interrupt_waits(&self) -> u64 {
-        self.device.interrupt_waits.load(Ordering::Relaxed)
+    /// Times a worker slept on the completion interrupt, and times the interrupt woke it.
+    pub fn interrupt_waits(&self) -> (u64, u64) {
+        (self.device.interrupt_waits.load(Ordering::Relaxed), self.device.interrupt_wakeups.load(Ordering::Relaxed))
     }
 
     /// Enables (or disables) the completion interrupt (FPGA.md §6).
@@ -433,14 +441,16 @@ impl FpgaEngine {
                 Err(error) => break Err((error, true)),
             }
             match (sleep_after, started, &self.device.interrupt) {
-                (Some(after), Some(started), Some(eventfd)) if started.elapsed() >= after => {
+                (Some(after), Some(started), Some(link)) if started.elapsed() >= after => {
                     if !armed {
                         self.arm_interrupt(true);
                         armed = true;
                         continue;
                     }
                     self.device.interrupt_waits.fetch_add(1, Ordering::Relaxed);
-                    netdam_fpga::interrupt::wait(eventfd, INTERRUPT_WAIT_SLICE);
+                    if netdam_fpga::interrupt::wait(&link.eventfd, INTERRUPT_WAIT_SLICE) {
+                        self.device.interrupt_wakeups.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 _ => std::hint::spin_loop(),
             }
@@ -463,6 +473,7 @@ impl FpgaEngine {
         // Quiesce: a wedged device may still hold descriptors; a reset drops them (FPGA.md §7.3).
         // A dead one never answers: the wait is bounded, and its memory is copied as it is.
         let before = window.u32_at(reg::GENERATION).load(Ordering::Acquire);
+        let heartbeat = window.u32_at(reg::HEARTBEAT).load(Ordering::Acquire);
         window.u32_at(reg::RESET).store(reg::RESET_MAGIC, Ordering::Release);
         let started = std::time::Instant::now();
         let mut quiesced = false;
@@ -481,13 +492,21 @@ impl FpgaEngine {
             region.memory().copy_from(0, &on_board, 0, bytes as usize);
         }
         device.state.on_device.store(0, Ordering::Release);
-        device.state.namespaces_on_device.store(0, Ordering::Release);
+        let namespaces = device.state.namespaces_on_device.swap(0, Ordering::AcqRel);
+        // A device that did not take the reset but whose fetch loop still runs may yet write a
+        // namespace's file (a late BWRITE or TRIM over newer host writes): its namespaces are
+        // refused until a restart. One whose loop has stopped (a dead process, HEARTBEAT
+        // frozen through the wait) writes nothing more, and the target's file serves them.
+        let still_running = window.u32_at(reg::HEARTBEAT).load(Ordering::Acquire) != heartbeat;
+        let fenced = if !quiesced && still_running { namespaces } else { 0 };
+        device.state.namespaces_fenced.store(fenced, Ordering::Release);
         device.state.fpga.store(false, Ordering::Release);
         device.state.failovers.fetch_add(1, Ordering::Relaxed);
         tracing::error!(
             %error,
             abandoned,
             device_quiesced = quiesced,
+            namespaces_fenced = fenced.count_ones(),
             "FPGA engine failed over to software: the device's regions were copied back to host memory and every \
              instruction executes on the CPU from now on, block instructions on the target's own files (an \
              abandoned non-idempotent instruction is answered io_error); restart the target to use the device again"
@@ -537,6 +556,9 @@ impl Engine for FpgaEngine {
 
     fn execute_block(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Option<Result<usize, Status>> {
         let state = &self.device.state;
+        if state.namespace_fenced(instruction.space) {
+            return Some(Err(Status::IoError));
+        }
         if !state.namespace_on_device(instruction.space) {
             return None;
         }
@@ -550,9 +572,10 @@ impl Engine for FpgaEngine {
                 Some(result)
             }
             Err((error, _)) => {
-                // Every block instruction is idempotent: the target's file serves it again.
+                // Every block instruction is idempotent: the target's file serves it again,
+                // unless the device may still write that file.
                 self.fail_over(&mut driver, error);
-                None
+                state.namespace_fenced(instruction.space).then_some(Err(Status::IoError))
             }
         }
     }

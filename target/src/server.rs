@@ -441,10 +441,10 @@ pub fn select_engine_in(
     };
     // A model's window file takes an eventfd for its completion interrupt on the socket beside
     // it (a card's interrupts would come through VFIO, which is not built: FPGA.md §12).
-    let interrupt = source.strip_prefix("file:").and_then(|path| {
+    let interrupt = source.strip_prefix("file:").filter(|_| settings.sleep_after.is_some()).and_then(|path| {
         let socket = netdam_fpga::interrupt::socket_path(Path::new(path));
         match netdam_fpga::interrupt::request(&socket) {
-            Ok(eventfd) => Some(eventfd),
+            Ok(link) => Some(link),
             Err(error) => {
                 tracing::info!(socket = %socket.display(), %error, "the device model offers no completion interrupt: workers spin for its answers");
                 None

@@ -29,7 +29,7 @@ use netdam_isa::wire::Instruction;
 use netdam_isa::{Duration, Opcode, Status};
 use netdam_target::config::{ByteSize, EngineChoice, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig};
 use netdam_target::engine::SoftwareEngine;
-use netdam_target::fpga_engine::{EngineState, FpgaEngine, FpgaSettings};
+use netdam_target::fpga_engine::{DeviceNamespace, EngineState, FpgaEngine, FpgaSettings};
 use netdam_target::regions::RegionTable;
 use netdam_target::{Config, Target};
 
@@ -590,16 +590,18 @@ fn a_slow_device_answer_is_slept_through_on_the_completion_interrupt() {
         let config = ModelConfig { stage_latency: std::time::Duration::from_millis(2), ..ModelConfig::default() };
         let window: Arc<dyn Window> =
             Arc::new(FileWindow::create(&directory.path().join("window"), config.window_bytes() as usize).unwrap());
-        let line = Arc::new(netdam_fpga::interrupt::InterruptLine::default());
+        let socket = netdam_fpga::interrupt::socket_path(&directory.path().join("window"));
+        let line = netdam_fpga::interrupt::serve(&socket).unwrap();
         let _model = model::spawn_with(Arc::clone(&window), config, Some(Arc::clone(&line))).unwrap();
-        let eventfd = netdam_fpga::interrupt::new_eventfd().unwrap();
-        assert!(line.connect(eventfd.try_clone().unwrap()));
+        let link = netdam_fpga::interrupt::request(&socket).unwrap();
         let regions = Arc::new(RegionTable::open(&region_configs(directory.path()), directory.path()).unwrap());
         let settings =
             FpgaSettings { sleep_after: sleep.then_some(std::time::Duration::from_micros(20)), ..test_settings() };
-        let (mut engine, state) =
-            FpgaEngine::attach(Arc::clone(&window), regions, &[], Some(eventfd), settings).unwrap();
+        let (mut engine, state) = FpgaEngine::attach(Arc::clone(&window), regions, &[], Some(link), settings).unwrap();
         assert_eq!((state.on_fpga(), state.sleeps_on_interrupt()), (true, sleep));
+        if sleep {
+            assert_eq!(line.listeners(), 1, "the engine holds its link");
+        }
         let wall = std::time::Instant::now();
         let cpu = thread_cpu_time();
         for index in 0..8u64 {
@@ -618,13 +620,72 @@ fn a_slow_device_answer_is_slept_through_on_the_completion_interrupt() {
             assert_eq!(answer(&mut engine, &read), Ok(value.to_le_bytes().to_vec()), "sleep {sleep}: read {index}");
         }
         let (wall, cpu) = (wall.elapsed(), thread_cpu_time() - cpu);
-        println!("sleep {sleep}: 16 answers in {wall:?}, {cpu:?} of CPU, {} sleeps", engine.interrupt_waits());
+        let (sleeps, wakeups) = engine.interrupt_waits();
+        println!(
+            "sleep {sleep}: 16 answers in {wall:?}, {cpu:?} of CPU, {sleeps} sleeps, {wakeups} woken by the interrupt"
+        );
         assert_eq!(state.failovers(), 0);
         if sleep {
-            assert!(engine.interrupt_waits() > 0, "the engine slept on the interrupt");
+            // 16 answers, each after a 2 ms stage: most sleeps end on the interrupt, not on
+            // the 1 ms slice (a model that never raised it would wake none).
+            assert!(wakeups >= 8, "the interrupt woke the engine {wakeups} times in {sleeps} sleeps");
             assert!(cpu < wall / 2, "sleeping, the thread used {cpu:?} of CPU in {wall:?}");
         } else {
-            assert_eq!(engine.interrupt_waits(), 0, "a busy worker's engine spins");
+            assert_eq!((sleeps, wakeups), (0, 0), "a busy worker's engine spins");
+        }
+    }
+}
+
+/// A namespace on the device's NVMe when the device fails mid-instruction: if the device took
+/// the reset, the target's file serves the namespace from then on (`None`: dispatch's own
+/// device); if it ignores the reset and keeps running, it may still write the file, so the
+/// namespace is fenced: every block instruction answered `io_error` until a restart.
+#[test]
+fn a_device_that_keeps_running_after_a_failed_reset_fences_its_namespace() {
+    for deaf in [false, true] {
+        let directory = tempfile::tempdir().unwrap();
+        let disk = directory.path().join("disk.img");
+        std::fs::File::create(&disk).unwrap().set_len(NAMESPACE_BLOCKS * u64::from(BLOCK_BYTES)).unwrap();
+        let config = ModelConfig {
+            namespace: Some(model::NamespaceBacking { path: disk, block_bytes: BLOCK_BYTES }),
+            faults: Faults { stall_at: Some(3), deaf_to_reset: deaf, ..Faults::default() },
+            ..ModelConfig::default()
+        };
+        let window: Arc<dyn Window> =
+            Arc::new(FileWindow::create(&directory.path().join("window"), config.window_bytes() as usize).unwrap());
+        let _model = model::spawn(Arc::clone(&window), config).unwrap();
+        let regions = Arc::new(RegionTable::open(&region_configs(directory.path()), directory.path()).unwrap());
+        let namespace = DeviceNamespace { space: 0, block_bytes: BLOCK_BYTES, blocks: NAMESPACE_BLOCKS };
+        let settings = FpgaSettings { progress_deadline: Duration::from_millis(300), ..FpgaSettings::default() };
+        let (mut engine, state) =
+            FpgaEngine::attach(Arc::clone(&window), regions, &[namespace], None, settings).unwrap();
+        assert!(state.namespace_on_device(0));
+        let data = vec![0xC3u8; BLOCK_BYTES as usize];
+        let write = |block: u64| Instruction {
+            opcode: Opcode::BlockWrite as u8,
+            flags: 0,
+            space: 0,
+            offset: block,
+            length: 1,
+            aux: 0,
+            operand: &data,
+        };
+        let mut out = vec![0u8; 4096];
+        // Descriptors 0 to 2 complete on the device; the fourth stalls it.
+        for block in 0..3 {
+            assert_eq!(engine.execute_block(&write(block), &mut out[..0]), Some(Ok(0)), "deaf {deaf}: block {block}");
+        }
+        let stalled = engine.execute_block(&write(3), &mut out[..0]);
+        assert_eq!(state.failovers(), 1, "deaf {deaf}: the stall fails the device over");
+        assert!(!state.namespace_on_device(0));
+        if deaf {
+            assert!(state.namespace_fenced(0), "a device still running after a failed reset fences the namespace");
+            assert_eq!(stalled, Some(Err(Status::IoError)));
+            assert_eq!(engine.execute_block(&write(4), &mut out[..0]), Some(Err(Status::IoError)), "and stays fenced");
+        } else {
+            assert!(!state.namespace_fenced(0));
+            assert_eq!(stalled, None, "the reset took: the target's file serves it again");
+            assert_eq!(engine.execute_block(&write(4), &mut out[..0]), None);
         }
     }
 }

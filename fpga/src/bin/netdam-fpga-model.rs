@@ -65,6 +65,7 @@ fn main() -> std::process::ExitCode {
             stall_at: args.stall_at,
             reset_at: args.reset_at,
             media_error_at: args.media_error_at,
+            deaf_to_reset: false,
         },
         namespace: args.namespace.map(|path| NamespaceBacking { path, block_bytes: args.block_bytes }),
         spin: args.spin,

@@ -86,9 +86,9 @@ int netdam_fio_submit(struct netdam_fio_engine *engine, uint32_t kind, uint64_t 
 
 /* Sends the I/Os queued since the last commit, packing consecutive ones into datagrams while
  * they fit. With coalescing, while at least 8 datagrams are in flight a last datagram with room
- * for more waits for the next I/O, for the next reap to find an answer, or for 20 µs, whichever
- * comes first: at depth, fio hands over one I/O per completion, and two 4 KiB I/Os then share
- * a datagram. */
+ * for more waits until the next I/O fills it, until fewer than 8 are in flight, or for 20 µs
+ * (a reap checks all three; asleep in ppoll, the kernel's timer slack may add to the 20 µs):
+ * at depth, fio hands over one I/O per completion, and two 4 KiB I/Os then share a datagram. */
 void netdam_fio_commit(struct netdam_fio_engine *engine);
 
 /* Sends what is queued, then waits for at least `min` completions (fewer if fewer are outstanding), for at most
