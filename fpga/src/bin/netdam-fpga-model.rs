@@ -1,8 +1,9 @@
 //! `netdam-fpga-model`: the software FPGA as a separate process over a shared window file.
 //!
 //! Creates the window file (beside `--window`, then renamed into place, so a host that sees the
-//! file sees a powered-on device), and runs the device loop until killed or until the window
-//! file is removed.
+//! file sees a powered-on device), listens on `<window>.irq` for the eventfds of hosts that want
+//! its completion interrupt, and runs the device loop until killed or until the window file is
+//! removed.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -12,7 +13,10 @@ use clap::Parser;
 use netdam_fpga::model::{self, Faults, Model, ModelConfig, NamespaceBacking};
 use netdam_fpga::window::{FileWindow, Window};
 
-/// The netdam FPGA device model.
+/// The netdam FPGA device model: the ISA engine over its own on-board memory and an NVMe
+/// controller in front of an SSD model, over a window file a netdam target maps
+/// (`--engine fpga=WINDOW`). Hosts that want its completion interrupt hand it an eventfd on the
+/// Unix socket `WINDOW.irq`.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
