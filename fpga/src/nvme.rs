@@ -443,9 +443,7 @@ impl SsdModel {
         );
         // Doorbells are registers a controller reset clears; in the window they may hold what
         // an earlier run left.
-        for index in 0..4 {
-            window.u32_at(admin.doorbells + 4 * index).store(0, Ordering::Release);
-        }
+        clear_doorbells(&*window, admin.doorbells);
         let depth = geometry.queue_depth;
         SsdModel {
             window,
@@ -486,11 +484,9 @@ impl SsdModel {
         assert!(window.pointer(registers, register::BYTES as usize).is_some(), "registers within the window");
         // Placeholder admin queues, replaced at enable.
         let placeholder = QueuePair { sq_id: 0, entries: 2, sq_base: 0, cq_base: 0, doorbells };
-        let depth = device.geometry().queue_depth;
         let mut ssd = SsdModel::new(Arc::clone(&window), placeholder, device);
         ssd.registers = Some(registers);
         ssd.enabled = false;
-        debug_assert_eq!(ssd.free_buffers.len(), depth as usize);
         let cap = u64::from(IO_QUEUE_ENTRIES_MAX - 1) // MQES, 0-based
             | register::CAP_CQR
             | 1 << register::CAP_TO_SHIFT // ready within 500 ms
@@ -559,9 +555,7 @@ impl SsdModel {
             phase: true,
             head_doorbell: self.doorbells + 4,
         };
-        for index in 0..4 {
-            window.u32_at(self.doorbells + 4 * index).store(0, Ordering::Release);
-        }
+        clear_doorbells(&*window, self.doorbells);
         self.io_sq = None;
         self.io_cq = None;
         self.enabled = true;
@@ -1007,6 +1001,13 @@ impl SsdModel {
             return;
         };
         post(&*self.window, cq, sq.id, sq.head, command_id, status);
+    }
+}
+
+/// Zeroes the four doorbells (the admin pair's and I/O pair 1's) from `doorbells`.
+fn clear_doorbells(window: &dyn Window, doorbells: u64) {
+    for index in 0..4 {
+        window.u32_at(doorbells + 4 * index).store(0, Ordering::Release);
     }
 }
 

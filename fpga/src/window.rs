@@ -317,6 +317,8 @@ pub struct Probed {
     pub source: String,
     /// The mapping.
     pub window: std::sync::Arc<dyn Window>,
+    /// The window file, when it is a device model's (whose interrupt socket is beside it).
+    pub file: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Probed {
@@ -380,7 +382,7 @@ pub fn probe(roots: &ProbeRoots, model_window: Option<&Path>) -> Result<Probed, 
             Ok(window) => {
                 let found = window.u32_at(crate::registers::DEVICE_ID).load(std::sync::atomic::Ordering::Acquire);
                 if found == crate::DEVICE_ID {
-                    return Ok(Probed { source: format!("resource0:{address}"), window });
+                    return Ok(Probed { source: format!("resource0:{address}"), window, file: None });
                 }
                 misses.push(format!("resource0:{address}: DEVICE_ID {found:#010x} is not netdam's"));
             }
@@ -390,7 +392,13 @@ pub fn probe(roots: &ProbeRoots, model_window: Option<&Path>) -> Result<Probed, 
     match model_window {
         None => misses.push("model: no fpga_window configured".to_string()),
         Some(path) => match open_file(path) {
-            Ok(window) => return Ok(Probed { source: format!("file:{}", path.display()), window }),
+            Ok(window) => {
+                return Ok(Probed {
+                    source: format!("file:{}", path.display()),
+                    window,
+                    file: Some(path.to_path_buf()),
+                })
+            }
             Err(error) => misses.push(format!("model: {error}")),
         },
     }

@@ -153,17 +153,6 @@ impl Volume {
     pub async fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
         self.check("read", offset, out.len() as u64)?;
         let block = u64::from(self.block_bytes());
-        if out.len() as u64 <= u64::from(self.transfer_bytes()) {
-            // One piece (the common 4 KiB I/O): no list of pending pieces to allocate.
-            let op = Op::block_read(self.namespace.id, offset / block, (out.len() as u64 / block) as u32);
-            let reply = self.session().submit(vec![op]).await?.wait().await?;
-            let data = reply.data(0)?;
-            if data.len() != out.len() {
-                return Err(ClientError::MissingResult(0));
-            }
-            out.copy_from_slice(data);
-            return Ok(());
-        }
         let mut pending: Vec<(usize, usize, Pending)> = Vec::new();
         for (at, position, len) in Volume::pieces(offset, out.len() as u64, u64::from(self.transfer_bytes())) {
             let op = Op::block_read(self.namespace.id, at / block, (len / block) as u32);
@@ -185,12 +174,6 @@ impl Volume {
         self.check("write", offset, data.len() as u64)?;
         let block_bytes = self.block_bytes();
         let block = u64::from(block_bytes);
-        if data.len() as u64 <= u64::from(self.transfer_bytes()) {
-            // One piece: no list of pending pieces to allocate.
-            let op = Op::block_write(self.namespace.id, offset / block, block_bytes, data, fua);
-            self.session().submit(vec![op]).await?.wait().await?.data(0)?;
-            return Ok(());
-        }
         let mut pending = Vec::new();
         for (at, position, len) in Volume::pieces(offset, data.len() as u64, u64::from(self.transfer_bytes())) {
             let bytes = &data[position as usize..(position + len) as usize];

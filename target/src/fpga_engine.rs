@@ -210,6 +210,15 @@ struct Device {
     interrupt_wakeups: AtomicU64,
 }
 
+impl Device {
+    /// The driver, under the device lock; `None` once failed over. A worker that panicked with
+    /// the lock held left the driver as it was; it is still consistent (its state changes are
+    /// single assignments).
+    fn lock_driver(&self) -> std::sync::MutexGuard<'_, Option<Driver>> {
+        self.driver.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Host regions and the device's placed ones, as instruction semantics see them: what a
 /// MEMCPY between a host region and a device region is executed over (by the CPU, through the
 /// window, under the device lock).
@@ -525,9 +534,7 @@ impl Engine for FpgaEngine {
             return self.software.execute(instruction, out);
         }
         let device = Arc::clone(&self.device);
-        // A worker that panicked with the lock held left the driver as it was; it is still
-        // consistent (its state changes are single assignments).
-        let mut driver = device.driver.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut driver = device.lock_driver();
         let Some(live) = driver.as_mut() else {
             // Failed over while this worker waited for the lock.
             drop(driver);
@@ -563,9 +570,12 @@ impl Engine for FpgaEngine {
             return None;
         }
         let device = Arc::clone(&self.device);
-        let mut driver = device.driver.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Failed over while this worker waited for the lock: the target's file serves it.
-        let live = driver.as_mut()?;
+        let mut driver = device.lock_driver();
+        let Some(live) = driver.as_mut() else {
+            // Failed over while this worker waited for the lock: the target's file serves it,
+            // unless that failover fenced the namespace.
+            return state.namespace_fenced(instruction.space).then_some(Err(Status::IoError));
+        };
         match self.on_device(live, instruction, out) {
             Ok(result) => {
                 state.device_block_instructions.fetch_add(1, Ordering::Relaxed);

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -424,17 +424,17 @@ pub fn select_engine_in(
         state: Arc::new(EngineState::software()),
         why,
     };
-    let (source, window) = match &config.engine {
+    let (source, window, window_file) = match &config.engine {
         EngineChoice::Software => return Ok(software(regions, "engine = software".to_string())),
         EngineChoice::Fpga(Some(path)) => {
             let window = netdam_fpga::window::WindowSource::File { path: path.clone() }
                 .open(&roots.sysfs)
                 .map_err(|error| StartError::Engine(format!("engine fpga={}: {error}", path.display())))?;
-            (format!("file:{}", path.display()), window)
+            (format!("file:{}", path.display()), window, Some(path.clone()))
         }
         EngineChoice::Auto | EngineChoice::Fpga(None) => {
             match netdam_fpga::window::probe(roots, config.fpga_window.as_deref()) {
-                Ok(probed) => (probed.source, probed.window),
+                Ok(probed) => (probed.source, probed.window, probed.file),
                 Err(why) if config.engine == EngineChoice::Auto => {
                     return Ok(software(regions, format!("engine auto found no FPGA: {why}")));
                 }
@@ -444,8 +444,8 @@ pub fn select_engine_in(
     };
     // A model's window file takes an eventfd for its completion interrupt on the socket beside
     // it (a card's interrupts would come through VFIO, which is not built: FPGA.md §12).
-    let interrupt = source.strip_prefix("file:").filter(|_| settings.sleep_after.is_some()).and_then(|path| {
-        let socket = netdam_fpga::interrupt::socket_path(Path::new(path));
+    let interrupt = window_file.filter(|_| settings.sleep_after.is_some()).and_then(|path| {
+        let socket = netdam_fpga::interrupt::socket_path(&path);
         match netdam_fpga::interrupt::request(&socket) {
             Ok(link) => Some(link),
             Err(error) => {
