@@ -745,10 +745,16 @@ impl<E: Engine> Dispatcher<E> {
 
     /// Reaps block completions, continues the datagrams they complete, and hands each finished
     /// answer to `send` with where it goes; returns how many were handed over.
-    pub fn poll_block(&mut self, now: Instant, send: &mut dyn FnMut(ReplyTo, &[u8])) -> usize {
+    ///
+    /// `clock` is read again for each answer: its service time must run until it is handed
+    /// over, since the answers of one pass leave one after another (a loopback send takes
+    /// microseconds) and an answer stamped at the start of the pass would show its wait behind
+    /// the others' sends as network delay, which shrinks the initiator's fabric window.
+    pub fn poll_block(&mut self, clock: &dyn Fn() -> Instant, send: &mut dyn FnMut(ReplyTo, &[u8])) -> usize {
         if self.block.pending() == 0 {
             return 0;
         }
+        let now = clock();
         self.block.reap(&self.shared.stats[self.worker].block_completed);
         while let Some(slot) = self.block.ready.pop() {
             let mut pending = std::mem::take(&mut self.block.slots[usize::from(slot)]);
@@ -765,7 +771,7 @@ impl<E: Engine> Dispatcher<E> {
             }
             let response = ResponseWriter::resume(&mut pending.response[..pending.room], progress);
             let count = response.count();
-            let held = pending.waited + now.saturating_since(pending.started);
+            let held = pending.waited + clock().saturating_since(pending.started);
             let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
             let depth = u16::try_from(self.block.pending() - 1).unwrap_or(u16::MAX);
             let reply_to = pending.reply_to.expect("defer recorded where the answer goes");
@@ -1731,6 +1737,59 @@ mod tests {
         let (status, data) = first_result(&answer);
         assert_eq!(status, Status::Ok);
         decode_hello_answer(&data).unwrap().session
+    }
+
+    #[test]
+    fn block_answers_of_one_pass_each_report_their_time_until_their_own_hand_over() {
+        use crate::config::{NamespaceBackend, NamespaceConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let namespace = NamespaceConfig {
+            name: "n".into(),
+            backend: NamespaceBackend::Pmem,
+            path: "n.region".into(),
+            size: Some(ByteSize(1 << 20)),
+            block_size: 4096,
+        };
+        let namespaces = Arc::new(NamespaceTable::open(&[namespace], dir.path()).unwrap());
+        let devices = namespaces.open_devices(9000).unwrap();
+        let config = RegionConfig { name: "r".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
+        let regions = Arc::new(RegionTable::open(&[config], dir.path()).unwrap());
+        let settings = DispatchSettings::default();
+        let shared = Arc::new(Shared::new(regions.clone(), namespaces, 1, settings, 1, CookieJar::new([3; 16])));
+        let mut dispatcher = Dispatcher::new(SoftwareEngine::new(regions), shared, 0, devices);
+        let session = open_session(&mut dispatcher, Instant::ZERO, ME);
+        // Three BREADs, each in a datagram of its own, all waiting for block I/O.
+        for sequence in 1..=3u64 {
+            let mut request = vec![0u8; 256];
+            let mut builder = RequestBuilder::new(&mut request, session, sequence).unwrap();
+            builder
+                .push(&Instruction { space: 0, offset: sequence, length: 1, ..instruction(Opcode::BlockRead, 1, &[]) })
+                .unwrap();
+            let len = builder.finish();
+            let mut out = vec![0u8; 9000];
+            let handled =
+                dispatcher.handle(Instant::ZERO, peer(ME), Wait::queued(Duration::ZERO), &request[..len], &mut out);
+            assert!(matches!(handled, Handled::Deferred(_)), "a block instruction waits for its device: {handled:?}");
+        }
+        // The pass starts at 1 ms, and each read of the clock finds it 10 µs later: the answers
+        // leave one after another, and each one's service time runs until it is handed over.
+        let ticks = std::cell::Cell::new(0u64);
+        let clock = || {
+            ticks.set(ticks.get() + 1);
+            Instant::ZERO + Duration::from_micros(1_000 + 10 * ticks.get())
+        };
+        let mut service_ns = Vec::new();
+        while service_ns.len() < 3 {
+            dispatcher.poll_block(&clock, &mut |_, answer| {
+                let response = Response::parse(answer).unwrap();
+                assert_eq!(response.status(), Status::Ok);
+                service_ns.push(response.header.service_time_ns);
+            });
+            assert!(ticks.get() < 1_000, "the device answers at once");
+        }
+        let stamped_at_hand_over = service_ns.windows(2).all(|pair| pair[1] > pair[0]);
+        assert!(stamped_at_hand_over, "each answer's service time runs to its own send: {service_ns:?}");
+        assert!(service_ns[0] > 1_000_000, "and counts from the request's arrival: {service_ns:?}");
     }
 
     #[test]

@@ -314,7 +314,7 @@ fn poll_block<E: Engine>(fd: &OwnedFd, dispatcher: &mut Dispatcher<E>, clock: &M
         return 0;
     }
     let mut failed = 0;
-    let sent = dispatcher.poll_block(clock.now(), &mut |reply_to, answer| {
+    let sent = dispatcher.poll_block(&|| clock.now(), &mut |reply_to, answer| {
         if socket::send_to(fd, &reply_to.peer, answer).is_err() {
             failed += 1;
         }
