@@ -1641,9 +1641,16 @@ mod tests {
     use netdam_isa::wire::{RequestBuilder, Response};
 
     fn dispatcher() -> Dispatcher<SoftwareEngine> {
+        dispatcher_serving(Arc::new(NamespaceTable::default()), Vec::new())
+    }
+
+    /// A dispatcher of one 4 KiB memory region and `namespaces`, on `devices`.
+    fn dispatcher_serving(
+        namespaces: Arc<NamespaceTable>,
+        devices: Vec<Box<dyn BlockDevice>>,
+    ) -> Dispatcher<SoftwareEngine> {
         let config = RegionConfig { name: "r".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
         let regions = Arc::new(RegionTable::open(&[config], std::path::Path::new(".")).unwrap());
-        let namespaces = Arc::new(NamespaceTable::default());
         let shared = Arc::new(Shared::new(
             regions.clone(),
             namespaces,
@@ -1652,7 +1659,7 @@ mod tests {
             1,
             CookieJar::new([3; 16]),
         ));
-        Dispatcher::new(SoftwareEngine::new(regions), shared, 0, Vec::new())
+        Dispatcher::new(SoftwareEngine::new(regions), shared, 0, devices)
     }
 
     fn instruction(opcode: Opcode, length: u32, operand: &[u8]) -> Instruction<'_> {
@@ -1752,11 +1759,7 @@ mod tests {
         };
         let namespaces = Arc::new(NamespaceTable::open(&[namespace], dir.path()).unwrap());
         let devices = namespaces.open_devices(9000).unwrap();
-        let config = RegionConfig { name: "r".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
-        let regions = Arc::new(RegionTable::open(&[config], dir.path()).unwrap());
-        let settings = DispatchSettings::default();
-        let shared = Arc::new(Shared::new(regions.clone(), namespaces, 1, settings, 1, CookieJar::new([3; 16])));
-        let mut dispatcher = Dispatcher::new(SoftwareEngine::new(regions), shared, 0, devices);
+        let mut dispatcher = dispatcher_serving(namespaces, devices);
         let session = open_session(&mut dispatcher, Instant::ZERO, ME);
         // Three BREADs, each in a datagram of its own, all waiting for block I/O.
         for sequence in 1..=3u64 {
