@@ -95,7 +95,7 @@ impl Default for SessionConfig {
             max_in_flight: 32,
             initial_rto: Duration::from_millis(200),
             min_rto: Duration::from_micros(500),
-            min_block_rto: Duration::from_millis(5),
+            min_block_rto: Duration::from_millis(20),
             max_rto: Duration::from_millis(2_000),
             max_attempts: 8,
             min_patience: Duration::from_millis(5_000),

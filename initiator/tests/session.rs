@@ -537,6 +537,6 @@ fn a_block_request_waits_at_least_its_floor_before_it_is_resent() {
     session.handle_datagram(at_us(100), &answer(&bread));
     session.submit(&[Op::block_read(0, 1, 1)], 2).unwrap();
     session.poll_transmit(at_us(1_000)).unwrap();
-    assert_eq!(SessionConfig::default().min_block_rto, Duration::from_millis(5));
-    assert_eq!(session.poll_timeout(), Some(at_us(1_000 + 5_000)), "a device's tail is allowed for");
+    assert_eq!(SessionConfig::default().min_block_rto, Duration::from_millis(20));
+    assert_eq!(session.poll_timeout(), Some(at_us(1_000 + 20_000)), "a device's tail is allowed for");
 }
