@@ -30,9 +30,14 @@ pub struct TenancyArgs {
     /// Rounds the modes alternate in.
     #[arg(long, default_value_t = 6)]
     pub rounds: u64,
-    /// Measured READs of the latency-critical tenant per QoS phase.
+    /// Measured READs of the latency-critical tenant per QoS phase and round.
     #[arg(long, default_value_t = 20_000)]
     pub qos_requests: u64,
+    /// Rounds of the QoS phases (alone, then beside each flood, in turn): the tables pool every
+    /// round, and each flood's p99 against alone is also given per round with its median, since
+    /// one round's tail moves with whatever else the machine does.
+    #[arg(long, default_value_t = 5)]
+    pub qos_rounds: u64,
     /// Sessions the flooding tenant sends from, each keeping `--flood-window` requests in flight.
     #[arg(long, default_value_t = 4)]
     pub flood_sessions: usize,
@@ -188,7 +193,7 @@ pub fn run(args: &TenancyArgs) {
         (2u32, "beside the same flood sent to another target", sink.local_addr()),
     ];
     let title = format!(
-        "QoS: a latency-critical tenant's READ 64 B ({} each), alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
+        "QoS: a latency-critical tenant's READ 64 B ({} per phase and round), alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
         args.qos_requests, args.flood_sessions, args.flood_window
     );
     qos_table(args, &title, &mut interactive, &contended, FloodThreads::Normal);
@@ -203,7 +208,7 @@ pub fn run(args: &TenancyArgs) {
     ];
     let title = format!(
         "QoS, the flood as if from other hosts (its threads at SCHED_IDLE; the interactive client blocking): \
-         READ 64 B ({} each) alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
+         READ 64 B ({} per phase and round) alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
         args.qos_requests, args.flood_sessions, args.flood_window
     );
     qos_table(args, &title, &mut interactive, &remote, FloodThreads::Idle);
@@ -220,7 +225,8 @@ enum FloodThreads {
 }
 
 /// The interactive tenant's READs alone, then beside each flood of `phases` (flooding tenant,
-/// name, address flooded); prints the table and each flood's rates.
+/// name, address flooded), `--qos-rounds` times over; prints the pooled table, each flood's
+/// p99 against alone per round with the median, and each flood's rates.
 fn qos_table(
     args: &TenancyArgs,
     title: &str,
@@ -230,24 +236,51 @@ fn qos_table(
 ) {
     let mut warm = crate::histogram();
     reads(interactive, 2_000, &mut warm);
+    let rounds = args.qos_rounds.max(1);
     let mut alone = crate::histogram();
-    reads(interactive, args.qos_requests, &mut alone);
-    let mut summaries = vec![Summary::new("interactive alone".into(), &alone)];
-    let mut flood_rates = Vec::new();
-    for &(flooder, name, addr) in phases {
-        let (beside, writes, busy) = beside_flood(args, interactive, flooder, addr, threads);
-        flood_rates.push((name, writes, busy));
-        summaries.push(Summary::new(name.into(), &beside));
+    let mut pooled: Vec<Histogram<u64>> = phases.iter().map(|_| crate::histogram()).collect();
+    let mut p99_ratios: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
+    let mut flood_totals = vec![(0.0f64, 0.0f64); phases.len()];
+    for _ in 0..rounds {
+        let mut alone_round = crate::histogram();
+        reads(interactive, args.qos_requests, &mut alone_round);
+        alone.add(&alone_round).expect("histograms alike");
+        let alone_p99 = alone_round.value_at_quantile(0.99).max(1) as f64;
+        for (index, &(flooder, _, addr)) in phases.iter().enumerate() {
+            let (beside, writes, busy) = beside_flood(args, interactive, flooder, addr, threads);
+            p99_ratios[index].push(beside.value_at_quantile(0.99) as f64 / alone_p99);
+            pooled[index].add(&beside).expect("histograms alike");
+            flood_totals[index].0 += writes / rounds as f64;
+            flood_totals[index].1 += busy / rounds as f64;
+        }
     }
+    let mut summaries = vec![Summary::new("interactive alone".into(), &alone)];
+    summaries.extend(phases.iter().zip(&pooled).map(|(&(_, name, _), histogram)| Summary::new(name.into(), histogram)));
     println!();
-    println!("{title}");
+    println!("{title}; {rounds} rounds, pooled");
     println!("| interactive tenant | p50 µs | p99 µs | p99.9 µs | p50 / alone | p99 / alone | p99.9 / alone |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for (index, summary) in summaries.iter().enumerate() {
         println!("{}", row(&summary.name, summary, (index > 0).then(|| &summaries[0])));
     }
-    for (name, rate, busy) in flood_rates {
-        println!("flood {name}: {rate:.0} WRITEs/s completed, {busy:.0} BUSY answers/s");
+    println!("p99 / alone per round (each against the alone phase of its round):");
+    for (&(_, name, _), ratios) in phases.iter().zip(&p99_ratios) {
+        let listed: Vec<String> = ratios.iter().map(|ratio| format!("{ratio:.2}x")).collect();
+        println!("- {name}: {}; median {:.2}x", listed.join(", "), median(ratios));
+    }
+    for (&(_, name, _), (rate, busy)) in phases.iter().zip(flood_totals) {
+        println!("flood {name}: {rate:.0} WRITEs/s completed, {busy:.0} BUSY answers/s (mean of the rounds)");
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count); NaN for none.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
 }
 
@@ -307,4 +340,16 @@ fn beside_flood(
     }
     let seconds = started.elapsed().as_secs_f64();
     (beside, done.load(Ordering::Relaxed) as f64 / seconds, busy.load(Ordering::Relaxed) as f64 / seconds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_is_the_middle_value_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[1.76, 1.19, 1.38, 1.21, 1.74]), 1.38);
+        assert_eq!(median(&[2.0, 1.0, 4.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
 }

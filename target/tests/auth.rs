@@ -350,6 +350,32 @@ fn a_datagram_replayed_after_a_restart_finds_no_session() {
 }
 
 #[test]
+fn a_datagram_of_an_expired_session_finds_no_session_and_adds_nothing() {
+    let regions = vec![common::region("alice", REGION, false), common::region("shared", REGION, false)];
+    let target = common::start_configured(regions, |config| {
+        config.auth = AuthMode::Tenants;
+        config.session_idle_timeout_ms = 1_000;
+    });
+    publish(&target, &records());
+    let mut raw = Raw::open(&target, 1, 0xA1);
+    let one = 1u64.to_le_bytes();
+    let add = fetch_add(0, 0, &one);
+    let first = raw.sealed(raw.session, 1, &add);
+    assert_eq!(raw.exchange(&first).map(|(status, _)| status), Some(Status::Ok));
+    // Silent past the idle timeout: the session ends, and its keys with it.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let late = raw.sealed(raw.session, 2, &add);
+    assert_eq!(raw.exchange(&late), Some((Status::NoSession, Vec::new())));
+    // Nor does the answered datagram, sent again, get its stored answer or run again.
+    assert_eq!(raw.exchange(&first), Some((Status::NoSession, Vec::new())));
+    assert!(stat(&target, "sessions_expired") >= 1);
+    let mut root = client(&target, Some(credentials(3, 0x77))).unwrap();
+    let mut word = [0u8; 8];
+    root.read(0, 0, &mut word).unwrap();
+    assert_eq!(u64::from_le_bytes(word), 1, "only the datagram sent while the session lived added");
+}
+
+#[test]
 fn an_unauthenticated_target_refuses_to_listen_beyond_loopback_unless_forced() {
     let mut config = netdam_target::Config {
         listen: "0.0.0.0:0".parse().unwrap(),
