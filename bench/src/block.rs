@@ -80,6 +80,10 @@ pub struct BlockArgs {
     /// requests, like fio's queue depth.
     #[arg(long, value_enum, default_value_t = crate::OnOff::On)]
     pub cc: crate::OnOff,
+    /// The target's `block_sqpoll_idle_ms`: 0 submits inline in the worker; N > 0 gives the
+    /// worker's ring a kernel submission thread that sleeps after N ms without work.
+    #[arg(long, default_value_t = 0)]
+    pub sqpoll_idle_ms: u32,
     /// Skip fio (when it is not installed).
     #[arg(long)]
     pub no_fio: bool,
@@ -229,7 +233,7 @@ fn fio_case(file: &Path, args: &BlockArgs, pattern: &'static str, depth: usize) 
     })
 }
 
-fn target_config(file: &Path, data_dir: &Path, poll: BlockPoll) -> Config {
+fn target_config(file: &Path, data_dir: &Path, args: &BlockArgs) -> Config {
     let namespace = NamespaceConfig {
         name: "disk".into(),
         backend: NamespaceBackend::File,
@@ -237,7 +241,10 @@ fn target_config(file: &Path, data_dir: &Path, poll: BlockPoll) -> Config {
         size: None,
         block_size: BLOCK,
     };
-    crate::target::config(data_dir, poll.target(), namespace)
+    Config {
+        block_sqpoll_idle_ms: args.sqpoll_idle_ms,
+        ..crate::target::config(data_dir, args.poll.target(), namespace)
+    }
 }
 
 fn client(
@@ -310,7 +317,7 @@ fn netdam_case(
     pattern: &'static str,
     depth: usize,
 ) -> Result<Case, String> {
-    let target = Target::start(&target_config(file, data_dir, args.poll)).map_err(|error| error.to_string())?;
+    let target = Target::start(&target_config(file, data_dir, args)).map_err(|error| error.to_string())?;
     let (mut client, disk) = client(&target, args.poll.client(), depth, args.cc == crate::OnOff::On)?;
     let write = pattern == "randwrite";
     let (histogram, ops) = drive(&mut client, &disk, write, depth, Duration::from_secs(1), args.seconds, 7)?;
@@ -338,7 +345,7 @@ fn read_under_write_load(
     data_dir: &Path,
     args: &BlockArgs,
 ) -> Result<Vec<(String, Histogram<u64>, u64)>, String> {
-    let target = Target::start(&target_config(file, data_dir, args.poll)).map_err(|error| error.to_string())?;
+    let target = Target::start(&target_config(file, data_dir, args)).map_err(|error| error.to_string())?;
     let mut results = Vec::new();
     for loaded in [false, true] {
         let stop = Arc::new(AtomicBool::new(false));
@@ -400,7 +407,7 @@ fn report_json(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: 
     let rows: Vec<_> = cases.iter().map(Case::to_json).collect();
     json!({"machine": crate::report::machine(), "fio": fio, "poll": format!("{:?}", args.poll).to_lowercase(),
            "congestion_control": format!("{:?}", args.cc).to_lowercase(), "file_bytes": args.file_size,
-           "seconds": args.seconds, "cases": rows, "read_under_write_load": loads})
+           "seconds": args.seconds, "sqpoll_idle_ms": args.sqpoll_idle_ms, "cases": rows, "read_under_write_load": loads})
 }
 
 fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &UnderLoad) -> String {
@@ -410,11 +417,15 @@ fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &Unde
     let _ = writeln!(text, "machine: {} (absolute numbers hold for this machine only)", crate::report::machine());
     let _ = writeln!(
         text,
-        "4 KiB random I/O on one {} MiB file, {:.0} s per case, {:?} polling, congestion control {:?}; fio: {}",
+        "4 KiB random I/O on one {} MiB file, {:.0} s per case, {:?} polling, congestion control {:?}, {}; fio: {}",
         args.file_size >> 20,
         args.seconds,
         args.poll,
         args.cc,
+        match args.sqpoll_idle_ms {
+            0 => "block I/O submitted inline by the worker".to_string(),
+            idle => format!("block I/O submitted by a kernel thread (SQPOLL, idle after {idle} ms)"),
+        },
         fio.unwrap_or("skipped")
     );
     let _ = writeln!(

@@ -63,10 +63,39 @@ const FIXED_FILE: types::Fixed = types::Fixed(0);
 /// `_IO(0x12, 0)`: discard a byte range of a block device (include/uapi/linux/fs.h).
 const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
 
+/// Who hands queued requests to the kernel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Submission {
+    /// The caller, in `reap`'s `io_uring_enter`: an O_DIRECT request costs the calling worker
+    /// the kernel's submission path (5-7 µs each on the machines measured; docs/DECISIONS.md).
+    #[default]
+    Inline,
+    /// A kernel thread of the ring's own (`IORING_SETUP_SQPOLL`) that polls the submission
+    /// queue and sleeps after `idle_ms` without work: `reap` then makes no system call while the
+    /// thread is awake. The thread needs a core: where it shares one with the worker or the
+    /// clients, I/O waits for it to be scheduled.
+    KernelThread {
+        /// Milliseconds without submissions before the thread sleeps.
+        idle_ms: u32,
+    },
+}
+
 impl UringDevice {
     /// Opens `path` with O_DIRECT (falling back to the page cache, with a warning, where the file
-    /// system refuses O_DIRECT), registers `queue_depth` buffers of `max_transfer_bytes`.
+    /// system refuses O_DIRECT), registers `queue_depth` buffers of `max_transfer_bytes`;
+    /// requests are submitted inline.
     pub fn open(path: &Path, block_bytes: u32, queue_depth: u32, max_transfer_bytes: usize) -> io::Result<UringDevice> {
+        UringDevice::open_with(path, block_bytes, queue_depth, max_transfer_bytes, Submission::Inline)
+    }
+
+    /// As [`UringDevice::open`], with requests submitted as `submission` says.
+    pub fn open_with(
+        path: &Path,
+        block_bytes: u32,
+        queue_depth: u32,
+        max_transfer_bytes: usize,
+        submission: Submission,
+    ) -> io::Result<UringDevice> {
         if !block_bytes.is_power_of_two() || !(512..=65536).contains(&block_bytes) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -96,7 +125,11 @@ impl UringDevice {
         };
         let queue_depth = queue_depth.clamp(1, 4096);
         let buffers = AlignedBuffers::new(queue_depth as usize, max_transfer_bytes.max(block_bytes as usize))?;
-        let ring = IoUring::builder().build(queue_depth.next_power_of_two())?;
+        let mut builder = IoUring::builder();
+        if let Submission::KernelThread { idle_ms } = submission {
+            builder.setup_sqpoll(idle_ms);
+        }
+        let ring = builder.build(queue_depth.next_power_of_two())?;
         ring.submitter().register_files(&[file.as_raw_fd()])?;
         // SAFETY: the buffers live as long as the ring: both are fields of this device, and the
         // ring (declared first among them after the file) is dropped before the buffers.

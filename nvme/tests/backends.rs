@@ -6,7 +6,8 @@ use std::sync::Arc;
 use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::rng::Rng;
 use netdam_nvme::{
-    BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, Extent, RegionDevice, UringDevice,
+    BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, Extent, RegionDevice, Submission,
+    UringDevice,
 };
 use netdam_pmem::{Backing, Region};
 
@@ -122,6 +123,26 @@ fn uring_file_backend() {
     // Written through the ring, read back through the file system: the bytes are on the file.
     let bytes = std::fs::read(&path).unwrap();
     let mut device = UringDevice::open(&path, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+    assert_eq!(read(&mut device, 30, 4), &bytes[30 * BLOCK as usize..34 * BLOCK as usize]);
+}
+
+#[test]
+fn uring_file_backend_with_a_submission_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ns.img");
+    std::fs::File::create(&path).unwrap().set_len(BLOCKS * u64::from(BLOCK)).unwrap();
+    let submission = Submission::KernelThread { idle_ms: 1 };
+    let mut device = UringDevice::open_with(&path, BLOCK, DEPTH, MAX_TRANSFER, submission).unwrap();
+    // The kernel made the ring's submission thread, a task of this process.
+    let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .collect();
+    assert!(threads.iter().any(|name| name.starts_with("iou-sqp")), "no iou-sqp thread among {threads:?}");
+    conformance(&mut device);
+    let bytes = std::fs::read(&path).unwrap();
+    // After the thread has gone idle, a submission wakes it.
+    std::thread::sleep(std::time::Duration::from_millis(20));
     assert_eq!(read(&mut device, 30, 4), &bytes[30 * BLOCK as usize..34 * BLOCK as usize]);
 }
 

@@ -320,6 +320,13 @@ pub struct Config {
     /// pause of the worker leaves is executed).
     #[serde(default = "default_busy_threshold_us")]
     pub busy_threshold_us: u64,
+    /// Block namespaces on files and devices: 0 (the default) submits each worker's I/O in its
+    /// own `io_uring_enter`; N > 0 gives each worker's ring a kernel thread that submits it
+    /// (`IORING_SETUP_SQPOLL`) and sleeps after N ms without work. The thread needs a core of
+    /// its own: it keeps a worker's memory requests from waiting behind O_DIRECT submissions,
+    /// but on a machine whose cores are taken it starves the block path (docs/DECISIONS.md).
+    #[serde(default)]
+    pub block_sqpoll_idle_ms: u32,
     /// Sessions each worker holds at once (each keeps a replay window of answers).
     #[serde(default = "default_sessions_per_worker")]
     pub sessions_per_worker: usize,
@@ -449,6 +456,7 @@ impl Default for Config {
             lock_memory: default_lock_memory(),
             max_datagram_bytes: default_max_datagram_bytes(),
             busy_threshold_us: default_busy_threshold_us(),
+            block_sqpoll_idle_ms: 0,
             sessions_per_worker: default_sessions_per_worker(),
             max_sessions_per_address: default_max_sessions_per_address(),
             session_idle_timeout_ms: default_session_idle_timeout_ms(),
@@ -494,6 +502,14 @@ pub fn default_data_dir() -> Result<PathBuf, ConfigError> {
 }
 
 impl Config {
+    /// How block namespaces' rings submit, from `block_sqpoll_idle_ms`.
+    pub fn block_submission(&self) -> netdam_nvme::Submission {
+        match self.block_sqpoll_idle_ms {
+            0 => netdam_nvme::Submission::Inline,
+            idle_ms => netdam_nvme::Submission::KernelThread { idle_ms },
+        }
+    }
+
     /// Reads settings from a TOML file.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
         let text =
@@ -537,6 +553,12 @@ impl Config {
         }
         if !(10..=60_000).contains(&self.busy_threshold_us) {
             return invalid(format!("busy_threshold_us = {}: must be between 10 and 60000", self.busy_threshold_us));
+        }
+        if self.block_sqpoll_idle_ms > 10_000 {
+            return invalid(format!(
+                "block_sqpoll_idle_ms = {}: at most 10000 (ten seconds); 0 submits inline",
+                self.block_sqpoll_idle_ms
+            ));
         }
         if self.adaptive_spin_us > 1_000_000 {
             return invalid(format!("adaptive_spin_us = {}: at most 1000000 (one second)", self.adaptive_spin_us));
@@ -669,6 +691,7 @@ mod tests {
             (Config { max_sessions_per_address: 0, ..Config::default() }, "max_sessions_per_address"),
             (Config { sessions_per_worker: 16, max_sessions_per_address: 17, ..Config::default() }, "between 1 and"),
             (Config { session_idle_timeout_ms: 10, ..Config::default() }, "session_idle_timeout_ms"),
+            (Config { block_sqpoll_idle_ms: 20_000, ..Config::default() }, "block_sqpoll_idle_ms"),
         ] {
             let message = config.validate().unwrap_err().to_string();
             assert!(message.contains(named), "{message}");
@@ -680,6 +703,15 @@ mod tests {
             RegionConfig { name: "f".into(), backend: RegionBackend::File, path: None, size: ByteSize(4096) };
         let config = Config { regions: vec![pathless], ..Config::default() };
         assert!(config.validate().unwrap_err().to_string().contains("needs a path"));
+    }
+
+    #[test]
+    fn block_submission_is_inline_unless_a_kernel_thread_idle_time_is_set() {
+        assert_eq!(Config::default().block_submission(), netdam_nvme::Submission::Inline);
+        let config: Config = toml::from_str("block_sqpoll_idle_ms = 5").unwrap();
+        assert_eq!(config.block_submission(), netdam_nvme::Submission::KernelThread { idle_ms: 5 });
+        assert!(config.validate().is_ok());
+        assert!(config.to_toml().contains("block_sqpoll_idle_ms = 5"), "{}", config.to_toml());
     }
 
     #[test]

@@ -1758,7 +1758,7 @@ mod tests {
             block_size: 4096,
         };
         let namespaces = Arc::new(NamespaceTable::open(&[namespace], dir.path()).unwrap());
-        let devices = namespaces.open_devices(9000).unwrap();
+        let devices = namespaces.open_devices(9000, netdam_nvme::Submission::Inline).unwrap();
         let mut dispatcher = dispatcher_serving(namespaces, devices);
         let session = open_session(&mut dispatcher, Instant::ZERO, ME);
         // Three BREADs, each in a datagram of its own, all waiting for block I/O.

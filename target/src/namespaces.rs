@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use netdam_isa::limits::BLOCK_QUEUE_DEPTH;
-use netdam_nvme::{BlockDevice, RegionDevice, UringDevice};
+use netdam_nvme::{BlockDevice, RegionDevice, Submission, UringDevice};
 use netdam_pmem::{Backing, Region};
 
 use crate::config::{NamespaceBackend, NamespaceConfig};
 
 /// Opens one worker's device on a namespace, given the largest transfer in bytes.
-pub type DeviceFactory = Arc<dyn Fn(usize) -> io::Result<Box<dyn BlockDevice>> + Send + Sync>;
+pub type DeviceFactory = Arc<dyn Fn(usize, Submission) -> io::Result<Box<dyn BlockDevice>> + Send + Sync>;
 
 /// Why a namespace could not be opened; names the namespace and its backing.
 #[derive(Debug, thiserror::Error)]
@@ -96,9 +96,13 @@ impl Namespace {
         self.reports_allocation
     }
 
-    /// Opens a device on it for one worker.
-    pub fn open_device(&self, max_transfer_bytes: usize) -> Result<Box<dyn BlockDevice>, NamespaceError> {
-        (self.factory)(max_transfer_bytes).map_err(|error| self.error(error.to_string()))
+    /// Opens a device on it for one worker; `submission` applies where the device has a ring.
+    pub fn open_device(
+        &self,
+        max_transfer_bytes: usize,
+        submission: Submission,
+    ) -> Result<Box<dyn BlockDevice>, NamespaceError> {
+        (self.factory)(max_transfer_bytes, submission).map_err(|error| self.error(error.to_string()))
     }
 
     fn error(&self, message: String) -> NamespaceError {
@@ -134,8 +138,12 @@ impl NamespaceTable {
     }
 
     /// One worker's devices, by namespace id.
-    pub fn open_devices(&self, max_transfer_bytes: usize) -> Result<Vec<Box<dyn BlockDevice>>, NamespaceError> {
-        self.namespaces.iter().map(|namespace| namespace.open_device(max_transfer_bytes)).collect()
+    pub fn open_devices(
+        &self,
+        max_transfer_bytes: usize,
+        submission: Submission,
+    ) -> Result<Vec<Box<dyn BlockDevice>>, NamespaceError> {
+        self.namespaces.iter().map(|namespace| namespace.open_device(max_transfer_bytes, submission)).collect()
     }
 }
 
@@ -190,8 +198,8 @@ pub fn open_namespace(config: &NamespaceConfig, data_dir: &Path) -> Result<Names
                 }
             }
             let path = path.clone();
-            Arc::new(move |max_transfer: usize| {
-                let device = UringDevice::open(&path, block_bytes, BLOCK_QUEUE_DEPTH, max_transfer)?;
+            Arc::new(move |max_transfer: usize, submission: Submission| {
+                let device = UringDevice::open_with(&path, block_bytes, BLOCK_QUEUE_DEPTH, max_transfer, submission)?;
                 Ok(Box::new(device) as Box<dyn BlockDevice>)
             })
         }
@@ -204,13 +212,14 @@ pub fn open_namespace(config: &NamespaceConfig, data_dir: &Path) -> Result<Names
             let region = Region::open(&config.name, Backing::File(path.clone()), size)
                 .map_err(|error| fail(error.to_string()))?;
             let region = Arc::new(region);
-            Arc::new(move |max_transfer: usize| {
+            // A region device answers at submission: there is no ring to hand over.
+            Arc::new(move |max_transfer: usize, _: Submission| {
                 let device = RegionDevice::new(region.clone(), block_bytes, BLOCK_QUEUE_DEPTH, max_transfer)?;
                 Ok(Box::new(device) as Box<dyn BlockDevice>)
             })
         }
     };
-    let probe = factory(block_bytes as usize).map_err(|error| fail(error.to_string()))?;
+    let probe = factory(block_bytes as usize, Submission::Inline).map_err(|error| fail(error.to_string()))?;
     let capacity_blocks = probe.geometry().capacity_blocks;
     let reports_allocation = probe.reports_allocation();
     drop(probe);

@@ -131,7 +131,7 @@ impl Target {
         let namespaces = Arc::new(namespaces);
         // Every worker's devices are opened here, so a failure stops the start with its reason.
         let devices = (0..config.workers)
-            .map(|_| namespaces.open_devices(config.max_datagram_bytes))
+            .map(|_| namespaces.open_devices(config.max_datagram_bytes, config.block_submission()))
             .collect::<Result<Vec<_>, _>>()?;
         // The start time makes this run's session ids differ from an earlier run's.
         let epoch = std::time::SystemTime::now()

@@ -24,6 +24,11 @@ use netdam_target::Target;
 const BLOCK: u32 = 4096;
 
 fn start(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>) -> TestTarget {
+    start_submitting(namespaces, extra, 0)
+}
+
+/// As `start`, with `block_sqpoll_idle_ms` set (0: inline submission).
+fn start_submitting(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>, sqpoll_idle_ms: u32) -> TestTarget {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -39,6 +44,7 @@ fn start(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>) -> TestTarget 
         // Many targets share one test process: leave its memory alone.
         lock_memory: false,
         auth: netdam_target::AuthMode::None,
+        block_sqpoll_idle_ms: sqpoll_idle_ms,
         ..Config::default()
     };
     let target = Target::start_with(&config, extra).expect("target starts");
@@ -52,9 +58,10 @@ fn namespace(backend: NamespaceBackend, path: &str, bytes: u64) -> NamespaceConf
 /// Random-pattern writes of 1 to 40 blocks (so several datagrams each), some with FUA, each
 /// followed by a read of a random range checked against a model; then flush, trim and
 /// write-zeroes, and the refusals a user can run into.
-fn verify_data_through_the_client(backend: NamespaceBackend, path: &str) {
+/// `sqpoll_idle_ms`: the target's `block_sqpoll_idle_ms` (0: inline submission).
+fn verify_data_through_the_client(backend: NamespaceBackend, path: &str, sqpoll_idle_ms: u32) {
     const BLOCKS: u64 = 1024;
-    let test = start(vec![namespace(backend, path, BLOCKS * u64::from(BLOCK))], Vec::new());
+    let test = start_submitting(vec![namespace(backend, path, BLOCKS * u64::from(BLOCK))], Vec::new(), sqpoll_idle_ms);
     let mut client = Client::connect(test.target.local_addr()).unwrap();
     let disk = client.namespace("disk").unwrap().clone();
     assert_eq!((disk.id, disk.block_bytes, disk.capacity_blocks), (0, BLOCK, BLOCKS));
@@ -122,6 +129,7 @@ fn verify_data_through_the_client(backend: NamespaceBackend, path: &str) {
         poll: PollMode::Blocking,
         namespaces: vec![namespace(backend, path, BLOCKS * u64::from(BLOCK))],
         auth: netdam_target::AuthMode::None,
+        block_sqpoll_idle_ms: sqpoll_idle_ms,
         ..Config::default()
     };
     let target = Target::start(&config).expect("target restarts");
@@ -132,12 +140,18 @@ fn verify_data_through_the_client(backend: NamespaceBackend, path: &str) {
 
 #[test]
 fn random_data_round_trips_on_a_file_namespace() {
-    verify_data_through_the_client(NamespaceBackend::File, "disk.img");
+    verify_data_through_the_client(NamespaceBackend::File, "disk.img", 0);
+}
+
+#[test]
+fn random_data_round_trips_on_a_file_namespace_whose_rings_a_kernel_thread_submits() {
+    // Idle after 1 ms: the thread sleeps between the test's requests, so its wake-up is used too.
+    verify_data_through_the_client(NamespaceBackend::File, "disk.img", 1);
 }
 
 #[test]
 fn random_data_round_trips_on_a_pmem_namespace() {
-    verify_data_through_the_client(NamespaceBackend::Pmem, "disk.region");
+    verify_data_through_the_client(NamespaceBackend::Pmem, "disk.region", 0);
 }
 
 /// BLOCK_STATUS extents as (blocks, flags).
@@ -216,7 +230,7 @@ fn block_status_on_a_pmem_namespace_is_not_supported() {
 
 fn crash_namespace(image: &CrashImage, blocks: u64) -> Namespace {
     let image = image.clone();
-    let factory = Arc::new(move |max_transfer: usize| {
+    let factory = Arc::new(move |max_transfer: usize, _: netdam_nvme::Submission| {
         let device = image.device(64, max_transfer)?;
         Ok(Box::new(device) as Box<dyn BlockDevice>)
     });
@@ -348,7 +362,7 @@ fn memory_reads_do_not_wait_behind_block_io() {
     let open = Arc::new(AtomicBool::new(false));
     let gate = open.clone();
     let device_image = image.clone();
-    let factory = Arc::new(move |max_transfer: usize| {
+    let factory = Arc::new(move |max_transfer: usize, _: netdam_nvme::Submission| {
         let device = GatedDevice { inner: device_image.device(256, max_transfer)?, open: gate.clone() };
         Ok(Box::new(device) as Box<dyn BlockDevice>)
     });

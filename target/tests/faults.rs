@@ -168,7 +168,7 @@ fn a_failing_device_answers_io_error_and_the_rest_keeps_serving() {
     let image = CrashImage::new(BLOCK, BLOCKS);
     let faults = Arc::new(Faults { bad_blocks: 100..110, flush_fails: AtomicBool::new(false) });
     let (device_image, device_faults) = (image.clone(), faults.clone());
-    let factory = Arc::new(move |max_transfer: usize| {
+    let factory = Arc::new(move |max_transfer: usize, _: netdam_nvme::Submission| {
         let device = FailingDevice {
             inner: device_image.device(256, max_transfer)?,
             faults: device_faults.clone(),

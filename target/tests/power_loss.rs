@@ -40,7 +40,7 @@ fn start(image: &CrashImage) -> TestTarget {
 fn start_with(image: &CrashImage, regions: Vec<Region>) -> TestTarget {
     let dir = tempfile::tempdir().expect("temp dir");
     let device_image = image.clone();
-    let factory = Arc::new(move |max_transfer: usize| {
+    let factory = Arc::new(move |max_transfer: usize, _: netdam_nvme::Submission| {
         Ok(Box::new(device_image.device(64, max_transfer)?) as Box<dyn BlockDevice>)
     });
     let namespace = Namespace::new("cut", "crash-test device", BLOCK_BYTES as u32, BLOCKS, factory);
