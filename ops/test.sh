@@ -126,6 +126,7 @@ smoke_results="$(mktemp -d -t netdam-bench.XXXXXX)"
   --ops read,write,cas,fetch-add,vadd,crc32,bread,bwrite --sizes 64,4096 --out "$smoke_results"
 ./build/release/netdam-bench floor --requests 2000 --warmup 200 --poll blocking --sizes 64
 ./build/release/netdam-bench integrity --iterations 2000
+./build/release/netdam-bench bulk --bytes 16MiB --rounds 1 --poll blocking
 ./build/release/netdam-bench tenancy --requests 600 --rounds 2 --qos-requests 300 --qos-rounds 2 --poll blocking
 ./build/release/netdam-bench throughput --depths 1,8,32 --seconds 0.3 --poll blocking --out "$smoke_results"
 ls "$smoke_results"

@@ -36,7 +36,7 @@ pub enum BlockPoll {
 }
 
 impl BlockPoll {
-    fn target(self) -> PollMode {
+    pub(crate) fn target(self) -> PollMode {
         match self {
             BlockPoll::Busy => PollMode::Busy,
             BlockPoll::Adaptive => PollMode::Adaptive,
@@ -44,7 +44,7 @@ impl BlockPoll {
         }
     }
 
-    fn client(self) -> ClientPoll {
+    pub(crate) fn client(self) -> ClientPoll {
         if self == BlockPoll::Busy {
             ClientPoll::Busy
         } else {

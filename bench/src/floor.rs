@@ -20,13 +20,8 @@ pub struct EchoServer {
 impl EchoServer {
     /// Starts the server; `busy` spins on a non-blocking socket, otherwise it blocks.
     pub fn start(busy: bool, response_bytes: usize) -> EchoServer {
-        let socket = UdpSocket::bind("127.0.0.1:0").expect("bind echo socket");
+        let socket = server_socket(busy);
         let addr = socket.local_addr().expect("echo address");
-        if busy {
-            socket.set_nonblocking(true).expect("non-blocking echo socket");
-        } else {
-            socket.set_read_timeout(Some(Duration::from_millis(100))).expect("echo timeout");
-        }
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -56,10 +51,44 @@ impl EchoServer {
     }
 }
 
+/// A server's socket on loopback: non-blocking when it is `busy` (the server spins), otherwise
+/// blocking for at most 100 ms per receive, so that its loop can see a stop.
+pub fn server_socket(busy: bool) -> UdpSocket {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind echo socket");
+    ask_for_buffers(&socket);
+    if busy {
+        socket.set_nonblocking(true).expect("non-blocking echo socket");
+    } else {
+        socket.set_read_timeout(Some(Duration::from_millis(100))).expect("echo timeout");
+    }
+    socket
+}
+
+/// Socket buffers as large as netdam's target and sessions ask for (4 MiB each way), so a
+/// window of large datagrams in flight fits the echo's queues as it fits netdam's; best effort,
+/// as for netdam (the kernel caps them at `net.core.{r,w}mem_max`).
+fn ask_for_buffers(socket: &UdpSocket) {
+    use std::os::fd::AsRawFd;
+    let bytes: libc::c_int = 4 << 20;
+    for option in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+        // SAFETY: a valid socket and a pointer to an int of the stated size.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+}
+
 /// A client socket connected to the echo at `addr`: non-blocking when it `spins`, else blocking
 /// for at most `timeout` per receive.
 pub fn client_socket(addr: SocketAddr, spins: bool, timeout: Duration) -> UdpSocket {
     let socket = UdpSocket::bind("127.0.0.1:0").expect("bind client socket");
+    ask_for_buffers(&socket);
     socket.connect(addr).expect("connect to echo");
     if spins {
         socket.set_nonblocking(true).expect("non-blocking client socket");

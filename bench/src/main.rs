@@ -3,6 +3,7 @@
 
 mod allreduce;
 mod block;
+mod bulk;
 mod compare;
 mod fio;
 mod floor;
@@ -88,6 +89,10 @@ enum Command {
     Sim(SimArgs),
     /// Print the table of simulated results (docs/SIMULATION.md) to standard output.
     SimTable,
+    /// One large WRITE and READ of a volatile region through the client's pipeline (what
+    /// `netdam write` and `netdam read` do), beside a UDP bulk transfer with the same datagram
+    /// sizes and window, alternating; MiB/s and their ratio.
+    Bulk(bulk::BulkArgs),
     /// What tenant authentication costs (READ 64 B with no authentication, a MAC, encryption)
     /// and what QoS protects (a latency-critical tenant alone and beside a flood), in one run.
     Tenancy(tenancy::TenancyArgs),
@@ -203,6 +208,12 @@ fn main() {
         Command::Throughput(args) => {
             if let Err(message) = throughput::run(&args).and_then(|points| throughput::report(&points, &args)) {
                 eprintln!("netdam-bench throughput: {message}");
+                std::process::exit(1);
+            }
+        }
+        Command::Bulk(args) => {
+            if let Err(message) = bulk::run(&args) {
+                eprintln!("netdam-bench bulk: {message}");
                 std::process::exit(1);
             }
         }
