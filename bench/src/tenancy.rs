@@ -71,9 +71,20 @@ fn credentials(id: u32) -> Credentials {
 }
 
 fn start(data_dir: &std::path::Path, poll: PollMode, auth: AuthMode, tenants: &[TenantRecord]) -> Target {
+    start_pinned(data_dir, poll, auth, tenants, false)
+}
+
+/// As `start`; with `pin_workers` its worker is pinned to the last CPU this thread may use.
+fn start_pinned(
+    data_dir: &std::path::Path,
+    poll: PollMode,
+    auth: AuthMode,
+    tenants: &[TenantRecord],
+    pin_workers: bool,
+) -> Target {
     let namespace = crate::target::pmem_namespace("tenancy-namespace.region", 4 << 20, 4096);
     let config = crate::target::config(data_dir, poll, namespace);
-    let target = Target::start(&netdam_target::Config { auth, pin_workers: false, lock_memory: false, ..config })
+    let target = Target::start(&netdam_target::Config { auth, pin_workers, lock_memory: false, ..config })
         .unwrap_or_else(|error| panic!("netdam target: {error}"));
     {
         let (snapshot, warnings) = TenantSnapshot::resolve(tenants, target.regions(), target.namespaces());
@@ -212,6 +223,60 @@ pub fn run(args: &TenancyArgs) {
         args.qos_requests, args.flood_sessions, args.flood_window
     );
     qos_table(args, &title, &mut interactive, &remote, FloodThreads::Idle);
+    drop(interactive);
+    auth_target.stop();
+
+    // The same, with the target's worker on a core of its own: a flood thread at SCHED_IDLE
+    // still gets a slice of a core whose only other thread is the busy worker, and on other
+    // hosts it would get none. The worker is pinned to the last CPU; this thread (the
+    // interactive client) and the flood's threads, which inherit its affinity, to the others.
+    let Some(others) = all_but_last_cpu() else {
+        println!("\n(one CPU: the QoS phases with the worker on a core of its own are skipped)");
+        return;
+    };
+    let pinned_dir = scratch.path().join("pinned");
+    std::fs::create_dir_all(&pinned_dir).expect("pinned target directory");
+    let pinned = start_pinned(&pinned_dir, args.poll, AuthMode::None, &everyone, true);
+    let allowed = netdam_target::worker::allowed_cpus();
+    set_affinity(&others);
+    let mut interactive = connect(&pinned, Some(credentials(1)), false, ClientPoll::Blocking);
+    let remote = [
+        (2u32, "beside a best-effort flood at SCHED_IDLE, off the worker's core", pinned.local_addr()),
+        (3u32, "beside the same flood, no QoS", pinned.local_addr()),
+    ];
+    let title = format!(
+        "QoS, the flood as if from other hosts and the worker on a core of its own (worker pinned to CPU {}, \
+         the interactive client and the flood at SCHED_IDLE on CPUs {:?}): READ 64 B ({} per phase and round) \
+         alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
+        allowed.last().copied().unwrap_or(0),
+        others,
+        args.qos_requests,
+        args.flood_sessions,
+        args.flood_window
+    );
+    qos_table(args, &title, &mut interactive, &remote, FloodThreads::Idle);
+    drop(interactive);
+    set_affinity(&allowed);
+    pinned.stop();
+}
+
+/// Every CPU this thread may use but the last (where a pinned worker 0 goes); `None` with one.
+fn all_but_last_cpu() -> Option<Vec<usize>> {
+    let mut cpus = netdam_target::worker::allowed_cpus();
+    cpus.pop();
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+/// Lets the calling thread (and threads it starts later) run on `cpus` only.
+fn set_affinity(cpus: &[usize]) {
+    // SAFETY: cpu_set_t is a plain bit set; sched_setaffinity reads it for this thread (pid 0).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        panic!("sched_setaffinity {cpus:?}: {}", std::io::Error::last_os_error());
+    }
 }
 
 /// How the flood's threads are scheduled.
@@ -267,6 +332,12 @@ fn qos_table(
     for (&(_, name, _), ratios) in phases.iter().zip(&p99_ratios) {
         let listed: Vec<String> = ratios.iter().map(|ratio| format!("{ratio:.2}x")).collect();
         println!("- {name}: {}; median {:.2}x", listed.join(", "), median(ratios));
+    }
+    // The first phase is the best-effort tenant's flood (issue 13's goal: at most 1.5x alone).
+    if let (Some(&(_, name, _)), Some(ratios)) = (phases.first(), p99_ratios.first()) {
+        let ratio = median(ratios);
+        let verdict = if ratio <= 1.5 { "met" } else { "not met" };
+        println!("goal, p99 {name} at most 1.5x alone: median {ratio:.2}x, {verdict}");
     }
     for (&(_, name, _), (rate, busy)) in phases.iter().zip(flood_totals) {
         println!("flood {name}: {rate:.0} WRITEs/s completed, {busy:.0} BUSY answers/s (mean of the rounds)");

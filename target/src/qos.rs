@@ -51,6 +51,12 @@ pub struct TenantUsage {
     pub in_flight: AtomicU32,
     /// The bucket's theoretical arrival time, ns on the workers' clock.
     arrival_ns: AtomicU64,
+    /// The bucket's arrival time as if every refused request not yet due had been admitted, ns:
+    /// each refusal is told to come back when it fits behind those refused before it, so that
+    /// retries arrive at the rate the bucket admits them, and not all at once when it next has
+    /// room (a burst that would mostly be refused again, and that queues ahead of every other
+    /// tenant's requests at the worker).
+    retry_ns: AtomicU64,
     /// Requests answered BUSY, by [`Shed`] reason.
     shed: [AtomicU64; 3],
     /// HELLOs refused because the tenant held `max_sessions`.
@@ -69,7 +75,9 @@ impl TenantUsage {
     }
 
     /// Takes `cost` units from the bucket at `now_ns` under `limits`; `Err(wait_ns)`: empty, with
-    /// the time until this cost would fit. Unlimited (`cost_per_second` 0) always succeeds.
+    /// the time to come back: when this cost would fit, or, behind requests refused before it
+    /// and not yet due, one such cost after the last of them. Unlimited (`cost_per_second` 0)
+    /// always succeeds.
     pub fn take(&self, now_ns: u64, cost: u64, limits: &TenantLimits) -> Result<(), u64> {
         if limits.cost_per_second == 0 || cost == 0 {
             return Ok(());
@@ -83,11 +91,25 @@ impl TenantUsage {
             let start = arrival.max(now_ns);
             let next = start.saturating_add(increment);
             if next.saturating_sub(now_ns) > tolerance {
-                return Err(next - now_ns - tolerance);
+                return Err(self.retry_slot(start, increment, tolerance).saturating_sub(now_ns));
             }
             match self.arrival_ns.compare_exchange_weak(arrival, next, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
                 Err(current) => arrival = current,
+            }
+        }
+    }
+
+    /// Reserves a refused request's place behind the bucket's arrival time `arrival_ns` and the
+    /// refused requests before it; returns when it fits there (the reserved arrival less the
+    /// burst `tolerance`).
+    fn retry_slot(&self, arrival_ns: u64, increment: u64, tolerance: u64) -> u64 {
+        let mut reserved = self.retry_ns.load(Ordering::Relaxed);
+        loop {
+            let next = reserved.max(arrival_ns).saturating_add(increment);
+            match self.retry_ns.compare_exchange_weak(reserved, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return next.saturating_sub(tolerance),
+                Err(current) => reserved = current,
             }
         }
     }
@@ -178,7 +200,7 @@ mod tests {
         let usage = TenantUsage::default();
         let limits = limits(1000, 10);
         let now = 5 * SECOND;
-        let passed = (0..100).filter(|_| usage.take(now, 1, &limits).is_ok()).count();
+        let passed = (0..10).filter(|_| usage.take(now, 1, &limits).is_ok()).count();
         assert_eq!(passed, 10, "the burst at once");
         let wait = usage.take(now, 1, &limits).unwrap_err();
         assert!(wait > 0 && wait <= SECOND / 1000, "{wait} ns until one unit");
@@ -190,6 +212,27 @@ mod tests {
             }
         }
         assert!((990..=1010).contains(&passed), "{passed} in a second at 1000 units/s");
+    }
+
+    #[test]
+    fn refused_requests_come_back_when_they_fit_behind_those_refused_before() {
+        const MS: u64 = SECOND / 1000;
+        let usage = TenantUsage::default();
+        // A millisecond per unit, a burst of three.
+        let limits = limits(1000, 3);
+        let now = 5 * SECOND;
+        assert!(usage.take(now, 3, &limits).is_ok(), "the burst");
+        let costs = [1, 1, 3, 1];
+        let waits: Vec<u64> = costs.iter().map(|&cost| usage.take(now, cost, &limits).unwrap_err()).collect();
+        assert_eq!(waits, [MS, 2 * MS, 5 * MS, 6 * MS], "each one's cost behind the one before");
+        // Each, back at its time, fits.
+        for (wait, cost) in waits.iter().zip(costs) {
+            assert!(usage.take(now + wait, cost, &limits).is_ok(), "{cost} unit(s) at +{wait} ns");
+        }
+        // Once those are due, a refusal waits for its own cost only.
+        let later = now + SECOND;
+        assert!(usage.take(later, 3, &limits).is_ok());
+        assert_eq!(usage.take(later, 1, &limits).unwrap_err(), MS);
     }
 
     #[test]
