@@ -25,14 +25,19 @@ use serde_json::json;
 
 use crate::block::BlockPoll;
 use crate::floor;
+use crate::report::median;
 
-/// How long the floor's client waits for an answer before counting what is in flight as lost.
+/// How long the floor's client waits for an answer before sending again what is unanswered.
 const FLOOR_SILENCE: Duration = Duration::from_millis(20);
+/// How long the floor's client goes on without any answer before it gives up.
+const FLOOR_GIVE_UP: Duration = Duration::from_secs(5);
 
 /// Settings of the bulk benchmark.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BulkArgs {
-    /// Bytes written and read back per round (the region is as large, rounded up to a page).
+    /// Bytes written and read back per round (the region is as large, rounded up to a page). The
+    /// run holds about four times this in memory: the data, what is read back, the target's
+    /// region and the UDP floor's.
     #[arg(long, default_value = "1GiB", value_parser = netdam_isa::units::parse_bytes)]
     pub bytes: u64,
     /// Rounds; netdam and the UDP transfer alternate, and the report gives each one's median.
@@ -53,8 +58,8 @@ struct Direction {
     netdam: Vec<f64>,
     /// The UDP transfer's rate per round, MiB/s.
     floor: Vec<f64>,
-    /// Datagrams the UDP transfer lost (counted as delivered after a silence), over all rounds.
-    floor_lost: u64,
+    /// Datagrams the UDP transfer sent again after a silence, over all rounds.
+    floor_resent: u64,
     /// Request and answer sizes on the wire, bytes.
     request_bytes: usize,
     response_bytes: usize,
@@ -96,7 +101,9 @@ pub fn run(args: &BulkArgs) -> Result<(), String> {
     let mut client =
         Client::connect_with(target.local_addr(), options).map_err(|error| format!("netdam client: {error}"))?;
     let region = client.region("bulk").map_err(|error| error.to_string())?.id;
-    // The session's cap on requests in flight (its window grows to it on a quiet machine).
+    // The floor keeps the session's cap on requests in flight unanswered. netdam's own window is
+    // Swift's, at most that cap (less where the socket buffers cannot hold it): the floor is
+    // never given less room than netdam.
     let window = netdam_initiator::session::SessionConfig::default().max_in_flight;
     let write_chunk = client.info().write_chunk_bytes();
     let read_chunk = client.info().read_chunk_bytes();
@@ -130,10 +137,11 @@ pub fn run(args: &BulkArgs) -> Result<(), String> {
         {
             let sizes = (direction.request_bytes, direction.response_bytes);
             let sink = Sink::start(way, spins, bytes, chunk, direction.response_bytes);
-            let (seconds, lost) = udp_transfer(way, sink.addr, spins, window, sizes, chunk, memory);
+            let transfer = udp_transfer(way, sink.addr, spins, window, sizes, chunk, memory);
             sink.stop();
+            let (seconds, resent) = transfer.map_err(|error| format!("the UDP floor, round {round}: {error}"))?;
             direction.floor.push(mib(seconds));
-            direction.floor_lost += lost;
+            direction.floor_resent += resent;
         }
     }
     let stats = client.session_stats();
@@ -146,7 +154,7 @@ pub fn run(args: &BulkArgs) -> Result<(), String> {
         let report = json!({
             "machine": crate::report::machine(),
             "bytes": args.bytes,
-            "rounds": args.rounds,
+            "rounds": args.rounds.max(1),
             "poll": format!("{:?}", args.poll).to_lowercase(),
             "window": window,
             "netdam_retransmitted": stats.retransmissions,
@@ -201,23 +209,29 @@ impl Sink {
         let stop_flag = stop.clone();
         let (ready, is_ready) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
-            // Written through before the transfer, as the target's region is before it serves,
-            // with bytes that differ from chunk to chunk (a read that misplaces one shows).
-            let mut memory = pattern(memory_bytes);
+            // Written through before the transfer, as the target's region is before it serves:
+            // for reads with bytes that differ from chunk to chunk (a read that misplaces one
+            // shows), for writes with bytes the writer never sends (a write that is lost shows).
+            let mut memory = match way {
+                Way::Read => pattern(memory_bytes),
+                Way::Write => vec![0xEE; memory_bytes],
+            };
             let _ = ready.send(());
             let mut buffer = vec![0u8; 65_536];
             let mut answer = vec![0x5Au8; response_bytes.max(8)];
+            let response_bytes = response_bytes.max(8);
             while !stop_flag.load(Ordering::Relaxed) {
                 let Ok((len, from)) = socket.recv_from(&mut buffer) else {
                     std::hint::spin_loop();
                     continue;
                 };
-                let Some(index) = buffer.get(..8).map(|bytes| u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
-                else {
+                let Some(index) = index_of(&buffer[..len]) else {
                     continue;
                 };
                 let offset = (index as usize).saturating_mul(chunk).min(memory_bytes);
                 let moved = chunk.min(memory_bytes - offset);
+                // Every answer names its datagram, so the client can tell a late one.
+                answer[..8].copy_from_slice(&index.to_le_bytes());
                 match way {
                     Way::Write => {
                         let moved = moved.min(len.saturating_sub(8));
@@ -225,7 +239,6 @@ impl Sink {
                     }
                     Way::Read => {
                         let moved = moved.min(answer.len() - 8);
-                        answer[..8].copy_from_slice(&index.to_le_bytes());
                         answer[8..8 + moved].copy_from_slice(&memory[offset..offset + moved]);
                     }
                 }
@@ -245,10 +258,16 @@ impl Sink {
     }
 }
 
+/// The index a floor datagram starts with; `None` for one too short to carry it.
+fn index_of(datagram: &[u8]) -> Option<u64> {
+    datagram.get(..8).map(|bytes| u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+}
+
 /// Moves `memory` (write: from it; read: into it) through the sink at `addr` in datagrams of
 /// `request_bytes` answered by ones of `response_bytes`, `chunk` bytes each, keeping `window`
-/// in flight; a silence of `FLOOR_SILENCE` counts what is in flight as lost. Returns the seconds
-/// taken and the datagrams lost.
+/// unanswered; after a silence of `FLOOR_SILENCE` it sends the unanswered ones again, as any
+/// transfer that must arrive whole does, and gives up after `FLOOR_GIVE_UP` without an answer.
+/// Returns the seconds taken and the datagrams sent again.
 fn udp_transfer(
     way: Way,
     addr: SocketAddr,
@@ -257,53 +276,95 @@ fn udp_transfer(
     (request_bytes, response_bytes): (usize, usize),
     chunk: usize,
     memory: &mut [u8],
-) -> (f64, u64) {
+) -> Result<(f64, u64), String> {
+    if chunk == 0 || request_bytes < 8 || response_bytes < 8 {
+        return Err(format!("no room for a chunk: {request_bytes} B requests, {response_bytes} B answers"));
+    }
     let socket = floor::client_socket(addr, spins, FLOOR_SILENCE);
-    let count = memory.len().div_ceil(chunk) as u64;
-    let mut request = vec![0xA5u8; request_bytes.max(8)];
+    let count = memory.len().div_ceil(chunk);
+    let mut answered = vec![false; count];
+    // Sent and not yet answered, oldest first (answered ones leave from the front lazily).
+    let mut unanswered = std::collections::VecDeque::with_capacity(window);
+    let (mut next, mut done, mut waiting, mut resent) = (0usize, 0usize, 0usize, 0u64);
+    let mut request = vec![0xA5u8; request_bytes];
     let mut buffer = vec![0u8; 65_536];
-    let (mut sent, mut done, mut lost) = (0u64, 0u64, 0u64);
     let started = Instant::now();
-    let mut last_progress = started;
+    let mut last_answer = started;
+    let mut last_send = started;
     while done < count {
-        while sent < count && sent - done < window as u64 {
-            request[..8].copy_from_slice(&sent.to_le_bytes());
-            if way == Way::Write {
-                let offset = sent as usize * chunk;
-                let moved = chunk.min(memory.len() - offset).min(request.len() - 8);
-                request[8..8 + moved].copy_from_slice(&memory[offset..offset + moved]);
-            }
-            if socket.send(&request[..request_bytes]).is_err() {
+        while next < count && waiting < window {
+            if !send_chunk(&socket, way, next, chunk, memory, &mut request)? {
                 break;
             }
-            sent += 1;
+            unanswered.push_back(next);
+            next += 1;
+            waiting += 1;
+            last_send = Instant::now();
         }
         match socket.recv(&mut buffer) {
             Ok(len) => {
+                let Some(index) = index_of(&buffer[..len]).map(|index| index as usize).filter(|&index| index < count)
+                else {
+                    continue;
+                };
+                last_answer = Instant::now();
+                if answered[index] {
+                    continue; // an answer to a datagram sent twice
+                }
+                answered[index] = true;
                 done += 1;
-                last_progress = Instant::now();
-                if way == Way::Read && len >= 8 && len <= response_bytes {
-                    let index = u64::from_le_bytes(buffer[..8].try_into().expect("8 bytes")) as usize;
-                    let offset = index.saturating_mul(chunk).min(memory.len());
+                waiting -= 1;
+                if way == Way::Read {
+                    let offset = index * chunk;
                     let moved = chunk.min(memory.len() - offset).min(len - 8);
                     memory[offset..offset + moved].copy_from_slice(&buffer[8..8 + moved]);
                 }
+                while unanswered.front().is_some_and(|&index| answered[index]) {
+                    unanswered.pop_front();
+                }
             }
-            Err(_) if last_progress.elapsed() >= FLOOR_SILENCE => {
-                lost += sent - done;
-                done = sent;
-                last_progress = Instant::now();
+            Err(_) if last_answer.elapsed() >= FLOOR_GIVE_UP => {
+                return Err(format!(
+                    "no answer for {} s ({done} of {count} datagrams answered)",
+                    FLOOR_GIVE_UP.as_secs()
+                ));
+            }
+            Err(_) if last_answer.max(last_send).elapsed() >= FLOOR_SILENCE => {
+                for &index in unanswered.iter().filter(|&&index| !answered[index]) {
+                    if send_chunk(&socket, way, index, chunk, memory, &mut request)? {
+                        resent += 1;
+                    }
+                }
+                last_send = Instant::now();
             }
             Err(_) => {}
         }
     }
-    (started.elapsed().as_secs_f64(), lost)
+    Ok((started.elapsed().as_secs_f64(), resent))
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+/// Sends datagram `index` (for a write, with its chunk of `memory`); `Ok(false)` when the
+/// socket's buffer is full.
+fn send_chunk(
+    socket: &std::net::UdpSocket,
+    way: Way,
+    index: usize,
+    chunk: usize,
+    memory: &[u8],
+    request: &mut [u8],
+) -> Result<bool, String> {
+    request[..8].copy_from_slice(&(index as u64).to_le_bytes());
+    if way == Way::Write {
+        let offset = index * chunk;
+        let moved = chunk.min(memory.len() - offset).min(request.len() - 8);
+        request[8..8 + moved].copy_from_slice(&memory[offset..offset + moved]);
+    }
+    match socket.send(request) {
+        Ok(_) => Ok(true),
+        // A full socket buffer: try again after the next answer.
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+        Err(error) => Err(format!("send: {error}")),
+    }
 }
 
 fn rates(values: &[f64]) -> String {
@@ -316,7 +377,7 @@ fn direction_json(direction: &Direction) -> serde_json::Value {
         "response_bytes": direction.response_bytes,
         "netdam_mib_per_s": direction.netdam,
         "udp_mib_per_s": direction.floor,
-        "udp_lost_datagrams": direction.floor_lost,
+        "udp_resent_datagrams": direction.floor_resent,
         "ratio_of_medians": direction.ratio(),
     })
 }
@@ -327,7 +388,7 @@ fn markdown(args: &BulkArgs, window: usize, write: &Direction, read: &Direction,
     let _ = writeln!(
         text,
         "machine: {} (absolute numbers hold for this machine only). {} MiB each way per round, {} rounds \
-         alternating netdam and UDP, {:?} polling, {} datagrams in flight (the session's window cap); \
+         alternating netdam and UDP, {:?} polling, at most {} datagrams in flight (the session's cap, the UDP transfer's window); \
          netdam on a volatile (mem) region through one session; the UDP transfer to an echo that answers \
          each datagram with one of the size netdam's answer has.",
         crate::report::machine(),
@@ -358,10 +419,10 @@ fn markdown(args: &BulkArgs, window: usize, write: &Direction, read: &Direction,
     }
     let _ = writeln!(
         text,
-        "\nnetdam retransmitted {retransmitted} datagrams; the UDP transfer lost {} (write) and {} (read), \
-         counted as delivered after {} ms of silence.",
-        write.floor_lost,
-        read.floor_lost,
+        "\nnetdam retransmitted {retransmitted} datagrams; the UDP transfer sent {} (write) and {} (read) again \
+         after {} ms without an answer.",
+        write.floor_resent,
+        read.floor_resent,
         FLOOR_SILENCE.as_millis()
     );
     text
@@ -378,17 +439,15 @@ mod tests {
         let sizes = (HEADER_LEN + INSTRUCTION_HEADER_LEN + chunk, HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN);
         let mut data = pattern(bytes);
         let sink = Sink::start(Way::Write, false, bytes, chunk, sizes.1);
-        let (_, lost) = udp_transfer(Way::Write, sink.addr, false, window, sizes, chunk, &mut data);
+        udp_transfer(Way::Write, sink.addr, false, window, sizes, chunk, &mut data).unwrap();
         let written = sink.stop();
-        assert_eq!(lost, 0);
         assert!(written == data, "the sink holds what was sent, each chunk in its place");
 
         let sizes = (HEADER_LEN + INSTRUCTION_HEADER_LEN, HEADER_LEN + RESPONSE_INSTRUCTION_HEADER_LEN + chunk);
         let mut back = vec![0u8; bytes];
         let sink = Sink::start(Way::Read, false, bytes, chunk, sizes.1);
-        let (_, lost) = udp_transfer(Way::Read, sink.addr, false, window, sizes, chunk, &mut back);
+        udp_transfer(Way::Read, sink.addr, false, window, sizes, chunk, &mut back).unwrap();
         let held = sink.stop();
-        assert_eq!(lost, 0);
         assert!(back == held && back == pattern(bytes), "every chunk the sink holds arrived in its place");
     }
 

@@ -68,20 +68,9 @@ pub fn server_socket(busy: bool) -> UdpSocket {
 /// window of large datagrams in flight fits the echo's queues as it fits netdam's; best effort,
 /// as for netdam (the kernel caps them at `net.core.{r,w}mem_max`).
 fn ask_for_buffers(socket: &UdpSocket) {
-    use std::os::fd::AsRawFd;
-    let bytes: libc::c_int = 4 << 20;
-    for option in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
-        // SAFETY: a valid socket and a pointer to an int of the stated size.
-        unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                option,
-                (&bytes as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
-    }
+    let socket = socket2::SockRef::from(socket);
+    let _ = socket.set_recv_buffer_size(4 << 20);
+    let _ = socket.set_send_buffer_size(4 << 20);
 }
 
 /// A client socket connected to the echo at `addr`: non-blocking when it `spins`, else blocking

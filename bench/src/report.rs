@@ -72,6 +72,17 @@ pub fn machine() -> String {
     format!("{cores} cores, {cpu}, Linux {kernel}")
 }
 
+/// The median of `values` (the mean of the middle two for an even count); NaN for none.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
 fn ratio(value: u64, floor: u64) -> f64 {
     value as f64 / floor.max(1) as f64
 }
@@ -234,4 +245,16 @@ pub fn write_latency(cases: &[LatencyCase], args: &LatencyArgs, dir: &Path) -> R
         Err(message) => eprintln!("{message}"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_is_the_middle_value_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[1.76, 1.19, 1.38, 1.21, 1.74]), 1.38);
+        assert_eq!(median(&[2.0, 1.0, 4.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
 }

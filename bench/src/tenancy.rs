@@ -218,7 +218,7 @@ pub fn run(args: &TenancyArgs) {
         (3u32, "beside the same flood at SCHED_IDLE, no QoS", auth_target.local_addr()),
     ];
     let title = format!(
-        "QoS, the flood as if from other hosts (its threads at SCHED_IDLE; the interactive client blocking): \
+        "QoS, the flood as if from other hosts (its threads spinning at SCHED_IDLE; the interactive client blocking): \
          READ 64 B ({} per phase and round) alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
         args.qos_requests, args.flood_sessions, args.flood_window
     );
@@ -238,7 +238,10 @@ pub fn run(args: &TenancyArgs) {
     std::fs::create_dir_all(&pinned_dir).expect("pinned target directory");
     let pinned = start_pinned(&pinned_dir, args.poll, AuthMode::None, &everyone, true);
     let allowed = netdam_target::worker::allowed_cpus();
-    set_affinity(&others);
+    let affinity = |cpus: &[usize]| {
+        netdam_target::worker::set_affinity(cpus).unwrap_or_else(|error| panic!("sched_setaffinity {cpus:?}: {error}"))
+    };
+    affinity(&others);
     let mut interactive = connect(&pinned, Some(credentials(1)), false, ClientPoll::Blocking);
     let remote = [
         (2u32, "beside a best-effort flood at SCHED_IDLE, off the worker's core", pinned.local_addr()),
@@ -256,7 +259,7 @@ pub fn run(args: &TenancyArgs) {
     );
     qos_table(args, &title, &mut interactive, &remote, FloodThreads::Idle);
     drop(interactive);
-    set_affinity(&allowed);
+    affinity(&allowed);
     pinned.stop();
 }
 
@@ -267,25 +270,13 @@ fn all_but_last_cpu() -> Option<Vec<usize>> {
     (!cpus.is_empty()).then_some(cpus)
 }
 
-/// Lets the calling thread (and threads it starts later) run on `cpus` only.
-fn set_affinity(cpus: &[usize]) {
-    // SAFETY: cpu_set_t is a plain bit set; sched_setaffinity reads it for this thread (pid 0).
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &cpu in cpus {
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        panic!("sched_setaffinity {cpus:?}: {}", std::io::Error::last_os_error());
-    }
-}
-
 /// How the flood's threads are scheduled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FloodThreads {
     /// Like every other thread: on a small machine they take cores the target and the
     /// interactive client need.
     Normal,
-    /// `SCHED_IDLE`: they run only on time no other thread wants.
+    /// `SCHED_IDLE`, spinning: they run only on time no other thread wants, and never sleep.
     Idle,
 }
 
@@ -331,27 +322,16 @@ fn qos_table(
     println!("p99 / alone per round (each against the alone phase of its round):");
     for (&(_, name, _), ratios) in phases.iter().zip(&p99_ratios) {
         let listed: Vec<String> = ratios.iter().map(|ratio| format!("{ratio:.2}x")).collect();
-        println!("- {name}: {}; median {:.2}x", listed.join(", "), median(ratios));
+        println!("- {name}: {}; median {:.2}x", listed.join(", "), crate::report::median(ratios));
     }
     // The first phase is the best-effort tenant's flood (issue 13's goal: at most 1.5x alone).
     if let (Some(&(_, name, _)), Some(ratios)) = (phases.first(), p99_ratios.first()) {
-        let ratio = median(ratios);
+        let ratio = crate::report::median(ratios);
         let verdict = if ratio <= 1.5 { "met" } else { "not met" };
         println!("goal, p99 {name} at most 1.5x alone: median {ratio:.2}x, {verdict}");
     }
     for (&(_, name, _), (rate, busy)) in phases.iter().zip(flood_totals) {
         println!("flood {name}: {rate:.0} WRITEs/s completed, {busy:.0} BUSY answers/s (mean of the rounds)");
-    }
-}
-
-/// The median of `values` (the mean of the middle two for an even count); NaN for none.
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
 }
 
@@ -371,7 +351,12 @@ fn beside_flood(
     let flood: Vec<_> = (0..args.flood_sessions)
         .map(|_| {
             let (stop, done, busy) = (stop.clone(), done.clone(), busy.clone());
-            let mut options = ClientOptions { poll: ClientPoll::Blocking, ..ClientOptions::default() };
+            // At SCHED_IDLE the flood's clients spin: a client that sleeps for its answers
+            // and its BUSY back-offs is woken by timers and interrupts on the interactive
+            // client's core, which a flood from other hosts would not do (docs/DECISIONS.md).
+            // Spinning at SCHED_IDLE, they give way to it whenever it wakes.
+            let flood_poll = if threads == FloodThreads::Idle { ClientPoll::Busy } else { ClientPoll::Blocking };
+            let mut options = ClientOptions { poll: flood_poll, ..ClientOptions::default() };
             options.session.credentials = Some(credentials(flooder));
             options.session.max_in_flight = args.flood_window;
             std::thread::spawn(move || {
@@ -411,16 +396,4 @@ fn beside_flood(
     }
     let seconds = started.elapsed().as_secs_f64();
     (beside, done.load(Ordering::Relaxed) as f64 / seconds, busy.load(Ordering::Relaxed) as f64 / seconds)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn the_median_is_the_middle_value_or_the_mean_of_the_middle_two() {
-        assert_eq!(median(&[1.76, 1.19, 1.38, 1.21, 1.74]), 1.38);
-        assert_eq!(median(&[2.0, 1.0, 4.0, 3.0]), 2.5);
-        assert!(median(&[]).is_nan());
-    }
 }

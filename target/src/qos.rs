@@ -55,7 +55,9 @@ pub struct TenantUsage {
     /// each refusal is told to come back when it fits behind those refused before it, so that
     /// retries arrive at the rate the bucket admits them, and not all at once when it next has
     /// room (a burst that would mostly be refused again, and that queues ahead of every other
-    /// tenant's requests at the worker).
+    /// tenant's requests at the worker). It runs at most one burst ahead of the bucket: a
+    /// refused request that never comes back, or comes back early and is refused again, must not
+    /// push every later hint further out.
     retry_ns: AtomicU64,
     /// Requests answered BUSY, by [`Shed`] reason.
     shed: [AtomicU64; 3],
@@ -101,12 +103,13 @@ impl TenantUsage {
     }
 
     /// Reserves a refused request's place behind the bucket's arrival time `arrival_ns` and the
-    /// refused requests before it; returns when it fits there (the reserved arrival less the
-    /// burst `tolerance`).
+    /// refused requests before it, at most a burst (`tolerance`) behind it; returns when it fits
+    /// there (the reserved arrival less the burst `tolerance`).
     fn retry_slot(&self, arrival_ns: u64, increment: u64, tolerance: u64) -> u64 {
         let mut reserved = self.retry_ns.load(Ordering::Relaxed);
         loop {
-            let next = reserved.max(arrival_ns).saturating_add(increment);
+            let behind = reserved.clamp(arrival_ns, arrival_ns.saturating_add(tolerance));
+            let next = behind.saturating_add(increment);
             match self.retry_ns.compare_exchange_weak(reserved, next, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return next.saturating_sub(tolerance),
                 Err(current) => reserved = current,
@@ -218,10 +221,10 @@ mod tests {
     fn refused_requests_come_back_when_they_fit_behind_those_refused_before() {
         const MS: u64 = SECOND / 1000;
         let usage = TenantUsage::default();
-        // A millisecond per unit, a burst of three.
-        let limits = limits(1000, 3);
+        // A millisecond per unit, a burst of ten.
+        let limits = limits(1000, 10);
         let now = 5 * SECOND;
-        assert!(usage.take(now, 3, &limits).is_ok(), "the burst");
+        assert!(usage.take(now, 10, &limits).is_ok(), "the burst");
         let costs = [1, 1, 3, 1];
         let waits: Vec<u64> = costs.iter().map(|&cost| usage.take(now, cost, &limits).unwrap_err()).collect();
         assert_eq!(waits, [MS, 2 * MS, 5 * MS, 6 * MS], "each one's cost behind the one before");
@@ -231,8 +234,29 @@ mod tests {
         }
         // Once those are due, a refusal waits for its own cost only.
         let later = now + SECOND;
-        assert!(usage.take(later, 3, &limits).is_ok());
+        assert!(usage.take(later, 10, &limits).is_ok());
         assert_eq!(usage.take(later, 1, &limits).unwrap_err(), MS);
+    }
+
+    #[test]
+    fn refusals_that_never_come_back_hold_later_hints_to_one_burst() {
+        const MS: u64 = SECOND / 1000;
+        let usage = TenantUsage::default();
+        let limits = limits(1000, 10);
+        let now = 5 * SECOND;
+        // A flood refused ten thousand times at once, none of it back at its time.
+        let passed = (0..10_000).filter(|_| usage.take(now, 1, &limits).is_ok()).count();
+        assert_eq!(passed, 10);
+        let wait = usage.take(now, 1, &limits).unwrap_err();
+        assert!(wait <= 11 * MS, "{wait} ns: at most a burst behind the bucket, plus the request's cost");
+        // Nor after a second of it at the rate: hints stay within a burst of when one unit fits.
+        for step in 0..10_000u64 {
+            let _ = usage.take(now + step * (SECOND / 10_000), 1, &limits);
+        }
+        let end = now + SECOND;
+        while usage.take(end, 1, &limits).is_ok() {}
+        let wait = usage.take(end, 1, &limits).unwrap_err();
+        assert!(wait <= 11 * MS, "{wait} ns after a second of refusals");
     }
 
     #[test]

@@ -335,15 +335,23 @@ pub fn allowed_cpus() -> Vec<usize> {
     (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect()
 }
 
+/// Lets the calling thread (and the threads it starts later) run on `cpus` only.
+pub fn set_affinity(cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: as above; the set names the CPUs given (those past CPU_SETSIZE are left out).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus.iter().filter(|&&cpu| cpu < libc::CPU_SETSIZE as usize) {
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Pins the calling thread (worker `index`) to `cpu`; logs and goes on unpinned if refused.
 pub fn pin_to_cpu(index: usize, cpu: usize) {
-    // SAFETY: as above; the set names one CPU.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        let error = std::io::Error::last_os_error();
-        tracing::warn!(worker = index, cpu, %error, "cannot pin worker to its CPU; it runs unpinned");
-    } else {
-        tracing::debug!(worker = index, cpu, "worker pinned");
+    match set_affinity(&[cpu]) {
+        Err(error) => tracing::warn!(worker = index, cpu, %error, "cannot pin worker to its CPU; it runs unpinned"),
+        Ok(()) => tracing::debug!(worker = index, cpu, "worker pinned"),
     }
 }

@@ -62,6 +62,15 @@ fn namespace(backend: NamespaceBackend, path: &str, bytes: u64) -> NamespaceConf
 fn verify_data_through_the_client(backend: NamespaceBackend, path: &str, sqpoll_idle_ms: u32) {
     const BLOCKS: u64 = 1024;
     let test = start_submitting(vec![namespace(backend, path, BLOCKS * u64::from(BLOCK))], Vec::new(), sqpoll_idle_ms);
+    if sqpoll_idle_ms > 0 && backend != NamespaceBackend::Pmem {
+        // The setting reached the rings: the kernel made their submission threads, tasks of
+        // this process.
+        let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .collect();
+        assert!(threads.iter().any(|name| name.starts_with("iou-sqp")), "no iou-sqp thread among {threads:?}");
+    }
     let mut client = Client::connect(test.target.local_addr()).unwrap();
     let disk = client.namespace("disk").unwrap().clone();
     assert_eq!((disk.id, disk.block_bytes, disk.capacity_blocks), (0, BLOCK, BLOCKS));
