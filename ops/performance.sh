@@ -16,6 +16,7 @@ $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 2 --seconds 2 --
 $bench allreduce --workers 2,4,8 --sizes 1MiB,16MiB,64MiB --repeats 3 --out "$out" > /dev/null
 $bench block --poll busy --out "$out/block-busy" > /dev/null
 $bench block --poll adaptive --out "$out/block-adaptive" > /dev/null
+$bench bulk --bytes 1GiB --rounds 5 --out "$out/bulk" > /dev/null
 # fio through the engine and through `netdam nbd`, beside nbdkit: busy polling (the goals of the
 # README's table), then the default adaptive worker with the engine sleeping between answers.
 cargo build --release --locked --bin netdam
