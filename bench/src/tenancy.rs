@@ -230,18 +230,18 @@ pub fn run(args: &TenancyArgs) {
     // still gets a slice of a core whose only other thread is the busy worker, and on other
     // hosts it would get none. The worker is pinned to the last CPU; this thread (the
     // interactive client) and the flood's threads, which inherit its affinity, to the others.
-    let Some(others) = all_but_last_cpu() else {
+    let allowed = netdam_target::worker::allowed_cpus();
+    let Some((&worker_cpu, others)) = allowed.split_last().filter(|(_, others)| !others.is_empty()) else {
         println!("\n(one CPU: the QoS phases with the worker on a core of its own are skipped)");
         return;
     };
     let pinned_dir = scratch.path().join("pinned");
     std::fs::create_dir_all(&pinned_dir).expect("pinned target directory");
     let pinned = start_pinned(&pinned_dir, args.poll, AuthMode::None, &everyone, true);
-    let allowed = netdam_target::worker::allowed_cpus();
     let affinity = |cpus: &[usize]| {
         netdam_target::worker::set_affinity(cpus).unwrap_or_else(|error| panic!("sched_setaffinity {cpus:?}: {error}"))
     };
-    affinity(&others);
+    affinity(others);
     let mut interactive = connect(&pinned, Some(credentials(1)), false, ClientPoll::Blocking);
     let remote = [
         (2u32, "beside a best-effort flood at SCHED_IDLE, off the worker's core", pinned.local_addr()),
@@ -251,23 +251,12 @@ pub fn run(args: &TenancyArgs) {
         "QoS, the flood as if from other hosts and the worker on a core of its own (worker pinned to CPU {}, \
          the interactive client and the flood at SCHED_IDLE on CPUs {:?}): READ 64 B ({} per phase and round) \
          alone and beside {} sessions x {} in flight of 4 KiB WRITEs",
-        allowed.last().copied().unwrap_or(0),
-        others,
-        args.qos_requests,
-        args.flood_sessions,
-        args.flood_window
+        worker_cpu, others, args.qos_requests, args.flood_sessions, args.flood_window
     );
     qos_table(args, &title, &mut interactive, &remote, FloodThreads::Idle);
     drop(interactive);
     affinity(&allowed);
     pinned.stop();
-}
-
-/// Every CPU this thread may use but the last (where a pinned worker 0 goes); `None` with one.
-fn all_but_last_cpu() -> Option<Vec<usize>> {
-    let mut cpus = netdam_target::worker::allowed_cpus();
-    cpus.pop();
-    (!cpus.is_empty()).then_some(cpus)
 }
 
 /// How the flood's threads are scheduled.

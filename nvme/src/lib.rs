@@ -26,7 +26,7 @@ pub use buffers::AlignedBuffers;
 pub use crash::{CrashImage, CrashTestDevice};
 pub use netdam_isa::block::Extent;
 pub use region::RegionDevice;
-pub use uring::{BackingKind, Submission, UringDevice};
+pub use uring::{wait_for_submission_thread, BackingKind, Submission, UringDevice};
 
 /// Shape of a namespace as one worker's device sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

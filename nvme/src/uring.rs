@@ -80,6 +80,29 @@ pub enum Submission {
     },
 }
 
+/// Waits up to `timeout` for a ring's kernel submission thread (`iou-sqp-*`) among this
+/// process's tasks, so a test can see that `Submission::KernelThread` took effect. The kernel
+/// names the thread when it first runs, which a loaded machine can delay. `Err`: the tasks'
+/// names at the deadline.
+#[doc(hidden)]
+pub fn wait_for_submission_thread(timeout: std::time::Duration) -> Result<(), Vec<String>> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .map_err(|error| vec![format!("/proc/self/task: {error}")])?
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim_end().to_string())
+            .collect();
+        if threads.iter().any(|name| name.starts_with("iou-sqp")) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(threads);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 impl UringDevice {
     /// Opens `path` with O_DIRECT (falling back to the page cache, with a warning, where the file
     /// system refuses O_DIRECT), registers `queue_depth` buffers of `max_transfer_bytes`;

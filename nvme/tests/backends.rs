@@ -133,20 +133,9 @@ fn uring_file_backend_with_a_submission_thread() {
     std::fs::File::create(&path).unwrap().set_len(BLOCKS * u64::from(BLOCK)).unwrap();
     let submission = Submission::KernelThread { idle_ms: 1 };
     let mut device = UringDevice::open_with(&path, BLOCK, DEPTH, MAX_TRANSFER, submission).unwrap();
-    // The kernel made the ring's submission thread, a task of this process. It takes its name
-    // when it first runs, which on a loaded machine can be a while after the ring is set up.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-            .collect();
-        if threads.iter().any(|name| name.starts_with("iou-sqp")) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "no iou-sqp thread among {threads:?}");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    // The kernel made the ring's submission thread.
+    let waited = netdam_nvme::wait_for_submission_thread(std::time::Duration::from_secs(5));
+    assert!(waited.is_ok(), "no iou-sqp thread among {waited:?}");
     conformance(&mut device);
     let bytes = std::fs::read(&path).unwrap();
     // After the thread has gone idle, a submission wakes it.

@@ -63,20 +63,9 @@ fn verify_data_through_the_client(backend: NamespaceBackend, path: &str, sqpoll_
     const BLOCKS: u64 = 1024;
     let test = start_submitting(vec![namespace(backend, path, BLOCKS * u64::from(BLOCK))], Vec::new(), sqpoll_idle_ms);
     if sqpoll_idle_ms > 0 && backend != NamespaceBackend::Pmem {
-        // The setting reached the rings: the kernel made their submission threads, tasks of
-        // this process (named when they first run, which on a loaded machine takes a while).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
-                .unwrap()
-                .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-                .collect();
-            if threads.iter().any(|name| name.starts_with("iou-sqp")) {
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "no iou-sqp thread among {threads:?}");
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
+        // The setting reached the rings: the kernel made their submission threads.
+        let waited = netdam_nvme::wait_for_submission_thread(std::time::Duration::from_secs(5));
+        assert!(waited.is_ok(), "no iou-sqp thread among {waited:?}");
     }
     let mut client = Client::connect(test.target.local_addr()).unwrap();
     let disk = client.namespace("disk").unwrap().clone();
