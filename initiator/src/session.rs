@@ -41,6 +41,11 @@ use crate::swift::{hops_from_ttl, Swift, SwiftConfig, SwiftMetrics};
 /// nothing per request.
 const SPARE_BUFFERS_MAX: usize = MAX_IN_FLIGHT;
 
+/// Capacity of a request's own buffer at the least (`Session::encode`): the answer to a small
+/// request (a READ of up to ~200 bytes, an atomic, a write's acknowledgement) then replaces it in
+/// place, where a larger one grows it once.
+const SMALL_ANSWER_BYTES: usize = 256;
+
 /// Settings of a session.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SessionConfig {
@@ -239,9 +244,12 @@ impl Datagram {
     /// Replaces the datagram with a copy of `bytes`, growing the buffer only if it is shorter.
     fn replace_with(&mut self, bytes: &[u8]) {
         if self.buffer.len() < bytes.len() {
-            self.buffer.resize(bytes.len(), 0);
+            // Grown without zeroing what is overwritten next.
+            self.buffer.clear();
+            self.buffer.extend_from_slice(bytes);
+        } else {
+            self.buffer[..bytes.len()].copy_from_slice(bytes);
         }
-        self.buffer[..bytes.len()].copy_from_slice(bytes);
         self.len = bytes.len();
     }
 }
@@ -434,10 +442,13 @@ pub struct Session {
     timeouts: Timeouts,
     swift: Option<Swift>,
     stats: SessionStats,
-    /// Datagram buffers of finished requests and recycled replies, each of the negotiated
-    /// datagram size, reused so that a request in steady state allocates nothing. At most
+    /// Datagram buffers of finished requests and recycled replies, reused (grown once to the
+    /// negotiated datagram size) so that a request in steady state allocates nothing. At most
     /// [`SPARE_BUFFERS_MAX`].
     spare_buffers: Vec<Datagram>,
+    /// Where a request is encoded when no spare buffer is left, before it is copied into a
+    /// buffer of its own size (`encode`); of the datagram size once the first request grew it.
+    scratch: Vec<u8>,
     /// The datagram size to ask HELLO for; `None` for a session that never says HELLO
     /// (sessionless PING and STAT).
     hello_size: Option<u32>,
@@ -485,6 +496,7 @@ impl Session {
             swift: config.congestion.map(Swift::new),
             stats: SessionStats::default(),
             spare_buffers: Vec::new(),
+            scratch: Vec::new(),
             hello_size: None,
             hello: None,
             established: None,
@@ -782,25 +794,32 @@ impl Session {
         Ok(())
     }
 
-    /// Encodes `count` instructions as the next sequence of the current session, into a spare
-    /// buffer when there is one.
+    /// Encodes `count` instructions as the next sequence of the current session: in place into
+    /// a spare buffer when there is one (a driver that recycles its replies), otherwise into the
+    /// session's scratch buffer and then copied into a buffer of the request's own size. The
+    /// request's buffer goes to the caller with the answer; one of the full datagram size would
+    /// be allocated and zeroed (9 KiB) for every request of a caller that does not recycle.
     fn encode<'a>(
         &mut self,
         count: usize,
         instruction: &impl Fn(usize) -> Instruction<'a>,
     ) -> Result<Datagram, ClientError> {
         let size = self.config.max_datagram_bytes;
-        let too_large = ClientError::TooLarge(size);
-        let mut datagram = self.spare_buffers.pop().unwrap_or_default();
+        let spare = self.spare_buffers.pop();
+        let recycled = spare.is_some();
+        let mut buffer = match spare {
+            Some(datagram) => datagram.buffer,
+            None => std::mem::take(&mut self.scratch),
+        };
         // Room for a trailer too (the size of an authenticated session leaves it out).
-        if datagram.buffer.len() < size + TRAILER_BYTES {
-            datagram.buffer.resize(size + TRAILER_BYTES, 0);
+        if buffer.len() < size + TRAILER_BYTES {
+            buffer.resize(size + TRAILER_BYTES, 0);
         }
-        let encoded = match RequestBuilder::new(&mut datagram.buffer[..size], self.session_id, self.next_sequence) {
+        let encoded = match RequestBuilder::new(&mut buffer[..size], self.session_id, self.next_sequence) {
             Ok(mut builder) => {
                 let pushed = (0..count).all(|index| builder.push(&instruction(index)).is_ok());
                 match (pushed, builder.is_empty()) {
-                    (false, _) => Err(too_large),
+                    (false, _) => Err(ClientError::TooLarge(size)),
                     (true, true) => Err(ClientError::Empty),
                     // A request of an authenticated session is sealed next: no CRC.
                     // (An encrypted session keeps requests in the clear and seals each transmission.)
@@ -810,22 +829,34 @@ impl Session {
                     (true, false) => Ok(builder.finish()),
                 }
             }
-            Err(_) => Err(too_large),
+            Err(_) => Err(ClientError::TooLarge(size)),
         };
-        match encoded {
-            Ok(len) => {
-                datagram.len = len;
-                if !self.config.encrypt {
-                    // An encrypted session seals each transmission (`poll_transmit`).
-                    seal_request(self.keys.as_ref(), &mut self.sealed, self.session_id, &mut datagram);
-                }
-                Ok(datagram)
-            }
+        let len = match encoded {
+            Ok(len) => len,
             Err(error) => {
-                self.recycle_buffer(datagram);
-                Err(error)
+                if recycled {
+                    self.recycle_buffer(Datagram { buffer, len: 0 });
+                } else {
+                    self.scratch = buffer;
+                }
+                return Err(error);
             }
+        };
+        let mut datagram = if recycled {
+            Datagram { buffer, len }
+        } else {
+            // Room for the answer of a small request too, so that it takes the buffer as is.
+            let mut own = Vec::with_capacity((len + TRAILER_BYTES).max(SMALL_ANSWER_BYTES));
+            own.extend_from_slice(&buffer[..len]);
+            own.resize(len + TRAILER_BYTES, 0);
+            self.scratch = buffer;
+            Datagram { buffer: own, len }
+        };
+        if !self.config.encrypt {
+            // An encrypted session seals each transmission (`poll_transmit`).
+            seal_request(self.keys.as_ref(), &mut self.sealed, self.session_id, &mut datagram);
         }
+        Ok(datagram)
     }
 
     /// Keeps `datagram`'s buffer for a later request, while there are fewer than
@@ -875,6 +906,12 @@ impl Session {
     /// Requests on the wire now (sent, not answered, not timed out): what the window bounds.
     fn on_wire(&self) -> usize {
         self.requests.iter().filter(|request| matches!(request.state, State::Sent { .. })).count()
+    }
+
+    /// Whether requests wait to be sent: `poll_transmit` may have something (or the window may
+    /// hold them back), so a driver with nothing queued need not read its clock for it.
+    pub fn has_queued(&self) -> bool {
+        !self.send_queue.is_empty()
     }
 
     /// The next datagram to send now, if any; the caller sends it at once.

@@ -81,6 +81,14 @@ pub struct Received {
     pub kernel_realtime_ns: u64,
 }
 
+impl Received {
+    /// Whether it arrived after `free_since_ns` (CLOCK_REALTIME), when the worker last finished
+    /// a pass with datagrams: it found the worker idle, not busy with others. False unstamped.
+    pub fn arrived_idle(&self, free_since_ns: u64) -> bool {
+        self.kernel_realtime_ns != 0 && self.kernel_realtime_ns >= free_since_ns
+    }
+}
+
 /// Buffers and kernel headers for one `recvmmsg` batch, allocated once per worker.
 pub struct ReceiveBatch {
     buffers: Vec<u8>,
@@ -131,9 +139,10 @@ impl ReceiveBatch {
         header.msg_flags = 0;
     }
 
-    /// Receives up to `RECEIVE_BATCH` datagrams. With `wait`, blocks until one arrives (or the
-    /// socket's timeout passes); without, returns at once. Returns how many arrived.
-    pub fn receive(&mut self, fd: &OwnedFd, wait: bool) -> io::Result<usize> {
+    /// Receives up to `limit` datagrams (at most `RECEIVE_BATCH`). With `wait`, blocks until one
+    /// arrives (or the socket's timeout passes); without, returns at once. Returns how many
+    /// arrived.
+    pub fn receive(&mut self, fd: &OwnedFd, wait: bool, limit: usize) -> io::Result<usize> {
         // The kernel shortens the lengths only of the headers it filled, so only the previous
         // batch's need resetting: an empty busy-polling pass resets nothing.
         for index in 0..self.count {
@@ -145,7 +154,7 @@ impl ReceiveBatch {
             libc::recvmmsg(
                 fd.as_raw_fd(),
                 self.headers.as_mut_ptr(),
-                RECEIVE_BATCH as u32,
+                limit.clamp(1, RECEIVE_BATCH) as u32,
                 flags,
                 core::ptr::null_mut(),
             )

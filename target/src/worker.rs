@@ -59,6 +59,11 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     // When the worker last finished a pass with datagrams (CLOCK_REALTIME ns, the clock of the
     // kernel's receive timestamps): a datagram that arrived later did not wait behind work.
     let mut free_since_ns = 0u64;
+    // How many datagrams the next receive asks for. `recvmmsg` tries the socket once more after
+    // the last datagram it returns, and that failed try (a third of an empty poll's cost) delays
+    // every answer of the batch; a lone request that found the worker idle is answered sooner
+    // by a receive of one (docs/DECISIONS.md). Any sign of load asks for a whole batch again.
+    let mut receive_limit = RECEIVE_BATCH;
     while !shutdown.load(Ordering::Relaxed) {
         let pass_start = clock.now();
         // Session expiry: a bounded share of the table, at most once per sweep interval.
@@ -72,7 +77,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                     pass_start < contended_until || pass_start.saturating_since(last_datagram) > settings.adaptive_spin
                 }
             };
-        let count = match batch.receive(&fd, wait) {
+        let count = match batch.receive(&fd, wait, receive_limit) {
             Ok(count) => count,
             Err(error) => {
                 match error.raw_os_error() {
@@ -115,6 +120,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         let received_at = clock.now();
         let received_at_realtime_ns = socket::realtime_ns();
         last_datagram = received_at;
+        receive_limit = if count == 1 && batch.get(0).0.arrived_idle(free_since_ns) { 1 } else { RECEIVE_BATCH };
         // Group commit: the pass's writes to durable regions are persisted once, at its end,
         // and every answer given after the first such write waits for that persist.
         dispatcher.set_group_commit(true);
@@ -133,7 +139,8 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             // wait in this batch. The rest of the socket wait is the worker waking up or getting
             // its core back (a contended machine); an initiator sending less would not shorten
             // it, so it neither shrinks endpoint windows nor earns a BUSY.
-            let started = clock.now();
+            // The first of the batch starts when the receive returned (one clock read fewer).
+            let started = if index == 0 { received_at } else { clock.now() };
             let (in_kernel, behind_work) = if received.kernel_realtime_ns == 0 {
                 (Duration::ZERO, Duration::ZERO)
             } else {
