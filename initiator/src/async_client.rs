@@ -80,7 +80,7 @@ impl AsyncClient {
         options: ClientOptions,
         metrics: Option<Arc<SessionMetrics>>,
     ) -> Result<AsyncClient, ClientError> {
-        let socket = connected_socket(addr, options.local_addr)?;
+        let socket = connected_socket(addr, options.local_addr, true)?;
         socket.set_nonblocking(true)?;
         let socket = UdpSocket::from_std(socket)?;
         let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
@@ -376,7 +376,7 @@ impl Driver {
                         let fd = self.socket.as_raw_fd();
                         match self.socket.try_io(Interest::READABLE, || stamped::recv(fd, &mut buffer)) {
                             Ok((len, waited)) => {
-                                self.session.handle_datagram_waited(self.clock.now(), waited, &buffer[..len])
+                                self.session.handle_datagram_waited(self.clock.now(), waited.unwrap_or(netdam_isa::Duration::ZERO), &buffer[..len])
                             }
                             Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
                             Err(error) => {

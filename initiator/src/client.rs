@@ -57,13 +57,16 @@ impl Default for ClientOptions {
 /// hold a program up on its way out (the session then expires on the target by itself).
 pub(crate) const CLOSE_WAIT: Duration = Duration::from_millis(100);
 
-/// A UDP socket connected to `addr`, bound to `local` when given.
-pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>) -> io::Result<UdpSocket> {
+/// A UDP socket connected to `addr`, bound to `local` when given, asking the kernel for receive
+/// timestamps when `stamps` (see `stamped`).
+pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>, stamps: bool) -> io::Result<UdpSocket> {
     let any: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("valid literal");
     let socket = UdpSocket::bind(local.unwrap_or(any))?;
     socket.connect(addr)?;
-    // Unstamped answers still work (they count as read on arrival), so a refusal is no error.
-    let _ = stamped::enable(socket.as_raw_fd());
+    if stamps {
+        // Unstamped answers still work (they count as read on arrival), so a refusal is no error.
+        let _ = stamped::enable(socket.as_raw_fd());
+    }
     Ok(socket)
 }
 
@@ -91,6 +94,10 @@ pub struct Client {
     hello_failure: Option<ClientError>,
     /// A send of a submitted request failed, until the next wait or `progress` reports it.
     send_failure: Option<ClientError>,
+    /// A spinning client receives without kernel timestamps (`stamped`): when its receive last
+    /// found the socket empty. An answer read later arrived after it, so the time since bounds
+    /// how long the answer waited for this client.
+    polled_empty_at: Option<Instant>,
 }
 
 /// Receive and send buffers asked for; the kernel caps them at net.core.rmem_max and wmem_max.
@@ -129,7 +136,9 @@ impl Client {
     }
 
     fn unestablished(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
-        let socket = connected_socket(addr, options.local_addr)?;
+        // A spinning client bounds its own delay by its empty polls; timestamps, and `recvmsg`
+        // to read them, would add ~0.25 µs to each answer it reads (docs/DECISIONS.md).
+        let socket = connected_socket(addr, options.local_addr, options.poll == ClientPoll::Blocking)?;
         socket.set_nonblocking(true)?;
         let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
         Ok(Client {
@@ -145,6 +154,7 @@ impl Client {
             requested_datagram_bytes: options.session.max_datagram_bytes as u32,
             hello_failure: None,
             send_failure: None,
+            polled_empty_at: None,
         })
     }
 
@@ -624,11 +634,24 @@ impl Client {
         // One clock read per answer, and one per call when nothing came: a spinning wait calls
         // this in a loop.
         let mut last_read = None;
+        let mut found_empty = false;
         loop {
-            match stamped::recv(self.socket.as_raw_fd(), &mut self.receive_buffer) {
+            let received = if self.poll == ClientPoll::Blocking {
+                stamped::recv(self.socket.as_raw_fd(), &mut self.receive_buffer)
+            } else {
+                stamped::recv_unstamped(self.socket.as_raw_fd(), &mut self.receive_buffer).map(|len| (len, None))
+            };
+            match received {
                 Ok((len, waited)) => {
                     let now = self.clock.now();
                     last_read = Some(now);
+                    // Unstamped: it arrived after the last empty poll. With none since the
+                    // request went out, the bound reaches past the round trip and the session
+                    // takes no sample from it.
+                    let waited = waited.unwrap_or_else(|| match self.polled_empty_at {
+                        Some(at) => now.saturating_since(at),
+                        None => Duration::MAX,
+                    });
                     self.session.handle_datagram_waited(now, waited, &self.receive_buffer[..len]);
                     if self.session.in_flight() == 0 {
                         // Nothing else is awaited: a caller of one request at a time gets its
@@ -638,7 +661,10 @@ impl Client {
                         break;
                     }
                 }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    found_empty = true;
+                    break;
+                }
                 Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
                     if !self.session.handle_refused(self.clock.now()) {
                         return Err(ClientError::NotListening(self.info.addr));
@@ -648,7 +674,11 @@ impl Client {
                 Err(error) => return Err(error.into()),
             }
         }
-        self.session.handle_timeout(last_read.unwrap_or_else(|| self.clock.now()));
+        let now = last_read.unwrap_or_else(|| self.clock.now());
+        if found_empty {
+            self.polled_empty_at = Some(now);
+        }
+        self.session.handle_timeout(now);
         while let Some(completion) = self.session.poll_completion() {
             self.finished.push_back((completion.token, completion.result));
         }

@@ -474,6 +474,8 @@ pub struct Session {
     decrypted: Vec<u8>,
     /// Where an encrypted session's request is sealed for its transmission.
     transmit: Vec<u8>,
+    /// The last TTL an answer reported (0: none yet).
+    last_ttl: u8,
 }
 
 impl Session {
@@ -508,6 +510,7 @@ impl Session {
             sealed: 0,
             decrypted: Vec::new(),
             transmit: Vec::new(),
+            last_ttl: 0,
         }
     }
 
@@ -972,8 +975,10 @@ impl Session {
     }
 
     /// Takes a received datagram that arrived `waited` before `now` (by the kernel's receive
-    /// timestamp): the round trip that congestion control and the retransmission timeout learn
-    /// from ends at its arrival, not at this thread's reading it (`stamped`).
+    /// timestamp, or at most that long by the driver's own bound): the round trip that
+    /// congestion control and the retransmission timeout learn from ends at its arrival, not at
+    /// this thread's reading it (`stamped`). A `waited` as long as the round trip or longer
+    /// ([`Duration::MAX`]: unknown) gives no sample.
     pub fn handle_datagram_waited(&mut self, now: Instant, waited: Duration, bytes: &[u8]) {
         self.stats.datagrams_received += 1;
         self.stats.bytes_received += bytes.len() as u64;
@@ -1072,14 +1077,21 @@ impl Session {
         let request = self.requests.swap_remove(index);
         let rtt = now.saturating_since(request.sent_at);
         // Karn: a retransmitted request's RTT is ambiguous; only first transmissions are samples.
-        if request.attempts == 1 && response.status() != Status::Busy {
+        // Nor is one whose wait at this end is not known to be shorter than the round trip (a
+        // driver that bounds it by its last empty poll, when that came before the request left).
+        if request.attempts == 1 && response.status() != Status::Busy && waited < rtt {
             let arrived = rtt.saturating_sub(waited);
             self.rtt.update(arrived);
             self.timeouts.update(request.kind, arrived);
             if let Some(swift) = &mut self.swift {
                 let service = Duration::from_nanos(u64::from(header.service_time_ns));
                 let queueing = Duration::from_micros(u64::from(header.queueing_us));
-                swift.on_answer(now, arrived, service, queueing, hops_from_ttl(header.ttl), 1);
+                // TTL 0 is "unknown" (a target reading no TTLs while it serves lone requests):
+                // the hop count of the last answer that had one stands.
+                if header.ttl != 0 {
+                    self.last_ttl = header.ttl;
+                }
+                swift.on_answer(now, arrived, service, queueing, hops_from_ttl(self.last_ttl), 1);
             }
         }
         // The request's buffer (of the datagram size) takes the answer: no allocation.

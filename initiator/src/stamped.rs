@@ -38,9 +38,21 @@ pub(crate) fn enable(fd: RawFd) -> io::Result<()> {
     }
 }
 
+/// Receives one datagram into `buffer` without blocking and without control data: the cheapest
+/// receive (`recv`), for a driver that bounds the wait itself (a spinning client).
+pub(crate) fn recv_unstamped(fd: RawFd, buffer: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: a valid socket and a live buffer of the stated length.
+    let len = unsafe { libc::recv(fd, buffer.as_mut_ptr().cast(), buffer.len(), libc::MSG_DONTWAIT) };
+    if len < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(len as usize)
+}
+
 /// Receives one datagram into `buffer` without blocking (the socket is non-blocking): its
-/// length, and how long it waited in the socket before this call (zero if unstamped).
-pub(crate) fn recv(fd: RawFd, buffer: &mut [u8]) -> io::Result<(usize, Duration)> {
+/// length, and how long it waited in the socket before this call (`None` if unstamped: the
+/// socket has no timestamps on, or the kernel gave none).
+pub(crate) fn recv(fd: RawFd, buffer: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
     let mut control = [0u64; CONTROL_BYTES / 8];
     let mut iov = libc::iovec { iov_base: buffer.as_mut_ptr().cast(), iov_len: buffer.len() };
     // SAFETY: msghdr is plain data; every pointer set below outlives the call.
@@ -55,8 +67,8 @@ pub(crate) fn recv(fd: RawFd, buffer: &mut [u8]) -> io::Result<(usize, Duration)
         return Err(io::Error::last_os_error());
     }
     let stamp = kernel_stamp_ns(&header);
-    let waited = if stamp == 0 { 0 } else { realtime_ns().saturating_sub(stamp) };
-    Ok((len as usize, Duration::from_nanos(waited)))
+    let waited = (stamp != 0).then(|| Duration::from_nanos(realtime_ns().saturating_sub(stamp)));
+    Ok((len as usize, waited))
 }
 
 /// The kernel's receive timestamp (CLOCK_REALTIME ns) in a received message's control data.
@@ -107,6 +119,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
             let (len, waited) = recv(receiver.as_raw_fd(), &mut buffer).unwrap();
             assert_eq!(&buffer[..len], b"answer");
+            let waited = waited.unwrap_or(Duration::ZERO);
             waits.push(waited);
             if waited >= Duration::from_millis(19) {
                 break;

@@ -41,6 +41,9 @@ impl Duration {
     /// No time at all.
     pub const ZERO: Duration = Duration { nanos: 0 };
 
+    /// The longest duration there is: "unknown, longer than anything measured".
+    pub const MAX: Duration = Duration { nanos: u64::MAX };
+
     /// A duration of `nanos` nanoseconds.
     pub const fn from_nanos(nanos: u64) -> Duration {
         Duration { nanos }

@@ -23,43 +23,47 @@ pub fn bind_shared(addr: SocketAddr) -> io::Result<OwnedFd> {
     // Best effort: the kernel caps these at net.core.{r,w}mem_max.
     let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
-    let (level, option) = if addr.is_ipv4() {
-        (libc::IPPROTO_IP, libc::IP_RECVTTL)
-    } else {
-        (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT)
-    };
-    let enable: libc::c_int = 1;
-    // SAFETY: a valid socket and a pointer to an int of the stated size.
-    let result = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            level,
-            option,
-            (&enable as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if result != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // Kernel receive timestamps: how long a datagram waited in the socket is the target's queueing.
-    // SAFETY: as above.
-    let result = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_TIMESTAMPNS,
-            (&enable as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if result != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    set_receive_ttl(socket.as_raw_fd(), addr.is_ipv4(), true)?;
+    // Kernel receive timestamps: how long a datagram waited in the socket is the target's
+    // queueing. Never turned off: the kernel stamps datagrams only while some socket asks for
+    // it, and turning that on and off rewrites kernel code on every CPU.
+    set_int_option(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
     let timeout = std::time::Duration::from_millis(BLOCKING_WAKE_MS);
     socket.set_read_timeout(Some(timeout))?;
     socket.bind(&addr.into())?;
     Ok(socket.into())
+}
+
+/// Turns the received-TTL (hop limit) control message of a socket on or off. It costs every
+/// receive time even when not read (docs/DECISIONS.md), so an idle busy-polling worker turns it
+/// off while it serves lone requests (`worker`).
+pub fn set_receive_ttl(fd: std::os::fd::RawFd, ipv4: bool, on: bool) -> io::Result<()> {
+    let (level, option) =
+        if ipv4 { (libc::IPPROTO_IP, libc::IP_RECVTTL) } else { (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT) };
+    set_int_option(fd, level, option, on.into())
+}
+
+/// Sets an integer socket option.
+fn set_int_option(
+    fd: std::os::fd::RawFd,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: a valid socket and a pointer to an int of the stated size.
+    let result = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            option,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The address a socket is bound to.
@@ -175,6 +179,40 @@ impl ReceiveBatch {
             };
         }
         Ok(self.count)
+    }
+
+    /// Receives one datagram without waiting and without control data (`recvfrom`, the cheapest
+    /// receive): for a socket whose control messages are off. Returns how many arrived (1).
+    pub fn receive_unstamped(&mut self, fd: &OwnedFd) -> io::Result<usize> {
+        for index in 0..self.count {
+            self.reset_header(index);
+        }
+        self.count = 0;
+        let header = &mut self.headers[0].msg_hdr;
+        // SAFETY: buffer 0 and address 0 are owned by self and of the stated sizes; MSG_TRUNC
+        // makes the kernel return the datagram's real length.
+        let len = unsafe {
+            libc::recvfrom(
+                fd.as_raw_fd(),
+                self.buffers.as_mut_ptr().cast(),
+                self.buffer_bytes,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                header.msg_name.cast(),
+                &mut header.msg_namelen,
+            )
+        };
+        if len < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let len = len as usize;
+        self.received[0] = Received {
+            len: len.min(self.buffer_bytes),
+            truncated: len > self.buffer_bytes,
+            ttl: 0,
+            kernel_realtime_ns: 0,
+        };
+        self.count = 1;
+        Ok(1)
     }
 
     /// Datagram `index` of the last batch, with its bytes.

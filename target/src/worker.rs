@@ -64,6 +64,9 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     // every answer of the batch; a lone request that found the worker idle is answered sooner
     // by a receive of one (docs/DECISIONS.md). Any sign of load asks for a whole batch again.
     let mut receive_limit = RECEIVE_BATCH;
+    // Control messages (TTL, receive timestamp) are on unless the worker serves lone requests
+    // with its socket otherwise idle (`Unstamped`).
+    let mut stamps = Stamps::new(&fd);
     while !shutdown.load(Ordering::Relaxed) {
         let pass_start = clock.now();
         // Session expiry: a bounded share of the table, at most once per sweep interval.
@@ -77,7 +80,12 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                     pass_start < contended_until || pass_start.saturating_since(last_datagram) > settings.adaptive_spin
                 }
             };
-        let count = match batch.receive(&fd, wait, receive_limit) {
+        if wait {
+            // A worker about to sleep must see how long its wake-up took.
+            stamps.turn_on();
+        }
+        let received = if stamps.on() { batch.receive(&fd, wait, receive_limit) } else { batch.receive_unstamped(&fd) };
+        let count = match received {
             Ok(count) => count,
             Err(error) => {
                 match error.raw_os_error() {
@@ -87,8 +95,10 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                         tracing::warn!(%error, "receive failed");
                     }
                 }
+                stamps.found_empty(pass_start);
                 if poll_block(&fd, &mut dispatcher, &clock) > 0 {
                     last_datagram = clock.now();
+                    stamps.busy();
                 }
                 if !wait {
                     if settings.poll == PollMode::Adaptive {
@@ -120,7 +130,17 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         let received_at = clock.now();
         let received_at_realtime_ns = socket::realtime_ns();
         last_datagram = received_at;
-        receive_limit = if count == 1 && batch.get(0).0.arrived_idle(free_since_ns) { 1 } else { RECEIVE_BATCH };
+        // Unstamped, all the worker knows of the datagram's wait is that it arrived after the
+        // last empty poll began; when a pass with datagrams came in between, it may have waited
+        // behind that work too.
+        let unstamped_wait = stamps.bound(received_at);
+        let lone = count == 1
+            && match unstamped_wait {
+                None => batch.get(0).0.arrived_idle(free_since_ns),
+                Some((_, behind_work)) => !behind_work,
+            };
+        receive_limit = if lone { 1 } else { RECEIVE_BATCH };
+        stamps.after_receive(lone, settings.poll != PollMode::Blocking, received_at);
         // Group commit: the pass's writes to durable regions are persisted once, at its end,
         // and every answer given after the first such write waits for that persist.
         dispatcher.set_group_commit(true);
@@ -142,7 +162,11 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             // The first of the batch starts when the receive returned (one clock read fewer).
             let started = if index == 0 { received_at } else { clock.now() };
             let (in_kernel, behind_work) = if received.kernel_realtime_ns == 0 {
-                (Duration::ZERO, Duration::ZERO)
+                match unstamped_wait {
+                    Some((bound, true)) => (bound, bound),
+                    Some((bound, false)) => (bound, Duration::ZERO),
+                    None => (Duration::ZERO, Duration::ZERO),
+                }
             } else {
                 let arrived = received.kernel_realtime_ns;
                 (
@@ -245,6 +269,115 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             last_datagram = clock.now();
         }
         free_since_ns = socket::realtime_ns();
+    }
+}
+
+/// Lone requests in a row after which a polling worker turns its socket's control messages off.
+const LONE_PASSES_TO_UNSTAMP: u32 = 32;
+
+/// How long a worker stays unstamped before it reads TTLs again (a new initiator's hop count,
+/// a changed route).
+const UNSTAMPED_FOR: Duration = Duration::from_millis(100);
+
+/// Whether the worker reads control messages (the TTL, the kernel's receive timestamp), and
+/// what bounds a datagram's wait when it does not.
+///
+/// The control messages and the `recvmmsg` that reads them cost ~0.3 µs per datagram more than
+/// a plain `recvfrom` here, a twentieth of a small request's round trip (docs/DECISIONS.md). A
+/// polling worker serving one request at a time does not need them: a datagram received right
+/// after an empty poll arrived after that poll began, which bounds its wait to one poll, and it
+/// waited behind no work. So after `LONE_PASSES_TO_UNSTAMP` such passes the worker turns the
+/// TTL off and receives with `recvfrom`, which reads no control data; answers then carry TTL 0
+/// ("unknown": initiators keep the last one they saw). Any sign of load (a datagram that may
+/// have waited behind work), a worker about to sleep, or `UNSTAMPED_FOR` passing turns it on
+/// again. (Timestamps stay on: see `socket::bind_shared`.)
+struct Stamps {
+    fd: std::os::fd::RawFd,
+    ipv4: bool,
+    on: bool,
+    /// When the last receive that found the socket empty began.
+    last_empty_at: Option<Instant>,
+    /// Whether the worker did work (datagrams, block answers) since then.
+    work_since_empty: bool,
+    lone_passes: u32,
+    off_since: Instant,
+}
+
+impl Stamps {
+    fn new(fd: &OwnedFd) -> Stamps {
+        use std::os::fd::AsRawFd;
+        let ipv4 = socket::local_addr(fd).map_or(true, |addr| addr.is_ipv4());
+        Stamps {
+            fd: fd.as_raw_fd(),
+            ipv4,
+            on: true,
+            last_empty_at: None,
+            work_since_empty: true,
+            lone_passes: 0,
+            off_since: Instant::ZERO,
+        }
+    }
+
+    fn on(&self) -> bool {
+        self.on
+    }
+
+    /// A receive that began at `at` found the socket empty.
+    fn found_empty(&mut self, at: Instant) {
+        self.last_empty_at = Some(at);
+        self.work_since_empty = false;
+    }
+
+    /// The worker did work outside a receive pass (it sent block answers).
+    fn busy(&mut self) {
+        self.work_since_empty = true;
+    }
+
+    /// Unstamped: the longest the datagram received at `received_at` can have waited, and
+    /// whether it may have waited behind work. `None` when stamps are on.
+    fn bound(&self, received_at: Instant) -> Option<(Duration, bool)> {
+        if self.on {
+            return None;
+        }
+        let bound = self.last_empty_at.map_or(Duration::ZERO, |at| received_at.saturating_since(at));
+        Some((bound, self.work_since_empty))
+    }
+
+    /// After a pass with datagrams: whether it was `lone` (one datagram that found the worker
+    /// idle), and whether this worker `may_unstamp` (it polls rather than sleeps).
+    fn after_receive(&mut self, lone: bool, may_unstamp: bool, now: Instant) {
+        self.work_since_empty = true;
+        self.lone_passes = if lone { self.lone_passes.saturating_add(1) } else { 0 };
+        if self.on {
+            if may_unstamp && self.lone_passes >= LONE_PASSES_TO_UNSTAMP && self.set(false) {
+                self.off_since = now;
+            }
+        } else if !lone || now.saturating_since(self.off_since) > UNSTAMPED_FOR {
+            self.turn_on();
+        }
+    }
+
+    /// Turns the control messages on again (if they are off).
+    fn turn_on(&mut self) {
+        if !self.on {
+            self.set(true);
+            self.lone_passes = 0;
+        }
+    }
+
+    /// Sets the socket's control messages; whether it worked. A refusal leaves them as they were
+    /// (an unstamped worker then stays on its bounds).
+    fn set(&mut self, on: bool) -> bool {
+        match socket::set_receive_ttl(self.fd, self.ipv4, on) {
+            Ok(()) => {
+                self.on = on;
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, on, "cannot switch the received TTL");
+                false
+            }
+        }
     }
 }
 
@@ -360,5 +493,89 @@ pub fn pin_to_cpu(index: usize, cpu: usize) {
     match set_affinity(&[cpu]) {
         Err(error) => tracing::warn!(worker = index, cpu, %error, "cannot pin worker to its CPU; it runs unpinned"),
         Ok(()) => tracing::debug!(worker = index, cpu, "worker pinned"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the socket delivers the received TTL now.
+    fn receives_ttl(fd: &OwnedFd) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: a valid socket and an int of the stated size to fill.
+        let done = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_RECVTTL,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(done, 0);
+        value != 0
+    }
+
+    fn at_us(us: u64) -> Instant {
+        Instant::from_nanos(us * 1_000)
+    }
+
+    #[test]
+    fn lone_requests_turn_the_ttl_off_and_load_or_time_turns_it_on_again() {
+        let fd = socket::bind_shared("127.0.0.1:0".parse().unwrap()).unwrap();
+        let mut stamps = Stamps::new(&fd);
+        assert!(stamps.on() && receives_ttl(&fd));
+        assert_eq!(stamps.bound(at_us(1)), None, "stamped: the kernel's stamps tell the wait");
+        let mut now = 10;
+        for pass in 0..LONE_PASSES_TO_UNSTAMP {
+            assert!(stamps.on(), "still on after {pass} lone passes");
+            stamps.found_empty(at_us(now));
+            now += 2;
+            stamps.after_receive(true, true, at_us(now));
+        }
+        assert!(!stamps.on() && !receives_ttl(&fd), "{LONE_PASSES_TO_UNSTAMP} lone passes turn it off");
+
+        // A datagram right after an empty poll waited at most since that poll began, behind nothing.
+        stamps.found_empty(at_us(now));
+        assert_eq!(stamps.bound(at_us(now + 3)), Some((Duration::from_micros(3), false)));
+        stamps.after_receive(true, true, at_us(now + 3));
+        // The next one came without an empty poll between: it may have waited behind that work.
+        assert_eq!(stamps.bound(at_us(now + 5)), Some((Duration::from_micros(5), true)));
+        stamps.after_receive(false, true, at_us(now + 5));
+        assert!(stamps.on() && receives_ttl(&fd), "load turns it on again");
+
+        // Block answers sent after an empty poll count as work too.
+        stamps.found_empty(at_us(now));
+        stamps.busy();
+        stamps.set(false);
+        assert_eq!(stamps.bound(at_us(now + 1)).map(|(_, behind)| behind), Some(true));
+
+        // Unstamped for longer than UNSTAMPED_FOR: on again, to read a new initiator's TTL.
+        let mut stamps = Stamps::new(&fd);
+        for _ in 0..LONE_PASSES_TO_UNSTAMP {
+            stamps.found_empty(at_us(now));
+            stamps.after_receive(true, true, at_us(now));
+        }
+        assert!(!stamps.on());
+        stamps.found_empty(at_us(now));
+        stamps.after_receive(true, true, at_us(now) + UNSTAMPED_FOR + Duration::from_micros(1));
+        assert!(stamps.on() && receives_ttl(&fd));
+
+        // A worker that sleeps never goes unstamped; one about to sleep turns it on.
+        let mut stamps = Stamps::new(&fd);
+        for _ in 0..2 * LONE_PASSES_TO_UNSTAMP {
+            stamps.found_empty(at_us(now));
+            stamps.after_receive(true, false, at_us(now));
+        }
+        assert!(stamps.on());
+        for _ in 0..LONE_PASSES_TO_UNSTAMP {
+            stamps.after_receive(true, true, at_us(now));
+        }
+        assert!(!stamps.on());
+        stamps.turn_on();
+        assert!(stamps.on() && receives_ttl(&fd));
     }
 }
