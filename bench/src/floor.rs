@@ -89,11 +89,26 @@ pub fn client_socket(addr: SocketAddr, spins: bool, timeout: Duration) -> UdpSoc
 
 /// Times `requests` round trips of `request_bytes` after `warmup` unmeasured ones.
 pub fn measure(addr: SocketAddr, busy: bool, request_bytes: usize, warmup: u64, requests: u64) -> Histogram<u64> {
+    measure_with_cpu(addr, busy, request_bytes, warmup, requests).0
+}
+
+/// As [`measure`], with the client thread's CPU time per measured round trip (ns).
+pub fn measure_with_cpu(
+    addr: SocketAddr,
+    busy: bool,
+    request_bytes: usize,
+    warmup: u64,
+    requests: u64,
+) -> (Histogram<u64>, u64) {
     let socket = client_socket(addr, busy, Duration::from_secs(1));
     let request = vec![0xA5u8; request_bytes];
     let mut buffer = vec![0u8; 65_536];
     let mut histogram = crate::histogram();
+    let mut cpu_from = crate::thread_cpu_ns();
     for index in 0..warmup + requests {
+        if index == warmup {
+            cpu_from = crate::thread_cpu_ns();
+        }
         let started = Instant::now();
         socket.send(&request).expect("send to echo");
         loop {
@@ -107,5 +122,5 @@ pub fn measure(addr: SocketAddr, busy: bool, request_bytes: usize, warmup: u64, 
             crate::record(&mut histogram, started.elapsed());
         }
     }
-    histogram
+    (histogram, (crate::thread_cpu_ns() - cpu_from) / requests.max(1))
 }

@@ -125,7 +125,7 @@ impl LatencyPoll {
         }
     }
 
-    fn spins(self) -> bool {
+    pub fn spins(self) -> bool {
         self != LatencyPoll::Blocking
     }
 
@@ -218,6 +218,10 @@ pub struct LatencyCase {
     pub metrics_off: Option<Summary>,
     /// The engine the target ran (`software` or `fpga`).
     pub engine: &'static str,
+    /// CPU time of the floor's client thread per round trip, system time included (ns).
+    pub floor_client_cpu_ns: u64,
+    /// The same for netdam's client, when measured.
+    pub netdam_client_cpu_ns: Option<u64>,
 }
 
 const NAMESPACE_BLOCK: u32 = 512;
@@ -430,10 +434,12 @@ fn run_engine(
                 let (request_bytes, response_bytes) = wire_sizes(&sample, answer_data(op, bytes));
                 // The floor runs alone: a spinning netdam worker would take one of its cores.
                 let echo = floor::EchoServer::start(poll.spins(), response_bytes);
-                let floor = floor::measure(echo.addr(), poll.spins(), request_bytes, args.warmup, args.requests);
+                let (floor, floor_client_cpu_ns) =
+                    floor::measure_with_cpu(echo.addr(), poll.spins(), request_bytes, args.warmup, args.requests);
                 echo.stop();
                 let floor = Summary::new(format!("udp echo {request_bytes} B → {response_bytes} B"), &floor);
                 let mut metrics_off = None;
+                let mut netdam_client_cpu_ns = None;
                 let (netdam, retransmissions, service) = if with_netdam && args.metrics_compare {
                     // On, off, on, off: drift over the run (heat, other load) falls on both alike.
                     let half = LatencyArgs { requests: (args.requests / 2).max(1), ..args.clone() };
@@ -442,9 +448,10 @@ fn run_engine(
                     for round in 0..4 {
                         let metrics = round % 2 == 0;
                         let target = start_with(metrics);
-                        let (histogram, retransmitted, service_p50) =
+                        let (histogram, retransmitted, service_p50, cpu) =
                             measure_netdam(&target, &half, poll, op, size, &payload);
                         target.stop();
+                        netdam_client_cpu_ns = Some(netdam_client_cpu_ns.unwrap_or(0) + cpu / 4);
                         retransmissions += retransmitted;
                         if metrics {
                             on.add(&histogram).expect("histograms of one shape add");
@@ -458,8 +465,10 @@ fn run_engine(
                     (Some(metrics_on), retransmissions, Some(service))
                 } else if with_netdam {
                     let target = start();
-                    let (histogram, retransmissions, service) = measure_netdam(&target, args, poll, op, size, &payload);
+                    let (histogram, retransmissions, service, cpu) =
+                        measure_netdam(&target, args, poll, op, size, &payload);
                     target.stop();
+                    netdam_client_cpu_ns = Some(cpu);
                     let summary = Summary::new(labelled(format!("netdam {name} {bytes} B")), &histogram);
                     (Some(summary), retransmissions, Some(service))
                 } else {
@@ -476,6 +485,8 @@ fn run_engine(
                     target_service_p50_ns: service,
                     metrics_off,
                     engine,
+                    floor_client_cpu_ns,
+                    netdam_client_cpu_ns,
                 });
             }
         }
@@ -489,7 +500,7 @@ fn measure_netdam(
     op: BenchOp,
     size: u32,
     payload: &[u8],
-) -> (Histogram<u64>, u64, u64) {
+) -> (Histogram<u64>, u64, u64, u64) {
     let mut options = ClientOptions {
         poll: if poll.spins() { ClientPoll::Busy } else { ClientPoll::Blocking },
         ..ClientOptions::default()
@@ -503,7 +514,11 @@ fn measure_netdam(
     let before = client.session_stats().retransmissions;
     let mut histogram = crate::histogram();
     let mut service = crate::histogram();
+    let mut cpu_from = crate::thread_cpu_ns();
     for index in 0..args.warmup + args.requests {
+        if index == args.warmup {
+            cpu_from = crate::thread_cpu_ns();
+        }
         let (request, name, _) = op_for(op, size, index, payload);
         let started = Instant::now();
         let reply = client.call(std::slice::from_ref(&request)).unwrap_or_else(|error| panic!("{name}: {error}"));
@@ -516,5 +531,6 @@ fn measure_netdam(
             service.saturating_record(u64::from(reply.response().header.service_time_ns));
         }
     }
-    (histogram, client.session_stats().retransmissions - before, service.value_at_quantile(0.5))
+    let cpu_per_request = (crate::thread_cpu_ns() - cpu_from) / args.requests.max(1);
+    (histogram, client.session_stats().retransmissions - before, service.value_at_quantile(0.5), cpu_per_request)
 }

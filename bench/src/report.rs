@@ -99,6 +99,9 @@ fn latency_json(cases: &[LatencyCase], args: &LatencyArgs) -> serde_json::Value 
                    "p999_ratio": netdam.map(|n| ratio(n.p999, case.floor.p999)),
                    "idle_worker_cpu_percent": case.idle_worker_cpu, "retransmissions": case.retransmissions,
                    "target_service_p50_ns": case.target_service_p50_ns,
+                   "floor_client_cpu_ns": case.floor_client_cpu_ns,
+                   "netdam_client_cpu_ns": case.netdam_client_cpu_ns,
+                   "client_cpu_ratio": case.netdam_client_cpu_ns.map(|cpu| ratio(cpu, case.floor_client_cpu_ns)),
                    "metrics_off": case.metrics_off.as_ref().map(Summary::to_json),
                    "metrics_on_off_p50_ratio": case.metrics_off.as_ref().zip(netdam).map(|(off, on)| ratio(on.p50, off.p50)),
                    "metrics_on_off_p999_ratio": case.metrics_off.as_ref().zip(netdam).map(|(off, on)| ratio(on.p999, off.p999))})
@@ -188,7 +191,20 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
     if !idle.is_empty() {
         println!("idle worker CPU (share of one core over 2 s with no requests): {}", idle.join(", "));
     }
-    println!("in target: median time the target held a request (kernel receive to answer), from its answers");
+    for case in cases {
+        let Some(cpu) = case.netdam_client_cpu_ns else { continue };
+        println!(
+            "client CPU per request, {} {} B {}: floor {:.2} µs, netdam {:.2} µs = {:.2}x{}",
+            case.op,
+            case.size,
+            case.poll.name(),
+            us(case.floor_client_cpu_ns),
+            us(cpu),
+            ratio(cpu, case.floor_client_cpu_ns),
+            if case.poll.spins() { " (spinning clients: CPU is wall time)" } else { "" }
+        );
+    }
+    println!("{IN_TARGET}");
     let retransmissions: u64 = cases.iter().map(|case| case.retransmissions).sum();
     if retransmissions > 0 {
         println!("note: {retransmissions} retransmissions during the netdam runs");
@@ -226,9 +242,29 @@ pub fn latency_markdown(cases: &[LatencyCase], args: &LatencyArgs) -> String {
             ratio(n.p999, case.floor.p999)
         ));
     }
-    text.push_str("\nTimes in µs; jitter is p99.9 − p50.\n");
+    text.push_str("\nTimes in µs; jitter is p99.9 − p50.\n\n");
+    text.push_str("| case | poll | in target | client CPU per request, floor | netdam | ratio |\n| --- | --- | --- | --- | --- | --- |\n");
+    for case in cases {
+        let Some(cpu) = case.netdam_client_cpu_ns else { continue };
+        text.push_str(&format!(
+            "| {} {} B | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+            case.op,
+            case.size,
+            case.poll.name(),
+            case.target_service_p50_ns.map(|ns| format!("{:.1}", us(ns))).unwrap_or_default(),
+            us(case.floor_client_cpu_ns),
+            us(cpu),
+            ratio(cpu, case.floor_client_cpu_ns)
+        ));
+    }
+    text.push_str(&format!(
+        "\nClient CPU is the client thread's CPU time (system time included) per round trip; a spinning client's is its wall time. {IN_TARGET}\n"
+    ));
     text
 }
+
+/// What the "in target" figure is.
+const IN_TARGET: &str = "In target: the median time the target held a request, from its answers: from the kernel's receive timestamp to the answer, or, for a lone request to a polling worker that reads no timestamps then, from the empty poll before it.";
 
 /// Writes latency.json and latency.md into `dir`.
 pub fn write_latency(cases: &[LatencyCase], args: &LatencyArgs, dir: &Path) -> Result<(), String> {
