@@ -193,6 +193,11 @@ pub struct LatencyArgs {
     /// Also write latency.json and latency.md (and plots, where fonts exist) to this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<std::path::PathBuf>,
+    /// Run every case this many times (each with its own floor) and report each case's p50 and
+    /// p99.9 ratios per round and their medians: the figure to hold a goal against on a noisy
+    /// machine. The table, JSON cases and plots are those of the last round.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
 }
 
 /// One case: an instruction, its size and a polling mode, with the floor and netdam.

@@ -373,10 +373,12 @@ fn record(histogram: &mut Histogram<u64>, elapsed: Duration) {
 }
 
 fn latency(args: &latency::LatencyArgs, with_netdam: bool) {
-    let cases = latency::run(args, with_netdam);
-    report::print_latency(&cases, args);
+    let rounds: Vec<_> = (0..args.rounds).map(|_| latency::run(args, with_netdam)).collect();
+    let cases = rounds.last().expect("at least one round");
+    report::print_latency(cases, args);
+    report::print_latency_rounds(&rounds);
     if let Some(dir) = &args.out {
-        if let Err(message) = report::write_latency(&cases, args, dir) {
+        if let Err(message) = report::write_latency(&rounds, args, dir) {
             eprintln!("netdam-bench: {message}");
             std::process::exit(1);
         }

@@ -211,6 +211,73 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
     }
 }
 
+/// Each netdam case's p50 and p99.9 ratios to its floor in every round, in the order of the
+/// cases: (label, p50 ratios, p99.9 ratios).
+fn round_ratios(rounds: &[Vec<LatencyCase>]) -> Vec<(String, Vec<f64>, Vec<f64>)> {
+    let Some(first) = rounds.first() else { return Vec::new() };
+    (0..first.len())
+        .filter(|&index| first[index].netdam.is_some())
+        .map(|index| {
+            let case = &first[index];
+            let label = format!("{} {} B {}", case.op, case.size, case.poll.name());
+            let pairs = rounds.iter().filter_map(|round| {
+                let case = round.get(index)?;
+                let netdam = case.netdam.as_ref()?;
+                Some((ratio(netdam.p50, case.floor.p50), ratio(netdam.p999, case.floor.p999)))
+            });
+            let (p50, p999): (Vec<f64>, Vec<f64>) = pairs.unzip();
+            (label, p50, p999)
+        })
+        .collect()
+}
+
+/// Prints the per-round ratios and their medians (nothing for a single round).
+pub fn print_latency_rounds(rounds: &[Vec<LatencyCase>]) {
+    if rounds.len() < 2 {
+        return;
+    }
+    let list = |values: &[f64]| values.iter().map(|value| format!("{value:.2}")).collect::<Vec<_>>().join(" ");
+    println!("over {} rounds, each against its own floor:", rounds.len());
+    for (label, p50, p999) in round_ratios(rounds) {
+        println!(
+            "  {label}: p50 x median {:.2} ({}), p99.9 x median {:.2} ({})",
+            median(&p50),
+            list(&p50),
+            median(&p999),
+            list(&p999)
+        );
+    }
+}
+
+fn latency_rounds_json(rounds: &[Vec<LatencyCase>]) -> serde_json::Value {
+    let rows: Vec<_> = round_ratios(rounds)
+        .into_iter()
+        .map(|(case, p50, p999)| {
+            json!({"case": case, "p50_ratio_median": median(&p50), "p999_ratio_median": median(&p999),
+                   "p50_ratios": p50, "p999_ratios": p999})
+        })
+        .collect();
+    json!({"count": rounds.len(), "cases": rows})
+}
+
+fn latency_rounds_markdown(rounds: &[Vec<LatencyCase>]) -> String {
+    let list = |values: &[f64]| values.iter().map(|value| format!("{value:.2}")).collect::<Vec<_>>().join(", ");
+    let mut text = format!(
+        "\nOver {} rounds, each case against its own floor (the table above is the last round):\n\n| case | p50 x, median | p50 x per round | p99.9 x, median | p99.9 x per round |\n| --- | --- | --- | --- | --- |\n",
+        rounds.len()
+    );
+    for (label, p50, p999) in round_ratios(rounds) {
+        text.push_str(&format!(
+            "| {label} | {:.2} | {} | {:.2} | {} |\n",
+            median(&p50),
+            list(&p50),
+            median(&p999),
+            list(&p999)
+        ));
+    }
+    text
+}
+
 /// The latency cases as a markdown table.
 pub fn latency_markdown(cases: &[LatencyCase], args: &LatencyArgs) -> String {
     let us = |ns: u64| ns as f64 / 1000.0;
@@ -267,14 +334,21 @@ pub fn latency_markdown(cases: &[LatencyCase], args: &LatencyArgs) -> String {
 const IN_TARGET: &str = "In target: the median time the target held a request, from its answers: from the kernel's receive timestamp to the answer, or, for a lone request to a polling worker that reads no timestamps then, from the empty poll before it.";
 
 /// Writes latency.json and latency.md into `dir`.
-pub fn write_latency(cases: &[LatencyCase], args: &LatencyArgs, dir: &Path) -> Result<(), String> {
+pub fn write_latency(rounds: &[Vec<LatencyCase>], args: &LatencyArgs, dir: &Path) -> Result<(), String> {
+    let cases = rounds.last().map(Vec::as_slice).unwrap_or_default();
     std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
     let write = |name: &str, text: String| {
         let path = dir.join(name);
         std::fs::write(&path, text).map_err(|error| format!("writing {}: {error}", path.display()))
     };
-    write("latency.json", format!("{:#}\n", latency_json(cases, args)))?;
-    write("latency.md", latency_markdown(cases, args))?;
+    let mut json = latency_json(cases, args);
+    let mut markdown = latency_markdown(cases, args);
+    if rounds.len() > 1 {
+        json["rounds"] = latency_rounds_json(rounds);
+        markdown.push_str(&latency_rounds_markdown(rounds));
+    }
+    write("latency.json", format!("{json:#}\n"))?;
+    write("latency.md", markdown)?;
     eprintln!("wrote {}/latency.json and latency.md", dir.display());
     match crate::plots::latency(cases, dir) {
         Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
