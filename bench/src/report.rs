@@ -236,17 +236,21 @@ pub fn print_latency_rounds(rounds: &[Vec<LatencyCase>]) {
     if rounds.len() < 2 {
         return;
     }
-    let list = |values: &[f64]| values.iter().map(|value| format!("{value:.2}")).collect::<Vec<_>>().join(" ");
     println!("over {} rounds, each against its own floor:", rounds.len());
     for (label, p50, p999) in round_ratios(rounds) {
         println!(
             "  {label}: p50 x median {:.2} ({}), p99.9 x median {:.2} ({})",
             median(&p50),
-            list(&p50),
+            ratio_list(&p50, " "),
             median(&p999),
-            list(&p999)
+            ratio_list(&p999, " ")
         );
     }
+}
+
+/// Ratios with two decimals, joined by `separator`.
+fn ratio_list(values: &[f64], separator: &str) -> String {
+    values.iter().map(|value| format!("{value:.2}")).collect::<Vec<_>>().join(separator)
 }
 
 fn latency_rounds_json(rounds: &[Vec<LatencyCase>]) -> serde_json::Value {
@@ -261,7 +265,6 @@ fn latency_rounds_json(rounds: &[Vec<LatencyCase>]) -> serde_json::Value {
 }
 
 fn latency_rounds_markdown(rounds: &[Vec<LatencyCase>]) -> String {
-    let list = |values: &[f64]| values.iter().map(|value| format!("{value:.2}")).collect::<Vec<_>>().join(", ");
     let mut text = format!(
         "\nOver {} rounds, each case against its own floor (the table above is the last round):\n\n| case | p50 x, median | p50 x per round | p99.9 x, median | p99.9 x per round |\n| --- | --- | --- | --- | --- |\n",
         rounds.len()
@@ -270,9 +273,9 @@ fn latency_rounds_markdown(rounds: &[Vec<LatencyCase>]) -> String {
         text.push_str(&format!(
             "| {label} | {:.2} | {} | {:.2} | {} |\n",
             median(&p50),
-            list(&p50),
+            ratio_list(&p50, ", "),
             median(&p999),
-            list(&p999)
+            ratio_list(&p999, ", ")
         ));
     }
     text

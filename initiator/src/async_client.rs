@@ -80,7 +80,7 @@ impl AsyncClient {
         options: ClientOptions,
         metrics: Option<Arc<SessionMetrics>>,
     ) -> Result<AsyncClient, ClientError> {
-        let socket = connected_socket(addr, options.local_addr, true)?;
+        let socket = connected_socket(addr, options.local_addr)?;
         socket.set_nonblocking(true)?;
         let socket = UdpSocket::from_std(socket)?;
         let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);

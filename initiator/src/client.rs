@@ -57,18 +57,20 @@ impl Default for ClientOptions {
 /// hold a program up on its way out (the session then expires on the target by itself).
 pub(crate) const CLOSE_WAIT: Duration = Duration::from_millis(100);
 
-/// A UDP socket connected to `addr`, bound to `local` when given, asking the kernel for receive
-/// timestamps when `stamps` (see `stamped`).
-pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>, stamps: bool) -> io::Result<UdpSocket> {
+/// A UDP socket connected to `addr`, bound to `local` when given.
+pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>) -> io::Result<UdpSocket> {
     let any: SocketAddr = if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("valid literal");
     let socket = UdpSocket::bind(local.unwrap_or(any))?;
     socket.connect(addr)?;
-    if stamps {
-        // Unstamped answers still work (they count as read on arrival), so a refusal is no error.
-        let _ = stamped::enable(socket.as_raw_fd());
-    }
+    // Unstamped answers still work (they count as read on arrival), so a refusal is no error.
+    let _ = stamped::enable(socket.as_raw_fd());
     Ok(socket)
 }
+
+/// How recent a spinning client's last empty poll must be for an answer read now to go without
+/// its kernel timestamp: the answer arrived after that poll began, so its wait is known to
+/// within this much (`Client::progress`).
+const TIGHT_SPIN: Duration = Duration::from_micros(5);
 
 /// A request submitted and not yet waited for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,9 +96,9 @@ pub struct Client {
     hello_failure: Option<ClientError>,
     /// A send of a submitted request failed, until the next wait or `progress` reports it.
     send_failure: Option<ClientError>,
-    /// A spinning client receives without kernel timestamps (`stamped`): when its receive last
-    /// found the socket empty. An answer read later arrived after it, so the time since bounds
-    /// how long the answer waited for this client.
+    /// When a receive last found the socket empty (at the latest: its call began no later). An
+    /// answer read later arrived after it, so the time since bounds how long the answer waited
+    /// for this client.
     polled_empty_at: Option<Instant>,
 }
 
@@ -136,9 +138,7 @@ impl Client {
     }
 
     fn unestablished(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
-        // A spinning client bounds its own delay by its empty polls; timestamps, and `recvmsg`
-        // to read them, would add ~0.25 µs to each answer it reads (docs/DECISIONS.md).
-        let socket = connected_socket(addr, options.local_addr, options.poll == ClientPoll::Blocking)?;
+        let socket = connected_socket(addr, options.local_addr)?;
         socket.set_nonblocking(true)?;
         let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
         Ok(Client {
@@ -631,27 +631,35 @@ impl Client {
         if let Some(error) = self.send_failure.take() {
             return Err(error);
         }
-        // One clock read per answer, and one per call when nothing came: a spinning wait calls
-        // this in a loop.
+        // One clock read per call (a spinning wait calls this in a loop) and one per answer.
+        let started = self.clock.now();
+        // A spinning client that found the socket empty moments ago knows how long the next
+        // answer waited to within those moments: it reads that one with a plain `recv`, without
+        // the kernel's timestamp (`recvmsg` and its control message cost ~0.2 µs more here,
+        // docs/DECISIONS.md). Later answers of the same call, and a client that was away, read
+        // the timestamp.
+        let mut bound_from = match (self.poll, self.polled_empty_at) {
+            (ClientPoll::Busy, Some(at)) if started.saturating_since(at) <= TIGHT_SPIN => Some(at),
+            _ => None,
+        };
         let mut last_read = None;
         let mut found_empty = false;
         loop {
-            let received = if self.poll == ClientPoll::Blocking {
-                stamped::recv(self.socket.as_raw_fd(), &mut self.receive_buffer)
-            } else {
+            let received = if bound_from.is_some() {
                 stamped::recv_unstamped(self.socket.as_raw_fd(), &mut self.receive_buffer).map(|len| (len, None))
+            } else {
+                stamped::recv(self.socket.as_raw_fd(), &mut self.receive_buffer)
             };
             match received {
-                Ok((len, waited)) => {
+                Ok((len, stamp)) => {
                     let now = self.clock.now();
                     last_read = Some(now);
-                    // Unstamped: it arrived after the last empty poll. With none since the
-                    // request went out, the bound reaches past the round trip and the session
-                    // takes no sample from it.
-                    let waited = waited.unwrap_or_else(|| match self.polled_empty_at {
-                        Some(at) => now.saturating_since(at),
-                        None => Duration::MAX,
-                    });
+                    let waited = match (bound_from.take(), stamp) {
+                        (Some(at), _) => now.saturating_since(at),
+                        (None, Some(waited)) => waited,
+                        // No timestamp from the kernel: counted as read on arrival.
+                        (None, None) => Duration::ZERO,
+                    };
                     self.session.handle_datagram_waited(now, waited, &self.receive_buffer[..len]);
                     if self.session.in_flight() == 0 {
                         // Nothing else is awaited: a caller of one request at a time gets its
@@ -674,8 +682,9 @@ impl Client {
                 Err(error) => return Err(error.into()),
             }
         }
-        let now = last_read.unwrap_or_else(|| self.clock.now());
+        let now = last_read.unwrap_or(started);
         if found_empty {
+            // The empty receive began after the last answer was read, or after `started`.
             self.polled_empty_at = Some(now);
         }
         self.session.handle_timeout(now);

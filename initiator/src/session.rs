@@ -1076,21 +1076,20 @@ impl Session {
         }
         let request = self.requests.swap_remove(index);
         let rtt = now.saturating_since(request.sent_at);
+        // TTL 0 is "unknown" (a target reading no TTLs while it serves lone requests): the hop
+        // count of the last answer that had one stands.
+        if header.ttl != 0 {
+            self.last_ttl = header.ttl;
+        }
         // Karn: a retransmitted request's RTT is ambiguous; only first transmissions are samples.
-        // Nor is one whose wait at this end is not known to be shorter than the round trip (a
-        // driver that bounds it by its last empty poll, when that came before the request left).
-        if request.attempts == 1 && response.status() != Status::Busy && waited < rtt {
+        // Nor is one whose wait at this end is not known to be shorter than the round trip.
+        if request.attempts == 1 && response.status() != Status::Busy && (waited.as_nanos() == 0 || waited < rtt) {
             let arrived = rtt.saturating_sub(waited);
             self.rtt.update(arrived);
             self.timeouts.update(request.kind, arrived);
             if let Some(swift) = &mut self.swift {
                 let service = Duration::from_nanos(u64::from(header.service_time_ns));
                 let queueing = Duration::from_micros(u64::from(header.queueing_us));
-                // TTL 0 is "unknown" (a target reading no TTLs while it serves lone requests):
-                // the hop count of the last answer that had one stands.
-                if header.ttl != 0 {
-                    self.last_ttl = header.ttl;
-                }
                 swift.on_answer(now, arrived, service, queueing, hops_from_ttl(self.last_ttl), 1);
             }
         }

@@ -12,6 +12,7 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::RawFd;
 
+use netdam_isa::time::realtime_ns;
 use netdam_isa::Duration;
 
 /// Room for one `SCM_TIMESTAMPNS` control message.
@@ -85,15 +86,6 @@ fn kernel_stamp_ns(header: &libc::msghdr) -> u64 {
         }
     }
     0
-}
-
-/// CLOCK_REALTIME in ns, the clock of the kernel's receive timestamps (a vDSO call).
-fn realtime_ns() -> u64 {
-    // SAFETY: clock_gettime writes one timespec.
-    let mut now: libc::timespec = unsafe { zeroed() };
-    // SAFETY: a valid clock id and a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
-    (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
 }
 
 #[cfg(test)]

@@ -503,6 +503,25 @@ fn time_an_answer_waited_for_the_reader_is_not_round_trip() {
 }
 
 #[test]
+fn an_answer_whose_wait_is_unknown_or_no_shorter_than_the_round_trip_teaches_nothing() {
+    let swift = SwiftConfig { initial_window: 4.0, ..SwiftConfig::default() };
+    let run = |waited: Duration| {
+        let mut session = Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9);
+        session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+        let sent = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+        session.handle_datagram_waited(at_ms(5), waited, &answer(&sent));
+        assert_eq!(session.poll_completion().unwrap().result.unwrap().rtt, Duration::from_millis(5));
+        session.stats()
+    };
+    for waited in [Duration::MAX, Duration::from_millis(5), Duration::from_millis(6)] {
+        let stats = run(waited);
+        assert_eq!(stats.smoothed_rtt, Duration::ZERO, "waited {waited:?}: no sample");
+        assert_eq!(stats.window, 4.0, "waited {waited:?}: the window stays");
+    }
+    assert_eq!(run(Duration::from_micros(4_999)).smoothed_rtt, Duration::from_micros(1));
+}
+
+#[test]
 fn a_block_request_times_out_by_block_round_trips_and_a_memory_request_by_memory_ones() {
     let config = SessionConfig { max_rto: Duration::from_millis(100), ..config() };
     let mut session = Session::new(config, 9);

@@ -102,6 +102,15 @@ impl MonotonicClock {
     }
 }
 
+/// `CLOCK_REALTIME` in ns (a vDSO call): the clock of the kernel's receive timestamps
+/// (`SO_TIMESTAMPNS`), which the target and initiators compare them with.
+pub fn realtime_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid clock id and a live timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
+    (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
+}
+
 /// `CLOCK_MONOTONIC` in ns (a vDSO call), the clock `std::time::Instant` reads. Read directly
 /// because the request path reads it several times per request on both sides, and
 /// `Instant::elapsed` adds a normalised subtraction and a 128-bit conversion to each read.

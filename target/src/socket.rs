@@ -1,5 +1,6 @@
-//! The worker's UDP socket: shared port (`SO_REUSEPORT`), received-TTL ancillary data, and
-//! batched receive (`recvmmsg`) into buffers allocated once at start-up.
+//! The worker's UDP socket: shared port (`SO_REUSEPORT`), received-TTL and receive-timestamp
+//! ancillary data, batched receive (`recvmmsg`) into buffers allocated once at start-up, and
+//! a plain `recvfrom` for a worker that reads no control data (`worker::Stamps`).
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -133,6 +134,14 @@ impl ReceiveBatch {
         batch
     }
 
+    /// Resets the headers the last batch used. The kernel shortens the lengths only of the
+    /// headers it filled, so only those need it: an empty busy-polling pass resets nothing.
+    fn reset_previous(&mut self) {
+        for index in 0..self.count {
+            self.reset_header(index);
+        }
+    }
+
     /// Points header `index` at its address and control buffers, at full length.
     fn reset_header(&mut self, index: usize) {
         let header = &mut self.headers[index].msg_hdr;
@@ -147,11 +156,7 @@ impl ReceiveBatch {
     /// arrives (or the socket's timeout passes); without, returns at once. Returns how many
     /// arrived.
     pub fn receive(&mut self, fd: &OwnedFd, wait: bool, limit: usize) -> io::Result<usize> {
-        // The kernel shortens the lengths only of the headers it filled, so only the previous
-        // batch's need resetting: an empty busy-polling pass resets nothing.
-        for index in 0..self.count {
-            self.reset_header(index);
-        }
+        self.reset_previous();
         let flags = if wait { libc::MSG_WAITFORONE } else { libc::MSG_DONTWAIT };
         // SAFETY: every header points into buffers owned by self, sized as stated.
         let count = unsafe {
@@ -184,9 +189,7 @@ impl ReceiveBatch {
     /// Receives one datagram without waiting and without control data (`recvfrom`, the cheapest
     /// receive): for a socket whose control messages are off. Returns how many arrived (1).
     pub fn receive_unstamped(&mut self, fd: &OwnedFd) -> io::Result<usize> {
-        for index in 0..self.count {
-            self.reset_header(index);
-        }
+        self.reset_previous();
         self.count = 0;
         let header = &mut self.headers[0].msg_hdr;
         // SAFETY: buffer 0 and address 0 are owned by self and of the stated sizes; MSG_TRUNC
@@ -279,13 +282,7 @@ fn ancillary(header: &libc::msghdr) -> (u8, u64) {
     (ttl, timestamp_ns)
 }
 
-/// CLOCK_REALTIME in ns, the clock of kernel receive timestamps (a vDSO call, no system call).
-pub fn realtime_ns() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
-    (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
-}
+pub use netdam_isa::time::realtime_ns;
 
 /// Sends `bytes` to `peer` without blocking.
 pub fn send_to(fd: &OwnedFd, peer: &SocketAddr, bytes: &[u8]) -> io::Result<()> {

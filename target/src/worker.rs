@@ -5,8 +5,9 @@
 //! pass has written to a durable region, that write and the ones after it are persisted together
 //! at the end of the pass, and the answers given meanwhile wait for that persist. All buffers
 //! are allocated before the loop starts; inside it there is no allocation and no lock, and the
-//! system calls are receive, send, the persist of a persistent region (`msync`) and, in
-//! adaptive mode, a `sched_yield` when a receive finds nothing.
+//! system calls are receive, send, the persist of a persistent region (`msync`), in adaptive
+//! mode a `sched_yield` when a receive finds nothing, and, at the end of a pass that changes
+//! between lone requests and load, a `setsockopt` of the received TTL (`Stamps`).
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,8 +65,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     // every answer of the batch; a lone request that found the worker idle is answered sooner
     // by a receive of one (docs/DECISIONS.md). Any sign of load asks for a whole batch again.
     let mut receive_limit = RECEIVE_BATCH;
-    // Control messages (TTL, receive timestamp) are on unless the worker serves lone requests
-    // with its socket otherwise idle (`Unstamped`).
+    // The received TTL is read unless a busy-polling worker serves lone requests (`Stamps`).
     let mut stamps = Stamps::new(&fd);
     while !shutdown.load(Ordering::Relaxed) {
         let pass_start = clock.now();
@@ -84,7 +84,8 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             // A worker about to sleep must see how long its wake-up took.
             stamps.turn_on();
         }
-        let received = if stamps.on() { batch.receive(&fd, wait, receive_limit) } else { batch.receive_unstamped(&fd) };
+        let received =
+            if stamps.on() || wait { batch.receive(&fd, wait, receive_limit) } else { batch.receive_unstamped(&fd) };
         let count = match received {
             Ok(count) => count,
             Err(error) => {
@@ -128,7 +129,6 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             }
         };
         let received_at = clock.now();
-        let received_at_realtime_ns = socket::realtime_ns();
         last_datagram = received_at;
         // Unstamped, all the worker knows of the datagram's wait is that it arrived after the
         // last empty poll began; when a pass with datagrams came in between, it may have waited
@@ -140,7 +140,9 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 Some((_, behind_work)) => !behind_work,
             };
         receive_limit = if lone { 1 } else { RECEIVE_BATCH };
-        stamps.after_receive(lone, settings.poll != PollMode::Blocking, received_at);
+        // The kernel's timestamps are read against this clock; unstamped, they are not read.
+        let received_at_realtime_ns = if unstamped_wait.is_none() { socket::realtime_ns() } else { 0 };
+        stamps.after_receive(lone, received_at);
         // Group commit: the pass's writes to durable regions are persisted once, at its end,
         // and every answer given after the first such write waits for that persist.
         dispatcher.set_group_commit(true);
@@ -269,10 +271,12 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             last_datagram = clock.now();
         }
         free_since_ns = socket::realtime_ns();
+        // Switches the received TTL on or off where this pass asks for it: after its answers.
+        stamps.settle(settings.poll == PollMode::Busy);
     }
 }
 
-/// Lone requests in a row after which a polling worker turns its socket's control messages off.
+/// Lone requests in a row after which a busy-polling worker stops reading the received TTL.
 const LONE_PASSES_TO_UNSTAMP: u32 = 32;
 
 /// How long a worker stays unstamped before it reads TTLs again (a new initiator's hop count,
@@ -283,14 +287,16 @@ const UNSTAMPED_FOR: Duration = Duration::from_millis(100);
 /// what bounds a datagram's wait when it does not.
 ///
 /// The control messages and the `recvmmsg` that reads them cost ~0.3 µs per datagram more than
-/// a plain `recvfrom` here, a twentieth of a small request's round trip (docs/DECISIONS.md). A
-/// polling worker serving one request at a time does not need them: a datagram received right
-/// after an empty poll arrived after that poll began, which bounds its wait to one poll, and it
-/// waited behind no work. So after `LONE_PASSES_TO_UNSTAMP` such passes the worker turns the
-/// TTL off and receives with `recvfrom`, which reads no control data; answers then carry TTL 0
-/// ("unknown": initiators keep the last one they saw). Any sign of load (a datagram that may
-/// have waited behind work), a worker about to sleep, or `UNSTAMPED_FOR` passing turns it on
-/// again. (Timestamps stay on: see `socket::bind_shared`.)
+/// a plain `recvfrom` here, a twentieth of a small request's round trip (docs/DECISIONS.md,
+/// "The median to the floor, second round"). A busy-polling worker serving one request at a
+/// time does not need them: a datagram received right after an empty poll arrived after that
+/// poll began, which bounds its wait to one poll, and it waited behind no work. So after
+/// `LONE_PASSES_TO_UNSTAMP` such passes the worker turns the TTL off and receives with
+/// `recvfrom`, which reads no control data; answers then carry TTL 0 ("unknown": initiators
+/// keep the last one they saw). Any sign of load (a datagram that may have waited behind
+/// work), or `UNSTAMPED_FOR` passing, turns it on again. Only busy polling: an adaptive
+/// worker's empty polls include its yields, which would count as the next request's wait.
+/// (Timestamps stay on: see `socket::bind_shared`.)
 struct Stamps {
     fd: std::os::fd::RawFd,
     ipv4: bool,
@@ -301,6 +307,12 @@ struct Stamps {
     work_since_empty: bool,
     lone_passes: u32,
     off_since: Instant,
+    /// What the last pass asks for: the TTL on (`Some(true)`) or off, at the pass's end.
+    wanted: Option<bool>,
+    /// When the last pass received.
+    pass_at: Instant,
+    /// A `setsockopt` was refused: the worker stays as it is, and says so once.
+    refused: bool,
 }
 
 impl Stamps {
@@ -315,6 +327,9 @@ impl Stamps {
             work_since_empty: true,
             lone_passes: 0,
             off_since: Instant::ZERO,
+            wanted: None,
+            pass_at: Instant::ZERO,
+            refused: false,
         }
     }
 
@@ -343,21 +358,34 @@ impl Stamps {
         Some((bound, self.work_since_empty))
     }
 
-    /// After a pass with datagrams: whether it was `lone` (one datagram that found the worker
-    /// idle), and whether this worker `may_unstamp` (it polls rather than sleeps).
-    fn after_receive(&mut self, lone: bool, may_unstamp: bool, now: Instant) {
+    /// After receiving a pass's datagrams at `now`: whether it was `lone` (one datagram that
+    /// found the worker idle). What it asks for is done by `settle`, after the answers.
+    fn after_receive(&mut self, lone: bool, now: Instant) {
         self.work_since_empty = true;
+        self.pass_at = now;
         self.lone_passes = if lone { self.lone_passes.saturating_add(1) } else { 0 };
-        if self.on {
-            if may_unstamp && self.lone_passes >= LONE_PASSES_TO_UNSTAMP && self.set(false) {
-                self.off_since = now;
+        self.wanted = if self.on {
+            (self.lone_passes >= LONE_PASSES_TO_UNSTAMP).then_some(false)
+        } else {
+            (!lone || now.saturating_since(self.off_since) > UNSTAMPED_FOR).then_some(true)
+        };
+    }
+
+    /// At the end of a pass: turns the TTL off or on as the pass asked; off only for a worker
+    /// that `may_unstamp` (busy polling).
+    fn settle(&mut self, may_unstamp: bool) {
+        match self.wanted.take() {
+            Some(false) if may_unstamp => {
+                if self.set(false) {
+                    self.off_since = self.pass_at;
+                }
             }
-        } else if !lone || now.saturating_since(self.off_since) > UNSTAMPED_FOR {
-            self.turn_on();
+            Some(true) => self.turn_on(),
+            _ => {}
         }
     }
 
-    /// Turns the control messages on again (if they are off).
+    /// Turns the received TTL on again (if it is off).
     fn turn_on(&mut self) {
         if !self.on {
             self.set(true);
@@ -365,16 +393,20 @@ impl Stamps {
         }
     }
 
-    /// Sets the socket's control messages; whether it worked. A refusal leaves them as they were
-    /// (an unstamped worker then stays on its bounds).
+    /// Sets the received TTL; whether it worked. A refusal leaves it as it was (an unstamped
+    /// worker then stays on its bounds) and stops further tries.
     fn set(&mut self, on: bool) -> bool {
+        if self.refused {
+            return false;
+        }
         match socket::set_receive_ttl(self.fd, self.ipv4, on) {
             Ok(()) => {
                 self.on = on;
                 true
             }
             Err(error) => {
-                tracing::warn!(%error, on, "cannot switch the received TTL");
+                self.refused = true;
+                tracing::warn!(%error, on, "cannot switch the received TTL; leaving it as it is");
                 false
             }
         }
@@ -534,17 +566,21 @@ mod tests {
             assert!(stamps.on(), "still on after {pass} lone passes");
             stamps.found_empty(at_us(now));
             now += 2;
-            stamps.after_receive(true, true, at_us(now));
+            stamps.after_receive(true, at_us(now));
+            stamps.settle(true);
         }
         assert!(!stamps.on() && !receives_ttl(&fd), "{LONE_PASSES_TO_UNSTAMP} lone passes turn it off");
 
         // A datagram right after an empty poll waited at most since that poll began, behind nothing.
         stamps.found_empty(at_us(now));
         assert_eq!(stamps.bound(at_us(now + 3)), Some((Duration::from_micros(3), false)));
-        stamps.after_receive(true, true, at_us(now + 3));
+        stamps.after_receive(true, at_us(now + 3));
+        stamps.settle(true);
         // The next one came without an empty poll between: it may have waited behind that work.
         assert_eq!(stamps.bound(at_us(now + 5)), Some((Duration::from_micros(5), true)));
-        stamps.after_receive(false, true, at_us(now + 5));
+        stamps.after_receive(false, at_us(now + 5));
+        assert!(!stamps.on(), "switched only at the end of the pass");
+        stamps.settle(true);
         assert!(stamps.on() && receives_ttl(&fd), "load turns it on again");
 
         // Block answers sent after an empty poll count as work too.
@@ -557,23 +593,26 @@ mod tests {
         let mut stamps = Stamps::new(&fd);
         for _ in 0..LONE_PASSES_TO_UNSTAMP {
             stamps.found_empty(at_us(now));
-            stamps.after_receive(true, true, at_us(now));
+            stamps.after_receive(true, at_us(now));
+            stamps.settle(true);
         }
         assert!(!stamps.on());
         stamps.found_empty(at_us(now));
-        stamps.after_receive(true, true, at_us(now) + UNSTAMPED_FOR + Duration::from_micros(1));
+        stamps.after_receive(true, at_us(now) + UNSTAMPED_FOR + Duration::from_micros(1));
+        stamps.settle(true);
         assert!(stamps.on() && receives_ttl(&fd));
 
-        // A worker that sleeps never goes unstamped; one about to sleep turns it on.
+        // A worker that does not busy-poll never goes unstamped; one about to sleep turns it on.
         let mut stamps = Stamps::new(&fd);
         for _ in 0..2 * LONE_PASSES_TO_UNSTAMP {
             stamps.found_empty(at_us(now));
-            stamps.after_receive(true, false, at_us(now));
+            stamps.after_receive(true, at_us(now));
+            stamps.settle(false);
         }
         assert!(stamps.on());
-        for _ in 0..LONE_PASSES_TO_UNSTAMP {
-            stamps.after_receive(true, true, at_us(now));
-        }
+        stamps.found_empty(at_us(now));
+        stamps.after_receive(true, at_us(now));
+        stamps.settle(true);
         assert!(!stamps.on());
         stamps.turn_on();
         assert!(stamps.on() && receives_ttl(&fd));

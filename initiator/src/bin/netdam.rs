@@ -477,9 +477,11 @@ fn run(cli: &Cli) -> Result<(), String> {
                                "attempts": reply.attempts})
                     );
                 } else {
+                    // 0: the target did not read it (a busy worker serving lone requests).
+                    let ttl = if header.ttl == 0 { "unknown".to_string() } else { header.ttl.to_string() };
                     println!(
-                        "reply from {}: rtt {rtt_us:.1} µs, target service {service_us:.1} µs (queued {queueing_us} µs), queue depth {}, received ttl {}",
-                        cli.target, header.queue_depth, header.ttl
+                        "reply from {}: rtt {rtt_us:.1} µs, target service {service_us:.1} µs (queued {queueing_us} µs), queue depth {}, received ttl {ttl}",
+                        cli.target, header.queue_depth
                     );
                 }
             }
