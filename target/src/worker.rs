@@ -375,11 +375,7 @@ impl Stamps {
     /// that `may_unstamp` (busy polling).
     fn settle(&mut self, may_unstamp: bool) {
         match self.wanted.take() {
-            Some(false) if may_unstamp => {
-                if self.set(false) {
-                    self.off_since = self.pass_at;
-                }
-            }
+            Some(false) if may_unstamp && self.set(false) => self.off_since = self.pass_at,
             Some(true) => self.turn_on(),
             _ => {}
         }
