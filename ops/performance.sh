@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the README's Performance section on this machine: every netdam-bench report (JSON,
-# markdown and PNG plots) into the directory given (default docs/results). Takes about 14 minutes
+# markdown and PNG plots) into the directory given (default docs/results). Takes about 16 minutes
 # and wants the machine otherwise idle. Timings are measurements, never pass/fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,9 @@ bench=./build/release/netdam-bench
 mkdir -p "$out"
 $bench latency --requests 100000 --warmup 10000 --poll busy,adaptive \
   --ops read,write,cas,fetch-add,vadd,bread,bwrite --sizes 64,512,4096,8192 --out "$out" > "$out/latency.txt"
+# Issue 11's latency goals: each case against its own floor in 5 rounds, with the medians.
+$bench latency --requests 100000 --warmup 10000 --poll busy --rounds 5 \
+  --ops read,write,cas,fetch-add,bread --sizes 64,4096 --out "$out/latency-goals" > "$out/latency-goals.txt"
 $bench throughput --depths 1,2,4,8,16,32,64,128 --seconds 2 --out "$out" > /dev/null
 $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 1 --seconds 2 --out "$out/bread-4k" > /dev/null
 $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 2 --seconds 2 --out "$out/bread-4k-batch2" > /dev/null
