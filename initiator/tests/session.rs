@@ -478,24 +478,27 @@ fn a_reply_split_among_callers_gives_each_its_own_results() {
     assert_eq!(parsed.header.sequence, Request::parse(&request).unwrap().header.sequence + 1);
 }
 
+/// A session with Swift (initial window 4) whose READ, sent at 0, is answered at 5 ms by an
+/// answer that waited `waited` for its reader: the session's statistics after it.
+fn answered_at_5_ms_having_waited(waited: Duration) -> netdam_initiator::session::SessionStats {
+    let swift = SwiftConfig { initial_window: 4.0, ..SwiftConfig::default() };
+    let mut session = Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    let sent = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    session.handle_datagram_waited(at_ms(5), waited, &answer(&sent));
+    let completion = session.poll_completion().unwrap();
+    // The caller's latency is what it waited, whatever the controller learned.
+    assert_eq!(completion.result.unwrap().rtt, Duration::from_millis(5));
+    session.stats()
+}
+
 #[test]
 fn time_an_answer_waited_for_the_reader_is_not_round_trip() {
     // Two sessions get the same answer 5 ms after sending it; for one the kernel stamped it
     // 4.98 ms before the session read it (the reader had no core). Only the other learns a
     // 5 ms round trip and shrinks its window; the first saw 20 µs and grows.
-    let swift = SwiftConfig { initial_window: 4.0, ..SwiftConfig::default() };
-    let run = |waited: Duration| {
-        let mut session = Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9);
-        session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
-        let sent = session.poll_transmit(at_ms(0)).unwrap().to_vec();
-        session.handle_datagram_waited(at_ms(5), waited, &answer(&sent));
-        let completion = session.poll_completion().unwrap();
-        // The caller's latency is what it waited, whatever the controller learned.
-        assert_eq!(completion.result.unwrap().rtt, Duration::from_millis(5));
-        session.stats()
-    };
-    let read_late = run(Duration::from_micros(4_980));
-    let read_at_once = run(Duration::ZERO);
+    let read_late = answered_at_5_ms_having_waited(Duration::from_micros(4_980));
+    let read_at_once = answered_at_5_ms_having_waited(Duration::ZERO);
     assert_eq!(read_late.smoothed_rtt, Duration::from_micros(20));
     assert_eq!(read_at_once.smoothed_rtt, Duration::from_millis(5));
     assert!(read_late.window > 4.0, "20 µs is below the fabric target: {}", read_late.window);
@@ -504,21 +507,12 @@ fn time_an_answer_waited_for_the_reader_is_not_round_trip() {
 
 #[test]
 fn an_answer_whose_wait_is_unknown_or_no_shorter_than_the_round_trip_teaches_nothing() {
-    let swift = SwiftConfig { initial_window: 4.0, ..SwiftConfig::default() };
-    let run = |waited: Duration| {
-        let mut session = Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9);
-        session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
-        let sent = session.poll_transmit(at_ms(0)).unwrap().to_vec();
-        session.handle_datagram_waited(at_ms(5), waited, &answer(&sent));
-        assert_eq!(session.poll_completion().unwrap().result.unwrap().rtt, Duration::from_millis(5));
-        session.stats()
-    };
     for waited in [Duration::MAX, Duration::from_millis(5), Duration::from_millis(6)] {
-        let stats = run(waited);
+        let stats = answered_at_5_ms_having_waited(waited);
         assert_eq!(stats.smoothed_rtt, Duration::ZERO, "waited {waited:?}: no sample");
         assert_eq!(stats.window, 4.0, "waited {waited:?}: the window stays");
     }
-    assert_eq!(run(Duration::from_micros(4_999)).smoothed_rtt, Duration::from_micros(1));
+    assert_eq!(answered_at_5_ms_having_waited(Duration::from_micros(4_999)).smoothed_rtt, Duration::from_micros(1));
 }
 
 #[test]
