@@ -61,9 +61,10 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     // kernel's receive timestamps): a datagram that arrived later did not wait behind work.
     let mut free_since_ns = 0u64;
     // How many datagrams the next receive asks for. `recvmmsg` tries the socket once more after
-    // the last datagram it returns, and that failed try (a third of an empty poll's cost) delays
-    // every answer of the batch; a lone request that found the worker idle is answered sooner
-    // by a receive of one (docs/DECISIONS.md). Any sign of load asks for a whole batch again.
+    // the last datagram it returns, and that failed try (another pass through the kernel's
+    // receive path) delays every answer of the batch; a lone request that found the worker idle
+    // is answered sooner by a receive of one (docs/DECISIONS.md). Any sign of load asks for a
+    // whole batch again.
     let mut receive_limit = RECEIVE_BATCH;
     // The received TTL is read unless a busy-polling worker serves lone requests (`Stamps`).
     let mut stamps = Stamps::new(&fd);
