@@ -356,12 +356,9 @@ fn simulate(args: &SimArgs) {
     }
 }
 
-/// CPU time this thread has used, system time included (ns): `CLOCK_THREAD_CPUTIME_ID`.
+/// CPU time this thread has used, system time included (ns).
 fn thread_cpu_ns() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock id and a live timespec to write.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    (now.tv_sec as u64) * 1_000_000_000 + now.tv_nsec as u64
+    netdam_isa::time::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 fn histogram() -> Histogram<u64> {

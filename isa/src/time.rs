@@ -105,9 +105,16 @@ impl MonotonicClock {
 /// `CLOCK_REALTIME` in ns (a vDSO call): the clock of the kernel's receive timestamps
 /// (`SO_TIMESTAMPNS`), which the target and initiators compare them with.
 pub fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// Clock `clock` (a `clock_gettime` id: `CLOCK_THREAD_CPUTIME_ID` for a thread's CPU time, ...)
+/// in ns.
+#[inline]
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock id and a live timespec to write.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) };
+    // SAFETY: a clock id and a live timespec to write; an invalid id leaves it zero.
+    unsafe { libc::clock_gettime(clock, &mut now) };
     (now.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(now.tv_nsec as u64)
 }
 
@@ -116,10 +123,7 @@ pub fn realtime_ns() -> u64 {
 /// `Instant::elapsed` adds a normalised subtraction and a 128-bit conversion to each read.
 #[inline]
 fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid clock id and a live timespec to write.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(now.tv_nsec as u64)
+    clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 impl Default for MonotonicClock {

@@ -287,8 +287,8 @@ const UNSTAMPED_FOR: Duration = Duration::from_millis(100);
 /// Whether the worker reads control messages (the TTL, the kernel's receive timestamp), and
 /// what bounds a datagram's wait when it does not.
 ///
-/// The control messages and the `recvmmsg` that reads them cost ~0.3 µs per datagram more than
-/// a plain `recvfrom` here, a twentieth of a small request's round trip (docs/DECISIONS.md,
+/// The control messages and the `recvmmsg` that reads them cost ~0.4 µs per datagram more than
+/// a plain `recvfrom` here, a fifteenth of a small request's round trip (docs/DECISIONS.md,
 /// "The median to the floor, second round"). A busy-polling worker serving one request at a
 /// time does not need them: a datagram received right after an empty poll arrived after that
 /// poll began, which bounds its wait to one poll, and it waited behind no work. So after
