@@ -60,6 +60,9 @@ impl std::fmt::Debug for UringDevice {
 
 const FIXED_FILE: types::Fixed = types::Fixed(0);
 
+/// The user data of the NOP that starts a thread's io-wq: no slot has it.
+const NOP_USER_DATA: u64 = u64::MAX;
+
 /// `_IO(0x12, 0)`: discard a byte range of a block device (include/uapi/linux/fs.h).
 const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
 
@@ -229,6 +232,29 @@ impl UringDevice {
     }
 }
 
+impl UringDevice {
+    /// Makes the calling thread's first submission, a NOP, and takes its completion, so that
+    /// the kernel has set up this thread's io-wq (see `place_helpers`). Only before any request:
+    /// nothing else is in flight then.
+    fn start_helpers(&mut self) -> io::Result<()> {
+        if self.in_flight() > 0 || self.unsubmitted > 0 {
+            return Err(io::Error::other("io_uring helpers are placed before the first request"));
+        }
+        let nop = opcode::Nop::new().build().user_data(NOP_USER_DATA);
+        // SAFETY: a NOP refers to no memory.
+        if unsafe { self.ring.submission().push(&nop) }.is_err() {
+            return Err(io::Error::other("the submission ring is full"));
+        }
+        self.ring.submit_and_wait(1)?;
+        let mut queue = self.ring.completion();
+        queue.sync();
+        match queue.next() {
+            Some(cqe) if cqe.user_data() == NOP_USER_DATA => Ok(()),
+            _ => Err(io::Error::other("the NOP that starts the helpers did not complete")),
+        }
+    }
+}
+
 impl BlockDevice for UringDevice {
     fn geometry(&self) -> Geometry {
         self.geometry
@@ -329,6 +355,10 @@ impl BlockDevice for UringDevice {
         // io_uring's worker threads (io-wq: O_DIRECT writes that cannot be issued without
         // blocking) inherit the submitting thread's affinity; next to a spinning worker pinned
         // to one core they would wait for that core's time slice.
+        // The kernel keeps them per submitting thread and creates them at that thread's first
+        // submission: before it, IORING_REGISTER_IOWQ_AFF fails with EINVAL (Linux 6.18), and
+        // they stayed on the worker's core. So this thread submits a NOP first.
+        self.start_helpers()?;
         // SAFETY: cpu_set_t is a plain bit set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         for &cpu in cpus {

@@ -143,6 +143,37 @@ fn uring_file_backend_with_a_submission_thread() {
     assert_eq!(read(&mut device, 30, 4), &bytes[30 * BLOCK as usize..34 * BLOCK as usize]);
 }
 
+/// A worker places the ring's helper threads (io-wq) from its own thread before its first
+/// request. The kernel creates them at a thread's first submission and refused the placement
+/// before it (EINVAL on Linux 6.18), which left them on the busy worker's core; the device now
+/// submits a NOP first, whose completion must not reach `reap`.
+#[test]
+fn uring_helpers_are_placed_from_a_fresh_thread_before_any_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ns.img");
+    std::fs::File::create(&path).unwrap().set_len(BLOCKS * u64::from(BLOCK)).unwrap();
+    std::thread::spawn(move || {
+        let mut device = UringDevice::open(&path, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+        // SAFETY: sched_getcpu takes no arguments.
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).unwrap();
+        device.place_helpers(&[cpu]).expect("helpers placed before the first request");
+        assert_eq!(device.in_flight(), 0);
+        // `run` asserts every completion it reaps is the request's own: the NOP's is not seen.
+        conformance(&mut device);
+        // Not while a request waits: its completion could be taken for the NOP's.
+        device.submit(8, BlockRequest::Read { offset_blocks: 0, num_blocks: 1, buffer: BufferIndex(1) }).unwrap();
+        let busy = device.place_helpers(&[cpu]).unwrap_err();
+        assert!(busy.to_string().contains("before the first request"), "{busy}");
+        let mut tags = Vec::new();
+        while tags.is_empty() {
+            device.reap(&mut |completion: Completion| tags.push((completion.tag, completion.result.is_ok())));
+        }
+        assert_eq!(tags, [(8, true)]);
+    })
+    .join()
+    .unwrap();
+}
+
 /// The allocation of `num_blocks` from `offset_blocks` as (blocks, flags).
 fn status(device: &mut dyn BlockDevice, offset_blocks: u64, num_blocks: u32) -> Vec<(u32, u32)> {
     let mut extents = [Extent::default(); 64];
