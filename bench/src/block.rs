@@ -109,8 +109,24 @@ struct Case {
     p50_ns: u64,
     p99_ns: u64,
     p999_ns: u64,
-    /// netdam only: retransmissions, BUSY answers and the window at the end.
-    session: Option<(u64, u64, f64)>,
+    /// netdam only: what the session saw, and the target of its retransmissions.
+    session: Option<SessionFigures>,
+}
+
+/// A netdam case's session at its end, and what its target made of the retransmissions.
+#[derive(Debug, Clone, Copy)]
+struct SessionFigures {
+    retransmissions: u64,
+    /// Of those, requests with block I/O (the rest: HELLO and other control requests).
+    block_retransmissions: u64,
+    busy: u64,
+    window: f64,
+    /// Retransmissions the target dropped because the request still waited for its I/O: the
+    /// device (or the worker) was slower than the timeout.
+    still_in_progress: u64,
+    /// Retransmissions of requests the target had already answered: the answer was on its way,
+    /// or waited in the initiator's socket, when the timeout fired.
+    answered_before: u64,
 }
 
 impl Case {
@@ -121,8 +137,11 @@ impl Case {
     fn to_json(&self) -> serde_json::Value {
         json!({"system": self.system, "pattern": self.pattern, "depth": self.depth, "ops": self.ops,
                "seconds": self.seconds, "iops": self.iops(), "p50_ns": self.p50_ns, "p99_ns": self.p99_ns,
-               "p999_ns": self.p999_ns, "retransmissions": self.session.map(|s| s.0),
-               "busy": self.session.map(|s| s.1), "window": self.session.map(|s| s.2)})
+               "p999_ns": self.p999_ns, "retransmissions": self.session.map(|s| s.retransmissions),
+               "block_retransmissions": self.session.map(|s| s.block_retransmissions),
+               "busy": self.session.map(|s| s.busy), "window": self.session.map(|s| s.window),
+               "duplicates_in_progress": self.session.map(|s| s.still_in_progress),
+               "duplicates_answered_before": self.session.map(|s| s.answered_before)})
     }
 }
 
@@ -324,6 +343,16 @@ fn netdam_case(
     let seconds = args.seconds;
     let stats = client.session_stats();
     drop(client);
+    let counters = target.stats();
+    let counter = |name: &str| counters.get(name).unwrap_or(0);
+    let session = SessionFigures {
+        retransmissions: stats.retransmissions,
+        block_retransmissions: stats.block_retransmissions,
+        busy: stats.busy,
+        window: stats.window,
+        still_in_progress: counter("duplicates_in_progress"),
+        answered_before: counter("duplicates_executed_again") + counter("duplicates_replayed"),
+    };
     target.stop();
     Ok(Case {
         system: "netdam".into(),
@@ -334,7 +363,7 @@ fn netdam_case(
         p50_ns: histogram.value_at_quantile(0.5),
         p99_ns: histogram.value_at_quantile(0.99),
         p999_ns: histogram.value_at_quantile(0.999),
-        session: Some((stats.retransmissions, stats.busy, stats.window)),
+        session: Some(session),
     })
 }
 
@@ -446,8 +475,24 @@ fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &Unde
         };
         let session = case
             .session
-            .map(|(retransmissions, busy, window)| {
-                format!("{retransmissions} retransmitted, {busy} busy, window {window:.1}")
+            .map(|figures| {
+                let SessionFigures {
+                    retransmissions,
+                    block_retransmissions,
+                    busy,
+                    window,
+                    still_in_progress,
+                    answered_before,
+                } = figures;
+                let why = if retransmissions > 0 {
+                    format!(
+                        " ({block_retransmissions} of block I/O; at the target {still_in_progress} still in progress, \
+                         {answered_before} answered before)"
+                    )
+                } else {
+                    String::new()
+                };
+                format!("{retransmissions} retransmitted{why}, {busy} busy, window {window:.1}")
             })
             .unwrap_or_default();
         let _ = writeln!(

@@ -408,6 +408,9 @@ pub struct SessionStats {
     pub bytes_received: u64,
     /// Retransmissions after a timeout.
     pub retransmissions: u64,
+    /// Those of requests with block instructions: a block I/O resent because its answer came
+    /// later than its timeout (the rest are memory and control requests, HELLO included).
+    pub block_retransmissions: u64,
     /// Requests that failed after their last attempt.
     pub timeouts: u64,
     /// BUSY answers received.
@@ -944,6 +947,9 @@ impl Session {
             self.stats.bytes_transmitted += self.requests[index].datagram.as_slice().len() as u64;
             if !first_send {
                 self.stats.retransmissions += 1;
+                if self.requests[index].kind == ServiceKind::Block {
+                    self.stats.block_retransmissions += 1;
+                }
             }
             if let Some(swift) = &mut self.swift {
                 swift.on_send(now);
