@@ -29,7 +29,8 @@ pub enum BlockPoll {
     /// Worker and client spin: lowest latency, two cores busy.
     Busy,
     /// The worker spins briefly after each datagram (and while I/O is in flight), then sleeps;
-    /// the client sleeps. The target's default.
+    /// the client spins while an answer is due soon, then sleeps (`ClientPoll::Adaptive`). The
+    /// target's default.
     Adaptive,
     /// Worker (when no I/O is in flight) and client sleep in the kernel.
     Blocking,
@@ -45,10 +46,10 @@ impl BlockPoll {
     }
 
     pub(crate) fn client(self) -> ClientPoll {
-        if self == BlockPoll::Busy {
-            ClientPoll::Busy
-        } else {
-            ClientPoll::Blocking
+        match self {
+            BlockPoll::Busy => ClientPoll::Busy,
+            BlockPoll::Adaptive => ClientPoll::Adaptive,
+            BlockPoll::Blocking => ClientPoll::Blocking,
         }
     }
 }

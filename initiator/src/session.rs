@@ -751,6 +751,11 @@ impl Session {
         }
     }
 
+    /// The smoothed round trip of this session's answers, once there is one.
+    pub fn smoothed_rtt(&self) -> Option<Duration> {
+        self.rtt.smoothed_ns.map(|smoothed| Duration::from_nanos(smoothed as u64))
+    }
+
     /// Requests submitted and not yet answered.
     pub fn in_flight(&self) -> usize {
         self.requests.len()

@@ -1,0 +1,133 @@
+//! An adaptive client (`ClientPoll::Adaptive`) spins only while an answer is due soon, then
+//! sleeps in the kernel: its answers are right, and a request that takes long costs it little
+//! CPU. The device here holds every completion for a set time, as a slow disk would.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::TestTarget;
+use netdam_initiator::client::ADAPTIVE_SPIN_MAX;
+use netdam_initiator::{Client, ClientOptions, ClientPoll};
+use netdam_nvme::{
+    BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, CrashTestDevice, Geometry,
+};
+use netdam_target::config::{Config, PollMode};
+use netdam_target::namespaces::Namespace;
+use netdam_target::Target;
+
+const BLOCK: u32 = 4096;
+const BLOCKS: u64 = 64;
+/// Under the block retransmission timeout's floor (20 ms): the request is sent once.
+const DEVICE_TIME: Duration = Duration::from_millis(15);
+
+/// A crash-test device whose completions are handed over `DEVICE_TIME` after submission.
+struct SlowDevice {
+    inner: CrashTestDevice,
+    submitted_at: HashMap<u64, Instant>,
+    held: Vec<(Instant, Completion)>,
+}
+
+impl BlockDevice for SlowDevice {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn submit(&mut self, tag: u64, request: BlockRequest) -> Result<(), BlockError> {
+        self.inner.submit(tag, request)?;
+        self.submitted_at.insert(tag, Instant::now());
+        Ok(())
+    }
+    fn reap(&mut self, on_completion: &mut dyn FnMut(Completion)) -> usize {
+        let (submitted_at, held) = (&mut self.submitted_at, &mut self.held);
+        self.inner.reap(&mut |completion: Completion| {
+            let at = submitted_at.remove(&completion.tag).expect("a completion for a submitted request");
+            held.push((at + DEVICE_TIME, completion));
+        });
+        let now = Instant::now();
+        let mut handed = 0;
+        let mut index = 0;
+        while index < self.held.len() {
+            if self.held[index].0 <= now {
+                on_completion(self.held.swap_remove(index).1);
+                handed += 1;
+            } else {
+                index += 1;
+            }
+        }
+        handed
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.held.len()
+    }
+    fn buffer(&mut self, index: BufferIndex) -> &mut [u8] {
+        self.inner.buffer(index)
+    }
+}
+
+fn start() -> TestTarget {
+    let image = CrashImage::new(BLOCK, BLOCKS);
+    let factory = Arc::new(move |max_transfer: usize, _: netdam_nvme::Submission| {
+        let device =
+            SlowDevice { inner: image.device(64, max_transfer)?, submitted_at: HashMap::new(), held: Vec::new() };
+        Ok(Box::new(device) as Box<dyn BlockDevice>)
+    });
+    let slow = Namespace::new("slow", "slow test device", BLOCK, BLOCKS, factory);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: Some(dir.path().to_path_buf()),
+        poll: PollMode::Blocking,
+        regions: vec![common::region("mem", 1 << 20, false)],
+        busy_threshold_us: 60_000,
+        pin_workers: false,
+        lock_memory: false,
+        auth: netdam_target::AuthMode::None,
+        ..Config::default()
+    };
+    let target = Target::start_with(&config, vec![slow]).expect("target starts");
+    TestTarget { target, dir }
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to fill.
+    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) }, 0);
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}
+
+#[test]
+fn an_adaptive_client_is_answered_rightly_and_sleeps_through_a_slow_request() {
+    let test = start();
+    let options = ClientOptions { poll: ClientPoll::Adaptive, ..ClientOptions::default() };
+    let mut client = Client::connect_with(test.target.local_addr(), options).unwrap();
+    let mem = client.region("mem").unwrap().id;
+    // Quick answers, which it waits for spinning: every byte comes back.
+    for round in 0..200u64 {
+        let data: Vec<u8> = (0..(round as usize * 37) % 4000 + 1).map(|i| (i as u64 * 13 + round) as u8).collect();
+        let offset = (round * 4093) % (1 << 19);
+        client.write(mem, offset, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        client.read(mem, offset, &mut back).unwrap();
+        assert_eq!(back, data, "round {round}");
+    }
+    // A block write and read that each take the device 15 ms: the client spins at most
+    // ADAPTIVE_SPIN_MAX after each send and answer, and sleeps the rest (a busy client would
+    // burn the whole 15 ms).
+    let disk = client.namespace("slow").unwrap().clone();
+    let block = vec![0xC3; BLOCK as usize];
+    let mut back = vec![0u8; BLOCK as usize];
+    let (wall_from, cpu_from) = (Instant::now(), thread_cpu());
+    client.block_write(&disk, 7, &block, false).unwrap();
+    client.block_read(&disk, 7, &mut back).unwrap();
+    let (wall, cpu) = (wall_from.elapsed(), thread_cpu() - cpu_from);
+    assert!(back == block, "the block reads back as written");
+    assert!(wall >= 2 * DEVICE_TIME, "each request waited for the device: {wall:?}");
+    // Two requests: a send and an answer each, a spin after each, and the work itself.
+    let bound = 4 * Duration::from_nanos(ADAPTIVE_SPIN_MAX.as_nanos()) + Duration::from_millis(3);
+    assert!(cpu < bound, "the client used {cpu:?} of CPU over {wall:?} (bound {bound:?})");
+    assert_eq!(client.session_stats().retransmissions, 0);
+}
