@@ -201,7 +201,7 @@ for space in namespace=disk region=scratch; do
   done
 done
 
-step "trim, fsync and busy polling"
+step "trim, fsync, busy and adaptive polling"
 for space in namespace=disk region=scratch; do
   name="trim-${space%%=*}"
   status=0
@@ -221,6 +221,17 @@ for space in namespace=disk region=scratch; do
   else
     fail "$name: fio exited $status, $syncs syncs; $(head -c 600 "$work/$name.err")"
   fi
+  for depth in 1 32; do
+    name="adaptive-qd$depth-${space%%=*}"
+    status=0
+    run_fio "$name" --"$space" --rw=randwrite --size=4m --iodepth="$depth" --poll=adaptive \
+      --verify=crc32c --verify_fatal=1 || status=$?
+    if [ "$status" = 0 ] && jobs_ok "$name" && [ "$(ios "$name" read)" = "$(ios "$name" write)" ]; then
+      pass "$name: $(ios "$name" write) blocks written and verified with poll=adaptive"
+    else
+      fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
+    fi
+  done
 done
 
 step "encrypted sessions (encrypt=1): randwrite + verify=crc32c; without a key the job fails naming encrypt="

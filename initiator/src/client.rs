@@ -639,13 +639,22 @@ impl Client {
         self.progress()
     }
 
+    /// The smoothed round trip of this client's answers, once there is one.
+    pub fn smoothed_rtt(&self) -> Option<Duration> {
+        self.session.smoothed_rtt()
+    }
+
+    /// How long an adaptive client spins after a send or an answer: twice the smoothed round
+    /// trip, within `ADAPTIVE_SPIN_MIN` and `ADAPTIVE_SPIN_MAX`.
+    pub fn adaptive_spin(&self) -> Duration {
+        let rtt = self.session.smoothed_rtt().unwrap_or(ADAPTIVE_SPIN_MIN);
+        Duration::from_nanos(rtt.as_nanos().saturating_mul(2)).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX)
+    }
+
     /// After a send or an answer at `now`: an adaptive client spins for a while longer.
     fn keep_spinning(&mut self, now: Instant) {
         if self.poll == ClientPoll::Adaptive {
-            let rtt = self.session.smoothed_rtt().unwrap_or(ADAPTIVE_SPIN_MIN);
-            let spin =
-                Duration::from_nanos(rtt.as_nanos().saturating_mul(2)).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX);
-            self.spin_until = now + spin;
+            self.spin_until = now + self.adaptive_spin();
         }
     }
 

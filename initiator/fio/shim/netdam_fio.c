@@ -93,7 +93,7 @@ static struct fio_option options[] = {
 		.type = FIO_OPT_STR_STORE,
 		.off1 = offsetof(struct netdam_fio_options, poll),
 		.def = "blocking",
-		.help = "How the job waits for completions: busy (spin) or blocking (sleep)",
+		.help = "How the job waits for completions: busy (spin), adaptive (spin while an answer is due soon, then sleep) or blocking (sleep)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},

@@ -396,6 +396,8 @@ pub struct Engine {
     /// `ppoll`'s descriptors, one per session, kept so a wait allocates nothing.
     poll_fds: Vec<libc::pollfd>,
     coalescing: Coalescing,
+    /// `poll=adaptive`: the thread spins until then, and sleeps after.
+    spin_until: Instant,
 }
 
 impl Engine {
@@ -445,6 +447,7 @@ impl Engine {
             errors: 0,
             session_errors: 0,
             coalescing: Coalescing { enabled: settings.coalesce, held_since: None },
+            spin_until: Instant::now(),
         })
     }
 
@@ -487,6 +490,15 @@ impl Engine {
     /// coalescing holds for the next I/O.
     pub fn commit(&mut self) {
         self.send_backlog();
+        self.keep_spinning();
+    }
+
+    /// After a send or an answer: with `poll=adaptive` the thread spins a while longer.
+    fn keep_spinning(&mut self) {
+        if self.poll == Poll::Adaptive {
+            let spin = self.sessions[0].adaptive_spin();
+            self.spin_until = Instant::now() + Duration::from_nanos(spin.as_nanos());
+        }
     }
 
     /// Cuts an I/O into instructions and queues them at the back of the backlog, each with the
@@ -615,11 +627,13 @@ impl Engine {
     /// Reads what the sessions received, handles their timeouts, finishes pieces, and sends
     /// what waits. Never blocks.
     fn turn(&mut self) {
+        let mut answered = false;
         for index in 0..self.sessions.len() {
             if let Err(error) = self.sessions[index].progress() {
                 self.report_session_error(index, &error);
             }
             while let Some((ticket, result)) = self.sessions[index].take_finished() {
+                answered = true;
                 let Some(batch) = self.on_wire.remove(&(index, ticket)) else { continue };
                 match result {
                     Ok(reply) => {
@@ -637,6 +651,9 @@ impl Engine {
             }
         }
         self.send_backlog();
+        if answered {
+            self.keep_spinning();
+        }
     }
 
     /// A session's socket failed (the target refuses, or the network is gone). Its pieces are
@@ -719,7 +736,13 @@ impl Engine {
                     }
                     std::hint::spin_loop();
                 }
-                Poll::Blocking => {
+                Poll::Adaptive if Instant::now() < self.spin_until => {
+                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                Poll::Blocking | Poll::Adaptive => {
                     if !self.sleep(deadline) {
                         break;
                     }

@@ -21,7 +21,7 @@ pub struct RawSettings<'a> {
     pub region: Option<&'a str>,
     /// `sessions=N`.
     pub sessions: u32,
-    /// `poll=busy|blocking`.
+    /// `poll=busy|adaptive|blocking`.
     pub poll: Option<&'a str>,
     /// `key=FILE`.
     pub key: Option<&'a str>,
@@ -59,6 +59,10 @@ pub enum Poll {
     /// Sleep in `ppoll` on the sessions' sockets until an answer, a retransmission timer or
     /// fio's timeout wakes the thread.
     Blocking,
+    /// Spin while an answer is due soon (after each send and answer, for twice the smoothed
+    /// round trip, 50-200 µs), then sleep as `Blocking` does: no wake-up on the latency path of
+    /// a quick answer, no CPU while nothing comes.
+    Adaptive,
 }
 
 /// The checked options.
@@ -98,6 +102,13 @@ impl Settings {
     /// How the engine's sessions connect: with the tenant's key when there is one.
     pub fn client_options(&self) -> netdam_initiator::ClientOptions {
         let mut options = netdam_initiator::ClientOptions::default();
+        // The engine waits on the sockets itself; a spinning client reads an answer that follows
+        // an empty poll without its kernel timestamp.
+        options.poll = match self.poll {
+            Poll::Busy => netdam_initiator::ClientPoll::Busy,
+            Poll::Adaptive => netdam_initiator::ClientPoll::Adaptive,
+            Poll::Blocking => netdam_initiator::ClientPoll::Blocking,
+        };
         options.session.credentials = self.credentials;
         options.session.encrypt = self.encrypt;
         options
@@ -135,7 +146,8 @@ impl Settings {
         let poll = match given(raw.poll).unwrap_or("blocking") {
             "busy" => Poll::Busy,
             "blocking" => Poll::Blocking,
-            other => return Err(SettingsError(format!("poll={other}: must be busy or blocking"))),
+            "adaptive" => Poll::Adaptive,
+            other => return Err(SettingsError(format!("poll={other}: must be busy, adaptive or blocking"))),
         };
         let key = given(raw.key).map(std::path::PathBuf::from).or_else(|| netdam_key_variable().map(Into::into));
         let option = if given(raw.key).is_some() { "key" } else { "NETDAM_KEY" };
@@ -266,5 +278,15 @@ mod tests {
         assert_eq!(settings.space.option(), "region=scratch");
         assert_eq!((settings.sessions, settings.poll, settings.target.port()), (2, Poll::Busy, 7801));
         assert!(settings.coalesce);
+        assert_eq!(settings.client_options().poll, netdam_initiator::ClientPoll::Busy);
+    }
+
+    #[test]
+    fn adaptive_polling_is_taken_and_reaches_the_sessions() {
+        let settings = Settings::parse(&RawSettings { poll: Some("adaptive"), ..raw() }).unwrap();
+        assert_eq!(settings.poll, Poll::Adaptive);
+        assert_eq!(settings.client_options().poll, netdam_initiator::ClientPoll::Adaptive);
+        let blocking = Settings::parse(&raw()).unwrap();
+        assert_eq!(blocking.client_options().poll, netdam_initiator::ClientPoll::Blocking);
     }
 }
