@@ -101,14 +101,14 @@ impl std::error::Error for SettingsError {}
 impl Settings {
     /// How the engine's sessions connect: with the tenant's key when there is one.
     pub fn client_options(&self) -> netdam_initiator::ClientOptions {
-        let mut options = netdam_initiator::ClientOptions::default();
         // The engine waits on the sockets itself; a spinning client reads an answer that follows
         // an empty poll without its kernel timestamp.
-        options.poll = match self.poll {
+        let poll = match self.poll {
             Poll::Busy => netdam_initiator::ClientPoll::Busy,
             Poll::Adaptive => netdam_initiator::ClientPoll::Adaptive,
             Poll::Blocking => netdam_initiator::ClientPoll::Blocking,
         };
+        let mut options = netdam_initiator::ClientOptions { poll, ..netdam_initiator::ClientOptions::default() };
         options.session.credentials = self.credentials;
         options.session.encrypt = self.encrypt;
         options
