@@ -5,7 +5,8 @@
 #   I/Os per datagram), with 1 and 2 sessions: fio writes, then reads every block back and
 #   checks it; a second fio run (verify_only) reads the same blocks back through a new engine
 #   and checks them again;
-# - trims, and writes with fsync (the namespace's FLUSH); busy polling;
+# - trims, and writes with fsync (the namespace's FLUSH); busy polling; adaptive polling with
+#   verify at iodepth 1 and 32;
 # - a job naming a namespace or region the target lacks fails, with a message naming it;
 # - short randread/randwrite runs at QD1 and QD32, whose IOPS and latency are printed for
 #   orientation (measurements, not pass/fail criteria).

@@ -18,6 +18,7 @@ use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::rng::Rng;
 use netdam_target::config::{Config, NamespaceBackend, NamespaceConfig, PollMode};
+use netdam_target::stats::Counter;
 use netdam_target::Target;
 use serde_json::json;
 
@@ -345,14 +346,14 @@ fn netdam_case(
     let stats = client.session_stats();
     drop(client);
     let counters = target.stats();
-    let counter = |name: &str| counters.get(name).unwrap_or(0);
+    let counter = |counter: Counter| counters.get(counter.name()).expect("every counter is in the snapshot");
     let session = SessionFigures {
         retransmissions: stats.retransmissions,
         block_retransmissions: stats.block_retransmissions,
         busy: stats.busy,
         window: stats.window,
-        still_in_progress: counter("duplicates_in_progress"),
-        answered_before: counter("duplicates_executed_again") + counter("duplicates_replayed"),
+        still_in_progress: counter(Counter::DuplicatesInProgress),
+        answered_before: counter(Counter::DuplicatesExecutedAgain) + counter(Counter::DuplicatesReplayed),
     };
     target.stop();
     Ok(Case {

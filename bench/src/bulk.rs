@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use netdam_initiator::{Client, ClientOptions};
+use netdam_initiator::{Client, ClientOptions, ClientPoll};
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_target::config::{ByteSize, Config, RegionBackend, RegionConfig};
 use netdam_target::Target;
@@ -97,7 +97,10 @@ pub fn run(args: &BulkArgs) -> Result<(), String> {
         ..Config::default()
     };
     let target = Target::start(&config).map_err(|error| format!("netdam target: {error}"))?;
-    let options = ClientOptions { poll: args.poll.client(), ..ClientOptions::default() };
+    // As the floor's client: spinning with busy polling, sleeping otherwise (the adaptive
+    // client's spin would give netdam what the floor does not have).
+    let poll = if args.poll == BlockPoll::Busy { ClientPoll::Busy } else { ClientPoll::Blocking };
+    let options = ClientOptions { poll, ..ClientOptions::default() };
     let mut client =
         Client::connect_with(target.local_addr(), options).map_err(|error| format!("netdam client: {error}"))?;
     let region = client.region("bulk").map_err(|error| error.to_string())?.id;

@@ -590,11 +590,12 @@ impl Client {
             return Ok(());
         }
         let now = self.clock.now();
-        self.keep_spinning(now);
         while let Some(datagram) = self.session.poll_transmit(now) {
             let sent = self.socket.send(datagram);
             match sent {
-                Ok(_) => {}
+                // Only a datagram that went out brings an answer soon: requests held back by
+                // the window do not keep an adaptive client spinning.
+                Ok(_) => self.keep_spinning(now),
                 // A full socket buffer is a lost datagram: retransmission recovers it.
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
                 // So is a refusal while the target restarts (see `Session::handle_refused`).

@@ -45,6 +45,8 @@ pub struct UringDevice {
     slots: Vec<Option<(u64, BlockRequest)>>,
     free_slots: Vec<u32>,
     unsubmitted: usize,
+    /// Completions that matched no request in flight: none, unless a bug let one through.
+    stray_completions: u64,
 }
 
 impl std::fmt::Debug for UringDevice {
@@ -176,6 +178,7 @@ impl UringDevice {
             geometry,
             slots: (0..queue_depth).map(|_| None).collect(),
             free_slots: (0..queue_depth).rev().collect(),
+            stray_completions: 0,
             unsubmitted: 0,
         })
     }
@@ -233,6 +236,12 @@ impl UringDevice {
 }
 
 impl UringDevice {
+    /// Completions `reap` found for no request in flight (and skipped): 0 unless a bug let
+    /// one through, such as the NOP of `place_helpers`.
+    pub fn stray_completions(&self) -> u64 {
+        self.stray_completions
+    }
+
     /// Makes the calling thread's first submission, a NOP, and takes its completion, so that
     /// the kernel has set up this thread's io-wq (see `place_helpers`). Only before any request:
     /// nothing else is in flight then.
@@ -300,6 +309,7 @@ impl BlockDevice for UringDevice {
             let slot = cqe.user_data() as usize;
             let Some((tag, request)) = self.slots.get_mut(slot).and_then(Option::take) else {
                 tracing::error!(slot, "io_uring completion for an unknown slot");
+                self.stray_completions += 1;
                 continue;
             };
             self.free_slots.push(slot as u32);

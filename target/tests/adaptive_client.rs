@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::TestTarget;
-use netdam_initiator::client::ADAPTIVE_SPIN_MAX;
+use netdam_initiator::client::{ADAPTIVE_SPIN_MAX, ADAPTIVE_SPIN_MIN};
 use netdam_initiator::{Client, ClientOptions, ClientPoll};
 use netdam_nvme::{
     BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, CrashTestDevice, Geometry,
@@ -129,5 +129,10 @@ fn an_adaptive_client_is_answered_rightly_and_sleeps_through_a_slow_request() {
     // Two requests: a send and an answer each, a spin after each, and the work itself.
     let bound = 4 * Duration::from_nanos(ADAPTIVE_SPIN_MAX.as_nanos()) + Duration::from_millis(3);
     assert!(cpu < bound, "the client used {cpu:?} of CPU over {wall:?} (bound {bound:?})");
-    assert_eq!(client.session_stats().retransmissions, 0);
+    assert_eq!(client.session_stats().block_retransmissions, 0, "the block requests went once");
+    // The spin follows the round trip: twice the smoothed one, within its bounds.
+    let spin = client.adaptive_spin();
+    assert!((ADAPTIVE_SPIN_MIN..=ADAPTIVE_SPIN_MAX).contains(&spin), "spin {spin:?}");
+    let rtt = client.smoothed_rtt().expect("answers were timed");
+    assert_eq!(spin, (rtt + rtt).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX));
 }

@@ -4,7 +4,8 @@
 //! packing as many as fit into each datagram (so `iodepth_batch_submit=N` puts up to N I/Os in
 //! one datagram, which halves the datagrams per I/O or better), and at depth lets a last datagram
 //! with room wait briefly for fio's next I/O (`Coalescing`); `reap` (fio's `getevents`) reads the
-//! sessions' sockets, spinning (`poll=busy`) or sleeping in `ppoll` (`poll=blocking`), copies
+//! sessions' sockets, spinning (`poll=busy`), sleeping in `ppoll` (`poll=blocking`) or spinning
+//! only while an answer is due soon and sleeping after (`poll=adaptive`), copies
 //! read data straight from the answer into fio's buffer, and completes an I/O when its last
 //! piece is answered. Retransmission, BUSY back-off and a HELLO again after a target restart
 //! happen inside the sessions whenever `reap` runs, which fio does while anything is in flight.
@@ -496,7 +497,7 @@ impl Engine {
     /// After a send or an answer: with `poll=adaptive` the thread spins a while longer.
     fn keep_spinning(&mut self) {
         if self.poll == Poll::Adaptive {
-            let spin = self.sessions[0].adaptive_spin();
+            let spin = self.sessions.iter().map(Client::adaptive_spin).max().unwrap_or_default();
             self.spin_until = Instant::now() + Duration::from_nanos(spin.as_nanos());
         }
     }
@@ -729,24 +730,18 @@ impl Engine {
             if self.done.len() >= min {
                 break;
             }
-            match self.poll {
-                Poll::Busy => {
-                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                        break;
-                    }
-                    std::hint::spin_loop();
+            let spins = match self.poll {
+                Poll::Busy => true,
+                Poll::Adaptive => Instant::now() < self.spin_until,
+                Poll::Blocking => false,
+            };
+            if spins {
+                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    break;
                 }
-                Poll::Adaptive if Instant::now() < self.spin_until => {
-                    if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-                Poll::Blocking | Poll::Adaptive => {
-                    if !self.sleep(deadline) {
-                        break;
-                    }
-                }
+                std::hint::spin_loop();
+            } else if !self.sleep(deadline) {
+                break;
             }
         }
         let mut taken = 0;
