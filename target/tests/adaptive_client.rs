@@ -14,9 +14,7 @@ use netdam_initiator::{Client, ClientOptions, ClientPoll};
 use netdam_nvme::{
     BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, CrashTestDevice, Geometry,
 };
-use netdam_target::config::{Config, PollMode};
 use netdam_target::namespaces::Namespace;
-use netdam_target::Target;
 
 const BLOCK: u32 = 4096;
 const BLOCKS: u64 = 64;
@@ -73,22 +71,7 @@ fn start() -> TestTarget {
             SlowDevice { inner: image.device(64, max_transfer)?, submitted_at: HashMap::new(), held: Vec::new() };
         Ok(Box::new(device) as Box<dyn BlockDevice>)
     });
-    let slow = Namespace::new("slow", "slow test device", BLOCK, BLOCKS, factory);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: Some(dir.path().to_path_buf()),
-        poll: PollMode::Blocking,
-        regions: vec![common::region("mem", 1 << 20, false)],
-        busy_threshold_us: 60_000,
-        pin_workers: false,
-        lock_memory: false,
-        auth: netdam_target::AuthMode::None,
-        ..Config::default()
-    };
-    let target = Target::start_with(&config, vec![slow]).expect("target starts");
-    TestTarget { target, dir }
+    common::start_with_devices(vec![Namespace::new("slow", "slow test device", BLOCK, BLOCKS, factory)])
 }
 
 /// CPU time of the calling thread.

@@ -76,11 +76,28 @@ pub fn start_configured_in(
     regions: Vec<RegionConfig>,
     adjust: impl FnOnce(&mut Config),
 ) -> TestTarget {
-    let mut config = Config {
+    let mut config = test_config(dir.path(), regions);
+    adjust(&mut config);
+    let target = Target::start(&config).expect("target starts");
+    TestTarget { target, dir }
+}
+
+/// Starts a target with the test settings of [`start`] and a 1 MiB region "mem", also serving
+/// `devices`: namespaces on test devices of the test's own.
+pub fn start_with_devices(devices: Vec<netdam_target::namespaces::Namespace>) -> TestTarget {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = test_config(dir.path(), vec![region("mem", 1 << 20, false)]);
+    let target = Target::start_with(&config, devices).expect("target starts");
+    TestTarget { target, dir }
+}
+
+/// The settings of the test targets, with their files under `data_dir`.
+pub fn test_config(data_dir: &std::path::Path, regions: Vec<RegionConfig>) -> Config {
+    Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         // Metrics on, on any free port: tests and benchmarks run many targets at once.
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: Some(dir.path().to_path_buf()),
+        data_dir: Some(data_dir.to_path_buf()),
         workers: 1,
         poll: PollMode::Blocking,
         max_datagram_bytes: 9000,
@@ -95,10 +112,7 @@ pub fn start_configured_in(
         // Tests of the instruction set itself; tests/auth.rs covers tenants.
         auth: netdam_target::config::AuthMode::None,
         ..Config::default()
-    };
-    adjust(&mut config);
-    let target = Target::start(&config).expect("target starts");
-    TestTarget { target, dir }
+    }
 }
 
 // Not every test file that includes this module draws random numbers.
