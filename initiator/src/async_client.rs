@@ -62,6 +62,9 @@ impl Pending {
     }
 }
 
+/// How long a HELLO may go unanswered before the client says that it is still trying.
+const HELLO_PATIENCE_NOTICE: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl AsyncClient {
     /// Connects, starts the I/O task on the current runtime, and says HELLO.
     pub async fn connect(addr: SocketAddr) -> Result<AsyncClient, ClientError> {
@@ -104,7 +107,22 @@ impl AsyncClient {
             metrics,
         };
         tokio::spawn(driver.run(receiver));
-        let hello = answer.await.map_err(|_| ClientError::Closed)??;
+        let mut answer = answer;
+        let hello = match tokio::time::timeout(HELLO_PATIENCE_NOTICE, &mut answer).await {
+            Ok(answered) => answered,
+            Err(_) => {
+                // The session keeps trying until its attempts run out (half a minute); a user
+                // waiting on a silent command learns why.
+                tracing::warn!(
+                    target = %addr,
+                    "no answer from the target yet after {}s; still trying (is netdam-target running at that \
+                     address, reachable, and speaking this protocol?)",
+                    HELLO_PATIENCE_NOTICE.as_secs()
+                );
+                answer.await
+            }
+        };
+        let hello = hello.map_err(|_| ClientError::Closed)??;
         Ok(AsyncClient { commands, info: TargetInfo { addr, hello }, finished })
     }
 

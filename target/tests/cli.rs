@@ -355,3 +355,36 @@ fn the_start_line_names_the_settings_and_metrics_as_text_or_json() {
     let both = [("RUST_LOG", "warn"), ("NETDAM_LOG", "info")];
     assert!(first_log_line(&any_port, &both).contains("netdam-target started"));
 }
+
+/// `netdam nbd` pointed at an address where nothing answers (a socket that swallows every
+/// datagram, so no refusal comes back either) says, within seconds, that it is still trying
+/// and what to check, instead of staying silent until its attempts run out; and it does not
+/// listen meanwhile.
+#[test]
+fn an_export_whose_target_stays_silent_says_it_is_still_trying() {
+    let home = tempfile::tempdir().unwrap();
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let socket_path = home.path().join("export.sock");
+    let mut child = netdam_command(home.path())
+        .args(["--target", &silent.local_addr().unwrap().to_string(), "nbd", "--namespace", "disk"])
+        .arg("--listen")
+        .arg(format!("unix:{}", socket_path.display()))
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let started = std::time::Instant::now();
+    // The notice comes after 2 s; the attempts would run out after about half a minute.
+    stderr.read_line(&mut line).unwrap();
+    let waited = started.elapsed();
+    let listening = socket_path.exists();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("no answer from the target yet"), "first line: {line}");
+    assert!(line.contains(&silent.local_addr().unwrap().to_string()), "the line names the target: {line}");
+    assert!(waited < std::time::Duration::from_secs(10), "the notice took {waited:?}");
+    assert!(!listening, "the export listened before its target answered");
+}
