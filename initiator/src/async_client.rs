@@ -17,7 +17,9 @@ use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::client::{connected_socket, fit_window_to_socket_buffers, ClientOptions, CLOSE_WAIT};
+use crate::client::{
+    connected_socket, fit_window_to_socket_buffers, warn_still_trying, ClientOptions, CLOSE_WAIT, HELLO_PATIENCE_NOTICE,
+};
 use crate::error::ClientError;
 use crate::metrics::SessionMetrics;
 use crate::op::Op;
@@ -62,9 +64,6 @@ impl Pending {
     }
 }
 
-/// How long a HELLO may go unanswered before the client says that it is still trying.
-const HELLO_PATIENCE_NOTICE: std::time::Duration = std::time::Duration::from_secs(2);
-
 impl AsyncClient {
     /// Connects, starts the I/O task on the current runtime, and says HELLO.
     pub async fn connect(addr: SocketAddr) -> Result<AsyncClient, ClientError> {
@@ -108,17 +107,12 @@ impl AsyncClient {
         };
         tokio::spawn(driver.run(receiver));
         let mut answer = answer;
-        let hello = match tokio::time::timeout(HELLO_PATIENCE_NOTICE, &mut answer).await {
+        let hello = match tokio::time::timeout(HELLO_PATIENCE_NOTICE.to_std(), &mut answer).await {
             Ok(answered) => answered,
             Err(_) => {
-                // The session keeps trying until its attempts run out (half a minute); a user
-                // waiting on a silent command learns why.
-                tracing::warn!(
-                    target = %addr,
-                    "no answer from the target yet after {}s; still trying (is netdam-target running at that \
-                     address, reachable, and speaking this protocol?)",
-                    HELLO_PATIENCE_NOTICE.as_secs()
-                );
+                // The session keeps trying until its attempts run out; a user waiting on a
+                // silent command learns why.
+                warn_still_trying(addr);
                 answer.await
             }
         };

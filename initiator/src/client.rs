@@ -85,6 +85,20 @@ pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>) -> i
 /// within this much (`Client::progress`).
 const TIGHT_SPIN: Duration = Duration::from_micros(5);
 
+/// How long a HELLO may go unanswered before the client says that it is still trying (its
+/// attempts last about half a minute).
+pub(crate) const HELLO_PATIENCE_NOTICE: Duration = Duration::from_millis(2_000);
+
+/// Says, once, that the target at `addr` has not answered HELLO yet, and what to check.
+pub(crate) fn warn_still_trying(addr: SocketAddr) {
+    tracing::warn!(
+        target = %addr,
+        "no answer from the target yet after {} ms; still trying (is netdam-target running at that address, \
+         reachable, and speaking this protocol?)",
+        HELLO_PATIENCE_NOTICE.as_nanos() / 1_000_000
+    );
+}
+
 /// A request submitted and not yet waited for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ticket(u64);
@@ -178,13 +192,19 @@ impl Client {
     /// client's address, echoed in the next HELLO (the session core runs the exchange).
     fn hello(&mut self) -> Result<(), ClientError> {
         self.session.start_hello(self.requested_datagram_bytes);
+        let notice_at = self.clock.now() + HELLO_PATIENCE_NOTICE;
+        let mut noticed = false;
         loop {
-            self.pump()?;
+            self.pump_within((!noticed).then_some(notice_at))?;
             if let Some(error) = self.hello_failure.take() {
                 return Err(error);
             }
             if !self.session.is_establishing() {
                 return Ok(());
+            }
+            if !noticed && self.clock.now() >= notice_at {
+                noticed = true;
+                warn_still_trying(self.info.addr);
             }
         }
     }

@@ -17,16 +17,33 @@ pub enum LogFormat {
 /// `RUST_LOG` syntax (`info`, `netdam_target=debug,warn`, ...). A filter that does not parse
 /// is reported on standard error and `info` is used instead.
 pub fn filter_from_env() -> EnvFilter {
+    filter_from_env_or("info")
+}
+
+/// As [`filter_from_env`], with `default` where neither variable is set (or one does not parse).
+fn filter_from_env_or(default: &str) -> EnvFilter {
     for variable in ["NETDAM_LOG", "RUST_LOG"] {
         match std::env::var(variable) {
             Ok(text) if !text.trim().is_empty() => match EnvFilter::try_new(&text) {
                 Ok(filter) => return filter,
-                Err(error) => eprintln!("warning: {variable}={text:?} is not a log filter ({error}); using info"),
+                Err(error) => eprintln!("warning: {variable}={text:?} is not a log filter ({error}); using {default}"),
             },
             _ => {}
         }
     }
-    EnvFilter::new("info")
+    EnvFilter::new(default)
+}
+
+/// Installs a quiet subscriber for one-shot commands (`netdam read`, ...): warnings and errors
+/// only unless `NETDAM_LOG` or `RUST_LOG` say otherwise, without timestamps or module paths,
+/// so a command that waits on a silent target says why.
+pub fn init_for_command() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter_from_env_or("warn"))
+        .without_time()
+        .with_target(false)
+        .try_init();
 }
 
 /// Installs the process's log subscriber (once; a second call does nothing).

@@ -448,6 +448,8 @@ fn run(cli: &Cli) -> Result<(), String> {
     if let Command::Top { metrics, interval, once } = &cli.command {
         return top(metrics, std::time::Duration::from_secs_f64(*interval), *once, cli.json);
     }
+    // A one-shot command's warnings (a target that does not answer yet) go to standard error.
+    netdam_metrics::logging::init_for_command();
     // PING and STAT need no session: they work even when the target has no slot to spare.
     // Every other command opens one, and closes it when the client is dropped on the way out.
     // With a key, STAT goes through a session: a target with tenants shows its counters to a
