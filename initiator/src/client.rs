@@ -85,11 +85,11 @@ pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>) -> i
 /// within this much (`Client::progress`).
 const TIGHT_SPIN: Duration = Duration::from_micros(5);
 
-/// How long a HELLO may go unanswered before the client says that it is still trying (its
-/// attempts last about half a minute).
+/// How long a HELLO (or a request without a session) may go unanswered before the client says
+/// that it is still trying (its attempts last about half a minute, 11 s without a session).
 pub(crate) const HELLO_PATIENCE_NOTICE: Duration = Duration::from_millis(2_000);
 
-/// Says, once, that the target at `addr` has not answered HELLO yet, and what to check.
+/// Says that the target at `addr` has not answered yet, and what to check.
 pub(crate) fn warn_still_trying(addr: SocketAddr) {
     tracing::warn!(
         target = %addr,
@@ -129,6 +129,8 @@ pub struct Client {
     polled_empty_at: Option<Instant>,
     /// An adaptive client spins until then, and sleeps in the kernel after it.
     spin_until: Instant,
+    /// Whether it said already that the target has not answered yet (`HELLO_PATIENCE_NOTICE`).
+    silence_noticed: bool,
 }
 
 /// Receive and send buffers asked for; the kernel caps them at net.core.rmem_max and wmem_max.
@@ -185,6 +187,7 @@ impl Client {
             send_failure: None,
             polled_empty_at: None,
             spin_until: Instant::ZERO,
+            silence_noticed: false,
         })
     }
 
@@ -193,20 +196,27 @@ impl Client {
     fn hello(&mut self) -> Result<(), ClientError> {
         self.session.start_hello(self.requested_datagram_bytes);
         let notice_at = self.clock.now() + HELLO_PATIENCE_NOTICE;
-        let mut noticed = false;
         loop {
-            self.pump_within((!noticed).then_some(notice_at))?;
+            self.pump_noticing_silence(Some(notice_at))?;
             if let Some(error) = self.hello_failure.take() {
                 return Err(error);
             }
             if !self.session.is_establishing() {
                 return Ok(());
             }
-            if !noticed && self.clock.now() >= notice_at {
-                noticed = true;
-                warn_still_trying(self.info.addr);
-            }
         }
+    }
+
+    /// As `pump`, waking at `notice_at` (if given) to say once that the target has not
+    /// answered yet: a command that waits on a silent address says why.
+    fn pump_noticing_silence(&mut self, notice_at: Option<Instant>) -> Result<(), ClientError> {
+        let notice_at = notice_at.filter(|_| !self.silence_noticed);
+        self.pump_within(notice_at)?;
+        if notice_at.is_some_and(|at| self.clock.now() >= at) {
+            self.silence_noticed = true;
+            warn_still_trying(self.info.addr);
+        }
+        Ok(())
     }
 
     /// Closes the session and says whether the target confirmed it within a short wait
@@ -284,13 +294,15 @@ impl Client {
         Ok(Ticket(token))
     }
 
-    /// Waits for the answer to `ticket`.
+    /// Waits for the answer to `ticket`. Without a session (PING, STAT) the target may not
+    /// have been heard from at all: after `HELLO_PATIENCE_NOTICE` the client says it still waits.
     pub fn wait(&mut self, ticket: Ticket) -> Result<Reply, ClientError> {
+        let notice_at = (self.session.id() == 0).then(|| self.clock.now() + HELLO_PATIENCE_NOTICE);
         loop {
             if let Some(result) = self.take_token(ticket.0) {
                 return result;
             }
-            self.pump()?;
+            self.pump_noticing_silence(notice_at)?;
         }
     }
 

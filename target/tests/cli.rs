@@ -356,20 +356,26 @@ fn the_start_line_names_the_settings_and_metrics_as_text_or_json() {
     assert!(first_log_line(&any_port, &both).contains("netdam-target started"));
 }
 
-/// `netdam nbd` and a one-shot command pointed at an address where nothing answers (a socket
-/// that swallows every datagram, so no refusal comes back either) say, within seconds, that
-/// they are still trying and what to check, instead of staying silent until their attempts run
-/// out; the export does not listen meanwhile.
+/// `netdam nbd` and one-shot commands (with a session and without) pointed at an address where
+/// nothing answers (a socket that swallows every datagram, so no refusal comes back either)
+/// say, within seconds, that they are still trying and what to check, instead of staying
+/// silent until their attempts run out; the export does not listen meanwhile.
 #[test]
 fn commands_whose_target_stays_silent_say_they_are_still_trying() {
     let home = tempfile::tempdir().unwrap();
     let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut one_shot = netdam_command(home.path())
-        .args(["--target", &silent.local_addr().unwrap().to_string(), "regions"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // `regions` says HELLO first; `ping` needs no session, so it waits on its PING.
+    let one_shots: Vec<Child> = ["regions", "ping"]
+        .iter()
+        .map(|command| {
+            netdam_command(home.path())
+                .args(["--target", &silent.local_addr().unwrap().to_string(), command])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
     let socket_path = home.path().join("export.sock");
     let mut child = netdam_command(home.path())
         .args(["--target", &silent.local_addr().unwrap().to_string(), "nbd", "--namespace", "disk"])
@@ -393,9 +399,11 @@ fn commands_whose_target_stays_silent_say_they_are_still_trying() {
     assert!(line.contains(&silent.local_addr().unwrap().to_string()), "the line names the target: {line}");
     assert!(waited < std::time::Duration::from_secs(10), "the notice took {waited:?}");
     assert!(!listening, "the export listened before its target answered");
-    let mut line = String::new();
-    BufReader::new(one_shot.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    let _ = one_shot.kill();
-    let _ = one_shot.wait();
-    assert!(line.contains("no answer from the target yet"), "netdam regions, first line: {line}");
+    for (command, mut one_shot) in ["regions", "ping"].into_iter().zip(one_shots) {
+        let mut line = String::new();
+        BufReader::new(one_shot.stderr.take().unwrap()).read_line(&mut line).unwrap();
+        let _ = one_shot.kill();
+        let _ = one_shot.wait();
+        assert!(line.contains("no answer from the target yet"), "netdam {command}, first line: {line}");
+    }
 }
