@@ -553,3 +553,18 @@ fn a_block_request_waits_at_least_its_floor_before_it_is_resent() {
     assert_eq!(SessionConfig::default().min_block_rto, Duration::from_millis(20));
     assert_eq!(session.poll_timeout(), Some(at_us(1_000 + 20_000)), "a device's tail is allowed for");
 }
+
+#[test]
+fn retransmissions_of_block_requests_are_counted_apart() {
+    let mut session = Session::new(config(), 9);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    session.submit(&[Op::block_read(0, 0, 1)], 2).unwrap();
+    while session.poll_transmit(at_ms(0)).is_some() {}
+    // The memory request's timeout is 10 ms, then 20; the block request's has a floor of 20 ms.
+    for ms in [10, 20, 30] {
+        session.handle_timeout(at_ms(ms));
+        while session.poll_transmit(at_ms(ms)).is_some() {}
+    }
+    let stats = session.stats();
+    assert_eq!((stats.retransmissions, stats.block_retransmissions), (3, 1));
+}

