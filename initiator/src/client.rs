@@ -37,7 +37,7 @@ pub enum ClientPoll {
     /// the client spins for twice its smoothed round trip, at least `ADAPTIVE_SPIN_MIN` and at
     /// most `ADAPTIVE_SPIN_MAX`. An answer that comes within that finds the client awake, so it
     /// pays no wake-up: on a virtual machine whose idle CPUs halt, waking a sleeping client
-    /// added 20-35 µs to a 4 KiB block read (docs/DECISIONS.md). An idle client sleeps, and a
+    /// added 20-40 µs to a 4 KiB block read (docs/DECISIONS.md). An idle client sleeps, and a
     /// slow one spins only the maximum per request.
     Adaptive,
 }

@@ -743,7 +743,7 @@ impl Session {
     /// Counters and controller state so far.
     pub fn stats(&self) -> SessionStats {
         SessionStats {
-            smoothed_rtt: Duration::from_nanos(self.rtt.smoothed_ns.unwrap_or(0.0) as u64),
+            smoothed_rtt: self.smoothed_rtt().unwrap_or(Duration::ZERO),
             rto: self.timeouts.largest(&self.config),
             window: self.swift.as_ref().map_or(self.config.max_in_flight as f64, Swift::window),
             swift: self.swift.as_ref().map(Swift::metrics),

@@ -77,10 +77,7 @@ fn start() -> TestTarget {
 
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid timespec to fill.
-    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) }, 0);
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    Duration::from_nanos(netdam_isa::time::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID))
 }
 
 #[test]

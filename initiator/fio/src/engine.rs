@@ -19,13 +19,13 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use netdam_initiator::volume::check_request;
-use netdam_initiator::{Client, ClientError, Op, Ticket};
+use netdam_initiator::{Client, ClientError, ClientPoll, Op, Ticket};
 use netdam_isa::control::{NamespaceInfo, RegionInfo};
 use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
 use netdam_isa::wire::{Instruction, HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::Status;
 
-use crate::settings::{Poll, Settings, SpaceName};
+use crate::settings::{Settings, SpaceName};
 
 /// I/O failures printed in full per engine; fio reports each failed I/O itself, so after these
 /// only a count is printed (at close), rather than one line per I/O of a failing run.
@@ -375,7 +375,9 @@ pub struct Engine {
     space: Space,
     /// `namespace=disk` or `region=scratch`: the prefix of I/O error messages.
     option: String,
-    poll: Poll,
+    /// How `reap` waits: spinning, sleeping in `ppoll`, or spinning until `spin_until` and then
+    /// sleeping.
+    poll: ClientPoll,
     /// I/Os in flight, by slot; at most fio's iodepth.
     slots: Vec<Option<Slot>>,
     free_slots: Vec<usize>,
@@ -496,9 +498,9 @@ impl Engine {
 
     /// After a send or an answer: with `poll=adaptive` the thread spins a while longer.
     fn keep_spinning(&mut self) {
-        if self.poll == Poll::Adaptive {
+        if self.poll == ClientPoll::Adaptive {
             let spin = self.sessions.iter().map(Client::adaptive_spin).max().unwrap_or_default();
-            self.spin_until = Instant::now() + Duration::from_nanos(spin.as_nanos());
+            self.spin_until = Instant::now() + spin.to_std();
         }
     }
 
@@ -731,9 +733,9 @@ impl Engine {
                 break;
             }
             let spins = match self.poll {
-                Poll::Busy => true,
-                Poll::Adaptive => Instant::now() < self.spin_until,
-                Poll::Blocking => false,
+                ClientPoll::Busy => true,
+                ClientPoll::Adaptive => Instant::now() < self.spin_until,
+                ClientPoll::Blocking => false,
             };
             if spins {
                 if deadline.is_some_and(|deadline| Instant::now() >= deadline) {

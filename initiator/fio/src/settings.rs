@@ -5,6 +5,7 @@ use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 
 use netdam_initiator::volume::MAX_VOLUME_SESSIONS;
+use netdam_initiator::ClientPoll;
 
 /// Where fio's I/O goes when `target=` is not given: the address `netdam-target` serves on by
 /// default.
@@ -51,20 +52,6 @@ impl SpaceName {
     }
 }
 
-/// How the fio thread waits for completions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Poll {
-    /// Spin on the sessions' sockets: the lowest latency, one core busy per fio job.
-    Busy,
-    /// Sleep in `ppoll` on the sessions' sockets until an answer, a retransmission timer or
-    /// fio's timeout wakes the thread.
-    Blocking,
-    /// Spin while an answer is due soon (after each send and answer, for twice the smoothed
-    /// round trip, 50-200 µs), then sleep as `Blocking` does: no wake-up on the latency path of
-    /// a quick answer, no CPU while nothing comes.
-    Adaptive,
-}
-
 /// The checked options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -77,7 +64,7 @@ pub struct Settings {
     /// Sessions to spread I/O over.
     pub sessions: usize,
     /// How to wait for completions.
-    pub poll: Poll,
+    pub poll: ClientPoll,
     /// The tenant's key (`key=`, `$NETDAM_KEY`, or the default tenant's key file).
     pub credentials: Option<netdam_auth::Credentials>,
     /// Encrypted sessions (`encrypt=1`): every datagram's body, both ways; only with a key.
@@ -101,14 +88,11 @@ impl std::error::Error for SettingsError {}
 impl Settings {
     /// How the engine's sessions connect: with the tenant's key when there is one.
     pub fn client_options(&self) -> netdam_initiator::ClientOptions {
-        // The engine waits on the sockets itself; a spinning client reads an answer that follows
-        // an empty poll without its kernel timestamp.
-        let poll = match self.poll {
-            Poll::Busy => netdam_initiator::ClientPoll::Busy,
-            Poll::Adaptive => netdam_initiator::ClientPoll::Adaptive,
-            Poll::Blocking => netdam_initiator::ClientPoll::Blocking,
-        };
-        let mut options = netdam_initiator::ClientOptions { poll, ..netdam_initiator::ClientOptions::default() };
+        // The engine waits on the sockets itself, as `poll` says (`Engine::reap`); the sessions
+        // know it too, so that a spinning one reads an answer that follows an empty poll without
+        // its kernel timestamp.
+        let mut options =
+            netdam_initiator::ClientOptions { poll: self.poll, ..netdam_initiator::ClientOptions::default() };
         options.session.credentials = self.credentials;
         options.session.encrypt = self.encrypt;
         options
@@ -144,9 +128,9 @@ impl Settings {
             return Err(SettingsError(format!("sessions={sessions}: must be between 1 and {MAX_VOLUME_SESSIONS}")));
         }
         let poll = match given(raw.poll).unwrap_or("blocking") {
-            "busy" => Poll::Busy,
-            "blocking" => Poll::Blocking,
-            "adaptive" => Poll::Adaptive,
+            "busy" => ClientPoll::Busy,
+            "blocking" => ClientPoll::Blocking,
+            "adaptive" => ClientPoll::Adaptive,
             other => return Err(SettingsError(format!("poll={other}: must be busy, adaptive or blocking"))),
         };
         let key = given(raw.key).map(std::path::PathBuf::from).or_else(|| netdam_key_variable().map(Into::into));
@@ -210,7 +194,7 @@ mod tests {
         let settings = Settings::parse(&raw()).unwrap();
         assert_eq!(settings.target, DEFAULT_TARGET.parse().unwrap());
         assert_eq!(settings.space, SpaceName::Namespace("disk".into()));
-        assert_eq!((settings.sessions, settings.poll), (1, Poll::Blocking));
+        assert_eq!((settings.sessions, settings.poll), (1, ClientPoll::Blocking));
     }
 
     #[test]
@@ -276,17 +260,17 @@ mod tests {
         let settings = Settings::parse(&raw).unwrap();
         assert_eq!(settings.space, SpaceName::Region("scratch".into()));
         assert_eq!(settings.space.option(), "region=scratch");
-        assert_eq!((settings.sessions, settings.poll, settings.target.port()), (2, Poll::Busy, 7801));
+        assert_eq!((settings.sessions, settings.poll, settings.target.port()), (2, ClientPoll::Busy, 7801));
         assert!(settings.coalesce);
-        assert_eq!(settings.client_options().poll, netdam_initiator::ClientPoll::Busy);
+        assert_eq!(settings.client_options().poll, ClientPoll::Busy);
     }
 
     #[test]
     fn adaptive_polling_is_taken_and_reaches_the_sessions() {
         let settings = Settings::parse(&RawSettings { poll: Some("adaptive"), ..raw() }).unwrap();
-        assert_eq!(settings.poll, Poll::Adaptive);
-        assert_eq!(settings.client_options().poll, netdam_initiator::ClientPoll::Adaptive);
+        assert_eq!(settings.poll, ClientPoll::Adaptive);
+        assert_eq!(settings.client_options().poll, ClientPoll::Adaptive);
         let blocking = Settings::parse(&raw()).unwrap();
-        assert_eq!(blocking.client_options().poll, netdam_initiator::ClientPoll::Blocking);
+        assert_eq!(blocking.client_options().poll, ClientPoll::Blocking);
     }
 }
