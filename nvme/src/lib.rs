@@ -7,7 +7,10 @@
 //! its own device on a namespace (its own ring, its own buffers): nothing is shared between
 //! workers but the backing store. BLOCK_STATUS is the exception to submit-and-reap: it asks
 //! the file system where data lies ([`BlockDevice::block_status`]), a bounded number of
-//! system calls made at once, like the FLUSH of a memory region.
+//! system calls made at once, like the FLUSH of a memory region. A device whose requests all
+//! complete inside the call (a memory region, [`BlockDevice::completes_at_once`]) also serves
+//! them at once from the caller's memory ([`BlockDevice::execute_now`]), so the worker answers
+//! them like memory instructions, with no queue or transfer buffer in between.
 //!
 //! Backends:
 //! - [`UringDevice`]: io_uring on an O_DIRECT file or block device, with registered buffers.
@@ -114,6 +117,75 @@ impl BlockRequest {
     }
 }
 
+/// A block request served at once, from and into the caller's memory, by a device whose every
+/// request completes inside the call that starts it ([`BlockDevice::completes_at_once`]).
+/// The caller skips the queue and the transfer buffers: a read lands where its answer goes.
+#[derive(Debug)]
+pub enum ImmediateRequest<'a> {
+    /// Read `out.len()` bytes (whole blocks) from `offset_blocks` into `out`.
+    Read { offset_blocks: u64, out: &'a mut [u8] },
+    /// Write `data` (whole blocks) at `offset_blocks`; with `fua` it is durable on return.
+    Write { offset_blocks: u64, data: &'a [u8], fua: bool },
+    /// Make every write before it durable.
+    Flush,
+    /// Deallocate blocks; later reads return zeroes.
+    Trim { offset_blocks: u64, num_blocks: u32 },
+    /// Set blocks to zero.
+    WriteZeroes { offset_blocks: u64, num_blocks: u32 },
+}
+
+impl ImmediateRequest<'_> {
+    /// The block range it addresses (FLUSH addresses none), as counted in blocks of
+    /// `block_bytes`; `None` too for a transfer that is not whole blocks.
+    fn range(&self, block_bytes: u32) -> Option<(u64, u32)> {
+        let blocks = |len: usize| {
+            let block_bytes = block_bytes as usize;
+            len.is_multiple_of(block_bytes).then(|| u32::try_from(len / block_bytes).unwrap_or(u32::MAX))
+        };
+        match self {
+            ImmediateRequest::Read { offset_blocks, out } => Some((*offset_blocks, blocks(out.len())?)),
+            ImmediateRequest::Write { offset_blocks, data, .. } => Some((*offset_blocks, blocks(data.len())?)),
+            ImmediateRequest::Trim { offset_blocks, num_blocks }
+            | ImmediateRequest::WriteZeroes { offset_blocks, num_blocks } => Some((*offset_blocks, *num_blocks)),
+            ImmediateRequest::Flush => None,
+        }
+    }
+
+    /// Checks the request against the device's geometry, as [`BlockRequest::validate`] does.
+    pub fn validate(&self, geometry: &Geometry) -> Result<(), BlockError> {
+        let transfer = match self {
+            ImmediateRequest::Read { out, .. } => Some(out.len()),
+            ImmediateRequest::Write { data, .. } => Some(data.len()),
+            _ => None,
+        };
+        if let Some(len) = transfer {
+            let num_blocks = u32::try_from(len / geometry.block_bytes as usize).unwrap_or(u32::MAX);
+            if !len.is_multiple_of(geometry.block_bytes as usize)
+                || num_blocks == 0
+                || num_blocks > geometry.max_transfer_blocks
+            {
+                return Err(BlockError::TooLarge { num_blocks, max_transfer_blocks: geometry.max_transfer_blocks });
+            }
+        }
+        if let Some((offset_blocks, num_blocks)) = self.range(geometry.block_bytes) {
+            geometry.check_range(offset_blocks, num_blocks)?;
+        }
+        Ok(())
+    }
+
+    /// Error for a failed request, from an `errno`-style error.
+    pub(crate) fn failure(&self, block_bytes: u32, source: io::Error) -> BlockError {
+        let (offset_blocks, num_blocks) = self.range(block_bytes).unwrap_or((0, 0));
+        match self {
+            ImmediateRequest::Read { .. } => BlockError::ReadFailed { offset_blocks, num_blocks, source },
+            ImmediateRequest::Write { .. } | ImmediateRequest::Trim { .. } | ImmediateRequest::WriteZeroes { .. } => {
+                BlockError::WriteFailed { offset_blocks, num_blocks, source }
+            }
+            ImmediateRequest::Flush => BlockError::FlushFailed { source },
+        }
+    }
+}
+
 /// Why a block request failed, with the blocks it concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
@@ -206,6 +278,22 @@ pub trait BlockDevice: Send {
     fn place_helpers(&mut self, cpus: &[usize]) -> io::Result<()> {
         let _ = cpus;
         Ok(())
+    }
+
+    /// Whether every request completes inside the call that starts it (a memory region): then
+    /// [`BlockDevice::execute_now`] serves requests from the caller's memory, and a worker
+    /// answers them in the pass that received them instead of waiting for `reap`.
+    fn completes_at_once(&self) -> bool {
+        false
+    }
+
+    /// Executes `request` now, on the calling thread, reading into or writing from the caller's
+    /// memory. Only devices that [`complete at once`](BlockDevice::completes_at_once) serve
+    /// it; the others (the default) refuse with [`BlockError::NotSupported`], since waiting
+    /// for a disk here would stall the worker.
+    fn execute_now(&mut self, request: ImmediateRequest<'_>) -> Result<(), BlockError> {
+        let _ = request;
+        Err(BlockError::NotSupported { operation: "immediate execution", device: "queued device" })
     }
 
     /// Whether [`BlockDevice::block_status`] tells holes from data here.

@@ -1,14 +1,15 @@
 //! A namespace on a persistent memory region: blocks are copied in and out of the mapping, FUA
 //! persists the written range, FLUSH persists the whole region (`msync` writes back only dirty
-//! pages; on DAX it flushes cache lines). Everything completes at once, so `reap` hands back
-//! what the last passes submitted.
+//! pages; on DAX it flushes cache lines). Everything completes at once: a worker executes
+//! requests straight from its datagrams (`execute_now`), and queued ones are handed back by
+//! the next `reap`.
 
 use std::sync::Arc;
 
 use netdam_pmem::Region;
 
 use crate::buffers::AlignedBuffers;
-use crate::{failure, BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, Geometry};
+use crate::{failure, BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, Geometry, ImmediateRequest};
 
 /// A namespace whose blocks are the bytes of a region.
 #[derive(Debug)]
@@ -38,30 +39,31 @@ impl RegionDevice {
         };
         Ok(RegionDevice { region, buffers, geometry, done: Vec::with_capacity(queue_depth as usize) })
     }
+}
 
-    fn execute(&mut self, request: &BlockRequest) -> std::io::Result<()> {
-        let memory = self.region.memory();
-        match *request {
-            BlockRequest::Read { offset_blocks, num_blocks, buffer } => {
-                let (offset, len) = self.geometry.byte_range(offset_blocks, num_blocks);
-                memory.read(offset as usize, &mut self.buffers.get(usize::from(buffer.0))[..len]);
-                Ok(())
+/// Executes one request on `region`: every request of a region device ends here, queued
+/// (through a transfer buffer) or immediate.
+fn execute(region: &Region, geometry: &Geometry, request: &mut ImmediateRequest<'_>) -> std::io::Result<()> {
+    let memory = region.memory();
+    let offset = |offset_blocks: u64| geometry.byte_range(offset_blocks, 0).0 as usize;
+    match request {
+        ImmediateRequest::Read { offset_blocks, out } => {
+            memory.read(offset(*offset_blocks), out);
+            Ok(())
+        }
+        ImmediateRequest::Write { offset_blocks, data, fua } => {
+            memory.write(offset(*offset_blocks), data);
+            if *fua {
+                region.persist(offset(*offset_blocks), data.len())?;
             }
-            BlockRequest::Write { offset_blocks, num_blocks, buffer, fua } => {
-                let (offset, len) = self.geometry.byte_range(offset_blocks, num_blocks);
-                memory.write(offset as usize, &self.buffers.get(usize::from(buffer.0))[..len]);
-                if fua {
-                    self.region.persist(offset as usize, len)?;
-                }
-                Ok(())
-            }
-            BlockRequest::Flush => self.region.persist(0, self.region.len()),
-            BlockRequest::Trim { offset_blocks, num_blocks }
-            | BlockRequest::WriteZeroes { offset_blocks, num_blocks } => {
-                let (offset, len) = self.geometry.byte_range(offset_blocks, num_blocks);
-                memory.fill(offset as usize, len, 0);
-                Ok(())
-            }
+            Ok(())
+        }
+        ImmediateRequest::Flush => region.persist(0, region.len()),
+        ImmediateRequest::Trim { offset_blocks, num_blocks }
+        | ImmediateRequest::WriteZeroes { offset_blocks, num_blocks } => {
+            let (offset, len) = geometry.byte_range(*offset_blocks, *num_blocks);
+            memory.fill(offset as usize, len, 0);
+            Ok(())
         }
     }
 }
@@ -76,9 +78,35 @@ impl BlockDevice for RegionDevice {
         if self.done.len() >= self.geometry.queue_depth as usize {
             return Err(BlockError::QueueFull { queue_depth: self.geometry.queue_depth });
         }
-        let result = self.execute(&request).map_err(|source| failure(&request, source));
+        let geometry = self.geometry;
+        let mut immediate = match request {
+            BlockRequest::Read { offset_blocks, num_blocks, buffer } => {
+                let (_, len) = geometry.byte_range(offset_blocks, num_blocks);
+                ImmediateRequest::Read { offset_blocks, out: &mut self.buffers.get(usize::from(buffer.0))[..len] }
+            }
+            BlockRequest::Write { offset_blocks, num_blocks, buffer, fua } => {
+                let (_, len) = geometry.byte_range(offset_blocks, num_blocks);
+                ImmediateRequest::Write { offset_blocks, data: &self.buffers.get(usize::from(buffer.0))[..len], fua }
+            }
+            BlockRequest::Flush => ImmediateRequest::Flush,
+            BlockRequest::Trim { offset_blocks, num_blocks } => ImmediateRequest::Trim { offset_blocks, num_blocks },
+            BlockRequest::WriteZeroes { offset_blocks, num_blocks } => {
+                ImmediateRequest::WriteZeroes { offset_blocks, num_blocks }
+            }
+        };
+        let result = execute(&self.region, &geometry, &mut immediate).map_err(|source| failure(&request, source));
         self.done.push(Completion { tag, result });
         Ok(())
+    }
+
+    fn completes_at_once(&self) -> bool {
+        true
+    }
+
+    fn execute_now(&mut self, mut request: ImmediateRequest<'_>) -> Result<(), BlockError> {
+        request.validate(&self.geometry)?;
+        execute(&self.region, &self.geometry, &mut request)
+            .map_err(|source| request.failure(self.geometry.block_bytes, source))
     }
 
     fn reap(&mut self, on_completion: &mut dyn FnMut(Completion)) -> usize {

@@ -228,6 +228,53 @@ fn pmem_region_backend() {
     assert!(matches!(refused, BlockError::NotSupported { .. }), "{refused}");
 }
 
+/// A region device serves requests at once from and into the caller's memory, sees what its
+/// queued requests wrote and the other way round, and refuses what `submit` refuses; a device
+/// that queues (io_uring) refuses to serve at once.
+#[test]
+fn region_backend_executes_at_once_and_queued_devices_refuse() {
+    use netdam_nvme::ImmediateRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let region =
+        Arc::new(Region::open("ns", Backing::File(dir.path().join("ns.region")), BLOCKS * u64::from(BLOCK)).unwrap());
+    let mut device = RegionDevice::new(region, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+    assert!(device.completes_at_once());
+    let data = Rng::new(7).bytes(2 * BLOCK as usize);
+    device.execute_now(ImmediateRequest::Write { offset_blocks: 10, data: &data, fua: true }).unwrap();
+    assert_eq!(read(&mut device, 10, 2), data, "a queued read sees the immediate write");
+    write(&mut device, 12, &data[..BLOCK as usize], false);
+    let mut out = vec![0u8; 3 * BLOCK as usize];
+    device.execute_now(ImmediateRequest::Read { offset_blocks: 10, out: &mut out }).unwrap();
+    assert_eq!(&out[..2 * BLOCK as usize], &data[..], "an immediate read sees the immediate write");
+    assert_eq!(&out[2 * BLOCK as usize..], &data[..BLOCK as usize], "and the queued one");
+    device.execute_now(ImmediateRequest::WriteZeroes { offset_blocks: 10, num_blocks: 1 }).unwrap();
+    device.execute_now(ImmediateRequest::Trim { offset_blocks: 11, num_blocks: 1 }).unwrap();
+    device.execute_now(ImmediateRequest::Flush).unwrap();
+    assert!(read(&mut device, 10, 2).iter().all(|&byte| byte == 0));
+    assert_eq!(device.in_flight(), 0, "nothing immediate waits for reap");
+
+    let mut out = vec![0u8; BLOCK as usize];
+    let beyond = device.execute_now(ImmediateRequest::Read { offset_blocks: BLOCKS, out: &mut out }).unwrap_err();
+    assert!(matches!(beyond, BlockError::OutOfRange { .. }), "{beyond}");
+    let mut part = vec![0u8; 100];
+    let partial = device.execute_now(ImmediateRequest::Read { offset_blocks: 0, out: &mut part }).unwrap_err();
+    assert!(matches!(partial, BlockError::TooLarge { .. }), "not whole blocks: {partial}");
+    let huge = vec![0u8; MAX_TRANSFER + BLOCK as usize];
+    let too_large =
+        device.execute_now(ImmediateRequest::Write { offset_blocks: 0, data: &huge, fua: false }).unwrap_err();
+    assert!(matches!(too_large, BlockError::TooLarge { .. }), "{too_large}");
+    let zeroes = device.execute_now(ImmediateRequest::WriteZeroes { offset_blocks: BLOCKS - 1, num_blocks: 2 });
+    assert!(matches!(zeroes, Err(BlockError::OutOfRange { .. })), "{zeroes:?}");
+    assert!(read(&mut device, 0, 1).iter().all(|&byte| byte == 0), "nothing refused was written");
+
+    let path = dir.path().join("ns.img");
+    std::fs::File::create(&path).unwrap().set_len(BLOCKS * u64::from(BLOCK)).unwrap();
+    let mut queued = UringDevice::open(&path, BLOCK, DEPTH, MAX_TRANSFER).unwrap();
+    assert!(!queued.completes_at_once());
+    let refused = queued.execute_now(ImmediateRequest::Flush).unwrap_err();
+    assert!(matches!(refused, BlockError::NotSupported { .. }), "{refused}");
+}
+
 #[test]
 fn crash_test_backend() {
     let image = CrashImage::new(BLOCK, BLOCKS);

@@ -90,6 +90,9 @@ pub(crate) struct Pending {
 pub struct BlockPath {
     pub(crate) devices: Vec<Box<dyn BlockDevice>>,
     pub(crate) shapes: Vec<NamespaceShape>,
+    /// Per namespace, whether its device completes every request at once (a memory region):
+    /// its block instructions run in the pass that received them, without a slot.
+    at_once: Vec<bool>,
     /// Free transfer buffers per namespace.
     pub(crate) free_buffers: Vec<Vec<u16>>,
     pub(crate) slots: Vec<Pending>,
@@ -135,6 +138,7 @@ impl BlockPath {
                 }
             })
             .collect();
+        let at_once = devices.iter().map(|device| device.completes_at_once()).collect();
         let free_buffers =
             devices.iter().map(|device| (0..device.geometry().queue_depth as u16).rev().collect()).collect();
         let slot_count = if devices.is_empty() { 0 } else { PENDING_BLOCK_DATAGRAMS };
@@ -149,12 +153,19 @@ impl BlockPath {
         BlockPath {
             devices,
             shapes,
+            at_once,
             free_buffers,
             slots,
             free_slots: (0..slot_count as u16).rev().collect(),
             ready: Vec::with_capacity(slot_count),
             finished: Vec::with_capacity(slot_count),
         }
+    }
+
+    /// Whether block instructions on namespace `space` complete at once. An unknown namespace
+    /// does too: its instructions are answered `no_such_space` without waiting for anything.
+    pub(crate) fn completes_at_once(&self, space: u16) -> bool {
+        self.at_once.get(usize::from(space)).copied().unwrap_or(true)
     }
 
     /// Datagrams waiting for block I/O or to be sent.

@@ -28,7 +28,7 @@ use netdam_isa::wire::{
     Request, ResponseWriter, HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN,
 };
 use netdam_isa::{Duration, Instant, Opcode, Status};
-use netdam_nvme::{BlockDevice, BlockRequest, BufferIndex};
+use netdam_nvme::{BlockDevice, BlockRequest, BufferIndex, ImmediateRequest};
 use netdam_pmem::Durability;
 
 use crate::block::{self, BlockPath, Pending, ReplyTo, RunEntry};
@@ -581,13 +581,24 @@ impl<E: Engine> Dispatcher<E> {
         }
         let context = Context { from: from.peer, session: header.session, request_len: datagram.len() };
         let serves_blocks = !self.block.devices.is_empty();
-        if serves_blocks && request.instructions().any(|instruction| is_block(instruction.opcode)) {
+        // Block instructions on a device that must be waited for (a disk) defer the datagram;
+        // on one that completes at once (a memory region) they run here, like memory
+        // instructions, and the answer leaves in this pass (docs/DECISIONS.md).
+        if serves_blocks
+            && request
+                .instructions()
+                .any(|instruction| is_block(instruction.opcode) && !self.block.completes_at_once(instruction.space))
+        {
             return self.defer(now, from, wait, datagram, record, &mut out[..room]);
         }
         let mut response = ResponseWriter::new(&mut out[..room], header.session, header.sequence);
         response.set_queueing_us(queueing_us);
         for instruction in request.instructions() {
-            self.execute_into(now, context, &instruction, &mut response);
+            if serves_blocks && is_block(instruction.opcode) {
+                self.execute_block_now(&instruction, &mut response);
+            } else {
+                self.execute_into(now, context, &instruction, &mut response);
+            }
         }
         if let Some(session) = self.hello_session.take() {
             response.set_session(session);
@@ -925,33 +936,18 @@ impl<E: Engine> Dispatcher<E> {
     /// Checks one block instruction and submits it; the entry says whether it is in flight or
     /// already answered.
     fn submit_block(&mut self, slot: u16, index: usize, instruction: &Instruction<'_>, room: usize) -> RunEntry {
-        let namespace = instruction.space;
-        let mut entry = RunEntry {
-            opcode: instruction.opcode,
-            namespace,
-            request_bytes: instruction.operand.len(),
-            ..RunEntry::default()
-        };
-        if let Err(status) = self.check_grant(instruction) {
-            entry.status = status;
-            return entry;
-        }
-        let Some(shape) = self.block.shapes.get(usize::from(namespace)) else {
-            entry.status = Status::NoSuchSpace;
-            return entry;
-        };
-        let op = match netdam_isa::block::decode(instruction, shape, room) {
-            Ok(op) => op,
+        let mut entry = run_entry(instruction);
+        let (namespace, op) = match self.decode_block(instruction, room) {
+            Ok(decoded) => decoded,
             Err(status) => {
                 entry.status = status;
                 return entry;
             }
         };
         if let BlockOp::Status { offset_blocks, num_blocks, max_extents } = op {
-            return self.block_status(usize::from(namespace), offset_blocks, num_blocks, max_extents, entry);
+            return self.block_status(namespace, offset_blocks, num_blocks, max_extents, entry);
         }
-        let block_bytes = shape.block_bytes as usize;
-        let namespace = usize::from(namespace);
+        let block_bytes = self.block.shapes[namespace].block_bytes as usize;
         if self.execute_on_engine(namespace, block_bytes, op, instruction, &mut entry) {
             return entry;
         }
@@ -1015,8 +1011,7 @@ impl<E: Engine> Dispatcher<E> {
         instruction: &Instruction<'_>,
         entry: &mut RunEntry,
     ) -> bool {
-        let engine = &self.shared.engine;
-        if !engine.namespace_on_device(instruction.space) && !engine.namespace_fenced(instruction.space) {
+        if !self.engine_holds(instruction.space) {
             return false;
         }
         let read_bytes = match op {
@@ -1065,6 +1060,83 @@ impl<E: Engine> Dispatcher<E> {
                 false
             }
         }
+    }
+
+    /// Whether the engine serves namespace `space` itself now (an FPGA's NVMe SSD), or answers
+    /// it `io_error` because it is fenced.
+    fn engine_holds(&self, space: u16) -> bool {
+        let engine = &self.shared.engine;
+        engine.namespace_on_device(space) || engine.namespace_fenced(space)
+    }
+
+    /// Checks a block instruction's grant, namespace and operands against an answer of `room`
+    /// bytes: its namespace's index and what it asks for.
+    fn decode_block<'i>(&self, instruction: &Instruction<'i>, room: usize) -> Result<(usize, BlockOp<'i>), Status> {
+        self.check_grant(instruction)?;
+        let shape = self.block.shapes.get(usize::from(instruction.space)).ok_or(Status::NoSuchSpace)?;
+        let op = netdam_isa::block::decode(instruction, shape, room)?;
+        Ok((usize::from(instruction.space), op))
+    }
+
+    /// Executes a block instruction on a namespace whose device completes at once (a memory
+    /// region) and writes its result: a BREAD's blocks are read straight into the answer, with
+    /// no pending slot, transfer buffer or wait for `reap`.
+    fn execute_block_now(&mut self, instruction: &Instruction<'_>, response: &mut ResponseWriter<'_>) {
+        let mut entry = run_entry(instruction);
+        match self.block_now(instruction, response.data_area()) {
+            Ok(data_len) => entry.data_len = data_len,
+            Err(status) => entry.status = status,
+        }
+        response.commit(entry.opcode, entry.status, entry.data_len);
+        self.count_run(std::slice::from_ref(&entry));
+    }
+
+    /// The work of [`Dispatcher::execute_block_now`]: returns how many bytes of `out` the
+    /// answer carries.
+    fn block_now(&mut self, instruction: &Instruction<'_>, out: &mut [u8]) -> Result<usize, Status> {
+        let (namespace, op) = self.decode_block(instruction, out.len())?;
+        let device = &mut self.block.devices[namespace];
+        if let BlockOp::Status { offset_blocks, num_blocks, max_extents } = op {
+            let mut extents = [Extent::default(); MAX_BLOCK_STATUS_EXTENTS];
+            let count = device
+                .block_status(offset_blocks, num_blocks, &mut extents[..max_extents])
+                .map_err(|error| block::failure_status(&error))?;
+            // `decode` checked the room for `max_extents`.
+            return Ok(encode_extents(&extents[..count], out));
+        }
+        let read_bytes = match op {
+            BlockOp::Read { num_blocks, .. } => num_blocks as usize * self.block.shapes[namespace].block_bytes as usize,
+            _ => 0,
+        };
+        let out = &mut out[..read_bytes];
+        if self.engine_holds(instruction.space) {
+            match self.engine.execute_block(instruction, out) {
+                // Fewer (or more) blocks than asked: never a short answer.
+                Some(Ok(len)) => return if len == read_bytes { Ok(len) } else { Err(Status::IoError) },
+                Some(Err(status)) => return Err(status),
+                // Failed over meanwhile: the target's own device serves it.
+                None => {}
+            }
+        }
+        let request = match op {
+            BlockOp::Read { offset_blocks, .. } => ImmediateRequest::Read { offset_blocks, out },
+            BlockOp::Write { offset_blocks, data, fua } => ImmediateRequest::Write { offset_blocks, data, fua },
+            BlockOp::Flush => ImmediateRequest::Flush,
+            BlockOp::Trim { offset_blocks, num_blocks } => ImmediateRequest::Trim { offset_blocks, num_blocks },
+            BlockOp::WriteZeroes { offset_blocks, num_blocks } => {
+                ImmediateRequest::WriteZeroes { offset_blocks, num_blocks }
+            }
+            BlockOp::Status { .. } => unreachable!("BLOCK_STATUS is answered above"),
+        };
+        self.count(Counter::BlockRequestsSubmitted);
+        if let Some(cell) = self.stats().block_submitted.get(namespace) {
+            cell.add(1);
+        }
+        let result = self.block.devices[namespace].execute_now(request);
+        if let Some(cell) = self.stats().block_completed.get(namespace) {
+            cell.add(1);
+        }
+        result.map(|()| read_bytes).map_err(|error| block::failure_status(&error))
     }
 
     /// Answers a BLOCK_STATUS at once: the device finds the extents with a bounded number of
@@ -1539,6 +1611,16 @@ impl<E: Engine> Dispatcher<E> {
 
 /// Writes a completed run's results in order, copying BREAD data and BLOCK_STATUS extents out
 /// of the transfer buffers, and gives the buffers back.
+/// The run entry of a block instruction, before it is executed.
+fn run_entry(instruction: &Instruction<'_>) -> RunEntry {
+    RunEntry {
+        opcode: instruction.opcode,
+        namespace: instruction.space,
+        request_bytes: instruction.operand.len(),
+        ..RunEntry::default()
+    }
+}
+
 fn write_results(
     devices: &mut [Box<dyn BlockDevice>],
     free_buffers: &mut [Vec<u16>],
@@ -1746,6 +1828,76 @@ mod tests {
         decode_hello_answer(&data).unwrap().session
     }
 
+    /// Block instructions on a memory region's namespace run in the pass that received them:
+    /// the datagram is answered by `handle` itself, in order (a write, then a read of it), with
+    /// errors per instruction, and the namespace's request counters move as for queued I/O.
+    #[test]
+    fn block_instructions_on_a_region_namespace_are_answered_at_once() {
+        use crate::config::{NamespaceBackend, NamespaceConfig};
+        use netdam_isa::opcode::BWRITE_FLAG_FUA;
+        let dir = tempfile::tempdir().unwrap();
+        let namespace = NamespaceConfig {
+            name: "n".into(),
+            backend: NamespaceBackend::Pmem,
+            path: "n.region".into(),
+            size: Some(ByteSize(1 << 20)),
+            block_size: 4096,
+        };
+        let namespaces = Arc::new(NamespaceTable::open(&[namespace], dir.path()).unwrap());
+        let devices = namespaces.open_devices(9000, netdam_nvme::Submission::Inline).unwrap();
+        let mut dispatcher = dispatcher_serving(namespaces, devices);
+        let session = open_session(&mut dispatcher, Instant::ZERO, ME);
+        let block = |opcode: Opcode, offset: u64, length: u32, operand: &'static [u8]| Instruction {
+            offset,
+            length,
+            ..instruction(opcode, length, operand)
+        };
+        static DATA: [u8; 4096] = [0x5A; 4096];
+        let write = Instruction { flags: BWRITE_FLAG_FUA, ..block(Opcode::BlockWrite, 3, 1, &DATA) };
+        let ops = [
+            write,
+            block(Opcode::BlockRead, 3, 1, &[]),
+            block(Opcode::BlockRead, 256, 1, &[]),
+            block(Opcode::BlockRead, 4, 1, &[]),
+        ];
+        // `exchange_numbered` fails the test unless `handle` answers: nothing was deferred.
+        let (answer, _) = exchange_numbered(&mut dispatcher, Instant::ZERO, ME, session, 1, Duration::ZERO, &ops);
+        let response = Response::parse(&answer).unwrap();
+        let results: Vec<(Status, Vec<u8>)> =
+            response.results().map(|result| (result.status, result.data.to_vec())).collect();
+        assert_eq!(results[0], (Status::Ok, Vec::new()));
+        assert_eq!(results[1], (Status::Ok, DATA.to_vec()), "the read sees the write before it");
+        assert_eq!(results[2], (Status::OutOfRange, Vec::new()), "block 256 is past the 1 MiB namespace");
+        assert_eq!(results[3], (Status::Ok, vec![0; 4096]));
+        assert_eq!(dispatcher.block_pending(), 0);
+        assert_eq!(dispatcher.stats().get(Counter::BlockDatagramsDeferred), 0);
+        // The refused read never reached the device.
+        assert_eq!(dispatcher.stats().get(Counter::BlockRequestsSubmitted), 3);
+        let stats = dispatcher.stats();
+        assert_eq!((stats.block_submitted[0].get(), stats.block_completed[0].get()), (3, 3));
+    }
+
+    /// A device that queues every request, whatever the one inside it could do at once.
+    struct Queued(Box<dyn BlockDevice>);
+
+    impl BlockDevice for Queued {
+        fn geometry(&self) -> netdam_nvme::Geometry {
+            self.0.geometry()
+        }
+        fn submit(&mut self, tag: u64, request: BlockRequest) -> Result<(), netdam_nvme::BlockError> {
+            self.0.submit(tag, request)
+        }
+        fn reap(&mut self, on_completion: &mut dyn FnMut(netdam_nvme::Completion)) -> usize {
+            self.0.reap(on_completion)
+        }
+        fn in_flight(&self) -> usize {
+            self.0.in_flight()
+        }
+        fn buffer(&mut self, index: BufferIndex) -> &mut [u8] {
+            self.0.buffer(index)
+        }
+    }
+
     #[test]
     fn block_answers_of_one_pass_each_report_their_time_until_their_own_hand_over() {
         use crate::config::{NamespaceBackend, NamespaceConfig};
@@ -1758,7 +1910,13 @@ mod tests {
             block_size: 4096,
         };
         let namespaces = Arc::new(NamespaceTable::open(&[namespace], dir.path()).unwrap());
-        let devices = namespaces.open_devices(9000, netdam_nvme::Submission::Inline).unwrap();
+        // The region's device, seen as one that queues: its reads wait for `poll_block`.
+        let devices = namespaces
+            .open_devices(9000, netdam_nvme::Submission::Inline)
+            .unwrap()
+            .into_iter()
+            .map(|device| Box::new(Queued(device)) as Box<dyn BlockDevice>)
+            .collect();
         let mut dispatcher = dispatcher_serving(namespaces, devices);
         let session = open_session(&mut dispatcher, Instant::ZERO, ME);
         // Three BREADs, each in a datagram of its own, all waiting for block I/O.
