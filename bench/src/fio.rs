@@ -49,8 +49,8 @@ pub struct FioArgs {
     /// fio iodepths, comma-separated (the goals compare depths 1 and 32).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 32])]
     pub depths: Vec<usize>,
-    /// How the target worker waits, and the netdam engine's poll= (busy for busy, blocking
-    /// otherwise). NBD clients and servers always sleep in the kernel.
+    /// How the target worker waits, and the netdam engine's poll= (the same mode). NBD clients
+    /// and servers always sleep in the kernel.
     #[arg(long, value_enum, default_value_t = BlockPoll::Adaptive)]
     pub poll: BlockPoll,
     /// Also measure depth 32 with fio submitting and completing I/Os in batches of this many
@@ -613,7 +613,7 @@ fn fio_case(
     }
     match access {
         Access::Plugin { engine, target } => {
-            let poll = if args.poll == BlockPoll::Busy { "busy" } else { "blocking" };
+            let poll = engine_poll(args.poll);
             command.arg(format!("--ioengine=external:{}", engine.display()));
             command.args([format!("--target={target}"), format!("--namespace={NAMESPACE}"), format!("--poll={poll}")]);
         }
@@ -777,9 +777,18 @@ fn floor_ratios(cases: &[Case]) -> Vec<(&'static str, Option<f64>)> {
         .collect()
 }
 
+/// The engine's `poll=` beside a target worker polling `poll`: the same mode (adaptive: the
+/// engine spins while an answer is due soon, then sleeps).
+fn engine_poll(poll: BlockPoll) -> &'static str {
+    match poll {
+        BlockPoll::Busy => "busy",
+        BlockPoll::Adaptive => "adaptive",
+        BlockPoll::Blocking => "blocking",
+    }
+}
+
 fn poll_description(poll: BlockPoll) -> String {
-    let engine = if poll == BlockPoll::Busy { "busy" } else { "blocking" };
-    format!("target worker {} polling, engine poll={engine}", format!("{poll:?}").to_lowercase())
+    format!("target worker {} polling, engine poll={}", format!("{poll:?}").to_lowercase(), engine_poll(poll))
 }
 
 fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {

@@ -10,7 +10,8 @@
 //! system calls made at once, like the FLUSH of a memory region. A device whose requests all
 //! complete inside the call (a memory region, [`BlockDevice::completes_at_once`]) also serves
 //! them at once from the caller's memory ([`BlockDevice::execute_now`]), so the worker answers
-//! them like memory instructions, with no queue or transfer buffer in between.
+//! a datagram whose block instructions all name such devices like memory instructions, with no
+//! queue or transfer buffer in between.
 //!
 //! Backends:
 //! - [`UringDevice`]: io_uring on an O_DIRECT file or block device, with registered buffers.
@@ -153,11 +154,15 @@ impl ImmediateRequest<'_> {
 
     /// Checks the request against the device's geometry, as [`BlockRequest::validate`] does.
     pub fn validate(&self, geometry: &Geometry) -> Result<(), BlockError> {
+        if let Some((offset_blocks, num_blocks)) = self.range(geometry.block_bytes) {
+            geometry.check_range(offset_blocks, num_blocks)?;
+        }
         let transfer = match self {
             ImmediateRequest::Read { out, .. } => Some(out.len()),
             ImmediateRequest::Write { data, .. } => Some(data.len()),
             _ => None,
         };
+        // A transfer that is not whole blocks is of a size no transfer may have.
         if let Some(len) = transfer {
             let num_blocks = u32::try_from(len / geometry.block_bytes as usize).unwrap_or(u32::MAX);
             if !len.is_multiple_of(geometry.block_bytes as usize)
@@ -166,9 +171,6 @@ impl ImmediateRequest<'_> {
             {
                 return Err(BlockError::TooLarge { num_blocks, max_transfer_blocks: geometry.max_transfer_blocks });
             }
-        }
-        if let Some((offset_blocks, num_blocks)) = self.range(geometry.block_bytes) {
-            geometry.check_range(offset_blocks, num_blocks)?;
         }
         Ok(())
     }

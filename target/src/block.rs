@@ -1,12 +1,15 @@
 //! One worker's block path: its devices on every namespace, their transfer buffers, and the
 //! datagrams waiting for block I/O.
 //!
-//! A datagram with block instructions is copied into a pending slot and executed in order, like
-//! any other; when execution reaches block instructions, it submits the whole run of consecutive
+//! A datagram with block instructions on a device that must be waited for (a file, a block
+//! device) is copied into a pending slot and executed in order, like any other; when execution
+//! reaches block instructions, it submits the whole run of consecutive
 //! ones (a FLUSH runs alone, after everything before it has completed, so that it covers them)
 //! and the datagram waits while the worker goes on serving other datagrams. When the run's last
 //! completion is reaped, its results are written in order and execution continues. Everything
-//! here is allocated when the worker starts: slots, buffers and lists are bounded.
+//! here is allocated when the worker starts: slots, buffers and lists are bounded. A datagram
+//! whose block instructions all name namespaces that complete at once (memory regions) needs
+//! none of this: the dispatcher executes it in the receive pass (`Dispatcher::block_now`).
 
 use std::net::SocketAddr;
 

@@ -583,12 +583,13 @@ impl<E: Engine> Dispatcher<E> {
         let serves_blocks = !self.block.devices.is_empty();
         // Block instructions on a device that must be waited for (a disk) defer the datagram;
         // on one that completes at once (a memory region) they run here, like memory
-        // instructions, and the answer leaves in this pass (docs/DECISIONS.md).
-        if serves_blocks
-            && request
-                .instructions()
-                .any(|instruction| is_block(instruction.opcode) && !self.block.completes_at_once(instruction.space))
-        {
+        // instructions, and the answer leaves in this pass (docs/DECISIONS.md). A namespace the
+        // FPGA engine holds (or has fenced) takes the queued path, which knows the engine.
+        let waits = |instruction: &Instruction<'_>| {
+            is_block(instruction.opcode)
+                && (!self.block.completes_at_once(instruction.space) || self.engine_holds(instruction.space))
+        };
+        if serves_blocks && request.instructions().any(|instruction| waits(&instruction)) {
             return self.defer(now, from, wait, datagram, record, &mut out[..room]);
         }
         let mut response = ResponseWriter::new(&mut out[..room], header.session, header.sequence);
@@ -1079,8 +1080,9 @@ impl<E: Engine> Dispatcher<E> {
     }
 
     /// Executes a block instruction on a namespace whose device completes at once (a memory
-    /// region) and writes its result: a BREAD's blocks are read straight into the answer, with
-    /// no pending slot, transfer buffer or wait for `reap`.
+    /// region) and that the FPGA engine does not hold, and writes its result: a BREAD's blocks
+    /// are read straight into the answer, with no pending slot, transfer buffer or wait for
+    /// `reap`.
     fn execute_block_now(&mut self, instruction: &Instruction<'_>, response: &mut ResponseWriter<'_>) {
         let mut entry = run_entry(instruction);
         match self.block_now(instruction, response.data_area()) {
@@ -1108,18 +1110,10 @@ impl<E: Engine> Dispatcher<E> {
             BlockOp::Read { num_blocks, .. } => num_blocks as usize * self.block.shapes[namespace].block_bytes as usize,
             _ => 0,
         };
-        let out = &mut out[..read_bytes];
-        if self.engine_holds(instruction.space) {
-            match self.engine.execute_block(instruction, out) {
-                // Fewer (or more) blocks than asked: never a short answer.
-                Some(Ok(len)) => return if len == read_bytes { Ok(len) } else { Err(Status::IoError) },
-                Some(Err(status)) => return Err(status),
-                // Failed over meanwhile: the target's own device serves it.
-                None => {}
-            }
-        }
         let request = match op {
-            BlockOp::Read { offset_blocks, .. } => ImmediateRequest::Read { offset_blocks, out },
+            BlockOp::Read { offset_blocks, .. } => {
+                ImmediateRequest::Read { offset_blocks, out: &mut out[..read_bytes] }
+            }
             BlockOp::Write { offset_blocks, data, fua } => ImmediateRequest::Write { offset_blocks, data, fua },
             BlockOp::Flush => ImmediateRequest::Flush,
             BlockOp::Trim { offset_blocks, num_blocks } => ImmediateRequest::Trim { offset_blocks, num_blocks },
@@ -1609,8 +1603,6 @@ impl<E: Engine> Dispatcher<E> {
     }
 }
 
-/// Writes a completed run's results in order, copying BREAD data and BLOCK_STATUS extents out
-/// of the transfer buffers, and gives the buffers back.
 /// The run entry of a block instruction, before it is executed.
 fn run_entry(instruction: &Instruction<'_>) -> RunEntry {
     RunEntry {
@@ -1621,6 +1613,8 @@ fn run_entry(instruction: &Instruction<'_>) -> RunEntry {
     }
 }
 
+/// Writes a completed run's results in order, copying BREAD data and BLOCK_STATUS extents out
+/// of the transfer buffers, and gives the buffers back.
 fn write_results(
     devices: &mut [Box<dyn BlockDevice>],
     free_buffers: &mut [Vec<u16>],
@@ -1875,6 +1869,49 @@ mod tests {
         assert_eq!(dispatcher.stats().get(Counter::BlockRequestsSubmitted), 3);
         let stats = dispatcher.stats();
         assert_eq!((stats.block_submitted[0].get(), stats.block_completed[0].get()), (3, 3));
+    }
+
+    /// A datagram that names a namespace that must be waited for (a file) waits as a whole, its
+    /// region namespace's instructions included, and is answered in order by `poll_block`.
+    #[test]
+    fn a_datagram_naming_a_file_namespace_too_waits_as_a_whole() {
+        use crate::config::{NamespaceBackend, NamespaceConfig};
+        let dir = tempfile::tempdir().unwrap();
+        let config = |name: &str, backend: NamespaceBackend| NamespaceConfig {
+            name: name.into(),
+            backend,
+            path: format!("{name}.img").into(),
+            size: Some(ByteSize(1 << 20)),
+            block_size: 4096,
+        };
+        let configs = [config("mem", NamespaceBackend::Pmem), config("disk", NamespaceBackend::File)];
+        let namespaces = Arc::new(NamespaceTable::open(&configs, dir.path()).unwrap());
+        let devices = namespaces.open_devices(9000, netdam_nvme::Submission::Inline).unwrap();
+        let mut dispatcher = dispatcher_serving(namespaces, devices);
+        let session = open_session(&mut dispatcher, Instant::ZERO, ME);
+        let read = |space: u16| Instruction { space, offset: 1, length: 1, ..instruction(Opcode::BlockRead, 1, &[]) };
+        let mut request = vec![0u8; 256];
+        let mut builder = RequestBuilder::new(&mut request, session, 1).unwrap();
+        builder.push(&read(0)).unwrap();
+        builder.push(&read(1)).unwrap();
+        let len = builder.finish();
+        let mut out = vec![0u8; 9000];
+        let handled =
+            dispatcher.handle(Instant::ZERO, peer(ME), Wait::queued(Duration::ZERO), &request[..len], &mut out);
+        assert!(matches!(handled, Handled::Deferred(_)), "the file's read must be waited for: {handled:?}");
+        assert_eq!(dispatcher.stats().get(Counter::BlockDatagramsDeferred), 1);
+        let mut answers = Vec::new();
+        for _ in 0..1_000_000 {
+            dispatcher.poll_block(&|| Instant::ZERO, &mut |_, answer| answers.push(answer.to_vec()));
+            if !answers.is_empty() {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let response = Response::parse(&answers[0]).expect("the datagram was answered");
+        let results: Vec<(Status, usize)> =
+            response.results().map(|result| (result.status, result.data.len())).collect();
+        assert_eq!(results, [(Status::Ok, 4096), (Status::Ok, 4096)]);
     }
 
     /// A device that queues every request, whatever the one inside it could do at once.

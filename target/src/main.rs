@@ -177,7 +177,7 @@ struct TenantSettingsArgs {
     /// Sessions the tenant may hold open at once, over every worker [default for a new tenant: 64].
     #[arg(long, value_name = "N")]
     max_sessions: Option<u32>,
-    /// Block requests the tenant may have in flight at the target at once [default for a new tenant: 256].
+    /// Block datagrams the tenant may have waiting for a device (a file or block device; a memory region's namespace answers at once) [default for a new tenant: 256].
     #[arg(long, value_name = "N")]
     max_in_flight: Option<u32>,
     /// Cost units per second the tenant's token bucket refills at; 0 is unlimited [default for a new tenant: 0].

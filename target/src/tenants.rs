@@ -39,7 +39,8 @@ pub enum QosClass {
 pub struct TenantLimits {
     /// Sessions open at once, over every worker.
     pub max_sessions: u32,
-    /// Block datagrams in flight at the target at once.
+    /// Block datagrams in flight at the target at once: those waiting for a device (a memory
+    /// region's are answered in the pass that received them and never wait).
     pub max_in_flight: u32,
     /// Cost units per second the tenant's token bucket refills at (see `qos`); 0 is unlimited.
     pub cost_per_second: u64,

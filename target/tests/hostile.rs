@@ -249,14 +249,17 @@ fn hostile_sparing_region_0(rng: &mut Rng, clean_session: u32, mutated_session: 
 fn target_survives_100k_hostile_datagrams() {
     let seed = seed();
     let mut rng = Rng::new(seed);
-    // Namespace 0 takes block instructions (it is not checked: the regions are).
-    let namespace = NamespaceConfig {
-        name: "scratch".into(),
-        backend: NamespaceBackend::File,
-        path: "scratch.img".into(),
+    // Namespaces 0 (a file: its datagrams wait for I/O) and 1 (a memory region: executed at
+    // once) take block instructions; they are not checked, the regions are.
+    let namespace = |name: &str, backend: NamespaceBackend| NamespaceConfig {
+        name: name.into(),
+        backend,
+        path: format!("{name}.img").into(),
         size: Some(ByteSize(NAMESPACE_BLOCKS * u64::from(NAMESPACE_BLOCK))),
         block_size: NAMESPACE_BLOCK,
     };
+    let namespaces =
+        vec![namespace("scratch", NamespaceBackend::File), namespace("scratch-mem", NamespaceBackend::Pmem)];
     // Key slots 0 and 1 hold keys (the fuzzed aux is 0 to 3): ENCRYPT and DECRYPT execute.
     let dir = tempfile::tempdir().unwrap();
     let store = netdam_target::metadata::MetadataStore::open(dir.path()).unwrap();
@@ -268,7 +271,7 @@ fn target_survives_100k_hostile_datagrams() {
         dir,
         vec![region("guard0", REGION_BYTES as u64, false), region("guard1", REGION_BYTES as u64, false)],
         |config| {
-            config.namespaces = vec![namespace];
+            config.namespaces = namespaces;
             config.max_datagram_bytes = MAX_DATAGRAM;
         },
     );
