@@ -21,7 +21,7 @@ $bench block --poll busy --out "$out/block-busy" > /dev/null
 $bench block --poll adaptive --out "$out/block-adaptive" > /dev/null
 $bench bulk --bytes 1GiB --rounds 5 --out "$out/bulk" > /dev/null
 # fio through the engine and through `netdam nbd`, beside nbdkit: busy polling (the goals of the
-# README's table), then the default adaptive worker with the engine sleeping between answers.
+# README's table), then the default adaptive worker with the engine's default poll=adaptive.
 cargo build --release --locked --bin netdam
 $bench fio --seconds 5 --depths 1,32 --poll busy --out "$out" > /dev/null
 $bench fio --seconds 5 --depths 1,32 --poll adaptive --out "$out/fio-adaptive" > /dev/null
