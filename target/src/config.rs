@@ -327,6 +327,12 @@ pub struct Config {
     /// but on a machine whose cores are taken it starves the block path (docs/DECISIONS.md).
     #[serde(default)]
     pub block_sqpoll_idle_ms: u32,
+    /// Answers a worker gives in one pass to the same initiator leave in one `sendmsg` with UDP
+    /// segmentation offload (`UDP_SEGMENT`), which the kernel cuts into the separate datagrams
+    /// (docs/DECISIONS.md, "Answers leave in trains"). Where the kernel refuses, answers go one
+    /// by one; `false` always sends them one by one.
+    #[serde(default = "default_answer_trains")]
+    pub answer_trains: bool,
     /// Sessions each worker holds at once (each keeps a replay window of answers).
     #[serde(default = "default_sessions_per_worker")]
     pub sessions_per_worker: usize,
@@ -422,6 +428,10 @@ fn default_pin_workers() -> bool {
 fn default_lock_memory() -> bool {
     true
 }
+fn default_answer_trains() -> bool {
+    true
+}
+
 fn default_adaptive_spin_us() -> u64 {
     50
 }
@@ -457,6 +467,7 @@ impl Default for Config {
             max_datagram_bytes: default_max_datagram_bytes(),
             busy_threshold_us: default_busy_threshold_us(),
             block_sqpoll_idle_ms: 0,
+            answer_trains: default_answer_trains(),
             sessions_per_worker: default_sessions_per_worker(),
             max_sessions_per_address: default_max_sessions_per_address(),
             session_idle_timeout_ms: default_session_idle_timeout_ms(),
@@ -703,6 +714,15 @@ mod tests {
             RegionConfig { name: "f".into(), backend: RegionBackend::File, path: None, size: ByteSize(4096) };
         let config = Config { regions: vec![pathless], ..Config::default() };
         assert!(config.validate().unwrap_err().to_string().contains("needs a path"));
+    }
+
+    #[test]
+    fn answer_trains_are_on_unless_turned_off() {
+        assert!(Config::default().answer_trains);
+        assert!(toml::from_str::<Config>("workers = 1").unwrap().answer_trains);
+        let config: Config = toml::from_str("answer_trains = false").unwrap();
+        assert!(!config.answer_trains);
+        assert!(config.to_toml().contains("answer_trains = false"), "{}", config.to_toml());
     }
 
     #[test]

@@ -329,7 +329,7 @@ fn parse_size(text: &str) -> Result<ByteSize, String> {
 #[derive(Debug, Args, Default, Clone)]
 struct SettingsArgs {
     /// TOML file with settings (listen, metrics_listen, data_dir, workers, poll, adaptive_spin_us, pin_workers,
-    /// lock_memory, max_datagram_bytes, busy_threshold_us, block_sqpoll_idle_ms, sessions_per_worker,
+    /// lock_memory, max_datagram_bytes, busy_threshold_us, block_sqpoll_idle_ms, answer_trains, sessions_per_worker,
     /// max_sessions_per_address, session_idle_timeout_ms, engine, fpga_window, fpga_progress_deadline_ms, fpga_namespace, [[region]] tables with name, backend =
     /// mem|file|dax, path, size, and [[namespace]] tables with name, backend =
     /// file|blockdev|pmem, path, size, block_size). `netdam-target config` prints them all.
@@ -859,6 +859,7 @@ fn log_start(target: &Target, config: &Config) {
         max_datagram_bytes = config.max_datagram_bytes,
         busy_threshold_us = config.busy_threshold_us,
         block_sqpoll_idle_ms = config.block_sqpoll_idle_ms,
+        answer_trains = config.answer_trains,
         sessions_per_worker = config.sessions_per_worker,
         max_sessions_per_address = config.max_sessions_per_address,
         session_idle_timeout_ms = config.session_idle_timeout_ms,

@@ -378,6 +378,13 @@ impl Collector for TargetCollector {
         )?;
         counters(
             encoder,
+            "netdam_answer_trains",
+            "Runs of answers to one initiator sent in one system call (UDP segmentation offload)",
+            None,
+            [(no_labels(), self.sum(Counter::AnswerTrains))],
+        )?;
+        counters(
+            encoder,
             "netdam_send_errors",
             "Responses the kernel refused to send",
             None,

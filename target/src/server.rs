@@ -167,6 +167,7 @@ impl Target {
             poll: config.poll,
             adaptive_spin: Duration::from_micros(config.adaptive_spin_us),
             max_datagram_bytes: config.max_datagram_bytes,
+            answer_trains: config.answer_trains,
             // One origin for every worker: a HELLO cookie carries its issue time, and the
             // worker that checks it may not be the one that issued it.
             clock: MonotonicClock::new(),

@@ -403,6 +403,9 @@ fn memory_reads_do_not_wait_behind_block_io() {
     for sequence in 1..=slots {
         assert_eq!(receive_raw(&writer, sequence), (Status::Ok, vec![Status::Ok]));
     }
+    // One reap completed them all: their answers left in trains (answer_train.rs), each
+    // received above as the datagram it is.
+    assert!(test.target.stats().get("answer_trains").unwrap() >= 1, "{:?}", test.target.stats().get("answer_trains"));
     let written = image.written();
     let block = BLOCK as usize;
     for index in 0..128 {

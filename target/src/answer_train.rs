@@ -1,0 +1,281 @@
+//! Answers to one peer sent in one system call: UDP generic segmentation offload
+//! (`UDP_SEGMENT`).
+//!
+//! A `sendto` of a 4 KiB datagram on loopback costs ~3.4 µs here, most of it the kernel's walk
+//! down its stack and back up into the receiver's queue; a `sendmsg` with `UDP_SEGMENT` carrying
+//! 14 such datagrams costs ~0.9 µs per datagram, since the stack is walked once and the
+//! segments are cut at the end (docs/DECISIONS.md, "Answers leave in trains"). A worker that
+//! answers several datagrams in one pass (a receive batch, the block completions of a reap)
+//! queues their answers here and sends each run of answers to the same peer as one train: every
+//! answer but the last of a train has the train's segment size, and the receiver gets them as
+//! the separate datagrams they are (unless its socket asked for `UDP_GRO`).
+//!
+//! Where the kernel refuses a train (a segment larger than the route's MTU allows, a device
+//! without checksum offload), its answers go out one by one, and the train shrinks or stops for
+//! good: nothing is lost to the fallback. The buffer is allocated once; nothing on the way
+//! allocates.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use crate::socket;
+
+/// The most bytes one train carries: under the 64 KiB an IP datagram (and so a segmentation
+/// offload's whole payload) may have, with room for IPv6's larger header.
+pub const TRAIN_BYTES: usize = 65_000;
+
+/// The most answers in one train (the kernel's `UDP_MAX_SEGMENTS` is 64 on older kernels).
+pub const TRAIN_ANSWERS: usize = 64;
+
+/// The answers of one pass waiting to leave, and whether trains work on this socket.
+#[derive(Debug)]
+pub struct AnswerTrain {
+    buffer: Box<[u8]>,
+    peer: Option<SocketAddr>,
+    /// Size of every answer of the train but its last.
+    segment: usize,
+    answers: usize,
+    len: usize,
+    /// The last answer was shorter than the segment: nothing may follow it in this train.
+    closed: bool,
+    /// Answers longer than this are not put in trains (a refused train lowers it); 0: trains
+    /// are off.
+    max_segment: usize,
+    /// Trains sent since the caller last took the count.
+    trains_sent: u64,
+}
+
+impl AnswerTrain {
+    /// A train with its buffer allocated; `enabled` false sends every answer on its own.
+    pub fn new(enabled: bool) -> AnswerTrain {
+        AnswerTrain {
+            buffer: vec![0u8; TRAIN_BYTES].into_boxed_slice(),
+            peer: None,
+            segment: 0,
+            answers: 0,
+            len: 0,
+            closed: false,
+            max_segment: if enabled { TRAIN_BYTES / 2 } else { 0 },
+            trains_sent: 0,
+        }
+    }
+
+    /// Whether trains are still used on this socket.
+    pub fn enabled(&self) -> bool {
+        self.max_segment > 0
+    }
+
+    /// Trains sent since the last call (the caller counts them).
+    pub fn take_trains_sent(&mut self) -> u64 {
+        std::mem::take(&mut self.trains_sent)
+    }
+
+    /// Answers waiting to be sent.
+    pub fn waiting(&self) -> usize {
+        self.answers
+    }
+
+    /// Queues `answer` for `peer`, sending what waits first when it cannot join them; returns
+    /// how many datagrams failed to go out in doing so.
+    pub fn push(&mut self, fd: &OwnedFd, peer: SocketAddr, answer: &[u8]) -> u64 {
+        if answer.len() > self.max_segment {
+            let failed = self.flush(fd);
+            return failed + u64::from(socket::send_to(fd, &peer, answer).is_err());
+        }
+        let joins = self.answers > 0
+            && self.peer == Some(peer)
+            && !self.closed
+            && answer.len() <= self.segment
+            && self.len + answer.len() <= TRAIN_BYTES
+            && self.answers < TRAIN_ANSWERS;
+        let mut failed = 0;
+        if !joins {
+            failed = self.flush(fd);
+            self.peer = Some(peer);
+            self.segment = answer.len();
+        }
+        self.buffer[self.len..self.len + answer.len()].copy_from_slice(answer);
+        self.len += answer.len();
+        self.answers += 1;
+        self.closed = answer.len() < self.segment;
+        failed
+    }
+
+    /// Sends what waits; returns how many datagrams failed to go out.
+    pub fn flush(&mut self, fd: &OwnedFd) -> u64 {
+        let answers = std::mem::take(&mut self.answers);
+        let len = std::mem::take(&mut self.len);
+        self.closed = false;
+        let Some(peer) = self.peer else { return 0 };
+        match answers {
+            0 => 0,
+            1 => u64::from(socket::send_to(fd, &peer, &self.buffer[..len]).is_err()),
+            _ => match send_segmented(fd, &peer, &self.buffer[..len], self.segment) {
+                Ok(()) => {
+                    self.trains_sent += 1;
+                    0
+                }
+                Err(error) => self.refused(fd, peer, len, error),
+            },
+        }
+    }
+
+    /// A train the kernel refused: its answers go out one by one, and trains of this segment
+    /// size (EINVAL: larger than the route's MTU allows) or all trains (the socket or device
+    /// cannot segment) stop.
+    fn refused(&mut self, fd: &OwnedFd, peer: SocketAddr, len: usize, error: io::Error) -> u64 {
+        match error.raw_os_error() {
+            // A full socket buffer: the train is lost as separate sends would have been.
+            Some(libc::EAGAIN) | Some(libc::ENOBUFS) => return self.buffer[..len].chunks(self.segment).count() as u64,
+            Some(libc::EINVAL) | Some(libc::EMSGSIZE) => {
+                self.max_segment = self.max_segment.min(self.segment.saturating_sub(1));
+                tracing::info!(%error, segment = self.segment, "a train of answers was refused; longer answers go one by one");
+            }
+            _ => {
+                self.max_segment = 0;
+                tracing::warn!(%error, "UDP segmentation offload refused; answers go one by one");
+            }
+        }
+        let mut failed = 0;
+        for answer in self.buffer[..len].chunks(self.segment) {
+            failed += u64::from(socket::send_to(fd, &peer, answer).is_err());
+        }
+        failed
+    }
+}
+
+/// One `sendmsg` of `bytes` to `peer`, which the kernel cuts into datagrams of `segment` bytes
+/// (the last may be shorter).
+fn send_segmented(fd: &OwnedFd, peer: &SocketAddr, bytes: &[u8], segment: usize) -> io::Result<()> {
+    let Ok(segment) = u16::try_from(segment) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    let address = socket2::SockAddr::from(*peer);
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    // Room for one control message of a u16, aligned as the kernel expects.
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is a plain C struct; all-zero is valid, and every pointer set below
+    // outlives the call.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_name = address.as_ptr() as *mut libc::c_void;
+    header.msg_namelen = address.len();
+    header.msg_iov = &mut iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is arithmetic.
+    header.msg_controllen = unsafe { libc::CMSG_SPACE(size_of_u16()) } as _;
+    // SAFETY: the control buffer holds CMSG_SPACE(2) bytes (32 available), so the first header
+    // and its data fit.
+    let sent = unsafe {
+        let message = libc::CMSG_FIRSTHDR(&header);
+        (*message).cmsg_level = libc::SOL_UDP;
+        (*message).cmsg_type = libc::UDP_SEGMENT;
+        (*message).cmsg_len = libc::CMSG_LEN(size_of_u16()) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(message).cast::<u16>(), segment);
+        libc::sendmsg(fd.as_raw_fd(), &header, libc::MSG_DONTWAIT)
+    };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn size_of_u16() -> u32 {
+    std::mem::size_of::<u16>() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+    use std::time::Duration;
+
+    fn pair() -> (OwnedFd, UdpSocket) {
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        (OwnedFd::from(sender), receiver)
+    }
+
+    fn receive_all(receiver: &UdpSocket, count: usize) -> Vec<Vec<u8>> {
+        let mut buffer = vec![0u8; 65_536];
+        (0..count)
+            .map(|_| {
+                let len = receiver.recv(&mut buffer).expect("a datagram");
+                buffer[..len].to_vec()
+            })
+            .collect()
+    }
+
+    /// Answers of mixed sizes and peers leave as the separate datagrams they are, in order:
+    /// equal ones to one peer in trains, a shorter one closing its train, a longer one or
+    /// another peer starting a new one.
+    #[test]
+    fn answers_arrive_as_the_datagrams_they_are_in_order() {
+        let (fd, receiver) = pair();
+        let (_, other) = pair();
+        let to = receiver.local_addr().unwrap();
+        let elsewhere = other.local_addr().unwrap();
+        let mut train = AnswerTrain::new(true);
+        let answers: Vec<Vec<u8>> = [4100, 4100, 4100, 100, 4100, 9000, 9000, 20, 20]
+            .iter()
+            .enumerate()
+            .map(|(index, &len)| vec![index as u8; len])
+            .collect();
+        let mut failed = 0;
+        for (index, answer) in answers.iter().enumerate() {
+            failed += train.push(&fd, to, answer);
+            if index == 4 {
+                // An answer to someone else in between: the train to `to` leaves first.
+                failed += train.push(&fd, elsewhere, b"elsewhere");
+            }
+        }
+        failed += train.flush(&fd);
+        assert_eq!(failed, 0);
+        assert_eq!(train.waiting(), 0);
+        assert_eq!(receive_all(&receiver, answers.len()), answers);
+        assert_eq!(receive_all(&other, 1), [b"elsewhere".to_vec()]);
+        // 4100 x3 + 100, then 9000 x2 + 20; the lone 4100 and the last 20 go on their own.
+        assert_eq!(train.take_trains_sent(), 2);
+    }
+
+    /// A train holds at most `TRAIN_ANSWERS` answers and `TRAIN_BYTES` bytes: more leave in
+    /// further trains, none lost.
+    #[test]
+    fn long_runs_are_split_into_trains_within_the_bounds() {
+        let (fd, receiver) = pair();
+        let to = receiver.local_addr().unwrap();
+        let mut train = AnswerTrain::new(true);
+        // More answers than a train holds, then more bytes; each run is read before the next
+        // is sent, so the receiver's default socket buffer holds it.
+        let small: Vec<Vec<u8>> = (0..100u8).map(|index| vec![index; 64]).collect();
+        let large: Vec<Vec<u8>> = (0..12u8).map(|index| vec![index; 8300]).collect();
+        for run in [&small, &large] {
+            for answer in run.iter() {
+                assert_eq!(train.push(&fd, to, answer), 0);
+                assert!(train.len <= TRAIN_BYTES && train.answers <= TRAIN_ANSWERS);
+            }
+            assert_eq!(train.flush(&fd), 0);
+            assert_eq!(train.take_trains_sent(), 2, "the run took two trains");
+            assert_eq!(&receive_all(&receiver, run.len()), run);
+        }
+    }
+
+    /// With trains off every answer goes on its own, the same bytes in the same order.
+    #[test]
+    fn a_disabled_train_sends_each_answer_alone() {
+        let (fd, receiver) = pair();
+        let to = receiver.local_addr().unwrap();
+        let mut train = AnswerTrain::new(false);
+        assert!(!train.enabled());
+        for index in 0..5u8 {
+            train.push(&fd, to, &[index; 300]);
+            assert_eq!(train.waiting(), 0, "nothing waits when trains are off");
+        }
+        let received = receive_all(&receiver, 5);
+        assert_eq!(received, (0..5u8).map(|index| vec![index; 300]).collect::<Vec<_>>());
+        assert_eq!(train.take_trains_sent(), 0);
+    }
+}
