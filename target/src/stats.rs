@@ -67,7 +67,7 @@ counters! {
     BusyBlockSlotsFull => "busy_block_slots_full": "Answered busy: every slot for datagrams waiting on block I/O was taken.",
     GroupCommits => "group_commits": "Receive passes whose writes to persistent regions were persisted together before their answers left.",
     AnswersHeld => "answers_held": "Answers held for their pass's group commit.",
-    AnswerTrains => "answer_trains": "Runs of answers to one initiator sent in one system call (UDP segmentation offload).",
+    AnswerTrains => "answer_trains": "Runs of answers to one initiator sent in one system call (UDP segmentation offload), counted once sent.",
     GroupCommitFailures => "group_commit_failures": "Group commits whose persist failed: their held answers said io_error.",
     ContendedYields => "contended_yields": "Yields of an adaptive worker that lost its core for over 500 µs to another thread; it then blocks on an empty socket for 100 ms instead of yielding.",
     SendErrors => "send_errors": "Responses the kernel refused to send.",
