@@ -19,6 +19,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use netdam_isa::Instant;
+
 use crate::socket;
 
 /// The most bytes one train carries: under the 64 KiB an IP datagram (and so a segmentation
@@ -27,6 +29,11 @@ pub const TRAIN_BYTES: usize = 65_000;
 
 /// The most answers in one train (the kernel's `UDP_MAX_SEGMENTS` is 64 on older kernels).
 pub const TRAIN_ANSWERS: usize = 64;
+
+/// How long the oldest answer of a train may wait for others to join before the train leaves
+/// (checked as the pass goes on): an answer's service time, stamped before it joins, does not
+/// include this wait, which the initiator then reads as network delay.
+pub const TRAIN_WAIT: netdam_isa::Duration = netdam_isa::Duration::from_micros(20);
 
 /// The answers of one pass waiting to leave, and whether trains work on this socket.
 #[derive(Debug)]
@@ -44,11 +51,18 @@ pub struct AnswerTrain {
     max_segment: usize,
     /// Trains sent since the caller last took the count.
     trains_sent: u64,
+    /// When the first answer waiting now joined (the caller bounds how long it waits).
+    first_at: Instant,
+    /// A train was refused with EINVAL already (said once at info, then at debug).
+    refused_before: bool,
 }
 
 impl AnswerTrain {
-    /// A train with its buffer allocated; `enabled` false sends every answer on its own.
-    pub fn new(enabled: bool) -> AnswerTrain {
+    /// A train for `fd`, with its buffer allocated; `enabled` false, or a kernel that does not
+    /// know `UDP_SEGMENT` (before Linux 4.18, where the option would be ignored and a train
+    /// would leave as one datagram), sends every answer on its own.
+    pub fn new(fd: &OwnedFd, enabled: bool) -> AnswerTrain {
+        let enabled = enabled && segmentation_known(fd);
         AnswerTrain {
             buffer: vec![0u8; TRAIN_BYTES].into_boxed_slice(),
             peer: None,
@@ -58,6 +72,8 @@ impl AnswerTrain {
             closed: false,
             max_segment: if enabled { TRAIN_BYTES / 2 } else { 0 },
             trains_sent: 0,
+            first_at: Instant::ZERO,
+            refused_before: false,
         }
     }
 
@@ -76,11 +92,17 @@ impl AnswerTrain {
         self.answers
     }
 
-    /// Queues `answer` for `peer`, sending what waits first when it cannot join them; returns
-    /// how many datagrams failed to go out in doing so.
-    pub fn push(&mut self, fd: &OwnedFd, peer: SocketAddr, answer: &[u8]) -> u64 {
-        if answer.len() > self.max_segment {
-            let failed = self.flush(fd);
+    /// When the oldest answer waiting joined, if any waits.
+    pub fn waiting_since(&self) -> Option<Instant> {
+        (self.answers > 0).then_some(self.first_at)
+    }
+
+    /// Queues `answer` for `peer` at `now`, sending what waits first when it cannot join them;
+    /// returns how many datagrams failed to go out in doing so.
+    pub fn push(&mut self, fd: &OwnedFd, peer: SocketAddr, answer: &[u8], now: Instant) -> u64 {
+        let mut failed = 0;
+        if answer.len() > self.max_segment || answer.is_empty() {
+            failed += self.flush(fd);
             return failed + u64::from(socket::send_to(fd, &peer, answer).is_err());
         }
         let joins = self.answers > 0
@@ -89,11 +111,15 @@ impl AnswerTrain {
             && answer.len() <= self.segment
             && self.len + answer.len() <= TRAIN_BYTES
             && self.answers < TRAIN_ANSWERS;
-        let mut failed = 0;
         if !joins {
-            failed = self.flush(fd);
+            failed += self.flush(fd);
+            // A refused train may have lowered the bound (or turned trains off) just now.
+            if answer.len() > self.max_segment {
+                return failed + u64::from(socket::send_to(fd, &peer, answer).is_err());
+            }
             self.peer = Some(peer);
             self.segment = answer.len();
+            self.first_at = now;
         }
         self.buffer[self.len..self.len + answer.len()].copy_from_slice(answer);
         self.len += answer.len();
@@ -128,14 +154,25 @@ impl AnswerTrain {
         match error.raw_os_error() {
             // A full socket buffer: the train is lost as separate sends would have been.
             Some(libc::EAGAIN) | Some(libc::ENOBUFS) => return self.buffer[..len].chunks(self.segment).count() as u64,
+            // A segment larger than the route's MTU allows (or the socket sends without
+            // checksums): smaller trains may still go.
             Some(libc::EINVAL) | Some(libc::EMSGSIZE) => {
                 self.max_segment = self.max_segment.min(self.segment.saturating_sub(1));
-                tracing::info!(%error, segment = self.segment, "a train of answers was refused; longer answers go one by one");
+                if self.refused_before {
+                    tracing::debug!(%error, segment = self.segment, "a train of answers was refused");
+                } else {
+                    tracing::info!(%error, segment = self.segment, "a train of answers was refused (a route's MTU?); answers this long go one by one");
+                }
+                self.refused_before = true;
             }
-            _ => {
+            // The device cannot segment or checksum: no train will go.
+            Some(libc::EIO) | Some(libc::EOPNOTSUPP) | Some(libc::ENOPROTOOPT) => {
                 self.max_segment = 0;
                 tracing::warn!(%error, "UDP segmentation offload refused; answers go one by one");
             }
+            // Anything else (a firewall's refusal, an unreachable route) is this train's: its
+            // answers go one by one, as they would have without trains.
+            _ => tracing::debug!(%error, "a train of answers was refused"),
         }
         let mut failed = 0;
         for answer in self.buffer[..len].chunks(self.segment) {
@@ -182,6 +219,27 @@ fn send_segmented(fd: &OwnedFd, peer: &SocketAddr, bytes: &[u8], segment: usize)
     }
 }
 
+/// Whether the kernel knows `UDP_SEGMENT` on this socket (Linux 4.18 and later): an older
+/// one ignores the control message and would send a train as one datagram.
+fn segmentation_known(fd: &OwnedFd) -> bool {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a live int and its length for getsockopt to fill.
+    let known = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    } == 0;
+    if !known {
+        tracing::info!("this kernel does not know UDP_SEGMENT; answers go one by one");
+    }
+    known
+}
+
 fn size_of_u16() -> u32 {
     std::mem::size_of::<u16>() as u32
 }
@@ -193,8 +251,12 @@ mod tests {
     use std::time::Duration;
 
     fn pair() -> (OwnedFd, UdpSocket) {
-        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        pair_on("127.0.0.1:0")
+    }
+
+    fn pair_on(address: &str) -> (OwnedFd, UdpSocket) {
+        let sender = UdpSocket::bind(address).unwrap();
+        let receiver = UdpSocket::bind(address).unwrap();
         receiver.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         (OwnedFd::from(sender), receiver)
     }
@@ -218,7 +280,7 @@ mod tests {
         let (_, other) = pair();
         let to = receiver.local_addr().unwrap();
         let elsewhere = other.local_addr().unwrap();
-        let mut train = AnswerTrain::new(true);
+        let mut train = AnswerTrain::new(&fd, true);
         let answers: Vec<Vec<u8>> = [4100, 4100, 4100, 100, 4100, 9000, 9000, 20, 20]
             .iter()
             .enumerate()
@@ -226,10 +288,10 @@ mod tests {
             .collect();
         let mut failed = 0;
         for (index, answer) in answers.iter().enumerate() {
-            failed += train.push(&fd, to, answer);
+            failed += train.push(&fd, to, answer, Instant::ZERO);
             if index == 4 {
                 // An answer to someone else in between: the train to `to` leaves first.
-                failed += train.push(&fd, elsewhere, b"elsewhere");
+                failed += train.push(&fd, elsewhere, b"elsewhere", Instant::ZERO);
             }
         }
         failed += train.flush(&fd);
@@ -247,14 +309,14 @@ mod tests {
     fn long_runs_are_split_into_trains_within_the_bounds() {
         let (fd, receiver) = pair();
         let to = receiver.local_addr().unwrap();
-        let mut train = AnswerTrain::new(true);
+        let mut train = AnswerTrain::new(&fd, true);
         // More answers than a train holds, then more bytes; each run is read before the next
         // is sent, so the receiver's default socket buffer holds it.
         let small: Vec<Vec<u8>> = (0..100u8).map(|index| vec![index; 64]).collect();
         let large: Vec<Vec<u8>> = (0..12u8).map(|index| vec![index; 8300]).collect();
         for run in [&small, &large] {
             for answer in run.iter() {
-                assert_eq!(train.push(&fd, to, answer), 0);
+                assert_eq!(train.push(&fd, to, answer, Instant::ZERO), 0);
                 assert!(train.len <= TRAIN_BYTES && train.answers <= TRAIN_ANSWERS);
             }
             assert_eq!(train.flush(&fd), 0);
@@ -268,14 +330,84 @@ mod tests {
     fn a_disabled_train_sends_each_answer_alone() {
         let (fd, receiver) = pair();
         let to = receiver.local_addr().unwrap();
-        let mut train = AnswerTrain::new(false);
+        let mut train = AnswerTrain::new(&fd, false);
         assert!(!train.enabled());
         for index in 0..5u8 {
-            train.push(&fd, to, &[index; 300]);
+            train.push(&fd, to, &[index; 300], Instant::ZERO);
             assert_eq!(train.waiting(), 0, "nothing waits when trains are off");
         }
         let received = receive_all(&receiver, 5);
         assert_eq!(received, (0..5u8).map(|index| vec![index; 300]).collect::<Vec<_>>());
         assert_eq!(train.take_trains_sent(), 0);
+    }
+
+    /// A train the kernel refuses (here: a socket that sends without UDP checksums, which
+    /// segmentation offload cannot do) goes out answer by answer, nothing lost, and answers of
+    /// that size stop forming trains.
+    #[test]
+    fn a_refused_train_goes_answer_by_answer() {
+        let (fd, receiver) = pair();
+        let to = receiver.local_addr().unwrap();
+        let on: libc::c_int = 1;
+        // SAFETY: a live int and its length.
+        let set = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_NO_CHECK,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0);
+        let mut train = AnswerTrain::new(&fd, true);
+        let answers: Vec<Vec<u8>> = (0..6u8).map(|index| vec![index; 1000]).collect();
+        for answer in &answers[..3] {
+            assert_eq!(train.push(&fd, to, answer, Instant::ZERO), 0);
+        }
+        assert_eq!(train.flush(&fd), 0, "refused, then sent one by one");
+        assert_eq!(train.take_trains_sent(), 0);
+        assert!(train.max_segment < 1000, "answers this long no longer form trains");
+        for answer in &answers[3..] {
+            assert_eq!(train.push(&fd, to, answer, Instant::ZERO), 0);
+            assert_eq!(train.waiting(), 0, "sent at once");
+        }
+        assert_eq!(receive_all(&receiver, answers.len()), answers);
+    }
+
+    /// Trains reach IPv6 peers too, where the machine has IPv6 loopback.
+    #[test]
+    fn trains_reach_ipv6_peers() {
+        if UdpSocket::bind("[::1]:0").is_err() {
+            eprintln!("skipped: no IPv6 loopback here");
+            return;
+        }
+        let (fd, receiver) = pair_on("[::1]:0");
+        let to = receiver.local_addr().unwrap();
+        let mut train = AnswerTrain::new(&fd, true);
+        let answers: Vec<Vec<u8>> = (0..5u8).map(|index| vec![index; 2000]).collect();
+        for answer in &answers {
+            assert_eq!(train.push(&fd, to, answer, Instant::ZERO), 0);
+        }
+        assert_eq!(train.flush(&fd), 0);
+        assert_eq!(train.take_trains_sent(), 1);
+        assert_eq!(receive_all(&receiver, answers.len()), answers);
+    }
+
+    /// `waiting_since` tells when the oldest waiting answer joined, so the caller can bound
+    /// its wait.
+    #[test]
+    fn the_oldest_answer_s_arrival_is_known() {
+        let (fd, receiver) = pair();
+        let to = receiver.local_addr().unwrap();
+        let mut train = AnswerTrain::new(&fd, true);
+        assert_eq!(train.waiting_since(), None);
+        let at = |us| Instant::ZERO + netdam_isa::Duration::from_micros(us);
+        train.push(&fd, to, &[1; 100], at(5));
+        train.push(&fd, to, &[2; 100], at(9));
+        assert_eq!(train.waiting_since(), Some(at(5)));
+        train.flush(&fd);
+        assert_eq!(train.waiting_since(), None);
+        assert_eq!(receive_all(&receiver, 2), [vec![1; 100], vec![2; 100]]);
     }
 }

@@ -19,7 +19,7 @@ use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::{peek_datagram_status, restamp_response};
 use netdam_isa::{Duration, Instant, Status};
 
-use crate::answer_train::AnswerTrain;
+use crate::answer_train::{AnswerTrain, TRAIN_WAIT};
 use crate::block::ReplyTo;
 use crate::config::PollMode;
 use crate::dispatch::{Dispatcher, Handled, SealFor, Wait};
@@ -54,7 +54,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     let mut batch = ReceiveBatch::new(settings.max_datagram_bytes);
     let mut out = vec![0u8; settings.max_datagram_bytes];
     let mut held = HeldAnswers::new(settings.max_datagram_bytes);
-    let mut train = AnswerTrain::new(settings.answer_trains);
+    let mut train = AnswerTrain::new(&fd, settings.answer_trains);
     let clock = settings.clock;
     // Last datagram received or block answer sent.
     let mut last_datagram = clock.now();
@@ -168,6 +168,10 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             // it, so it neither shrinks endpoint windows nor earns a BUSY.
             // The first of the batch starts when the receive returned (one clock read fewer).
             let started = if index == 0 { received_at } else { clock.now() };
+            if train.waiting_since().is_some_and(|since| started.saturating_since(since) > TRAIN_WAIT) {
+                // The train's first answer has waited long enough for others to join.
+                flush_train(&fd, &dispatcher, &mut train);
+            }
             let (in_kernel, behind_work) = if received.kernel_realtime_ns == 0 {
                 match unstamped_wait {
                     Some((bound, true)) => (bound, bound),
@@ -242,7 +246,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             if let Some((ticket, store_answer)) = record {
                 dispatcher.record(ticket, store_answer.then_some(&out[..len]));
             }
-            give_answer(&fd, &batch, &dispatcher, &mut train, count, index, &out[..len]);
+            give_answer(&fd, &batch, &dispatcher, &mut train, count, index, &out[..len], started);
         }
         // The pass's answers leave before its persist, which only the held ones wait for.
         flush_train(&fd, &dispatcher, &mut train);
@@ -271,7 +275,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
                 if let Some((ticket, store_answer)) = entry.record {
                     dispatcher.record(ticket, store_answer.then_some(answer));
                 }
-                give_answer(&fd, &batch, &dispatcher, &mut train, count, entry.index, answer);
+                give_answer(&fd, &batch, &dispatcher, &mut train, count, entry.index, answer, now);
             }
             flush_train(&fd, &dispatcher, &mut train);
         }
@@ -419,10 +423,12 @@ impl Stamps {
 
 /// Sends the answer to datagram `index` of a batch of `count`, counted first, so whoever has
 /// received an answer also sees it counted. A lone datagram's answer leaves at once; in a batch
-/// it joins the pass's train (`flush_train` sends what waits). An answer waits there for the
-/// rest of its pass's execution, a few µs that its service time does not include; the train
-/// saves each later answer its own walk down the kernel's stack (~2.5 µs of ~3.4 for 4 KiB,
-/// docs/DECISIONS.md).
+/// it joins the pass's train at `now` (`flush_train` sends what waits). An answer waits there
+/// for the pass's later answers, at most `TRAIN_WAIT` and one datagram's execution, which its
+/// service time does not include; the train saves each later answer its own walk down the
+/// kernel's stack (~2.5 µs of ~3.4 for 4 KiB, docs/DECISIONS.md). With trains off, `push`
+/// sends at once, after anything still waiting, so the order holds.
+#[allow(clippy::too_many_arguments)]
 fn give_answer<E: Engine>(
     fd: &OwnedFd,
     batch: &ReceiveBatch,
@@ -431,10 +437,11 @@ fn give_answer<E: Engine>(
     count: usize,
     index: usize,
     answer: &[u8],
+    now: Instant,
 ) {
     dispatcher.count(Counter::ResponsesSent);
     let failed = match batch.peer(index) {
-        Some(peer) if count > 1 && train.enabled() => train.push(fd, peer, answer),
+        Some(peer) if count > 1 => train.push(fd, peer, answer, now),
         _ => u64::from(batch.reply(fd, index, answer).is_err()),
     };
     if failed > 0 {
@@ -442,16 +449,18 @@ fn give_answer<E: Engine>(
     }
 }
 
-/// Sends the answers waiting in the train, and counts what went.
+/// Sends the answers waiting in the train, and counts what went (trains `push` sent too).
 fn flush_train<E: Engine>(fd: &OwnedFd, dispatcher: &Dispatcher<E>, train: &mut AnswerTrain) {
-    if train.waiting() == 0 {
-        return;
+    if train.waiting() > 0 {
+        let failed = train.flush(fd);
+        if failed > 0 {
+            dispatcher.stats().add(Counter::SendErrors, failed);
+        }
     }
-    let failed = train.flush(fd);
-    if failed > 0 {
-        dispatcher.stats().add(Counter::SendErrors, failed);
+    let trains = train.take_trains_sent();
+    if trains > 0 {
+        dispatcher.stats().add(Counter::AnswerTrains, trains);
     }
-    dispatcher.stats().add(Counter::AnswerTrains, train.take_trains_sent());
 }
 
 /// One answer held for the pass's group commit.
@@ -523,9 +532,14 @@ fn poll_block<E: Engine>(
         return 0;
     }
     let mut failed = 0;
-    // The answers a reap finishes leave together, in trains to each initiator.
+    // The answers a reap finishes leave together, in trains to each initiator (none waiting
+    // longer than `TRAIN_WAIT` for the others).
     let sent = dispatcher.poll_block(&|| clock.now(), &mut |reply_to, answer| {
-        failed += train.push(fd, reply_to.peer, answer);
+        let now = clock.now();
+        if train.waiting_since().is_some_and(|since| now.saturating_since(since) > TRAIN_WAIT) {
+            failed += train.flush(fd);
+        }
+        failed += train.push(fd, reply_to.peer, answer, now);
     });
     if failed > 0 {
         dispatcher.stats().add(Counter::SendErrors, failed);
