@@ -1711,7 +1711,7 @@ impl<E> Dispatcher<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ByteSize, RegionBackend, RegionConfig};
+    use crate::config::{ByteSize, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig};
     use crate::engine::SoftwareEngine;
     use netdam_isa::control::{decode_hello_answer, decode_stat_answer, encode_hello_operand, HelloRequest, NO_COOKIE};
     use netdam_isa::wire::{RequestBuilder, Response};
@@ -1822,23 +1822,35 @@ mod tests {
         decode_hello_answer(&data).unwrap().session
     }
 
+    /// Namespaces of 1 MiB in 4 KiB blocks in `dir`, one per (name, backend), and one worker's
+    /// devices on them.
+    fn open_namespaces(
+        dir: &std::path::Path,
+        namespaces: &[(&str, NamespaceBackend)],
+    ) -> (Arc<NamespaceTable>, Vec<Box<dyn BlockDevice>>) {
+        let configs: Vec<NamespaceConfig> = namespaces
+            .iter()
+            .map(|&(name, backend)| NamespaceConfig {
+                name: name.into(),
+                backend,
+                path: format!("{name}.img").into(),
+                size: Some(ByteSize(1 << 20)),
+                block_size: 4096,
+            })
+            .collect();
+        let table = Arc::new(NamespaceTable::open(&configs, dir).unwrap());
+        let devices = table.open_devices(9000, netdam_nvme::Submission::Inline).unwrap();
+        (table, devices)
+    }
+
     /// Block instructions on a memory region's namespace run in the pass that received them:
     /// the datagram is answered by `handle` itself, in order (a write, then a read of it), with
     /// errors per instruction, and the namespace's request counters move as for queued I/O.
     #[test]
     fn block_instructions_on_a_region_namespace_are_answered_at_once() {
-        use crate::config::{NamespaceBackend, NamespaceConfig};
         use netdam_isa::opcode::BWRITE_FLAG_FUA;
         let dir = tempfile::tempdir().unwrap();
-        let namespace = NamespaceConfig {
-            name: "n".into(),
-            backend: NamespaceBackend::Pmem,
-            path: "n.region".into(),
-            size: Some(ByteSize(1 << 20)),
-            block_size: 4096,
-        };
-        let namespaces = Arc::new(NamespaceTable::open(&[namespace], dir.path()).unwrap());
-        let devices = namespaces.open_devices(9000, netdam_nvme::Submission::Inline).unwrap();
+        let (namespaces, devices) = open_namespaces(dir.path(), &[("n", NamespaceBackend::Pmem)]);
         let mut dispatcher = dispatcher_serving(namespaces, devices);
         let session = open_session(&mut dispatcher, Instant::ZERO, ME);
         let block = |opcode: Opcode, offset: u64, length: u32, operand: &'static [u8]| Instruction {
@@ -1875,18 +1887,9 @@ mod tests {
     /// region namespace's instructions included, and is answered in order by `poll_block`.
     #[test]
     fn a_datagram_naming_a_file_namespace_too_waits_as_a_whole() {
-        use crate::config::{NamespaceBackend, NamespaceConfig};
         let dir = tempfile::tempdir().unwrap();
-        let config = |name: &str, backend: NamespaceBackend| NamespaceConfig {
-            name: name.into(),
-            backend,
-            path: format!("{name}.img").into(),
-            size: Some(ByteSize(1 << 20)),
-            block_size: 4096,
-        };
-        let configs = [config("mem", NamespaceBackend::Pmem), config("disk", NamespaceBackend::File)];
-        let namespaces = Arc::new(NamespaceTable::open(&configs, dir.path()).unwrap());
-        let devices = namespaces.open_devices(9000, netdam_nvme::Submission::Inline).unwrap();
+        let (namespaces, devices) =
+            open_namespaces(dir.path(), &[("mem", NamespaceBackend::Pmem), ("disk", NamespaceBackend::File)]);
         let mut dispatcher = dispatcher_serving(namespaces, devices);
         let session = open_session(&mut dispatcher, Instant::ZERO, ME);
         let read = |space: u16| Instruction { space, offset: 1, length: 1, ..instruction(Opcode::BlockRead, 1, &[]) };
@@ -1937,23 +1940,10 @@ mod tests {
 
     #[test]
     fn block_answers_of_one_pass_each_report_their_time_until_their_own_hand_over() {
-        use crate::config::{NamespaceBackend, NamespaceConfig};
         let dir = tempfile::tempdir().unwrap();
-        let namespace = NamespaceConfig {
-            name: "n".into(),
-            backend: NamespaceBackend::Pmem,
-            path: "n.region".into(),
-            size: Some(ByteSize(1 << 20)),
-            block_size: 4096,
-        };
-        let namespaces = Arc::new(NamespaceTable::open(&[namespace], dir.path()).unwrap());
+        let (namespaces, devices) = open_namespaces(dir.path(), &[("n", NamespaceBackend::Pmem)]);
         // The region's device, seen as one that queues: its reads wait for `poll_block`.
-        let devices = namespaces
-            .open_devices(9000, netdam_nvme::Submission::Inline)
-            .unwrap()
-            .into_iter()
-            .map(|device| Box::new(Queued(device)) as Box<dyn BlockDevice>)
-            .collect();
+        let devices = devices.into_iter().map(|device| Box::new(Queued(device)) as Box<dyn BlockDevice>).collect();
         let mut dispatcher = dispatcher_serving(namespaces, devices);
         let session = open_session(&mut dispatcher, Instant::ZERO, ME);
         // Three BREADs, each in a datagram of its own, all waiting for block I/O.
