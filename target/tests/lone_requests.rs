@@ -17,6 +17,7 @@ fn lone_requests_to_a_busy_worker_are_answered_without_the_ttl_and_it_comes_back
     let mut client = Client::connect_with(test.target.local_addr(), options).unwrap();
     let mem = client.region("mem").unwrap().id;
     let mut ttls = Vec::new();
+    let mut beyond = Vec::new();
     for round in 0..150u64 {
         // Writes of up to a whole datagram, read back: the plain receive moves every byte.
         let data: Vec<u8> = (0..(round as usize * 61) % 8000 + 1).map(|i| (i as u64 * 31 + round) as u8).collect();
@@ -28,16 +29,18 @@ fn lone_requests_to_a_busy_worker_are_answered_without_the_ttl_and_it_comes_back
         let reply = client.ping().unwrap();
         let header = reply.response().header;
         // Unstamped, the wait counts from the empty poll before the datagram: within a poll of
-        // the round trip the client saw, never from further back.
+        // the round trip the client saw, never from further back. A worker whose core was taken
+        // during that poll (another process, the VM pausing its vCPU) counts the time it was away
+        // too, which can exceed the round trip now and then: a few such rounds are allowed, a
+        // bound from a stale poll would put most of them beyond.
         let service = u64::from(header.service_time_ns);
         assert!(service > 0, "round {round}: an answer without a service time");
-        assert!(
-            service <= reply.rtt.as_nanos() + 20_000,
-            "round {round}: service time {service} ns beyond the round trip of {} ns",
-            reply.rtt.as_nanos()
-        );
+        if service > reply.rtt.as_nanos() + 20_000 {
+            beyond.push((round, service, reply.rtt.as_nanos()));
+        }
         ttls.push(header.ttl);
     }
+    assert!(beyond.len() <= 15, "service times beyond the round trip (round, service ns, round trip ns): {beyond:?}");
     assert!(ttls.iter().all(|&ttl| ttl == 64 || ttl == 0), "TTLs {ttls:?}");
     assert_eq!(ttls[0], 64, "a worker starts out reading TTLs");
     assert!(ttls.contains(&0), "lone requests turn the received TTL off: {ttls:?}");
