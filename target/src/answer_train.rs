@@ -19,7 +19,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use netdam_isa::Instant;
+use netdam_isa::{Duration, Instant};
 
 use crate::socket;
 
@@ -33,7 +33,7 @@ pub const TRAIN_ANSWERS: usize = 64;
 /// How long the oldest answer of a train may wait for others to join before the train leaves
 /// (checked as the pass goes on): an answer's service time, stamped before it joins, does not
 /// include this wait, which the initiator then reads as network delay.
-pub const TRAIN_WAIT: netdam_isa::Duration = netdam_isa::Duration::from_micros(20);
+pub const TRAIN_WAIT: Duration = Duration::from_micros(20);
 
 /// The answers of one pass waiting to leave, and whether trains work on this socket.
 #[derive(Debug)]
@@ -77,11 +77,6 @@ impl AnswerTrain {
         }
     }
 
-    /// Whether trains are still used on this socket.
-    pub fn enabled(&self) -> bool {
-        self.max_segment > 0
-    }
-
     /// Trains sent since the last call (the caller counts them).
     pub fn take_trains_sent(&mut self) -> u64 {
         std::mem::take(&mut self.trains_sent)
@@ -95,6 +90,11 @@ impl AnswerTrain {
     /// When the oldest answer waiting joined, if any waits.
     pub fn waiting_since(&self) -> Option<Instant> {
         (self.answers > 0).then_some(self.first_at)
+    }
+
+    /// Whether what waits should leave at `now`: its oldest answer has waited `TRAIN_WAIT`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.waiting_since().is_some_and(|since| now.saturating_since(since) > TRAIN_WAIT)
     }
 
     /// Queues `answer` for `peer` at `now`, sending what waits first when it cannot join them;
@@ -222,18 +222,7 @@ fn send_segmented(fd: &OwnedFd, peer: &SocketAddr, bytes: &[u8], segment: usize)
 /// Whether the kernel knows `UDP_SEGMENT` on this socket (Linux 4.18 and later): an older
 /// one ignores the control message and would send a train as one datagram.
 fn segmentation_known(fd: &OwnedFd) -> bool {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: a live int and its length for getsockopt to fill.
-    let known = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_SEGMENT,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    } == 0;
+    let known = socket::int_option(fd.as_raw_fd(), libc::SOL_UDP, libc::UDP_SEGMENT).is_ok();
     if !known {
         tracing::info!("this kernel does not know UDP_SEGMENT; answers go one by one");
     }
@@ -331,7 +320,7 @@ mod tests {
         let (fd, receiver) = pair();
         let to = receiver.local_addr().unwrap();
         let mut train = AnswerTrain::new(&fd, false);
-        assert!(!train.enabled());
+        assert_eq!(train.max_segment, 0, "trains are off");
         for index in 0..5u8 {
             train.push(&fd, to, &[index; 300], Instant::ZERO);
             assert_eq!(train.waiting(), 0, "nothing waits when trains are off");
@@ -394,8 +383,8 @@ mod tests {
         assert_eq!(receive_all(&receiver, answers.len()), answers);
     }
 
-    /// `waiting_since` tells when the oldest waiting answer joined, so the caller can bound
-    /// its wait.
+    /// `waiting_since` tells when the oldest waiting answer joined, and `due` when it has
+    /// waited long enough.
     #[test]
     fn the_oldest_answer_s_arrival_is_known() {
         let (fd, receiver) = pair();
@@ -406,6 +395,7 @@ mod tests {
         train.push(&fd, to, &[1; 100], at(5));
         train.push(&fd, to, &[2; 100], at(9));
         assert_eq!(train.waiting_since(), Some(at(5)));
+        assert!(!train.due(at(25)) && train.due(at(26)), "due once the oldest has waited TRAIN_WAIT");
         train.flush(&fd);
         assert_eq!(train.waiting_since(), None);
         assert_eq!(receive_all(&receiver, 2), [vec![1; 100], vec![2; 100]]);

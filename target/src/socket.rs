@@ -67,6 +67,18 @@ fn set_int_option(
     Ok(())
 }
 
+/// Reads an integer socket option.
+pub fn int_option(fd: std::os::fd::RawFd, level: libc::c_int, option: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid socket and an int of the stated size to fill.
+    let result = unsafe { libc::getsockopt(fd, level, option, (&mut value as *mut libc::c_int).cast(), &mut len) };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
 /// The address a socket is bound to.
 pub fn local_addr(fd: &OwnedFd) -> io::Result<SocketAddr> {
     let socket = socket2::SockRef::from(fd);

@@ -19,7 +19,7 @@ use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::{peek_datagram_status, restamp_response};
 use netdam_isa::{Duration, Instant, Status};
 
-use crate::answer_train::{AnswerTrain, TRAIN_WAIT};
+use crate::answer_train::AnswerTrain;
 use crate::block::ReplyTo;
 use crate::config::PollMode;
 use crate::dispatch::{Dispatcher, Handled, SealFor, Wait};
@@ -168,7 +168,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
             // it, so it neither shrinks endpoint windows nor earns a BUSY.
             // The first of the batch starts when the receive returned (one clock read fewer).
             let started = if index == 0 { received_at } else { clock.now() };
-            if train.waiting_since().is_some_and(|since| started.saturating_since(since) > TRAIN_WAIT) {
+            if train.due(started) {
                 // The train's first answer has waited long enough for others to join.
                 flush_train(&fd, &dispatcher, &mut train);
             }
@@ -536,7 +536,7 @@ fn poll_block<E: Engine>(
     // longer than `TRAIN_WAIT` for the others).
     let sent = dispatcher.poll_block(&|| clock.now(), &mut |reply_to, answer| {
         let now = clock.now();
-        if train.waiting_since().is_some_and(|since| now.saturating_since(since) > TRAIN_WAIT) {
+        if train.due(now) {
             failed += train.flush(fd);
         }
         failed += train.push(fd, reply_to.peer, answer, now);
@@ -586,20 +586,7 @@ mod tests {
     /// Whether the socket delivers the received TTL now.
     fn receives_ttl(fd: &OwnedFd) -> bool {
         use std::os::fd::AsRawFd;
-        let mut value: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: a valid socket and an int of the stated size to fill.
-        let done = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_RECVTTL,
-                (&mut value as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(done, 0);
-        value != 0
+        socket::int_option(fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_RECVTTL).expect("the option reads") != 0
     }
 
     fn at_us(us: u64) -> Instant {
