@@ -13,6 +13,7 @@ use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::{Instant, LaneType, Opcode};
+use netdam_udp::Train;
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -94,6 +95,7 @@ impl AsyncClient {
         let (finishing, finished) = watch::channel(());
         let driver = Driver {
             _finishing: finishing,
+            train: Train::new(&socket, true),
             socket,
             session,
             addr,
@@ -258,6 +260,8 @@ impl AsyncClient {
 struct Driver {
     /// Dropped when the task ends, which tells `AsyncClient::close`.
     _finishing: watch::Sender<()>,
+    /// Requests sent together leave in one system call (`netdam_udp::Train`).
+    train: Train,
     socket: UdpSocket,
     session: Session,
     addr: SocketAddr,
@@ -334,17 +338,24 @@ impl Driver {
             self.submit_what_fits();
             let mut fatal = None;
             let now = self.clock.now();
+            // A lone datagram goes at once; several (the commands one wake-up took) leave in
+            // one train, which costs the kernel one walk down its stack.
+            let lone = self.session.queued() <= 1;
             while let Some(datagram) = self.session.poll_transmit(now) {
-                let sent = self.socket.try_send(datagram);
+                let sent = if lone {
+                    self.socket.try_send(datagram).map(|_| ())
+                } else {
+                    self.train.push(&self.socket, self.addr, datagram, now);
+                    Ok(())
+                };
                 if let Err(error) = sent {
-                    match error.kind() {
-                        std::io::ErrorKind::WouldBlock => {}
-                        // Lost, while the target restarts (see `Session::handle_refused`).
-                        std::io::ErrorKind::ConnectionRefused if self.session.handle_refused(now) => {}
-                        std::io::ErrorKind::ConnectionRefused => fatal = Some(ClientError::NotListening(self.addr)),
-                        _ => fatal = Some(ClientError::Io(error)),
-                    }
+                    fatal = fatal.or(self.send_failed(error, now));
                 }
+            }
+            self.train.flush(&self.socket);
+            self.session.count_trains(self.train.take_trains_sent());
+            if let Some(error) = self.train.take_error() {
+                fatal = fatal.or(self.send_failed(error, now));
             }
             if let Some(error) = fatal.take() {
                 self.fail_all(&error);
@@ -537,6 +548,18 @@ impl Driver {
             metrics.complete(waiter.opcode, latency, waiter.sent_bytes, &result);
         }
         let _ = waiter.reply.send(result);
+    }
+
+    /// A send failed: a full socket buffer loses the datagram (retransmission recovers it), as
+    /// does a refusal while the target restarts; otherwise the error every request fails with.
+    fn send_failed(&mut self, error: std::io::Error, now: Instant) -> Option<ClientError> {
+        match error.kind() {
+            std::io::ErrorKind::WouldBlock => None,
+            // Lost, while the target restarts (see `Session::handle_refused`).
+            std::io::ErrorKind::ConnectionRefused if self.session.handle_refused(now) => None,
+            std::io::ErrorKind::ConnectionRefused => Some(ClientError::NotListening(self.addr)),
+            _ => Some(ClientError::Io(error)),
+        }
     }
 
     /// A receive failed: nothing listens at the target's address, or the socket is unusable.

@@ -16,6 +16,7 @@ use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRA
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::Instruction;
 use netdam_isa::{Duration, Instant, LaneType, Status};
+use netdam_udp::Train;
 
 use crate::error::ClientError;
 use crate::hello::close_outcome;
@@ -131,6 +132,8 @@ pub struct Client {
     spin_until: Instant,
     /// Whether it said already that the target has not answered yet (`HELLO_PATIENCE_NOTICE`).
     silence_noticed: bool,
+    /// Requests sent together leave in one system call (`netdam_udp::Train`).
+    train: Train,
 }
 
 /// Receive and send buffers asked for; the kernel caps them at net.core.rmem_max and wmem_max.
@@ -173,6 +176,7 @@ impl Client {
         socket.set_nonblocking(true)?;
         let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
         Ok(Client {
+            train: Train::new(&socket, true),
             socket,
             // Until HELLO answers, use the default size: every target accepts it.
             session: Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0),
@@ -282,16 +286,34 @@ impl Client {
         count: usize,
         instruction: impl Fn(usize) -> Instruction<'a>,
     ) -> Result<Ticket, ClientError> {
+        let ticket = self.enqueue_with(count, instruction)?;
+        self.send_enqueued();
+        Ok(ticket)
+    }
+
+    /// As [`Client::submit_with`], but the request waits to be sent until
+    /// [`Client::send_enqueued`] (or any wait): requests enqueued together leave in one train,
+    /// one system call for all of them (`netdam_udp::Train`).
+    pub fn enqueue_with<'a>(
+        &mut self,
+        count: usize,
+        instruction: impl Fn(usize) -> Instruction<'a>,
+    ) -> Result<Ticket, ClientError> {
         while !self.session.has_room() {
             self.pump()?;
         }
         let token = self.next_token;
         self.next_token += 1;
         self.session.submit_with(count, instruction, token)?;
+        Ok(Ticket(token))
+    }
+
+    /// Sends the requests enqueued (as the window allows); a failure is reported by the next
+    /// wait or [`Client::progress`].
+    pub fn send_enqueued(&mut self) {
         if let Err(error) = self.flush() {
             self.send_failure = Some(error);
         }
-        Ok(Ticket(token))
     }
 
     /// Waits for the answer to `ticket`. Without a session (PING, STAT) the target may not
@@ -341,10 +363,19 @@ impl Client {
         let mut pending = VecDeque::new();
         let mut ops = ops.into_iter().enumerate();
         loop {
+            // The requests that fill the window leave together, in trains.
             while self.session.has_room() {
                 let Some((index, op)) = ops.next() else { break };
-                pending.push_back((index, self.submit(std::slice::from_ref(&op))?));
+                match self.enqueue_with(1, |_| op.as_instruction()) {
+                    Ok(ticket) => pending.push_back((index, ticket)),
+                    Err(error) => {
+                        // Those enqueued before it go as they would have.
+                        self.send_enqueued();
+                        return Err(error);
+                    }
+                }
             }
+            self.send_enqueued();
             let Some((index, ticket)) = pending.pop_front() else {
                 return Ok(());
             };
@@ -622,24 +653,40 @@ impl Client {
             return Ok(());
         }
         let now = self.clock.now();
+        // A lone request goes at once; several leave in one train.
+        let lone = self.session.queued() <= 1;
+        let mut sent = false;
+        let mut failure = None;
         while let Some(datagram) = self.session.poll_transmit(now) {
-            let sent = self.socket.send(datagram);
-            match sent {
-                // Only a datagram that went out brings an answer soon: requests held back by
-                // the window do not keep an adaptive client spinning.
-                Ok(_) => self.keep_spinning(now),
-                // A full socket buffer is a lost datagram: retransmission recovers it.
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
-                // So is a refusal while the target restarts (see `Session::handle_refused`).
-                Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
-                    if !self.session.handle_refused(now) {
-                        return Err(ClientError::NotListening(self.info.addr));
-                    }
-                }
-                Err(error) => return Err(error.into()),
+            sent = true;
+            if lone {
+                failure = self.socket.send(datagram).err();
+            } else {
+                self.train.push(&self.socket, self.info.addr, datagram, now);
             }
         }
-        Ok(())
+        self.train.flush(&self.socket);
+        self.session.count_trains(self.train.take_trains_sent());
+        // Only a datagram that went out brings an answer soon: requests held back by the
+        // window do not keep an adaptive client spinning.
+        if sent {
+            self.keep_spinning(now);
+        }
+        match failure.or_else(|| self.train.take_error()) {
+            Some(error) => self.send_failed(error, now),
+            None => Ok(()),
+        }
+    }
+
+    /// A send failed: a full socket buffer is a lost datagram, which retransmission recovers;
+    /// so is a refusal while the target restarts (see `Session::handle_refused`).
+    fn send_failed(&mut self, error: io::Error, now: Instant) -> Result<(), ClientError> {
+        match error.kind() {
+            io::ErrorKind::WouldBlock => Ok(()),
+            io::ErrorKind::ConnectionRefused if self.session.handle_refused(now) => Ok(()),
+            io::ErrorKind::ConnectionRefused => Err(ClientError::NotListening(self.info.addr)),
+            _ => Err(error.into()),
+        }
     }
 
     /// One round of I/O: wait (bounded by the next retransmission deadline) for answers, take

@@ -41,6 +41,7 @@ pub struct SessionMetrics {
     bytes: [Cell; OPCODE_SLOTS],
     errors: [Cell; ERROR_SLOTS],
     retransmissions: Cell,
+    trains: Cell,
     timeouts: Cell,
     busy: Cell,
     sessions_lost: Cell,
@@ -60,6 +61,7 @@ impl SessionMetrics {
             bytes: std::array::from_fn(|_| Cell::new()),
             errors: std::array::from_fn(|_| Cell::new()),
             retransmissions: Cell::new(),
+            trains: Cell::new(),
             timeouts: Cell::new(),
             busy: Cell::new(),
             sessions_lost: Cell::new(),
@@ -102,6 +104,7 @@ impl SessionMetrics {
     /// Copies the session's own counters and controller state.
     pub fn update(&self, stats: &SessionStats) {
         self.retransmissions.set(stats.retransmissions);
+        self.trains.set(stats.trains);
         self.timeouts.set(stats.timeouts);
         self.busy.set(stats.busy);
         self.sessions_lost.set(stats.sessions_lost);
@@ -304,6 +307,13 @@ impl Collector for InitiatorCollector {
             "Datagrams sent again after a timeout",
             None,
             [(no_labels(), sum(&|s| s.retransmissions.get()))],
+        )?;
+        counters(
+            encoder,
+            "netdam_initiator_trains",
+            "Runs of requests sent to the target in one system call (UDP segmentation offload)",
+            None,
+            [(no_labels(), sum(&|s| s.trains.get()))],
         )?;
         counters(
             encoder,

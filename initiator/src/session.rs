@@ -406,6 +406,9 @@ pub struct SessionStats {
     pub datagrams_received: u64,
     /// Bytes of those datagrams (UDP payload).
     pub bytes_received: u64,
+    /// Trains: runs of this session's datagrams sent in one system call (`netdam_udp::Train`),
+    /// counted by the client that sends them.
+    pub trains: u64,
     /// Retransmissions after a timeout.
     pub retransmissions: u64,
     /// Those of requests with block instructions: a block I/O resent because its answer came
@@ -923,6 +926,16 @@ impl Session {
     /// hold them back), so a driver with nothing queued need not read its clock for it.
     pub fn has_queued(&self) -> bool {
         !self.send_queue.is_empty()
+    }
+
+    /// Counts `trains` sent by the driver (the session does no I/O itself).
+    pub fn count_trains(&mut self, trains: u64) {
+        self.stats.trains += trains;
+    }
+
+    /// How many requests wait to be sent (`poll_transmit` may hold some back for the window).
+    pub fn queued(&self) -> usize {
+        self.send_queue.len()
     }
 
     /// The next datagram to send now, if any; the caller sends it at once.

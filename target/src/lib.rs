@@ -21,7 +21,6 @@
 //! - [`tenant_admin`]: key files, imported keys and the default tenant, for admin commands.
 //! - [`tenant_watch`]: re-reads the tenants when the store changes and publishes them.
 
-pub mod answer_train;
 pub mod block;
 pub mod config;
 pub mod cookies;

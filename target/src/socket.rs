@@ -67,18 +67,6 @@ fn set_int_option(
     Ok(())
 }
 
-/// Reads an integer socket option.
-pub fn int_option(fd: std::os::fd::RawFd, level: libc::c_int, option: libc::c_int) -> io::Result<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: a valid socket and an int of the stated size to fill.
-    let result = unsafe { libc::getsockopt(fd, level, option, (&mut value as *mut libc::c_int).cast(), &mut len) };
-    if result != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(value)
-}
-
 /// The address a socket is bound to.
 pub fn local_addr(fd: &OwnedFd) -> io::Result<SocketAddr> {
     let socket = socket2::SockRef::from(fd);
@@ -296,8 +284,4 @@ fn ancillary(header: &libc::msghdr) -> (u8, u64) {
 
 pub use netdam_isa::time::realtime_ns;
 
-/// Sends `bytes` to `peer` without blocking.
-pub fn send_to(fd: &OwnedFd, peer: &SocketAddr, bytes: &[u8]) -> io::Result<()> {
-    let socket = socket2::SockRef::from(fd);
-    socket.send_to_with_flags(bytes, &socket2::SockAddr::from(*peer), libc::MSG_DONTWAIT).map(|_| ())
-}
+pub use netdam_udp::send_to;

@@ -19,13 +19,13 @@ use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::{peek_datagram_status, restamp_response};
 use netdam_isa::{Duration, Instant, Status};
 
-use crate::answer_train::AnswerTrain;
 use crate::block::ReplyTo;
 use crate::config::PollMode;
 use crate::dispatch::{Dispatcher, Handled, SealFor, Wait};
 use crate::sessions::RecordTicket;
 use crate::socket::{self, ReceiveBatch};
 use crate::stats::Counter;
+use netdam_udp::Train;
 
 /// A yield that returns later than this lost the core to a CPU-bound thread: a runnable
 /// thread that sends requests (fio, an NBD export) takes microseconds before it blocks again.
@@ -43,7 +43,7 @@ pub struct WorkerSettings {
     pub adaptive_spin: Duration,
     /// Largest datagram received or sent.
     pub max_datagram_bytes: usize,
-    /// Answers of one pass to one peer leave in trains (`answer_train`).
+    /// Answers of one pass to one peer leave in trains (`netdam_udp::Train`).
     pub answer_trains: bool,
     /// The clock every worker of the target reads (one origin for all).
     pub clock: MonotonicClock,
@@ -54,7 +54,7 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     let mut batch = ReceiveBatch::new(settings.max_datagram_bytes);
     let mut out = vec![0u8; settings.max_datagram_bytes];
     let mut held = HeldAnswers::new(settings.max_datagram_bytes);
-    let mut train = AnswerTrain::new(&fd, settings.answer_trains);
+    let mut train = Train::new(&fd, settings.answer_trains);
     let clock = settings.clock;
     // Last datagram received or block answer sent.
     let mut last_datagram = clock.now();
@@ -433,7 +433,7 @@ fn give_answer<E: Engine>(
     fd: &OwnedFd,
     batch: &ReceiveBatch,
     dispatcher: &Dispatcher<E>,
-    train: &mut AnswerTrain,
+    train: &mut Train,
     count: usize,
     index: usize,
     answer: &[u8],
@@ -450,7 +450,7 @@ fn give_answer<E: Engine>(
 }
 
 /// Sends the answers waiting in the train, and counts what went (trains `push` sent too).
-fn flush_train<E: Engine>(fd: &OwnedFd, dispatcher: &Dispatcher<E>, train: &mut AnswerTrain) {
+fn flush_train<E: Engine>(fd: &OwnedFd, dispatcher: &Dispatcher<E>, train: &mut Train) {
     if train.waiting() > 0 {
         let failed = train.flush(fd);
         if failed > 0 {
@@ -526,7 +526,7 @@ fn poll_block<E: Engine>(
     fd: &OwnedFd,
     dispatcher: &mut Dispatcher<E>,
     clock: &MonotonicClock,
-    train: &mut AnswerTrain,
+    train: &mut Train,
 ) -> usize {
     if dispatcher.block_pending() == 0 {
         return 0;
@@ -586,7 +586,7 @@ mod tests {
     /// Whether the socket delivers the received TTL now.
     fn receives_ttl(fd: &OwnedFd) -> bool {
         use std::os::fd::AsRawFd;
-        socket::int_option(fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_RECVTTL).expect("the option reads") != 0
+        netdam_udp::int_option(fd.as_raw_fd(), libc::IPPROTO_IP, libc::IP_RECVTTL).expect("the option reads") != 0
     }
 
     fn at_us(us: u64) -> Instant {

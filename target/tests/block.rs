@@ -403,7 +403,7 @@ fn memory_reads_do_not_wait_behind_block_io() {
     for sequence in 1..=slots {
         assert_eq!(receive_raw(&writer, sequence), (Status::Ok, vec![Status::Ok]));
     }
-    // One reap completed them all: their answers left in trains (answer_train.rs), each
+    // One reap completed them all: their answers left in trains (`netdam_udp::Train`), each
     // received above as the datagram it is. A train is counted once it has been sent, so the
     // count may follow the answers by a moment.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

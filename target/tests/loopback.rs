@@ -123,6 +123,37 @@ fn pipelined_requests_complete_in_any_order() {
     }
 }
 
+/// Requests enqueued together leave in one train (one system call; the target still gets
+/// them as separate datagrams), and a window refilled by `pipeline` does too.
+#[test]
+fn requests_enqueued_together_leave_in_trains() {
+    let test = start(vec![region("mem", 1 << 20, false)], 1, 9000);
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let before = client.session_stats();
+    let ops: Vec<Op> = (0..12u8).map(|i| Op::write(0, u64::from(i) * 1000, &[i; 1000])).collect();
+    let tickets: Vec<_> = ops.iter().map(|op| client.enqueue_with(1, |_| op.as_instruction()).unwrap()).collect();
+    client.send_enqueued();
+    for ticket in tickets {
+        client.wait(ticket).unwrap().data(0).unwrap();
+    }
+    let after = client.session_stats();
+    assert_eq!(after.transmissions - before.transmissions, 12, "each request went once");
+    assert!(after.trains > before.trains, "the twelve left in a train");
+    let mut back = vec![0u8; 12_000];
+    client.read(0, 0, &mut back).unwrap();
+    for (i, piece) in back.chunks(1000).enumerate() {
+        assert!(piece.iter().all(|&byte| byte == i as u8), "piece {i} came back as written");
+    }
+    // A bulk write fills the window at once: trains again, and every byte lands.
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let trains = client.session_stats().trains;
+    client.write(0, 100_000, &data).unwrap();
+    assert!(client.session_stats().trains > trains);
+    let mut back = vec![0u8; data.len()];
+    client.read(0, 100_000, &mut back).unwrap();
+    assert!(back == data);
+}
+
 #[test]
 fn workers_share_the_port_and_atomics_stay_exact() {
     let test = start(vec![region("counters", 4096, false)], 2, 9000);

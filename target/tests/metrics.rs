@@ -154,7 +154,7 @@ fn initiator_and_block_families_count_volume_requests() {
     let addr = test.target.local_addr();
     let metrics = std::sync::Arc::new(InitiatorMetrics::default());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    runtime.block_on(async {
+    let transfer_bytes = runtime.block_on(async {
         let options = VolumeOptions { sessions: 2, ..VolumeOptions::default() };
         let volume = Volume::open_observed(addr, "disk", options, Some(&metrics)).await.unwrap();
         for block in 0..10u64 {
@@ -164,19 +164,29 @@ fn initiator_and_block_families_count_volume_requests() {
         for block in 0..6u64 {
             volume.read(block * 4096, &mut back).await.unwrap();
         }
+        // 64 KiB written at once: its pieces are ready together and leave in trains.
+        volume.write(0, &[7u8; 65536], false).await.unwrap();
         volume.flush().await.unwrap();
+        let transfer_bytes = volume.transfer_bytes();
         volume.close().await;
+        transfer_bytes
     });
     let registry = InitiatorMetrics::registry(metrics);
     let text = netdam_metrics::http::encode(&registry, netdam_metrics::http::Format::Prometheus).unwrap();
     let samples = parse(&text);
-    assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"bwrite\"}"), 10.0);
+    // 10 single blocks, then 64 KiB in transfers of the volume's size.
+    let transfers = 65536 / u64::from(transfer_bytes);
+    assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"bwrite\"}"), (10 + transfers) as f64);
     assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"bread\"}"), 6.0);
     assert!(value(&samples, "netdam_initiator_requests_total{opcode=\"flush\"}") >= 1.0);
     assert_eq!(value(&samples, "netdam_initiator_latency_seconds_count{opcode=\"bread\"}"), 6.0);
     assert!(value(&samples, "netdam_initiator_latency_seconds_sum{opcode=\"bread\"}") > 0.0);
     assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bread\"}"), 6.0 * 4096.0);
-    assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bwrite\"}"), 10.0 * 4096.0);
+    assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bwrite\"}"), 10.0 * 4096.0 + 65536.0);
+    assert!(
+        value(&samples, "netdam_initiator_trains_total") >= 1.0,
+        "the transfers of one write, ready together, left in trains"
+    );
     assert_eq!(value(&samples, "netdam_initiator_errors_total{status=\"timeout\"}"), 0.0);
     assert_eq!(value(&samples, "netdam_initiator_sessions"), 2.0);
     assert!(value(&samples, "netdam_initiator_window{session=\"0\"}") > 0.0);
@@ -198,10 +208,10 @@ fn initiator_and_block_families_count_volume_requests() {
             "{name}: {counted} for {asked} asked, {resent} resent"
         );
     };
-    within("netdam_instructions_total{opcode=\"bwrite\"}", 10.0, 1.0);
+    within("netdam_instructions_total{opcode=\"bwrite\"}", (10 + transfers) as f64, 1.0);
     within("netdam_data_bytes_total{opcode=\"bread\",direction=\"sent\"}", 6.0, 4096.0);
     within("netdam_service_time_seconds_count{opcode=\"bread\"}", 6.0, 1.0);
-    assert!(value(&target, "netdam_block_requests_submitted_total{namespace=\"disk\"}") >= 17.0);
+    assert!(value(&target, "netdam_block_requests_submitted_total{namespace=\"disk\"}") >= (17 + transfers) as f64);
     assert_eq!(value(&target, "netdam_block_requests_in_flight{namespace=\"disk\"}"), 0.0);
 }
 

@@ -219,7 +219,7 @@ fn count_allocations(
     let mut out = vec![0u8; 9000];
     let mut answer = vec![0u8; 65_536];
     // Bursts of requests sent before any answer is read: the worker receives several per pass
-    // and answers them in trains (answer_train.rs), whose path is counted too. Plain sessions
+    // and answers them in trains (`netdam_udp::Train`), whose path is counted too. Plain sessions
     // only (a sealed request's sealing shares `exchange`'s state).
     const BURST: usize = 16;
     let mut burst_out = vec![[0u8; 256]; BURST];

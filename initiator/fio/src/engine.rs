@@ -597,7 +597,7 @@ impl Engine {
                     let buffer = slots[piece.io].as_ref().map_or(&[][..], |slot| slot.buffer.as_slice());
                     piece.instruction(buffer)
                 };
-                match self.sessions[index].submit_with(batch.len, instruction) {
+                match self.sessions[index].enqueue_with(batch.len, instruction) {
                     Ok(ticket) => {
                         self.on_wire.insert((index, ticket), batch);
                     }
@@ -611,6 +611,11 @@ impl Engine {
             }
             // Every window is full: the rest waits for answers.
             break;
+        }
+        // What each session took leaves in one train (a batch of fio's I/Os, or the refill
+        // after a reap), one system call for all of it.
+        for session in &mut self.sessions {
+            session.send_enqueued();
         }
         if self.backlog.is_empty() {
             self.coalescing.released();
