@@ -278,7 +278,7 @@ fn client(
     if !congestion_control {
         session.congestion = None;
     }
-    let client = Client::connect_with(target.local_addr(), ClientOptions { session, poll, local_addr: None })
+    let client = Client::connect_with(target.local_addr(), ClientOptions { session, poll, ..ClientOptions::default() })
         .map_err(|error| format!("netdam client: {error}"))?;
     let disk = client.namespace("disk").map_err(|error| error.to_string())?.clone();
     Ok((client, disk))
@@ -387,7 +387,7 @@ fn read_under_write_load(
                 // Sleeping, so that on a small machine the load competes for the worker, not for
                 // the CPU the timed client spins on.
                 let session = SessionConfig { max_in_flight: 32, ..SessionConfig::default() };
-                let options = ClientOptions { session, poll: ClientPoll::Blocking, local_addr: None };
+                let options = ClientOptions { session, poll: ClientPoll::Blocking, ..ClientOptions::default() };
                 let mut client = Client::connect_with(addr, options).map_err(|e| e.to_string())?;
                 let disk = client.namespace("disk").map_err(|e| e.to_string())?.clone();
                 let mut writes = 0;

@@ -216,8 +216,8 @@ fn netdam_client(
 ) -> Result<ClientResult, String> {
     let session = SessionConfig { max_in_flight: depth, ..SessionConfig::default() };
     let poll = if poll_spins(poll) { ClientPoll::Busy } else { ClientPoll::Blocking };
-    let mut client =
-        Client::connect_with(addr, ClientOptions { session, poll, local_addr: None }).map_err(|e| e.to_string())?;
+    let mut client = Client::connect_with(addr, ClientOptions { session, poll, ..ClientOptions::default() })
+        .map_err(|e| e.to_string())?;
     let payload = vec![0x3Cu8; 1 << 16];
     let mut histogram = crate::histogram();
     let mut submitted_at = std::collections::HashMap::with_capacity(depth * 2);

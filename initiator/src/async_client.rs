@@ -95,7 +95,7 @@ impl AsyncClient {
         let (finishing, finished) = watch::channel(());
         let driver = Driver {
             _finishing: finishing,
-            train: Train::new(&socket, true),
+            train: Train::new(&socket, options.request_trains),
             socket,
             session,
             addr,
@@ -553,6 +553,10 @@ impl Driver {
     /// A send failed: a full socket buffer loses the datagram (retransmission recovers it), as
     /// does a refusal while the target restarts; otherwise the error every request fails with.
     fn send_failed(&mut self, error: std::io::Error, now: Instant) -> Option<ClientError> {
+        if error.raw_os_error() == Some(libc::ENOBUFS) {
+            // As full as a socket buffer, further down: the datagram is lost.
+            return None;
+        }
         match error.kind() {
             std::io::ErrorKind::WouldBlock => None,
             // Lost, while the target restarts (see `Session::handle_refused`).

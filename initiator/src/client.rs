@@ -59,11 +59,19 @@ pub struct ClientOptions {
     /// Local address to send from (the target counts sessions per sender address); `None` lets
     /// the kernel choose.
     pub local_addr: Option<SocketAddr>,
+    /// Requests ready at the same moment leave in one train (`netdam_udp::Train`, UDP
+    /// segmentation offload); `false` sends each on its own, as the kernel would without it.
+    pub request_trains: bool,
 }
 
 impl Default for ClientOptions {
     fn default() -> ClientOptions {
-        ClientOptions { session: SessionConfig::default(), poll: ClientPoll::Blocking, local_addr: None }
+        ClientOptions {
+            session: SessionConfig::default(),
+            poll: ClientPoll::Blocking,
+            local_addr: None,
+            request_trains: true,
+        }
     }
 }
 
@@ -176,7 +184,7 @@ impl Client {
         socket.set_nonblocking(true)?;
         let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
         Ok(Client {
-            train: Train::new(&socket, true),
+            train: Train::new(&socket, options.request_trains),
             socket,
             // Until HELLO answers, use the default size: every target accepts it.
             session: Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0),
@@ -293,7 +301,8 @@ impl Client {
 
     /// As [`Client::submit_with`], but the request waits to be sent until
     /// [`Client::send_enqueued`] (or any wait): requests enqueued together leave in one train,
-    /// one system call for all of them (`netdam_udp::Train`).
+    /// one system call for all of them (`netdam_udp::Train`). Like `submit_with` it waits for
+    /// room in the window first, and that wait sends what was enqueued before.
     pub fn enqueue_with<'a>(
         &mut self,
         count: usize,
@@ -312,7 +321,8 @@ impl Client {
     /// wait or [`Client::progress`].
     pub fn send_enqueued(&mut self) {
         if let Err(error) = self.flush() {
-            self.send_failure = Some(error);
+            // The first failure not yet reported stands.
+            self.send_failure.get_or_insert(error);
         }
     }
 
@@ -655,21 +665,23 @@ impl Client {
         let now = self.clock.now();
         // A lone request goes at once; several leave in one train.
         let lone = self.session.queued() <= 1;
-        let mut sent = false;
+        let mut handed = 0;
+        let mut failed = 0;
         let mut failure = None;
         while let Some(datagram) = self.session.poll_transmit(now) {
-            sent = true;
+            handed += 1;
             if lone {
                 failure = self.socket.send(datagram).err();
+                failed += u64::from(failure.is_some());
             } else {
-                self.train.push(&self.socket, self.info.addr, datagram, now);
+                failed += self.train.push(&self.socket, self.info.addr, datagram, now);
             }
         }
-        self.train.flush(&self.socket);
+        failed += self.train.flush(&self.socket);
         self.session.count_trains(self.train.take_trains_sent());
         // Only a datagram that went out brings an answer soon: requests held back by the
-        // window do not keep an adaptive client spinning.
-        if sent {
+        // window, or lost to a failed send, do not keep an adaptive client spinning.
+        if handed > failed {
             self.keep_spinning(now);
         }
         match failure.or_else(|| self.train.take_error()) {
@@ -681,6 +693,10 @@ impl Client {
     /// A send failed: a full socket buffer is a lost datagram, which retransmission recovers;
     /// so is a refusal while the target restarts (see `Session::handle_refused`).
     fn send_failed(&mut self, error: io::Error, now: Instant) -> Result<(), ClientError> {
+        if error.raw_os_error() == Some(libc::ENOBUFS) {
+            // As full as a socket buffer, further down: the datagram is lost.
+            return Ok(());
+        }
         match error.kind() {
             io::ErrorKind::WouldBlock => Ok(()),
             io::ErrorKind::ConnectionRefused if self.session.handle_refused(now) => Ok(()),

@@ -938,7 +938,9 @@ impl Session {
         self.send_queue.len()
     }
 
-    /// The next datagram to send now, if any; the caller sends it at once.
+    /// The next datagram to send now, if any; the caller sends it, or copies it (into a train),
+    /// before the next call: an encrypted session seals each transmission into one buffer that
+    /// the next call overwrites.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<&[u8]> {
         while let Some(&sequence) = self.send_queue.front() {
             let Some(index) = self.requests.iter().position(|request| request.sequence == sequence) else {

@@ -128,17 +128,21 @@ fn pipelined_requests_complete_in_any_order() {
 #[test]
 fn requests_enqueued_together_leave_in_trains() {
     let test = start(vec![region("mem", 1 << 20, false)], 1, 9000);
-    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    // A fixed window: Swift's would pace a new session's first requests out a few at a time.
+    let mut options = netdam_initiator::ClientOptions::default();
+    options.session.congestion = None;
+    let mut client = Client::connect_with(test.target.local_addr(), options).unwrap();
     let before = client.session_stats();
     let ops: Vec<Op> = (0..12u8).map(|i| Op::write(0, u64::from(i) * 1000, &[i; 1000])).collect();
     let tickets: Vec<_> = ops.iter().map(|op| client.enqueue_with(1, |_| op.as_instruction()).unwrap()).collect();
+    assert_eq!(client.session_stats().transmissions, before.transmissions, "enqueued, not sent yet");
     client.send_enqueued();
+    let sent = client.session_stats();
+    assert_eq!(sent.transmissions - before.transmissions, 12, "all twelve went at once");
+    assert_eq!(sent.trains - before.trains, 1, "in one train");
     for ticket in tickets {
         client.wait(ticket).unwrap().data(0).unwrap();
     }
-    let after = client.session_stats();
-    assert_eq!(after.transmissions - before.transmissions, 12, "each request went once");
-    assert!(after.trains > before.trains, "the twelve left in a train");
     let mut back = vec![0u8; 12_000];
     client.read(0, 0, &mut back).unwrap();
     for (i, piece) in back.chunks(1000).enumerate() {
@@ -152,6 +156,52 @@ fn requests_enqueued_together_leave_in_trains() {
     let mut back = vec![0u8; data.len()];
     client.read(0, 100_000, &mut back).unwrap();
     assert!(back == data);
+}
+
+/// With `request_trains` off the same requests go one by one, and land the same.
+#[test]
+fn request_trains_can_be_turned_off() {
+    let test = start(vec![region("mem", 1 << 20, false)], 1, 9000);
+    let options = netdam_initiator::ClientOptions { request_trains: false, ..Default::default() };
+    let mut client = Client::connect_with(test.target.local_addr(), options).unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
+    client.write(0, 0, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    client.read(0, 0, &mut back).unwrap();
+    assert!(back == data);
+    assert_eq!(client.session_stats().trains, 0);
+}
+
+/// A train refused because nothing listens any more (the target is gone: the kernel reports
+/// the ICMP port-unreachable of an earlier send on the next one) fails the client's requests
+/// with `NotListening` once the session stops waiting for a restart, as a lone send does.
+#[test]
+fn a_refused_train_reports_a_target_that_is_gone() {
+    let test = start(vec![region("mem", 1 << 20, false)], 1, 9000);
+    let mut options = netdam_initiator::ClientOptions::default();
+    // No patience for a restart: the first refusal fails what waits.
+    options.session.reconnect_patience = netdam_isa::Duration::ZERO;
+    let mut client = Client::connect_with(test.target.local_addr(), options).unwrap();
+    client.write(0, 0, b"here").unwrap();
+    drop(test);
+    let ops: Vec<Op> = (0..4u8).map(|i| Op::write(0, u64::from(i) * 100, &[i; 100])).collect();
+    let mut outcome = Ok(());
+    for _ in 0..20 {
+        // A lone request draws the ICMP port-unreachable; the kernel then reports it on the
+        // socket's next call, which is the train's `sendmsg`, not a receive.
+        let _lone = client.submit(&[Op::write(0, 0, b"gone")]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let tickets: Vec<_> = ops.iter().map(|op| client.enqueue_with(1, |_| op.as_instruction()).unwrap()).collect();
+        client.send_enqueued();
+        outcome = client.wait(tickets[0]).map(|_| ());
+        if outcome.is_err() {
+            break;
+        }
+    }
+    match outcome {
+        Err(ClientError::NotListening(_)) => {}
+        other => panic!("expected NotListening, got {other:?}"),
+    }
 }
 
 #[test]

@@ -164,8 +164,8 @@ fn initiator_and_block_families_count_volume_requests() {
         for block in 0..6u64 {
             volume.read(block * 4096, &mut back).await.unwrap();
         }
-        // 64 KiB written at once: its pieces are ready together and leave in trains.
-        volume.write(0, &[7u8; 65536], false).await.unwrap();
+        // 256 KiB written at once: its transfers are ready together and leave in trains.
+        volume.write(0, &[7u8; 262144], false).await.unwrap();
         volume.flush().await.unwrap();
         let transfer_bytes = volume.transfer_bytes();
         volume.close().await;
@@ -174,15 +174,15 @@ fn initiator_and_block_families_count_volume_requests() {
     let registry = InitiatorMetrics::registry(metrics);
     let text = netdam_metrics::http::encode(&registry, netdam_metrics::http::Format::Prometheus).unwrap();
     let samples = parse(&text);
-    // 10 single blocks, then 64 KiB in transfers of the volume's size.
-    let transfers = 65536 / u64::from(transfer_bytes);
+    // 10 single blocks, then 256 KiB in transfers of the volume's size.
+    let transfers = 262144u64.div_ceil(u64::from(transfer_bytes));
     assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"bwrite\"}"), (10 + transfers) as f64);
     assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"bread\"}"), 6.0);
     assert!(value(&samples, "netdam_initiator_requests_total{opcode=\"flush\"}") >= 1.0);
     assert_eq!(value(&samples, "netdam_initiator_latency_seconds_count{opcode=\"bread\"}"), 6.0);
     assert!(value(&samples, "netdam_initiator_latency_seconds_sum{opcode=\"bread\"}") > 0.0);
     assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bread\"}"), 6.0 * 4096.0);
-    assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bwrite\"}"), 10.0 * 4096.0 + 65536.0);
+    assert_eq!(value(&samples, "netdam_initiator_data_bytes_total{opcode=\"bwrite\"}"), 10.0 * 4096.0 + 262144.0);
     assert!(
         value(&samples, "netdam_initiator_trains_total") >= 1.0,
         "the transfers of one write, ready together, left in trains"
