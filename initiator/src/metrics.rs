@@ -42,6 +42,7 @@ pub struct SessionMetrics {
     errors: [Cell; ERROR_SLOTS],
     retransmissions: Cell,
     trains: Cell,
+    spun_for: Cell,
     timeouts: Cell,
     busy: Cell,
     sessions_lost: Cell,
@@ -62,6 +63,7 @@ impl SessionMetrics {
             errors: std::array::from_fn(|_| Cell::new()),
             retransmissions: Cell::new(),
             trains: Cell::new(),
+            spun_for: Cell::new(),
             timeouts: Cell::new(),
             busy: Cell::new(),
             sessions_lost: Cell::new(),
@@ -105,6 +107,7 @@ impl SessionMetrics {
     pub fn update(&self, stats: &SessionStats) {
         self.retransmissions.set(stats.retransmissions);
         self.trains.set(stats.trains);
+        self.spun_for.set(stats.spun_for);
         self.timeouts.set(stats.timeouts);
         self.busy.set(stats.busy);
         self.sessions_lost.set(stats.sessions_lost);
@@ -314,6 +317,13 @@ impl Collector for InitiatorCollector {
             "Runs of requests sent to the target in one system call (UDP segmentation offload)",
             None,
             [(no_labels(), sum(&|s| s.trains.get()))],
+        )?;
+        counters(
+            encoder,
+            "netdam_initiator_answers_spun_for",
+            "Answers to a caller sending one request at a time that the session spun for instead of sleeping (poll adaptive)",
+            None,
+            [(no_labels(), sum(&|s| s.spun_for.get()))],
         )?;
         counters(
             encoder,

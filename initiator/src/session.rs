@@ -409,6 +409,9 @@ pub struct SessionStats {
     /// Trains: runs of this session's datagrams sent in one system call (`netdam_udp::Train`),
     /// counted by the client that sends them.
     pub trains: u64,
+    /// Answers the client spun for instead of sleeping until they came (an async client's
+    /// lone requests, `ClientPoll::Adaptive`), counted by that client.
+    pub spun_for: u64,
     /// Retransmissions after a timeout.
     pub retransmissions: u64,
     /// Those of requests with block instructions: a block I/O resent because its answer came
@@ -931,6 +934,11 @@ impl Session {
     /// Counts `trains` sent by the driver (the session does no I/O itself).
     pub fn count_trains(&mut self, trains: u64) {
         self.stats.trains += trains;
+    }
+
+    /// Counts an answer the driver spun for.
+    pub fn count_spun_for(&mut self) {
+        self.stats.spun_for += 1;
     }
 
     /// How many requests wait to be sent (`poll_transmit` may hold some back for the window).

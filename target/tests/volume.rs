@@ -160,6 +160,83 @@ fn concurrent_small_requests_share_datagrams_and_each_gets_its_own_answer() {
     });
 }
 
+/// A caller that waits for each answer before its next request (queue depth 1, as `qemu-io`
+/// or a synchronous application through `netdam nbd`): with `ClientPoll::Adaptive` the session
+/// spins for those answers instead of sleeping until they come, and every request still gets
+/// its own answer; deeper callers and `Blocking` sessions never spin. A target that goes away
+/// while the session spins is reported, not waited on forever.
+#[test]
+fn lone_requests_are_answered_while_the_session_spins_for_them() {
+    use netdam_initiator::metrics::InitiatorMetrics;
+    use netdam_initiator::ClientPoll;
+
+    let test = start_configured(Vec::new(), |config| {
+        config.namespaces = vec![namespace(NamespaceBackend::Pmem, "disk.region")];
+    });
+    let addr = test.target.local_addr();
+    let spun_for = |metrics: &std::sync::Arc<InitiatorMetrics>| {
+        let text = netdam_metrics::http::encode(
+            &InitiatorMetrics::registry(metrics.clone()),
+            netdam_metrics::http::Format::Prometheus,
+        )
+        .unwrap();
+        let line = text.lines().find(|line| line.starts_with("netdam_initiator_answers_spun_for_total ")).unwrap();
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for poll in [ClientPoll::Adaptive, ClientPoll::Blocking] {
+        let metrics = std::sync::Arc::new(InitiatorMetrics::default());
+        let spun = runtime.block_on(async {
+            let mut options = VolumeOptions::default();
+            options.client.poll = poll;
+            let volume = Volume::open_observed(addr, "disk", options, Some(&metrics)).await.unwrap();
+            for index in 0..200u64 {
+                let data = vec![(index % 251) as u8; BLOCK as usize];
+                let at = (index % BLOCKS) * u64::from(BLOCK);
+                volume.write(at, &data, false).await.unwrap();
+                let mut back = vec![0u8; BLOCK as usize];
+                volume.read(at, &mut back).await.unwrap();
+                assert!(back == data, "request {index} read back what it wrote");
+            }
+            volume.close().await;
+            spun_for(&metrics)
+        });
+        match poll {
+            // Most of the 400 answers (a busy machine may let one outlast the spin).
+            ClientPoll::Adaptive => assert!(spun > 100.0, "spun for {spun} of 400 answers"),
+            _ => assert_eq!(spun, 0.0, "a blocking session never spins"),
+        }
+    }
+
+    // The target goes away while lone requests are spun for: with no patience for a restart,
+    // the next request fails with NotListening instead of hanging.
+    let metrics = std::sync::Arc::new(InitiatorMetrics::default());
+    let mut options = VolumeOptions::default();
+    options.client.poll = ClientPoll::Adaptive;
+    options.client.session.reconnect_patience = netdam_isa::Duration::ZERO;
+    options.client.session.min_patience = netdam_isa::Duration::from_millis(500);
+    let outcome = runtime.block_on(async {
+        let volume = Volume::open_observed(addr, "disk", options, Some(&metrics)).await.unwrap();
+        let mut back = vec![0u8; BLOCK as usize];
+        for _ in 0..10 {
+            volume.read(0, &mut back).await.unwrap();
+        }
+        drop(test);
+        let mut outcome = Ok(());
+        for _ in 0..20 {
+            outcome = volume.read(0, &mut back).await;
+            if outcome.is_err() {
+                break;
+            }
+        }
+        outcome
+    });
+    match outcome {
+        Err(ClientError::NotListening(_)) => {}
+        other => panic!("expected NotListening, got {other:?}"),
+    }
+}
+
 #[test]
 fn a_volume_rides_out_idle_expiry_and_a_target_restart() {
     let dir = tempfile::tempdir().unwrap();
