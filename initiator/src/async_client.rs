@@ -6,6 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use netdam_isa::control::{decode_stat_answer, HelloAnswer, RegionInfo};
@@ -51,6 +52,8 @@ pub struct AsyncClient {
     info: TargetInfo,
     /// Ends (its sender is dropped) when the I/O task has finished.
     finished: watch::Receiver<()>,
+    /// Requests its callers have outstanding (shared by a volume's sessions).
+    outstanding: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Command {
@@ -61,12 +64,36 @@ impl std::fmt::Debug for Command {
 
 /// A request handed to the I/O task, whose answer is still to come.
 #[derive(Debug)]
-pub struct Pending(oneshot::Receiver<Result<Reply, ClientError>>);
+pub struct Pending {
+    answer: oneshot::Receiver<Result<Reply, ClientError>>,
+    _outstanding: Outstanding,
+}
 
 impl Pending {
     /// Waits for the answer.
     pub async fn wait(self) -> Result<Reply, ClientError> {
-        self.0.await.map_err(|_| ClientError::Closed)?
+        let Pending { answer, _outstanding } = self;
+        answer.await.map_err(|_| ClientError::Closed)?
+    }
+}
+
+/// Counts a caller's request from its submission until its answer is taken or given up, in a
+/// count shared by the sessions of one `Volume`: an I/O task reads it to tell a caller that
+/// waits for each answer (one request outstanding in all) from a deeper one spread over
+/// several sessions.
+#[derive(Debug)]
+struct Outstanding(Arc<AtomicUsize>);
+
+impl Outstanding {
+    fn new(count: &Arc<AtomicUsize>) -> Outstanding {
+        count.fetch_add(1, Ordering::Relaxed);
+        Outstanding(count.clone())
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -90,6 +117,17 @@ impl AsyncClient {
         options: ClientOptions,
         metrics: Option<Arc<SessionMetrics>>,
     ) -> Result<AsyncClient, ClientError> {
+        AsyncClient::connect_sharing(addr, options, metrics, Arc::new(AtomicUsize::new(0))).await
+    }
+
+    /// As [`AsyncClient::connect_observed`], counting its callers' outstanding requests in
+    /// `outstanding`, which the sessions of one `Volume` share.
+    pub(crate) async fn connect_sharing(
+        addr: SocketAddr,
+        options: ClientOptions,
+        metrics: Option<Arc<SessionMetrics>>,
+        outstanding: Arc<AtomicUsize>,
+    ) -> Result<AsyncClient, ClientError> {
         let socket = connected_socket(addr, options.local_addr)?;
         socket.set_nonblocking(true)?;
         let socket = UdpSocket::from_std(socket)?;
@@ -105,6 +143,7 @@ impl AsyncClient {
             train: Train::new(&socket, options.request_trains),
             spin: options.poll != ClientPoll::Blocking,
             lone_requests: 0,
+            outstanding: outstanding.clone(),
             socket,
             session,
             addr,
@@ -128,7 +167,7 @@ impl AsyncClient {
             }
         };
         let hello = hello.map_err(|_| ClientError::Closed)??;
-        Ok(AsyncClient { commands, info: TargetInfo { addr, hello }, finished })
+        Ok(AsyncClient { commands, info: TargetInfo { addr, hello }, finished, outstanding })
     }
 
     /// Drops this handle and waits until the session is closed: once every other handle is
@@ -162,9 +201,10 @@ impl AsyncClient {
     /// while the task's queue is full. Submit several, then wait for each, to keep them in
     /// flight together.
     pub async fn submit(&self, ops: Vec<Op>) -> Result<Pending, ClientError> {
+        let outstanding = Outstanding::new(&self.outstanding);
         let (reply, answer) = oneshot::channel();
         self.commands.send(Command { ops, reply }).await.map_err(|_| ClientError::Closed)?;
-        Ok(Pending(answer))
+        Ok(Pending { answer, _outstanding: outstanding })
     }
 
     /// Round trip with no work at the target.
@@ -275,6 +315,8 @@ struct Driver {
     spin: bool,
     /// Requests in a row that arrived with nothing else in flight or queued.
     lone_requests: u32,
+    /// The callers' outstanding requests, over every session of their volume (`Outstanding`).
+    outstanding: Arc<AtomicUsize>,
     socket: UdpSocket,
     session: Session,
     addr: SocketAddr,
@@ -390,8 +432,11 @@ impl Driver {
                     command = commands.recv(), if open && self.backlog.len() < COMMAND_QUEUE => match command {
                         Some(command) => {
                             let now = self.clock.now();
-                            // A caller that waits for each answer before its next request.
-                            let alone = self.waiting.is_empty() && self.backlog.is_empty();
+                            // A caller that waits for each answer before its next request: this
+                            // one is all its callers have outstanding, over every session.
+                            let alone = self.waiting.is_empty()
+                                && self.backlog.is_empty()
+                                && self.outstanding.load(Ordering::Relaxed) <= 1;
                             self.backlog.push_back((command, now));
                             // Take every command already queued, so that the ones submitted
                             // together (an NBD client's requests read in one go) can share
@@ -581,6 +626,7 @@ impl Driver {
     async fn spin_for_a_lone_answer(&mut self, commands: &mpsc::Receiver<Command>, buffer: &mut [u8]) -> bool {
         if !self.spin
             || self.lone_requests < LONE_REQUESTS_TO_SPIN
+            || self.outstanding.load(Ordering::Relaxed) > 1
             || self.waiting.len() != 1
             || !self.backlog.is_empty()
             || !commands.is_empty()
@@ -595,9 +641,14 @@ impl Driver {
             match stamped::recv(fd, buffer) {
                 Ok((len, waited)) => {
                     let now = self.clock.now();
+                    let in_flight = self.session.in_flight();
                     self.session.handle_datagram_waited(now, waited.unwrap_or(Duration::ZERO), &buffer[..len]);
-                    self.session.count_spun_for();
-                    return true;
+                    if self.session.in_flight() < in_flight {
+                        // The answer (not a duplicate, nor a BUSY that holds the request).
+                        self.session.count_spun_for();
+                        tokio::task::consume_budget().await;
+                        return true;
+                    }
                 }
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(error) => {

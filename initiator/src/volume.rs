@@ -11,6 +11,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use netdam_isa::block::{decode_extents, EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
@@ -91,9 +92,12 @@ impl Volume {
             )));
         }
         let mut sessions = Vec::with_capacity(options.sessions);
+        // One count of outstanding requests for all of them: a caller at depth 2 over two
+        // sessions is not two callers that wait for each answer.
+        let outstanding = Arc::new(AtomicUsize::new(0));
         for _ in 0..options.sessions {
             let shard = metrics.map(InitiatorMetrics::new_session);
-            sessions.push(AsyncClient::connect_observed(target, options.client, shard).await?);
+            sessions.push(AsyncClient::connect_sharing(target, options.client, shard, outstanding.clone()).await?);
         }
         let namespace = sessions[0].info().namespace(namespace)?.clone();
         Ok(Volume { sessions, namespace, next: AtomicUsize::new(0) })
