@@ -677,14 +677,18 @@ impl Client {
                 failed += self.train.push(&self.socket, self.info.addr, datagram, now);
             }
         }
-        failed += self.train.flush(&self.socket);
-        self.session.count_trains(self.train.take_trains_sent());
+        if !lone {
+            // (A lone request, the latency path, skips the train's bookkeeping.)
+            failed += self.train.flush(&self.socket);
+            self.session.count_trains(self.train.take_trains_sent());
+            failure = self.train.take_error();
+        }
         // Only a datagram that went out brings an answer soon: requests held back by the
         // window, or lost to a failed send, do not keep an adaptive client spinning.
         if handed > failed {
             self.keep_spinning(now);
         }
-        match failure.or_else(|| self.train.take_error()) {
+        match failure {
             Some(error) => self.send_failed(error, now),
             None => Ok(()),
         }
