@@ -407,10 +407,12 @@ impl Driver {
                     fatal = fatal.or(self.send_failed(error, now));
                 }
             }
-            self.train.flush(&self.socket);
-            self.session.count_trains(self.train.take_trains_sent());
-            if let Some(error) = self.train.take_error() {
-                fatal = fatal.or(self.send_failed(error, now));
+            if !lone {
+                self.train.flush(&self.socket);
+                self.session.count_trains(self.train.take_trains_sent());
+                if let Some(error) = self.train.take_error() {
+                    fatal = fatal.or(self.send_failed(error, now));
+                }
             }
             if let Some(error) = fatal.take() {
                 self.fail_all(&error);
