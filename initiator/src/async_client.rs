@@ -20,8 +20,8 @@ use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::client::{
-    connected_socket, fit_window_to_socket_buffers, warn_still_trying, ClientOptions, ClientPoll, ADAPTIVE_SPIN_MAX,
-    ADAPTIVE_SPIN_MIN, CLOSE_WAIT, HELLO_PATIENCE_NOTICE,
+    adaptive_spin_for, connected_socket, fit_window_to_socket_buffers, send_due, send_failure, warn_still_trying,
+    ClientOptions, ClientPoll, CLOSE_WAIT, HELLO_PATIENCE_NOTICE,
 };
 use crate::error::ClientError;
 use crate::metrics::SessionMetrics;
@@ -391,30 +391,10 @@ impl Driver {
         let mut open = true;
         loop {
             self.submit_what_fits();
-            let mut fatal = None;
             let now = self.clock.now();
-            // A lone datagram goes at once; several (the commands one wake-up took) leave in
-            // one train, which costs the kernel one walk down its stack.
-            let lone = self.session.queued() <= 1;
-            while let Some(datagram) = self.session.poll_transmit(now) {
-                let sent = if lone {
-                    self.socket.try_send(datagram).map(|_| ())
-                } else {
-                    self.train.push(&self.socket, self.addr, datagram, now);
-                    Ok(())
-                };
-                if let Err(error) = sent {
-                    fatal = fatal.or(self.send_failed(error, now));
-                }
-            }
-            if !lone {
-                self.train.flush(&self.socket);
-                self.session.count_trains(self.train.take_trains_sent());
-                if let Some(error) = self.train.take_error() {
-                    fatal = fatal.or(self.send_failed(error, now));
-                }
-            }
-            if let Some(error) = fatal.take() {
+            // Several due at once (the commands one wake-up took) leave in one train.
+            let sent = send_due(&mut self.session, &self.socket, &mut self.train, self.addr, now);
+            if let Some(error) = sent.error.and_then(|error| send_failure(&mut self.session, self.addr, error, now)) {
                 self.fail_all(&error);
             }
             if self.connecting.as_ref().is_some_and(|connecting| connecting.is_closed()) {
@@ -465,7 +445,7 @@ impl Driver {
                             let fd = self.socket.as_raw_fd();
                             match self.socket.try_io(Interest::READABLE, || stamped::recv(fd, &mut buffer)) {
                                 Ok((len, waited)) => {
-                                    self.session.handle_datagram_waited(self.clock.now(), waited.unwrap_or(netdam_isa::Duration::ZERO), &buffer[..len])
+                                    self.session.handle_datagram_waited(self.clock.now(), waited.unwrap_or(Duration::ZERO), &buffer[..len])
                                 }
                                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
                                 Err(error) => {
@@ -636,8 +616,7 @@ impl Driver {
             return false;
         }
         let started = self.clock.now();
-        let rtt = self.session.smoothed_rtt().unwrap_or(ADAPTIVE_SPIN_MIN);
-        let spin = Duration::from_nanos(rtt.as_nanos().saturating_mul(2)).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX);
+        let spin = adaptive_spin_for(self.session.smoothed_rtt());
         let fd = self.socket.as_raw_fd();
         loop {
             match stamped::recv(fd, buffer) {
@@ -664,22 +643,6 @@ impl Driver {
             // The runtime polls its I/O driver before it resumes this task, so other tasks (a
             // connection with a new request) run in between.
             tokio::task::yield_now().await;
-        }
-    }
-
-    /// A send failed: a full socket buffer loses the datagram (retransmission recovers it), as
-    /// does a refusal while the target restarts; otherwise the error every request fails with.
-    fn send_failed(&mut self, error: std::io::Error, now: Instant) -> Option<ClientError> {
-        if error.raw_os_error() == Some(libc::ENOBUFS) {
-            // As full as a socket buffer, further down: the datagram is lost.
-            return None;
-        }
-        match error.kind() {
-            std::io::ErrorKind::WouldBlock => None,
-            // Lost, while the target restarts (see `Session::handle_refused`).
-            std::io::ErrorKind::ConnectionRefused if self.session.handle_refused(now) => None,
-            std::io::ErrorKind::ConnectionRefused => Some(ClientError::NotListening(self.addr)),
-            _ => Some(ClientError::Io(error)),
         }
     }
 

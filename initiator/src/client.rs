@@ -75,6 +75,81 @@ impl Default for ClientOptions {
     }
 }
 
+/// How long an adaptive client spins for an answer, given its smoothed round trip: twice it,
+/// within `ADAPTIVE_SPIN_MIN` and `ADAPTIVE_SPIN_MAX`.
+pub(crate) fn adaptive_spin_for(smoothed_rtt: Option<Duration>) -> Duration {
+    let rtt = smoothed_rtt.unwrap_or(ADAPTIVE_SPIN_MIN);
+    Duration::from_nanos(rtt.as_nanos().saturating_mul(2)).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX)
+}
+
+/// What one [`send_due`] did.
+pub(crate) struct Sent {
+    /// Datagrams the session handed out (the window held back the rest).
+    handed: u64,
+    /// Of those, how many no send took.
+    failed: u64,
+    /// The first failure, if any.
+    pub(crate) error: Option<io::Error>,
+}
+
+impl Sent {
+    /// Whether a datagram went out, so that an answer is due soon.
+    pub(crate) fn went_out(&self) -> bool {
+        self.handed > self.failed
+    }
+}
+
+/// Sends what `session` has due at `now` on `socket` (connected to `peer`), for both clients:
+/// a lone request at once with `send` (the latency path, without the train's bookkeeping),
+/// several as one train (one system call: `netdam_udp::Train`), whose count goes to the session.
+pub(crate) fn send_due(
+    session: &mut Session,
+    socket: &impl std::os::fd::AsFd,
+    train: &mut Train,
+    peer: SocketAddr,
+    now: Instant,
+) -> Sent {
+    let lone = session.queued() <= 1;
+    let mut sent = Sent { handed: 0, failed: 0, error: None };
+    while let Some(datagram) = session.poll_transmit(now) {
+        sent.handed += 1;
+        if lone {
+            if let Err(error) = netdam_udp::send(socket, datagram) {
+                sent.failed += 1;
+                sent.error.get_or_insert(error);
+            }
+        } else {
+            sent.failed += train.push(socket, peer, datagram, now);
+        }
+    }
+    if !lone {
+        sent.failed += train.flush(socket);
+        session.count_trains(train.take_trains_sent());
+        sent.error = train.take_error();
+    }
+    sent
+}
+
+/// What a failed send means for the requests: a full socket buffer (`EAGAIN`, `ENOBUFS`) is a
+/// lost datagram, which retransmission recovers, and so is a refusal while the target restarts
+/// (see `Session::handle_refused`); otherwise the error they fail with.
+pub(crate) fn send_failure(
+    session: &mut Session,
+    peer: SocketAddr,
+    error: io::Error,
+    now: Instant,
+) -> Option<ClientError> {
+    if error.raw_os_error() == Some(libc::ENOBUFS) {
+        return None;
+    }
+    match error.kind() {
+        io::ErrorKind::WouldBlock => None,
+        io::ErrorKind::ConnectionRefused if session.handle_refused(now) => None,
+        io::ErrorKind::ConnectionRefused => Some(ClientError::NotListening(peer)),
+        _ => Some(ClientError::Io(error)),
+    }
+}
+
 /// How long closing a session waits for the target to confirm: a target that is gone must not
 /// hold a program up on its way out (the session then expires on the target by itself).
 pub(crate) const CLOSE_WAIT: Duration = Duration::from_millis(100);
@@ -663,49 +738,15 @@ impl Client {
             return Ok(());
         }
         let now = self.clock.now();
-        // A lone request goes at once; several leave in one train.
-        let lone = self.session.queued() <= 1;
-        let mut handed = 0;
-        let mut failed = 0;
-        let mut failure = None;
-        while let Some(datagram) = self.session.poll_transmit(now) {
-            handed += 1;
-            if lone {
-                failure = self.socket.send(datagram).err();
-                failed += u64::from(failure.is_some());
-            } else {
-                failed += self.train.push(&self.socket, self.info.addr, datagram, now);
-            }
-        }
-        if !lone {
-            // (A lone request, the latency path, skips the train's bookkeeping.)
-            failed += self.train.flush(&self.socket);
-            self.session.count_trains(self.train.take_trains_sent());
-            failure = self.train.take_error();
-        }
+        let sent = send_due(&mut self.session, &self.socket, &mut self.train, self.info.addr, now);
         // Only a datagram that went out brings an answer soon: requests held back by the
         // window, or lost to a failed send, do not keep an adaptive client spinning.
-        if handed > failed {
+        if sent.went_out() {
             self.keep_spinning(now);
         }
-        match failure {
-            Some(error) => self.send_failed(error, now),
+        match sent.error.and_then(|error| send_failure(&mut self.session, self.info.addr, error, now)) {
+            Some(error) => Err(error),
             None => Ok(()),
-        }
-    }
-
-    /// A send failed: a full socket buffer is a lost datagram, which retransmission recovers;
-    /// so is a refusal while the target restarts (see `Session::handle_refused`).
-    fn send_failed(&mut self, error: io::Error, now: Instant) -> Result<(), ClientError> {
-        if error.raw_os_error() == Some(libc::ENOBUFS) {
-            // As full as a socket buffer, further down: the datagram is lost.
-            return Ok(());
-        }
-        match error.kind() {
-            io::ErrorKind::WouldBlock => Ok(()),
-            io::ErrorKind::ConnectionRefused if self.session.handle_refused(now) => Ok(()),
-            io::ErrorKind::ConnectionRefused => Err(ClientError::NotListening(self.info.addr)),
-            _ => Err(error.into()),
         }
     }
 
@@ -747,8 +788,7 @@ impl Client {
     /// How long an adaptive client spins after a send or an answer: twice the smoothed round
     /// trip, within `ADAPTIVE_SPIN_MIN` and `ADAPTIVE_SPIN_MAX`.
     pub fn adaptive_spin(&self) -> Duration {
-        let rtt = self.session.smoothed_rtt().unwrap_or(ADAPTIVE_SPIN_MIN);
-        Duration::from_nanos(rtt.as_nanos().saturating_mul(2)).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX)
+        adaptive_spin_for(self.session.smoothed_rtt())
     }
 
     /// After a send or an answer at `now`: an adaptive client spins for a while longer.

@@ -20,6 +20,11 @@ pub fn send_to(fd: &impl AsFd, peer: &SocketAddr, bytes: &[u8]) -> io::Result<()
     socket.send_to_with_flags(bytes, &socket2::SockAddr::from(*peer), libc::MSG_DONTWAIT).map(|_| ())
 }
 
+/// Sends `bytes` on a connected socket without blocking.
+pub fn send(fd: &impl AsFd, bytes: &[u8]) -> io::Result<()> {
+    socket2::SockRef::from(fd).send_with_flags(bytes, libc::MSG_DONTWAIT).map(|_| ())
+}
+
 /// Reads an integer socket option.
 pub fn int_option(fd: RawFd, level: libc::c_int, option: libc::c_int) -> io::Result<libc::c_int> {
     let mut value: libc::c_int = 0;
