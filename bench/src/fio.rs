@@ -11,6 +11,12 @@
 //! (no fio, no nbdkit, no engine, no `netdam` binary) is skipped with the reason and the rest
 //! still run. The goals are ratios within the run and never fail. Every block is written before
 //! the cases, so that reads of a sparse store do not return zeroes for free.
+//!
+//! The NBD cases at depth 32 run once more in the *remote layout*: the target's worker keeps its
+//! CPU to itself, as a target on another machine would, and fio and the NBD server (`netdam
+//! nbd`, or nbdkit) run on the other CPUs only. In the shared layout nbdkit has every core while
+//! netdam's busy worker spins on one of them beside fio and the export; the remote layout gives
+//! both servers the same CPUs.
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener};
@@ -68,6 +74,10 @@ pub struct FioArgs {
     /// nbdkit. Goals whose figures are missing are reported as not measured.
     #[arg(long, value_delimiter = ',', default_values_t = ["engine".to_string(), "nbd".to_string(), "nbdkit".to_string()])]
     pub systems: Vec<String>,
+    /// Leave out the remote layout (the NBD cases at depth 32 again, with fio and the NBD server
+    /// kept off the target worker's CPU: see the module's documentation).
+    #[arg(long)]
+    pub no_remote_layout: bool,
     /// Also write fio.json, fio.md and fio-iops.png / fio-latency.png to this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -100,6 +110,9 @@ impl Case {
 const PLUGIN: &str = "netdam fio engine";
 const NETDAM_NBD: &str = "netdam nbd";
 const NBDKIT: &str = "nbdkit memory";
+/// `netdam nbd` and nbdkit in the remote layout: fio and the server off the target worker's CPU.
+const NETDAM_NBD_REMOTE: &str = "netdam nbd (remote layout)";
+const NBDKIT_REMOTE: &str = "nbdkit memory (remote layout)";
 /// `netdam-bench throughput`'s client (BREAD/BWRITE of 4 KiB, no fio) on the same target.
 const THROUGHPUT: &str = "netdam-bench throughput";
 /// A raw UDP echo with a read's or a write's datagram sizes, one at a time: the machine's
@@ -108,8 +121,15 @@ const FLOOR: &str = "UDP echo (floor)";
 
 /// How fio reaches one system.
 enum Access {
-    Plugin { engine: PathBuf, target: SocketAddr },
-    Nbd { uri: String },
+    Plugin {
+        engine: PathBuf,
+        target: SocketAddr,
+    },
+    /// An NBD server; with `cpus`, fio runs on those CPUs only (the remote layout).
+    Nbd {
+        uri: String,
+        cpus: Option<Vec<usize>>,
+    },
 }
 
 /// What one goal compares, and whether it was met.
@@ -152,6 +172,8 @@ struct Run {
     cases: Vec<Case>,
     skipped: Vec<String>,
     goals: Vec<Goal>,
+    /// The CPUs fio and the NBD servers ran on in the remote layout (empty: not run).
+    remote_cpus: Vec<usize>,
 }
 
 /// A child server, killed (and reaped) when dropped.
@@ -195,6 +217,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         cases: Vec::new(),
         skipped: Vec::new(),
         goals: Vec::new(),
+        remote_cpus: Vec::new(),
     };
     run.medium = if on_tmpfs {
         "a file mapping on tmpfs: memory, as volatile as nbdkit memory"
@@ -211,12 +234,25 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         measure_floor(args, &mut run);
     }
     let target = Target::start(&target_config(scratch.path(), args.poll)).map_err(|error| error.to_string())?;
+    let remote = if args.no_remote_layout {
+        None
+    } else {
+        match remote_layout_cpus() {
+            Ok(cpus) => Some(cpus),
+            Err(reason) => {
+                skip(&mut run.skipped, "the remote layout", &reason);
+                None
+            }
+        }
+    };
+    let all_points = points(args);
+    let remote_points = [(THROUGHPUT_DEPTH, 1)];
     if run.fio.is_some() {
         match plugin_path(args) {
             Ok(_) if !wanted("engine") => {}
             Ok(engine) => {
                 let access = Access::Plugin { engine: engine.clone(), target: target.local_addr() };
-                measure(args, &access, PLUGIN, "udp", &mut run);
+                measure(args, &access, PLUGIN, "udp", &all_points, &mut run);
                 run.plugin = Some(engine);
                 measure_throughput(args, &target, &mut run);
             }
@@ -225,12 +261,17 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         match netdam_binary(args) {
             Ok(_) if !wanted("nbd") => {}
             Ok(netdam) => {
-                for socket in ["tcp", "unix"] {
-                    let (listen, uri) = endpoint(scratch.path(), "netdam-nbd", socket)?;
-                    let mut command = Command::new(&netdam);
-                    command.arg("--target").arg(target.local_addr().to_string());
-                    command.args(["nbd", "--namespace", NAMESPACE, "--listen", &listen]);
-                    serve(args, command, &listen, &uri, NETDAM_NBD, socket, scratch.path(), &mut run);
+                for (system, cpus, points) in
+                    layouts(NETDAM_NBD, NETDAM_NBD_REMOTE, &remote, &all_points, &remote_points)
+                {
+                    for socket in ["tcp", "unix"] {
+                        let (listen, uri) = endpoint(scratch.path(), "netdam-nbd", socket)?;
+                        let mut command = Command::new(&netdam);
+                        command.arg("--target").arg(target.local_addr().to_string());
+                        command.args(["nbd", "--namespace", NAMESPACE, "--listen", &listen]);
+                        let server = Server { listen: &listen, uri: &uri, system, socket, cpus, points };
+                        serve(args, command, &server, scratch.path(), &mut run);
+                    }
                 }
             }
             Err(reason) => skip(&mut run.skipped, NETDAM_NBD, &reason),
@@ -242,26 +283,30 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             Ok(_) if !wanted("nbdkit") => {}
             Ok(found) => {
                 run.nbdkit = Some(found);
-                for socket in ["tcp", "unix"] {
-                    let (listen, uri) = endpoint(scratch.path(), "nbdkit", socket)?;
-                    let mut command = Command::new("nbdkit");
-                    command.args(["-f", "--exit-with-parent"]);
-                    match listen.split_once(':') {
-                        Some(("tcp", address)) => {
-                            let (host, port) = address.rsplit_once(':').expect("endpoint writes HOST:PORT");
-                            command.args(["-i", host, "-p", port]);
+                for (system, cpus, points) in layouts(NBDKIT, NBDKIT_REMOTE, &remote, &all_points, &remote_points) {
+                    for socket in ["tcp", "unix"] {
+                        let (listen, uri) = endpoint(scratch.path(), "nbdkit", socket)?;
+                        let mut command = Command::new("nbdkit");
+                        command.args(["-f", "--exit-with-parent"]);
+                        match listen.split_once(':') {
+                            Some(("tcp", address)) => {
+                                let (host, port) = address.rsplit_once(':').expect("endpoint writes HOST:PORT");
+                                command.args(["-i", host, "-p", port]);
+                            }
+                            _ => {
+                                command.arg("-U").arg(listen.trim_start_matches("unix:"));
+                            }
                         }
-                        _ => {
-                            command.arg("-U").arg(listen.trim_start_matches("unix:"));
-                        }
+                        command.args(["memory", "1G"]);
+                        let server = Server { listen: &listen, uri: &uri, system, socket, cpus, points };
+                        serve(args, command, &server, scratch.path(), &mut run);
                     }
-                    command.args(["memory", "1G"]);
-                    serve(args, command, &listen, &uri, NBDKIT, socket, scratch.path(), &mut run);
                 }
             }
             Err(reason) => skip(&mut run.skipped, NBDKIT, &format!("{reason} (apt-get install nbdkit)")),
         }
     }
+    run.remote_cpus = remote.unwrap_or_default();
     run.goals = goals(&run.cases, args.batch);
     let text = markdown(args, &run);
     print!("{text}");
@@ -389,19 +434,72 @@ fn endpoint(dir: &Path, name: &str, socket: &str) -> Result<(String, String), St
     }
 }
 
-/// Starts a server, waits until it accepts connections, runs the cases against it, kills it.
-#[allow(clippy::too_many_arguments)]
-fn serve(
-    args: &FioArgs,
-    mut command: Command,
-    listen: &str,
-    uri: &str,
+/// One NBD server to measure, and where.
+struct Server<'a> {
+    listen: &'a str,
+    uri: &'a str,
     system: &'static str,
     socket: &'static str,
-    dir: &Path,
-    run: &mut Run,
-) {
-    let log = dir.join(format!("{}-{socket}.log", system.replace(' ', "-")));
+    /// The CPUs the server and its fio run on (the remote layout); `None`: any.
+    cpus: Option<&'a [usize]>,
+    /// (depth, fio batch) of each case.
+    points: &'a [(usize, usize)],
+}
+
+/// A server's name in the report, the CPUs it and its fio run on (`None`: any), its cases'
+/// (depth, fio batch).
+type Layout<'a> = (&'static str, Option<&'a [usize]>, &'a [(usize, usize)]);
+
+/// The shared layout of a server (`system`, every point), then its remote layout (`remote`, at
+/// `remote_points`) when there are CPUs for it.
+fn layouts<'a>(
+    system: &'static str,
+    remote_system: &'static str,
+    remote: &'a Option<Vec<usize>>,
+    all_points: &'a [(usize, usize)],
+    remote_points: &'a [(usize, usize)],
+) -> Vec<Layout<'a>> {
+    let mut layouts = vec![(system, None, all_points)];
+    if let Some(cpus) = remote {
+        layouts.push((remote_system, Some(&cpus[..]), remote_points));
+    }
+    layouts
+}
+
+/// The CPUs of the remote layout: those this process may run on, but the one the target's
+/// (only) worker is pinned to.
+fn remote_layout_cpus() -> Result<Vec<usize>, String> {
+    let allowed = netdam_target::worker::allowed_cpus();
+    let worker = netdam_target::worker::worker_cpu(&allowed, 0);
+    let others: Vec<usize> = allowed.iter().copied().filter(|&cpu| Some(cpu) != worker).collect();
+    if others.is_empty() {
+        return Err(format!("this process may run on CPUs {allowed:?} only: none is left beside the target worker's"));
+    }
+    Ok(others)
+}
+
+/// Makes `command`'s process (and every thread it starts) run on `cpus` only.
+fn confine(command: &mut Command, cpus: &[usize]) {
+    use std::os::unix::process::CommandExt;
+    let cpus = cpus.to_vec();
+    // SAFETY: between fork and exec the closure builds a CPU set on the stack and makes one
+    // system call (sched_setaffinity): no allocation, no lock.
+    unsafe {
+        command.pre_exec(move || netdam_target::worker::set_affinity(&cpus));
+    }
+}
+
+/// Starts a server, waits until it accepts connections, runs the cases against it, kills it.
+fn serve(args: &FioArgs, mut command: Command, server: &Server<'_>, dir: &Path, run: &mut Run) {
+    let Server { listen, uri, system, socket, cpus, points } = *server;
+    if let Some(path) = listen.strip_prefix("unix:") {
+        // An earlier server's socket file would pass for this one's before it listens.
+        let _ = std::fs::remove_file(path);
+    }
+    if let Some(cpus) = cpus {
+        confine(&mut command, cpus);
+    }
+    let log = dir.join(format!("{}-{socket}.log", system.replace([' ', '(', ')'], "-")));
     let started = std::fs::File::create(&log)
         .and_then(|file| {
             let copy = file.try_clone()?;
@@ -420,7 +518,14 @@ fn serve(
             return skip(&mut run.skipped, &format!("{system} over {socket}"), &reason);
         }
     }
-    measure(args, &Access::Nbd { uri: uri.to_string() }, system, socket, run);
+    measure(
+        args,
+        &Access::Nbd { uri: uri.to_string(), cpus: cpus.map(<[usize]>::to_vec) },
+        system,
+        socket,
+        points,
+        run,
+    );
     drop(child);
 }
 
@@ -497,12 +602,24 @@ fn prefill_file(path: &Path, bytes: u64) -> Result<(), String> {
     file.sync_all().map_err(fail)
 }
 
-/// Both patterns at every depth, then at depth 32 in batches (`--batch`); the first failure
-/// skips the rest of this system.
-fn measure(args: &FioArgs, access: &Access, system: &'static str, socket: &'static str, run: &mut Run) {
+/// (depth, fio batch) of the cases of a system: every depth, then depth 32 in batches
+/// (`--batch`).
+fn points(args: &FioArgs) -> Vec<(usize, usize)> {
     let batched = (args.batch > 1).then_some((THROUGHPUT_DEPTH, args.batch));
+    args.depths.iter().map(|&depth| (depth, 1)).chain(batched).collect()
+}
+
+/// Both patterns at each of `points`; the first failure skips the rest of this system.
+fn measure(
+    args: &FioArgs,
+    access: &Access,
+    system: &'static str,
+    socket: &'static str,
+    points: &[(usize, usize)],
+    run: &mut Run,
+) {
     for pattern in PATTERNS {
-        for (depth, batch) in args.depths.iter().map(|&depth| (depth, 1)).chain(batched) {
+        for &(depth, batch) in points {
             eprintln!("{system} over {socket}: {pattern} at depth {depth}, batch {batch}");
             match fio_case(args, access, pattern, depth, batch) {
                 Ok((iops, ops, [p50_ns, p99_ns, p999_ns])) => {
@@ -617,8 +734,11 @@ fn fio_case(
             command.arg(format!("--ioengine=external:{}", engine.display()));
             command.args([format!("--target={target}"), format!("--namespace={NAMESPACE}"), format!("--poll={poll}")]);
         }
-        Access::Nbd { uri } => {
+        Access::Nbd { uri, cpus } => {
             command.args(["--ioengine=nbd".to_string(), format!("--uri={uri}")]);
+            if let Some(cpus) = cpus {
+                confine(&mut command, cpus);
+            }
         }
     }
     let output = command.stdin(Stdio::null()).output().map_err(|error| format!("running fio: {error}"))?;
@@ -739,6 +859,20 @@ fn goals(cases: &[Case], batch: usize) -> Vec<Goal> {
                 at_most: false,
             });
         }
+        // The same where both servers and their fio have the same CPUs, the target's core apart.
+        if find(cases, NETDAM_NBD_REMOTE, "tcp", pattern, THROUGHPUT_DEPTH).is_some()
+            || find(cases, NETDAM_NBD_REMOTE, "unix", pattern, THROUGHPUT_DEPTH).is_some()
+        {
+            for socket in ["tcp", "unix"] {
+                goals.push(Goal {
+                    name: format!("netdam nbd QD32 IOPS / nbdkit QD32 IOPS, both over {socket}, remote layout"),
+                    pattern,
+                    ratio: pair(NETDAM_NBD_REMOTE, socket, NBDKIT_REMOTE, socket, THROUGHPUT_DEPTH, iops),
+                    bound: 1.0,
+                    at_most: false,
+                });
+            }
+        }
         if batch > 1 {
             goals.push(Goal {
                 name: format!("engine QD32 IOPS / nbdkit over TCP QD32 IOPS, both in fio batches of {batch}"),
@@ -802,6 +936,7 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
            "nbdkit_plugin": "memory 1G", "seconds": args.seconds, "ramp_seconds": 1, "depths": args.depths,
            "batch": args.batch,
            "cases": cases, "goals": goals, "skipped": run.skipped,
+           "remote_layout_cpus": (!run.remote_cpus.is_empty()).then_some(&run.remote_cpus),
            "engine_qd1_p999_over_floor": floor_ratios(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
            "note": "goals are ratios of cases measured in this run; absolute numbers hold for this machine only; see namespace.medium for whether netdam's writes are as volatile as nbdkit memory's"})
 }
@@ -858,6 +993,13 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         for reason in &run.skipped {
             let _ = writeln!(text, "- {reason}");
         }
+    }
+    if !run.remote_cpus.is_empty() {
+        let _ = writeln!(
+            text,
+            "\nRemote layout: the target's worker keeps its CPU to itself, as a target on another machine would, and fio and the NBD server run on CPUs {:?} only, nbdkit's cases alike. In the shared layout every process may use every CPU: nbdkit then has the cores to itself (the target is stopped before its cases), while netdam's cases share them with the target's worker.",
+            run.remote_cpus
+        );
     }
     text.push_str(
         "\nThe engine reaches the target over UDP on loopback; the NBD cases go fio → NBD server over the socket named, and for `netdam nbd` on to the target over UDP. Every block holds data before the cases run (the namespace's file is written before the target maps it; each nbdkit is filled by an untimed sequential fio write), so reads return data on both sides. A pmem namespace answers a write after `msync(MS_SYNC)` of its page; on tmpfs that reaches no disk, so its writes are as volatile as `nbdkit memory`'s (where the file is on a disk, the write goals compare durable against volatile writes).\n",
@@ -1011,4 +1153,89 @@ where
         .position(SeriesLabelPosition::UpperRight)
         .draw()
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(system: &'static str, socket: &'static str, pattern: &'static str, iops: f64) -> Case {
+        Case {
+            system,
+            socket,
+            pattern,
+            depth: THROUGHPUT_DEPTH,
+            batch: 1,
+            iops,
+            ops: iops as u64,
+            p50_ns: 1,
+            p99_ns: 1,
+            p999_ns: 1,
+        }
+    }
+
+    fn goal<'a>(goals: &'a [Goal], name: &str, pattern: &str) -> Option<&'a Goal> {
+        goals.iter().find(|goal| goal.name == name && goal.pattern == pattern)
+    }
+
+    #[test]
+    fn the_remote_layout_compares_the_servers_of_that_layout_only() {
+        let mut cases = Vec::new();
+        for pattern in PATTERNS {
+            for socket in ["tcp", "unix"] {
+                cases.push(case(NETDAM_NBD, socket, pattern, 80.0));
+                cases.push(case(NBDKIT, socket, pattern, 100.0));
+                cases.push(case(NETDAM_NBD_REMOTE, socket, pattern, 110.0));
+                cases.push(case(NBDKIT_REMOTE, socket, pattern, 100.0));
+            }
+        }
+        let goals = goals(&cases, 1);
+        let shared = goal(&goals, "netdam nbd QD32 IOPS / nbdkit QD32 IOPS, both over unix", "randread").unwrap();
+        assert!((shared.ratio.as_ref().unwrap() - 0.8).abs() < 1e-9);
+        assert_eq!(shared.met(), Some(false));
+        let remote =
+            goal(&goals, "netdam nbd QD32 IOPS / nbdkit QD32 IOPS, both over tcp, remote layout", "randwrite").unwrap();
+        assert!((remote.ratio.as_ref().unwrap() - 1.1).abs() < 1e-9);
+        assert_eq!(remote.met(), Some(true));
+
+        // Without remote cases there is no remote goal; a missing peer says which.
+        let shared_only: Vec<Case> = cases.iter().filter(|case| case.system != NETDAM_NBD_REMOTE).cloned().collect();
+        let goals_shared = super::goals(&shared_only, 1);
+        assert!(goals_shared.iter().all(|goal| !goal.name.ends_with("remote layout")));
+        let no_peer: Vec<Case> = cases.iter().filter(|case| case.system != NBDKIT_REMOTE).cloned().collect();
+        let goals_no_peer = super::goals(&no_peer, 1);
+        let missing =
+            goal(&goals_no_peer, "netdam nbd QD32 IOPS / nbdkit QD32 IOPS, both over unix, remote layout", "randread")
+                .unwrap();
+        assert!(missing.ratio.as_ref().unwrap_err().contains(NBDKIT_REMOTE));
+    }
+
+    #[test]
+    fn the_remote_layout_runs_on_every_allowed_cpu_but_the_workers() {
+        let allowed = netdam_target::worker::allowed_cpus();
+        let worker = netdam_target::worker::worker_cpu(&allowed, 0).expect("this process may run somewhere");
+        match remote_layout_cpus() {
+            Ok(cpus) => {
+                assert!(!cpus.contains(&worker));
+                assert_eq!(cpus.len() + 1, allowed.len());
+                assert!(cpus.iter().all(|cpu| allowed.contains(cpu)));
+            }
+            Err(reason) => {
+                assert_eq!(allowed, vec![worker]);
+                assert!(reason.contains("none is left"), "{reason}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_confined_child_runs_on_the_cpus_given_only() {
+        let allowed = netdam_target::worker::allowed_cpus();
+        let cpu = *allowed.last().expect("this process may run somewhere");
+        let mut command = Command::new("grep");
+        command.args(["Cpus_allowed_list", "/proc/self/status"]);
+        confine(&mut command, &[cpu]);
+        let output = command.output().expect("grep runs");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(text.split_whitespace().last(), Some(cpu.to_string().as_str()), "{text}");
+    }
 }

@@ -303,8 +303,9 @@ pub struct Config {
     /// Spin time before blocking, in adaptive mode.
     #[serde(default = "default_adaptive_spin_us")]
     pub adaptive_spin_us: u64,
-    /// Pin worker i to the i-th CPU this process may run on (wrapping), so its caches, its
-    /// socket's receive path and its timing stay on one core.
+    /// Pin worker i to the i-th CPU this process may run on, counted from the last (wrapping:
+    /// `worker::worker_cpu`), so its caches, its socket's receive path and its timing stay on
+    /// one core.
     #[serde(default = "default_pin_workers")]
     pub pin_workers: bool,
     /// Lock the process's memory, present and future (`mlockall`), so that no buffer a request

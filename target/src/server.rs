@@ -204,7 +204,7 @@ impl Target {
         }
         let cpus = if config.pin_workers { worker::allowed_cpus() } else { Vec::new() };
         for ((index, fd), devices) in sockets.into_iter().enumerate().zip(devices) {
-            let cpu = (!cpus.is_empty()).then(|| cpus[cpus.len() - 1 - index % cpus.len()]);
+            let cpu = worker::worker_cpu(&cpus, index);
             let helper_cpus = cpus.clone();
             let dispatcher = Dispatcher::new(engine.clone(), shared.clone(), index, devices);
             let shutdown = shutdown.clone();

@@ -558,6 +558,13 @@ pub fn allowed_cpus() -> Vec<usize> {
     (0..libc::CPU_SETSIZE as usize).filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) }).collect()
 }
 
+/// The CPU worker `index` is pinned to among the `allowed` CPUs (with `pin_workers`): counted
+/// from the last, wrapping, away from CPU 0 where housekeeping and interrupts tend to land.
+/// `None` when no CPU is allowed.
+pub fn worker_cpu(allowed: &[usize], index: usize) -> Option<usize> {
+    (!allowed.is_empty()).then(|| allowed[allowed.len() - 1 - index % allowed.len()])
+}
+
 /// Lets the calling thread (and the threads it starts later) run on `cpus` only.
 pub fn set_affinity(cpus: &[usize]) -> std::io::Result<()> {
     // SAFETY: as above; the set names the CPUs given (those past CPU_SETSIZE are left out).
@@ -591,6 +598,15 @@ mod tests {
 
     fn at_us(us: u64) -> Instant {
         Instant::from_nanos(us * 1_000)
+    }
+
+    #[test]
+    fn workers_are_placed_from_the_last_allowed_cpu_backwards() {
+        assert_eq!(worker_cpu(&[], 0), None);
+        assert_eq!(worker_cpu(&[0, 1], 0), Some(1));
+        assert_eq!(worker_cpu(&[0, 1], 1), Some(0));
+        assert_eq!(worker_cpu(&[0, 1], 2), Some(1));
+        assert_eq!(worker_cpu(&[2, 5, 7], 1), Some(5));
     }
 
     #[test]
