@@ -231,7 +231,8 @@ pub fn run(args: &TenancyArgs) {
     // hosts it would get none. The worker is pinned to the last CPU; this thread (the
     // interactive client) and the flood's threads, which inherit its affinity, to the others.
     let allowed = netdam_target::worker::allowed_cpus();
-    let Some((&worker_cpu, others)) = allowed.split_last().filter(|(_, others)| !others.is_empty()) else {
+    let others = netdam_target::worker::cpus_beside_worker(&allowed, 0);
+    let (Some(worker_cpu), false) = (netdam_target::worker::worker_cpu(&allowed, 0), others.is_empty()) else {
         println!("\n(one CPU: the QoS phases with the worker on a core of its own are skipped)");
         return;
     };
@@ -241,7 +242,7 @@ pub fn run(args: &TenancyArgs) {
     let affinity = |cpus: &[usize]| {
         netdam_target::worker::set_affinity(cpus).unwrap_or_else(|error| panic!("sched_setaffinity {cpus:?}: {error}"))
     };
-    affinity(others);
+    affinity(&others);
     let mut interactive = connect(&pinned, Some(credentials(1)), false, ClientPoll::Blocking);
     let remote = [
         (2u32, "beside a best-effort flood at SCHED_IDLE, off the worker's core", pinned.local_addr()),

@@ -214,7 +214,7 @@ impl Target {
                     let mut dispatcher = dispatcher;
                     if let Some(cpu) = cpu {
                         worker::pin_to_cpu(index, cpu);
-                        let others: Vec<usize> = helper_cpus.iter().copied().filter(|&other| other != cpu).collect();
+                        let others = worker::cpus_beside_worker(&helper_cpus, index);
                         dispatcher.place_block_helpers(if others.is_empty() { &helper_cpus } else { &others });
                     }
                     worker::run(fd, dispatcher, settings, shutdown)

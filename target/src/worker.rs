@@ -559,13 +559,21 @@ pub fn allowed_cpus() -> Vec<usize> {
 }
 
 /// The CPU worker `index` is pinned to among the `allowed` CPUs (with `pin_workers`): counted
-/// from the last, wrapping, away from CPU 0 where housekeeping and interrupts tend to land.
-/// `None` when no CPU is allowed.
+/// from the last, wrapping (docs/DECISIONS.md, "Workers are pinned"). `None` when no CPU is
+/// allowed.
 pub fn worker_cpu(allowed: &[usize], index: usize) -> Option<usize> {
     (!allowed.is_empty()).then(|| allowed[allowed.len() - 1 - index % allowed.len()])
 }
 
-/// Lets the calling thread (and the threads it starts later) run on `cpus` only.
+/// The `allowed` CPUs but the one worker `index` is pinned to (`worker_cpu`): where its block
+/// helpers, or a client beside a target, keep off its core. Empty when it has the only one.
+pub fn cpus_beside_worker(allowed: &[usize], index: usize) -> Vec<usize> {
+    let worker = worker_cpu(allowed, index);
+    allowed.iter().copied().filter(|&cpu| Some(cpu) != worker).collect()
+}
+
+/// Lets the calling thread (and the threads it starts later) run on `cpus` only. It allocates
+/// nothing and takes no lock, so a child process may call it between `fork` and `exec`.
 pub fn set_affinity(cpus: &[usize]) -> std::io::Result<()> {
     // SAFETY: as above; the set names the CPUs given (those past CPU_SETSIZE are left out).
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -607,6 +615,9 @@ mod tests {
         assert_eq!(worker_cpu(&[0, 1], 1), Some(0));
         assert_eq!(worker_cpu(&[0, 1], 2), Some(1));
         assert_eq!(worker_cpu(&[2, 5, 7], 1), Some(5));
+        assert_eq!(cpus_beside_worker(&[0, 1], 0), vec![0]);
+        assert_eq!(cpus_beside_worker(&[2, 5, 7], 1), vec![2, 7]);
+        assert_eq!(cpus_beside_worker(&[3], 0), Vec::<usize>::new());
     }
 
     #[test]
