@@ -120,15 +120,15 @@ const THROUGHPUT: &str = "netdam-bench throughput";
 const FLOOR: &str = "UDP echo (floor)";
 
 /// How fio reaches one system.
-enum Access {
+enum Access<'a> {
     Plugin {
         engine: PathBuf,
         target: SocketAddr,
     },
     /// An NBD server; with `cpus`, fio runs on those CPUs only (the remote layout).
     Nbd {
-        uri: String,
-        cpus: Option<Vec<usize>>,
+        uri: &'a str,
+        cpus: Option<&'a [usize]>,
     },
 }
 
@@ -172,8 +172,8 @@ struct Run {
     cases: Vec<Case>,
     skipped: Vec<String>,
     goals: Vec<Goal>,
-    /// The CPUs fio and the NBD servers ran on in the remote layout (empty: not run).
-    remote_cpus: Vec<usize>,
+    /// The CPUs fio and the NBD servers ran on in the remote layout (`None`: not run).
+    remote_cpus: Option<Vec<usize>>,
 }
 
 /// A child server, killed (and reaped) when dropped.
@@ -217,7 +217,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         cases: Vec::new(),
         skipped: Vec::new(),
         goals: Vec::new(),
-        remote_cpus: Vec::new(),
+        remote_cpus: None,
     };
     run.medium = if on_tmpfs {
         "a file mapping on tmpfs: memory, as volatile as nbdkit memory"
@@ -235,7 +235,8 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
     }
     let config = target_config(scratch.path(), args.poll);
     let target = Target::start(&config).map_err(|error| error.to_string())?;
-    let remote_cpus = if args.no_remote_layout {
+    // Only the NBD cases run in the remote layout.
+    let remote_cpus = if args.no_remote_layout || !(wanted("nbd") || wanted("nbdkit")) {
         None
     } else {
         match remote_layout_cpus(&config) {
@@ -262,23 +263,15 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         match netdam_binary(args) {
             Ok(_) if !wanted("nbd") => {}
             Ok(netdam) => {
-                let shared = Layout { system: NETDAM_NBD, label: "netdam-nbd", cpus: None, points: &all_points };
-                let remote = Layout {
-                    system: NETDAM_NBD_REMOTE,
-                    label: "netdam-nbd-remote",
-                    cpus: None,
-                    points: &remote_points,
-                };
-                for layout in layouts(shared, remote, remote_cpus.as_deref()) {
-                    for socket in ["tcp", "unix"] {
-                        let (listen, uri) = endpoint(scratch.path(), layout.label, socket)?;
-                        let mut command = Command::new(&netdam);
-                        command.arg("--target").arg(target.local_addr().to_string());
-                        command.args(["nbd", "--namespace", NAMESPACE, "--listen", &listen]);
-                        let server = Server { listen: &listen, uri: &uri, socket, layout, fill_first: false };
-                        serve(args, command, &server, scratch.path(), &mut run);
-                    }
-                }
+                let points = (&all_points[..], &remote_points[..]);
+                let names = [(NETDAM_NBD, "netdam-nbd"), (NETDAM_NBD_REMOTE, "netdam-nbd-remote")];
+                let layouts = layouts(names, points, remote_cpus.as_deref());
+                serve_layouts(args, &mut run, scratch.path(), &layouts, false, |listen| {
+                    let mut command = Command::new(&netdam);
+                    command.arg("--target").arg(target.local_addr().to_string());
+                    command.args(["nbd", "--namespace", NAMESPACE, "--listen", listen]);
+                    command
+                })?;
             }
             Err(reason) => skip(&mut run.skipped, NETDAM_NBD, &reason),
         }
@@ -289,35 +282,31 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             Ok(_) if !wanted("nbdkit") => {}
             Ok(found) => {
                 run.nbdkit = Some(found);
-                let shared = Layout { system: NBDKIT, label: "nbdkit", cpus: None, points: &all_points };
-                let remote =
-                    Layout { system: NBDKIT_REMOTE, label: "nbdkit-remote", cpus: None, points: &remote_points };
-                for layout in layouts(shared, remote, remote_cpus.as_deref()) {
-                    for socket in ["tcp", "unix"] {
-                        let (listen, uri) = endpoint(scratch.path(), layout.label, socket)?;
-                        let mut command = Command::new("nbdkit");
-                        command.args(["-f", "--exit-with-parent"]);
-                        match listen.split_once(':') {
-                            Some(("tcp", address)) => {
-                                let (host, port) = address.rsplit_once(':').expect("endpoint writes HOST:PORT");
-                                command.args(["-i", host, "-p", port]);
-                            }
-                            _ => {
-                                command.arg("-U").arg(listen.trim_start_matches("unix:"));
-                            }
+                let points = (&all_points[..], &remote_points[..]);
+                let names = [(NBDKIT, "nbdkit"), (NBDKIT_REMOTE, "nbdkit-remote")];
+                // Every block written before the cases (`fill_first`), as netdam's namespace is.
+                let layouts = layouts(names, points, remote_cpus.as_deref());
+                serve_layouts(args, &mut run, scratch.path(), &layouts, true, |listen| {
+                    let mut command = Command::new("nbdkit");
+                    command.args(["-f", "--exit-with-parent"]);
+                    match listen.split_once(':') {
+                        Some(("tcp", address)) => {
+                            let (host, port) = address.rsplit_once(':').expect("endpoint writes HOST:PORT");
+                            command.args(["-i", host, "-p", port]);
                         }
-                        command.args(["memory", "1G"]);
-                        // Every block written before the cases, as netdam's namespace is.
-                        let server = Server { listen: &listen, uri: &uri, socket, layout, fill_first: true };
-                        serve(args, command, &server, scratch.path(), &mut run);
+                        _ => {
+                            command.arg("-U").arg(listen.trim_start_matches("unix:"));
+                        }
                     }
-                }
+                    command.args(["memory", "1G"]);
+                    command
+                })?;
             }
             Err(reason) => skip(&mut run.skipped, NBDKIT, &format!("{reason} (apt-get install nbdkit)")),
         }
     }
-    run.remote_cpus = remote_cpus.unwrap_or_default();
-    run.goals = goals(&run.cases, args.batch, !run.remote_cpus.is_empty());
+    run.remote_cpus = remote_cpus;
+    run.goals = goals(&run.cases, args.batch, run.remote_cpus.is_some());
     let text = markdown(args, &run);
     print!("{text}");
     if let Some(dir) = &args.out {
@@ -444,6 +433,9 @@ fn endpoint(dir: &Path, name: &str, socket: &str) -> Result<(String, String), St
     }
 }
 
+/// (depth, fio batch) of each case of a system.
+type Points<'a> = &'a [(usize, usize)];
+
 /// Where one NBD server runs and what is measured there.
 #[derive(Clone, Copy)]
 struct Layout<'a> {
@@ -453,8 +445,7 @@ struct Layout<'a> {
     label: &'static str,
     /// The CPUs the server and its fio run on (the remote layout); `None`: any.
     cpus: Option<&'a [usize]>,
-    /// (depth, fio batch) of each case.
-    points: &'a [(usize, usize)],
+    points: Points<'a>,
 }
 
 /// One NBD server to measure.
@@ -467,13 +458,38 @@ struct Server<'a> {
     fill_first: bool,
 }
 
-/// A server's shared layout, then its remote one on `remote_cpus` where there are any.
-fn layouts<'a>(shared: Layout<'a>, remote: Layout<'a>, remote_cpus: Option<&'a [usize]>) -> Vec<Layout<'a>> {
-    let mut layouts = vec![shared];
-    if let Some(cpus) = remote_cpus {
-        layouts.push(Layout { cpus: Some(cpus), ..remote });
+/// A server's layouts: the shared one (`names[0]`: its name in the report and its files'
+/// label) at `points.0`, then, where there are `remote_cpus`, the remote one (`names[1]`) at
+/// `points.1`.
+fn layouts<'a>(
+    names: [(&'static str, &'static str); 2],
+    points: (Points<'a>, Points<'a>),
+    remote_cpus: Option<&'a [usize]>,
+) -> Vec<Layout<'a>> {
+    let shared = Layout { system: names[0].0, label: names[0].1, cpus: None, points: points.0 };
+    let remote =
+        remote_cpus.map(|cpus| Layout { system: names[1].0, label: names[1].1, cpus: Some(cpus), points: points.1 });
+    std::iter::once(shared).chain(remote).collect()
+}
+
+/// Measures one kind of NBD server in each of its `layouts`, over TCP and a Unix socket;
+/// `command` starts the server listening at the address it is given.
+fn serve_layouts(
+    args: &FioArgs,
+    run: &mut Run,
+    dir: &Path,
+    layouts: &[Layout<'_>],
+    fill_first: bool,
+    command: impl Fn(&str) -> Command,
+) -> Result<(), String> {
+    for &layout in layouts {
+        for socket in ["tcp", "unix"] {
+            let (listen, uri) = endpoint(dir, layout.label, socket)?;
+            let server = Server { listen: &listen, uri: &uri, socket, layout, fill_first };
+            serve(args, command(&listen), &server, dir, run);
+        }
     }
-    layouts
+    Ok(())
 }
 
 /// The CPUs of the remote layout: those this process may run on but the one the target's
@@ -508,19 +524,7 @@ fn confine(command: &mut Command, cpus: &[usize]) {
 /// Starts a server, waits until it accepts connections, runs the cases against it, kills it.
 fn serve(args: &FioArgs, mut command: Command, server: &Server<'_>, dir: &Path, run: &mut Run) {
     let Server { listen, uri, socket, layout: Layout { system, label, cpus, points }, fill_first } = *server;
-    if let Some(path) = listen.strip_prefix("unix:") {
-        // A socket file left by an earlier run would pass for this server's before it listens.
-        match std::fs::remove_file(path) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                return skip(
-                    &mut run.skipped,
-                    &format!("{system} over {socket}"),
-                    &format!("removing {path}: {error}"),
-                );
-            }
-            _ => {}
-        }
-    }
+    let what = format!("{system} over {socket}");
     if let Some(cpus) = cpus {
         confine(&mut command, cpus);
     }
@@ -533,24 +537,17 @@ fn serve(args: &FioArgs, mut command: Command, server: &Server<'_>, dir: &Path, 
         .map(ChildGuard);
     let mut child = match started {
         Ok(child) => child,
-        Err(error) => return skip(&mut run.skipped, &format!("{system} over {socket}"), &format!("start: {error}")),
+        Err(error) => return skip(&mut run.skipped, &what, &format!("start: {error}")),
     };
     if let Err(reason) = wait_until_listening(&mut child.0, listen, &log) {
-        return skip(&mut run.skipped, &format!("{system} over {socket}"), &reason);
+        return skip(&mut run.skipped, &what, &reason);
     }
     if fill_first {
         if let Err(reason) = prefill(uri) {
-            return skip(&mut run.skipped, &format!("{system} over {socket}"), &reason);
+            return skip(&mut run.skipped, &what, &reason);
         }
     }
-    measure(
-        args,
-        &Access::Nbd { uri: uri.to_string(), cpus: cpus.map(<[usize]>::to_vec) },
-        system,
-        socket,
-        points,
-        run,
-    );
+    measure(args, &Access::Nbd { uri, cpus }, system, socket, points, run);
     drop(child);
 }
 
@@ -953,7 +950,7 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
            "nbdkit_plugin": "memory 1G", "seconds": args.seconds, "ramp_seconds": 1, "depths": args.depths,
            "batch": args.batch,
            "cases": cases, "goals": goals, "skipped": run.skipped,
-           "remote_layout_cpus": (!run.remote_cpus.is_empty()).then_some(&run.remote_cpus),
+           "remote_layout_cpus": run.remote_cpus,
            "engine_qd1_p999_over_floor": floor_ratios(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
            "note": "goals are ratios of cases measured in this run; absolute numbers hold for this machine only; see namespace.medium for whether netdam's writes are as volatile as nbdkit memory's"})
 }
@@ -1011,11 +1008,11 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
             let _ = writeln!(text, "- {reason}");
         }
     }
-    if run.cases.iter().any(|case| [NETDAM_NBD_REMOTE, NBDKIT_REMOTE].contains(&case.system)) {
+    if let Some(cpus) = &run.remote_cpus {
         let _ = writeln!(
             text,
             "\nRemote layout: the target's worker keeps its CPU to itself, as a target on another machine would, and fio and the NBD server run on CPUs {:?} only, nbdkit's cases alike. In the shared layout every process may use every CPU: nbdkit then has the cores to itself (the target is stopped before its cases), while netdam's cases share them with the target's worker. The remote layout is an approximation: on loopback the kernel's receive work for a datagram runs on the sender's CPU, so the target's core does some of the export's receive work for read answers, and the export's core some of the target's for write requests.",
-            run.remote_cpus
+            cpus
         );
     }
     text.push_str(
@@ -1229,14 +1226,9 @@ mod tests {
 
     /// The CPUs a thread of this process named `name` may run on, from /proc.
     fn thread_cpus(name: &str) -> Option<Vec<usize>> {
-        for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-            if std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| comm.trim() == name) {
-                let status = std::fs::read_to_string(task.path().join("status")).ok()?;
-                let list = status.lines().find_map(|line| line.strip_prefix("Cpus_allowed_list:"))?;
-                return Some(cpu_list(list.trim()));
-            }
-        }
-        None
+        let status = std::fs::read_to_string(crate::latency::thread_dir(name)?.join("status")).ok()?;
+        let list = status.lines().find_map(|line| line.strip_prefix("Cpus_allowed_list:"))?;
+        Some(cpu_list(list.trim()))
     }
 
     /// "0-2,5" → [0, 1, 2, 5].
@@ -1253,14 +1245,10 @@ mod tests {
     fn the_remote_layout_keeps_off_the_cpu_the_targets_worker_runs_on() {
         let allowed = netdam_target::worker::allowed_cpus();
         let dir = tempfile::tempdir().unwrap();
-        let namespace = NamespaceConfig {
-            name: NAMESPACE.into(),
-            backend: NamespaceBackend::Pmem,
-            path: NAMESPACE_FILE.into(),
-            size: Some(ByteSize(1 << 20)),
-            block_size: BLOCK_BYTES,
-        };
-        let config = crate::target::config(dir.path(), PollMode::Blocking, namespace);
+        let mut config = target_config(dir.path(), BlockPoll::Blocking);
+        config.namespaces[0].size = Some(ByteSize(1 << 20));
+        // A target in a test process must not lock the whole process's memory.
+        config.lock_memory = false;
         let target = Target::start(&config).unwrap();
         // The worker pins itself once its thread runs.
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -298,22 +298,24 @@ fn target_config(
     Config { pin_workers: pin, lock_memory, metrics_listen, engine: engine.clone(), fpga_namespace, ..config }
 }
 
+/// The /proc directory of the thread named `name` of this process, if there is one.
+pub fn thread_dir(name: &str) -> Option<std::path::PathBuf> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| std::fs::read_to_string(path.join("comm")).is_ok_and(|comm| comm.trim() == name))
+}
+
 /// CPU time the thread named `name` of this process has used, from /proc.
 pub fn thread_cpu(name: &str) -> Option<Duration> {
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    for entry in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
-        if comm.trim() != name {
-            continue;
-        }
-        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
-        let after = &stat[stat.rfind(')')? + 2..];
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let used: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        return Some(Duration::from_nanos(used * 1_000_000_000 / ticks));
-    }
-    None
+    let stat = std::fs::read_to_string(thread_dir(name)?.join("stat")).ok()?;
+    // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let used: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_nanos(used * 1_000_000_000 / ticks))
 }
 
 /// Percent of a core the idle worker uses over `window`.

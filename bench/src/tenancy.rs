@@ -232,7 +232,7 @@ pub fn run(args: &TenancyArgs) {
     // interactive client) and the flood's threads, which inherit its affinity, to the others.
     let allowed = netdam_target::worker::allowed_cpus();
     let others = netdam_target::worker::cpus_beside_worker(&allowed, 0);
-    let (Some(worker_cpu), false) = (netdam_target::worker::worker_cpu(&allowed, 0), others.is_empty()) else {
+    let Some(worker_cpu) = netdam_target::worker::worker_cpu(&allowed, 0).filter(|_| !others.is_empty()) else {
         println!("\n(one CPU: the QoS phases with the worker on a core of its own are skipped)");
         return;
     };

@@ -52,8 +52,9 @@ pub struct AsyncClient {
     info: TargetInfo,
     /// Ends (its sender is dropped) when the I/O task has finished.
     finished: watch::Receiver<()>,
-    /// Requests its callers have outstanding (shared by a volume's sessions).
-    outstanding: Arc<AtomicUsize>,
+    /// Requests its callers have outstanding (shared by a volume's sessions); counted only
+    /// where the I/O task may spin for a lone answer, the one reader of the count.
+    outstanding: Option<Arc<AtomicUsize>>,
 }
 
 impl std::fmt::Debug for Command {
@@ -66,7 +67,7 @@ impl std::fmt::Debug for Command {
 #[derive(Debug)]
 pub struct Pending {
     answer: oneshot::Receiver<Result<Reply, ClientError>>,
-    _outstanding: Outstanding,
+    _outstanding: Option<Outstanding>,
 }
 
 impl Pending {
@@ -138,10 +139,11 @@ impl AsyncClient {
         session.start_hello(options.session.max_datagram_bytes as u32);
         let (established, answer) = oneshot::channel();
         let (finishing, finished) = watch::channel(());
+        // Only a session that may spin for a lone answer reads the count.
+        let outstanding = (options.poll != ClientPoll::Blocking).then_some(outstanding);
         let driver = Driver {
             _finishing: finishing,
             train: Train::new(&socket, options.request_trains),
-            spin: options.poll != ClientPoll::Blocking,
             lone_requests: 0,
             outstanding: outstanding.clone(),
             socket,
@@ -201,7 +203,7 @@ impl AsyncClient {
     /// while the task's queue is full. Submit several, then wait for each, to keep them in
     /// flight together.
     pub async fn submit(&self, ops: Vec<Op>) -> Result<Pending, ClientError> {
-        let outstanding = Outstanding::new(&self.outstanding);
+        let outstanding = self.outstanding.as_ref().map(Outstanding::new);
         let (reply, answer) = oneshot::channel();
         self.commands.send(Command { ops, reply }).await.map_err(|_| ClientError::Closed)?;
         Ok(Pending { answer, _outstanding: outstanding })
@@ -311,12 +313,11 @@ struct Driver {
     _finishing: watch::Sender<()>,
     /// Requests sent together leave in one system call (`netdam_udp::Train`).
     train: Train,
-    /// Spin for the answer of a lone request (`spin_for_a_lone_answer`).
-    spin: bool,
     /// Requests in a row that arrived with nothing else in flight or queued.
     lone_requests: u32,
-    /// The callers' outstanding requests, over every session of their volume (`Outstanding`).
-    outstanding: Arc<AtomicUsize>,
+    /// The callers' outstanding requests, over every session of their volume (`Outstanding`);
+    /// `None` for a session that never spins for a lone answer (`spin_for_a_lone_answer`).
+    outstanding: Option<Arc<AtomicUsize>>,
     socket: UdpSocket,
     session: Session,
     addr: SocketAddr,
@@ -391,11 +392,14 @@ impl Driver {
         let mut open = true;
         loop {
             self.submit_what_fits();
-            let now = self.clock.now();
-            // Several due at once (the commands one wake-up took) leave in one train.
-            let sent = send_due(&mut self.session, &self.socket, &mut self.train, self.addr, now);
-            if let Some(error) = sent.error.and_then(|error| send_failure(&mut self.session, self.addr, error, now)) {
-                self.fail_all(&error);
+            if self.session.has_queued() {
+                let now = self.clock.now();
+                // Several due at once (the commands one wake-up took) leave in one train.
+                let sent = send_due(&mut self.session, &self.socket, &mut self.train, self.addr, now);
+                if let Some(error) = sent.error.and_then(|error| send_failure(&mut self.session, self.addr, error, now))
+                {
+                    self.fail_all(&error);
+                }
             }
             if self.connecting.as_ref().is_some_and(|connecting| connecting.is_closed()) {
                 return;
@@ -404,12 +408,12 @@ impl Driver {
                 close_session(&self.socket, &mut self.session, &self.clock, &mut buffer).await;
                 return;
             }
-            let sleep_until = self
-                .session
-                .poll_timeout()
-                .map(|deadline| tokio::time::Instant::now() + deadline.saturating_since(self.clock.now()).to_std());
             let answered = self.spin_for_a_lone_answer(&commands, &mut buffer).await;
             if !answered {
+                let sleep_until = self
+                    .session
+                    .poll_timeout()
+                    .map(|deadline| tokio::time::Instant::now() + deadline.saturating_since(self.clock.now()).to_std());
                 tokio::select! {
                     command = commands.recv(), if open && self.backlog.len() < COMMAND_QUEUE => match command {
                         Some(command) => {
@@ -418,7 +422,7 @@ impl Driver {
                             // one is all its callers have outstanding, over every session.
                             let alone = self.waiting.is_empty()
                                 && self.backlog.is_empty()
-                                && self.outstanding.load(Ordering::Relaxed) <= 1;
+                                && self.callers_outstanding() <= 1;
                             self.backlog.push_back((command, now));
                             // Take every command already queued, so that the ones submitted
                             // together (an NBD client's requests read in one go) can share
@@ -606,9 +610,9 @@ impl Driver {
     /// callers: there the spinning thread would take the core their own thread needs (an NBD
     /// client on the same machine), which measured slower at depth 4.
     async fn spin_for_a_lone_answer(&mut self, commands: &mpsc::Receiver<Command>, buffer: &mut [u8]) -> bool {
-        if !self.spin
+        if self.outstanding.is_none()
             || self.lone_requests < LONE_REQUESTS_TO_SPIN
-            || self.outstanding.load(Ordering::Relaxed) > 1
+            || self.callers_outstanding() > 1
             || self.waiting.len() != 1
             || !self.backlog.is_empty()
             || !commands.is_empty()
@@ -644,6 +648,12 @@ impl Driver {
             // connection with a new request) run in between.
             tokio::task::yield_now().await;
         }
+    }
+
+    /// Requests the callers have outstanding over every session of their volume (0 where
+    /// they are not counted: a session that never spins).
+    fn callers_outstanding(&self) -> usize {
+        self.outstanding.as_ref().map_or(0, |count| count.load(Ordering::Relaxed))
     }
 
     /// A receive failed: nothing listens at the target's address, or the socket is unusable.

@@ -139,11 +139,10 @@ pub(crate) fn send_failure(
     error: io::Error,
     now: Instant,
 ) -> Option<ClientError> {
-    if error.raw_os_error() == Some(libc::ENOBUFS) {
+    if netdam_udp::is_full(&error) {
         return None;
     }
     match error.kind() {
-        io::ErrorKind::WouldBlock => None,
         io::ErrorKind::ConnectionRefused if session.handle_refused(now) => None,
         io::ErrorKind::ConnectionRefused => Some(ClientError::NotListening(peer)),
         _ => Some(ClientError::Io(error)),
@@ -924,5 +923,41 @@ impl Drop for Client {
         // Frees the target's slot at once; a target that does not answer soon lets the session
         // expire instead.
         let _ = self.close_session();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A train refused because nothing listens at the peer any more is the send's error, and
+    /// means `NotListening` to a session that does not wait for a restart. (The kernel reports
+    /// the ICMP port-unreachable an earlier send drew on the socket's next call: here the
+    /// train's `sendmsg`.)
+    #[test]
+    fn a_refused_train_is_reported_and_means_not_listening() {
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let peer = closed.local_addr().unwrap();
+        drop(closed);
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.connect(peer).unwrap();
+        socket.send(b"draws the port-unreachable").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+
+        let config = SessionConfig { congestion: None, reconnect_patience: Duration::ZERO, ..SessionConfig::default() };
+        let mut session = Session::new(config, 1);
+        for token in 0..3 {
+            session.submit(&[Op::ping()], token).unwrap();
+        }
+        let mut train = Train::new(&socket, true);
+        let sent = send_due(&mut session, &socket, &mut train, peer, Instant::ZERO);
+        // Three due at once go the train's way (a lone one would be sent on its own).
+        assert_eq!(session.stats().transmissions, 3);
+        let error = sent.error.expect("the refusal is reported");
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused, "{error}");
+        match send_failure(&mut session, peer, error, Instant::ZERO) {
+            Some(ClientError::NotListening(addr)) => assert_eq!(addr, peer),
+            other => panic!("expected NotListening, got {other:?}"),
+        }
     }
 }

@@ -283,5 +283,3 @@ fn ancillary(header: &libc::msghdr) -> (u8, u64) {
 }
 
 pub use netdam_isa::time::realtime_ns;
-
-pub use netdam_udp::send_to;

@@ -12,7 +12,13 @@ use std::os::fd::{AsFd, RawFd};
 
 pub mod train;
 
-pub use train::{Train, TRAIN_BYTES, TRAIN_DATAGRAMS, TRAIN_WAIT};
+pub use train::Train;
+
+/// Whether a failed send found the socket buffer full (`EAGAIN`, `ENOBUFS`): the datagram is
+/// lost as the network may lose any, and retransmission recovers it.
+pub fn is_full(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ENOBUFS))
+}
 
 /// Sends `bytes` to `peer` without blocking.
 pub fn send_to(fd: &impl AsFd, peer: &SocketAddr, bytes: &[u8]) -> io::Result<()> {

@@ -98,7 +98,7 @@ impl Train {
     }
 
     /// When the oldest datagram waiting joined, if any waits.
-    pub fn waiting_since(&self) -> Option<Instant> {
+    fn waiting_since(&self) -> Option<Instant> {
         (self.datagrams > 0).then_some(self.first_at)
     }
 
@@ -171,8 +171,7 @@ impl Train {
         match result {
             Ok(()) => 0,
             Err(error) => {
-                let full = matches!(error.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ENOBUFS));
-                if !full && self.error.is_none() {
+                if !crate::is_full(&error) && self.error.is_none() {
                     self.error = Some(error);
                 }
                 1
@@ -184,9 +183,11 @@ impl Train {
     /// size (EINVAL: larger than the route's MTU allows) or all trains (the socket or device
     /// cannot segment) stop.
     fn refused(&mut self, fd: &impl AsFd, peer: SocketAddr, len: usize, error: io::Error) -> u64 {
+        if crate::is_full(&error) {
+            // The train is lost as separate sends would have been.
+            return self.buffer[..len].chunks(self.segment).count() as u64;
+        }
         match error.raw_os_error() {
-            // A full socket buffer: the train is lost as separate sends would have been.
-            Some(libc::EAGAIN) | Some(libc::ENOBUFS) => return self.buffer[..len].chunks(self.segment).count() as u64,
             // A segment larger than the route's MTU allows (or the socket sends without
             // checksums): smaller trains may still go.
             Some(libc::EINVAL) | Some(libc::EMSGSIZE) => {
