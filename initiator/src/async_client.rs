@@ -386,6 +386,16 @@ struct Waiter {
     sent_bytes: u64,
 }
 
+/// What one receive gave the driver (`Driver::take_received`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Received {
+    Datagram,
+    /// The socket was empty.
+    Nothing,
+    /// The receive failed; what waits was failed or held for a restarting target.
+    Failed,
+}
+
 impl Driver {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         let mut buffer = vec![0u8; MAX_DATAGRAM_BYTES];
@@ -416,48 +426,11 @@ impl Driver {
                     .map(|deadline| tokio::time::Instant::now() + deadline.saturating_since(self.clock.now()).to_std());
                 tokio::select! {
                     command = commands.recv(), if open && self.backlog.len() < COMMAND_QUEUE => match command {
-                        Some(command) => {
-                            let now = self.clock.now();
-                            // A caller that waits for each answer before its next request: this
-                            // one is all its callers have outstanding, over every session.
-                            let alone = self.waiting.is_empty()
-                                && self.backlog.is_empty()
-                                && self.callers_outstanding() <= 1;
-                            self.backlog.push_back((command, now));
-                            // Take every command already queued, so that the ones submitted
-                            // together (an NBD client's requests read in one go) can share
-                            // datagrams, and one wake-up serves them all.
-                            while self.backlog.len() < COMMAND_QUEUE {
-                                match commands.try_recv() {
-                                    Ok(command) => self.backlog.push_back((command, now)),
-                                    Err(mpsc::error::TryRecvError::Empty) => break,
-                                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                                        open = false;
-                                        break;
-                                    }
-                                }
-                            }
-                            self.lone_requests =
-                                if alone && self.backlog.len() == 1 { self.lone_requests.saturating_add(1) } else { 0 };
-                        }
+                        Some(command) => open = self.take_commands(command, &mut commands),
                         None => open = false,
                     },
                     ready = self.socket.readable() => match ready {
-                        // Every answer that has arrived, without waking again, each with how long
-                        // it waited in the socket (`stamped`).
-                        Ok(()) => loop {
-                            let fd = self.socket.as_raw_fd();
-                            match self.socket.try_io(Interest::READABLE, || stamped::recv(fd, &mut buffer)) {
-                                Ok((len, waited)) => {
-                                    self.session.handle_datagram_waited(self.clock.now(), waited.unwrap_or(Duration::ZERO), &buffer[..len])
-                                }
-                                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
-                                Err(error) => {
-                                    self.receive_failed(error);
-                                    break;
-                                }
-                            }
-                        },
+                        Ok(()) => self.receive_arrived(&mut buffer),
                         Err(error) => self.receive_failed(error),
                     },
                     () = async {
@@ -470,27 +443,7 @@ impl Driver {
             }
             let now = self.clock.now();
             self.session.handle_timeout(now);
-            while let Some(completion) = self.session.poll_completion() {
-                match self.waiting.remove(&completion.token) {
-                    Some(Waiters::One(waiter)) => self.answer(waiter, completion.result, now),
-                    Some(Waiters::Packed(waiters)) => {
-                        let counts: Vec<usize> = waiters.iter().map(|waiter| waiter.count).collect();
-                        match completion.result {
-                            Ok(reply) => {
-                                for (waiter, share) in waiters.into_iter().zip(reply.split(&counts)) {
-                                    self.answer(waiter, Ok(share), now);
-                                }
-                            }
-                            Err(error) => {
-                                for waiter in waiters {
-                                    self.answer(waiter, Err(error.duplicate()), now);
-                                }
-                            }
-                        }
-                    }
-                    None => {}
-                }
-            }
+            self.answer_completed(now);
             if let Some(metrics) = &self.metrics {
                 metrics.update(&self.session.stats());
             }
@@ -506,6 +459,85 @@ impl Driver {
                         return;
                     }
                 }
+            }
+        }
+    }
+
+    /// Takes `first`, just received, and every command already queued behind it, so that the
+    /// ones submitted together (an NBD client's requests read in one go) can share datagrams,
+    /// and one wake-up serves them all. Returns whether the command channel is still open.
+    fn take_commands(&mut self, first: Command, commands: &mut mpsc::Receiver<Command>) -> bool {
+        let now = self.clock.now();
+        // A caller that waits for each answer before its next request: this one is all its
+        // callers have outstanding, over every session.
+        let alone = self.waiting.is_empty() && self.backlog.is_empty() && self.callers_outstanding() <= 1;
+        self.backlog.push_back((first, now));
+        let mut open = true;
+        while self.backlog.len() < COMMAND_QUEUE {
+            match commands.try_recv() {
+                Ok(command) => self.backlog.push_back((command, now)),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        self.lone_requests = if alone && self.backlog.len() == 1 { self.lone_requests.saturating_add(1) } else { 0 };
+        open
+    }
+
+    /// Receives every answer that has arrived, without waking again, each with how long it
+    /// waited in the socket (`stamped`); the socket's readiness is cleared once it is empty.
+    fn receive_arrived(&mut self, buffer: &mut [u8]) {
+        let fd = self.socket.as_raw_fd();
+        loop {
+            let received = self.socket.try_io(Interest::READABLE, || stamped::recv(fd, buffer));
+            if self.take_received(received, buffer) != Received::Datagram {
+                return;
+            }
+        }
+    }
+
+    /// Hands the session what a receive into `buffer` gave: a datagram (with how long it
+    /// waited in the socket, when known), nothing (the socket was empty), or an error, which
+    /// fails or holds what waits (`receive_failed`).
+    fn take_received(&mut self, received: std::io::Result<(usize, Option<Duration>)>, buffer: &[u8]) -> Received {
+        match received {
+            Ok((len, waited)) => {
+                self.session.handle_datagram_waited(self.clock.now(), waited.unwrap_or(Duration::ZERO), &buffer[..len]);
+                Received::Datagram
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => Received::Nothing,
+            Err(error) => {
+                self.receive_failed(error);
+                Received::Failed
+            }
+        }
+    }
+
+    /// Gives every finished request's outcome to its caller (each caller its share of a packed
+    /// answer).
+    fn answer_completed(&mut self, now: Instant) {
+        while let Some(completion) = self.session.poll_completion() {
+            match self.waiting.remove(&completion.token) {
+                Some(Waiters::One(waiter)) => self.answer(waiter, completion.result, now),
+                Some(Waiters::Packed(waiters)) => {
+                    let counts: Vec<usize> = waiters.iter().map(|waiter| waiter.count).collect();
+                    match completion.result {
+                        Ok(reply) => {
+                            for (waiter, share) in waiters.into_iter().zip(reply.split(&counts)) {
+                                self.answer(waiter, Ok(share), now);
+                            }
+                        }
+                        Err(error) => {
+                            for waiter in waiters {
+                                self.answer(waiter, Err(error.duplicate()), now);
+                            }
+                        }
+                    }
+                }
+                None => {}
             }
         }
     }
@@ -623,23 +655,16 @@ impl Driver {
         let spin = adaptive_spin_for(self.session.smoothed_rtt());
         let fd = self.socket.as_raw_fd();
         loop {
-            match stamped::recv(fd, buffer) {
-                Ok((len, waited)) => {
-                    let now = self.clock.now();
-                    let in_flight = self.session.in_flight();
-                    self.session.handle_datagram_waited(now, waited.unwrap_or(Duration::ZERO), &buffer[..len]);
-                    if self.session.in_flight() < in_flight {
-                        // The answer (not a duplicate, nor a BUSY that holds the request).
-                        self.session.count_spun_for();
-                        tokio::task::consume_budget().await;
-                        return true;
-                    }
-                }
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(error) => {
-                    self.receive_failed(error);
+            let in_flight = self.session.in_flight();
+            match self.take_received(stamped::recv(fd, buffer), buffer) {
+                // The answer (not a duplicate, nor a BUSY that holds the request).
+                Received::Datagram if self.session.in_flight() < in_flight => {
+                    self.session.count_spun_for();
+                    tokio::task::consume_budget().await;
                     return true;
                 }
+                Received::Datagram | Received::Nothing => {}
+                Received::Failed => return true,
             }
             if self.clock.now().saturating_since(started) > spin || !commands.is_empty() {
                 return false;

@@ -164,7 +164,12 @@ impl Reply {
 
     /// This reply's results, in order.
     pub fn result_iter(&self) -> impl Iterator<Item = InstructionResult<'_>> {
-        self.response().results().skip(self.first).take(self.count)
+        self.shares(self.response())
+    }
+
+    /// This reply's share of `response`'s results (its own datagram, read once by the caller).
+    fn shares<'a>(&self, response: Response<'a>) -> impl Iterator<Item = InstructionResult<'a>> {
+        response.results().skip(self.first).take(self.count)
     }
 
     /// Data of result `index`, or the error its status (or the datagram's) says.
@@ -173,7 +178,7 @@ impl Reply {
         if response.status() != Status::Ok {
             return Err(ClientError::DatagramRefused(response.status()));
         }
-        let result = self.result_iter().nth(index).ok_or(ClientError::MissingResult(index))?;
+        let result = self.shares(response).nth(index).ok_or(ClientError::MissingResult(index))?;
         match result.status {
             Status::Ok => Ok(result.data),
             status => Err(ClientError::Refused { opcode: result.opcode, status }),
@@ -186,7 +191,7 @@ impl Reply {
         if response.status() != Status::Ok {
             return Err(ClientError::DatagramRefused(response.status()));
         }
-        Ok(self.result_iter().collect())
+        Ok(self.shares(response).collect())
     }
 
     /// Splits the answer to a datagram that carried several callers' instructions back to
@@ -771,9 +776,13 @@ impl Session {
     /// of the oldest unanswered request that the target's replay window would no longer cover it
     /// (one request stuck in retransmission must not let the rest run 256 sequences ahead).
     pub fn has_room(&self) -> bool {
-        let callers = self.requests.iter().filter(|request| request.origin == Origin::Caller);
-        let oldest = callers.clone().map(|request| request.sequence).min().unwrap_or(self.next_sequence);
-        callers.count() < self.config.max_in_flight && self.next_sequence - oldest < REPLAY_WINDOW as u64
+        // One walk over the requests (it runs before every submission).
+        let (mut callers, mut oldest) = (0, self.next_sequence);
+        for request in self.requests.iter().filter(|request| request.origin == Origin::Caller) {
+            callers += 1;
+            oldest = oldest.min(request.sequence);
+        }
+        callers < self.config.max_in_flight && self.next_sequence - oldest < REPLAY_WINDOW as u64
     }
 
     /// Queues one datagram carrying `ops`; its completion will carry `token`. Without a session

@@ -63,11 +63,12 @@ pub struct Train {
 impl Train {
     /// A train for the socket `fd`, with its buffer allocated; `enabled` false, or a kernel that
     /// does not know `UDP_SEGMENT` (before Linux 4.18, where the option would be ignored and a
-    /// train would leave as one datagram), sends every datagram on its own.
+    /// train would leave as one datagram), sends every datagram on its own, and has no buffer
+    /// (trains never turn on again once off).
     pub fn new(fd: &impl AsFd, enabled: bool) -> Train {
         let enabled = enabled && segmentation_known(fd);
         Train {
-            buffer: vec![0u8; TRAIN_BYTES].into_boxed_slice(),
+            buffer: if enabled { vec![0u8; TRAIN_BYTES].into_boxed_slice() } else { Box::default() },
             peer: None,
             segment: 0,
             datagrams: 0,
