@@ -914,12 +914,29 @@ fn goals(cases: &[Case], batch: usize, remote: bool) -> Vec<Goal> {
 /// For reference beside the goals, not a goal itself: the engine's QD1 p99.9 over the UDP echo
 /// floor's, per pattern (`None` where either was not measured).
 fn floor_ratios(cases: &[Case]) -> Vec<(&'static str, Option<f64>)> {
+    qd1_p999_ratios(cases, (PLUGIN, "udp"), (FLOOR, "udp"))
+}
+
+/// For reference beside the QD1 p99.9 goal: the UDP echo floor's own QD1 p99.9 over nbdkit's
+/// over TCP, per pattern. The engine's tail includes the floor's (each request is one such
+/// round trip), so this is about the least the goal's ratio can be on the machine measured.
+fn floor_over_nbdkit(cases: &[Case]) -> Vec<(&'static str, Option<f64>)> {
+    qd1_p999_ratios(cases, (FLOOR, "udp"), (NBDKIT, "tcp"))
+}
+
+/// `(system, socket)`'s QD1 p99.9 over `(peer, socket)`'s, per pattern (`None` where either was
+/// not measured).
+fn qd1_p999_ratios(
+    cases: &[Case],
+    (system, socket): (&str, &str),
+    (peer, peer_socket): (&str, &str),
+) -> Vec<(&'static str, Option<f64>)> {
     PATTERNS
         .iter()
         .map(|&pattern| {
-            let ours = find(cases, PLUGIN, "udp", pattern, LATENCY_DEPTH);
-            let floor = find(cases, FLOOR, "udp", pattern, LATENCY_DEPTH);
-            let ratio = ours.zip(floor).map(|(ours, floor)| ours.p999_ns as f64 / (floor.p999_ns as f64).max(1.0));
+            let ours = find(cases, system, socket, pattern, LATENCY_DEPTH);
+            let theirs = find(cases, peer, peer_socket, pattern, LATENCY_DEPTH);
+            let ratio = ours.zip(theirs).map(|(ours, theirs)| ours.p999_ns as f64 / (theirs.p999_ns as f64).max(1.0));
             (pattern, ratio)
         })
         .collect()
@@ -952,6 +969,7 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
            "cases": cases, "goals": goals, "skipped": run.skipped,
            "remote_layout_cpus": run.remote_cpus,
            "engine_qd1_p999_over_floor": floor_ratios(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+           "floor_qd1_p999_over_nbdkit_tcp": floor_over_nbdkit(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
            "note": "goals are ratios of cases measured in this run; absolute numbers hold for this machine only; see namespace.medium for whether netdam's writes are as volatile as nbdkit memory's"})
 }
 
@@ -993,14 +1011,21 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         let bound = format!("{} {:.1}", if goal.at_most { "≤" } else { "≥" }, goal.bound);
         let _ = writeln!(text, "| {} | {} | {ratio} | {bound} | {} |", goal.name, goal.pattern, goal.verdict());
     }
-    let floor: Vec<String> = floor_ratios(&run.cases)
-        .into_iter()
-        .map(|(pattern, ratio)| format!("{pattern} {}", ratio.map_or("-".to_string(), |ratio| format!("{ratio:.2}x"))))
-        .collect();
+    let listed = |ratios: Vec<(&str, Option<f64>)>| {
+        ratios
+            .into_iter()
+            .map(|(pattern, ratio)| {
+                format!("{pattern} {}", ratio.map_or("-".to_string(), |ratio| format!("{ratio:.2}x")))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let _ = writeln!(
         text,
-        "\nFor reference (not a goal): the engine's QD1 p99.9 over the UDP echo floor's: {}.",
-        floor.join(", ")
+        "\nFor reference (not goals): the engine's QD1 p99.9 over the UDP echo floor's: {}; the floor's own QD1 \
+         p99.9 over nbdkit's over TCP, about the least the engine's p99.9 goal ratio can be on this machine: {}.",
+        listed(floor_ratios(&run.cases)),
+        listed(floor_over_nbdkit(&run.cases))
     );
     if !run.skipped.is_empty() {
         text.push_str("\nSkipped:\n\n");
@@ -1222,6 +1247,34 @@ mod tests {
             goal(&goals_no_peer, "netdam nbd QD32 IOPS / nbdkit QD32 IOPS, both over unix, remote layout", "randread")
                 .unwrap();
         assert!(missing.ratio.as_ref().unwrap_err().contains(NBDKIT_REMOTE));
+    }
+
+    /// The reference ratios pair the right systems at depth 1, per pattern, and say "not
+    /// measured" (`None`) where a case is missing.
+    #[test]
+    fn the_floor_references_pair_the_right_cases_at_depth_one() {
+        let at_depth_one = |system, socket, pattern, p999_ns| Case {
+            depth: LATENCY_DEPTH,
+            p999_ns,
+            ..case(system, socket, pattern, 1.0)
+        };
+        let cases = vec![
+            at_depth_one(PLUGIN, "udp", "randread", 33_000),
+            at_depth_one(FLOOR, "udp", "randread", 30_000),
+            at_depth_one(NBDKIT, "tcp", "randread", 100_000),
+            // A deeper case of the same systems must not be taken for the QD1 one.
+            Case { p999_ns: 1_000_000, ..case(NBDKIT, "tcp", "randread", 1.0) },
+            at_depth_one(NBDKIT, "unix", "randwrite", 50_000),
+            at_depth_one(FLOOR, "udp", "randwrite", 25_000),
+        ];
+        let ratio = |ratios: Vec<(&str, Option<f64>)>, pattern: &str| {
+            ratios.into_iter().find(|(named, _)| *named == pattern).and_then(|(_, ratio)| ratio)
+        };
+        assert!((ratio(floor_ratios(&cases), "randread").unwrap() - 1.1).abs() < 1e-9);
+        assert!((ratio(floor_over_nbdkit(&cases), "randread").unwrap() - 0.3).abs() < 1e-9);
+        // No engine case for writes, and nbdkit over a Unix socket is not the TCP peer.
+        assert_eq!(ratio(floor_ratios(&cases), "randwrite"), None);
+        assert_eq!(ratio(floor_over_nbdkit(&cases), "randwrite"), None);
     }
 
     /// The CPUs a thread of this process named `name` may run on, from /proc.
