@@ -143,7 +143,7 @@ impl AsyncClient {
         let outstanding = (options.poll != ClientPoll::Blocking).then_some(outstanding);
         let driver = Driver {
             _finishing: finishing,
-            train: Train::new(&socket, options.request_trains),
+            train: Train::new(&socket, options.request_trains).connected_to(addr),
             lone_requests: 0,
             outstanding: outstanding.clone(),
             socket,

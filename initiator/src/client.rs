@@ -258,7 +258,7 @@ impl Client {
         socket.set_nonblocking(true)?;
         let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
         Ok(Client {
-            train: Train::new(&socket, options.request_trains),
+            train: Train::new(&socket, options.request_trains).connected_to(addr),
             socket,
             // Until HELLO answers, use the default size: every target accepts it.
             session: Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0),
