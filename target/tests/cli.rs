@@ -407,3 +407,156 @@ fn commands_whose_target_stays_silent_say_they_are_still_trying() {
         assert!(line.contains("no answer from the target yet"), "netdam {command}, first line: {line}");
     }
 }
+
+/// Bytes of region "vol" and blocks of namespace "disk" of [`start_vol_and_disk`].
+const VOL_BYTES: u64 = 1 << 20;
+const DISK_BLOCKS: u64 = 64;
+const DISK_BLOCK_BYTES: u32 = 4096;
+
+/// A target in this process serving region "vol" (memory) and namespace "disk" (a file).
+fn start_vol_and_disk() -> common::TestTarget {
+    use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
+    let disk = NamespaceConfig {
+        name: "disk".into(),
+        backend: NamespaceBackend::File,
+        path: "disk.img".into(),
+        size: Some(ByteSize(DISK_BLOCKS * u64::from(DISK_BLOCK_BYTES))),
+        block_size: DISK_BLOCK_BYTES,
+    };
+    common::start_with_namespaces(vec![common::region("vol", VOL_BYTES, false)], vec![disk], 1, 9000)
+}
+
+/// Runs `netdam` against `test`'s target, whatever the outcome.
+fn netdam_at(test: &common::TestTarget, args: &[&str]) -> Output {
+    netdam_command(test.dir.path())
+        .args(["--target", &test.target.local_addr().to_string()])
+        .args(args)
+        .output()
+        .expect("netdam runs")
+}
+
+/// Like [`netdam_at`], for commands that must succeed.
+fn netdam_ok(test: &common::TestTarget, args: &[&str]) -> Output {
+    let output = netdam_at(test, args);
+    assert!(output.status.success(), "netdam {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+/// Asserts that `netdam args` was refused with an error (exit status 1, not a crash) that
+/// names the range asked for and the space it does not fit, `culprit` (name and size).
+fn assert_refused_out_of_range(output: &Output, args: &[&str], range: &str, culprit: &str) {
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "netdam {args:?} must fail with an error, not crash: {message}");
+    assert!(
+        message.contains(range) && message.contains(culprit) && message.contains("would run past the end"),
+        "netdam {args:?}: the error names neither {range:?} nor {culprit:?}: {message}"
+    );
+}
+
+/// A length or offset past the end of a region or namespace is refused before the read buffer
+/// is allocated (1 TiB used to abort the process, 2^64 - 1 bytes to panic), with the region or
+/// namespace, the range and its size named; and so are ranges whose end overflows 64 bits.
+#[test]
+fn reads_and_ranges_past_the_end_are_refused_up_front_without_a_crash() {
+    let test = start_vol_and_disk();
+    let out = test.dir.path().join("out.bin");
+    let out = out.to_str().unwrap();
+    let vol = "region \"vol\" (1048576 bytes";
+    let disk = "namespace \"disk\" (64 blocks of 4096 bytes";
+    let cases: [(&[&str], &str, &str); 9] = [
+        (&["read", "vol", "0", "1TiB", "--out", out], "1099511627776 bytes at offset 0", vol),
+        (&["read", "vol", "0", "0xffffffffffffffff", "--out", out], "18446744073709551615 bytes at offset 0", vol),
+        (&["read", "vol", "0xffffffffffffffff", "8"], "8 bytes at offset 18446744073709551615", vol),
+        (&["crc", "vol", "0xffffffffffffffff", "8"], "8 bytes at offset 18446744073709551615", vol),
+        (&["fill", "vol", "1MiB", "1", "0"], "1 byte at offset 1048576", vol),
+        (&["bread", "disk", "0", "4294967297"], "4294967297 blocks at block 0", disk),
+        (&["bread", "disk", "0xffffffffffffffff", "1"], "1 block at block 18446744073709551615", disk),
+        (&["trim", "disk", "0xffffffffffffffff", "1"], "1 block at block 18446744073709551615", disk),
+        (&["block-status", "disk", "60", "5"], "5 blocks at block 60", disk),
+    ];
+    for (args, range, culprit) in cases {
+        assert_refused_out_of_range(&netdam_at(&test, args), args, range, culprit);
+    }
+    assert!(!std::path::Path::new(out).exists(), "a refused read wrote its --out file");
+    // The last byte and the last block are in range.
+    netdam_ok(&test, &["read", "vol", "0xfffff", "1"]);
+    netdam_ok(&test, &["bread", "disk", "63", "1"]);
+}
+
+/// A write that would run past the end of its region or namespace is refused before anything
+/// is sent: it used to go as several instructions, those in range written before the target
+/// refused the rest. The in-range part reads back as it was.
+#[test]
+fn an_out_of_range_write_changes_nothing() {
+    let mut rng = Rng::new(seed());
+    let test = start_vol_and_disk();
+    let file = |name: &str, bytes: &[u8]| {
+        let path = test.dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let read_back = |args: &[&str]| {
+        let path = test.dir.path().join("read-back.bin");
+        netdam_ok(&test, &[args, &["--out", path.to_str().unwrap()]].concat());
+        std::fs::read(&path).unwrap()
+    };
+
+    // Region "vol": 100,000 bytes at 1,000,000, of which the first 48,576 fit.
+    let tail = rng.bytes((VOL_BYTES - 1_000_000) as usize);
+    netdam_ok(&test, &["write", "vol", "1000000", "--file", &file("tail.bin", &tail)]);
+    let big = file("big.bin", &rng.bytes(100_000));
+    let args = ["write", "vol", "1000000", "--file", &big];
+    let refused = netdam_at(&test, &args);
+    assert!(read_back(&["read", "vol", "1000000", "48576"]) == tail, "a refused write changed region vol");
+    assert_refused_out_of_range(&refused, &args, "100000 bytes at offset 1000000", "region \"vol\" (1048576 bytes");
+
+    // Namespace "disk": 10 blocks at block 60, of which the first 4 fit.
+    let block_bytes = DISK_BLOCK_BYTES as usize;
+    let last_blocks = rng.bytes(4 * block_bytes);
+    netdam_ok(&test, &["bwrite", "disk", "60", "--file", &file("last-blocks.bin", &last_blocks)]);
+    let ten_blocks = file("ten-blocks.bin", &rng.bytes(10 * block_bytes));
+    let args = ["bwrite", "disk", "60", "--file", &ten_blocks];
+    let refused = netdam_at(&test, &args);
+    assert!(read_back(&["bread", "disk", "60", "4"]) == last_blocks, "a refused bwrite changed namespace disk");
+    assert_refused_out_of_range(&refused, &args, "10 blocks at block 60", "namespace \"disk\" (64 blocks");
+}
+
+/// Block numbers and counts take 0x hex, as byte offsets and lengths do.
+#[test]
+fn block_numbers_and_counts_take_hex() {
+    let test = start_vol_and_disk();
+    let input = test.dir.path().join("in.bin");
+    let output = test.dir.path().join("out.bin");
+    let blocks = Rng::new(seed()).bytes(2 * DISK_BLOCK_BYTES as usize);
+    std::fs::write(&input, &blocks).unwrap();
+    netdam_ok(&test, &["bwrite", "disk", "0x10", "--file", input.to_str().unwrap()]);
+    netdam_ok(&test, &["bread", "disk", "16", "2", "--out", output.to_str().unwrap()]);
+    assert!(std::fs::read(&output).unwrap() == blocks, "bwrite at block 0x10 did not write block 16");
+    netdam_ok(&test, &["bread", "disk", "0x10", "0x2", "--out", output.to_str().unwrap()]);
+    assert!(std::fs::read(&output).unwrap() == blocks, "bread at block 0x10 did not read block 16");
+    netdam_ok(&test, &["write-zeroes", "disk", "0x11", "0x1"]);
+    netdam_ok(&test, &["trim", "disk", "0x12", "0x1"]);
+    let status = netdam_ok(&test, &["--json", "block-status", "disk", "0x10", "0x2"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["extents"][0]["lba"], 16, "{status}");
+    let refused = netdam_at(&test, &["bread", "disk", "0x1g", "1"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("\"0x1g\" is not a block number"), "{message}");
+}
+
+/// `netdam nbd` whose --listen cannot be bound (a TCP port in use, a unix socket in a missing
+/// directory) says "cannot listen on" the address once, not twice.
+#[test]
+fn an_export_that_cannot_listen_says_so_once() {
+    let test = start_vol_and_disk();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp = format!("tcp:{}", taken.local_addr().unwrap());
+    let unix = format!("unix:{}", test.dir.path().join("missing/export.sock").display());
+    for listen in [tcp, unix] {
+        let output = netdam_at(&test, &["nbd", "--namespace", "disk", "--listen", &listen]);
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "netdam nbd --listen {listen} served: {message}");
+        assert_eq!(message.matches("cannot listen on").count(), 1, "{message}");
+        assert!(message.contains(&format!("cannot listen on {listen}: ")), "{message}");
+    }
+}

@@ -23,9 +23,16 @@ use netdam_isa::LaneType;
 use netdam_metrics::{LogFormat, MetricsListen, MetricsServer};
 use serde_json::json;
 
+// Beside the binary's root, not in src/bin/ itself, where cargo would take it for a binary.
+#[path = "netdam/ranges.rs"]
+mod ranges;
+
+use ranges::{check_block_range, check_region_range};
+
 /// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
 /// the target's memory regions. Regions are named as the target lists them (`netdam regions`)
-/// or by number. Offsets and lengths take 0x hex and KiB/MiB/GiB suffixes.
+/// or by number. Offsets and lengths, in bytes or in blocks, take 0x hex and KiB/MiB/GiB/TiB
+/// suffixes (K, M, G, T also: powers of 1024).
 #[derive(Debug, Parser)]
 #[command(name = "netdam", version)]
 struct Cli {
@@ -67,7 +74,9 @@ enum Command {
     /// raw to --out.
     Bread {
         namespace: String,
+        #[arg(value_parser = parse_blocks)]
         lba: u64,
+        #[arg(value_parser = parse_blocks)]
         blocks: u64,
         /// File to write the blocks to ("-" for raw stdout).
         #[arg(long, value_name = "FILE")]
@@ -76,6 +85,7 @@ enum Command {
     /// Write whole blocks at block LBA of a namespace from --file, --data, or standard input.
     Bwrite {
         namespace: String,
+        #[arg(value_parser = parse_blocks)]
         lba: u64,
         /// File whose bytes to write.
         #[arg(long, value_name = "FILE", conflicts_with = "data")]
@@ -94,12 +104,30 @@ enum Command {
     /// Make every block write answered so far durable on a namespace.
     Flush { namespace: String },
     /// Deallocate BLOCKS blocks from block LBA: they read as zeroes afterwards.
-    Trim { namespace: String, lba: u64, blocks: u32 },
+    Trim {
+        namespace: String,
+        #[arg(value_parser = parse_blocks)]
+        lba: u64,
+        #[arg(value_parser = parse_instruction_blocks)]
+        blocks: u32,
+    },
     /// Write zeroes over BLOCKS blocks from block LBA.
-    WriteZeroes { namespace: String, lba: u64, blocks: u32 },
+    WriteZeroes {
+        namespace: String,
+        #[arg(value_parser = parse_blocks)]
+        lba: u64,
+        #[arg(value_parser = parse_instruction_blocks)]
+        blocks: u32,
+    },
     /// Show which of BLOCKS blocks from block LBA hold data and which are holes (file
     /// namespaces; others cannot tell).
-    BlockStatus { namespace: String, lba: u64, blocks: u32 },
+    BlockStatus {
+        namespace: String,
+        #[arg(value_parser = parse_blocks)]
+        lba: u64,
+        #[arg(value_parser = parse_instruction_blocks)]
+        blocks: u32,
+    },
     /// Read bytes; prints a hex dump, or writes them raw to --out.
     Read {
         region: String,
@@ -394,6 +422,20 @@ fn parse_reconnect_timeout(text: &str) -> Result<f64, String> {
     }
 }
 
+/// A block number (LBA) or block count, in the syntax of byte offsets and lengths
+/// ([`parse_bytes`]: decimal or 0x hex, a K/M/G/T suffix multiplies by a power of 1024), so
+/// that the numbers a user copies from one command work in the other.
+fn parse_blocks(text: &str) -> Result<u64, String> {
+    parse_bytes(text)
+        .map_err(|_| format!("{text:?} is not a block number or count (examples: 16, 0x10, 4K; at most 2^64 - 1)"))
+}
+
+/// A block count that one instruction carries (TRIM, WRITE_ZEROES, BLOCK_STATUS: 32 bits).
+fn parse_instruction_blocks(text: &str) -> Result<u32, String> {
+    u32::try_from(parse_blocks(text)?)
+        .map_err(|_| format!("{text:?}: one command covers at most {} blocks; split the range", u32::MAX))
+}
+
 fn parse_word(text: &str) -> Result<u64, String> {
     if let Some(negative) = text.strip_prefix('-') {
         return negative.parse::<u64>().map(|value| value.wrapping_neg()).map_err(|error| format!("{text:?}: {error}"));
@@ -422,12 +464,49 @@ fn main() -> ExitCode {
     }
 }
 
+/// Bytes CAS and FETCH_ADD address: one aligned 64-bit word.
+const WORD_BYTES: u64 = 8;
+
 fn u32_length(len: u64, what: &str) -> Result<u32, String> {
     u32::try_from(len).map_err(|_| format!("{what} of {len} bytes is over the 4 GiB an instruction can address"))
 }
 
 fn region_id(client: &Client, name: &str) -> Result<u16, String> {
     client.region(name).map(|region| region.id).map_err(|error| error.to_string())
+}
+
+/// The id of region `name`, once `len` bytes at `offset` are known to lie within it
+/// ([`check_region_range`]; `command` starts the message).
+fn region_in_range(client: &Client, command: &str, name: &str, offset: u64, len: u64) -> Result<u16, String> {
+    let region = client.region(name).map_err(|error| error.to_string())?;
+    check_region_range(command, region, offset, len)?;
+    Ok(region.id)
+}
+
+/// The namespace `name`, once `blocks` blocks at block `lba` are known to lie within it
+/// ([`check_block_range`]; `command` starts the message).
+fn namespace_in_range(
+    client: &Client,
+    command: &str,
+    name: &str,
+    lba: u64,
+    blocks: u64,
+) -> Result<NamespaceInfo, String> {
+    let namespace = client.namespace(name).map_err(|error| error.to_string())?;
+    check_block_range(command, namespace, lba, blocks)?;
+    Ok(namespace.clone())
+}
+
+/// A zeroed buffer for `len` bytes to read. The range was checked against its region or
+/// namespace, but those may be larger than this machine's memory: that is an error to report,
+/// not the abort a failed `vec!` would be.
+fn read_buffer(command: &str, len: u64) -> Result<Vec<u8>, String> {
+    let too_large = || format!("{command}: cannot hold {len} bytes in memory here; read less at a time");
+    let len = usize::try_from(len).map_err(|_| too_large())?;
+    let mut buffer = Vec::new();
+    buffer.try_reserve_exact(len).map_err(|_| too_large())?;
+    buffer.resize(len, 0);
+    Ok(buffer)
 }
 
 fn run(cli: &Cli) -> Result<(), String> {
@@ -560,10 +639,11 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Bread { namespace, lba, blocks, out } => {
-            let info = client.namespace(namespace).map_err(text)?.clone();
-            let len = usize::try_from(blocks.saturating_mul(u64::from(info.block_bytes)))
-                .map_err(|_| "length too large for this machine".to_string())?;
-            let mut buffer = vec![0u8; len];
+            let info = namespace_in_range(&client, "bread", namespace, *lba, *blocks)?;
+            // Saturating: a length past 64 bits is no more a buffer this machine holds than
+            // one just below, and read_buffer says so.
+            let mut buffer = read_buffer("bread", blocks.saturating_mul(u64::from(info.block_bytes)))?;
+            let len = buffer.len();
             let started = Instant::now();
             client.block_read(&info, *lba, &mut buffer).map_err(text)?;
             let elapsed = started.elapsed();
@@ -572,7 +652,7 @@ fn run(cli: &Cli) -> Result<(), String> {
                 out.as_deref(),
                 &buffer,
                 cli.json.then_some(fields),
-                lba * u64::from(info.block_bytes),
+                lba.saturating_mul(u64::from(info.block_bytes)),
                 |path| report_blocks(cli.json, "read", &info, *lba, len, elapsed, Some(path)),
             )?;
         }
@@ -593,6 +673,7 @@ fn run(cli: &Cli) -> Result<(), String> {
                 }
                 bytes.resize(bytes.len() + block_bytes - partial, 0);
             }
+            check_block_range("bwrite", &info, *lba, (bytes.len() / block_bytes) as u64)?;
             let started = Instant::now();
             client.block_write(&info, *lba, &bytes, *fua).map_err(text)?;
             report_blocks(
@@ -617,8 +698,9 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Trim { namespace, lba, blocks } | Command::WriteZeroes { namespace, lba, blocks } => {
-            let info = client.namespace(namespace).map_err(text)?.clone();
             let trim = matches!(cli.command, Command::Trim { .. });
+            let command = if trim { "trim" } else { "write-zeroes" };
+            let info = namespace_in_range(&client, command, namespace, *lba, u64::from(*blocks))?;
             if trim {
                 client.trim(&info, *lba, *blocks).map_err(text)?;
             } else {
@@ -632,7 +714,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::BlockStatus { namespace, lba, blocks } => {
-            let info = client.namespace(namespace).map_err(text)?.clone();
+            let info = namespace_in_range(&client, "block-status", namespace, *lba, u64::from(*blocks))?;
             // An answer may stop short (at most 64 extents): ask again from where it stopped.
             let mut extents = Vec::new();
             let mut at = *lba;
@@ -666,9 +748,9 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Read { region, offset, len, out } => {
-            let space = region_id(&client, region)?;
-            let len = usize::try_from(*len).map_err(|_| "length too large for this machine".to_string())?;
-            let mut buffer = vec![0u8; len];
+            let space = region_in_range(&client, "read", region, *offset, *len)?;
+            let mut buffer = read_buffer("read", *len)?;
+            let len = buffer.len();
             let started = Instant::now();
             client.read(space, *offset, &mut buffer).map_err(text)?;
             let elapsed = started.elapsed();
@@ -678,14 +760,14 @@ fn run(cli: &Cli) -> Result<(), String> {
             })?;
         }
         Command::Write { region, offset, file, data } => {
-            let space = region_id(&client, region)?;
             let bytes = input_bytes(file.as_deref(), data.as_deref())?;
+            let space = region_in_range(&client, "write", region, *offset, bytes.len() as u64)?;
             let started = Instant::now();
             client.write(space, *offset, &bytes).map_err(text)?;
             report_transfer(cli.json, "wrote", region, *offset, bytes.len(), started.elapsed(), None);
         }
         Command::Cas { region, offset, expected, desired } => {
-            let space = region_id(&client, region)?;
+            let space = region_in_range(&client, "cas", region, *offset, WORD_BYTES)?;
             let old = client.cas(space, *offset, *expected, *desired).map_err(text)?;
             let swapped = old == *expected;
             if cli.json {
@@ -695,7 +777,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::FetchAdd { region, offset, addend } => {
-            let space = region_id(&client, region)?;
+            let space = region_in_range(&client, "fetch-add", region, *offset, WORD_BYTES)?;
             let old = client.fetch_add(space, *offset, *addend).map_err(text)?;
             let new = old.wrapping_add(*addend);
             if cli.json {
@@ -705,8 +787,10 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Vadd { region, offset, values, lane, return_result } => {
-            let space = region_id(&client, region)?;
             let (lane_type, lanes) = encode_lanes(values, *lane)?;
+            // Many lanes go as several VADDs: one past the end would be refused after the
+            // others had added.
+            let space = region_in_range(&client, "vadd", region, *offset, lanes.len() as u64)?;
             let result = client.vadd(space, *offset, lane_type, &lanes, *return_result).map_err(text)?;
             let count = lanes.len() / lane_type.lane_bytes();
             let shown = decode_lanes(&result, *lane);
@@ -719,7 +803,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Crc { region, offset, len } => {
-            let space = region_id(&client, region)?;
+            let space = region_in_range(&client, "crc", region, *offset, *len)?;
             let crc = client.crc32(space, *offset, u32_length(*len, "CRC")?).map_err(text)?;
             if cli.json {
                 println!("{}", json!({"crc32": crc}));
@@ -770,7 +854,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Reduce { region, offset, len, lane, op } => {
-            let space = region_id(&client, region)?;
+            let space = region_in_range(&client, "reduce", region, *offset, *len)?;
             let reduce_op = match op {
                 Reduction::Sum => ReduceOp::Sum,
                 Reduction::Min => ReduceOp::Min,
@@ -791,7 +875,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Fill { region, offset, len, byte } => {
-            let space = region_id(&client, region)?;
+            let space = region_in_range(&client, "fill", region, *offset, *len)?;
             let value = u8::try_from(*byte).map_err(|_| format!("fill byte {byte} is over 255"))?;
             client.fill(space, *offset, u32_length(*len, "fill")?, value).map_err(text)?;
             if cli.json {
@@ -801,8 +885,8 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Encrypt { region, offset, len, crypto } => {
-            let space = region_id(&client, region)?;
-            let destination = crypto_destination(&client, crypto)?;
+            let space = region_in_range(&client, "encrypt", region, *offset, *len)?;
+            let destination = crypto_destination(&client, "encrypt", crypto, *len)?;
             let length = u32_length(*len, "encrypt")?;
             let seal = client
                 .encrypt(space, *offset, length, crypto.slot, destination, crypto.aad.as_bytes())
@@ -819,8 +903,8 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Decrypt { region, offset, len, seal, crypto } => {
-            let space = region_id(&client, region)?;
-            let destination = crypto_destination(&client, crypto)?;
+            let space = region_in_range(&client, "decrypt", region, *offset, *len)?;
+            let destination = crypto_destination(&client, "decrypt", crypto, *len)?;
             let bytes = parse_hex(seal).ok_or_else(|| format!("--seal {seal:?} is not hex"))?;
             let seal = Seal::from_bytes(&bytes)
                 .ok_or_else(|| format!("--seal must be {} hex digits, not {}", 2 * SEAL_LEN, seal.len()))?;
@@ -835,8 +919,8 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Memcpy { region, offset, source_region, source_offset, len } => {
-            let space = region_id(&client, region)?;
-            let source = region_id(&client, source_region)?;
+            let space = region_in_range(&client, "memcpy", region, *offset, *len)?;
+            let source = region_in_range(&client, "memcpy source", source_region, *source_offset, *len)?;
             client.memcpy(space, *offset, source, *source_offset, u32_length(*len, "copy")?).map_err(text)?;
             if cli.json {
                 println!("{}", json!({"copied": len}));
@@ -850,9 +934,20 @@ fn run(cli: &Cli) -> Result<(), String> {
     Ok(())
 }
 
-/// The (region, offset) of --to-region and --to-offset, if given.
-fn crypto_destination(client: &Client, crypto: &CryptoArgs) -> Result<Option<(u16, u64)>, String> {
-    crypto.to_region.as_ref().map(|region| Ok((region_id(client, region)?, crypto.to_offset))).transpose()
+/// The (region, offset) of --to-region and --to-offset, if given, once the `len` bytes of the
+/// result are known to fit there.
+fn crypto_destination(
+    client: &Client,
+    command: &str,
+    crypto: &CryptoArgs,
+    len: u64,
+) -> Result<Option<(u16, u64)>, String> {
+    let command = format!("{command} --to-region");
+    crypto
+        .to_region
+        .as_ref()
+        .map(|region| Ok((region_in_range(client, &command, region, crypto.to_offset, len)?, crypto.to_offset)))
+        .transpose()
 }
 
 fn hex_string(bytes: &[u8]) -> String {
@@ -968,7 +1063,8 @@ fn serve_nbd(
         let volume = Volume::open_observed(target, namespace, volume_options, observed)
             .await
             .map_err(|error| error.to_string())?;
-        let listener = NbdListener::bind(listen).map_err(|error| format!("cannot listen on {listen}: {error}"))?;
+        // The error already says "cannot listen on" the address (or what it found there).
+        let listener = NbdListener::bind(listen).map_err(|error| format!("{error} (--listen)"))?;
         let endpoint = listener.endpoint().unwrap_or_else(|| listen.clone());
         tracing::info!(
             target = %target,
