@@ -1522,6 +1522,9 @@ impl<E: Engine> Dispatcher<E> {
                     _ => Permissions::BLOCK.union(Permissions::WRITE),
                 };
                 let block_bytes = self.block.shapes.get(usize::from(space)).map_or(1, |shape| shape.block_bytes);
+                // Saturating, as `Grant::allows` adds: a block range whose bytes overflow lies
+                // past every bounded grant and within an unbounded one, so with a grant to the
+                // namespace's end it is the namespace's `out_of_range` (checked in `decode`).
                 let bytes = |blocks: u64| blocks.saturating_mul(u64::from(block_bytes));
                 tenant.namespace_grant(space).is_some_and(|grant| {
                     // FLUSH addresses no range: the block permission on the namespace is enough.

@@ -120,16 +120,26 @@ pub struct Grant {
     pub permissions: Permissions,
     /// First byte.
     pub start: u64,
-    /// One past the last byte.
+    /// One past the last byte, or [`Grant::UNBOUNDED`].
     pub end: u64,
 }
 
 impl Grant {
+    /// The `end` of a grant that reaches its space's end (a grant over the whole space, or over
+    /// a range running to or past the end): it covers every range from `start` on, even one
+    /// whose end overflows `u64`. Past the space's end there are no bytes to withhold, so such
+    /// a range passes the grant and gets the space's `out_of_range`, as PROTOCOL.md ("Grants")
+    /// has it, never `permission_denied`.
+    pub const UNBOUNDED: u64 = u64::MAX;
+
     /// Whether `[offset, offset + len)` lies within the grant and `needed` is granted.
+    ///
+    /// The end saturates rather than failing on overflow: a range whose end overflows lies
+    /// within an unbounded grant (the space then answers `out_of_range`) and beyond every
+    /// bounded one, whose `end` is below `u64::MAX`; a saturated sum is exact in both
+    /// comparisons. Callers that scale blocks to bytes may saturate the same way.
     pub fn allows(&self, needed: Permissions, offset: u64, len: u64) -> bool {
-        self.permissions.contains(needed)
-            && offset >= self.start
-            && offset.checked_add(len).is_some_and(|end| end <= self.end)
+        self.permissions.contains(needed) && offset >= self.start && offset.saturating_add(len) <= self.end
     }
 }
 
@@ -237,11 +247,18 @@ impl TenantSnapshot {
                     tenant.admin = true;
                 }
                 let mut widen = |slot: &mut Option<Grant>, size: u64, kind: &str, name: &str| {
+                    // A range reaching the space's end is unbounded, as the whole space is: an
+                    // access beyond the end is the engine's `out_of_range`, not a grant's
+                    // refusal. A range ending before it keeps its end, so an access past the
+                    // space's end from such a tenant is `permission_denied` (it asks for bytes
+                    // it was not granted, and the grant check comes first: a tenant learns
+                    // nothing beyond its grant, as with no grant on the space at all).
                     let (start, end) = match grant.range {
-                        Some((offset, len)) => (offset.min(size), offset.saturating_add(len).min(size)),
-                        // The whole space, whatever its size: an access beyond its end is the
-                        // engine's `out_of_range`, not a grant's refusal.
-                        None => (0, u64::MAX),
+                        Some((offset, len)) => {
+                            let end = offset.saturating_add(len);
+                            (offset.min(size), if end >= size { Grant::UNBOUNDED } else { end })
+                        }
+                        None => (0, Grant::UNBOUNDED),
                     };
                     match merge(*slot, Grant { permissions, start, end }) {
                         Ok(merged) => *slot = Some(merged),
@@ -348,5 +365,65 @@ impl TenantCell {
         let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         *current = Arc::new(snapshot);
         self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ByteSize, RegionBackend, RegionConfig};
+
+    const REGION_BYTES: u64 = 65536;
+
+    /// What tenant 1 holds on region "r" of [`REGION_BYTES`] when granted `read` over `range`.
+    fn resolved(range: Option<(u64, u64)>) -> Grant {
+        let config =
+            RegionConfig { name: "r".into(), backend: RegionBackend::Mem, path: None, size: ByteSize(REGION_BYTES) };
+        let regions = RegionTable::open(&[config], std::path::Path::new(".")).unwrap();
+        let record = TenantRecord {
+            name: "t".into(),
+            id: 1,
+            key_version: 1,
+            key_hex: TenantKey::from_bytes([1; 32]).to_hex(),
+            class: QosClass::default(),
+            limits: TenantLimits::default(),
+            grants: vec![GrantRecord {
+                space: GrantSpace::Region("r".into()),
+                permissions: vec!["read".into()],
+                range,
+            }],
+        };
+        let (snapshot, warnings) = TenantSnapshot::resolve(&[record], &regions, &NamespaceTable::default());
+        assert!(warnings.is_empty(), "{warnings:?}");
+        snapshot.tenant(1).unwrap().region_grant(0).expect("a grant on r")
+    }
+
+    #[test]
+    fn a_range_past_the_space_is_the_spaces_to_refuse_only_under_a_grant_reaching_its_end() {
+        let read = Permissions::READ;
+        for range in [None, Some((4096, REGION_BYTES - 4096)), Some((4096, u64::MAX))] {
+            let grant = resolved(range);
+            assert_eq!(grant.end, Grant::UNBOUNDED, "{range:?} reaches the end of r");
+            assert!(grant.allows(read, 4096, 16), "{range:?}: within");
+            assert!(grant.allows(read, REGION_BYTES - 8, 16), "{range:?}: straddles the space's end");
+            assert!(grant.allows(read, 0xffff_ffff_ffff_0000, 16), "{range:?}: far past the end");
+            assert!(grant.allows(read, 0xffff_ffff_ffff_fff0, 16), "{range:?}: ends exactly at 2^64");
+            assert!(grant.allows(read, u64::MAX, 1), "{range:?}: the end overflows");
+            assert!(!grant.allows(Permissions::WRITE, u64::MAX, 1), "{range:?}: a permission it lacks");
+        }
+        for range in [Some((4096, REGION_BYTES - 4096)), Some((4096, u64::MAX))] {
+            assert!(!resolved(range).allows(read, 0, 16), "{range:?}: before its start");
+            assert!(!resolved(range).allows(read, 4095, u64::MAX), "{range:?}: from before its start, overflowing");
+        }
+
+        // A grant ending before the space's end refuses whatever lies past its end, including
+        // a range past the space's end or overflowing: the tenant learns nothing beyond it.
+        let first_half = resolved(Some((0, REGION_BYTES / 2)));
+        assert_eq!((first_half.start, first_half.end), (0, REGION_BYTES / 2));
+        assert!(first_half.allows(read, REGION_BYTES / 2 - 16, 16));
+        assert!(!first_half.allows(read, REGION_BYTES / 2 - 15, 16), "straddles the grant's end");
+        assert!(!first_half.allows(read, REGION_BYTES, 16), "past the space's end");
+        assert!(!first_half.allows(read, u64::MAX, 1), "overflowing");
+        assert!(!first_half.allows(read, 16, u64::MAX), "overflowing from within the grant");
     }
 }

@@ -233,3 +233,89 @@ fn sessions_make_non_idempotent_requests_execute_at_most_once() {
     let final_value = probe.exchange(&request(session, 1_001, &[read(0, 8)])).unwrap();
     assert_eq!(result(final_value).1, 2u64.to_le_bytes(), "refused requests changed nothing");
 }
+
+/// Under tenants, a range past a region's end is `out_of_range` for a tenant whose grant
+/// reaches the end (as the default tenant's, over everything, does), however far past it lies
+/// and even when its end overflows `u64`; a tenant without a grant over the range is
+/// `permission_denied`, in range or not, and learns nothing about the region beyond its grant.
+#[test]
+fn ranges_past_a_region_are_out_of_range_under_a_grant_to_its_end_and_denied_outside_one() {
+    use netdam_auth::{Credentials, TenantKey};
+    use netdam_initiator::client::{Client, ClientOptions};
+    use netdam_initiator::session::SessionConfig;
+    use netdam_initiator::Op;
+    use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+
+    const REGION: u64 = 65536;
+    let test = common::start_configured(vec![region("mem", REGION, false)], |config| {
+        config.auth = netdam_target::config::AuthMode::Tenants
+    });
+    let tenant = |name: &str, id: u32, space: GrantSpace, range: Option<(u64, u64)>| TenantRecord {
+        name: name.into(),
+        id,
+        key_version: 1,
+        key_hex: TenantKey::from_bytes([id as u8; 32]).to_hex(),
+        class: Default::default(),
+        limits: Default::default(),
+        grants: vec![GrantRecord { space, permissions: vec!["all".into()], range }],
+    };
+    let mem = || GrantSpace::Region("mem".into());
+    let records = [
+        // As the default tenant: everything, everywhere.
+        tenant("everything", 1, GrantSpace::All, None),
+        tenant("upper half", 2, mem(), Some((REGION / 2, REGION / 2))),
+        tenant("lower half", 3, mem(), Some((0, REGION / 2))),
+        tenant("elsewhere", 4, GrantSpace::Region("elsewhere".into()), None),
+    ];
+    let target = &test.target;
+    let (snapshot, warnings) = TenantSnapshot::resolve(&records, target.regions(), target.namespaces());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    target.tenants().publish(snapshot);
+    let connect = |id: u32| {
+        let credentials = Credentials { tenant: id, key_version: 1, key: TenantKey::from_bytes([id as u8; 32]) };
+        let session = SessionConfig { credentials: Some(credentials), ..Default::default() };
+        Client::connect_with(target.local_addr(), ClientOptions { session, ..Default::default() }).unwrap()
+    };
+    let status =
+        |client: &mut Client, op: &Op| client.call(std::slice::from_ref(op)).unwrap().results().unwrap()[0].status;
+    // (what, instruction) past the region's end, each also past the lower half's grant.
+    let past_the_end = [
+        ("READ ending at 2^64", Op::read(0, 0xffff_ffff_ffff_fff0, 16)),
+        ("READ whose end overflows", Op::read(0, 0xffff_ffff_ffff_fff8, 16)),
+        ("READ far past the end", Op::read(0, 0xffff_ffff_ffff_0000, 16)),
+        ("READ straddling the end", Op::read(0, REGION - 8, 16)),
+        ("WRITE at the last byte number", Op::write(0, u64::MAX, &[0xAB])),
+        ("WRITE whose end overflows", Op::write(0, u64::MAX - 1, b"abc")),
+        ("FILL whose end overflows", Op::fill(0, u64::MAX - 7, 64, 0xFF)),
+        ("CRC32 whose end overflows", Op::crc32(0, u64::MAX - 7, 64)),
+        ("FETCH_ADD ending at 2^64", Op::fetch_add(0, u64::MAX - 7, 1)),
+        ("MEMCPY to a destination whose end overflows", Op::memcpy(0, u64::MAX - 7, 0, REGION / 2, 16)),
+        ("MEMCPY from a source whose end overflows", Op::memcpy(0, REGION / 2, 0, u64::MAX - 7, 16)),
+    ];
+    for (id, name, expected) in [
+        (1, "everything", Status::OutOfRange),
+        (2, "upper half", Status::OutOfRange),
+        (3, "lower half", Status::PermissionDenied),
+        (4, "elsewhere", Status::PermissionDenied),
+    ] {
+        let mut client = connect(id);
+        for (what, op) in &past_the_end {
+            assert_eq!(status(&mut client, op), expected, "{name}: {what}");
+        }
+    }
+
+    // In range, each gets what its grant says.
+    let in_the_upper_half = Op::read(0, REGION - 16, 16);
+    let in_the_lower_half = Op::write(0, 0, b"lower");
+    let straddling_the_halves = Op::crc32(0, REGION / 2 - 8, 16);
+    for (id, name, expected) in [
+        (1, "everything", [Status::Ok, Status::Ok, Status::Ok]),
+        (2, "upper half", [Status::Ok, Status::PermissionDenied, Status::PermissionDenied]),
+        (3, "lower half", [Status::PermissionDenied, Status::Ok, Status::PermissionDenied]),
+        (4, "elsewhere", [Status::PermissionDenied; 3]),
+    ] {
+        let mut client = connect(id);
+        let got = [&in_the_upper_half, &in_the_lower_half, &straddling_the_halves].map(|op| status(&mut client, op));
+        assert_eq!(got, expected, "{name}");
+    }
+}

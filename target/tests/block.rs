@@ -29,8 +29,17 @@ fn start(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>) -> TestTarget 
 
 /// As `start`, with `block_sqpoll_idle_ms` set (0: inline submission).
 fn start_submitting(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>, sqpoll_idle_ms: u32) -> TestTarget {
+    start_adjusted(namespaces, extra, |config| config.block_sqpoll_idle_ms = sqpoll_idle_ms)
+}
+
+/// As `start`, with the settings changed by `adjust`.
+fn start_adjusted(
+    namespaces: Vec<NamespaceConfig>,
+    extra: Vec<Namespace>,
+    adjust: impl FnOnce(&mut Config),
+) -> TestTarget {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = Config {
+    let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         // Metrics on, on any free port: tests and benchmarks run many targets at once.
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
@@ -44,9 +53,9 @@ fn start_submitting(namespaces: Vec<NamespaceConfig>, extra: Vec<Namespace>, sqp
         // Many targets share one test process: leave its memory alone.
         lock_memory: false,
         auth: netdam_target::AuthMode::None,
-        block_sqpoll_idle_ms: sqpoll_idle_ms,
         ..Config::default()
     };
+    adjust(&mut config);
     let target = Target::start_with(&config, extra).expect("target starts");
     TestTarget { target, dir }
 }
@@ -215,6 +224,109 @@ fn block_status_on_a_file_namespace_shows_writes_and_trims() {
     };
     assert_eq!(refused(client.block_status(&disk, u64::from(BLOCKS) - 1, 2)), Status::OutOfRange);
     assert_eq!(refused(client.block_status(&disk, 0, 0)), Status::Malformed);
+    // Far past the end, and past it so far that the range's end overflows: out of range too,
+    // never an answer with no extents.
+    assert_eq!(refused(client.block_status(&disk, 20_000, 1)), Status::OutOfRange);
+    assert_eq!(refused(client.block_status(&disk, u64::MAX, 2)), Status::OutOfRange);
+    assert_eq!(refused(client.block_status(&disk, u64::MAX, 1)), Status::OutOfRange);
+}
+
+/// Under tenants, a block range past the namespace's end is `out_of_range` for a tenant whose
+/// grant reaches the end, however far past it lies, even when its end in blocks or in bytes
+/// overflows `u64`; a tenant without a grant over the range is `permission_denied`, in range
+/// or not, so it learns nothing about the namespace beyond its grant.
+#[test]
+fn block_ranges_past_the_end_are_out_of_range_under_a_grant_to_the_end_and_denied_outside_one() {
+    use netdam_auth::{Credentials, TenantKey};
+    use netdam_initiator::client::ClientOptions;
+    use netdam_initiator::session::SessionConfig;
+    use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+
+    const BLOCKS: u64 = 16384;
+    let bytes = BLOCKS * u64::from(BLOCK);
+    let test = start_adjusted(vec![namespace(NamespaceBackend::File, "disk.img", bytes)], Vec::new(), |config| {
+        config.auth = netdam_target::AuthMode::Tenants
+    });
+    let grant = |space: GrantSpace, range: Option<(u64, u64)>| GrantRecord {
+        space,
+        permissions: ["block", "read", "write"].iter().map(|name| name.to_string()).collect(),
+        range,
+    };
+    let tenant = |name: &str, id: u32, grants: Vec<GrantRecord>| TenantRecord {
+        name: name.into(),
+        id,
+        key_version: 1,
+        key_hex: TenantKey::from_bytes([id as u8; 32]).to_hex(),
+        class: Default::default(),
+        limits: Default::default(),
+        grants,
+    };
+    let disk = || GrantSpace::Namespace("disk".into());
+    let records = [
+        // As the default tenant: everything, everywhere.
+        tenant("everything", 1, vec![grant(GrantSpace::All, None)]),
+        tenant("upper half", 2, vec![grant(disk(), Some((bytes / 2, bytes / 2)))]),
+        tenant("lower half", 3, vec![grant(disk(), Some((0, bytes / 2)))]),
+        tenant("memory only", 4, vec![grant(GrantSpace::Region("mem".into()), None)]),
+    ];
+    let target = &test.target;
+    let (snapshot, warnings) = TenantSnapshot::resolve(&records, target.regions(), target.namespaces());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    target.tenants().publish(snapshot);
+    let connect = |id: u32| {
+        let credentials = Credentials { tenant: id, key_version: 1, key: TenantKey::from_bytes([id as u8; 32]) };
+        let session = SessionConfig { credentials: Some(credentials), ..Default::default() };
+        Client::connect_with(target.local_addr(), ClientOptions { session, ..Default::default() }).unwrap()
+    };
+    let one_block = vec![0xAB; BLOCK as usize];
+    let half = BLOCKS / 2;
+    // (what, instruction) past the namespace's end, each also past the lower half's grant.
+    let past_the_end = [
+        ("BREAD at 2^62: x 4096 overflows", Op::block_read(0, 1 << 62, 1)),
+        ("BREAD at the last block number", Op::block_read(0, u64::MAX, 1)),
+        ("BREAD just past the end", Op::block_read(0, BLOCKS, 1)),
+        ("BREAD straddling the end", Op::block_read(0, BLOCKS - 1, 2)),
+        ("BWRITE at the last block number", Op::block_write(0, u64::MAX, BLOCK, &one_block, false)),
+        ("BWRITE far past the end", Op::block_write(0, 1 << 40, BLOCK, &one_block, true)),
+        ("TRIM whose end overflows", Op::trim(0, u64::MAX, 2)),
+        ("WRITE_ZEROES whose end overflows", Op::write_zeroes(0, u64::MAX - 1, 3)),
+        ("WRITE_ZEROES whose bytes overflow", Op::write_zeroes(0, (1 << 52) - 1, 1)),
+        ("BLOCK_STATUS whose bytes end at 2^64", Op::block_status(0, (1 << 52) - 1, 1)),
+        ("BLOCK_STATUS whose end overflows", Op::block_status(0, u64::MAX, 2)),
+        ("BLOCK_STATUS far past the end", Op::block_status(0, 20_000, 1)),
+    ];
+    // One instruction per datagram: each gets its own answer, whatever the others carry.
+    let statuses = |client: &mut Client, ops: &[Op]| -> Vec<Status> {
+        let status = |op: &Op| client.call(std::slice::from_ref(op)).unwrap().results().unwrap()[0].status;
+        ops.iter().map(status).collect()
+    };
+    let ops: Vec<Op> = past_the_end.iter().map(|(_, op)| op.clone()).collect();
+    for (id, name) in [(1, "everything"), (2, "upper half")] {
+        let got = statuses(&mut connect(id), &ops);
+        for ((what, _), status) in past_the_end.iter().zip(got) {
+            assert_eq!(status, Status::OutOfRange, "{name}: {what}");
+        }
+    }
+    for (id, name) in [(3, "lower half"), (4, "memory only")] {
+        let got = statuses(&mut connect(id), &ops);
+        for ((what, _), status) in past_the_end.iter().zip(got) {
+            assert_eq!(status, Status::PermissionDenied, "{name}: {what}");
+        }
+    }
+
+    // In range, each gets what its grant says.
+    let in_the_upper_half = [Op::block_read(0, half, 1), Op::block_write(0, BLOCKS - 1, BLOCK, &one_block, false)];
+    let in_the_lower_half = [Op::block_read(0, 0, 1), Op::trim(0, half - 2, 2), Op::block_status(0, 0, 1)];
+    let both = [in_the_upper_half.as_slice(), in_the_lower_half.as_slice()].concat();
+    assert_eq!(statuses(&mut connect(1), &both), [Status::Ok; 5]);
+    let upper = [[Status::Ok; 2].as_slice(), [Status::PermissionDenied; 3].as_slice()].concat();
+    assert_eq!(statuses(&mut connect(2), &both), upper, "upper half");
+    let lower = [[Status::PermissionDenied; 2].as_slice(), [Status::Ok; 3].as_slice()].concat();
+    assert_eq!(statuses(&mut connect(3), &both), lower, "lower half");
+    assert_eq!(statuses(&mut connect(4), &both), [Status::PermissionDenied; 5], "memory only");
+    // Straddling the line between the halves, within the namespace: refused to both.
+    assert_eq!(statuses(&mut connect(3), &[Op::block_read(0, half - 1, 2)]), [Status::PermissionDenied]);
+    assert_eq!(statuses(&mut connect(2), &[Op::block_read(0, half - 1, 2)]), [Status::PermissionDenied]);
 }
 
 #[test]
