@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::daemon::{admin, start, START_TIMEOUT};
-use netdam_initiator::{Client, ClientError, ClientOptions, Op, Volume, VolumeOptions};
+use netdam_initiator::{AsyncClient, Client, ClientError, ClientOptions, ClientPoll, Op, Volume, VolumeOptions};
 
 const RESTARTS: usize = 3;
 const REGION: &str = "restart-region";
@@ -247,4 +247,39 @@ fn clients_and_volumes_ride_out_target_restarts_under_load() {
         volume_progress.load(Ordering::SeqCst),
         sync_log.sessions_lost
     );
+}
+
+/// An `AsyncClient` that spins for the answer of a caller waiting for each one (`ClientPoll::
+/// Adaptive`, as `netdam nbd` by default) meets a restarted target, in-process on the same
+/// port, several times: the answer its spin reads is `no_session`, which queues a HELLO (and
+/// then the request again). Those must go out. They once waited, unsent and with no timer
+/// armed, for whatever event came next: an export's NBD client hung until another connection
+/// sent something.
+#[test]
+fn a_spinning_async_client_says_hello_again_after_a_restart() {
+    const ROUNDS: usize = 5;
+    let regions = || vec![common::region("mem", 1 << 16, false)];
+    let mut target = common::start(regions(), 1, 9000);
+    let addr = target.target.local_addr();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let options = ClientOptions { poll: ClientPoll::Adaptive, ..patient_options() };
+        let client = AsyncClient::connect_with(addr, options).await.expect("connects");
+        let space = client.region("mem").expect("region mem").id;
+        for round in 0..ROUNDS as u8 {
+            // One request at a time, so that the client spins for each answer.
+            for index in 0..8u8 {
+                client.write(space, 0, &[round ^ index; 64]).await.expect("a write before the restart");
+            }
+            drop(target);
+            target = common::start_configured(regions(), |config| config.listen = addr);
+            let read = tokio::time::timeout(Duration::from_secs(20), client.read(space, 0, 64)).await;
+            let data = read
+                .unwrap_or_else(|_| panic!("round {round}: no answer 20 s after the restart: the HELLO was never sent"))
+                .expect("the read succeeds in the new session");
+            // A new in-process target has new (anonymous) memory.
+            assert_eq!(data, vec![0u8; 64], "round {round}");
+        }
+        client.close().await;
+    });
 }

@@ -1021,6 +1021,9 @@ fn nbd_client_options(reconnect_timeout: std::time::Duration) -> ClientOptions {
     client
 }
 
+/// How long a stopping export waits for its sessions to close after the drain.
+const SESSIONS_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// `netdam nbd`: opens the volume, listens, serves until SIGINT or SIGTERM, drains.
 fn serve_nbd(
     target: SocketAddr,
@@ -1102,9 +1105,17 @@ fn serve_nbd(
         let report = serve_counting(listener, backend, options, shutdown, &metrics.nbd.connections)
             .await
             .map_err(|error| error.to_string())?;
-        // The export is done with it: close the sessions before the runtime goes.
+        // The export is done with it: close the sessions before the runtime goes, but not at
+        // any cost. A session closes once what it has in flight is answered, and a request the
+        // drain cut (its caller gone) may wait for a target that is away until its patience
+        // runs out; the target expires what is left open.
         if let Ok(volume) = Arc::try_unwrap(volume) {
-            volume.close().await;
+            if tokio::time::timeout(SESSIONS_CLOSE_WAIT, volume.close()).await.is_err() {
+                tracing::warn!(
+                    "sessions still busy {}s after the export stopped were left open (the target expires them)",
+                    SESSIONS_CLOSE_WAIT.as_secs()
+                );
+            }
         }
         tracing::info!(
             connections = report.connections,
