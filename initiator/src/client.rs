@@ -949,7 +949,8 @@ mod tests {
         for token in 0..3 {
             session.submit(&[Op::ping()], token).unwrap();
         }
-        let mut train = Train::new(&socket, true);
+        // As the clients have it: the socket is connected, so the train names no address.
+        let mut train = Train::new(&socket, true).connected_to(peer);
         let sent = send_due(&mut session, &socket, &mut train, peer, Instant::ZERO);
         // Three due at once go the train's way (a lone one would be sent on its own).
         assert_eq!(session.stats().transmissions, 3);

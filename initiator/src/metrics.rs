@@ -103,6 +103,11 @@ impl SessionMetrics {
         self.bytes[slot].add(bytes);
     }
 
+    /// Answers the session spun for so far (as last updated from its stats).
+    pub fn answers_spun_for(&self) -> u64 {
+        self.spun_for.get()
+    }
+
     /// Copies the session's own counters and controller state.
     pub fn update(&self, stats: &SessionStats) {
         self.retransmissions.set(stats.retransmissions);

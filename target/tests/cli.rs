@@ -542,6 +542,43 @@ fn block_numbers_and_counts_take_hex() {
     let refused = netdam_at(&test, &["bread", "disk", "0x1g", "1"]);
     let message = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && message.contains("\"0x1g\" is not a block number"), "{message}");
+    // A byte unit on a block count would count 4096 blocks where 4 KiB was meant.
+    let refused = netdam_at(&test, &["bread", "disk", "0", "4KiB"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("takes no byte unit"), "{message}");
+}
+
+/// `trim` and `write-zeroes` over more than one instruction may zero (MAX_BLOCK_ZERO_BYTES,
+/// 64 MiB) go as several instructions, all of the range done.
+#[test]
+fn trim_and_write_zeroes_cover_ranges_larger_than_one_instruction() {
+    use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
+    const BIG_BLOCKS: u64 = 24_576; // 96 MiB of 4 KiB blocks
+    let big = NamespaceConfig {
+        name: "big".into(),
+        backend: NamespaceBackend::File,
+        path: "big.img".into(),
+        size: Some(ByteSize(BIG_BLOCKS * u64::from(DISK_BLOCK_BYTES))),
+        block_size: DISK_BLOCK_BYTES,
+    };
+    let test = common::start_with_namespaces(vec![common::region("vol", VOL_BYTES, false)], vec![big], 1, 9000);
+    let input = test.dir.path().join("in.bin");
+    let output = test.dir.path().join("out.bin");
+    let zeroes = vec![0u8; DISK_BLOCK_BYTES as usize];
+    let total = BIG_BLOCKS.to_string();
+    for command in ["write-zeroes", "trim"] {
+        // Data in the first and the last block, both in the range and past the first 64 MiB.
+        let data = Rng::new(seed()).bytes(DISK_BLOCK_BYTES as usize);
+        std::fs::write(&input, &data).unwrap();
+        for block in ["0", "24575"] {
+            netdam_ok(&test, &["bwrite", "big", block, "--file", input.to_str().unwrap()]);
+        }
+        netdam_ok(&test, &[command, "big", "0", &total]);
+        for block in ["0", "24575"] {
+            netdam_ok(&test, &["bread", "big", block, "1", "--out", output.to_str().unwrap()]);
+            assert!(std::fs::read(&output).unwrap() == zeroes, "{command} over {total} blocks left block {block}");
+        }
+    }
 }
 
 /// `netdam nbd` whose --listen cannot be bound (a TCP port in use, a unix socket in a missing

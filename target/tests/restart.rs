@@ -264,13 +264,17 @@ fn a_spinning_async_client_says_hello_again_after_a_restart() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let options = ClientOptions { poll: ClientPoll::Adaptive, ..patient_options() };
-        let client = AsyncClient::connect_with(addr, options).await.expect("connects");
+        let metrics = netdam_initiator::metrics::InitiatorMetrics::default().new_session();
+        let client = AsyncClient::connect_observed(addr, options, Some(metrics.clone())).await.expect("connects");
         let space = client.region("mem").expect("region mem").id;
         for round in 0..ROUNDS as u8 {
             // One request at a time, so that the client spins for each answer.
+            let spun_before = metrics.answers_spun_for();
             for index in 0..8u8 {
                 client.write(space, 0, &[round ^ index; 64]).await.expect("a write before the restart");
             }
+            // The spin is the path under test: without it the answer is read after epoll.
+            assert!(metrics.answers_spun_for() > spun_before, "round {round}: the client never spun for an answer");
             drop(target);
             target = common::start_configured(regions(), |config| config.listen = addr);
             let read = tokio::time::timeout(Duration::from_secs(20), client.read(space, 0, 64)).await;

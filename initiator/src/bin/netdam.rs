@@ -18,6 +18,7 @@ use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::crypto::{Seal, SEAL_LEN};
 use netdam_isa::extension::reduce::ReduceOp;
+use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
 use netdam_metrics::{LogFormat, MetricsListen, MetricsServer};
@@ -424,10 +425,14 @@ fn parse_reconnect_timeout(text: &str) -> Result<f64, String> {
 
 /// A block number (LBA) or block count, in the syntax of byte offsets and lengths
 /// ([`parse_bytes`]: decimal or 0x hex, a K/M/G/T suffix multiplies by a power of 1024), so
-/// that the numbers a user copies from one command work in the other.
+/// that the numbers a user copies from one command work in the other. A byte unit (`4KiB`,
+/// `512B`) is refused: it would count blocks, 4096 of them, where bytes were meant.
 fn parse_blocks(text: &str) -> Result<u64, String> {
-    parse_bytes(text)
-        .map_err(|_| format!("{text:?} is not a block number or count (examples: 16, 0x10, 4K; at most 2^64 - 1)"))
+    let invalid = || format!("{text:?} is not a block number or count (examples: 16, 0x10, 4K; at most 2^64 - 1)");
+    if text.trim().ends_with(['B', 'b']) && !text.trim().to_ascii_lowercase().starts_with("0x") {
+        return Err(format!("{}: counts blocks, so it takes no byte unit (B, KiB, ...)", invalid()));
+    }
+    parse_bytes(text).map_err(|_| invalid())
 }
 
 /// A block count that one instruction carries (TRIM, WRITE_ZEROES, BLOCK_STATUS: 32 bits).
@@ -498,8 +503,9 @@ fn namespace_in_range(
 }
 
 /// A zeroed buffer for `len` bytes to read. The range was checked against its region or
-/// namespace, but those may be larger than this machine's memory: that is an error to report,
-/// not the abort a failed `vec!` would be.
+/// namespace, but those may be larger than this machine's memory: an allocation the system
+/// refuses outright is an error to report, not the abort a failed `vec!` would be. (One it
+/// grants under overcommit and cannot back is still the kernel's to refuse later.)
 fn read_buffer(command: &str, len: u64) -> Result<Vec<u8>, String> {
     let too_large = || format!("{command}: cannot hold {len} bytes in memory here; read less at a time");
     let len = usize::try_from(len).map_err(|_| too_large())?;
@@ -701,10 +707,22 @@ fn run(cli: &Cli) -> Result<(), String> {
             let trim = matches!(cli.command, Command::Trim { .. });
             let command = if trim { "trim" } else { "write-zeroes" };
             let info = namespace_in_range(&client, command, namespace, *lba, u64::from(*blocks))?;
-            if trim {
-                client.trim(&info, *lba, *blocks).map_err(text)?;
-            } else {
-                client.write_zeroes(&info, *lba, *blocks).map_err(text)?;
+            // One instruction zeroes at most MAX_BLOCK_ZERO_BYTES (the target refuses more as
+            // too_large, so that one request does not hold a worker for long): larger ranges
+            // go as several, one after another.
+            let per_instruction = (MAX_BLOCK_ZERO_BYTES / u64::from(info.block_bytes).max(1)).max(1);
+            let mut done = 0u64;
+            while done < u64::from(*blocks) {
+                let piece = (u64::from(*blocks) - done).min(per_instruction) as u32;
+                let result = if trim {
+                    client.trim(&info, lba + done, piece)
+                } else {
+                    client.write_zeroes(&info, lba + done, piece)
+                };
+                result.map_err(|error| {
+                    format!("{command}: {error} at block {} ({done} of {blocks} blocks done)", lba + done)
+                })?;
+                done += u64::from(piece);
             }
             let verb = if trim { "trimmed" } else { "zeroed" };
             if cli.json {

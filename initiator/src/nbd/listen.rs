@@ -108,8 +108,12 @@ impl NbdListener {
             }
             Listen::Unix(path) => {
                 let listener = bind_unix(path)?;
-                let metadata = std::fs::symlink_metadata(path)
-                    .map_err(|e| context(e, format!("cannot inspect the socket just bound at {}", path.display())))?;
+                let metadata = std::fs::symlink_metadata(path).map_err(|e| {
+                    context(
+                        e,
+                        format!("cannot listen on unix:{}: cannot inspect the socket just bound", path.display()),
+                    )
+                })?;
                 let unix_file = SocketFile { path: path.clone(), device: metadata.dev(), inode: metadata.ino() };
                 Ok(NbdListener { socket: BoundSocket::Unix(listener), unix_file: Some(unix_file) })
             }
@@ -145,7 +149,8 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
         Err(error) if error.kind() == io::ErrorKind::AddrInUse => {}
         Err(error) => return Err(context(error, format!("cannot listen on unix:{shown}"))),
     }
-    let metadata = std::fs::symlink_metadata(path).map_err(|e| context(e, format!("cannot inspect {shown}")))?;
+    let metadata = std::fs::symlink_metadata(path)
+        .map_err(|e| context(e, format!("cannot listen on unix:{shown}: cannot inspect the path")))?;
     if !metadata.file_type().is_socket() {
         return Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
@@ -159,7 +164,9 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
         )),
         Err(error) if error.kind() == io::ErrorKind::ConnectionRefused => {
             // A socket file nobody listens on: left behind by a server that died.
-            std::fs::remove_file(path).map_err(|e| context(e, format!("cannot remove the stale socket {shown}")))?;
+            std::fs::remove_file(path).map_err(|e| {
+                context(e, format!("cannot listen on unix:{shown}: cannot remove the stale socket there"))
+            })?;
             UnixListener::bind(path).map_err(|e| context(e, format!("cannot listen on unix:{shown}")))
         }
         Err(error) => {
