@@ -240,24 +240,17 @@ fn sessions_make_non_idempotent_requests_execute_at_most_once() {
 /// `permission_denied`, in range or not, and learns nothing about the region beyond its grant.
 #[test]
 fn ranges_past_a_region_are_out_of_range_under_a_grant_to_its_end_and_denied_outside_one() {
-    use netdam_auth::{Credentials, TenantKey};
-    use netdam_initiator::client::{Client, ClientOptions};
-    use netdam_initiator::session::SessionConfig;
+    use common::{publish_tenants, tenant_client, tenant_record};
+    use netdam_initiator::client::Client;
     use netdam_initiator::Op;
-    use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+    use netdam_target::tenants::{GrantRecord, GrantSpace};
 
     const REGION: u64 = 65536;
     let test = common::start_configured(vec![region("mem", REGION, false)], |config| {
         config.auth = netdam_target::config::AuthMode::Tenants
     });
-    let tenant = |name: &str, id: u32, space: GrantSpace, range: Option<(u64, u64)>| TenantRecord {
-        name: name.into(),
-        id,
-        key_version: 1,
-        key_hex: TenantKey::from_bytes([id as u8; 32]).to_hex(),
-        class: Default::default(),
-        limits: Default::default(),
-        grants: vec![GrantRecord { space, permissions: vec!["all".into()], range }],
+    let tenant = |name: &str, id: u32, space: GrantSpace, range: Option<(u64, u64)>| {
+        tenant_record(name, id, vec![GrantRecord { space, permissions: vec!["all".into()], range }])
     };
     let mem = || GrantSpace::Region("mem".into());
     let records = [
@@ -268,14 +261,8 @@ fn ranges_past_a_region_are_out_of_range_under_a_grant_to_its_end_and_denied_out
         tenant("elsewhere", 4, GrantSpace::Region("elsewhere".into()), None),
     ];
     let target = &test.target;
-    let (snapshot, warnings) = TenantSnapshot::resolve(&records, target.regions(), target.namespaces());
-    assert!(warnings.is_empty(), "{warnings:?}");
-    target.tenants().publish(snapshot);
-    let connect = |id: u32| {
-        let credentials = Credentials { tenant: id, key_version: 1, key: TenantKey::from_bytes([id as u8; 32]) };
-        let session = SessionConfig { credentials: Some(credentials), ..Default::default() };
-        Client::connect_with(target.local_addr(), ClientOptions { session, ..Default::default() }).unwrap()
-    };
+    publish_tenants(target, &records);
+    let connect = |id: u32| tenant_client(target, id);
     let status =
         |client: &mut Client, op: &Op| client.call(std::slice::from_ref(op)).unwrap().results().unwrap()[0].status;
     // (what, instruction) past the region's end, each also past the lower half's grant.

@@ -237,10 +237,8 @@ fn block_status_on_a_file_namespace_shows_writes_and_trims() {
 /// or not, so it learns nothing about the namespace beyond its grant.
 #[test]
 fn block_ranges_past_the_end_are_out_of_range_under_a_grant_to_the_end_and_denied_outside_one() {
-    use netdam_auth::{Credentials, TenantKey};
-    use netdam_initiator::client::ClientOptions;
-    use netdam_initiator::session::SessionConfig;
-    use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+    use common::{publish_tenants, tenant_client, tenant_record as tenant};
+    use netdam_target::tenants::{GrantRecord, GrantSpace};
 
     const BLOCKS: u64 = 16384;
     let bytes = BLOCKS * u64::from(BLOCK);
@@ -252,15 +250,6 @@ fn block_ranges_past_the_end_are_out_of_range_under_a_grant_to_the_end_and_denie
         permissions: ["block", "read", "write"].iter().map(|name| name.to_string()).collect(),
         range,
     };
-    let tenant = |name: &str, id: u32, grants: Vec<GrantRecord>| TenantRecord {
-        name: name.into(),
-        id,
-        key_version: 1,
-        key_hex: TenantKey::from_bytes([id as u8; 32]).to_hex(),
-        class: Default::default(),
-        limits: Default::default(),
-        grants,
-    };
     let disk = || GrantSpace::Namespace("disk".into());
     let records = [
         // As the default tenant: everything, everywhere.
@@ -270,14 +259,8 @@ fn block_ranges_past_the_end_are_out_of_range_under_a_grant_to_the_end_and_denie
         tenant("memory only", 4, vec![grant(GrantSpace::Region("mem".into()), None)]),
     ];
     let target = &test.target;
-    let (snapshot, warnings) = TenantSnapshot::resolve(&records, target.regions(), target.namespaces());
-    assert!(warnings.is_empty(), "{warnings:?}");
-    target.tenants().publish(snapshot);
-    let connect = |id: u32| {
-        let credentials = Credentials { tenant: id, key_version: 1, key: TenantKey::from_bytes([id as u8; 32]) };
-        let session = SessionConfig { credentials: Some(credentials), ..Default::default() };
-        Client::connect_with(target.local_addr(), ClientOptions { session, ..Default::default() }).unwrap()
-    };
+    publish_tenants(target, &records);
+    let connect = |id: u32| tenant_client(target, id);
     let one_block = vec![0xAB; BLOCK as usize];
     let half = BLOCKS / 2;
     // (what, instruction) past the namespace's end, each also past the lower half's grant.

@@ -415,15 +415,24 @@ const DISK_BLOCK_BYTES: u32 = 4096;
 
 /// A target in this process serving region "vol" (memory) and namespace "disk" (a file).
 fn start_vol_and_disk() -> common::TestTarget {
+    start_vol_and(file_namespace("disk", DISK_BLOCKS))
+}
+
+/// A target with region "vol" and `namespace`.
+fn start_vol_and(namespace: netdam_target::config::NamespaceConfig) -> common::TestTarget {
+    common::start_with_namespaces(vec![common::region("vol", VOL_BYTES, false)], vec![namespace], 1, 9000)
+}
+
+/// A file namespace `name` of `blocks` blocks of `DISK_BLOCK_BYTES`, in `name`.img.
+fn file_namespace(name: &str, blocks: u64) -> netdam_target::config::NamespaceConfig {
     use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
-    let disk = NamespaceConfig {
-        name: "disk".into(),
+    NamespaceConfig {
+        name: name.into(),
         backend: NamespaceBackend::File,
-        path: "disk.img".into(),
-        size: Some(ByteSize(DISK_BLOCKS * u64::from(DISK_BLOCK_BYTES))),
+        path: format!("{name}.img").into(),
+        size: Some(ByteSize(blocks * u64::from(DISK_BLOCK_BYTES))),
         block_size: DISK_BLOCK_BYTES,
-    };
-    common::start_with_namespaces(vec![common::region("vol", VOL_BYTES, false)], vec![disk], 1, 9000)
+    }
 }
 
 /// Runs `netdam` against `test`'s target, whatever the outcome.
@@ -552,16 +561,8 @@ fn block_numbers_and_counts_take_hex() {
 /// 64 MiB) go as several instructions, all of the range done.
 #[test]
 fn trim_and_write_zeroes_cover_ranges_larger_than_one_instruction() {
-    use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
     const BIG_BLOCKS: u64 = 24_576; // 96 MiB of 4 KiB blocks
-    let big = NamespaceConfig {
-        name: "big".into(),
-        backend: NamespaceBackend::File,
-        path: "big.img".into(),
-        size: Some(ByteSize(BIG_BLOCKS * u64::from(DISK_BLOCK_BYTES))),
-        block_size: DISK_BLOCK_BYTES,
-    };
-    let test = common::start_with_namespaces(vec![common::region("vol", VOL_BYTES, false)], vec![big], 1, 9000);
+    let test = start_vol_and(file_namespace("big", BIG_BLOCKS));
     let input = test.dir.path().join("in.bin");
     let output = test.dir.path().join("out.bin");
     let zeroes = vec![0u8; DISK_BLOCK_BYTES as usize];

@@ -257,3 +257,45 @@ pub fn auth_hello_with(
     assert_eq!(session, named, "the header names the session the answer opens");
     (session, keys)
 }
+
+/// Tenant `id` named `name` holding `grants`, its key drawn from its id ([`tenant_client`]
+/// connects with it): for tests that publish tenants of their own.
+// Not every test file that includes this module has tenants.
+#[allow(dead_code)]
+pub fn tenant_record(
+    name: &str,
+    id: u32,
+    grants: Vec<netdam_target::tenants::GrantRecord>,
+) -> netdam_target::tenants::TenantRecord {
+    netdam_target::tenants::TenantRecord {
+        name: name.into(),
+        id,
+        key_version: 1,
+        key_hex: netdam_auth::TenantKey::from_bytes([id as u8; 32]).to_hex(),
+        class: Default::default(),
+        limits: Default::default(),
+        grants,
+    }
+}
+
+/// Makes `records` the tenants `target` knows (they must resolve without a warning).
+#[allow(dead_code)]
+pub fn publish_tenants(target: &Target, records: &[netdam_target::tenants::TenantRecord]) {
+    let (snapshot, warnings) =
+        netdam_target::tenants::TenantSnapshot::resolve(records, target.regions(), target.namespaces());
+    assert!(warnings.is_empty(), "{warnings:?}");
+    target.tenants().publish(snapshot);
+}
+
+/// A client of tenant `id` of [`tenant_record`] on `target`.
+#[allow(dead_code)]
+pub fn tenant_client(target: &Target, id: u32) -> netdam_initiator::Client {
+    let credentials = netdam_auth::Credentials {
+        tenant: id,
+        key_version: 1,
+        key: netdam_auth::TenantKey::from_bytes([id as u8; 32]),
+    };
+    let session = netdam_initiator::SessionConfig { credentials: Some(credentials), ..Default::default() };
+    let options = netdam_initiator::ClientOptions { session, ..Default::default() };
+    netdam_initiator::Client::connect_with(target.local_addr(), options).expect("the tenant's client connects")
+}

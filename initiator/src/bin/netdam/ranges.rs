@@ -12,31 +12,44 @@ use netdam_isa::control::{NamespaceInfo, RegionInfo};
 /// Refuses `len` bytes at `offset` of `region` unless they lie within it. `command` names what
 /// was asked (`read`, `memcpy source`, ...) at the start of the message.
 pub fn check_region_range(command: &str, region: &RegionInfo, offset: u64, len: u64) -> Result<(), String> {
-    if u128::from(offset) + u128::from(len) <= u128::from(region.size_bytes) {
-        return Ok(());
-    }
-    Err(format!(
-        "{command}: {} at offset {offset} would run past the end of region {:?} ({}; {}); nothing was sent",
-        count(len, "byte"),
-        region.name,
-        count(region.size_bytes, "byte"),
-        room(offset, region.size_bytes, "byte", "offset"),
-    ))
+    let space =
+        Space { kind: "region", name: &region.name, size: region.size_bytes, unit: "byte", size_detail: String::new() };
+    check_range(command, &space, (offset, "offset"), len)
 }
 
 /// Refuses `blocks` blocks at block `lba` of `namespace` unless they lie within it. `command`
 /// names what was asked (`bread`, `trim`, ...) at the start of the message.
 pub fn check_block_range(command: &str, namespace: &NamespaceInfo, lba: u64, blocks: u64) -> Result<(), String> {
-    if u128::from(lba) + u128::from(blocks) <= u128::from(namespace.capacity_blocks) {
+    let size_detail = format!(" of {} bytes", namespace.block_bytes);
+    let space =
+        Space { kind: "namespace", name: &namespace.name, size: namespace.capacity_blocks, unit: "block", size_detail };
+    check_range(command, &space, (lba, "block"), blocks)
+}
+
+/// A region or namespace as the messages name it: its size counted in `unit`s.
+struct Space<'a> {
+    kind: &'static str,
+    name: &'a str,
+    size: u64,
+    unit: &'static str,
+    /// Said after the size (a namespace's block size).
+    size_detail: String,
+}
+
+/// Refuses `count` units at `start` (named `start_name` in the message) unless they lie within
+/// `space`, the end computed in `u128`.
+fn check_range(command: &str, space: &Space, (start, start_name): (u64, &str), count: u64) -> Result<(), String> {
+    if u128::from(start) + u128::from(count) <= u128::from(space.size) {
         return Ok(());
     }
     Err(format!(
-        "{command}: {} at block {lba} would run past the end of namespace {:?} ({} of {} bytes; {}); nothing was sent",
-        count(blocks, "block"),
-        namespace.name,
-        count(namespace.capacity_blocks, "block"),
-        namespace.block_bytes,
-        room(lba, namespace.capacity_blocks, "block", "block"),
+        "{command}: {} at {start_name} {start} would run past the end of {} {:?} ({}{}; {}); nothing was sent",
+        self::count(count, space.unit),
+        space.kind,
+        space.name,
+        self::count(space.size, space.unit),
+        space.size_detail,
+        room(start, space.size, space.unit, start_name),
     ))
 }
 
