@@ -402,15 +402,7 @@ impl Driver {
         let mut open = true;
         loop {
             self.submit_what_fits();
-            if self.session.has_queued() {
-                let now = self.clock.now();
-                // Several due at once (the commands one wake-up took) leave in one train.
-                let sent = send_due(&mut self.session, &self.socket, &mut self.train, self.addr, now);
-                if let Some(error) = sent.error.and_then(|error| send_failure(&mut self.session, self.addr, error, now))
-                {
-                    self.fail_all(&error);
-                }
-            }
+            self.send_queued();
             if self.connecting.as_ref().is_some_and(|connecting| connecting.is_closed()) {
                 return;
             }
@@ -420,6 +412,11 @@ impl Driver {
             }
             let answered = self.spin_for_a_lone_answer(&commands, &mut buffer).await;
             if !answered {
+                // The wait never begins with something sendable left unsent: a queued request
+                // arms no timer, so it would wait for whatever event came next, possibly none.
+                // (A datagram the spin read may have queued some: a `no_session` answer from a
+                // restarted target queues a HELLO, which once hung an export's NBD client.)
+                self.send_queued();
                 let sleep_until = self
                     .session
                     .poll_timeout()
@@ -460,6 +457,19 @@ impl Driver {
                     }
                 }
             }
+        }
+    }
+
+    /// Sends what the session has queued, as far as its window lets it. Several due at once (the
+    /// commands one wake-up took) leave in one train.
+    fn send_queued(&mut self) {
+        if !self.session.has_queued() {
+            return;
+        }
+        let now = self.clock.now();
+        let sent = send_due(&mut self.session, &self.socket, &mut self.train, self.addr, now);
+        if let Some(error) = sent.error.and_then(|error| send_failure(&mut self.session, self.addr, error, now)) {
+            self.fail_all(&error);
         }
     }
 
@@ -638,8 +648,7 @@ impl Driver {
     /// and waiting for it in epoll puts the thread to sleep, whose wake-up on a VM with halting
     /// idle CPUs costs more than the round trip. Spins for it instead, at most twice the
     /// smoothed round trip (`ADAPTIVE_SPIN_MIN`..`ADAPTIVE_SPIN_MAX`), yielding to the runtime
-    /// between tries. Returns whether an answer (or a receive error) came, or a datagram that
-    /// left something to send: then the driver's loop goes round again instead of waiting. Not for deeper
+    /// between tries. Returns whether an answer (or a receive error) came. Not for deeper
     /// callers: there the spinning thread would take the core their own thread needs (an NBD
     /// client on the same machine), which measured slower at depth 4.
     async fn spin_for_a_lone_answer(&mut self, commands: &mpsc::Receiver<Command>, buffer: &mut [u8]) -> bool {
@@ -664,12 +673,6 @@ impl Driver {
                     tokio::task::consume_budget().await;
                     return true;
                 }
-                // Not the answer, but something to send now: a `no_session` answer (the target
-                // restarted) queued a HELLO, or a request moved to the new session. Only the
-                // driver's loop sends; falling through to its wait instead would leave these
-                // unsent with no timer armed (a queued request has none), until some unrelated
-                // event, possibly never.
-                Received::Datagram if self.session.has_queued() => return true,
                 Received::Datagram | Received::Nothing => {}
                 Received::Failed => return true,
             }
