@@ -182,6 +182,9 @@ pub fn open_namespace(config: &NamespaceConfig, data_dir: &Path) -> Result<Names
                     if metadata.file_type().is_block_device() {
                         return Err(fail("this is a block device: use backend \"blockdev\"".into()));
                     }
+                    if metadata.is_dir() {
+                        return Err(fail("this is a directory: give the path of a file (created if missing)".into()));
+                    }
                     if let Some(size) = config.size.filter(|size| size.0 != metadata.len()) {
                         return Err(fail(format!(
                             "the file holds {} bytes but size says {}: fix size or remove it",

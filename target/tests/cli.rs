@@ -151,6 +151,29 @@ fn bad_settings_are_refused_with_the_setting_named() {
         .unwrap();
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && message.contains("no-window"), "{message}");
+    // A file namespace whose path is a directory says so (not that its size is wrong).
+    std::fs::create_dir(dir.path().join("a-directory")).unwrap();
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"off\"\ndata_dir = \".\"\n[[namespace]]\nname = \"d\"\n\
+         backend = \"file\"\npath = \"a-directory\"\nsize = \"1MiB\"\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .current_dir(dir.path())
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && message.contains("this is a directory"), "{message}");
+    // An export that may take no connection is refused before it starts.
+    let output = netdam_command(dir.path())
+        .args(["--target", "127.0.0.1:9", "nbd", "--namespace", "d", "--listen", "tcp:127.0.0.1:0"])
+        .args(["--max-connections", "0"])
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && message.contains("--max-connections"), "{message}");
 }
 
 fn target_admin(args: &[&str]) -> Output {

@@ -269,9 +269,9 @@ enum Command {
         /// share the load.
         #[arg(long, default_value_t = 1)]
         sessions: usize,
-        /// Most clients connected at once.
-        #[arg(long, default_value_t = 16)]
-        max_connections: usize,
+        /// Most clients connected at once (at least 1).
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+        max_connections: u32,
         /// Threads serving the connections and the sessions. One thread (the default) serves
         /// every request without a hand-over between threads, which measured 2.2-2.8x the
         /// requests per second of two threads on a 2-core machine (docs/DECISIONS.md); more
@@ -534,7 +534,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         let options = ExportOptions {
             name: export.clone().unwrap_or_else(|| namespace.clone()),
             read_only: *read_only,
-            max_connections: *max_connections,
+            max_connections: *max_connections as usize,
             ..ExportOptions::default()
         };
         let observe = Observe { metrics_listen: *metrics_listen, log_format: *log_format };
