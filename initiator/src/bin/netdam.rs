@@ -429,7 +429,9 @@ fn parse_reconnect_timeout(text: &str) -> Result<f64, String> {
 /// `512B`) is refused: it would count blocks, 4096 of them, where bytes were meant.
 fn parse_blocks(text: &str) -> Result<u64, String> {
     let invalid = || format!("{text:?} is not a block number or count (examples: 16, 0x10, 4K; at most 2^64 - 1)");
-    if text.trim().ends_with(['B', 'b']) && !text.trim().to_ascii_lowercase().starts_with("0x") {
+    // `0xab` is a hex number, not bytes; `0x1KiB` is still a byte unit.
+    let lower = text.trim().to_ascii_lowercase();
+    if lower.ends_with("ib") || (lower.ends_with('b') && !lower.starts_with("0x")) {
         return Err(format!("{}: counts blocks, so it takes no byte unit (B, KiB, ...)", invalid()));
     }
     parse_bytes(text).map_err(|_| invalid())
