@@ -447,6 +447,51 @@ fn shutdown_lets_in_flight_requests_finish_and_reply() {
 }
 
 #[test]
+fn requests_sent_while_the_server_stops_are_answered_eshutdown_and_not_executed() {
+    let disk = Arc::new(MemDisk::new(1 << 20, 512).with_delay(Duration::from_millis(300)));
+    let server = TestServer::unix(disk.clone(), ExportOptions::default());
+    let (mut client, _, _) = RawClient::negotiated(&server.endpoint, ReplyStyle::Structured);
+    client.request(CMD_WRITE, 0, 1, 0, 512, &[9; 512]);
+    std::thread::sleep(Duration::from_millis(50));
+    let stopping = std::thread::spawn(move || server.stop());
+    // The write above is still in the backend; these arrive after the stop.
+    std::thread::sleep(Duration::from_millis(50));
+    client.request(CMD_WRITE, CMD_FLAG_FUA, 2, 4096, 512, &[7; 512]);
+    client.request(CMD_READ, 0, 3, 0, 512, &[]);
+    let replies: Vec<Reply> = (0..3).map(|_| client.reply(0)).collect();
+    let by_cookie = |cookie| replies.iter().find(|reply| reply.cookie == cookie).expect("every request answered");
+    assert_eq!(by_cookie(1).error, 0, "the write read before the stop is served");
+    for cookie in [2, 3] {
+        let reply = by_cookie(cookie);
+        assert_eq!(reply.error, 108, "NBD_ESHUTDOWN for request {cookie}: {reply:?}");
+        assert!(reply.message.contains("shutting down"), "{reply:?}");
+    }
+    // The spec's answer to ESHUTDOWN: a soft disconnect.
+    client.request(CMD_DISC, 0, 4, 0, 0, &[]);
+    assert!(client.is_closed());
+    let report = stopping.join().unwrap();
+    assert_eq!(report.refused_at_shutdown, 2, "{report:#?}");
+    assert_eq!(report.connection_errors, 0, "{report:#?}");
+    assert_eq!(report.connections_cut_at_drain, 0, "{report:#?}");
+    let snapshot = disk.snapshot();
+    assert_eq!(snapshot[..512], [9; 512]);
+    assert!(snapshot[4096..4608].iter().all(|&b| b == 0), "the refused write wrote nothing");
+}
+
+#[test]
+fn a_quiet_client_is_closed_at_shutdown_without_waiting_for_the_drain_timeout() {
+    let options = ExportOptions { drain_timeout: Duration::from_secs(60), ..ExportOptions::default() };
+    let server = TestServer::tcp(disk(1 << 20, 512), options);
+    let (mut client, _, _) = RawClient::negotiated(&server.endpoint, ReplyStyle::Simple);
+    assert_eq!(call(&mut client, CMD_WRITE, 0, 0, 512, &[1; 512]).error, 0);
+    let report = server.stop();
+    assert!(client.is_closed());
+    assert_eq!(report.connections_cut_at_drain, 0, "closed once quiet, not cut: {report:#?}");
+    assert_eq!(report.refused_at_shutdown, 0, "{report:#?}");
+    assert_eq!(report.connection_errors, 0, "{report:#?}");
+}
+
+#[test]
 fn the_drain_timeout_cuts_connections_that_do_not_finish() {
     let disk = Arc::new(MemDisk::new(1 << 20, 512).with_delay(Duration::from_secs(30)));
     let options = ExportOptions { drain_timeout: Duration::from_millis(200), ..ExportOptions::default() };

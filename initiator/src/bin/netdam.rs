@@ -250,7 +250,8 @@ enum Command {
     },
     /// Serve a namespace as an NBD export to the stock NBD clients: the kernel's nbd-client,
     /// qemu (`-drive file=nbd+unix:///?socket=PATH,format=raw`), nbdfuse, nbdinfo, qemu-img,
-    /// fio's nbd engine. Runs until SIGINT or SIGTERM, then finishes the requests in flight.
+    /// fio's nbd engine. Runs until SIGINT or SIGTERM, then finishes the requests in flight
+    /// (new ones are answered NBD_ESHUTDOWN) and exits.
     Nbd {
         /// The namespace to export (its name, or its id; `netdam namespaces` lists them).
         #[arg(long)]
@@ -1141,6 +1142,7 @@ fn serve_nbd(
             connections = report.connections,
             requests = report.requests,
             request_errors = report.request_errors,
+            refused_at_shutdown = report.refused_at_shutdown,
             connection_errors = report.connection_errors,
             "stopped"
         );

@@ -56,6 +56,11 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// closed regardless.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a stopping connection, its own requests done, waits for the client's next request
+/// (answered `NBD_ESHUTDOWN`) or its disconnect before it closes. Restarted by each request;
+/// the drain timeout bounds it all.
+pub const SHUTDOWN_QUIET: Duration = Duration::from_millis(200);
+
 /// Bytes the connection reader buffers from the socket (request headers and small payloads
 /// arrive in one read; larger payloads are read straight into their own buffer).
 pub const READ_BUFFER_BYTES: usize = 64 * 1024;

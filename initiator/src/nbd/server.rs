@@ -9,9 +9,11 @@
 //! reader stops reading the socket until replies have gone out.
 //!
 //! Shutdown: the server stops accepting and closes its listening socket; connections still in
-//! the handshake are closed; connections in transmission stop reading at the next request
-//! boundary, finish the requests they have read, send the replies, and close. Connections that
-//! have not finished within `drain_timeout` are cut (their backend calls are cancelled).
+//! the handshake are closed; connections in transmission finish the requests they have read
+//! and send the replies, answer every request read after that with `NBD_ESHUTDOWN` (the
+//! spec's request to disconnect; nothing is executed), and close when the client disconnects
+//! or has been quiet for `SHUTDOWN_QUIET` with nothing in flight. Connections that have not
+//! finished within `drain_timeout` are cut (their backend calls are cancelled).
 
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -38,7 +40,7 @@ use crate::nbd::limits::{
     ACCEPT_RETRY_DELAY, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_IN_FLIGHT_BYTES_PER_CONNECTION, DEFAULT_MAX_IN_FLIGHT_PER_CONNECTION, DEFAULT_MAX_PAYLOAD_BYTES,
     MAX_ADVERTISED_PAYLOAD_BYTES, MAX_IN_FLIGHT_BYTES_PER_CONNECTION, MAX_MIN_BLOCK_BYTES, MAX_STRING_BYTES,
-    READ_BUFFER_BYTES, RECENT_ERRORS, REPLY_BATCH_BYTES, REPLY_COPY_LIMIT_BYTES, ZERO_BUFFER_BYTES,
+    READ_BUFFER_BYTES, RECENT_ERRORS, REPLY_BATCH_BYTES, REPLY_COPY_LIMIT_BYTES, SHUTDOWN_QUIET, ZERO_BUFFER_BYTES,
 };
 use crate::nbd::listen::{BoundSocket, NbdListener};
 use crate::nbd::negotiate::{ExportInfo, Negotiation, NegotiationError, Step};
@@ -98,6 +100,8 @@ pub struct ServeReport {
     pub requests: u64,
     /// Requests answered with an error.
     pub request_errors: u64,
+    /// Of those, requests read after the server began to stop, answered `NBD_ESHUTDOWN`.
+    pub refused_at_shutdown: u64,
     /// Connections that ended on a protocol violation, a timeout or an I/O error (a client
     /// that disconnects between requests, or with `NBD_OPT_ABORT`/`NBD_CMD_DISC`, is not one).
     pub connection_errors: u64,
@@ -212,6 +216,7 @@ pub async fn serve_counting<B: NbdBackend>(
     report.transmissions = shared.transmissions.load(Ordering::Relaxed);
     report.requests = shared.requests.load(Ordering::Relaxed);
     report.request_errors = shared.request_errors.load(Ordering::Relaxed);
+    report.refused_at_shutdown = shared.refused_at_shutdown.load(Ordering::Relaxed);
     report.backend_panics = shared.backend_panics.load(Ordering::Relaxed);
     Ok(report)
 }
@@ -245,6 +250,7 @@ struct Shared<B> {
     transmissions: AtomicU64,
     requests: AtomicU64,
     request_errors: AtomicU64,
+    refused_at_shutdown: AtomicU64,
     backend_panics: AtomicU64,
     zero_buffer: OnceLock<Box<[u8]>>,
 }
@@ -262,6 +268,7 @@ impl<B: NbdBackend> Shared<B> {
             transmissions: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             request_errors: AtomicU64::new(0),
+            refused_at_shutdown: AtomicU64::new(0),
             backend_panics: AtomicU64::new(0),
             zero_buffer: OnceLock::new(),
         })
@@ -572,23 +579,34 @@ where
     let mut requests: JoinSet<()> = JoinSet::new();
     let mut header_bytes = vec![0u8; session.request_header_len()];
 
+    // Once the server stops, requests read are answered NBD_ESHUTDOWN (the client is to
+    // disconnect) and the connection closes when the client does, or when its own requests are
+    // done and it has been quiet for SHUTDOWN_QUIET.
+    let mut stopping = false;
     let ended: Result<LoopEnd, ConnectionError> = loop {
         // With every slot taken the socket is not read: back-pressure on the client.
         let slot = tokio::select! {
             biased;
-            _ = stopped.wait_for(|stop| *stop) => break Ok(LoopEnd::Clean),
+            _ = stopped.wait_for(|stop| *stop), if !stopping => {
+                stopping = true;
+                continue;
+            }
             () = replies.closed() => break Ok(LoopEnd::WriterGone),
             // Reap finished tasks as they come, so the set does not grow.
             Some(_) = requests.join_next(), if !requests.is_empty() => continue,
             slot = slots.clone().acquire_owned() => slot.expect("the slot semaphore is never closed"),
         };
         // Shutdown takes effect here, between requests; a request whose first bytes have
-        // arrived is read whole and served.
+        // arrived before it is read whole and served.
         if reader.buffered() == 0 {
             let filled = tokio::select! {
                 biased;
-                _ = stopped.wait_for(|stop| *stop) => break Ok(LoopEnd::Clean),
+                _ = stopped.wait_for(|stop| *stop), if !stopping => {
+                    stopping = true;
+                    continue;
+                }
                 () = replies.closed() => break Ok(LoopEnd::WriterGone),
+                () = quiet_after(&mut requests), if stopping => break Ok(LoopEnd::Clean),
                 filled = reader.fill() => filled,
             };
             match filled {
@@ -604,7 +622,9 @@ where
             Ok(request) => request,
             Err(error) => break Err(ProtocolViolation::from(error).into()),
         };
-        let command = match session.decide(&request) {
+        let decision = session.decide(&request);
+        let decision = if stopping { decision.at_shutdown() } else { decision };
+        let command = match decision {
             Decision::Execute(command) => command,
             Decision::Disconnect => break Ok(LoopEnd::Clean),
             Decision::Violation(violation) => break Err(violation.into()),
@@ -614,6 +634,9 @@ where
                 }
                 shared.requests.fetch_add(1, Ordering::Relaxed);
                 shared.request_errors.fetch_add(1, Ordering::Relaxed);
+                if errno == Errno::Shutdown {
+                    shared.refused_at_shutdown.fetch_add(1, Ordering::Relaxed);
+                }
                 let reply = Outgoing {
                     cookie: request.cookie,
                     request_offset: request.offset,
@@ -693,6 +716,13 @@ where
         (Ok(_), Err(error)) => Err(io_error("sending a reply")(error)),
         (Ok(_), Ok(())) => Ok(()),
     }
+}
+
+/// Completes once every request of a stopping connection has finished and `SHUTDOWN_QUIET`
+/// has passed since (a new request drops it, so the quiet starts again after that one).
+async fn quiet_after(requests: &mut JoinSet<()>) {
+    while requests.join_next().await.is_some() {}
+    tokio::time::sleep(SHUTDOWN_QUIET).await;
 }
 
 /// A future that turns a panic while it is polled into `Err(())` (the panic message still goes

@@ -231,6 +231,22 @@ pub enum Decision {
     Violation(ProtocolViolation),
 }
 
+impl Decision {
+    /// What a request read while the server is stopping gets instead: `NBD_ESHUTDOWN`, which
+    /// tells the client to disconnect (doc/proto.md, "Terminating the transmission phase"),
+    /// with its payload still consumed so the stream stays in step. A disconnect or a violation
+    /// is kept as it is.
+    pub fn at_shutdown(self) -> Decision {
+        let discard_bytes = match &self {
+            Decision::Execute(Command::Write { len, .. }) => *len,
+            Decision::Execute(_) => 0,
+            Decision::Refuse { discard_bytes, .. } => *discard_bytes,
+            Decision::Disconnect | Decision::Violation(_) => return self,
+        };
+        Decision::Refuse { errno: Errno::Shutdown, message: "the server is shutting down".into(), discard_bytes }
+    }
+}
+
 /// A request to execute, checked against the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
@@ -384,6 +400,22 @@ mod tests {
             Decision::Execute(Command::WriteZeroes { offset: 0, len: 512, fua: false, may_trim: true, fast: true })
         );
         assert_eq!(s.decide(&request(CMD_DISC, 0, 0, 0)), Decision::Disconnect);
+    }
+
+    #[test]
+    fn at_shutdown_every_request_is_refused_with_its_payload_consumed() {
+        let s = session(ReplyStyle::Simple);
+        let at_shutdown =
+            |command, flags, offset, length| refused(s.decide(&request(command, flags, offset, length)).at_shutdown());
+        assert_eq!(at_shutdown(CMD_WRITE, CMD_FLAG_FUA, 0, 4096), (Errno::Shutdown, 4096));
+        assert_eq!(at_shutdown(CMD_READ, 0, 0, 4096), (Errno::Shutdown, 0));
+        assert_eq!(at_shutdown(CMD_FLUSH, 0, 0, 0), (Errno::Shutdown, 0));
+        assert_eq!(at_shutdown(CMD_TRIM, 0, 0, 4096), (Errno::Shutdown, 0));
+        // Refused anyway: the error becomes ESHUTDOWN, the payload is still skipped.
+        assert_eq!(at_shutdown(CMD_WRITE, 0, 0, 100), (Errno::Shutdown, 100));
+        assert_eq!(s.decide(&request(CMD_DISC, 0, 0, 0)).at_shutdown(), Decision::Disconnect);
+        let too_large = request(CMD_WRITE, 0, 0, MAX_PAYLOAD_READ_BYTES + 1);
+        assert!(matches!(s.decide(&too_large).at_shutdown(), Decision::Violation(_)));
     }
 
     #[test]
