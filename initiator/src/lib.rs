@@ -10,6 +10,7 @@
 //! - [`hello`]: the two-step HELLO (cookie, then session) every driver runs.
 //! - [`Volume`]: a block namespace as one disk over one or more sessions.
 //! - [`nbd`]: the NBD export that serves a `Volume` to stock NBD clients.
+//! - [`pieces`]: splitting a range into what one call or instruction carries.
 //! - [`metrics`]: the initiator's `/metrics` (per-session shards, NBD gauges).
 //! - [`top`]: what `netdam top` computes from two scrapes of `/metrics`.
 //!
@@ -24,6 +25,7 @@ pub mod keys;
 pub mod metrics;
 pub mod nbd;
 pub mod op;
+pub mod pieces;
 pub mod reduce;
 pub mod session;
 mod stamped;

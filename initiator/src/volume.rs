@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use netdam_isa::block::{decode_extents, EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
-use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
 
 use crate::async_client::{AsyncClient, Pending};
 use crate::client::ClientOptions;
@@ -24,6 +23,7 @@ use crate::metrics::InitiatorMetrics;
 use crate::nbd::backend::{BackendError, NbdBackend};
 use crate::nbd::codec::{STATE_HOLE, STATE_ZERO};
 use crate::op::Op;
+use crate::pieces::{pieces, zeroing_piece_bytes};
 
 /// Most sessions one volume opens.
 pub const MAX_VOLUME_SESSIONS: usize = 64;
@@ -146,19 +146,12 @@ impl Volume {
         check_request(what, offset, len, self.block_bytes(), self.size_bytes())
     }
 
-    /// Pieces of at most `piece_bytes`: (byte offset, position in the request, bytes).
-    fn pieces(offset: u64, len: u64, piece_bytes: u64) -> impl Iterator<Item = (u64, u64, u64)> {
-        (0..len)
-            .step_by(piece_bytes.max(1) as usize)
-            .map(move |position| (offset + position, position, piece_bytes.min(len - position)))
-    }
-
     /// Reads `out.len()` bytes at `offset`, every piece in flight at once.
     pub async fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
         self.check("read", offset, out.len() as u64)?;
         let block = u64::from(self.block_bytes());
         let mut pending: Vec<(usize, usize, Pending)> = Vec::new();
-        for (at, position, len) in Volume::pieces(offset, out.len() as u64, u64::from(self.transfer_bytes())) {
+        for (at, position, len) in pieces(offset, out.len() as u64, u64::from(self.transfer_bytes())) {
             let op = Op::block_read(self.namespace.id, at / block, (len / block) as u32);
             pending.push((position as usize, len as usize, self.session().submit(vec![op]).await?));
         }
@@ -179,7 +172,7 @@ impl Volume {
         let block_bytes = self.block_bytes();
         let block = u64::from(block_bytes);
         let mut pending = Vec::new();
-        for (at, position, len) in Volume::pieces(offset, data.len() as u64, u64::from(self.transfer_bytes())) {
+        for (at, position, len) in pieces(offset, data.len() as u64, u64::from(self.transfer_bytes())) {
             let bytes = &data[position as usize..(position + len) as usize];
             let op = Op::block_write(self.namespace.id, at / block, block_bytes, bytes, fua);
             pending.push(self.session().submit(vec![op]).await?);
@@ -251,9 +244,7 @@ impl Volume {
         self.check(what, offset, len)?;
         let block = u64::from(self.block_bytes());
         let mut pending = Vec::new();
-        // The target bounds one TRIM or WRITE_ZEROES (it may zero memory itself).
-        let piece_bytes = MAX_BLOCK_ZERO_BYTES / block * block;
-        for (at, _, piece) in Volume::pieces(offset, len, piece_bytes) {
+        for (at, _, piece) in pieces(offset, len, zeroing_piece_bytes(self.block_bytes())) {
             let request = op(self.namespace.id, at / block, (piece / block) as u32);
             pending.push(self.session().submit(vec![request]).await?);
         }
@@ -340,12 +331,5 @@ mod tests {
         assert!(matches!(misaligned("read", 4096, 4096, 512, 4096), Some(ClientError::BeyondEnd { .. })));
         let wraps = misaligned("read", u64::MAX / 4096 * 4096, 8192, 4096, u64::MAX);
         assert!(matches!(wraps, Some(ClientError::BeyondEnd { .. })), "{wraps:?}");
-    }
-
-    #[test]
-    fn pieces_cover_the_request_exactly() {
-        let pieces: Vec<_> = Volume::pieces(4096, 20_480, 8192).collect();
-        assert_eq!(pieces, vec![(4096, 0, 8192), (12_288, 8192, 8192), (20_480, 16_384, 4096)]);
-        assert_eq!(Volume::pieces(0, 0, 8192).count(), 0);
     }
 }

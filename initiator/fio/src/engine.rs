@@ -18,10 +18,10 @@ use std::ffi::c_void;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use netdam_initiator::pieces::{pieces, zeroing_piece_bytes};
 use netdam_initiator::volume::check_request;
 use netdam_initiator::{Client, ClientError, ClientPoll, Op, Ticket};
 use netdam_isa::control::{NamespaceInfo, RegionInfo};
-use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
 use netdam_isa::wire::{Instruction, HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::Status;
 
@@ -520,7 +520,7 @@ impl Engine {
                 match request {
                     Io::Read { offset, buffer } => {
                         check_request("read", *offset, buffer.len() as u64, info.block_bytes, size_bytes)?;
-                        for (at, position, len) in split(*offset, buffer.len() as u64, *transfer_bytes) {
+                        for (at, position, len) in pieces(*offset, buffer.len() as u64, *transfer_bytes) {
                             queue(
                                 Op::block_read(info.id, at / block, (len / block) as u32),
                                 None,
@@ -530,7 +530,7 @@ impl Engine {
                     }
                     Io::Write { offset, buffer } => {
                         check_request("write", *offset, buffer.len() as u64, info.block_bytes, size_bytes)?;
-                        for (at, position, len) in split(*offset, buffer.len() as u64, *transfer_bytes) {
+                        for (at, position, len) in pieces(*offset, buffer.len() as u64, *transfer_bytes) {
                             // The operand (the data) is added as a range of fio's buffer.
                             let op = Op::block_write(info.id, at / block, info.block_bytes, &[], false);
                             queue(Op { length: (len / block) as u32, ..op }, Some((position, len)), None);
@@ -539,8 +539,7 @@ impl Engine {
                     Io::Sync => queue(Op::flush(info.id), None, None),
                     Io::Trim { offset, len } => {
                         check_request("trim", *offset, *len, info.block_bytes, size_bytes)?;
-                        // The target bounds one TRIM (it may zero memory itself).
-                        for (at, _, piece) in split(*offset, *len, MAX_BLOCK_ZERO_BYTES / block * block) {
+                        for (at, _, piece) in pieces(*offset, *len, zeroing_piece_bytes(info.block_bytes)) {
                             queue(Op::trim(info.id, at / block, (piece / block) as u32), None, None);
                         }
                     }
@@ -548,12 +547,12 @@ impl Engine {
             }
             (Space::Region { info, read_chunk_bytes, write_chunk_bytes }, request) => match request {
                 Io::Read { offset, buffer } => {
-                    for (at, position, len) in split(*offset, buffer.len() as u64, *read_chunk_bytes) {
+                    for (at, position, len) in pieces(*offset, buffer.len() as u64, *read_chunk_bytes) {
                         queue(Op::read(info.id, at, len as u32), None, Some((position, len)));
                     }
                 }
                 Io::Write { offset, buffer } => {
-                    for (at, position, len) in split(*offset, buffer.len() as u64, *write_chunk_bytes) {
+                    for (at, position, len) in pieces(*offset, buffer.len() as u64, *write_chunk_bytes) {
                         // The operand (the data) is added as a range of fio's buffer.
                         let op = Op { length: len as u32, ..Op::write(info.id, at, &[]) };
                         queue(op, Some((position, len)), None);
@@ -565,7 +564,7 @@ impl Engine {
                 // Zeroed with FILL, in pieces no larger than a namespace's TRIM, so that one fio
                 // trim does not hold a target worker longer than a block trim would.
                 Io::Trim { offset, len } => {
-                    for (at, _, piece) in split(*offset, *len, MAX_BLOCK_ZERO_BYTES) {
+                    for (at, _, piece) in pieces(*offset, *len, zeroing_piece_bytes(1)) {
                         queue(Op::fill(info.id, at, piece as u32, 0), None, None);
                     }
                 }
@@ -818,13 +817,6 @@ fn errno_of(error: &ClientError) -> i32 {
         ClientError::HelloRefused(_) => libc::EBUSY,
         _ => libc::EIO,
     }
-}
-
-/// Pieces of at most `piece_bytes`: (byte offset, position in the request, bytes).
-fn split(offset: u64, len: u64, piece_bytes: u64) -> impl Iterator<Item = (u64, u64, u64)> {
-    (0..len)
-        .step_by(piece_bytes.max(1) as usize)
-        .map(move |position| (offset + position, position, piece_bytes.min(len - position)))
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use netdam_initiator::allreduce::{self, AllreduceOp, AllreducePlan};
 use netdam_initiator::metrics::{InitiatorMetrics, ObservedBackend};
 use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
+use netdam_initiator::pieces::{pieces, zeroing_piece_bytes};
 use netdam_initiator::reduce::ReduceValue;
 use netdam_initiator::top::{Snapshot, View};
 use netdam_initiator::{Client, ClientError, ClientOptions, ClientPoll, Volume, VolumeOptions};
@@ -18,7 +19,6 @@ use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::crypto::{Seal, SEAL_LEN};
 use netdam_isa::extension::reduce::ReduceOp;
-use netdam_isa::limits::MAX_BLOCK_ZERO_BYTES;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::LaneType;
 use netdam_metrics::{LogFormat, MetricsListen, MetricsServer};
@@ -710,22 +710,13 @@ fn run(cli: &Cli) -> Result<(), String> {
             let trim = matches!(cli.command, Command::Trim { .. });
             let command = if trim { "trim" } else { "write-zeroes" };
             let info = namespace_in_range(&client, command, namespace, *lba, u64::from(*blocks))?;
-            // One instruction zeroes at most MAX_BLOCK_ZERO_BYTES (the target refuses more as
-            // too_large, so that one request does not hold a worker for long): larger ranges
-            // go as several, one after another.
-            let per_instruction = (MAX_BLOCK_ZERO_BYTES / u64::from(info.block_bytes).max(1)).max(1);
-            let mut done = 0u64;
-            while done < u64::from(*blocks) {
-                let piece = (u64::from(*blocks) - done).min(per_instruction) as u32;
-                let result = if trim {
-                    client.trim(&info, lba + done, piece)
-                } else {
-                    client.write_zeroes(&info, lba + done, piece)
-                };
-                result.map_err(|error| {
-                    format!("{command}: {error} at block {} ({done} of {blocks} blocks done)", lba + done)
-                })?;
-                done += u64::from(piece);
+            // One instruction zeroes a bounded range: larger ones go as several, in turn.
+            let block = u64::from(info.block_bytes);
+            let (offset, len) = (lba * block, u64::from(*blocks) * block);
+            for (at, done, piece) in pieces(offset, len, zeroing_piece_bytes(info.block_bytes)) {
+                let (at, done, piece) = (at / block, done / block, (piece / block) as u32);
+                let result = if trim { client.trim(&info, at, piece) } else { client.write_zeroes(&info, at, piece) };
+                result.map_err(|error| format!("{command}: {error} at block {at} ({done} of {blocks} blocks done)"))?;
             }
             let verb = if trim { "trimmed" } else { "zeroed" };
             if cli.json {

@@ -44,7 +44,8 @@ use crate::nbd::limits::{
 };
 use crate::nbd::listen::{BoundSocket, NbdListener};
 use crate::nbd::negotiate::{ExportInfo, Negotiation, NegotiationError, Step};
-use crate::nbd::transmission::{pieces, Command, Decision, ProtocolViolation, Session};
+use crate::nbd::transmission::{Command, Decision, ProtocolViolation, Session};
+use crate::pieces::pieces;
 
 /// How the export is presented and bounded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -796,7 +797,7 @@ async fn execute<B: NbdBackend>(shared: &Shared<B>, job: Job) -> OutBody {
         Job::Read { offset, len } => {
             let mut data = vec![0u8; len];
             let mut result = Ok(());
-            for (at, piece) in pieces(offset, len as u64, piece_bytes) {
+            for (at, _, piece) in pieces(offset, len as u64, piece_bytes) {
                 let start = (at - offset) as usize;
                 if let Err(error) = backend.read(at, &mut data[start..start + piece as usize]).await {
                     result = Err(failure(CMD_READ, at, piece, error));
@@ -840,7 +841,7 @@ async fn write_pieces<B: NbdBackend>(
     fua: bool,
     piece_bytes: u64,
 ) -> Result<(), OutBody> {
-    for (at, piece) in pieces(offset, data.len() as u64, piece_bytes) {
+    for (at, _, piece) in pieces(offset, data.len() as u64, piece_bytes) {
         let start = (at - offset) as usize;
         backend
             .write(at, &data[start..start + piece as usize], fua)
@@ -853,7 +854,7 @@ async fn write_pieces<B: NbdBackend>(
 /// Trims a range; `Ok(false)` if the backend cannot trim, which for `NBD_CMD_TRIM` (a hint)
 /// is still success.
 async fn trim<B: NbdBackend>(backend: &B, offset: u64, len: u64, piece_bytes: u64) -> Result<bool, OutBody> {
-    for (at, piece) in pieces(offset, len, piece_bytes) {
+    for (at, _, piece) in pieces(offset, len, piece_bytes) {
         match backend.trim(at, piece).await {
             Ok(()) => {}
             Err(BackendError::NotSupported(_)) => return Ok(false),
@@ -889,7 +890,7 @@ async fn zero<B: NbdBackend>(
         }
     }
     let mut supported = true;
-    for (at, piece) in pieces(offset, len, piece_bytes) {
+    for (at, _, piece) in pieces(offset, len, piece_bytes) {
         match backend.write_zeroes(at, piece).await {
             Ok(()) => {}
             Err(BackendError::NotSupported(_)) => {
@@ -904,7 +905,7 @@ async fn zero<B: NbdBackend>(
     }
     // Without FAST_ZERO the spec forbids ENOTSUP: write the zeroes out.
     let zeroes = shared.zero_buffer();
-    for (at, piece) in pieces(offset, len, zeroes.len() as u64) {
+    for (at, _, piece) in pieces(offset, len, zeroes.len() as u64) {
         backend
             .write(at, &zeroes[..piece as usize], false)
             .await

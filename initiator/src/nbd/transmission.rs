@@ -322,25 +322,6 @@ pub enum ProtocolViolation {
     },
 }
 
-/// Splits `len` bytes at `offset` into consecutive `(offset, len)` pieces of at most
-/// `max_piece_bytes`, for backends that take smaller requests than clients send. With an
-/// aligned offset and a piece size that is a multiple of the block size, every piece is
-/// aligned.
-pub fn pieces(offset: u64, len: u64, max_piece_bytes: u64) -> impl Iterator<Item = (u64, u64)> {
-    assert!(max_piece_bytes > 0, "pieces of zero bytes would never end");
-    let end = offset + len;
-    let mut next = offset;
-    std::iter::from_fn(move || {
-        if next >= end {
-            return None;
-        }
-        let piece = (end - next).min(max_piece_bytes);
-        let at = next;
-        next += piece;
-        Some((at, piece))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -550,13 +531,5 @@ mod tests {
             s.decide(&request(CMD_READ, CMD_FLAG_PAYLOAD_LEN, 0, 1 << 40)),
             Decision::Violation(ProtocolViolation::PayloadTooLarge { .. })
         ));
-    }
-
-    #[test]
-    fn pieces_cover_the_range() {
-        let all: Vec<_> = pieces(4096, 10 * 1024, 4096).collect();
-        assert_eq!(all, vec![(4096, 4096), (8192, 4096), (12288, 2048)]);
-        assert_eq!(pieces(0, 0, 512).count(), 0);
-        assert_eq!(pieces(0, 512, u64::MAX).collect::<Vec<_>>(), vec![(0, 512)]);
     }
 }
