@@ -200,6 +200,9 @@ pub fn open_namespace(config: &NamespaceConfig, data_dir: &Path) -> Result<Names
                     }
                 }
             }
+            if config.backend == NamespaceBackend::File {
+                warn_if_overcommitted(&config.name, &path);
+            }
             let path = path.clone();
             Arc::new(move |max_transfer: usize, submission: Submission| {
                 let device = UringDevice::open_with(&path, block_bytes, BLOCK_QUEUE_DEPTH, max_transfer, submission)?;
@@ -242,6 +245,60 @@ fn backend_name(backend: NamespaceBackend) -> &'static str {
     }
 }
 
+/// A file namespace is sparse: blocks take disk space when first written. Says so at start
+/// when the file system cannot hold the blocks not yet written, so that a user learns it now
+/// rather than from `no_space` answers later. Nothing is refused: a namespace larger than its
+/// disk is a legitimate thin-provisioned choice.
+fn warn_if_overcommitted(name: &str, path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(metadata) = std::fs::metadata(path) else { return };
+    if !metadata.is_file() {
+        return;
+    }
+    let Some(free) = free_bytes(path) else { return };
+    if let Some(warning) = overcommit_warning(metadata.len(), metadata.blocks() * 512, free) {
+        tracing::warn!(namespace = name, path = %path.display(), "{warning}");
+    }
+}
+
+/// The warning for a sparse file of `len` bytes, `allocated` of them on disk, whose file
+/// system has `free` bytes left; `None` when the unwritten blocks fit.
+fn overcommit_warning(len: u64, allocated: u64, free: u64) -> Option<String> {
+    let unwritten = len.saturating_sub(allocated);
+    (unwritten > free).then(|| {
+        format!(
+            "the namespace is {}, {} of it not yet written, but its file system has {} free: \
+             writes to unwritten blocks past that are answered no_space",
+            describe_bytes(len),
+            describe_bytes(unwritten),
+            describe_bytes(free)
+        )
+    })
+}
+
+/// Bytes the unprivileged user may still allocate on the file system holding `path`.
+fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a NUL-terminated path and a buffer of the right type; statvfs fills it on success.
+    if unsafe { libc::statvfs(name.as_ptr(), stats.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled the buffer.
+    let stats = unsafe { stats.assume_init() };
+    Some(stats.f_bavail.saturating_mul(stats.f_frsize))
+}
+
+/// `1.5 TiB`, `30.2 GiB`, `512 bytes`: sizes for people.
+fn describe_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    match UNITS.iter().find(|(_, unit)| bytes >= *unit) {
+        Some((name, unit)) => format!("{:.1} {name}", bytes as f64 / *unit as f64),
+        None => format!("{bytes} bytes"),
+    }
+}
+
 fn create_sparse_file(path: &Path, bytes: u64) -> io::Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
@@ -249,4 +306,34 @@ fn create_sparse_file(path: &Path, bytes: u64) -> io::Result<()> {
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
     file.set_len(bytes)?;
     file.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sparse_file_larger_than_its_free_space_is_warned_about() {
+        let warning = overcommit_warning(1 << 40, 0, 30 << 30).expect("1 TiB unwritten on 30 GiB free");
+        assert!(warning.contains("1.0 TiB") && warning.contains("30.0 GiB free") && warning.contains("no_space"));
+        // Written blocks take no more space: what counts is what is not yet written.
+        assert!(overcommit_warning(1 << 40, (1 << 40) - (1 << 30), 2 << 30).is_none());
+        assert!(overcommit_warning(1 << 30, 0, 1 << 30).is_none(), "exactly fits");
+        assert!(overcommit_warning(1 << 30, 1 << 31, 0).is_none(), "more allocated than its length");
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(describe_bytes(512), "512 bytes");
+        assert_eq!(describe_bytes(1536), "1.5 KiB");
+        assert_eq!(describe_bytes(30 << 30), "30.0 GiB");
+        assert_eq!(describe_bytes(u64::MAX), "16777216.0 TiB");
+    }
+
+    #[test]
+    fn the_free_space_of_an_existing_path_is_known() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(free_bytes(dir.path()).is_some());
+        assert!(free_bytes(&dir.path().join("missing/deeper")).is_none());
+    }
 }

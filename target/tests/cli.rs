@@ -180,6 +180,51 @@ fn target_admin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_netdam-target")).args(args).output().expect("netdam-target runs")
 }
 
+/// A file namespace larger than its file system's free space is created (it is sparse; thin
+/// provisioning is a choice), with a warning that names the shortfall; one that fits has none.
+#[test]
+fn a_file_namespace_larger_than_the_free_space_is_created_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let create = |name: &str, size: &str| {
+        let path = format!("{name}.img");
+        target_admin(&[
+            "namespace",
+            "create",
+            name,
+            "--backend",
+            "file",
+            "--path",
+            &path,
+            "--size",
+            size,
+            "--data-dir",
+            data,
+        ])
+    };
+    let small = create("small", "4MiB");
+    assert!(small.status.success(), "{}", String::from_utf8_lossy(&small.stderr));
+    assert!(!String::from_utf8_lossy(&small.stderr).contains("free"), "no warning when it fits");
+    let free = String::from_utf8(Command::new("df").args(["--output=avail", "-B1", data]).output().unwrap().stdout)
+        .unwrap()
+        .lines()
+        .nth(1)
+        .and_then(|line| line.trim().parse::<u64>().ok())
+        .expect("df tells the free bytes");
+    let size = free / 4096 * 4096 + (1 << 40);
+    let big = create("big", &size.to_string());
+    let message = String::from_utf8_lossy(&big.stderr);
+    if !big.status.success() && message.contains("File too large") {
+        println!("skipped: this file system cannot hold a sparse file of {size} bytes ({message})");
+        return;
+    }
+    assert!(big.status.success(), "{message}");
+    assert!(
+        message.contains("WARN") && message.contains("not yet written") && message.contains("no_space"),
+        "{message}"
+    );
+}
+
 /// `netdam-target namespace|region create|list|delete` keep spaces in the metadata store; a
 /// target started on that data directory serves them, a running one is named in the advice to
 /// restart, and `netdam bwrite`/`bread`/`flush`/`trim`/`block-status` work on the namespace.
