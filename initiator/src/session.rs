@@ -474,6 +474,8 @@ pub struct Session {
     ever_established: bool,
     /// The first refusal since the last datagram received, while refusals count as loss.
     refused_since: Option<Instant>,
+    /// When the target was last heard from (an answer that parsed).
+    last_heard: Option<Instant>,
     /// Keys of the session in use (an authenticated one), and of the one the HELLO under way
     /// will open.
     keys: Option<SessionKeys>,
@@ -518,6 +520,7 @@ impl Session {
             established: None,
             ever_established: false,
             refused_since: None,
+            last_heard: None,
             keys: None,
             hello_proof: None,
             hello_keys: None,
@@ -1080,6 +1083,7 @@ impl Session {
         };
         // Something listens again: a later refusal starts a new wait.
         self.refused_since = None;
+        self.last_heard = Some(now);
         let header = response.header;
         // A request queued for retransmission may still get the answer to its earlier send.
         let found = self.requests.iter().position(|request| {
@@ -1195,6 +1199,7 @@ impl Session {
     /// attempts.
     pub fn handle_timeout(&mut self, now: Instant) {
         let mut hello_failed = None;
+        let mut target_silent = false;
         let mut index = 0;
         while index < self.requests.len() {
             let request = &mut self.requests[index];
@@ -1215,6 +1220,7 @@ impl Session {
                         self.send_queue.push_front(request.sequence);
                     } else {
                         let request = self.requests.swap_remove(index);
+                        target_silent |= self.last_heard.is_none_or(|heard| heard < first_sent_at);
                         self.stats.timeouts += 1;
                         let error = if request.idempotent {
                             ClientError::TimedOut { attempts: request.attempts }
@@ -1235,9 +1241,41 @@ impl Session {
             }
             index += 1;
         }
+        if target_silent {
+            hello_failed = self.fail_outstanding().or(hello_failed);
+        }
         if let Some(error) = hello_failed {
             self.on_hello_answer(Err(error));
         }
+    }
+
+    /// Fails every request still outstanding, sent or not: a request ran out of attempts and
+    /// patience without the target answering anything since it first left, so the target is
+    /// down or unreachable. Left alone, each of the others would wait out a patience of its
+    /// own, counted from a first transmission that the window (closed by the timeouts) holds
+    /// back: minutes at depth. Returns the error of the session's own HELLO, if one was among
+    /// them.
+    fn fail_outstanding(&mut self) -> Option<ClientError> {
+        let mut hello_failed = None;
+        self.send_queue.clear();
+        let mut outstanding = std::mem::take(&mut self.requests);
+        // In the order they were submitted (the list is kept by swap_remove).
+        outstanding.sort_unstable_by_key(|request| request.sequence);
+        for request in outstanding {
+            self.stats.timeouts += 1;
+            let attempts = request.attempts;
+            // One never sent never ran: it can be retried whatever it does.
+            let error = if request.idempotent || attempts == 0 {
+                ClientError::TimedOut { attempts }
+            } else {
+                ClientError::OutcomeUnknown { attempts }
+            };
+            match request.origin {
+                Origin::Caller => self.completions.push_back(Completion { token: request.token, result: Err(error) }),
+                Origin::Hello => hello_failed = Some(error),
+            }
+        }
+        hello_failed
     }
 
     /// The next finished request, if any.

@@ -431,6 +431,65 @@ fn a_request_out_of_attempts_keeps_trying_until_its_patience_is_spent() {
     assert!(completion.result.is_ok(), "{:?}", completion.result.err());
 }
 
+#[test]
+fn when_a_request_fails_unanswered_by_a_silent_target_every_request_fails_with_it() {
+    // A window of one: the others wait unsent behind the first, as behind a window that
+    // timeouts closed. Without this they would each start a patience of their own.
+    let swift = SwiftConfig { initial_window: 1.0, ..SwiftConfig::default() };
+    let narrow = SessionConfig { congestion: Some(swift), ..config() };
+    let mut session = Session::new(narrow, 9);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    session.submit(&[Op::fetch_add(0, 0, 1)], 2).unwrap();
+    session.submit(&[Op::write(0, 0, &[1; 8])], 3).unwrap();
+    let mut now = at_ms(0);
+    let mut transmissions = Vec::new();
+    let failed = loop {
+        while let Some(datagram) = session.poll_transmit(now) {
+            transmissions.push(Request::parse(datagram).unwrap().header.sequence);
+        }
+        let done: Vec<_> = std::iter::from_fn(|| session.poll_completion()).collect();
+        if !done.is_empty() {
+            break done;
+        }
+        now = session.poll_timeout().expect("a retransmission or the failure is due");
+        session.handle_timeout(now);
+        assert!(now <= at_ms(1_000), "no end in sight at {now:?}");
+    };
+    assert_eq!(transmissions.len(), 3, "only the first request went, three times: {transmissions:?}");
+    assert!(transmissions.iter().all(|&sequence| sequence == transmissions[0]));
+    assert_eq!(failed.iter().map(|completion| completion.token).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert!(matches!(failed[0].result, Err(ClientError::TimedOut { attempts: 3 })));
+    // Never sent, so never run: retrying it is safe, whatever it does.
+    assert!(matches!(failed[1].result, Err(ClientError::TimedOut { attempts: 0 })));
+    assert!(matches!(failed[2].result, Err(ClientError::TimedOut { attempts: 0 })));
+    assert_eq!(session.in_flight(), 0);
+    assert!(session.poll_transmit(at_ms(55)).is_none(), "nothing left to send");
+    assert_eq!(session.stats().timeouts, 3);
+}
+
+#[test]
+fn a_request_lost_while_the_target_answers_others_fails_alone() {
+    let mut session = Session::new(config(), 9);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    session.poll_transmit(at_ms(0)).unwrap();
+    session.submit(&[Op::read(0, 8, 8)], 2).unwrap();
+    let answered = session.poll_transmit(at_ms(1)).unwrap().to_vec();
+    session.handle_datagram(at_ms(2), &answer(&answered));
+    assert_eq!(session.poll_completion().unwrap().token, 2);
+    session.submit(&[Op::read(0, 16, 8)], 3).unwrap();
+    // Request 1 is lost three times while the target answered request 2 after it left.
+    for at in [10, 30] {
+        session.handle_timeout(at_ms(at));
+        while session.poll_transmit(at_ms(at)).is_some() {}
+    }
+    session.handle_timeout(at_ms(55));
+    let completion = session.poll_completion().unwrap();
+    assert_eq!(completion.token, 1);
+    assert!(matches!(completion.result, Err(ClientError::TimedOut { attempts: 3 })));
+    assert!(session.poll_completion().is_none(), "request 3 keeps its own attempts");
+    assert_eq!(session.in_flight(), 1);
+}
+
 /// What a target would answer to `request`: each instruction's status from `statuses`, with its
 /// index repeated `index + 1` times as data.
 fn answer_with_data(request: &[u8], statuses: &[Status]) -> Vec<u8> {
