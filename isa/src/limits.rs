@@ -127,6 +127,11 @@ pub const MAX_NAMESPACES: usize = 64;
 /// a datagram with block instructions is answered `busy` without executing anything.
 pub const PENDING_BLOCK_DATAGRAMS: usize = 64;
 
+/// Largest block of a namespace. A block cannot be split between datagrams, so one block with
+/// its BWRITE headers and an authentication trailer must fit in a datagram of the default size,
+/// which is what initiators negotiate unless told otherwise.
+pub const MAX_BLOCK_BYTES: u32 = 8192;
+
 /// Block requests (and transfer buffers) one worker keeps in flight per namespace.
 pub const BLOCK_QUEUE_DEPTH: u32 = 128;
 

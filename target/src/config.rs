@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 
 use netdam_isa::limits::{
     DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
-    MAX_DATAGRAM_BYTES, MAX_NAMESPACES, MAX_REGIONS, MAX_REGION_NAME_BYTES, MAX_SESSIONS_PER_WORKER,
+    MAX_BLOCK_BYTES, MAX_DATAGRAM_BYTES, MAX_NAMESPACES, MAX_REGIONS, MAX_REGION_NAME_BYTES, MAX_SESSIONS_PER_WORKER,
     MAX_SESSION_IDLE_TIMEOUT, MAX_WORKERS, MIN_DATAGRAM_BYTES, MIN_SESSIONS_PER_WORKER, MIN_SESSION_IDLE_TIMEOUT,
 };
+use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN};
 use netdam_isa::Duration;
 use netdam_metrics::MetricsListen;
 use serde::{Deserialize, Serialize};
@@ -156,7 +157,8 @@ pub struct NamespaceConfig {
     /// device's size is its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<ByteSize>,
-    /// Bytes per block: a power of two from 512 to 65536.
+    /// Bytes per block: a power of two from 512 to 8192 (one block and its headers fit in one
+    /// datagram).
     #[serde(default = "default_block_size")]
     pub block_size: u32,
 }
@@ -167,8 +169,12 @@ impl NamespaceConfig {
         let name = &self.name;
         check_name("namespace", name)?;
         let invalid = |message: String| Err(ConfigError::Invalid(format!("namespace {name:?}: {message}")));
-        if !self.block_size.is_power_of_two() || !(512..=65536).contains(&self.block_size) {
-            return invalid(format!("block_size = {}: use a power of two from 512 to 65536", self.block_size));
+        if !self.block_size.is_power_of_two() || !(512..=MAX_BLOCK_BYTES).contains(&self.block_size) {
+            return invalid(format!(
+                "block_size = {}: use a power of two from 512 to {MAX_BLOCK_BYTES} (a block is never split \
+                 between datagrams, so one block and its headers must fit in one)",
+                self.block_size
+            ));
         }
         match (self.backend, self.size) {
             (NamespaceBackend::Blockdev, Some(_)) => {
@@ -233,6 +239,26 @@ pub fn validate_spaces(regions: &[RegionConfig], namespaces: &[NamespaceConfig])
         namespace.validate()?;
         if namespaces[..index].iter().any(|other| other.name == namespace.name) {
             return invalid(format!("namespace name {:?} is used twice", namespace.name));
+        }
+    }
+    Ok(())
+}
+
+/// Bytes a datagram carrying one block adds to it: a BWRITE's header and instruction header,
+/// and an authenticated session's trailer (a BREAD's answer adds less).
+pub const BLOCK_DATAGRAM_OVERHEAD: usize = HEADER_LEN + INSTRUCTION_HEADER_LEN + netdam_auth::TRAILER_BYTES;
+
+/// Checks that one block of every namespace, with its headers, fits in a datagram of
+/// `max_datagram_bytes`: otherwise no client could read or write it.
+pub fn blocks_fit_datagrams(max_datagram_bytes: usize, namespaces: &[NamespaceConfig]) -> Result<(), ConfigError> {
+    for namespace in namespaces {
+        let needed = namespace.block_size as usize + BLOCK_DATAGRAM_OVERHEAD;
+        if needed > max_datagram_bytes {
+            return Err(ConfigError::Invalid(format!(
+                "namespace {:?}: a block of {} bytes needs datagrams of {needed} bytes with its headers, but \
+                 max_datagram_bytes = {max_datagram_bytes}: raise max_datagram_bytes or lower block_size",
+                namespace.name, namespace.block_size
+            )));
         }
     }
     Ok(())
@@ -610,6 +636,7 @@ impl Config {
             ));
         }
         validate_spaces(&self.effective_regions(), &self.namespaces)?;
+        blocks_fit_datagrams(self.max_datagram_bytes, &self.namespaces)?;
         if let Some(name) = &self.fpga_namespace {
             match self.namespaces.iter().find(|namespace| &namespace.name == name) {
                 None => {
@@ -715,6 +742,33 @@ mod tests {
             RegionConfig { name: "f".into(), backend: RegionBackend::File, path: None, size: ByteSize(4096) };
         let config = Config { regions: vec![pathless], ..Config::default() };
         assert!(config.validate().unwrap_err().to_string().contains("needs a path"));
+    }
+
+    #[test]
+    fn a_block_must_fit_in_one_datagram_with_its_headers() {
+        let namespace = |block_size| NamespaceConfig {
+            name: "disk".into(),
+            backend: NamespaceBackend::File,
+            path: "disk.img".into(),
+            size: Some(ByteSize(1 << 20)),
+            block_size,
+        };
+        for too_large in [16_384, 65_536] {
+            let message = namespace(too_large).validate().unwrap_err().to_string();
+            assert!(message.contains("from 512 to 8192") && message.contains("fit in one"), "{message}");
+        }
+        for fits in [512, 4096, MAX_BLOCK_BYTES] {
+            let config = Config { namespaces: vec![namespace(fits)], ..Config::default() };
+            config.validate().unwrap();
+        }
+        // The largest block fits the default datagram, authentication trailer included.
+        assert!(MAX_BLOCK_BYTES as usize + BLOCK_DATAGRAM_OVERHEAD <= DEFAULT_DATAGRAM_BYTES);
+        // A smaller datagram may not hold a block: refused, naming both settings.
+        let config = Config { max_datagram_bytes: 4096, namespaces: vec![namespace(4096)], ..Config::default() };
+        let message = config.validate().unwrap_err().to_string();
+        assert!(message.contains("max_datagram_bytes = 4096") && message.contains("block_size"), "{message}");
+        let config = Config { max_datagram_bytes: 4096, namespaces: vec![namespace(2048)], ..Config::default() };
+        config.validate().unwrap();
     }
 
     #[test]

@@ -302,7 +302,7 @@ enum NamespaceCommand {
         /// Size for file and pmem when the file does not exist yet, e.g. 1GiB.
         #[arg(long, value_parser = parse_size)]
         size: Option<ByteSize>,
-        /// Bytes per block: a power of two from 512 to 65536.
+        /// Bytes per block: a power of two from 512 to 8192 (one block fits in one datagram).
         #[arg(long, default_value_t = DEFAULT_BLOCK_BYTES)]
         block_size: u32,
         #[command(flatten)]

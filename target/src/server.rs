@@ -14,7 +14,7 @@ use netdam_isa::Duration;
 use netdam_metrics::MetricsServer;
 use netdam_pmem::{Region, RegionError};
 
-use crate::config::{validate_spaces, Config, ConfigError, EngineChoice};
+use crate::config::{blocks_fit_datagrams, validate_spaces, Config, ConfigError, EngineChoice};
 use crate::cookies::CookieJar;
 use crate::crypto::{CryptoError, KeyRing};
 use crate::dispatch::{Dispatcher, Shared};
@@ -119,6 +119,7 @@ impl Target {
         let mut namespace_configs = config.namespaces.clone();
         namespace_configs.extend(stored.namespaces);
         validate_spaces(&region_configs, &namespace_configs)?;
+        blocks_fit_datagrams(config.max_datagram_bytes, &namespace_configs)?;
         let mut regions = RegionTable::open(&region_configs, &data_dir)?;
         for region in extra_regions {
             regions.push(region);
