@@ -151,13 +151,15 @@ fn hello_refusal(status: Status) -> String {
         Status::Busy => "every session slot is held by an active session; try again later \
                          (`netdam stat` shows the target's session counts)"
             .to_string(),
-        Status::SessionLimit => "this host already holds as many sessions as the target allows one address \
-                                 (max_sessions_per_address); close idle clients or raise the limit"
+        Status::SessionLimit => "this host or this tenant already holds as many sessions as the target allows \
+                                 (max_sessions_per_address for one address, or the tenant's --max-sessions); \
+                                 close idle clients or raise the limit"
             .to_string(),
         Status::Retry => "it kept answering with a new cookie; is the initiator's source address changing?".to_string(),
-        Status::Unauthenticated => "unauthenticated: the target requires a tenant key and this one was missing, \
-                                    unknown, wrong or rotated; pass --key FILE or set NETDAM_KEY \
-                                    (`netdam-target tenant create NAME` writes a key file)"
+        Status::Unauthenticated => "unauthenticated: the target did not accept the tenant key: none was given \
+                                    to a target that requires one, or the key is unknown there, wrong or \
+                                    rotated; pass --key FILE or set NETDAM_KEY (`netdam-target tenant create \
+                                    NAME` writes a key file), or --key none for a target with auth = \"none\""
             .to_string(),
         other => other.to_string(),
     }

@@ -1,7 +1,7 @@
 //! Where an initiator finds its tenant key: `--key FILE` (or `NETDAM_KEY`), else the key file of
 //! the default tenant that a target started with its embedded default writes into the user's
-//! data directory, so the quickstart needs no flag. None found: the session is unauthenticated,
-//! which only a target with `auth = "none"` accepts.
+//! data directory, so the quickstart needs no flag. None found, or `none` given as the key file:
+//! the session is unauthenticated, which only a target with `auth = "none"` accepts.
 
 use std::path::{Path, PathBuf};
 
@@ -17,9 +17,16 @@ pub fn default_key_path() -> Option<PathBuf> {
     Some(data.join("netdam").join("tenants").join("default.key"))
 }
 
-/// The credentials to use: those of `explicit` (an error names the file if it cannot be used),
-/// else those of the default key file if it exists, else none.
+/// What `--key` (or `NETDAM_KEY`) says to present no key at all, not even the default
+/// tenant's: for a target with `auth = "none"` (a file of that name is `./none`).
+pub const NO_KEY: &str = "none";
+
+/// The credentials to use: none for [`NO_KEY`], those of `explicit` (an error names the file
+/// if it cannot be used), else those of the default key file if it exists, else none.
 pub fn resolve(explicit: Option<&Path>) -> Result<Option<Credentials>, String> {
+    if explicit.is_some_and(|path| path.as_os_str() == NO_KEY) {
+        return Ok(None);
+    }
     if let Some(path) = explicit {
         return KeyFile::load(path).map(|file| Some(file.credentials())).map_err(|error| error.to_string());
     }
@@ -46,5 +53,6 @@ mod tests {
         let missing = directory.path().join("nope.key");
         let error = resolve(Some(&missing)).unwrap_err();
         assert!(error.contains("nope.key"), "{error}");
+        assert_eq!(resolve(Some(Path::new(NO_KEY))).unwrap(), None, "`none` presents no key");
     }
 }

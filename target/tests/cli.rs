@@ -519,6 +519,42 @@ fn netdam_ok(test: &common::TestTarget, args: &[&str]) -> Output {
     output
 }
 
+/// A default tenant key left in the user's data directory (from a target started here before)
+/// is presented on its own; a target with `auth = "none"` that does not know it refuses it. The
+/// error says the key was the default one, found on its own, and `--key none` (or
+/// `NETDAM_KEY=none`) connects without a key.
+#[test]
+fn a_default_key_found_on_its_own_is_named_when_refused_and_none_opts_out() {
+    let test = start_vol_and_disk();
+    let key_path = test.dir.path().join("data/netdam/tenants/default.key");
+    std::fs::create_dir_all(key_path.parent().unwrap()).unwrap();
+    let unknown = netdam_auth::KeyFile {
+        tenant: "default".into(),
+        id: 1,
+        version: 1,
+        key: netdam_auth::TenantKey::from_bytes([0x42; 32]),
+    };
+    unknown.write(&key_path, false).unwrap();
+    let refused = netdam_at(&test, &["regions"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{message}");
+    assert!(
+        message.contains("unauthenticated")
+            && message.contains("--key none")
+            && message.contains("default tenant's")
+            && message.contains("default.key"),
+        "{message}"
+    );
+    let listed = netdam_ok(&test, &["--key", "none", "regions"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("vol"));
+    let by_env = netdam_command(test.dir.path())
+        .env("NETDAM_KEY", "none")
+        .args(["--target", &test.target.local_addr().to_string(), "regions"])
+        .output()
+        .unwrap();
+    assert!(by_env.status.success(), "{}", String::from_utf8_lossy(&by_env.stderr));
+}
+
 /// Asserts that `netdam args` was refused with an error (exit status 1, not a crash) that
 /// names the range asked for and the space it does not fit, `culprit` (name and size).
 fn assert_refused_out_of_range(output: &Output, args: &[&str], range: &str, culprit: &str) {

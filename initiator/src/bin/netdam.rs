@@ -43,6 +43,7 @@ struct Cli {
     /// The tenant's key file (written by `netdam-target tenant create`). Without it, the key of
     /// the default tenant of a target started here with its embedded default is used if
     /// present ($XDG_DATA_HOME/netdam/tenants/default.key or ~/.local/share/netdam/tenants/default.key).
+    /// `none`: present no key (for a target with auth = "none").
     #[arg(long, global = true, env = "NETDAM_KEY", value_name = "FILE")]
     key: Option<std::path::PathBuf>,
     /// With a key: also encrypt every datagram's instructions and results (the MAC alone
@@ -459,7 +460,7 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    match run(&cli) {
+    match run(&cli).map_err(|message| with_key_hint(&cli, message)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             if cli.json {
@@ -469,6 +470,20 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A refused key that the user never named is the default tenant's key file, found on its
+/// own: says so, since the user may not know a key was presented at all.
+fn with_key_hint(cli: &Cli, message: String) -> String {
+    let implicit = cli.key.is_none() && message.contains("unauthenticated");
+    match netdam_initiator::keys::default_key_path().filter(|path| implicit && path.exists()) {
+        Some(path) => format!(
+            "{message} (the key presented was the default tenant's, {}, used because neither --key nor \
+             NETDAM_KEY was given)",
+            path.display()
+        ),
+        None => message,
     }
 }
 
