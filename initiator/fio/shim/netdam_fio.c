@@ -52,8 +52,10 @@ static struct fio_option options[] = {
 		.lname = "netdam target",
 		.type = FIO_OPT_STR_STORE,
 		.off1 = offsetof(struct netdam_fio_options, target),
-		.def = "127.0.0.1:7800",
-		.help = "Address of the netdam target, HOST:PORT",
+		/* No default here: when target= is not given, the engine takes $NETDAM_TARGET, then
+		 * 127.0.0.1:7800. (A job file cannot say target=${NETDAM_TARGET} for an unset
+		 * variable: fio refuses an option with an empty value.) */
+		.help = "Address of the netdam target, HOST:PORT (default $NETDAM_TARGET, then 127.0.0.1:7800)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},

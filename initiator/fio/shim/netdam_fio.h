@@ -21,7 +21,7 @@ extern "C" {
 struct netdam_fio_settings {
 	/* fio's job name, for messages. */
 	const char *job;
-	/* target=HOST:PORT (default 127.0.0.1:7800). */
+	/* target=HOST:PORT (NULL: $NETDAM_TARGET, then 127.0.0.1:7800). */
 	const char *target;
 	/* namespace=NAME (a block namespace) ... */
 	const char *namespace_name;

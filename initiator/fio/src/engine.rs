@@ -178,7 +178,7 @@ pub struct SpaceSize {
 /// the jobs), and describes the namespace or region. The message names the option at fault.
 pub fn probe(settings: &Settings) -> Result<SpaceSize, OpenError> {
     let client = Client::connect_with(settings.target, settings.client_options())
-        .map_err(|error| OpenError::client(&settings.target_option(), error))?;
+        .map_err(|error| OpenError::client(settings.target_option(), error))?;
     let size = match &settings.space {
         SpaceName::Namespace(name) => client.namespace(name).map(|namespace| SpaceSize {
             size_bytes: namespace.capacity_blocks * u64::from(namespace.block_bytes),
@@ -411,7 +411,7 @@ impl Engine {
         let mut sessions = Vec::with_capacity(settings.sessions);
         for _ in 0..settings.sessions.max(1) {
             let session = Client::connect_with(settings.target, settings.client_options())
-                .map_err(|error| OpenError::client(&settings.target_option(), error))?;
+                .map_err(|error| OpenError::client(settings.target_option(), error))?;
             sessions.push(session);
         }
         let info = sessions[0].info();
