@@ -94,7 +94,9 @@ static struct fio_option options[] = {
 		.lname = "netdam poll",
 		.type = FIO_OPT_STR_STORE,
 		.off1 = offsetof(struct netdam_fio_options, poll),
-		.def = "blocking",
+		/* The engine's default (src/settings.rs, docs/DECISIONS.md); fio passes it whenever
+		 * poll= is not given, and shows it in --enghelp. */
+		.def = "adaptive",
 		.help = "How the job waits for completions: busy (spin), adaptive (spin while an answer is due soon, then sleep) or blocking (sleep)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,

@@ -29,7 +29,7 @@ struct netdam_fio_settings {
 	const char *region;
 	/* sessions=N, 1 to 64. */
 	uint32_t sessions;
-	/* poll=busy|blocking: how the fio thread waits for completions (default blocking). */
+	/* poll=busy|adaptive|blocking: how the fio thread waits for completions (default adaptive). */
 	const char *poll;
 	/* key=FILE: the tenant's key file (NULL: $NETDAM_KEY, then the default tenant's). */
 	const char *key;
