@@ -8,11 +8,19 @@
 # - trims, and writes with fsync (the namespace's FLUSH); busy polling; blocking polling with
 #   verify at iodepth 1 and 32 (the other jobs poll adaptively, the engine's default);
 # - a job naming a namespace or region the target lacks fails, with a message naming it;
+# - 512-byte I/Os at depth 256 on a namespace of 512-byte blocks (more than a target worker has
+#   transfer buffers for when sessions share it), written and verified with 1 and 4 sessions:
+#   an instruction answered busy is sent again, never an I/O error;
+# - the defaults: poll= is adaptive (fio --enghelp), the target comes from NETDAM_TARGET when
+#   target= is not given, and the shipped job files (ops/fio/) parse with NETDAM_TARGET set and
+#   unset; a write job's block size that the namespace's block does not divide is named as the
+#   write block size;
 # - short randread/randwrite runs at QD1 and QD32, whose IOPS and latency are printed for
 #   orientation (measurements, not pass/fail criteria).
 # Takes about half a minute. Exit status: 0 passed, 1 failed, 77 skipped (with "SKIPPED: why",
 # e.g. when fio's source, which the engine is compiled against, cannot be obtained).
-# NETDAM_FIO_SECONDS sets the length of each measured run (default 2).
+# NETDAM_FIO_SECONDS sets the length of each measured run (default 2); NETDAM_FIO_PORT the
+# target's UDP port (default: a free one in 20000-39999).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -75,8 +83,9 @@ trap cleanup EXIT
 
 # A free UDP port in 20000-39999: the target sets SO_REUSEPORT, so binding would not tell us
 # if another target already serves the port; ask the kernel first.
-port=""
+port="${NETDAM_FIO_PORT:-}"
 for _ in 1 2 3 4 5 6 7 8 9 10; do
+  [ -z "$port" ] || break
   candidate=$((20000 + RANDOM % 20000))
   if [ -z "$(ss -Hlun "sport = :$candidate" 2>/dev/null)" ]; then
     port="$candidate"
@@ -101,6 +110,13 @@ backend = "file"
 path = "disk.img"
 size = "256MiB"
 block_size = 4096
+
+[[namespace]]
+name = "d512"
+backend = "file"
+path = "d512.img"
+size = "16MiB"
+block_size = 512
 
 [[region]]
 name = "scratch"
@@ -275,6 +291,61 @@ for space in namespace=nosuch region=nosuch; do
     fail "$name: fio exited $status, expected a failure saying '$expected'; stderr: $(head -c 600 "$work/$name.err")"
   fi
 done
+
+step "512-byte I/Os at depth 256: instructions answered busy are sent again, not failed"
+for sessions in 1 4; do
+  name="small-blocks-qd256-s$sessions"
+  status=0
+  run_fio "$name" --namespace=d512 --bs=512 --rw=randwrite --size=4m --iodepth=256 --sessions="$sessions" \
+    --verify=crc32c --verify_fatal=1 || status=$?
+  if [ "$status" = 0 ] && jobs_ok "$name" && [ "$(ios "$name" read)" = "$(ios "$name" write)" ]; then
+    pass "$name: $(ios "$name" write) 512-byte blocks written and verified"
+  else
+    fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
+  fi
+done
+
+step "defaults: poll=adaptive, NETDAM_TARGET, the shipped job files; messages name the job's direction"
+poll_default="$(fio --enghelp="$library,poll" 2>&1 | awk '$1 == "default:" { print $2 }')"
+if [ "$poll_default" = adaptive ]; then
+  pass "poll= defaults to adaptive"
+else
+  fail "poll= defaults to '$poll_default', not adaptive (fio --enghelp=$library,poll)"
+fi
+name="netdam-target-variable"
+status=0
+(cd "$work" && NETDAM_TARGET="$target" fio --name="$name" --ioengine="external:$library" --namespace=disk \
+  --rw=randread --bs=4k --size=1m --number_ios=64 --output-format=json --output="$work/$name.json" \
+  2>"$work/$name.err") || status=$?
+if [ "$status" = 0 ] && jobs_ok "$name" && [ "$(ios "$name" read)" -gt 0 ]; then
+  pass "$name: without target=, the engine ran on NETDAM_TARGET=$target"
+else
+  fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
+fi
+for job_file in ops/fio/netdam-namespace.fio ops/fio/netdam-region.fio; do
+  for variable in unset set; do
+    status=0
+    if [ "$variable" = unset ]; then
+      env -u NETDAM_TARGET NETDAM_FIO="$library" fio --parse-only "$job_file" >"$work/parse.out" 2>&1 || status=$?
+    else
+      NETDAM_TARGET="$target" NETDAM_FIO="$library" fio --parse-only "$job_file" >"$work/parse.out" 2>&1 || status=$?
+    fi
+    if [ "$status" = 0 ]; then
+      pass "$job_file parses with NETDAM_TARGET $variable"
+    else
+      fail "$job_file with NETDAM_TARGET $variable: fio --parse-only exited $status; $(head -c 300 "$work/parse.out")"
+    fi
+  done
+done
+name="write-block-size"
+status=0
+run_fio "$name" --namespace=disk --rw=write --bs=1000 --size=1m || status=$?
+expected="netdam: namespace=disk: write block size 1000-1000"
+if [ "$status" != 0 ] && grep -qF "$expected" "$work/$name.err"; then
+  pass "$name: fio exited $status: $(grep -F "$expected" "$work/$name.err" | head -c 160)"
+else
+  fail "$name: fio exited $status, expected a failure saying '$expected'; stderr: $(head -c 600 "$work/$name.err")"
+fi
 
 step "measured runs (${seconds} s each; for orientation, not pass/fail)"
 printf '%-10s %-10s %4s %9s %12s %12s\n' space rw qd IOPS "mean (us)" "p99 (us)"

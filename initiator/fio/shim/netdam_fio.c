@@ -52,8 +52,10 @@ static struct fio_option options[] = {
 		.lname = "netdam target",
 		.type = FIO_OPT_STR_STORE,
 		.off1 = offsetof(struct netdam_fio_options, target),
-		.def = "127.0.0.1:7800",
-		.help = "Address of the netdam target, HOST:PORT",
+		/* No default here: when target= is not given, the engine takes $NETDAM_TARGET, then
+		 * 127.0.0.1:7800. (A job file cannot say target=${NETDAM_TARGET} for an unset
+		 * variable: fio refuses an option with an empty value.) */
+		.help = "Address of the netdam target, HOST:PORT (default $NETDAM_TARGET, then 127.0.0.1:7800)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},
@@ -92,7 +94,9 @@ static struct fio_option options[] = {
 		.lname = "netdam poll",
 		.type = FIO_OPT_STR_STORE,
 		.off1 = offsetof(struct netdam_fio_options, poll),
-		.def = "blocking",
+		/* The engine's default (src/settings.rs, docs/DECISIONS.md); fio passes it whenever
+		 * poll= is not given, and shows it in --enghelp. */
+		.def = "adaptive",
 		.help = "How the job waits for completions: busy (spin), adaptive (spin while an answer is due soon, then sleep) or blocking (sleep)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
@@ -169,10 +173,13 @@ static struct netdam_fio_settings netdam_settings(struct thread_data *td)
 }
 
 /* Block sizes and alignments that a namespace's block size does not divide would fail every I/O;
- * say so once, naming the option, instead. */
+ * say so once, naming the option, instead. Only the directions the job does are checked (fio
+ * keeps a block size for each, and a write job's read size is never used: its verify reads use
+ * the write's), so the message names the job's own. */
 static int netdam_check_block_sizes(struct thread_data *td, uint32_t block_bytes)
 {
 	static const char *const names[DDIR_RWDIR_CNT] = { "read", "write", "trim" };
+	const int used[DDIR_RWDIR_CNT] = { !!td_read(td), !!td_write(td), !!td_trim(td) };
 	struct netdam_fio_options *o = td->eo;
 	int ddir;
 
@@ -182,6 +189,8 @@ static int netdam_check_block_sizes(struct thread_data *td, uint32_t block_bytes
 		unsigned long long min_bs = td->o.min_bs[ddir], max_bs = td->o.max_bs[ddir];
 		unsigned long long align = td->o.ba[ddir];
 
+		if (!used[ddir])
+			continue;
 		if (min_bs % block_bytes == 0 && max_bs % block_bytes == 0 && align % block_bytes == 0)
 			continue;
 		fprintf(stderr,

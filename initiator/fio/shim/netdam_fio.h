@@ -21,7 +21,7 @@ extern "C" {
 struct netdam_fio_settings {
 	/* fio's job name, for messages. */
 	const char *job;
-	/* target=HOST:PORT (default 127.0.0.1:7800). */
+	/* target=HOST:PORT (NULL: $NETDAM_TARGET, then 127.0.0.1:7800). */
 	const char *target;
 	/* namespace=NAME (a block namespace) ... */
 	const char *namespace_name;
@@ -29,7 +29,7 @@ struct netdam_fio_settings {
 	const char *region;
 	/* sessions=N, 1 to 64. */
 	uint32_t sessions;
-	/* poll=busy|blocking: how the fio thread waits for completions (default blocking). */
+	/* poll=busy|adaptive|blocking: how the fio thread waits for completions (default adaptive). */
 	const char *poll;
 	/* key=FILE: the tenant's key file (NULL: $NETDAM_KEY, then the default tenant's). */
 	const char *key;

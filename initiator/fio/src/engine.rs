@@ -9,12 +9,16 @@
 //! read data straight from the answer into fio's buffer, and completes an I/O when its last
 //! piece is answered. Retransmission, BUSY back-off and a HELLO again after a target restart
 //! happen inside the sessions whenever `reap` runs, which fio does while anything is in flight.
+//! A single instruction answered BUSY (its worker had no transfer buffer left, so it did not
+//! execute) is the engine's to send again: the sessions see only their datagram answered
+//! (`BusyHolds`).
 //!
 //! Measured against the first engine (a tokio runtime, a task per I/O and a channel to each
 //! session's I/O task): see docs/DECISIONS.md, "The fio engine on fio's thread".
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
+use std::fmt;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -22,6 +26,7 @@ use netdam_initiator::pieces::{pieces, zeroing_piece_bytes};
 use netdam_initiator::volume::check_request;
 use netdam_initiator::{Client, ClientError, ClientPoll, Op, Ticket};
 use netdam_isa::control::{NamespaceInfo, RegionInfo};
+use netdam_isa::limits::BLOCK_QUEUE_DEPTH;
 use netdam_isa::wire::{Instruction, HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::Status;
 
@@ -71,13 +76,55 @@ pub enum Io {
 }
 
 impl Io {
-    /// For messages: `write of 4096 bytes at offset 8192`.
-    fn describe(&self) -> String {
+    /// What it asks for, where and how much: kept with the I/O in flight for messages.
+    fn extent(&self) -> IoExtent {
         match self {
-            Io::Read { offset, buffer } => format!("read of {} bytes at offset {offset}", buffer.len()),
-            Io::Write { offset, buffer } => format!("write of {} bytes at offset {offset}", buffer.len()),
-            Io::Sync => "sync".to_string(),
-            Io::Trim { offset, len } => format!("trim of {len} bytes at offset {offset}"),
+            Io::Read { offset, buffer } => IoExtent { kind: Kind::Read, offset: *offset, len: buffer.len() as u64 },
+            Io::Write { offset, buffer } => IoExtent { kind: Kind::Write, offset: *offset, len: buffer.len() as u64 },
+            Io::Sync => IoExtent { kind: Kind::Sync, offset: 0, len: 0 },
+            Io::Trim { offset, len } => IoExtent { kind: Kind::Trim, offset: *offset, len: *len },
+        }
+    }
+}
+
+/// An I/O's kind, offset and length, for messages (built only when one is printed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct IoExtent {
+    kind: Kind,
+    offset: u64,
+    len: u64,
+}
+
+impl IoExtent {
+    /// `read`, `write`, `sync` or `trim`.
+    fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::Read => "read",
+            Kind::Write => "write",
+            Kind::Sync => "sync",
+            Kind::Trim => "trim",
+        }
+    }
+
+    /// A failure of this I/O, as printed after `netdam: namespace=disk: `: the I/O, then why,
+    /// without repeating what the error's own message says of the I/O.
+    fn failure(&self, error: &ClientError) -> String {
+        match error {
+            // `write of 4096 bytes at offset 61441: offsets and lengths must be multiples of ...`
+            ClientError::Unaligned { .. } => error.to_string(),
+            // `4096 bytes at offset 4194304 run past the end of the 4194304-byte namespace`
+            ClientError::BeyondEnd { .. } => format!("{}: {error}", self.name()),
+            _ => format!("{self}: {error}"),
+        }
+    }
+}
+
+impl fmt::Display for IoExtent {
+    /// `write of 4096 bytes at offset 8192`, `trim of 65536 bytes at offset 0`, `sync`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            Kind::Sync => f.write_str("sync"),
+            _ => write!(f, "{} of {} bytes at offset {}", self.name(), self.len, self.offset),
         }
     }
 }
@@ -178,7 +225,7 @@ pub struct SpaceSize {
 /// the jobs), and describes the namespace or region. The message names the option at fault.
 pub fn probe(settings: &Settings) -> Result<SpaceSize, OpenError> {
     let client = Client::connect_with(settings.target, settings.client_options())
-        .map_err(|error| OpenError::client(&settings.target_option(), error))?;
+        .map_err(|error| OpenError::client(settings.target_option(), error))?;
     let size = match &settings.space {
         SpaceName::Namespace(name) => client.namespace(name).map(|namespace| SpaceSize {
             size_bytes: namespace.capacity_blocks * u64::from(namespace.block_bytes),
@@ -218,6 +265,13 @@ const HOLD_MIN_ON_WIRE: usize = 8;
 
 /// The longest a datagram with room waits for another I/O to share it.
 const HOLD_MAX: Duration = Duration::from_micros(20);
+
+/// The longest pause before a piece answered BUSY goes again, however often it was refused: a
+/// worker's transfer buffers turn over within a device's latency (a millisecond or two when it
+/// is loaded), and a longer pause would only stall the I/O (under the sessions' `max_rto` of 2 s
+/// a piece that lost the race a dozen times waited a second, measured at depth 256 of 512-byte
+/// writes). A refused piece costs the target an instruction header each time.
+const BUSY_PAUSE_MAX: Duration = Duration::from_millis(5);
 
 /// Whether the last datagram of the backlog may wait for more pieces (fio's `coalesce=`).
 ///
@@ -260,6 +314,85 @@ impl Coalescing {
     }
 }
 
+/// A piece's BUSY answers in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BusyRecord {
+    /// When the first of them arrived.
+    first_at: Instant,
+    /// How many.
+    count: u32,
+}
+
+/// Pieces the target answered BUSY, each waiting to be sent again.
+///
+/// A worker answers BUSY for a single block instruction, and executes the rest of its datagram,
+/// when it has no transfer buffer left for it (`BLOCK_QUEUE_DEPTH` per namespace): small block
+/// I/Os packed up to `PACK_MAX` to a datagram outrun its buffers when several sessions (of this
+/// job or others) share the worker; one session keeps within them (`Engine::transfers_max`).
+/// The instruction did not execute, and every piece the engine sends may run again, so it is
+/// sent again after a pause: a round trip at first (about what the worker takes to turn over
+/// the buffers it holds), doubling with each BUSY the piece gets in a row, at most
+/// `backoff_max` (`BUSY_PAUSE_MAX`). The sessions back off only a datagram answered BUSY as a
+/// whole; an answered datagram is done for them. A piece still answered BUSY `patience` (the
+/// sessions' `min_patience`) after its first BUSY fails.
+#[derive(Debug)]
+struct BusyHolds {
+    /// The pieces and when each may go again; at most the pieces of iodepth I/Os.
+    held: Vec<(Instant, Piece)>,
+    /// The earliest of those times.
+    next_due: Option<Instant>,
+    backoff_max: Duration,
+    patience: Duration,
+}
+
+impl BusyHolds {
+    fn new(backoff_max: Duration, patience: Duration) -> BusyHolds {
+        BusyHolds { held: Vec::new(), next_due: None, backoff_max, patience }
+    }
+
+    /// `piece` was answered BUSY at `now`, after a round trip of `rtt`: holds a copy to send
+    /// again, or, once it has been refused for `patience`, gives back its record: it fails.
+    fn hold(&mut self, piece: &Piece, now: Instant, rtt: Duration) -> Result<(), BusyRecord> {
+        let mut piece = piece.clone();
+        let record = piece.busy.get_or_insert(BusyRecord { first_at: now, count: 0 });
+        record.count += 1;
+        if now.duration_since(record.first_at) >= self.patience {
+            return Err(*record);
+        }
+        let doublings = (record.count - 1).min(16);
+        let pause = rtt.max(Duration::from_micros(1)).saturating_mul(1 << doublings).min(self.backoff_max);
+        let until = now + pause;
+        self.next_due = Some(self.next_due.map_or(until, |due| due.min(until)));
+        self.held.push((until, piece));
+        Ok(())
+    }
+
+    /// When the next held piece may go again.
+    fn deadline(&self) -> Option<Instant> {
+        self.next_due
+    }
+
+    /// Moves the pieces whose pause has ended to the front of `backlog`: they are older than
+    /// anything queued there.
+    fn release_due(&mut self, now: Instant, backlog: &mut VecDeque<Piece>) {
+        if self.next_due.is_none_or(|due| due > now) {
+            return;
+        }
+        self.next_due = None;
+        // Backwards, so that `swap_remove` only moves an element already looked at.
+        let mut index = self.held.len();
+        while index > 0 {
+            index -= 1;
+            let until = self.held[index].0;
+            if until <= now {
+                backlog.push_front(self.held.swap_remove(index).1);
+            } else {
+                self.next_due = Some(self.next_due.map_or(until, |due| due.min(until)));
+            }
+        }
+    }
+}
+
 /// One instruction of an I/O, on the wire or waiting to be sent: the op without its operand,
 /// which (a write's data) is given as a range of the I/O's buffer rather than copied.
 #[derive(Debug, Clone)]
@@ -272,12 +405,20 @@ struct Piece {
     operand: Option<(usize, usize)>,
     /// For a read: where its data goes in fio's buffer, and how many bytes must come back.
     read_into: Option<(usize, usize)>,
+    /// The BUSY answers it got in a row, if any (`BusyHolds`).
+    busy: Option<BusyRecord>,
 }
 
 impl Piece {
     /// Bytes it takes in a request datagram.
     fn request_bytes(&self) -> usize {
         INSTRUCTION_HEADER_LEN + self.operand.map_or(0, |(_, len)| len)
+    }
+
+    /// Whether it carries data either way (a read's or a write's), for which a namespace's
+    /// worker takes one of its transfer buffers.
+    fn transfers(&self) -> bool {
+        self.read_into.is_some() || self.operand.is_some()
     }
 
     /// Bytes its result takes in the answer.
@@ -306,6 +447,11 @@ impl Batch {
 
     fn pieces(&self) -> impl Iterator<Item = &Piece> {
         self.pieces[..self.len].iter().flatten()
+    }
+
+    /// Its pieces that carry data (`Piece::transfers`).
+    fn transfers(&self) -> usize {
+        self.pieces().filter(|piece| piece.transfers()).count()
     }
 }
 
@@ -360,6 +506,8 @@ type TicketMap<V> = HashMap<(usize, Ticket), V, std::hash::BuildHasherDefault<Ti
 #[derive(Debug)]
 struct Slot {
     cookie: Cookie,
+    /// What the I/O asks for, for messages.
+    extent: IoExtent,
     /// fio's buffer (empty for a sync or trim).
     buffer: IoBuffer,
     /// Pieces not yet answered.
@@ -383,6 +531,14 @@ pub struct Engine {
     free_slots: Vec<usize>,
     /// Datagrams on the wire, by session and ticket.
     on_wire: TicketMap<Batch>,
+    /// Pieces carrying data on the wire, by session.
+    transfers_on_wire: Vec<usize>,
+    /// Most pieces carrying data one session has on the wire: on a namespace, the transfer
+    /// buffers a target worker holds for it (`BLOCK_QUEUE_DEPTH`). A session's datagrams reach
+    /// one worker, and past its buffers the worker answers BUSY for each instruction it has
+    /// none for: 512-byte I/Os, 16 to a datagram, ran it out at depth 256. Holding them here
+    /// instead is back-pressure; BUSY remains for sessions or jobs that share a worker.
+    transfers_max: usize,
     /// Pieces queued and not yet sent (until `commit`, or waiting for room in a session's
     /// window), oldest first. Bounded by the I/Os admitted (at most iodepth) and their sizes.
     backlog: VecDeque<Piece>,
@@ -399,6 +555,8 @@ pub struct Engine {
     /// `ppoll`'s descriptors, one per session, kept so a wait allocates nothing.
     poll_fds: Vec<libc::pollfd>,
     coalescing: Coalescing,
+    /// Pieces answered BUSY, until they are sent again.
+    busy_holds: BusyHolds,
     /// `poll=adaptive`: the thread spins until then, and sleeps after.
     spin_until: Instant,
 }
@@ -411,7 +569,7 @@ impl Engine {
         let mut sessions = Vec::with_capacity(settings.sessions);
         for _ in 0..settings.sessions.max(1) {
             let session = Client::connect_with(settings.target, settings.client_options())
-                .map_err(|error| OpenError::client(&settings.target_option(), error))?;
+                .map_err(|error| OpenError::client(settings.target_option(), error))?;
             sessions.push(session);
         }
         let info = sessions[0].info();
@@ -432,6 +590,7 @@ impl Engine {
             }
         };
         let max_datagram_bytes = info.hello.max_datagram_bytes as usize;
+        let session_config = settings.client_options().session;
         let poll_fds =
             sessions.iter().map(|session| libc::pollfd { fd: session.as_raw_fd(), events: libc::POLLIN, revents: 0 });
         Ok(Engine {
@@ -444,12 +603,21 @@ impl Engine {
             slots: (0..iodepth).map(|_| None).collect(),
             free_slots: (0..iodepth).rev().collect(),
             on_wire: TicketMap::with_capacity_and_hasher(iodepth, Default::default()),
+            transfers_on_wire: vec![0; settings.sessions.max(1)],
+            transfers_max: match settings.space {
+                SpaceName::Namespace(_) => BLOCK_QUEUE_DEPTH as usize,
+                SpaceName::Region(_) => usize::MAX,
+            },
             backlog: VecDeque::with_capacity(iodepth),
             done: VecDeque::with_capacity(iodepth),
             next_session: 0,
             errors: 0,
             session_errors: 0,
             coalescing: Coalescing { enabled: settings.coalesce, held_since: None },
+            busy_holds: BusyHolds::new(
+                session_config.max_rto.to_std().min(BUSY_PAUSE_MAX),
+                session_config.min_patience.to_std(),
+            ),
             spin_until: Instant::now(),
         })
     }
@@ -467,9 +635,10 @@ impl Engine {
             return Err(libc::EBUSY);
         };
         let queued = self.backlog.len();
+        let extent = io.extent();
         if let Err(error) = self.queue_pieces(slot, &io) {
             self.backlog.truncate(queued);
-            self.report(&io.describe(), &error);
+            self.report(&extent.failure(&error));
             self.done.push_back(Completion { cookie, errno: errno_of(&error) });
             self.free_slots.push(slot);
             return Ok(());
@@ -485,7 +654,7 @@ impl Engine {
             Io::Read { buffer, .. } | Io::Write { buffer, .. } => buffer,
             Io::Sync | Io::Trim { .. } => IoBuffer::empty(),
         };
-        self.slots[slot] = Some(Slot { cookie, buffer, remaining: pieces, errno: 0 });
+        self.slots[slot] = Some(Slot { cookie, extent, buffer, remaining: pieces, errno: 0 });
         Ok(())
     }
 
@@ -511,7 +680,13 @@ impl Engine {
         let mut queue = |op: Op, operand: Option<(u64, u64)>, read_into: Option<(u64, u64)>| {
             debug_assert!(op.operand.is_empty(), "operands are given as ranges of the I/O's buffer");
             let range = |(position, len): (u64, u64)| (position as usize, len as usize);
-            backlog.push_back(Piece { io, op, operand: operand.map(range), read_into: read_into.map(range) });
+            backlog.push_back(Piece {
+                io,
+                op,
+                operand: operand.map(range),
+                read_into: read_into.map(range),
+                busy: None,
+            });
         };
         match (&self.space, request) {
             (Space::Namespace { info, transfer_bytes }, request) => {
@@ -583,9 +758,12 @@ impl Engine {
             if !full && self.coalescing.may_hold(self.on_wire.len(), Instant::now) {
                 break;
             }
+            let transfers = self.backlog.iter().take(len).filter(|piece| piece.transfers()).count();
             for step in 0..count {
                 let index = (self.next_session + step) % count;
-                if !self.sessions[index].has_room() {
+                // A datagram with more pieces than the limit still goes, alone.
+                let on_wire = self.transfers_on_wire[index];
+                if !self.sessions[index].has_room() || (on_wire > 0 && on_wire + transfers > self.transfers_max) {
                     continue;
                 }
                 let batch = self.take_batch(len);
@@ -598,6 +776,7 @@ impl Engine {
                 };
                 match self.sessions[index].enqueue_with(batch.len, instruction) {
                     Ok(ticket) => {
+                        self.transfers_on_wire[index] += transfers;
                         self.on_wire.insert((index, ticket), batch);
                     }
                     Err(error) => {
@@ -608,7 +787,8 @@ impl Engine {
                 }
                 continue 'datagrams;
             }
-            // Every window is full: the rest waits for answers.
+            // Every window, or every session's share of its worker's transfer buffers, is full:
+            // the rest waits for answers.
             break;
         }
         // What each session took leaves in one train (a batch of fio's I/Os, or the refill
@@ -642,10 +822,16 @@ impl Engine {
             while let Some((ticket, result)) = self.sessions[index].take_finished() {
                 answered = true;
                 let Some(batch) = self.on_wire.remove(&(index, ticket)) else { continue };
+                self.transfers_on_wire[index] -= batch.transfers();
                 match result {
                     Ok(reply) => {
                         for (position, piece) in batch.pieces().enumerate() {
-                            self.finish_piece(piece, reply.data(position));
+                            match reply.data(position) {
+                                Err(error @ ClientError::Refused { status: Status::Busy, .. }) => {
+                                    self.hold_busy(piece, reply.rtt.to_std(), &error)
+                                }
+                                result => self.finish_piece(piece, result),
+                            }
                         }
                         self.sessions[index].recycle(reply);
                     }
@@ -657,10 +843,30 @@ impl Engine {
                 }
             }
         }
+        if self.busy_holds.deadline().is_some() {
+            self.busy_holds.release_due(Instant::now(), &mut self.backlog);
+        }
         self.send_backlog();
         if answered {
             self.keep_spinning();
         }
+    }
+
+    /// The target answered BUSY for `piece` alone (`error`): it goes again after a pause, or
+    /// fails its I/O once the target has refused it for the sessions' patience.
+    fn hold_busy(&mut self, piece: &Piece, rtt: Duration, error: &ClientError) {
+        let now = Instant::now();
+        let Err(record) = self.busy_holds.hold(piece, now, rtt) else { return };
+        let waited = now.duration_since(record.first_at);
+        self.fail_io(piece.io, libc::EBUSY, |extent| {
+            format!(
+                "{extent}: {error}, {} times in a row over {:.1} s (the target's worker has no transfer \
+                 buffer free for it: it is overloaded; fewer I/Os in flight, a lower iodepth=, would help)",
+                record.count,
+                waited.as_secs_f64()
+            )
+        });
+        self.piece_done(piece.io);
     }
 
     /// A session's socket failed (the target refuses, or the network is gone). Its pieces are
@@ -691,25 +897,37 @@ impl Engine {
             Ok(())
         });
         if let Err(error) = outcome {
-            if slot.errno == 0 {
-                slot.errno = errno_of(&error);
-                let what = format!("{} byte I/O", slot.buffer.len());
-                self.report(&what, &error);
-            }
+            self.fail_io(piece.io, errno_of(&error), |extent| extent.failure(&error));
         }
-        let Some(slot) = self.slots[piece.io].as_mut() else { return };
+        self.piece_done(piece.io);
+    }
+
+    /// Records the first failure of an I/O (its errno, and `message`, printed while few have
+    /// been); the I/O completes with its last piece, carrying that errno.
+    fn fail_io(&mut self, io: usize, errno: i32, message: impl FnOnce(IoExtent) -> String) {
+        let Some(slot) = self.slots[io].as_mut() else { return };
+        if slot.errno == 0 {
+            slot.errno = errno;
+            let message = message(slot.extent);
+            self.report(&message);
+        }
+    }
+
+    /// One more piece of I/O `io` is answered (or has failed): the last completes it.
+    fn piece_done(&mut self, io: usize) {
+        let Some(slot) = self.slots[io].as_mut() else { return };
         slot.remaining -= 1;
         if slot.remaining == 0 {
-            let slot = self.slots[piece.io].take().expect("the slot was just used");
+            let slot = self.slots[io].take().expect("the slot was just used");
             self.done.push_back(Completion { cookie: slot.cookie, errno: slot.errno });
-            self.free_slots.push(piece.io);
+            self.free_slots.push(io);
         }
     }
 
     /// Prints the first few failures in full (fio prints only an errno per I/O).
-    fn report(&mut self, what: &str, error: &ClientError) {
+    fn report(&mut self, message: &str) {
         if self.errors < REPORTED_ERRORS_MAX {
-            eprintln!("netdam: {}: {what}: {error}", self.option);
+            eprintln!("netdam: {}: {message}", self.option);
         }
         self.errors += 1;
     }
@@ -771,7 +989,9 @@ impl Engine {
         let timers = self.sessions.iter().filter_map(Client::time_to_deadline);
         // A datagram held for coalescing goes out when its hold ends, asleep or not.
         let hold = self.coalescing.deadline().map(|deadline| deadline.saturating_duration_since(now));
-        let wait = timers.chain(until_deadline).chain(hold).min();
+        // So does a piece answered BUSY when its pause ends.
+        let busy = self.busy_holds.deadline().map(|deadline| deadline.saturating_duration_since(now));
+        let wait = timers.chain(until_deadline).chain(hold).chain(busy).min();
         let timespec = wait.map(|wait| libc::timespec {
             tv_sec: wait.as_secs().min(i32::MAX as u64) as libc::time_t,
             tv_nsec: libc::c_long::from(wait.subsec_nanos() as i32),
@@ -805,7 +1025,7 @@ fn errno_of(error: &ClientError) -> i32 {
         ClientError::Refused { status, .. } | ClientError::DatagramRefused(status) => match status {
             Status::OutOfRange | Status::Unaligned | Status::TooLarge | Status::NoSuchSpace => libc::EINVAL,
             Status::NotSupported | Status::UnknownOpcode => libc::EOPNOTSUPP,
-            Status::PermissionDenied => libc::EACCES,
+            Status::PermissionDenied | Status::Unauthenticated => libc::EACCES,
             Status::Busy => libc::EBUSY,
             _ => libc::EIO,
         },
@@ -814,6 +1034,9 @@ fn errno_of(error: &ClientError) -> i32 {
         ClientError::Closed => libc::ESHUTDOWN,
         ClientError::NoSuchNamespace { .. } | ClientError::NoSuchRegion { .. } => libc::ENOENT,
         ClientError::Setting(_) => libc::EINVAL,
+        // Refused for want of proof of the tenant's key, as `PermissionDenied` for want of a
+        // permission; a full session table (`busy`, `session_limit`) is a busy target.
+        ClientError::HelloRefused(Status::Unauthenticated) => libc::EACCES,
         ClientError::HelloRefused(_) => libc::EBUSY,
         _ => libc::EIO,
     }
@@ -829,6 +1052,7 @@ mod tests {
             op: Op::block_read(0, 0, (bytes / 4096) as u32),
             operand: None,
             read_into: Some((0, bytes as usize)),
+            busy: None,
         }
     }
 
@@ -843,8 +1067,9 @@ mod tests {
         backlog.push_back(read_piece(2, 4096));
         assert_eq!(front_datagram(&backlog, 9000), (2, true), "a third does not: the first two fill it");
         assert_eq!(front_datagram(&backlog, 4400), (1, true), "one 4 KiB answer per small datagram");
-        let small: VecDeque<Piece> =
-            (0..PACK_MAX + 1).map(|io| Piece { io, op: Op::flush(0), operand: None, read_into: None }).collect();
+        let small: VecDeque<Piece> = (0..PACK_MAX + 1)
+            .map(|io| Piece { io, op: Op::flush(0), operand: None, read_into: None, busy: None })
+            .collect();
         assert_eq!(front_datagram(&small, 9000), (PACK_MAX, true));
     }
 
@@ -876,6 +1101,103 @@ mod tests {
         assert_eq!(errno_of(&ClientError::TimedOut { attempts: 3 }), libc::ETIMEDOUT);
         assert_eq!(errno_of(&ClientError::NotListening("127.0.0.1:1".parse().unwrap())), libc::ECONNREFUSED);
         assert_eq!(errno_of(&ClientError::BeyondEnd { offset: 0, len: 1, size_bytes: 0 }), libc::EINVAL);
+        // A tenant key the target does not accept is a permission problem, not a busy target.
+        assert_eq!(errno_of(&ClientError::HelloRefused(Status::Unauthenticated)), libc::EACCES);
+        assert_eq!(errno_of(&ClientError::DatagramRefused(Status::Unauthenticated)), libc::EACCES);
+        assert_eq!(errno_of(&refused(Status::PermissionDenied)), libc::EACCES);
+        assert_eq!(errno_of(&ClientError::HelloRefused(Status::Busy)), libc::EBUSY);
+        assert_eq!(errno_of(&ClientError::HelloRefused(Status::SessionLimit)), libc::EBUSY);
+    }
+
+    #[test]
+    fn a_failed_io_is_named_once_by_kind_length_and_offset() {
+        let trim = Io::Trim { offset: 8192, len: 65536 }.extent();
+        let refused = ClientError::Refused { opcode: netdam_isa::Opcode::Trim as u8, status: Status::IoError };
+        assert_eq!(trim.failure(&refused), format!("trim of 65536 bytes at offset 8192: {refused}"));
+        assert_eq!(Io::Sync.extent().failure(&ClientError::TimedOut { attempts: 8 }).split(':').next(), Some("sync"));
+        let mut data = [0u8; 4096];
+        // SAFETY: `data` outlives the I/O, which is never submitted.
+        let write = Io::Write { offset: 61441, buffer: unsafe { IoBuffer::new(data.as_mut_ptr(), data.len()) } };
+        let unaligned =
+            ClientError::Unaligned { what: "write".to_string(), offset: 61441, len: 4096, block_bytes: 4096 };
+        assert_eq!(write.extent().failure(&unaligned), unaligned.to_string(), "the error names the write already");
+        assert!(unaligned.to_string().starts_with("write of 4096 bytes at offset 61441: "));
+        let beyond = ClientError::BeyondEnd { offset: 61441, len: 4096, size_bytes: 4096 };
+        assert_eq!(write.extent().failure(&beyond), format!("write: {beyond}"));
+    }
+
+    fn busy_holds() -> BusyHolds {
+        BusyHolds::new(Duration::from_millis(2), Duration::from_secs(5))
+    }
+
+    #[test]
+    fn a_piece_answered_busy_goes_again_after_a_round_trip_doubling_up_to_the_cap() {
+        let start = Instant::now();
+        let rtt = Duration::from_micros(100);
+        let mut holds = busy_holds();
+        let mut backlog = VecDeque::new();
+        backlog.push_back(read_piece(9, 4096));
+        assert_eq!(holds.hold(&read_piece(1, 4096), start, rtt), Ok(()));
+        assert_eq!(holds.deadline(), Some(start + rtt), "the first pause is a round trip");
+        holds.release_due(start + rtt / 2, &mut backlog);
+        assert_eq!(backlog.len(), 1, "not before its pause ends");
+        holds.release_due(start + rtt, &mut backlog);
+        assert_eq!(holds.deadline(), None);
+        let released = backlog.pop_front().expect("released to the front");
+        assert_eq!((released.io, released.busy.map(|record| record.count)), (1, Some(1)));
+        // Refused again and again: each pause twice the last, up to the cap.
+        let mut piece = released;
+        let mut now = start + rtt;
+        let mut pauses = Vec::new();
+        for _ in 0..6 {
+            holds.hold(&piece, now, rtt).expect("within patience");
+            let due = holds.deadline().expect("held");
+            pauses.push(due - now);
+            holds.release_due(due, &mut backlog);
+            piece = backlog.pop_front().expect("released");
+            now = due;
+        }
+        let micros: Vec<u128> = pauses.iter().map(Duration::as_micros).collect();
+        assert_eq!(micros, vec![200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(piece.busy.map(|record| (record.first_at, record.count)), Some((start, 7)));
+        assert_eq!(backlog.front().map(|piece| piece.io), Some(9), "what was queued stays behind");
+    }
+
+    #[test]
+    fn a_piece_still_busy_after_the_patience_fails() {
+        let start = Instant::now();
+        let mut holds = busy_holds();
+        let mut backlog = VecDeque::new();
+        holds.hold(&read_piece(1, 512), start, Duration::from_micros(50)).unwrap();
+        holds.release_due(start + Duration::from_secs(1), &mut backlog);
+        let piece = backlog.pop_front().unwrap();
+        holds.hold(&piece, start + Duration::from_secs(4), Duration::from_micros(50)).unwrap();
+        holds.release_due(start + Duration::from_secs(5), &mut backlog);
+        let piece = backlog.pop_front().unwrap();
+        assert_eq!(
+            holds.hold(&piece, start + Duration::from_secs(5), Duration::from_micros(50)),
+            Err(BusyRecord { first_at: start, count: 3 }),
+            "five seconds after its first BUSY it is not held again"
+        );
+        assert_eq!(holds.deadline(), None);
+    }
+
+    #[test]
+    fn held_pieces_are_released_each_when_due() {
+        let start = Instant::now();
+        let mut holds = busy_holds();
+        for (io, rtt_us) in [(1, 300), (2, 100), (3, 200)] {
+            holds.hold(&read_piece(io, 512), start, Duration::from_micros(rtt_us)).unwrap();
+        }
+        assert_eq!(holds.deadline(), Some(start + Duration::from_micros(100)));
+        let mut backlog = VecDeque::new();
+        holds.release_due(start + Duration::from_micros(200), &mut backlog);
+        let mut released: Vec<usize> = backlog.iter().map(|piece| piece.io).collect();
+        released.sort();
+        assert_eq!(released, vec![2, 3]);
+        assert_eq!(holds.deadline(), Some(start + Duration::from_micros(300)));
+        holds.release_due(start + Duration::from_micros(300), &mut backlog);
+        assert_eq!((backlog.len(), holds.deadline()), (3, None));
     }
 
     #[test]

@@ -7,9 +7,14 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use netdam_initiator::volume::MAX_VOLUME_SESSIONS;
 use netdam_initiator::ClientPoll;
 
-/// Where fio's I/O goes when `target=` is not given: the address `netdam-target` serves on by
-/// default.
+/// Where fio's I/O goes when neither `target=` nor `NETDAM_TARGET` is given: the address
+/// `netdam-target` serves on by default.
 pub const DEFAULT_TARGET: &str = "127.0.0.1:7800";
+
+/// The environment variable that names the target when `target=` is not given, as for the
+/// netdam CLI. A job file cannot leave `target=${NETDAM_TARGET}` empty (fio refuses an option
+/// with no value), so it leaves `target=` out and the engine reads the variable.
+pub const TARGET_VARIABLE: &str = "NETDAM_TARGET";
 
 /// The options as fio parsed them (`None`: not given).
 #[derive(Debug, Clone, Copy, Default)]
@@ -57,8 +62,9 @@ impl SpaceName {
 pub struct Settings {
     /// The target's address.
     pub target: SocketAddr,
-    /// What `target=` said (for messages: it may be a host name).
-    pub target_text: String,
+    /// Where the address came from and what it said, `target=HOST:PORT` or
+    /// `NETDAM_TARGET=HOST:PORT` (for messages: it may be a host name).
+    target_option: String,
     /// The namespace or region.
     pub space: SpaceName,
     /// Sessions to spread I/O over.
@@ -98,15 +104,31 @@ impl Settings {
         options
     }
 
-    /// `target=` as the user wrote it: the prefix of messages about the target.
-    pub fn target_option(&self) -> String {
-        format!("target={}", self.target_text)
+    /// `target=` (or `NETDAM_TARGET=`) as the user wrote it: the prefix of messages about the
+    /// target.
+    pub fn target_option(&self) -> &str {
+        &self.target_option
     }
 
-    /// Checks the options. Resolves `target=` (a host name is looked up here, once).
+    /// Checks the options. Resolves the target (a host name is looked up here, once):
+    /// `target=`, else `$NETDAM_TARGET` where set and not empty, else [`DEFAULT_TARGET`].
     pub fn parse(raw: &RawSettings<'_>) -> Result<Settings, SettingsError> {
-        let target_text = given(raw.target).unwrap_or(DEFAULT_TARGET).to_string();
-        let target = resolve(&target_text)?;
+        let variable = std::env::var(TARGET_VARIABLE).ok();
+        Settings::parse_with_target_variable(raw, variable.as_deref())
+    }
+
+    /// [`Settings::parse`], with `target_variable` for the value of `$NETDAM_TARGET`.
+    fn parse_with_target_variable(
+        raw: &RawSettings<'_>,
+        target_variable: Option<&str>,
+    ) -> Result<Settings, SettingsError> {
+        let (option, target_text) = match (given(raw.target), given(target_variable)) {
+            (Some(target), _) => ("target", target),
+            (None, Some(target)) => (TARGET_VARIABLE, target),
+            (None, None) => ("target", DEFAULT_TARGET),
+        };
+        let target_option = format!("{option}={target_text}");
+        let target = resolve(&target_option, target_text)?;
         let space = match (given(raw.namespace), given(raw.region)) {
             (Some(namespace), None) => SpaceName::Namespace(namespace.to_string()),
             (None, Some(region)) => SpaceName::Region(region.to_string()),
@@ -153,7 +175,7 @@ impl Settings {
         }
         Ok(Settings {
             target,
-            target_text,
+            target_option,
             space,
             sessions,
             poll,
@@ -174,9 +196,10 @@ fn given(value: Option<&str>) -> Option<&str> {
     value.map(str::trim).filter(|value| !value.is_empty())
 }
 
-/// `HOST:PORT` to one address (the first the resolver gives).
-fn resolve(target: &str) -> Result<SocketAddr, SettingsError> {
-    let wrong = |why: String| SettingsError(format!("target={target}: {why}"));
+/// `HOST:PORT` to one address (the first the resolver gives); `option` (`target=HOST:PORT`)
+/// starts a message about it.
+fn resolve(option: &str, target: &str) -> Result<SocketAddr, SettingsError> {
+    let wrong = |why: String| SettingsError(format!("{option}: {why}"));
     if !target.contains(':') {
         return Err(wrong("expected HOST:PORT, e.g. 127.0.0.1:7800 (the port is missing)".to_string()));
     }
@@ -194,10 +217,25 @@ mod tests {
 
     #[test]
     fn defaults_are_the_local_target_one_session_and_adaptive_waits() {
-        let settings = Settings::parse(&raw()).unwrap();
+        let settings = Settings::parse_with_target_variable(&raw(), None).unwrap();
         assert_eq!(settings.target, DEFAULT_TARGET.parse().unwrap());
+        assert_eq!(settings.target_option(), format!("target={DEFAULT_TARGET}"));
         assert_eq!(settings.space, SpaceName::Namespace("disk".into()));
         assert_eq!((settings.sessions, settings.poll), (1, ClientPoll::Adaptive));
+    }
+
+    #[test]
+    fn netdam_target_names_the_target_when_target_is_not_given() {
+        let from_variable = Settings::parse_with_target_variable(&raw(), Some("127.0.0.1:7943")).unwrap();
+        assert_eq!(from_variable.target, "127.0.0.1:7943".parse().unwrap());
+        assert_eq!(from_variable.target_option(), "NETDAM_TARGET=127.0.0.1:7943");
+        let given = RawSettings { target: Some("127.0.0.1:7944"), ..raw() };
+        let over_variable = Settings::parse_with_target_variable(&given, Some("127.0.0.1:7943")).unwrap();
+        assert_eq!(over_variable.target, "127.0.0.1:7944".parse().unwrap(), "target= wins");
+        let empty = Settings::parse_with_target_variable(&raw(), Some(" ")).unwrap();
+        assert_eq!(empty.target, DEFAULT_TARGET.parse().unwrap(), "an empty variable means the default");
+        let wrong = Settings::parse_with_target_variable(&raw(), Some("localhost")).unwrap_err();
+        assert!(wrong.0.starts_with("NETDAM_TARGET=localhost: expected HOST:PORT"), "{}", wrong.0);
     }
 
     #[test]
@@ -213,7 +251,7 @@ mod tests {
             (RawSettings { key: Some("/nonexistent/alice.key"), ..raw() }, "key=/nonexistent/alice.key:"),
         ];
         for (raw, expected) in cases {
-            let error = Settings::parse(&raw).unwrap_err();
+            let error = Settings::parse_with_target_variable(&raw, None).unwrap_err();
             assert!(error.0.starts_with(expected), "{expected:?} not at the start of {:?}", error.0);
         }
     }

@@ -17,6 +17,9 @@ use netdam_target::Target;
 const BLOCK: usize = 4096;
 const NAMESPACE_BYTES: u64 = 4 << 20;
 const REGION_BYTES: u64 = 1 << 20;
+/// A namespace of 512-byte blocks: small I/Os pack 16 to a datagram.
+const SMALL_BLOCK: usize = 512;
+const SMALL_NAMESPACE_BYTES: u64 = 1 << 20;
 const IODEPTH: usize = 8;
 
 const READ: u32 = 0;
@@ -41,13 +44,22 @@ fn start() -> TestTarget {
             path: None,
             size: ByteSize(REGION_BYTES),
         }],
-        namespaces: vec![NamespaceConfig {
-            name: "disk".into(),
-            backend: NamespaceBackend::File,
-            path: "disk.img".into(),
-            size: Some(ByteSize(NAMESPACE_BYTES)),
-            block_size: BLOCK as u32,
-        }],
+        namespaces: vec![
+            NamespaceConfig {
+                name: "disk".into(),
+                backend: NamespaceBackend::File,
+                path: "disk.img".into(),
+                size: Some(ByteSize(NAMESPACE_BYTES)),
+                block_size: BLOCK as u32,
+            },
+            NamespaceConfig {
+                name: "d512".into(),
+                backend: NamespaceBackend::File,
+                path: "d512.img".into(),
+                size: Some(ByteSize(SMALL_NAMESPACE_BYTES)),
+                block_size: SMALL_BLOCK as u32,
+            },
+        ],
         // Tests share few cores: no BUSY answers because a worker waited for a CPU, no pinning
         // of every test's worker to the same core, and the test process's memory left alone.
         busy_threshold_us: 60_000,
@@ -344,4 +356,88 @@ fn at_depth_an_io_waits_for_the_next_to_share_its_datagram_unless_coalescing_is_
         // SAFETY: the engine came from `open` and is not used again.
         unsafe { netdam_fio_close(engine) };
     }
+}
+
+/// Submits one I/O of `kind` per buffer (the k-th at block k), commits once, and reaps them all:
+/// the errno of each, by cookie.
+fn run_at_depth(engine: *mut FioEngine, kind: u32, buffers: &mut [Vec<u8>]) -> Vec<i32> {
+    for (index, buffer) in buffers.iter_mut().enumerate() {
+        let offset = (index * buffer.len()) as u64;
+        // SAFETY: a live engine; `buffer` stays alive and untouched until reaped below.
+        let errno = unsafe {
+            netdam_fio_submit(
+                engine,
+                kind,
+                offset,
+                buffer.as_mut_ptr().cast(),
+                buffer.len() as u64,
+                index as *mut c_void,
+            )
+        };
+        assert_eq!(errno, 0, "submit {index}");
+    }
+    // SAFETY: a live engine.
+    unsafe { netdam_fio_commit(engine) };
+    let mut out: Vec<FioCompletion> =
+        (0..buffers.len()).map(|_| FioCompletion { cookie: ptr::null_mut(), error: 0 }).collect();
+    let mut errnos = vec![-1; buffers.len()];
+    let mut reaped_all = 0;
+    while reaped_all < buffers.len() {
+        // SAFETY: a live engine; `out` has room for every I/O.
+        let reaped = unsafe { netdam_fio_reap(engine, 1, buffers.len() as u32, 10_000_000_000, out.as_mut_ptr()) };
+        assert!(reaped > 0, "completions within 10 s");
+        for completion in &out[..reaped as usize] {
+            errnos[completion.cookie as usize] = completion.error;
+        }
+        reaped_all += reaped as usize;
+    }
+    errnos
+}
+
+/// 512-byte I/Os at depth pack 16 to a datagram, and a datagram's instructions each take one of
+/// the worker's transfer buffers (`BLOCK_QUEUE_DEPTH`, 128 per namespace). One session keeps
+/// within them; four sharing a worker, 1024 I/Os at once run it out, and the instructions it has
+/// no buffer for are answered BUSY, not executed. The engine sends those again: every I/O
+/// succeeds, and every block reads back as written.
+#[test]
+fn small_ios_at_depth_that_outrun_the_workers_buffers_are_retried_not_failed() {
+    let test = start();
+    let depth = 1024;
+    for sessions in [1, 4] {
+        small_ios_at_depth(&test, depth, sessions);
+    }
+}
+
+fn small_ios_at_depth(test: &TestTarget, depth: usize, sessions: u32) {
+    let settings = Settings::new(&test.target, "namespace=d512", "blocking", sessions);
+    let engine = open_with_depth(&settings, depth).expect("open");
+    let block = |index: usize, round: usize| -> Vec<u8> {
+        (0..SMALL_BLOCK).map(|at| (at * 13 + index * 7 + round * 101) as u8).collect()
+    };
+    for round in 0..3 {
+        let mut writes: Vec<Vec<u8>> = (0..depth).map(|index| block(index, round)).collect();
+        let errnos = run_at_depth(engine, WRITE, &mut writes);
+        assert!(
+            errnos.iter().all(|&errno| errno == 0),
+            "{sessions} sessions, round {round}: writes failed: {:?}",
+            failed(&errnos)
+        );
+        let mut reads: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; SMALL_BLOCK]).collect();
+        let errnos = run_at_depth(engine, READ, &mut reads);
+        assert!(
+            errnos.iter().all(|&errno| errno == 0),
+            "{sessions} sessions, round {round}: reads failed: {:?}",
+            failed(&errnos)
+        );
+        for (index, data) in reads.iter().enumerate() {
+            assert!(*data == block(index, round), "{sessions} sessions, round {round}: block {index} reads back");
+        }
+    }
+    // SAFETY: the engine came from `open` and is not used again.
+    unsafe { netdam_fio_close(engine) };
+}
+
+/// (I/O, errno) of the failed ones.
+fn failed(errnos: &[i32]) -> Vec<(usize, i32)> {
+    errnos.iter().enumerate().filter(|(_, &errno)| errno != 0).map(|(index, &errno)| (index, errno)).collect()
 }
