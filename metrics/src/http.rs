@@ -1,17 +1,24 @@
-//! The `/metrics` endpoint: a small HTTP/1.1 server on a thread of its own.
+//! The `/metrics` endpoint: a small HTTP/1.1 server on threads of its own.
 //!
 //! It answers `GET /metrics` (and `HEAD`) with the registry encoded at that moment, in
 //! OpenMetrics text when the `Accept` header asks for `application/openmetrics-text`, else in
-//! the Prometheus text format 0.0.4; anything else gets 404 or 405. One connection at a time,
-//! each closed after its answer: a scrape every few seconds needs no more. A request head is
-//! bounded ([`MAX_REQUEST_BYTES`]) and must arrive within [`REQUEST_DEADLINE`], and the answer
-//! must be taken within [`WRITE_DEADLINE`], so a slow or broken client delays the next scrape by
-//! at most a few seconds and never blocks the endpoint.
+//! the Prometheus text format 0.0.4; anything else gets 404 or 405. Each connection is closed
+//! after its answer.
+//!
+//! One thread accepts, and each connection is served on a thread of its own, so a client that
+//! is slow or says nothing never delays another's scrape. Every resource stays bounded: at most
+//! [`MAX_CONNECTIONS`] connections (and threads) at once; a request head is bounded
+//! ([`MAX_REQUEST_BYTES`]) and must arrive within [`REQUEST_DEADLINE`], and the answer must be
+//! taken within [`WRITE_DEADLINE`]. A connection beyond the cap takes the place of the oldest
+//! one still waiting for its request head, which is closed; if every connection is being
+//! answered, the new one is closed at once. Answers are encoded one at a time, so however many
+//! clients scrape at once the endpoint takes no more CPU from the process's other threads than
+//! one scrape after another would.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,39 +30,80 @@ pub const MAX_REQUEST_BYTES: usize = 8192;
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 /// Time a client has to take the whole answer.
 pub const WRITE_DEADLINE: Duration = Duration::from_secs(5);
+/// Connections served at once, each on a thread with a request buffer of
+/// [`MAX_REQUEST_BYTES`]. A Prometheus server scrapes over one at a time; the rest is room for
+/// a few more scrapers (`netdam top`, `curl`) beside clients that hold a connection and say
+/// nothing, which newer connections displace anyway.
+pub const MAX_CONNECTIONS: usize = 8;
+/// How long a new connection waits for the one it displaced to let go of its place (its
+/// thread wakes as soon as its socket is shut down, so this is only a bound).
+const DISPLACE_WAIT: Duration = Duration::from_millis(500);
+/// How long stopping the server waits for its connections' threads, their sockets shut down.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+/// Pause after a failed accept (out of file descriptors, say), so that the accepting thread
+/// does not spin on an error that persists.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+const _: () = assert!(MAX_CONNECTIONS >= 2, "a scrape needs a place beside a connection being answered");
 
 /// `Content-Type` of an OpenMetrics answer.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// `Content-Type` of a Prometheus text answer.
 pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
-/// A running `/metrics` endpoint; dropping it stops the thread.
+/// A running `/metrics` endpoint; dropping it stops its threads.
 #[derive(Debug)]
 pub struct MetricsServer {
     local_addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    connections: Arc<Connections>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl MetricsServer {
-    /// Binds `addr` and serves `registry` from a thread named `thread_name`.
+    /// Binds `addr` and serves `registry` from threads named `thread_name`.
     pub fn start(addr: SocketAddr, registry: Registry, thread_name: &str) -> io::Result<MetricsServer> {
         let listener = TcpListener::bind(addr)?;
         let local_addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
-        let thread = std::thread::Builder::new().name(thread_name.to_string()).spawn(move || {
+        let connections = Arc::new(Connections::default());
+        let table = connections.clone();
+        // The lock makes scrapes encode one after another (see the module's comment).
+        let registry = Arc::new(Mutex::new(registry));
+        let name = thread_name.to_string();
+        let thread = std::thread::Builder::new().name(name.clone()).spawn(move || {
             for stream in listener.incoming() {
                 if stopping.load(Ordering::Relaxed) {
                     break;
                 }
-                let Ok(stream) = stream else { continue };
-                if let Err(error) = serve_connection(stream, &registry) {
-                    tracing::debug!(%error, "metrics request failed");
+                let stream = match stream {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        tracing::debug!(%error, "metrics accept failed");
+                        std::thread::sleep(ACCEPT_ERROR_PAUSE);
+                        continue;
+                    }
+                };
+                // Without a place the stream is dropped here: the client sees its connection closed.
+                let Some(place) = Place::take(&table, &stream) else {
+                    tracing::debug!("metrics connection refused: every place is taken by one being answered");
+                    continue;
+                };
+                let registry = registry.clone();
+                // If the thread cannot start, the closure and the place in it are dropped: the
+                // place is given back and the connection closed.
+                let spawned = std::thread::Builder::new().name(name.clone()).spawn(move || {
+                    if let Err(error) = serve_connection(stream, &place, &registry) {
+                        tracing::debug!(%error, "metrics request failed");
+                    }
+                });
+                if let Err(error) = spawned {
+                    tracing::debug!(%error, "cannot start a thread for a metrics connection");
                 }
             }
         })?;
-        Ok(MetricsServer { local_addr, stop, thread: Some(thread) })
+        Ok(MetricsServer { local_addr, stop, connections, thread: Some(thread) })
     }
 
     /// The address it serves on (with the real port when 0 was asked for).
@@ -77,6 +125,145 @@ impl Drop for MetricsServer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        // No connection is admitted any more: end those open and wait for their threads.
+        self.connections.close_all(STOP_WAIT);
+    }
+}
+
+/// Where a connection is in its exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for its request head, for up to [`REQUEST_DEADLINE`]: a newer connection may
+    /// take its place.
+    ReadingHead,
+    /// Its answer is being encoded or written, for up to [`WRITE_DEADLINE`]: it keeps its place.
+    Answering,
+    /// Its socket was shut down by the server; its thread is ending.
+    Closing,
+}
+
+/// One open connection, served by its own thread.
+#[derive(Debug)]
+struct Connection {
+    /// Order of acceptance: the smallest is the oldest.
+    id: u64,
+    phase: Phase,
+    /// A handle on the connection's socket, to shut it down and so wake its thread.
+    socket: TcpStream,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    /// Never longer than [`MAX_CONNECTIONS`].
+    open: Vec<Connection>,
+    next_id: u64,
+}
+
+/// The connections being served, and a signal for each that ends.
+#[derive(Debug, Default)]
+struct Connections {
+    table: Mutex<Table>,
+    released: Condvar,
+}
+
+impl Connections {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // Nothing panics while holding the lock, and the table stays consistent if it did.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes a place for a new connection on `socket`: a free one, else that of the oldest
+    /// connection still waiting for its request head (shut down, and waited for). `None` when
+    /// every place is held by a connection being answered.
+    fn admit(&self, socket: TcpStream) -> Option<u64> {
+        let mut table = self.lock();
+        if table.open.len() >= MAX_CONNECTIONS && !table.open.iter().any(|open| open.phase == Phase::Closing) {
+            let oldest =
+                table.open.iter_mut().filter(|open| open.phase == Phase::ReadingHead).min_by_key(|open| open.id)?;
+            oldest.phase = Phase::Closing;
+            // Wakes its thread from its read: it sees the end of the stream and gives its place back.
+            let _ = oldest.socket.shutdown(Shutdown::Both);
+        }
+        let deadline = Instant::now() + DISPLACE_WAIT;
+        while table.open.len() >= MAX_CONNECTIONS {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            table = self.released.wait_timeout(table, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        let id = table.next_id;
+        table.next_id += 1;
+        table.open.push(Connection { id, phase: Phase::ReadingHead, socket });
+        Some(id)
+    }
+
+    /// Marks connection `id` as being answered, so that no newer one displaces it; false if it
+    /// was displaced already (its socket is shut down: there is no one to answer).
+    fn answering(&self, id: u64) -> bool {
+        let mut table = self.lock();
+        match table.open.iter_mut().find(|open| open.id == id) {
+            Some(open) if open.phase == Phase::ReadingHead => {
+                open.phase = Phase::Answering;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Gives connection `id`'s place back.
+    fn release(&self, id: u64) {
+        let mut table = self.lock();
+        table.open.retain(|open| open.id != id);
+        drop(table);
+        self.released.notify_all();
+    }
+
+    /// Shuts every open connection down and waits up to `wait` for their threads to end.
+    fn close_all(&self, wait: Duration) {
+        let mut table = self.lock();
+        for open in &mut table.open {
+            open.phase = Phase::Closing;
+            let _ = open.socket.shutdown(Shutdown::Both);
+        }
+        let deadline = Instant::now() + wait;
+        while !table.open.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::debug!(open = table.open.len(), "metrics connections still open when the server stopped");
+                return;
+            }
+            table = self.released.wait_timeout(table, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    /// Connections open now.
+    #[cfg(test)]
+    fn open(&self) -> usize {
+        self.lock().open.len()
+    }
+}
+
+/// A connection's place in [`Connections`], given back when dropped (whether its thread ends,
+/// panics, or never starts).
+#[derive(Debug)]
+struct Place {
+    connections: Arc<Connections>,
+    id: u64,
+}
+
+impl Place {
+    /// A place for the connection on `stream`, if one is free or can be freed.
+    fn take(connections: &Arc<Connections>, stream: &TcpStream) -> Option<Place> {
+        let socket = stream.try_clone().ok()?;
+        let id = connections.admit(socket)?;
+        Some(Place { connections: connections.clone(), id })
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.connections.release(self.id);
     }
 }
 
@@ -168,8 +355,12 @@ fn read_head(stream: &mut TcpStream) -> io::Result<Result<String, u16>> {
     }
 }
 
-fn serve_connection(mut stream: TcpStream, registry: &Registry) -> io::Result<()> {
-    let head = match read_head(&mut stream)? {
+fn serve_connection(mut stream: TcpStream, place: &Place, registry: &Mutex<Registry>) -> io::Result<()> {
+    let head = read_head(&mut stream)?;
+    if !place.connections.answering(place.id) {
+        return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "displaced by a newer connection"));
+    }
+    let head = match head {
         Ok(head) => head,
         Err(code) => return respond(&mut stream, code, "text/plain; charset=utf-8", b"bad request\n", true),
     };
@@ -189,7 +380,9 @@ fn serve_connection(mut stream: TcpStream, registry: &Registry) -> io::Result<()
         Format::Prometheus => PROMETHEUS_CONTENT_TYPE,
         Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
     };
-    match encode(registry, format) {
+    // Encoded under the lock, written without it: a slow reader holds only its own connection.
+    let encoded = encode(&registry.lock().unwrap_or_else(PoisonError::into_inner), format);
+    match encoded {
         Ok(body) => respond(&mut stream, 200, content_type, body.as_bytes(), with_body),
         Err(_) => respond(&mut stream, 500, "text/plain; charset=utf-8", b"cannot encode the metrics\n", true),
     }
@@ -299,13 +492,100 @@ mod tests {
         assert_eq!(parse_head(""), None);
     }
 
-    #[test]
-    fn serves_both_formats_404_and_survives_bad_clients() {
+    fn test_server() -> MetricsServer {
         let mut registry = Registry::default();
         let counter: Counter = Counter::default();
         counter.inc_by(3);
         registry.register("netdam_test_events", "Events for the test", counter);
-        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), registry, "metrics-test").unwrap();
+        MetricsServer::start("127.0.0.1:0".parse().unwrap(), registry, "metrics-test").unwrap()
+    }
+
+    /// Whether the server closed `stream` within `wait` (end of stream, or a reset).
+    fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
+        stream.set_read_timeout(Some(wait)).unwrap();
+        let mut byte = [0u8; 1];
+        match stream.read(&mut byte) {
+            Ok(0) => true,
+            Err(error) => error.kind() == io::ErrorKind::ConnectionReset,
+            Ok(_) => panic!("the server sent bytes to a client that asked nothing"),
+        }
+    }
+
+    #[test]
+    fn idle_connections_do_not_delay_a_scrape() {
+        const IDLE: u32 = 6;
+        let server = test_server();
+        let idle: Vec<TcpStream> = (0..IDLE).map(|_| TcpStream::connect(server.local_addr()).unwrap()).collect();
+        let started = Instant::now();
+        let (code, _, body) = get(&server.url(), None, Duration::from_secs(30)).unwrap();
+        let elapsed = started.elapsed();
+        assert_eq!(code, 200);
+        assert!(body.contains("\nnetdam_test_events_total 3\n"), "{body}");
+        // Served one after another, the idle connections would hold the scrape for
+        // IDLE × REQUEST_DEADLINE (12 s). Served beside them it waits for none of them; the
+        // bound leaves a loaded machine seconds to spare and is still far below 12 s.
+        assert!(
+            elapsed < REQUEST_DEADLINE * 2,
+            "a scrape behind {IDLE} idle connections took {elapsed:?} (each may hold a connection {REQUEST_DEADLINE:?})"
+        );
+        // The idle connections still get only REQUEST_DEADLINE to send a request.
+        for mut connection in idle {
+            assert!(closed_within(&mut connection, REQUEST_DEADLINE * 5), "an idle connection outlived its deadline");
+        }
+        assert!(started.elapsed() < REQUEST_DEADLINE * 5);
+    }
+
+    #[test]
+    fn connections_beyond_the_cap_displace_the_oldest_silent_ones() {
+        const EXTRA: usize = 3;
+        let server = test_server();
+        let connected = Instant::now();
+        let mut silent: Vec<TcpStream> =
+            (0..MAX_CONNECTIONS + EXTRA).map(|_| TcpStream::connect(server.local_addr()).unwrap()).collect();
+        // The oldest lose their places as the newest arrive: closed at once, not at their deadline.
+        for displaced in &mut silent[..EXTRA] {
+            assert!(closed_within(displaced, REQUEST_DEADLINE * 5), "a silent connection was never closed");
+        }
+        assert!(
+            connected.elapsed() < REQUEST_DEADLINE,
+            "the oldest silent connections were closed after {:?}, not as newer ones took their places",
+            connected.elapsed()
+        );
+        assert!(server.connections.open() <= MAX_CONNECTIONS, "{} connections open", server.connections.open());
+        // A scrape finds a place among them and is answered at once.
+        let started = Instant::now();
+        let (code, _, _) = get(&server.url(), None, Duration::from_secs(30)).unwrap();
+        assert_eq!(code, 200);
+        assert!(started.elapsed() < REQUEST_DEADLINE * 2, "the scrape took {:?}", started.elapsed());
+        assert!(server.connections.open() <= MAX_CONNECTIONS);
+        drop(server);
+    }
+
+    #[test]
+    fn a_connection_beyond_the_cap_is_refused_at_once_when_every_place_is_answering() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // The listener's backlog completes the connections; nothing accepts them.
+        let streams: Vec<TcpStream> = (0..=MAX_CONNECTIONS).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let connections = Connections::default();
+        let ids: Vec<u64> = streams[..MAX_CONNECTIONS]
+            .iter()
+            .map(|stream| connections.admit(stream.try_clone().unwrap()).expect("a free place"))
+            .collect();
+        assert!(ids.iter().all(|&id| connections.answering(id)));
+        let started = Instant::now();
+        assert_eq!(connections.admit(streams[MAX_CONNECTIONS].try_clone().unwrap()), None);
+        assert!(started.elapsed() < DISPLACE_WAIT, "refused after {:?}", started.elapsed());
+        assert_eq!(connections.open(), MAX_CONNECTIONS);
+        // An answered connection gives its place back, and the next one gets it.
+        connections.release(ids[0]);
+        assert!(connections.admit(streams[MAX_CONNECTIONS].try_clone().unwrap()).is_some());
+        assert_eq!(connections.open(), MAX_CONNECTIONS);
+    }
+
+    #[test]
+    fn serves_both_formats_404_and_survives_bad_clients() {
+        let server = test_server();
         let timeout = Duration::from_secs(5);
 
         // A client that connects and says nothing, and one that sends garbage without end.

@@ -528,7 +528,7 @@ impl<E: Engine> Dispatcher<E> {
             // executes, and the initiator waits `hint` before trying again.
             let tenant = self.current_tenant.unwrap_or(0);
             self.shared.usage.get(tenant).count_shed(reason);
-            self.count(Counter::AnsweredBusy);
+            self.count(reason.busy_counter());
             return busy(&mut out[..room], header.session, header.sequence, queueing_field(hint));
         }
         let mut record = None;
@@ -672,7 +672,7 @@ impl<E: Engine> Dispatcher<E> {
             if !self.shared.usage.get(id).start_in_flight(max) {
                 // The tenant's share of the target's block slots is taken; nothing executed.
                 self.shared.usage.get(id).count_shed(Shed::InFlight);
-                self.count(Counter::AnsweredBusy);
+                self.count(Shed::InFlight.busy_counter());
                 return busy(out, session, sequence, queueing_us);
             }
         }

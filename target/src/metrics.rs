@@ -230,11 +230,17 @@ impl Collector for TargetCollector {
         counters(
             encoder,
             "netdam_busy_answers",
-            "Datagrams answered busy and not executed, by reason: queued longer than busy_threshold_us, or every slot for datagrams waiting on block I/O taken",
+            "Datagrams answered busy and not executed, by reason: queued longer than busy_threshold_us (queueing), every slot for datagrams waiting on block I/O taken (block_slots_full), or the session's tenant held to its share (tenant_rate, tenant_overload, tenant_in_flight: netdam_tenant_shed_total by tenant)",
             None,
             self.by_reason(
                 "reason",
-                &[("queueing", Counter::AnsweredBusy), ("block_slots_full", Counter::BusyBlockSlotsFull)],
+                &[
+                    ("queueing", Counter::AnsweredBusy),
+                    ("block_slots_full", Counter::BusyBlockSlotsFull),
+                    ("tenant_rate", Counter::BusyTenantRate),
+                    ("tenant_overload", Counter::BusyTenantOverload),
+                    ("tenant_in_flight", Counter::BusyTenantInFlight),
+                ],
             ),
         )?;
         counters(

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use netdam_isa::wire::Instruction;
 use netdam_isa::Opcode;
 
+use crate::stats::Counter;
 use crate::tenants::{TenantLimits, MAX_TENANTS};
 
 /// Bytes one cost unit covers beyond the first: a request costs 1 + ceil(bytes / 4096) units.
@@ -38,6 +39,17 @@ impl Shed {
             Shed::Rate => "rate",
             Shed::Overload => "overload",
             Shed::InFlight => "in_flight",
+        }
+    }
+
+    /// The worker counter of BUSY answers for this reason: apart from `AnsweredBusy`, which
+    /// counts only a standing queue, so that a tenant held to its share does not read as an
+    /// overloaded target.
+    pub fn busy_counter(self) -> Counter {
+        match self {
+            Shed::Rate => Counter::BusyTenantRate,
+            Shed::Overload => Counter::BusyTenantOverload,
+            Shed::InFlight => Counter::BusyTenantInFlight,
         }
     }
 }

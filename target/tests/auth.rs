@@ -486,6 +486,12 @@ fn a_best_effort_tenant_over_its_rate_is_shed_and_a_latency_critical_one_is_not(
     let counted = sample(&metrics, "netdam_tenant_shed_total{tenant=\"batch\",reason=\"rate\"}");
     assert_eq!(counted, shed as f64, "every shed request is counted for its tenant");
     assert_eq!(sample(&metrics, "netdam_tenant_shed_total{tenant=\"bob\",reason=\"rate\"}"), 0.0);
+    // Its BUSY answers are its share spent, not a standing queue: an alert on queueing must not
+    // take a rate-limited tenant for an overloaded target.
+    assert_eq!(sample(&metrics, "netdam_busy_answers_total{reason=\"tenant_rate\"}"), shed as f64);
+    assert_eq!(sample(&metrics, "netdam_busy_answers_total{reason=\"queueing\"}"), 0.0, "shedding counted as queueing");
+    assert_eq!(stat(&target, "busy_tenant_rate"), shed);
+    assert_eq!(stat(&target, "answered_busy"), 0, "STAT answered_busy counts only a standing queue");
 }
 
 #[test]

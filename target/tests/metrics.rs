@@ -91,7 +91,10 @@ fn a_scrape_counts_the_requests_sent() {
     assert_eq!(value(&samples, "netdam_sessions_open"), 1.0);
     assert_eq!(value(&samples, "netdam_sessions_opened_total"), 1.0);
     assert_eq!(value(&samples, "netdam_datagrams_dropped_total{reason=\"bad_crc\"}"), 0.0);
-    assert_eq!(value(&samples, "netdam_busy_answers_total{reason=\"queueing\"}"), 0.0);
+    for reason in ["queueing", "block_slots_full", "tenant_rate", "tenant_overload", "tenant_in_flight"] {
+        let series = format!("netdam_busy_answers_total{{reason=\"{reason}\"}}");
+        assert_eq!(value(&samples, &series), 0.0, "every reason is served from the start");
+    }
     assert_eq!(value(&samples, "netdam_workers"), 1.0);
     let build = samples.keys().find(|series| series.starts_with("netdam_build_info{")).expect("build info");
     assert!(build.contains("engine=\"software\"") && build.contains("poll_mode=\"blocking\""), "{build}");
