@@ -244,7 +244,44 @@ struct RevokeArgs {
     store: StoreArgs,
 }
 
-/// Where the metadata store is: the data directory, from flags or the config file.
+impl Command {
+    /// An admin command's name and where its store is; `None` for `serve` and `config`.
+    fn admin_store(&mut self) -> Option<(&'static str, &mut StoreArgs)> {
+        let named = match self {
+            Command::Serve(_) | Command::Config(_) => return None,
+            Command::Region(
+                RegionCommand::Create { store, .. }
+                | RegionCommand::Delete { store, .. }
+                | RegionCommand::List { store },
+            ) => ("region", store),
+            Command::Namespace(
+                NamespaceCommand::Create { store, .. }
+                | NamespaceCommand::Delete { store, .. }
+                | NamespaceCommand::List { store },
+            ) => ("namespace", store),
+            Command::Tenant(
+                TenantCommand::Create { store, .. }
+                | TenantCommand::Delete { store, .. }
+                | TenantCommand::List { store, .. }
+                | TenantCommand::RotateKey { store, .. }
+                | TenantCommand::Set { store, .. },
+            ) => ("tenant", store),
+            Command::Grant(GrantArgs { store, .. }) => ("grant", store),
+            Command::Revoke(RevokeArgs { store, .. }) => ("revoke", store),
+            Command::CryptoKey(
+                CryptoKeyCommand::Create { store, .. }
+                | CryptoKeyCommand::Rotate { store, .. }
+                | CryptoKeyCommand::Delete { store, .. }
+                | CryptoKeyCommand::List { store },
+            ) => ("crypto-key", store),
+        };
+        Some(named)
+    }
+}
+
+/// Where the metadata store is: the data directory, from flags or the config file. `--config`
+/// and `--data-dir` may also come before the subcommand (`netdam-target --config FILE tenant
+/// list`), as for `serve`.
 #[derive(Debug, Args, Clone)]
 struct StoreArgs {
     /// TOML settings file (its data_dir, and its regions and namespaces for name checks).
@@ -253,6 +290,44 @@ struct StoreArgs {
     /// Data directory holding the metadata store [default: $XDG_DATA_HOME/netdam or ~/.local/share/netdam].
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// Takes `--config` and `--data-dir` given before admin command `command` as if given after
+    /// it. Refuses, rather than ignores, what could only be a mistake: one of them given on both
+    /// sides with different values, or a setting of the serving target, which an admin command
+    /// has no use for.
+    fn take_global(&mut self, global: &SettingsArgs, command: &str) -> Result<(), String> {
+        let serving: Vec<&str> = [
+            ("--listen", global.listen.is_some()),
+            ("--metrics-listen", global.metrics_listen.is_some()),
+            ("--workers", global.workers.is_some()),
+            ("--poll", global.poll.is_some()),
+            ("--auth", global.auth.is_some()),
+            ("--engine", global.engine.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        if !serving.is_empty() {
+            return Err(format!(
+                "{} set{} how a target serves; `netdam-target {command}` takes only --config FILE and --data-dir DIR",
+                serving.join(", "),
+                if serving.len() == 1 { "s" } else { "" }
+            ));
+        }
+        let once = |flag: &str, after: Option<PathBuf>, before: &Option<PathBuf>| match (after, before) {
+            (Some(after), Some(before)) if after != *before => Err(format!(
+                "{flag} is given twice, {} before `{command}` and {} after it: give it once",
+                before.display(),
+                after.display()
+            )),
+            (after, before) => Ok(after.or_else(|| before.clone())),
+        };
+        self.config = once("--config", self.config.take(), &global.config)?;
+        self.data_dir = once("--data-dir", self.data_dir.take(), &global.data_dir)?;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -415,8 +490,14 @@ extern "C" fn request_stop(_signal: libc::c_int) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     netdam_metrics::logging::init(cli.log_format);
+    if let Some((name, store)) = cli.command.as_mut().and_then(Command::admin_store) {
+        if let Err(message) = store.take_global(&cli.settings, name) {
+            eprintln!("netdam-target: {message}");
+            return ExitCode::from(2);
+        }
+    }
     let (serve, settings) = match cli.command {
         None => (true, cli.settings),
         Some(Command::Serve(args)) => (true, args.merged_over(cli.settings)),
@@ -501,13 +582,14 @@ fn store_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
     Ok((config, data_dir))
 }
 
-/// Tells the user how a change reaches a target.
+/// Tells the user which data directory changed and how the change reaches a target.
 fn after_change(data_dir: &std::path::Path) {
+    let dir = data_dir.display();
     match running_target(data_dir) {
         Some(pid) => println!(
-            "A target is running on this data directory (pid {pid}): it serves what it read at start; restart it to serve this change."
+            "A target is running on the data directory {dir} (pid {pid}): it serves what it read at start; restart it to serve this change."
         ),
-        None => println!("netdam-target serves it from its next start."),
+        None => println!("A target on the data directory {dir} serves it from its next start."),
     }
 }
 
@@ -625,14 +707,15 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
     Ok(())
 }
 
-/// Tells the user when a tenant change reaches a target.
+/// Tells the user which data directory changed and when the change reaches a target.
 fn after_tenant_change(data_dir: &std::path::Path) {
+    let dir = data_dir.display();
     match running_target(data_dir) {
         Some(pid) => {
             let pid = if pid == 0 { String::new() } else { format!(" (pid {pid})") };
-            println!("The target running on this data directory{pid} applies this within a second.")
+            println!("The target running on the data directory {dir}{pid} applies this within a second.")
         }
-        None => println!("A target serving this data directory applies this within a second (or from its start)."),
+        None => println!("A target serving the data directory {dir} applies this within a second (or from its start)."),
     }
 }
 
@@ -713,7 +796,10 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
                 return Ok(());
             }
             if tenants.is_empty() {
-                println!("no tenants (create one with: netdam-target tenant create NAME)");
+                println!(
+                    "no tenants in the data directory {} (create one with: netdam-target tenant create NAME)",
+                    data_dir.display()
+                );
             }
             for record in &tenants {
                 println!("{:>4}  {:<24} key v{}  {}", record.id, record.name, record.key_version, limits_text(record));

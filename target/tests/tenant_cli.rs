@@ -43,6 +43,18 @@ fn fails(dir: &Path, args: &[&str]) -> String {
     stderr
 }
 
+/// Runs `netdam-target ARGS` as given, for a user whose home (and default data directory) is
+/// `home`.
+fn admin_as_given(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(args)
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("xdg"))
+        .env("NETDAM_LOG", "warn")
+        .output()
+        .expect("netdam-target runs")
+}
+
 fn list_json(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&ok(dir, &["tenant", "list", "--json"])).expect("tenant list --json prints JSON")
 }
@@ -184,6 +196,61 @@ fn a_grant_may_name_a_space_of_the_settings_file() {
     assert!(beyond.contains("65536 bytes"), "{beyond}");
 }
 
+/// `--config` and `--data-dir` before an admin subcommand apply to it as after it (as they do
+/// for `serve`), and each command names the data directory it changed; a serving option before
+/// it, or one store option given twice with two values, is refused rather than ignored.
+#[test]
+fn store_options_before_the_subcommand_apply_to_it() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let dir = home.join("data");
+    let config = home.join("t1.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[[namespace]]\nname = \"disk\"\nbackend = \"file\"\npath = \"disk.img\"\n\
+             size = \"1MiB\"\n",
+            dir.display().to_string()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let data = dir.to_str().unwrap();
+    let run_ok = |args: &[&str]| {
+        let output = admin_as_given(home, args);
+        let (stdout, stderr) = text(&output);
+        assert!(output.status.success(), "netdam-target {args:?} failed:\n{stdout}{stderr}");
+        stdout
+    };
+
+    let created = run_ok(&["--config", config, "tenant", "create", "alice"]);
+    assert!(dir.join("tenants/alice.key").exists(), "{created}");
+    assert!(created.contains(&format!("the data directory {data} applies this")), "{created}");
+    let granted = run_ok(&["--config", config, "grant", "alice", "namespace:disk", "block,read,write"]);
+    assert!(granted.contains("namespace:disk  read,write,block") && granted.contains(data), "{granted}");
+    let listed = run_ok(&["--data-dir", data, "tenant", "list"]);
+    assert!(listed.contains("alice") && listed.contains("namespace:disk"), "{listed}");
+    let namespaces = run_ok(&["--config", config, "namespace", "list"]);
+    assert!(namespaces.contains("disk") && namespaces.contains("config"), "{namespaces}");
+    let region = run_ok(&["--data-dir", data, "region", "create", "scratch", "--backend", "mem", "--size", "64KiB"]);
+    assert!(region.contains(&format!("the data directory {data}")), "{region}");
+    // The same value on both sides is one value.
+    run_ok(&["--data-dir", data, "tenant", "list", "--data-dir", data]);
+    assert!(!home.join("xdg").exists() && !home.join(".local").exists(), "the default data directory is untouched");
+
+    for (args, culprit) in [
+        (&["--data-dir", "elsewhere", "tenant", "list", "--data-dir", data][..], "--data-dir is given twice"),
+        (&["--config", "other.toml", "grant", "alice", "all", "read", "--config", config], "--config is given twice"),
+        (&["--listen", "127.0.0.1:7950", "tenant", "list"], "--listen sets how a target serves"),
+        (&["--workers", "2", "--poll", "busy", "region", "list"], "--workers, --poll set how a target serves"),
+    ] {
+        let output = admin_as_given(home, args);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "netdam-target {args:?}:\n{stdout}{stderr}");
+        assert!(stderr.contains(culprit), "netdam-target {args:?}: expected {culprit:?} in:\n{stderr}");
+    }
+}
+
 #[test]
 fn a_running_target_applies_each_change_within_a_second_while_commands_keep_coming() {
     let served = common::start(vec![common::region("scratch", 1 << 20, false)], 1, 9000);
@@ -191,7 +258,7 @@ fn a_running_target_applies_each_change_within_a_second_while_commands_keep_comi
     let cell = served.target.tenants();
     assert!(cell.load().1.is_empty());
     let created = ok(dir, &["tenant", "create", "erin"]);
-    assert!(created.contains("The target running on this data directory"), "{created}");
+    assert!(created.contains(&format!("The target running on the data directory {}", dir.display())), "{created}");
     let id = KeyFile::load(&dir.join("tenants/erin.key")).unwrap().id;
 
     let wait_until = |what: &str, holds: &dyn Fn(Option<Permissions>) -> bool| {
