@@ -220,7 +220,8 @@ struct GrantArgs {
     /// region:NAME, namespace:NAME or all (every region and namespace, present and future).
     #[arg(value_parser = parse_space)]
     space: GrantSpace,
-    /// Comma list of read, write, atomic, compute, block, admin (STAT and management), or all.
+    /// Comma list of read, write, atomic, compute, block, admin (STAT and management; only on
+    /// `all`), or all. On a namespace, block goes with read (BREAD) and write (BWRITE).
     perms: String,
     /// Only the bytes [OFFSET, OFFSET+LEN) of the space, e.g. 0:64MiB (sizes as elsewhere:
     /// 4096, 0x1000, 64KiB); a space granted over one range cannot be granted over another.
@@ -847,14 +848,20 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
 
 fn grant_command(args: GrantArgs) -> Result<(), String> {
     let GrantArgs { tenant, space, perms, range, store } = args;
-    let permissions = parse_permission_list(&perms)?;
+    // The names as given: the store tells an `admin` named on one space (refused) from the one
+    // within `all` (every permission on that space).
+    let permissions: Vec<String> = perms.split(',').map(|name| name.trim().to_string()).collect();
     let (config, data_dir) = store_context(&store)?;
     let grant = GrantRecord { space: space.clone(), permissions, range };
+    let known = KnownSpaces::from_config(&config, store.config.as_deref());
     let record = MetadataStore::open(&data_dir)
-        .and_then(|metadata| metadata.grant(&tenant, &grant, &KnownSpaces::from_config(&config)))
+        .and_then(|metadata| metadata.grant(&tenant, &grant, &known))
         .map_err(|error| error.to_string())?;
     let held = record.grants.iter().find(|held| held.space == space).expect("a grant just made is held");
     println!("tenant {tenant:?} now holds {}", grant_text(held));
+    if let Some(advice) = tenant_admin::grant_advice(&tenant, held) {
+        eprintln!("netdam-target: warning: {advice}");
+    }
     after_tenant_change(&data_dir);
     Ok(())
 }

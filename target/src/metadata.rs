@@ -75,14 +75,19 @@ pub struct KnownSpaces {
     pub regions: Vec<(String, Option<u64>)>,
     /// Namespace names and sizes.
     pub namespaces: Vec<(String, Option<u64>)>,
+    /// The settings file they come from; `None`: the built-in settings (no `--config`), which
+    /// a refusal says, pointing to `--config`.
+    pub settings_file: Option<PathBuf>,
 }
 
 impl KnownSpaces {
-    /// The regions and namespaces `config` serves (its embedded default region when it names none).
-    pub fn from_config(config: &Config) -> KnownSpaces {
+    /// The regions and namespaces `config` serves (its embedded default region when it names
+    /// none), `config` having been read from `settings_file` if any.
+    pub fn from_config(config: &Config, settings_file: Option<&Path>) -> KnownSpaces {
         KnownSpaces {
             regions: config.effective_regions().into_iter().map(|region| (region.name, Some(region.size.0))).collect(),
             namespaces: config.namespaces.iter().map(namespace_entry).collect(),
+            settings_file: settings_file.map(Path::to_path_buf),
         }
     }
 
@@ -485,7 +490,8 @@ impl MetadataStore {
         check_tenant_name(name)?;
         let mut normalized = Vec::with_capacity(grants.len());
         for grant in grants {
-            normalized.push(GrantRecord { permissions: normalize_permissions(&grant.permissions)?, ..grant.clone() });
+            let permissions = space_permissions(name, &grant.space, &grant.permissions)?;
+            normalized.push(GrantRecord { permissions, ..grant.clone() });
         }
         let mut class = QosClass::default();
         let mut limits = TenantLimits::default();
@@ -583,7 +589,7 @@ impl MetadataStore {
         grant: &GrantRecord,
         configured: &KnownSpaces,
     ) -> Result<TenantRecord, MetadataError> {
-        let permissions = normalize_permissions(&grant.permissions)?;
+        let permissions = space_permissions(tenant, &grant.space, &grant.permissions)?;
         let size = self.space_size(&grant.space, configured)?;
         if let Some((offset, len)) = grant.range {
             if grant.space == GrantSpace::All {
@@ -615,7 +621,9 @@ impl MetadataStore {
                     }
                     let mut names = held.permissions.clone();
                     names.extend(permissions.iter().cloned());
-                    normalize_permissions(&names)?
+                    // (An `admin` a record of an earlier version holds here, which never
+                    // counted, is dropped on the way.)
+                    space_permissions(tenant, &grant.space, &names)?
                 }
                 None => permissions.clone(),
             };
@@ -700,6 +708,7 @@ impl MetadataStore {
         let stored = KnownSpaces {
             regions: self.regions()?.into_iter().map(|region| (region.name, Some(region.size.0))).collect(),
             namespaces: self.namespaces()?.iter().map(namespace_entry).collect(),
+            settings_file: None,
         };
         stored.size_of(space).ok_or_else(|| {
             let (kind, names) = match space {
@@ -707,12 +716,20 @@ impl MetadataStore {
                 _ => ("namespaces", configured.namespaces.iter().chain(&stored.namespaces)),
             };
             let names: Vec<&str> = names.map(|(name, _)| name.as_str()).collect();
-            MetadataError::Refused(format!(
-                "no {} in the metadata store {} or the settings file (known {kind}: {})",
-                space_text(space),
-                self.path.display(),
-                if names.is_empty() { "none".to_string() } else { names.join(", ") }
-            ))
+            let known = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+            let (space, store) = (space_text(space), self.path.display());
+            MetadataError::Refused(match &configured.settings_file {
+                Some(file) => {
+                    format!(
+                        "no {space} in the metadata store {store} or the settings file {} (known {kind}: {known})",
+                        file.display()
+                    )
+                }
+                None => format!(
+                    "no {space} in the metadata store {store} nor in the built-in settings (known {kind}: {known}); \
+                     if a settings file defines it, pass --config FILE so the command sees it"
+                ),
+            })
         })
     }
 
@@ -856,6 +873,25 @@ pub fn normalize_permissions(names: &[String]) -> Result<Vec<String>, MetadataEr
         .collect())
 }
 
+/// Permission names for a grant on `space`, in stored form ([`normalize_permissions`]).
+/// `admin` is about the whole target (STAT and management), so it counts only on `all`: named
+/// on one region or namespace it is refused, saying where it applies, and `all` there stands
+/// for every permission on that space, without `admin`.
+pub fn space_permissions(tenant: &str, space: &GrantSpace, names: &[String]) -> Result<Vec<String>, MetadataError> {
+    let mut permissions = normalize_permissions(names)?;
+    if *space != GrantSpace::All {
+        if names.iter().any(|name| name == "admin") {
+            return Err(MetadataError::Refused(format!(
+                "admin is a permission on the whole target (STAT and management), not on {}: grant it on every \
+                 space with  netdam-target grant {tenant} all admin",
+                space_text(space)
+            )));
+        }
+        permissions.retain(|name| name != "admin");
+    }
+    Ok(permissions)
+}
+
 /// A space as the command line writes it: `region:NAME`, `namespace:NAME` or `all`.
 pub fn space_text(space: &GrantSpace) -> String {
     match space {
@@ -977,7 +1013,11 @@ mod tests {
     }
 
     fn configured() -> KnownSpaces {
-        KnownSpaces { regions: vec![("scratch".into(), Some(1 << 20))], namespaces: vec![("disk".into(), None)] }
+        KnownSpaces {
+            regions: vec![("scratch".into(), Some(1 << 20))],
+            namespaces: vec![("disk".into(), None)],
+            settings_file: Some("netdam.toml".into()),
+        }
     }
 
     #[test]
@@ -1025,6 +1065,37 @@ mod tests {
             (QosClass::LatencyCritical, 50, 4)
         );
         assert_eq!(store.tenant("alice").unwrap(), changed);
+    }
+
+    #[test]
+    fn admin_is_granted_on_every_space_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
+        let refused =
+            store.grant("alice", &region_grant("scratch", &["read", "admin"], None), &configured()).unwrap_err();
+        let refused = refused.to_string();
+        assert!(refused.contains("not on region:scratch") && refused.contains("grant alice all admin"), "{refused}");
+        assert!(store.tenant("alice").unwrap().grants.is_empty());
+        let record = store.grant("alice", &region_grant("scratch", &["all"], None), &configured()).unwrap();
+        assert_eq!(record.grants[0].permissions, ["read", "write", "atomic", "compute", "block"]);
+        let everything = GrantRecord { space: GrantSpace::All, permissions: names(&["admin"]), range: None };
+        let record = store.grant("alice", &everything, &configured()).unwrap();
+        assert_eq!(record.grants[1].permissions, ["admin"]);
+    }
+
+    #[test]
+    fn an_unknown_space_points_to_the_settings_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("bob", &key(1), &TenantSettings::default()).unwrap();
+        let disk =
+            GrantRecord { space: GrantSpace::Namespace("disk".into()), permissions: names(&["read"]), range: None };
+        let built_in = store.grant("bob", &disk, &KnownSpaces::default()).unwrap_err().to_string();
+        assert!(built_in.contains("known namespaces: none") && built_in.contains("pass --config FILE"), "{built_in}");
+        let other = GrantRecord { space: GrantSpace::Namespace("other".into()), ..disk };
+        let from_file = store.grant("bob", &other, &configured()).unwrap_err().to_string();
+        assert!(from_file.contains("or the settings file netdam.toml (known namespaces: disk)"), "{from_file}");
     }
 
     #[test]
@@ -1158,7 +1229,7 @@ mod tests {
         store.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
         let known = KnownSpaces {
             regions: (0..=MAX_GRANTS_PER_TENANT).map(|index| (format!("r{index}"), Some(4096))).collect(),
-            namespaces: Vec::new(),
+            ..KnownSpaces::default()
         };
         for index in 0..MAX_GRANTS_PER_TENANT {
             store.grant("alice", &region_grant(&format!("r{index}"), &["read"], None), &known).unwrap();

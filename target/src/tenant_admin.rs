@@ -166,6 +166,29 @@ pub fn ensure_default_tenant(data_dir: &Path) -> Result<Option<PathBuf>, TenantA
     }
 }
 
+/// What a grant held on a namespace lacks to be of use, if anything: block instructions need
+/// `block` together with `read` (BREAD, BLOCK_STATUS) or `write` (BWRITE, TRIM, WRITE_ZEROES),
+/// so `block` alone allows FLUSH only, and `read` or `write` without `block` nothing
+/// (PROTOCOL.md, Grants). Not refused: a grant may be built up in steps.
+pub fn grant_advice(tenant: &str, held: &GrantRecord) -> Option<String> {
+    let GrantSpace::Namespace(_) = &held.space else {
+        return None;
+    };
+    let has = |name: &str| held.permissions.iter().any(|held| held == name);
+    let space = crate::metadata::space_text(&held.space);
+    let fix = format!("netdam-target grant {tenant} {space} block,read,write");
+    if has("block") && !has("read") && !has("write") {
+        Some(format!(
+            "on a namespace, block alone allows only FLUSH: BREAD and BLOCK_STATUS need block and read, BWRITE, \
+             TRIM and WRITE_ZEROES block and write (e.g.  {fix})"
+        ))
+    } else if !has("block") && (has("read") || has("write")) {
+        Some(format!("on a namespace, read and write count only together with block (e.g.  {fix})"))
+    } else {
+        None
+    }
+}
+
 /// A space as the command line names it: `region:NAME`, `namespace:NAME` or `all`.
 pub fn parse_space(text: &str) -> Result<GrantSpace, String> {
     let bad = || format!("space {text:?}: write region:NAME, namespace:NAME or all");
@@ -237,6 +260,23 @@ mod tests {
         assert_eq!(stored.grants[0].permissions, crate::metadata::PERMISSION_NAMES);
         assert_eq!(ensure_default_tenant(dir.path()).unwrap(), None, "a store with a tenant is left alone");
         assert_eq!(KeyFile::load(&key_file).unwrap(), file, "and its key file too");
+    }
+
+    #[test]
+    fn a_namespace_grant_that_allows_no_block_transfer_is_explained() {
+        let grant = |space: GrantSpace, permissions: &[&str]| GrantRecord {
+            space,
+            permissions: permissions.iter().map(|name| name.to_string()).collect(),
+            range: None,
+        };
+        let disk = || GrantSpace::Namespace("disk".into());
+        let advice = grant_advice("alice", &grant(disk(), &["block"])).unwrap();
+        assert!(advice.contains("only FLUSH") && advice.contains("grant alice namespace:disk block,read,write"));
+        let advice = grant_advice("alice", &grant(disk(), &["read", "write"])).unwrap();
+        assert!(advice.contains("only together with block"), "{advice}");
+        assert_eq!(grant_advice("alice", &grant(disk(), &["read", "block"])), None);
+        assert_eq!(grant_advice("alice", &grant(GrantSpace::Region("r".into()), &["read"])), None);
+        assert_eq!(grant_advice("alice", &grant(GrantSpace::All, &["block"])), None);
     }
 
     #[test]

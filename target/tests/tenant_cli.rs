@@ -143,12 +143,20 @@ fn bad_input_names_the_culprit() {
         (&["tenant", "set", "alice"], "nothing to change"),
         (&["tenant", "set", "alice", "--max-in-flight", "0"], "--max-in-flight 0"),
         (&["tenant", "set", "alice", "--class", "urgent"], "urgent"),
+        // `admin` is about the whole target: on one space it would never count.
+        (&["grant", "alice", "region:default", "admin"], "not on region:default"),
+        (&["grant", "alice", "region:default", "read,admin"], "netdam-target grant alice all admin"),
+        // A space of a settings file the command was not given: say how to give it.
+        (&["grant", "alice", "namespace:disk", "block,read"], "pass --config FILE"),
     ] {
         let stderr = fails(dir, args);
         assert!(stderr.contains(culprit), "netdam-target {args:?}: expected {culprit:?} in:\n{stderr}");
     }
     // Nothing of that changed alice.
     assert_eq!(list_json(dir)[0]["grants"], serde_json::json!([]));
+    // `all` on one space is every permission on it, which `admin` is not.
+    let granted = ok(dir, &["grant", "alice", "region:default", "all"]);
+    assert!(granted.contains("region:default  read,write,atomic,compute,block  (the whole space)"), "{granted}");
 }
 
 #[test]
@@ -181,7 +189,8 @@ fn a_grant_may_name_a_space_of_the_settings_file() {
     std::fs::write(
         &config,
         format!(
-            "data_dir = {:?}\n[[region]]\nname = \"fromtoml\"\nbackend = \"mem\"\nsize = \"64KiB\"\n",
+            "data_dir = {:?}\n[[region]]\nname = \"fromtoml\"\nbackend = \"mem\"\nsize = \"64KiB\"\n\
+             [[namespace]]\nname = \"disk\"\nbackend = \"file\"\npath = \"disk.img\"\nsize = \"1MiB\"\n",
             dir.display().to_string()
         ),
     )
@@ -194,6 +203,19 @@ fn a_grant_may_name_a_space_of_the_settings_file() {
     let beyond =
         fails(&dir, &["grant", "dave", "region:fromtoml", "write", "--range", "60KiB:8KiB", "--config", config]);
     assert!(beyond.contains("65536 bytes"), "{beyond}");
+    let missing = fails(&dir, &["grant", "dave", "namespace:elsewhere", "read", "--config", config]);
+    assert!(missing.contains("or the settings file") && missing.contains("known namespaces: disk"), "{missing}");
+
+    // Block instructions need `block` with `read` or `write` (PROTOCOL.md, Grants): a grant that
+    // lacks one is made, with a warning that says what else it needs.
+    let only_block = admin(&dir, &["grant", "dave", "namespace:disk", "block", "--config", config]);
+    let (stdout, stderr) = text(&only_block);
+    assert!(only_block.status.success() && stdout.contains("namespace:disk  block"), "{stdout}{stderr}");
+    assert!(stderr.contains("only FLUSH") && stderr.contains("namespace:disk block,read,write"), "{stderr}");
+    let completed = admin(&dir, &["grant", "dave", "namespace:disk", "read,write", "--config", config]);
+    let (stdout, stderr) = text(&completed);
+    assert!(completed.status.success() && stdout.contains("namespace:disk  read,write,block"), "{stdout}");
+    assert!(!stderr.contains("warning"), "{stderr}");
 }
 
 /// `--config` and `--data-dir` before an admin subcommand apply to it as after it (as they do
