@@ -184,7 +184,7 @@ struct TenantSettingsArgs {
     #[arg(long, value_name = "N")]
     cost_per_second: Option<u64>,
     /// Token bucket depth in cost units, what the tenant may spend in a burst [default: one
-    /// second of --cost-per-second].
+    /// second of --cost-per-second, following it until a burst is given].
     #[arg(long, value_name = "N")]
     burst: Option<u64>,
 }

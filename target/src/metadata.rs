@@ -117,8 +117,8 @@ pub struct TenantSettings {
     pub max_in_flight: Option<u32>,
     /// Token bucket refill, cost units per second; 0 is unlimited.
     pub cost_per_second: Option<u64>,
-    /// Token bucket depth, cost units. When a rate is set on a tenant whose depth is 0 and no
-    /// depth is given, the depth becomes one second of the rate.
+    /// Token bucket depth, cost units. Once given it stays as given; until then it is one
+    /// second of the rate, and follows each new rate.
     pub burst: Option<u64>,
 }
 
@@ -147,13 +147,18 @@ impl TenantSettings {
             limits.max_in_flight = max_in_flight;
         }
         if let Some(cost_per_second) = self.cost_per_second {
+            // A depth never given is one second of the rate, and stays so. A record stored
+            // before `burst_explicit` existed reads as not given; a depth other than one second
+            // of its rate can only have been given, so it is kept.
+            let follows_rate = !limits.burst_explicit && limits.burst == limits.cost_per_second;
             limits.cost_per_second = cost_per_second;
-            if self.burst.is_none() && limits.burst == 0 {
+            if follows_rate {
                 limits.burst = cost_per_second;
             }
         }
         if let Some(burst) = self.burst {
             limits.burst = burst;
+            limits.burst_explicit = true;
         }
         if limits.cost_per_second > 0 && limits.burst == 0 {
             return Err(MetadataError::Refused(format!(
@@ -1065,6 +1070,49 @@ mod tests {
             (QosClass::LatencyCritical, 50, 4)
         );
         assert_eq!(store.tenant("alice").unwrap(), changed);
+    }
+
+    #[test]
+    fn a_burst_never_given_follows_the_rate_and_a_given_one_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        let rate = |cost_per_second| TenantSettings { cost_per_second: Some(cost_per_second), ..Default::default() };
+        let burst = |burst| TenantSettings { burst: Some(burst), ..Default::default() };
+        let limits = |name: &str| store.tenant(name).unwrap().limits;
+        store.create_tenant("q1", &key(1), &rate(1000)).unwrap();
+        assert_eq!((limits("q1").burst, limits("q1").burst_explicit), (1000, false));
+        store.set_tenant("q1", &rate(2000)).unwrap();
+        assert_eq!(limits("q1").burst, 2000, "one second of the new rate");
+        store.set_tenant("q1", &rate(0)).unwrap();
+        store.set_tenant("q1", &rate(300)).unwrap();
+        assert_eq!(limits("q1").burst, 300, "through an unlimited spell too");
+        store.set_tenant("q1", &burst(50)).unwrap();
+        store.set_tenant("q1", &rate(4000)).unwrap();
+        assert_eq!((limits("q1").burst, limits("q1").burst_explicit), (50, true), "a given burst stays");
+        store.create_tenant("q2", &key(2), &burst(70)).unwrap();
+        store.set_tenant("q2", &rate(100)).unwrap();
+        assert_eq!(limits("q2").burst, 70, "given before any rate");
+
+        // Records stored before `burst_explicit` existed read as not given: a burst of one second
+        // of the rate follows it, any other was given and stays.
+        let write = store.db.begin_write().unwrap();
+        {
+            let mut table = write.open_table(TENANTS).unwrap();
+            for (name, id, key_byte, burst) in [("old-follows", 3, 3, 1000), ("old-given", 4, 4, 250)] {
+                let json = format!(
+                    r#"{{"name":"{name}","id":{id},"key_version":1,"key_hex":"{}","class":"latency-critical",
+                    "limits":{{"max_sessions":64,"max_in_flight":256,"cost_per_second":1000,"burst":{burst}}},
+                    "grants":[]}}"#,
+                    key(key_byte).to_hex()
+                );
+                table.insert(name, json.as_str()).unwrap();
+            }
+        }
+        write.commit().unwrap();
+        assert!(!limits("old-given").burst_explicit, "an old record reads");
+        store.set_tenant("old-follows", &rate(2000)).unwrap();
+        store.set_tenant("old-given", &rate(2000)).unwrap();
+        assert_eq!((limits("old-follows").burst, limits("old-given").burst), (2000, 250));
     }
 
     #[test]

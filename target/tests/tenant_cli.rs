@@ -273,6 +273,24 @@ fn store_options_before_the_subcommand_apply_to_it() {
     }
 }
 
+/// A burst never given is one second of the rate and follows it; a given one stays.
+#[test]
+fn a_burst_follows_the_rate_until_one_is_given() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    let created = ok(dir, &["tenant", "create", "q1", "--cost-per-second", "1000"]);
+    assert!(created.contains("1000 cost units/s, burst 1000"), "{created}");
+    let faster = ok(dir, &["tenant", "set", "q1", "--cost-per-second", "2000"]);
+    assert!(faster.contains("2000 cost units/s, burst 2000"), "{faster}");
+    let given = ok(dir, &["tenant", "set", "q1", "--burst", "500"]);
+    assert!(given.contains("2000 cost units/s, burst 500"), "{given}");
+    let kept = ok(dir, &["tenant", "set", "q1", "--cost-per-second", "3000"]);
+    assert!(kept.contains("3000 cost units/s, burst 500"), "{kept}");
+    ok(dir, &["tenant", "create", "q2", "--burst", "700"]);
+    let later = ok(dir, &["tenant", "set", "q2", "--cost-per-second", "100"]);
+    assert!(later.contains("100 cost units/s, burst 700"), "a burst given before any rate stays: {later}");
+}
+
 #[test]
 fn a_running_target_applies_each_change_within_a_second_while_commands_keep_coming() {
     let served = common::start(vec![common::region("scratch", 1 << 20, false)], 1, 9000);
