@@ -521,9 +521,10 @@ fn main() -> ExitCode {
         print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
-    // Secure by default: a target that requires tenants and has none creates the default tenant
-    // (every permission on every space) and its key file, which `netdam` on this machine finds
-    // on its own when the data directory is the default one.
+    // Secure by default: a target that requires tenants, on a store that has never held one,
+    // creates the default tenant (every permission on every space) and its key file, which
+    // `netdam` on this machine finds on its own when the data directory is the default one. A
+    // store whose tenants were deleted stays closed.
     let default_key = match default_tenant(&config) {
         Ok(created) => created,
         Err(message) => {
@@ -772,11 +773,20 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
         }
         TenantCommand::Delete { name, store } => {
             let (_, data_dir) = store_context(&store)?;
-            let (record, removed) = tenant_admin::delete_tenant(&data_dir, &name).map_err(|error| error.to_string())?;
-            let removed = removed.map(|path| format!("; removed its key file {}", path.display()));
-            println!("deleted tenant {name:?} (id {}){}", record.id, removed.unwrap_or_default());
+            let deleted = tenant_admin::delete_tenant(&data_dir, &name).map_err(|error| error.to_string())?;
+            let removed = deleted.key_file_removed.map(|path| format!("; removed its key file {}", path.display()));
+            println!("deleted tenant {name:?} (id {}){}", deleted.record.id, removed.unwrap_or_default());
             println!("Its sessions end when a running target applies this.");
             after_tenant_change(&data_dir);
+            if deleted.was_last {
+                eprintln!(
+                    "netdam-target: warning: that was the last tenant of {}: no initiator can open a session there \
+                     until you create one (netdam-target tenant create NAME, then grant it), and a target does not \
+                     re-create {:?} for a store whose tenants were deleted",
+                    data_dir.display(),
+                    tenant_admin::DEFAULT_TENANT
+                );
+            }
         }
         TenantCommand::List { json, store } => {
             let (_, data_dir) = store_context(&store)?;
@@ -965,10 +975,9 @@ fn log_start(target: &Target, config: &Config) {
     );
 }
 
-/// Prints what is served, in one write: a reader that stops after the first line (a script
-/// waiting for "serving on") must not make a later line fail and stop the daemon.
-/// Creates the default tenant and its key file when tenants are required and the store holds
-/// none; returns the key file's path when it did.
+/// Creates the default tenant and its key file when tenants are required and the store has
+/// never held one (see `tenant_admin::ensure_default_tenant`); returns the key file's path when
+/// it did.
 fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
     if config.auth != AuthMode::Tenants {
         return Ok(None);
@@ -979,6 +988,8 @@ fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
     tenant_admin::ensure_default_tenant(&data_dir).map_err(|error| error.to_string())
 }
 
+/// Prints what is served, in one write: a reader that stops after the first line (a script
+/// waiting for "serving on") must not make a later line fail and stop the daemon.
 fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path::Path>) {
     use std::fmt::Write as _;
     use std::io::Write as _;
@@ -1045,10 +1056,20 @@ fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path
         }
         (AuthMode::Tenants, None) => {
             let tenants = target.tenants().load().1.iter().count();
-            let _ = writeln!(
-                banner,
-                "  auth: tenants ({tenants} in the store: netdam-target tenant list); initiators pass --key FILE"
-            );
+            if tenants == 0 {
+                // A store whose tenants were deleted (any other got `default`).
+                let _ = writeln!(
+                    banner,
+                    "  auth: tenants, but none in the store (a store whose tenants were deleted gets no default \
+                     tenant): every session is refused until you create one (netdam-target tenant create NAME, \
+                     then grant it)"
+                );
+            } else {
+                let _ = writeln!(
+                    banner,
+                    "  auth: tenants ({tenants} in the store: netdam-target tenant list); initiators pass --key FILE"
+                );
+            }
         }
     }
     let _ = writeln!(banner, "Reach it with:  netdam --target {addr} stat");

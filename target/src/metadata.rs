@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use netdam_auth::TenantKey;
 use netdam_isa::crypto::KEY_LEN;
-use redb::{Database, DatabaseError, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition, TableError};
+use redb::{
+    Database, DatabaseError, ReadOnlyDatabase, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+    TableError,
+};
 
 use crate::config::{Config, NamespaceConfig, RegionConfig};
 use crate::tenants::{
@@ -27,6 +30,11 @@ use crate::tenants::{
 const REGIONS: TableDefinition<&str, &str> = TableDefinition::new("regions");
 const NAMESPACES: TableDefinition<&str, &str> = TableDefinition::new("namespaces");
 const TENANTS: TableDefinition<&str, &str> = TableDefinition::new("tenants");
+/// Facts about the store as a whole, by name.
+const STORE_FACTS: TableDefinition<&str, &str> = TableDefinition::new("store_facts");
+/// In [`STORE_FACTS`] once `tenant delete` removed the last tenant (its value names that
+/// tenant): the store was emptied on purpose, so a target does not create the default tenant.
+const TENANTS_EMPTIED: &str = "tenants_emptied";
 /// Key slots of ENCRYPT and DECRYPT: slot number to its key versions, each 4 bytes of version
 /// (little-endian) then 32 bytes of AES-256 key, in increasing version order.
 const CRYPTO_KEYS: TableDefinition<u32, &[u8]> = TableDefinition::new("crypto_keys");
@@ -548,9 +556,41 @@ impl MetadataStore {
         Ok(record)
     }
 
-    /// Removes a tenant, durably, and returns what it was.
+    /// Removes a tenant, durably, and returns what it was. Removing the last one also notes, in
+    /// the same commit, that the store's tenants were emptied on purpose
+    /// ([`MetadataStore::tenants_emptied`]).
     pub fn delete_tenant(&self, name: &str) -> Result<TenantRecord, MetadataError> {
-        self.remove(TENANTS, "tenant", name)
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
+        let json = {
+            let mut table = write.open_table(TENANTS).map_err(|error| fail(error.into()))?;
+            let removed = table.remove(name).map_err(|error| fail(error.into()))?.map(|json| json.value().to_string());
+            let Some(json) = removed else {
+                return Err(self.missing_tenant(name));
+            };
+            if table.is_empty().map_err(|error| fail(error.into()))? {
+                let mut facts = write.open_table(STORE_FACTS).map_err(|error| fail(error.into()))?;
+                facts.insert(TENANTS_EMPTIED, name).map_err(|error| fail(error.into()))?;
+            }
+            json
+        };
+        write.commit().map_err(|error| fail(error.into()))?;
+        serde_json::from_str(&json)
+            .map_err(|error| MetadataError::Store { path: self.path.clone(), message: error.to_string() })
+    }
+
+    /// Whether `tenant delete` ever removed the last tenant of this store. A target that finds
+    /// no tenant creates the default one (every permission) only in a store where this is
+    /// false, so that a store an administrator emptied stays closed across a restart.
+    pub fn tenants_emptied(&self) -> Result<bool, MetadataError> {
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let read = self.db.begin_read().map_err(|error| fail(error.into()))?;
+        let facts = match read.open_table(STORE_FACTS) {
+            Ok(table) => table,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(false),
+            Err(error) => return Err(fail(error.into())),
+        };
+        Ok(facts.get(TENANTS_EMPTIED).map_err(|error| fail(error.into()))?.is_some())
     }
 
     /// Gives a tenant a new random key (its version one more), durably; returns the record and
@@ -1113,6 +1153,23 @@ mod tests {
         store.set_tenant("old-follows", &rate(2000)).unwrap();
         store.set_tenant("old-given", &rate(2000)).unwrap();
         assert_eq!((limits("old-follows").burst, limits("old-given").burst), (2000, 250));
+    }
+
+    #[test]
+    fn deleting_the_last_tenant_is_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        assert!(!store.tenants_emptied().unwrap(), "a new store");
+        store.create_tenant("a", &key(1), &TenantSettings::default()).unwrap();
+        store.create_tenant("b", &key(2), &TenantSettings::default()).unwrap();
+        store.delete_tenant("a").unwrap();
+        assert!(!store.tenants_emptied().unwrap(), "one is left");
+        assert!(store.delete_tenant("a").is_err());
+        assert!(!store.tenants_emptied().unwrap(), "a refused delete changes nothing");
+        store.delete_tenant("b").unwrap();
+        assert!(store.tenants_emptied().unwrap());
+        drop(store);
+        assert!(MetadataStore::open(dir.path()).unwrap().tenants_emptied().unwrap(), "durably");
     }
 
     #[test]

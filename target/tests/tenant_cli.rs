@@ -4,9 +4,10 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use netdam_auth::{KeyFile, TenantKey};
@@ -289,6 +290,70 @@ fn a_burst_follows_the_rate_until_one_is_given() {
     ok(dir, &["tenant", "create", "q2", "--burst", "700"]);
     let later = ok(dir, &["tenant", "set", "q2", "--cost-per-second", "100"]);
     assert!(later.contains("100 cost units/s, burst 700"), "a burst given before any rate stays: {later}");
+}
+
+/// Kills the target when dropped.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `netdam-target serve` on `dir` (any free port, no metrics) and returns its banner.
+fn serve_banner(dir: &Path) -> (Daemon, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--poll", "blocking", "--data-dir"])
+        .arg(dir)
+        .env("NETDAM_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("netdam-target starts");
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut banner = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 || line.starts_with("Stop with") {
+            break;
+        }
+        banner.push_str(&line);
+    }
+    (Daemon(child), banner)
+}
+
+/// A fresh store gets the default tenant at the target's start; a store whose last tenant was
+/// deleted stays closed across a restart, and the delete says so.
+#[test]
+fn a_store_whose_tenants_were_deleted_gets_no_default_tenant() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    let (target, banner) = serve_banner(dir);
+    assert!(banner.contains("created tenant \"default\""), "{banner}");
+    drop(target);
+    let key_file = dir.join("tenants/default.key");
+    assert!(key_file.exists());
+
+    let deleted = admin(dir, &["tenant", "delete", "default"]);
+    let (stdout, stderr) = text(&deleted);
+    assert!(deleted.status.success() && stdout.contains("deleted tenant \"default\""), "{stdout}{stderr}");
+    assert!(stderr.contains("last tenant") && stderr.contains("tenant create NAME"), "{stderr}");
+    assert!(!key_file.exists());
+
+    let (target, banner) = serve_banner(dir);
+    drop(target);
+    assert!(!banner.contains("created tenant"), "{banner}");
+    assert!(banner.contains("none in the store") && banner.contains("every session is refused"), "{banner}");
+    assert_eq!(list_json(dir), serde_json::json!([]));
+    assert!(!key_file.exists(), "no new all-powerful key");
+
+    // Deleting a tenant that is not the last says nothing of the kind.
+    ok(dir, &["tenant", "create", "a"]);
+    ok(dir, &["tenant", "create", "b"]);
+    let (_, stderr) = text(&admin(dir, &["tenant", "delete", "a"]));
+    assert!(!stderr.contains("last tenant"), "{stderr}");
 }
 
 #[test]
