@@ -184,7 +184,7 @@ struct TenantSettingsArgs {
     #[arg(long, value_name = "N")]
     cost_per_second: Option<u64>,
     /// Token bucket depth in cost units, what the tenant may spend in a burst [default: one
-    /// second of --cost-per-second].
+    /// second of --cost-per-second, following it until a burst is given].
     #[arg(long, value_name = "N")]
     burst: Option<u64>,
 }
@@ -220,7 +220,8 @@ struct GrantArgs {
     /// region:NAME, namespace:NAME or all (every region and namespace, present and future).
     #[arg(value_parser = parse_space)]
     space: GrantSpace,
-    /// Comma list of read, write, atomic, compute, block, admin (STAT and management), or all.
+    /// Comma list of read, write, atomic, compute, block, admin (STAT and management; only on
+    /// `all`), or all. On a namespace, block goes with read (BREAD) and write (BWRITE).
     perms: String,
     /// Only the bytes [OFFSET, OFFSET+LEN) of the space, e.g. 0:64MiB (sizes as elsewhere:
     /// 4096, 0x1000, 64KiB); a space granted over one range cannot be granted over another.
@@ -244,7 +245,44 @@ struct RevokeArgs {
     store: StoreArgs,
 }
 
-/// Where the metadata store is: the data directory, from flags or the config file.
+impl Command {
+    /// An admin command's name and where its store is; `None` for `serve` and `config`.
+    fn admin_store(&mut self) -> Option<(&'static str, &mut StoreArgs)> {
+        let named = match self {
+            Command::Serve(_) | Command::Config(_) => return None,
+            Command::Region(
+                RegionCommand::Create { store, .. }
+                | RegionCommand::Delete { store, .. }
+                | RegionCommand::List { store },
+            ) => ("region", store),
+            Command::Namespace(
+                NamespaceCommand::Create { store, .. }
+                | NamespaceCommand::Delete { store, .. }
+                | NamespaceCommand::List { store },
+            ) => ("namespace", store),
+            Command::Tenant(
+                TenantCommand::Create { store, .. }
+                | TenantCommand::Delete { store, .. }
+                | TenantCommand::List { store, .. }
+                | TenantCommand::RotateKey { store, .. }
+                | TenantCommand::Set { store, .. },
+            ) => ("tenant", store),
+            Command::Grant(GrantArgs { store, .. }) => ("grant", store),
+            Command::Revoke(RevokeArgs { store, .. }) => ("revoke", store),
+            Command::CryptoKey(
+                CryptoKeyCommand::Create { store, .. }
+                | CryptoKeyCommand::Rotate { store, .. }
+                | CryptoKeyCommand::Delete { store, .. }
+                | CryptoKeyCommand::List { store },
+            ) => ("crypto-key", store),
+        };
+        Some(named)
+    }
+}
+
+/// Where the metadata store is: the data directory, from flags or the config file. `--config`
+/// and `--data-dir` may also come before the subcommand (`netdam-target --config FILE tenant
+/// list`), as for `serve`.
 #[derive(Debug, Args, Clone)]
 struct StoreArgs {
     /// TOML settings file (its data_dir, and its regions and namespaces for name checks).
@@ -253,6 +291,44 @@ struct StoreArgs {
     /// Data directory holding the metadata store [default: $XDG_DATA_HOME/netdam or ~/.local/share/netdam].
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// Takes `--config` and `--data-dir` given before admin command `command` as if given after
+    /// it. Refuses, rather than ignores, what could only be a mistake: one of them given on both
+    /// sides with different values, or a setting of the serving target, which an admin command
+    /// has no use for.
+    fn take_global(&mut self, global: &SettingsArgs, command: &str) -> Result<(), String> {
+        let serving: Vec<&str> = [
+            ("--listen", global.listen.is_some()),
+            ("--metrics-listen", global.metrics_listen.is_some()),
+            ("--workers", global.workers.is_some()),
+            ("--poll", global.poll.is_some()),
+            ("--auth", global.auth.is_some()),
+            ("--engine", global.engine.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+        if !serving.is_empty() {
+            return Err(format!(
+                "{} set{} how a target serves; `netdam-target {command}` takes only --config FILE and --data-dir DIR",
+                serving.join(", "),
+                if serving.len() == 1 { "s" } else { "" }
+            ));
+        }
+        let once = |flag: &str, after: Option<PathBuf>, before: &Option<PathBuf>| match (after, before) {
+            (Some(after), Some(before)) if after != *before => Err(format!(
+                "{flag} is given twice, {} before `{command}` and {} after it: give it once",
+                before.display(),
+                after.display()
+            )),
+            (after, before) => Ok(after.or_else(|| before.clone())),
+        };
+        self.config = once("--config", self.config.take(), &global.config)?;
+        self.data_dir = once("--data-dir", self.data_dir.take(), &global.data_dir)?;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -415,8 +491,14 @@ extern "C" fn request_stop(_signal: libc::c_int) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     netdam_metrics::logging::init(cli.log_format);
+    if let Some((name, store)) = cli.command.as_mut().and_then(Command::admin_store) {
+        if let Err(message) = store.take_global(&cli.settings, name) {
+            eprintln!("netdam-target: {message}");
+            return ExitCode::from(2);
+        }
+    }
     let (serve, settings) = match cli.command {
         None => (true, cli.settings),
         Some(Command::Serve(args)) => (true, args.merged_over(cli.settings)),
@@ -439,9 +521,10 @@ fn main() -> ExitCode {
         print!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
-    // Secure by default: a target that requires tenants and has none creates the default tenant
-    // (every permission on every space) and its key file, which `netdam` on this machine finds
-    // on its own when the data directory is the default one.
+    // Secure by default: a target that requires tenants, on a store that has never held one,
+    // creates the default tenant (every permission on every space) and its key file, which
+    // `netdam` on this machine finds on its own when the data directory is the default one. A
+    // store whose tenants were deleted stays closed.
     let default_key = match default_tenant(&config) {
         Ok(created) => created,
         Err(message) => {
@@ -501,13 +584,14 @@ fn store_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
     Ok((config, data_dir))
 }
 
-/// Tells the user how a change reaches a target.
+/// Tells the user which data directory changed and how the change reaches a target.
 fn after_change(data_dir: &std::path::Path) {
+    let dir = data_dir.display();
     match running_target(data_dir) {
         Some(pid) => println!(
-            "A target is running on this data directory (pid {pid}): it serves what it read at start; restart it to serve this change."
+            "A target is running on the data directory {dir} (pid {pid}): it serves what it read at start; restart it to serve this change."
         ),
-        None => println!("netdam-target serves it from its next start."),
+        None => println!("A target on the data directory {dir} serves it from its next start."),
     }
 }
 
@@ -625,14 +709,15 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
     Ok(())
 }
 
-/// Tells the user when a tenant change reaches a target.
+/// Tells the user which data directory changed and when the change reaches a target.
 fn after_tenant_change(data_dir: &std::path::Path) {
+    let dir = data_dir.display();
     match running_target(data_dir) {
         Some(pid) => {
             let pid = if pid == 0 { String::new() } else { format!(" (pid {pid})") };
-            println!("The target running on this data directory{pid} applies this within a second.")
+            println!("The target running on the data directory {dir}{pid} applies this within a second.")
         }
-        None => println!("A target serving this data directory applies this within a second (or from its start)."),
+        None => println!("A target serving the data directory {dir} applies this within a second (or from its start)."),
     }
 }
 
@@ -688,11 +773,20 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
         }
         TenantCommand::Delete { name, store } => {
             let (_, data_dir) = store_context(&store)?;
-            let (record, removed) = tenant_admin::delete_tenant(&data_dir, &name).map_err(|error| error.to_string())?;
-            let removed = removed.map(|path| format!("; removed its key file {}", path.display()));
-            println!("deleted tenant {name:?} (id {}){}", record.id, removed.unwrap_or_default());
+            let deleted = tenant_admin::delete_tenant(&data_dir, &name).map_err(|error| error.to_string())?;
+            let removed = deleted.key_file_removed.map(|path| format!("; removed its key file {}", path.display()));
+            println!("deleted tenant {name:?} (id {}){}", deleted.record.id, removed.unwrap_or_default());
             println!("Its sessions end when a running target applies this.");
             after_tenant_change(&data_dir);
+            if deleted.was_last {
+                eprintln!(
+                    "netdam-target: warning: that was the last tenant of {}: no initiator can open a session there \
+                     until you create one (netdam-target tenant create NAME, then grant it), and a target does not \
+                     re-create {:?} for a store whose tenants were deleted",
+                    data_dir.display(),
+                    tenant_admin::DEFAULT_TENANT
+                );
+            }
         }
         TenantCommand::List { json, store } => {
             let (_, data_dir) = store_context(&store)?;
@@ -713,7 +807,10 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
                 return Ok(());
             }
             if tenants.is_empty() {
-                println!("no tenants (create one with: netdam-target tenant create NAME)");
+                println!(
+                    "no tenants in the data directory {} (create one with: netdam-target tenant create NAME)",
+                    data_dir.display()
+                );
             }
             for record in &tenants {
                 println!("{:>4}  {:<24} key v{}  {}", record.id, record.name, record.key_version, limits_text(record));
@@ -761,14 +858,20 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
 
 fn grant_command(args: GrantArgs) -> Result<(), String> {
     let GrantArgs { tenant, space, perms, range, store } = args;
-    let permissions = parse_permission_list(&perms)?;
+    // The names as given: the store tells an `admin` named on one space (refused) from the one
+    // within `all` (every permission on that space).
+    let permissions: Vec<String> = perms.split(',').map(|name| name.trim().to_string()).collect();
     let (config, data_dir) = store_context(&store)?;
     let grant = GrantRecord { space: space.clone(), permissions, range };
+    let known = KnownSpaces::from_config(&config, store.config.as_deref());
     let record = MetadataStore::open(&data_dir)
-        .and_then(|metadata| metadata.grant(&tenant, &grant, &KnownSpaces::from_config(&config)))
+        .and_then(|metadata| metadata.grant(&tenant, &grant, &known))
         .map_err(|error| error.to_string())?;
     let held = record.grants.iter().find(|held| held.space == space).expect("a grant just made is held");
     println!("tenant {tenant:?} now holds {}", grant_text(held));
+    if let Some(advice) = tenant_admin::grant_advice(&tenant, held) {
+        eprintln!("netdam-target: warning: {advice}");
+    }
     after_tenant_change(&data_dir);
     Ok(())
 }
@@ -872,10 +975,9 @@ fn log_start(target: &Target, config: &Config) {
     );
 }
 
-/// Prints what is served, in one write: a reader that stops after the first line (a script
-/// waiting for "serving on") must not make a later line fail and stop the daemon.
-/// Creates the default tenant and its key file when tenants are required and the store holds
-/// none; returns the key file's path when it did.
+/// Creates the default tenant and its key file when tenants are required and the store has
+/// never held one (see `tenant_admin::ensure_default_tenant`); returns the key file's path when
+/// it did.
 fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
     if config.auth != AuthMode::Tenants {
         return Ok(None);
@@ -886,6 +988,8 @@ fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
     tenant_admin::ensure_default_tenant(&data_dir).map_err(|error| error.to_string())
 }
 
+/// Prints what is served, in one write: a reader that stops after the first line (a script
+/// waiting for "serving on") must not make a later line fail and stop the daemon.
 fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path::Path>) {
     use std::fmt::Write as _;
     use std::io::Write as _;
@@ -952,10 +1056,20 @@ fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path
         }
         (AuthMode::Tenants, None) => {
             let tenants = target.tenants().load().1.iter().count();
-            let _ = writeln!(
-                banner,
-                "  auth: tenants ({tenants} in the store: netdam-target tenant list); initiators pass --key FILE"
-            );
+            if tenants == 0 {
+                // A store whose tenants were deleted (any other got `default`).
+                let _ = writeln!(
+                    banner,
+                    "  auth: tenants, but none in the store (a store whose tenants were deleted gets no default \
+                     tenant): every session is refused until you create one (netdam-target tenant create NAME, \
+                     then grant it)"
+                );
+            } else {
+                let _ = writeln!(
+                    banner,
+                    "  auth: tenants ({tenants} in the store: netdam-target tenant list); initiators pass --key FILE"
+                );
+            }
         }
     }
     let _ = writeln!(banner, "Reach it with:  netdam --target {addr} stat");

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 
 use netdam_auth::TenantKey;
 use netdam_isa::crypto::KEY_LEN;
-use redb::{Database, DatabaseError, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition, TableError};
+use redb::{
+    Database, DatabaseError, ReadOnlyDatabase, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
+    TableError,
+};
 
 use crate::config::{Config, NamespaceConfig, RegionConfig};
 use crate::tenants::{
@@ -27,6 +30,11 @@ use crate::tenants::{
 const REGIONS: TableDefinition<&str, &str> = TableDefinition::new("regions");
 const NAMESPACES: TableDefinition<&str, &str> = TableDefinition::new("namespaces");
 const TENANTS: TableDefinition<&str, &str> = TableDefinition::new("tenants");
+/// Facts about the store as a whole, by name.
+const STORE_FACTS: TableDefinition<&str, &str> = TableDefinition::new("store_facts");
+/// In [`STORE_FACTS`] once `tenant delete` removed the last tenant (its value names that
+/// tenant): the store was emptied on purpose, so a target does not create the default tenant.
+const TENANTS_EMPTIED: &str = "tenants_emptied";
 /// Key slots of ENCRYPT and DECRYPT: slot number to its key versions, each 4 bytes of version
 /// (little-endian) then 32 bytes of AES-256 key, in increasing version order.
 const CRYPTO_KEYS: TableDefinition<u32, &[u8]> = TableDefinition::new("crypto_keys");
@@ -75,14 +83,19 @@ pub struct KnownSpaces {
     pub regions: Vec<(String, Option<u64>)>,
     /// Namespace names and sizes.
     pub namespaces: Vec<(String, Option<u64>)>,
+    /// The settings file they come from; `None`: the built-in settings (no `--config`), which
+    /// a refusal says, pointing to `--config`.
+    pub settings_file: Option<PathBuf>,
 }
 
 impl KnownSpaces {
-    /// The regions and namespaces `config` serves (its embedded default region when it names none).
-    pub fn from_config(config: &Config) -> KnownSpaces {
+    /// The regions and namespaces `config` serves (its embedded default region when it names
+    /// none), `config` having been read from `settings_file` if any.
+    pub fn from_config(config: &Config, settings_file: Option<&Path>) -> KnownSpaces {
         KnownSpaces {
             regions: config.effective_regions().into_iter().map(|region| (region.name, Some(region.size.0))).collect(),
             namespaces: config.namespaces.iter().map(namespace_entry).collect(),
+            settings_file: settings_file.map(Path::to_path_buf),
         }
     }
 
@@ -112,8 +125,8 @@ pub struct TenantSettings {
     pub max_in_flight: Option<u32>,
     /// Token bucket refill, cost units per second; 0 is unlimited.
     pub cost_per_second: Option<u64>,
-    /// Token bucket depth, cost units. When a rate is set on a tenant whose depth is 0 and no
-    /// depth is given, the depth becomes one second of the rate.
+    /// Token bucket depth, cost units. Once given it stays as given; until then it is one
+    /// second of the rate, and follows each new rate.
     pub burst: Option<u64>,
 }
 
@@ -142,13 +155,18 @@ impl TenantSettings {
             limits.max_in_flight = max_in_flight;
         }
         if let Some(cost_per_second) = self.cost_per_second {
+            // A depth never given is one second of the rate, and stays so. A record stored
+            // before `burst_explicit` existed reads as not given; a depth other than one second
+            // of its rate can only have been given, so it is kept.
+            let follows_rate = !limits.burst_explicit && limits.burst == limits.cost_per_second;
             limits.cost_per_second = cost_per_second;
-            if self.burst.is_none() && limits.burst == 0 {
+            if follows_rate {
                 limits.burst = cost_per_second;
             }
         }
         if let Some(burst) = self.burst {
             limits.burst = burst;
+            limits.burst_explicit = true;
         }
         if limits.cost_per_second > 0 && limits.burst == 0 {
             return Err(MetadataError::Refused(format!(
@@ -485,7 +503,8 @@ impl MetadataStore {
         check_tenant_name(name)?;
         let mut normalized = Vec::with_capacity(grants.len());
         for grant in grants {
-            normalized.push(GrantRecord { permissions: normalize_permissions(&grant.permissions)?, ..grant.clone() });
+            let permissions = space_permissions(name, &grant.space, &grant.permissions)?;
+            normalized.push(GrantRecord { permissions, ..grant.clone() });
         }
         let mut class = QosClass::default();
         let mut limits = TenantLimits::default();
@@ -537,9 +556,41 @@ impl MetadataStore {
         Ok(record)
     }
 
-    /// Removes a tenant, durably, and returns what it was.
+    /// Removes a tenant, durably, and returns what it was. Removing the last one also notes, in
+    /// the same commit, that the store's tenants were emptied on purpose
+    /// ([`MetadataStore::tenants_emptied`]).
     pub fn delete_tenant(&self, name: &str) -> Result<TenantRecord, MetadataError> {
-        self.remove(TENANTS, "tenant", name)
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
+        let json = {
+            let mut table = write.open_table(TENANTS).map_err(|error| fail(error.into()))?;
+            let removed = table.remove(name).map_err(|error| fail(error.into()))?.map(|json| json.value().to_string());
+            let Some(json) = removed else {
+                return Err(self.missing_tenant(name));
+            };
+            if table.is_empty().map_err(|error| fail(error.into()))? {
+                let mut facts = write.open_table(STORE_FACTS).map_err(|error| fail(error.into()))?;
+                facts.insert(TENANTS_EMPTIED, name).map_err(|error| fail(error.into()))?;
+            }
+            json
+        };
+        write.commit().map_err(|error| fail(error.into()))?;
+        serde_json::from_str(&json)
+            .map_err(|error| MetadataError::Store { path: self.path.clone(), message: error.to_string() })
+    }
+
+    /// Whether `tenant delete` ever removed the last tenant of this store. A target that finds
+    /// no tenant creates the default one (every permission) only in a store where this is
+    /// false, so that a store an administrator emptied stays closed across a restart.
+    pub fn tenants_emptied(&self) -> Result<bool, MetadataError> {
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let read = self.db.begin_read().map_err(|error| fail(error.into()))?;
+        let facts = match read.open_table(STORE_FACTS) {
+            Ok(table) => table,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(false),
+            Err(error) => return Err(fail(error.into())),
+        };
+        Ok(facts.get(TENANTS_EMPTIED).map_err(|error| fail(error.into()))?.is_some())
     }
 
     /// Gives a tenant a new random key (its version one more), durably; returns the record and
@@ -583,7 +634,7 @@ impl MetadataStore {
         grant: &GrantRecord,
         configured: &KnownSpaces,
     ) -> Result<TenantRecord, MetadataError> {
-        let permissions = normalize_permissions(&grant.permissions)?;
+        let permissions = space_permissions(tenant, &grant.space, &grant.permissions)?;
         let size = self.space_size(&grant.space, configured)?;
         if let Some((offset, len)) = grant.range {
             if grant.space == GrantSpace::All {
@@ -615,7 +666,9 @@ impl MetadataStore {
                     }
                     let mut names = held.permissions.clone();
                     names.extend(permissions.iter().cloned());
-                    normalize_permissions(&names)?
+                    // (An `admin` a record of an earlier version holds here, which never
+                    // counted, is dropped on the way.)
+                    space_permissions(tenant, &grant.space, &names)?
                 }
                 None => permissions.clone(),
             };
@@ -700,6 +753,7 @@ impl MetadataStore {
         let stored = KnownSpaces {
             regions: self.regions()?.into_iter().map(|region| (region.name, Some(region.size.0))).collect(),
             namespaces: self.namespaces()?.iter().map(namespace_entry).collect(),
+            settings_file: None,
         };
         stored.size_of(space).ok_or_else(|| {
             let (kind, names) = match space {
@@ -707,12 +761,20 @@ impl MetadataStore {
                 _ => ("namespaces", configured.namespaces.iter().chain(&stored.namespaces)),
             };
             let names: Vec<&str> = names.map(|(name, _)| name.as_str()).collect();
-            MetadataError::Refused(format!(
-                "no {} in the metadata store {} or the settings file (known {kind}: {})",
-                space_text(space),
-                self.path.display(),
-                if names.is_empty() { "none".to_string() } else { names.join(", ") }
-            ))
+            let known = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+            let (space, store) = (space_text(space), self.path.display());
+            MetadataError::Refused(match &configured.settings_file {
+                Some(file) => {
+                    format!(
+                        "no {space} in the metadata store {store} or the settings file {} (known {kind}: {known})",
+                        file.display()
+                    )
+                }
+                None => format!(
+                    "no {space} in the metadata store {store} nor in the built-in settings (known {kind}: {known}); \
+                     if a settings file defines it, pass --config FILE so the command sees it"
+                ),
+            })
         })
     }
 
@@ -856,6 +918,25 @@ pub fn normalize_permissions(names: &[String]) -> Result<Vec<String>, MetadataEr
         .collect())
 }
 
+/// Permission names for a grant on `space`, in stored form ([`normalize_permissions`]).
+/// `admin` is about the whole target (STAT and management), so it counts only on `all`: named
+/// on one region or namespace it is refused, saying where it applies, and `all` there stands
+/// for every permission on that space, without `admin`.
+pub fn space_permissions(tenant: &str, space: &GrantSpace, names: &[String]) -> Result<Vec<String>, MetadataError> {
+    let mut permissions = normalize_permissions(names)?;
+    if *space != GrantSpace::All {
+        if names.iter().any(|name| name == "admin") {
+            return Err(MetadataError::Refused(format!(
+                "admin is a permission on the whole target (STAT and management), not on {}: grant it on every \
+                 space with  netdam-target grant {tenant} all admin",
+                space_text(space)
+            )));
+        }
+        permissions.retain(|name| name != "admin");
+    }
+    Ok(permissions)
+}
+
 /// A space as the command line writes it: `region:NAME`, `namespace:NAME` or `all`.
 pub fn space_text(space: &GrantSpace) -> String {
     match space {
@@ -977,7 +1058,11 @@ mod tests {
     }
 
     fn configured() -> KnownSpaces {
-        KnownSpaces { regions: vec![("scratch".into(), Some(1 << 20))], namespaces: vec![("disk".into(), None)] }
+        KnownSpaces {
+            regions: vec![("scratch".into(), Some(1 << 20))],
+            namespaces: vec![("disk".into(), None)],
+            settings_file: Some("netdam.toml".into()),
+        }
     }
 
     #[test]
@@ -1025,6 +1110,97 @@ mod tests {
             (QosClass::LatencyCritical, 50, 4)
         );
         assert_eq!(store.tenant("alice").unwrap(), changed);
+    }
+
+    #[test]
+    fn a_burst_never_given_follows_the_rate_and_a_given_one_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        let rate = |cost_per_second| TenantSettings { cost_per_second: Some(cost_per_second), ..Default::default() };
+        let burst = |burst| TenantSettings { burst: Some(burst), ..Default::default() };
+        let limits = |name: &str| store.tenant(name).unwrap().limits;
+        store.create_tenant("q1", &key(1), &rate(1000)).unwrap();
+        assert_eq!((limits("q1").burst, limits("q1").burst_explicit), (1000, false));
+        store.set_tenant("q1", &rate(2000)).unwrap();
+        assert_eq!(limits("q1").burst, 2000, "one second of the new rate");
+        store.set_tenant("q1", &rate(0)).unwrap();
+        store.set_tenant("q1", &rate(300)).unwrap();
+        assert_eq!(limits("q1").burst, 300, "through an unlimited spell too");
+        store.set_tenant("q1", &burst(50)).unwrap();
+        store.set_tenant("q1", &rate(4000)).unwrap();
+        assert_eq!((limits("q1").burst, limits("q1").burst_explicit), (50, true), "a given burst stays");
+        store.create_tenant("q2", &key(2), &burst(70)).unwrap();
+        store.set_tenant("q2", &rate(100)).unwrap();
+        assert_eq!(limits("q2").burst, 70, "given before any rate");
+
+        // Records stored before `burst_explicit` existed read as not given: a burst of one second
+        // of the rate follows it, any other was given and stays.
+        let write = store.db.begin_write().unwrap();
+        {
+            let mut table = write.open_table(TENANTS).unwrap();
+            for (name, id, key_byte, burst) in [("old-follows", 3, 3, 1000), ("old-given", 4, 4, 250)] {
+                let json = format!(
+                    r#"{{"name":"{name}","id":{id},"key_version":1,"key_hex":"{}","class":"latency-critical",
+                    "limits":{{"max_sessions":64,"max_in_flight":256,"cost_per_second":1000,"burst":{burst}}},
+                    "grants":[]}}"#,
+                    key(key_byte).to_hex()
+                );
+                table.insert(name, json.as_str()).unwrap();
+            }
+        }
+        write.commit().unwrap();
+        assert!(!limits("old-given").burst_explicit, "an old record reads");
+        store.set_tenant("old-follows", &rate(2000)).unwrap();
+        store.set_tenant("old-given", &rate(2000)).unwrap();
+        assert_eq!((limits("old-follows").burst, limits("old-given").burst), (2000, 250));
+    }
+
+    #[test]
+    fn deleting_the_last_tenant_is_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        assert!(!store.tenants_emptied().unwrap(), "a new store");
+        store.create_tenant("a", &key(1), &TenantSettings::default()).unwrap();
+        store.create_tenant("b", &key(2), &TenantSettings::default()).unwrap();
+        store.delete_tenant("a").unwrap();
+        assert!(!store.tenants_emptied().unwrap(), "one is left");
+        assert!(store.delete_tenant("a").is_err());
+        assert!(!store.tenants_emptied().unwrap(), "a refused delete changes nothing");
+        store.delete_tenant("b").unwrap();
+        assert!(store.tenants_emptied().unwrap());
+        drop(store);
+        assert!(MetadataStore::open(dir.path()).unwrap().tenants_emptied().unwrap(), "durably");
+    }
+
+    #[test]
+    fn admin_is_granted_on_every_space_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
+        let refused =
+            store.grant("alice", &region_grant("scratch", &["read", "admin"], None), &configured()).unwrap_err();
+        let refused = refused.to_string();
+        assert!(refused.contains("not on region:scratch") && refused.contains("grant alice all admin"), "{refused}");
+        assert!(store.tenant("alice").unwrap().grants.is_empty());
+        let record = store.grant("alice", &region_grant("scratch", &["all"], None), &configured()).unwrap();
+        assert_eq!(record.grants[0].permissions, ["read", "write", "atomic", "compute", "block"]);
+        let everything = GrantRecord { space: GrantSpace::All, permissions: names(&["admin"]), range: None };
+        let record = store.grant("alice", &everything, &configured()).unwrap();
+        assert_eq!(record.grants[1].permissions, ["admin"]);
+    }
+
+    #[test]
+    fn an_unknown_space_points_to_the_settings_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("bob", &key(1), &TenantSettings::default()).unwrap();
+        let disk =
+            GrantRecord { space: GrantSpace::Namespace("disk".into()), permissions: names(&["read"]), range: None };
+        let built_in = store.grant("bob", &disk, &KnownSpaces::default()).unwrap_err().to_string();
+        assert!(built_in.contains("known namespaces: none") && built_in.contains("pass --config FILE"), "{built_in}");
+        let other = GrantRecord { space: GrantSpace::Namespace("other".into()), ..disk };
+        let from_file = store.grant("bob", &other, &configured()).unwrap_err().to_string();
+        assert!(from_file.contains("or the settings file netdam.toml (known namespaces: disk)"), "{from_file}");
     }
 
     #[test]
@@ -1158,7 +1334,7 @@ mod tests {
         store.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
         let known = KnownSpaces {
             regions: (0..=MAX_GRANTS_PER_TENANT).map(|index| (format!("r{index}"), Some(4096))).collect(),
-            namespaces: Vec::new(),
+            ..KnownSpaces::default()
         };
         for index in 0..MAX_GRANTS_PER_TENANT {
             store.grant("alice", &region_grant(&format!("r{index}"), &["read"], None), &known).unwrap();

@@ -118,17 +118,31 @@ pub fn rotate_key(
     Ok((record, key_file))
 }
 
+/// What [`delete_tenant`] did.
+#[derive(Debug)]
+pub struct DeletedTenant {
+    /// The tenant as it was.
+    pub record: TenantRecord,
+    /// Its key file, removed from the default place.
+    pub key_file_removed: Option<PathBuf>,
+    /// Whether it was the last tenant: no initiator can open a session until one is created,
+    /// and a target does not create the default tenant for this store.
+    pub was_last: bool,
+}
+
 /// Deletes tenant `name`, and its key file at the default place when that file holds the
-/// deleted tenant's key (a key file elsewhere is the user's to remove). Returns the record and
-/// the key file removed.
-pub fn delete_tenant(data_dir: &Path, name: &str) -> Result<(TenantRecord, Option<PathBuf>), TenantAdminError> {
-    let record = MetadataStore::open(data_dir)?.delete_tenant(name)?;
+/// deleted tenant's key (a key file elsewhere is the user's to remove).
+pub fn delete_tenant(data_dir: &Path, name: &str) -> Result<DeletedTenant, TenantAdminError> {
+    let store = MetadataStore::open(data_dir)?;
+    let record = store.delete_tenant(name)?;
+    let was_last = store.tenants()?.is_empty();
+    drop(store);
     let key_file = default_key_file(data_dir, name);
     let holds_its_key = KeyFile::load(&key_file).is_ok_and(|file| {
         file.id == record.id && TenantKey::from_hex(&record.key_hex).is_ok_and(|key| key == file.key)
     });
-    let removed = (holds_its_key && std::fs::remove_file(&key_file).is_ok()).then_some(key_file);
-    Ok((record, removed))
+    let key_file_removed = (holds_its_key && std::fs::remove_file(&key_file).is_ok()).then_some(key_file);
+    Ok(DeletedTenant { record, key_file_removed, was_last })
 }
 
 /// Reads a key to import: a netdam key file, or a file holding 64 hex digits. Like a key file,
@@ -148,13 +162,19 @@ pub fn import_key(path: &Path) -> Result<TenantKey, TenantAdminError> {
         .map_err(|error| TenantAdminError::Import { path: path.to_path_buf(), message: error.to_string() })
 }
 
-/// For a target that authenticates tenants: when the store of `data_dir` holds no tenant,
-/// creates tenant [`DEFAULT_TENANT`] holding every permission on every space (`grant default
-/// all all`) and its key file at `<data_dir>/tenants/default.key` (replacing a file left there
-/// from an earlier store), and returns that path. Returns `None` when the store holds a tenant
-/// (or one was created meanwhile by another process).
+/// For a target that authenticates tenants: when the store of `data_dir` has never held a
+/// tenant, creates tenant [`DEFAULT_TENANT`] holding every permission on every space (`grant
+/// default all all`) and its key file at `<data_dir>/tenants/default.key` (replacing a file
+/// left there from an earlier store), and returns that path. Returns `None` when the store
+/// holds a tenant (or one was created meanwhile by another process), and when `tenant delete`
+/// removed its last one: an administrator who emptied the store meant to let no one in, and a
+/// restart must not re-open the target to a new key with every permission.
 pub fn ensure_default_tenant(data_dir: &Path) -> Result<Option<PathBuf>, TenantAdminError> {
-    if !MetadataStore::open(data_dir)?.tenants()?.is_empty() {
+    let (held, emptied) = {
+        let store = MetadataStore::open(data_dir)?;
+        (store.tenants()?.len(), store.tenants_emptied()?)
+    };
+    if held > 0 || emptied {
         return Ok(None);
     }
     let everything = GrantRecord { space: GrantSpace::All, permissions: vec!["all".into()], range: None };
@@ -163,6 +183,29 @@ pub fn ensure_default_tenant(data_dir: &Path) -> Result<Option<PathBuf>, TenantA
         Ok((_, key_file)) => Ok(Some(key_file)),
         Err(TenantAdminError::Metadata(MetadataError::Exists { .. })) => Ok(None),
         Err(error) => Err(error),
+    }
+}
+
+/// What a grant held on a namespace lacks to be of use, if anything: block instructions need
+/// `block` together with `read` (BREAD, BLOCK_STATUS) or `write` (BWRITE, TRIM, WRITE_ZEROES),
+/// so `block` alone allows FLUSH only, and `read` or `write` without `block` nothing
+/// (PROTOCOL.md, Grants). Not refused: a grant may be built up in steps.
+pub fn grant_advice(tenant: &str, held: &GrantRecord) -> Option<String> {
+    let GrantSpace::Namespace(_) = &held.space else {
+        return None;
+    };
+    let has = |name: &str| held.permissions.iter().any(|held| held == name);
+    let space = crate::metadata::space_text(&held.space);
+    let fix = format!("netdam-target grant {tenant} {space} block,read,write");
+    if has("block") && !has("read") && !has("write") {
+        Some(format!(
+            "on a namespace, block alone allows only FLUSH: BREAD and BLOCK_STATUS need block and read, BWRITE, \
+             TRIM and WRITE_ZEROES block and write (e.g.  {fix})"
+        ))
+    } else if !has("block") && (has("read") || has("write")) {
+        Some(format!("on a namespace, read and write count only together with block (e.g.  {fix})"))
+    } else {
+        None
     }
 }
 
@@ -240,6 +283,35 @@ mod tests {
     }
 
     #[test]
+    fn a_store_whose_tenants_were_deleted_gets_no_default_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = ensure_default_tenant(dir.path()).unwrap().unwrap();
+        let deleted = delete_tenant(dir.path(), DEFAULT_TENANT).unwrap();
+        assert!(deleted.was_last);
+        assert_eq!(deleted.key_file_removed, Some(key_file.clone()));
+        assert_eq!(ensure_default_tenant(dir.path()).unwrap(), None, "emptied on purpose: it stays closed");
+        assert!(MetadataStore::open(dir.path()).unwrap().tenants().unwrap().is_empty());
+        assert!(!key_file.exists());
+    }
+
+    #[test]
+    fn a_namespace_grant_that_allows_no_block_transfer_is_explained() {
+        let grant = |space: GrantSpace, permissions: &[&str]| GrantRecord {
+            space,
+            permissions: permissions.iter().map(|name| name.to_string()).collect(),
+            range: None,
+        };
+        let disk = || GrantSpace::Namespace("disk".into());
+        let advice = grant_advice("alice", &grant(disk(), &["block"])).unwrap();
+        assert!(advice.contains("only FLUSH") && advice.contains("grant alice namespace:disk block,read,write"));
+        let advice = grant_advice("alice", &grant(disk(), &["read", "write"])).unwrap();
+        assert!(advice.contains("only together with block"), "{advice}");
+        assert_eq!(grant_advice("alice", &grant(disk(), &["read", "block"])), None);
+        assert_eq!(grant_advice("alice", &grant(GrantSpace::Region("r".into()), &["read"])), None);
+        assert_eq!(grant_advice("alice", &grant(GrantSpace::All, &["block"])), None);
+    }
+
+    #[test]
     fn a_default_key_file_left_from_an_earlier_store_is_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let key_file = ensure_default_tenant(dir.path()).unwrap().unwrap();
@@ -280,9 +352,10 @@ mod tests {
         assert_eq!((second.version, rotated.key_version, second.id), (2, 2, record.id));
         assert_ne!(second.key, first.key);
         assert_eq!(second.key.to_hex(), rotated.key_hex);
-        let (deleted, removed) = delete_tenant(dir.path(), "bob").unwrap();
-        assert_eq!(deleted.name, "bob");
-        assert_eq!(removed, Some(key_file.clone()));
+        let deleted = delete_tenant(dir.path(), "bob").unwrap();
+        assert_eq!(deleted.record.name, "bob");
+        assert_eq!(deleted.key_file_removed, Some(key_file.clone()));
+        assert!(deleted.was_last);
         assert!(!key_file.exists());
     }
 

@@ -193,7 +193,7 @@ mod tests {
     }
 
     fn known() -> KnownSpaces {
-        KnownSpaces { regions: vec![("scratch".into(), Some(65536))], namespaces: Vec::new() }
+        KnownSpaces { regions: vec![("scratch".into(), Some(65536))], ..KnownSpaces::default() }
     }
 
     fn grant(permissions: &[&str]) -> GrantRecord {

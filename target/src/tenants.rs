@@ -46,11 +46,16 @@ pub struct TenantLimits {
     pub cost_per_second: u64,
     /// Bucket depth in cost units: how much a tenant may spend in a burst.
     pub burst: u64,
+    /// Whether `burst` was given (`--burst`). One never given is one second of the rate and
+    /// follows it when the rate changes; a given one stays as it is. (Absent in records stored
+    /// before it existed: read as not given.)
+    #[serde(default)]
+    pub burst_explicit: bool,
 }
 
 impl Default for TenantLimits {
     fn default() -> TenantLimits {
-        TenantLimits { max_sessions: 64, max_in_flight: 256, cost_per_second: 0, burst: 0 }
+        TenantLimits { max_sessions: 64, max_in_flight: 256, cost_per_second: 0, burst: 0, burst_explicit: false }
     }
 }
 

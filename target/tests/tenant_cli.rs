@@ -4,9 +4,10 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use netdam_auth::{KeyFile, TenantKey};
@@ -41,6 +42,18 @@ fn fails(dir: &Path, args: &[&str]) -> String {
     let (stdout, stderr) = text(&output);
     assert!(!output.status.success(), "netdam-target {args:?} succeeded:\n{stdout}");
     stderr
+}
+
+/// Runs `netdam-target ARGS` as given, for a user whose home (and default data directory) is
+/// `home`.
+fn admin_as_given(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(args)
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("xdg"))
+        .env("NETDAM_LOG", "warn")
+        .output()
+        .expect("netdam-target runs")
 }
 
 fn list_json(dir: &Path) -> serde_json::Value {
@@ -131,12 +144,20 @@ fn bad_input_names_the_culprit() {
         (&["tenant", "set", "alice"], "nothing to change"),
         (&["tenant", "set", "alice", "--max-in-flight", "0"], "--max-in-flight 0"),
         (&["tenant", "set", "alice", "--class", "urgent"], "urgent"),
+        // `admin` is about the whole target: on one space it would never count.
+        (&["grant", "alice", "region:default", "admin"], "not on region:default"),
+        (&["grant", "alice", "region:default", "read,admin"], "netdam-target grant alice all admin"),
+        // A space of a settings file the command was not given: say how to give it.
+        (&["grant", "alice", "namespace:disk", "block,read"], "pass --config FILE"),
     ] {
         let stderr = fails(dir, args);
         assert!(stderr.contains(culprit), "netdam-target {args:?}: expected {culprit:?} in:\n{stderr}");
     }
     // Nothing of that changed alice.
     assert_eq!(list_json(dir)[0]["grants"], serde_json::json!([]));
+    // `all` on one space is every permission on it, which `admin` is not.
+    let granted = ok(dir, &["grant", "alice", "region:default", "all"]);
+    assert!(granted.contains("region:default  read,write,atomic,compute,block  (the whole space)"), "{granted}");
 }
 
 #[test]
@@ -169,7 +190,8 @@ fn a_grant_may_name_a_space_of_the_settings_file() {
     std::fs::write(
         &config,
         format!(
-            "data_dir = {:?}\n[[region]]\nname = \"fromtoml\"\nbackend = \"mem\"\nsize = \"64KiB\"\n",
+            "data_dir = {:?}\n[[region]]\nname = \"fromtoml\"\nbackend = \"mem\"\nsize = \"64KiB\"\n\
+             [[namespace]]\nname = \"disk\"\nbackend = \"file\"\npath = \"disk.img\"\nsize = \"1MiB\"\n",
             dir.display().to_string()
         ),
     )
@@ -182,6 +204,156 @@ fn a_grant_may_name_a_space_of_the_settings_file() {
     let beyond =
         fails(&dir, &["grant", "dave", "region:fromtoml", "write", "--range", "60KiB:8KiB", "--config", config]);
     assert!(beyond.contains("65536 bytes"), "{beyond}");
+    let missing = fails(&dir, &["grant", "dave", "namespace:elsewhere", "read", "--config", config]);
+    assert!(missing.contains("or the settings file") && missing.contains("known namespaces: disk"), "{missing}");
+
+    // Block instructions need `block` with `read` or `write` (PROTOCOL.md, Grants): a grant that
+    // lacks one is made, with a warning that says what else it needs.
+    let only_block = admin(&dir, &["grant", "dave", "namespace:disk", "block", "--config", config]);
+    let (stdout, stderr) = text(&only_block);
+    assert!(only_block.status.success() && stdout.contains("namespace:disk  block"), "{stdout}{stderr}");
+    assert!(stderr.contains("only FLUSH") && stderr.contains("namespace:disk block,read,write"), "{stderr}");
+    let completed = admin(&dir, &["grant", "dave", "namespace:disk", "read,write", "--config", config]);
+    let (stdout, stderr) = text(&completed);
+    assert!(completed.status.success() && stdout.contains("namespace:disk  read,write,block"), "{stdout}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+}
+
+/// `--config` and `--data-dir` before an admin subcommand apply to it as after it (as they do
+/// for `serve`), and each command names the data directory it changed; a serving option before
+/// it, or one store option given twice with two values, is refused rather than ignored.
+#[test]
+fn store_options_before_the_subcommand_apply_to_it() {
+    let home = tempfile::tempdir().unwrap();
+    let home = home.path();
+    let dir = home.join("data");
+    let config = home.join("t1.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\n[[namespace]]\nname = \"disk\"\nbackend = \"file\"\npath = \"disk.img\"\n\
+             size = \"1MiB\"\n",
+            dir.display().to_string()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let data = dir.to_str().unwrap();
+    let run_ok = |args: &[&str]| {
+        let output = admin_as_given(home, args);
+        let (stdout, stderr) = text(&output);
+        assert!(output.status.success(), "netdam-target {args:?} failed:\n{stdout}{stderr}");
+        stdout
+    };
+
+    let created = run_ok(&["--config", config, "tenant", "create", "alice"]);
+    assert!(dir.join("tenants/alice.key").exists(), "{created}");
+    assert!(created.contains(&format!("the data directory {data} applies this")), "{created}");
+    let granted = run_ok(&["--config", config, "grant", "alice", "namespace:disk", "block,read,write"]);
+    assert!(granted.contains("namespace:disk  read,write,block") && granted.contains(data), "{granted}");
+    let listed = run_ok(&["--data-dir", data, "tenant", "list"]);
+    assert!(listed.contains("alice") && listed.contains("namespace:disk"), "{listed}");
+    let namespaces = run_ok(&["--config", config, "namespace", "list"]);
+    assert!(namespaces.contains("disk") && namespaces.contains("config"), "{namespaces}");
+    let region = run_ok(&["--data-dir", data, "region", "create", "scratch", "--backend", "mem", "--size", "64KiB"]);
+    assert!(region.contains(&format!("the data directory {data}")), "{region}");
+    // The same value on both sides is one value.
+    run_ok(&["--data-dir", data, "tenant", "list", "--data-dir", data]);
+    assert!(!home.join("xdg").exists() && !home.join(".local").exists(), "the default data directory is untouched");
+
+    for (args, culprit) in [
+        (&["--data-dir", "elsewhere", "tenant", "list", "--data-dir", data][..], "--data-dir is given twice"),
+        (&["--config", "other.toml", "grant", "alice", "all", "read", "--config", config], "--config is given twice"),
+        (&["--listen", "127.0.0.1:7950", "tenant", "list"], "--listen sets how a target serves"),
+        (&["--workers", "2", "--poll", "busy", "region", "list"], "--workers, --poll set how a target serves"),
+    ] {
+        let output = admin_as_given(home, args);
+        let (stdout, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(2), "netdam-target {args:?}:\n{stdout}{stderr}");
+        assert!(stderr.contains(culprit), "netdam-target {args:?}: expected {culprit:?} in:\n{stderr}");
+    }
+}
+
+/// A burst never given is one second of the rate and follows it; a given one stays.
+#[test]
+fn a_burst_follows_the_rate_until_one_is_given() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    let created = ok(dir, &["tenant", "create", "q1", "--cost-per-second", "1000"]);
+    assert!(created.contains("1000 cost units/s, burst 1000"), "{created}");
+    let faster = ok(dir, &["tenant", "set", "q1", "--cost-per-second", "2000"]);
+    assert!(faster.contains("2000 cost units/s, burst 2000"), "{faster}");
+    let given = ok(dir, &["tenant", "set", "q1", "--burst", "500"]);
+    assert!(given.contains("2000 cost units/s, burst 500"), "{given}");
+    let kept = ok(dir, &["tenant", "set", "q1", "--cost-per-second", "3000"]);
+    assert!(kept.contains("3000 cost units/s, burst 500"), "{kept}");
+    ok(dir, &["tenant", "create", "q2", "--burst", "700"]);
+    let later = ok(dir, &["tenant", "set", "q2", "--cost-per-second", "100"]);
+    assert!(later.contains("100 cost units/s, burst 700"), "a burst given before any rate stays: {later}");
+}
+
+/// Kills the target when dropped.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `netdam-target serve` on `dir` (any free port, no metrics) and returns its banner.
+fn serve_banner(dir: &Path) -> (Daemon, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--poll", "blocking", "--data-dir"])
+        .arg(dir)
+        .env("NETDAM_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("netdam-target starts");
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut banner = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 || line.starts_with("Stop with") {
+            break;
+        }
+        banner.push_str(&line);
+    }
+    (Daemon(child), banner)
+}
+
+/// A fresh store gets the default tenant at the target's start; a store whose last tenant was
+/// deleted stays closed across a restart, and the delete says so.
+#[test]
+fn a_store_whose_tenants_were_deleted_gets_no_default_tenant() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    let (target, banner) = serve_banner(dir);
+    assert!(banner.contains("created tenant \"default\""), "{banner}");
+    drop(target);
+    let key_file = dir.join("tenants/default.key");
+    assert!(key_file.exists());
+
+    let deleted = admin(dir, &["tenant", "delete", "default"]);
+    let (stdout, stderr) = text(&deleted);
+    assert!(deleted.status.success() && stdout.contains("deleted tenant \"default\""), "{stdout}{stderr}");
+    assert!(stderr.contains("last tenant") && stderr.contains("tenant create NAME"), "{stderr}");
+    assert!(!key_file.exists());
+
+    let (target, banner) = serve_banner(dir);
+    drop(target);
+    assert!(!banner.contains("created tenant"), "{banner}");
+    assert!(banner.contains("none in the store") && banner.contains("every session is refused"), "{banner}");
+    assert_eq!(list_json(dir), serde_json::json!([]));
+    assert!(!key_file.exists(), "no new all-powerful key");
+
+    // Deleting a tenant that is not the last says nothing of the kind.
+    ok(dir, &["tenant", "create", "a"]);
+    ok(dir, &["tenant", "create", "b"]);
+    let (_, stderr) = text(&admin(dir, &["tenant", "delete", "a"]));
+    assert!(!stderr.contains("last tenant"), "{stderr}");
 }
 
 #[test]
@@ -191,7 +363,7 @@ fn a_running_target_applies_each_change_within_a_second_while_commands_keep_comi
     let cell = served.target.tenants();
     assert!(cell.load().1.is_empty());
     let created = ok(dir, &["tenant", "create", "erin"]);
-    assert!(created.contains("The target running on this data directory"), "{created}");
+    assert!(created.contains(&format!("The target running on the data directory {}", dir.display())), "{created}");
     let id = KeyFile::load(&dir.join("tenants/erin.key")).unwrap().id;
 
     let wait_until = |what: &str, holds: &dyn Fn(Option<Permissions>) -> bool| {
