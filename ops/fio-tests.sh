@@ -171,6 +171,19 @@ jobs_ok() {
 
 ios() { jq ".jobs[0].$2.total_ios" "$work/$1.json"; }
 
+# written_and_verified NAME WHAT FIO_ARGS...: runs a randwrite job with verify=crc32c and passes
+# when fio succeeded, no job failed and every block written was read back ("N WHAT").
+written_and_verified() {
+  local name="$1" what="$2" status=0
+  shift 2
+  run_fio "$name" --rw=randwrite --verify=crc32c --verify_fatal=1 "$@" || status=$?
+  if [ "$status" = 0 ] && jobs_ok "$name" && [ "$(ios "$name" read)" = "$(ios "$name" write)" ]; then
+    pass "$name: $(ios "$name" write) $what"
+  else
+    fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
+  fi
+}
+
 step "randwrite + verify=crc32c, then verify_only in a new fio run"
 for space in namespace=disk region=scratch; do
   # Each run of a space gets its own 8 MiB: eight runs fit the 64 MiB region.
@@ -239,29 +252,15 @@ for space in namespace=disk region=scratch; do
     fail "$name: fio exited $status, $syncs syncs; $(head -c 600 "$work/$name.err")"
   fi
   for depth in 1 32; do
-    name="blocking-qd$depth-${space%%=*}"
-    status=0
-    run_fio "$name" --"$space" --rw=randwrite --size=4m --iodepth="$depth" --poll=blocking \
-      --verify=crc32c --verify_fatal=1 || status=$?
-    if [ "$status" = 0 ] && jobs_ok "$name" && [ "$(ios "$name" read)" = "$(ios "$name" write)" ]; then
-      pass "$name: $(ios "$name" write) blocks written and verified with poll=blocking"
-    else
-      fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
-    fi
+    written_and_verified "blocking-qd$depth-${space%%=*}" "blocks written and verified with poll=blocking" \
+      --"$space" --size=4m --iodepth="$depth" --poll=blocking
   done
 done
 
 step "encrypted sessions (encrypt=1): randwrite + verify=crc32c; without a key the job fails naming encrypt="
 for space in namespace=disk region=scratch; do
-  name="encrypted-${space%%=*}"
-  status=0
-  run_fio "$name" --"$space" --encrypt=1 --sessions=2 --rw=randwrite --size=4m --iodepth=16 \
-    --offset=48m --verify=crc32c --verify_fatal=1 || status=$?
-  if [ "$status" = 0 ] && jobs_ok "$name" && [ "$(ios "$name" read)" = "$(ios "$name" write)" ]; then
-    pass "$name: $(ios "$name" write) blocks written and verified over encrypted sessions"
-  else
-    fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
-  fi
+  written_and_verified "encrypted-${space%%=*}" "blocks written and verified over encrypted sessions" \
+    --"$space" --encrypt=1 --sessions=2 --size=4m --iodepth=16 --offset=48m
 done
 name="encrypted-without-key"
 status=0
@@ -294,15 +293,8 @@ done
 
 step "512-byte I/Os at depth 256: instructions answered busy are sent again, not failed"
 for sessions in 1 4; do
-  name="small-blocks-qd256-s$sessions"
-  status=0
-  run_fio "$name" --namespace=d512 --bs=512 --rw=randwrite --size=4m --iodepth=256 --sessions="$sessions" \
-    --verify=crc32c --verify_fatal=1 || status=$?
-  if [ "$status" = 0 ] && jobs_ok "$name" && [ "$(ios "$name" read)" = "$(ios "$name" write)" ]; then
-    pass "$name: $(ios "$name" write) 512-byte blocks written and verified"
-  else
-    fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
-  fi
+  written_and_verified "small-blocks-qd256-s$sessions" "512-byte blocks written and verified" \
+    --namespace=d512 --bs=512 --size=4m --iodepth=256 --sessions="$sessions"
 done
 
 step "defaults: poll=adaptive, NETDAM_TARGET, the shipped job files; messages name the job's direction"
