@@ -210,6 +210,9 @@ impl RegionConfig {
         let name = &self.name;
         check_name("region", name)?;
         let invalid = |message: String| Err(ConfigError::Invalid(message));
+        if self.size.0 == 0 {
+            return invalid(format!("region {name:?}: size = 0: a region holds at least one byte"));
+        }
         match (self.backend, &self.path) {
             (RegionBackend::Mem, Some(_)) => invalid(format!("region {name:?}: backend \"mem\" takes no path")),
             (RegionBackend::File | RegionBackend::Dax, None) => {

@@ -599,8 +599,10 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
     match command {
         RegionCommand::Create { name, backend, path, size, store } => {
             let (config, data_dir) = store_context(&store)?;
-            let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let region = RegionConfig { name, backend, path, size };
+            // Its own fields first: a refused region leaves no store behind in a new directory.
+            region.validate().map_err(|error| error.to_string())?;
+            let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let mut regions = config.effective_regions();
             regions.extend(metadata.regions().map_err(|error| error.to_string())?);
             regions.push(region.clone());
@@ -658,8 +660,10 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
     match command {
         NamespaceCommand::Create { name, backend, path, size, block_size, store } => {
             let (config, data_dir) = store_context(&store)?;
-            let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let namespace = NamespaceConfig { name, backend, path, size, block_size };
+            // Its own fields first: a refused namespace leaves no store behind in a new directory.
+            namespace.validate().map_err(|error| error.to_string())?;
+            let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let mut namespaces = config.namespaces.clone();
             namespaces.extend(metadata.namespaces().map_err(|error| error.to_string())?);
             namespaces.push(namespace.clone());

@@ -180,6 +180,36 @@ fn target_admin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_netdam-target")).args(args).output().expect("netdam-target runs")
 }
 
+/// A namespace or region refused for its own settings leaves a new data directory as it was: no
+/// metadata store is created for nothing.
+#[test]
+fn a_refused_space_leaves_a_new_data_directory_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let namespace = target_admin(&[
+        "namespace",
+        "create",
+        "big",
+        "--backend",
+        "file",
+        "--path",
+        "big.img",
+        "--size",
+        "16MiB",
+        "--block-size",
+        "65536",
+        "--data-dir",
+        data,
+    ]);
+    let message = String::from_utf8_lossy(&namespace.stderr);
+    assert!(!namespace.status.success() && message.contains("block_size = 65536"), "{message}");
+    let region = target_admin(&["region", "create", "r", "--backend", "mem", "--size", "0", "--data-dir", data]);
+    let message = String::from_utf8_lossy(&region.stderr);
+    assert!(!region.status.success() && message.contains("size = 0"), "{message}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 /// A file namespace larger than its file system's free space is created (it is sparse; thin
 /// provisioning is a choice), with a warning that names the shortfall; one that fits has none.
 #[test]
