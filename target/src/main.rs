@@ -9,8 +9,8 @@ use clap::{Args, Parser, Subcommand};
 use netdam_metrics::{LogFormat, MetricsListen};
 use netdam_pmem::{Backing, Durability, Region};
 use netdam_target::config::{
-    validate_spaces, ByteSize, EngineChoice, NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig,
-    DEFAULT_BLOCK_BYTES,
+    blocks_fit_datagrams, validate_spaces, ByteSize, EngineChoice, NamespaceBackend, NamespaceConfig, RegionBackend,
+    RegionConfig, DEFAULT_BLOCK_BYTES,
 };
 use netdam_target::crypto::{generate_key, read_reservation, reservation_path};
 use netdam_target::metadata::{
@@ -663,6 +663,8 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
             let namespace = NamespaceConfig { name, backend, path, size, block_size };
             // Its own fields first: a refused namespace leaves no store behind in a new directory.
             namespace.validate().map_err(|error| error.to_string())?;
+            blocks_fit_datagrams(config.max_datagram_bytes, std::slice::from_ref(&namespace))
+                .map_err(|error| error.to_string())?;
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let mut namespaces = config.namespaces.clone();
             namespaces.extend(metadata.namespaces().map_err(|error| error.to_string())?);

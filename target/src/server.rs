@@ -115,9 +115,16 @@ impl Target {
         }
         let stored = MetadataStore::load(&data_dir)?;
         let mut region_configs = config.effective_regions();
-        region_configs.extend(stored.regions);
+        region_configs.extend(
+            stored.regions.into_iter().filter(|region| servable_stored("region", &region.name, region.validate())),
+        );
         let mut namespace_configs = config.namespaces.clone();
-        namespace_configs.extend(stored.namespaces);
+        namespace_configs.extend(stored.namespaces.into_iter().filter(|namespace| {
+            let checked = namespace
+                .validate()
+                .and_then(|()| blocks_fit_datagrams(config.max_datagram_bytes, std::slice::from_ref(namespace)));
+            servable_stored("namespace", &namespace.name, checked)
+        }));
         validate_spaces(&region_configs, &namespace_configs)?;
         blocks_fit_datagrams(config.max_datagram_bytes, &namespace_configs)?;
         let mut regions = RegionTable::open(&region_configs, &data_dir)?;
@@ -472,6 +479,22 @@ pub fn select_engine_in(
 /// Locks every page of the process now and every page it maps later, faulting them in, so the
 /// workers' buffers (allocated after this) never fault on the request path. Logs and goes on
 /// when the memory-lock limit refuses it.
+/// Whether a space from the metadata store passes today's checks of its own settings. One an
+/// older version accepted and these refuse (a namespace of 16 KiB blocks, a 0-byte region) is
+/// left out with a warning instead of stopping the start, so the other spaces are served.
+fn servable_stored(kind: &str, name: &str, checked: Result<(), ConfigError>) -> bool {
+    match checked {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(
+                "stored {kind} {name:?} is not served: {error}; `netdam-target {kind} delete {name}` removes it \
+                 (and create it again with settings that fit)"
+            );
+            false
+        }
+    }
+}
+
 fn lock_process_memory() {
     // SAFETY: mlockall has no memory-safety effects.
     if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {

@@ -180,6 +180,48 @@ fn target_admin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_netdam-target")).args(args).output().expect("netdam-target runs")
 }
 
+/// A namespace an older version stored with settings refused today (16 KiB blocks) does not
+/// stop the target: it starts, serves the other spaces, and says which one it left out and how
+/// to remove it.
+#[test]
+fn a_stored_space_refused_today_is_left_out_with_a_warning_not_a_failed_start() {
+    use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let store = netdam_target::metadata::MetadataStore::open(dir.path()).unwrap();
+    let namespace = |name: &str, block_size| NamespaceConfig {
+        name: name.into(),
+        backend: NamespaceBackend::File,
+        path: format!("{name}.img").into(),
+        size: Some(ByteSize(1 << 20)),
+        block_size,
+    };
+    store.create_namespace(&namespace("old", 16_384)).unwrap();
+    store.create_namespace(&namespace("disk", 4096)).unwrap();
+    drop(store);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir", data, "--auth", "none"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut banner = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 || line.starts_with("Reach it with") {
+            break;
+        }
+        banner.push_str(&line);
+    }
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(banner.contains("\"disk\""), "the other namespace is served: {banner} {log}");
+    assert!(!banner.contains("\"old\""), "{banner}");
+    assert!(log.contains("\"old\" is not served") && log.contains("namespace delete old"), "{log}");
+}
+
 /// A namespace or region refused for its own settings leaves a new data directory as it was: no
 /// metadata store is created for nothing.
 #[test]
