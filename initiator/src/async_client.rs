@@ -438,6 +438,11 @@ impl Driver {
                     } => {}
                 }
             }
+            // A timer is due: answers already in the socket are read first, so that none is
+            // taken for lost (the select above picks among ready branches at random).
+            if self.session.poll_timeout().is_some_and(|deadline| deadline <= self.clock.now()) {
+                self.receive_arrived(&mut buffer);
+            }
             let now = self.clock.now();
             self.session.handle_timeout(now);
             self.answer_completed(now);

@@ -1219,8 +1219,15 @@ impl Session {
                         // Retransmissions go before new requests.
                         self.send_queue.push_front(request.sequence);
                     } else {
+                        // The target is silent, not this one datagram lost: nothing was heard
+                        // since it first left, and a request sent since is unanswered too.
+                        let heard_since = self.last_heard.is_some_and(|heard| heard >= first_sent_at);
+                        let sequence = request.sequence;
+                        let another_unanswered = self.requests.iter().any(|other| {
+                            other.sequence != sequence && other.first_sent_at.is_some_and(|sent| sent >= first_sent_at)
+                        });
+                        target_silent |= !heard_since && another_unanswered;
                         let request = self.requests.swap_remove(index);
-                        target_silent |= self.last_heard.is_none_or(|heard| heard < first_sent_at);
                         self.stats.timeouts += 1;
                         let error = if request.idempotent {
                             ClientError::TimedOut { attempts: request.attempts }
@@ -1250,11 +1257,11 @@ impl Session {
     }
 
     /// Fails every request still outstanding, sent or not: a request ran out of attempts and
-    /// patience without the target answering anything since it first left, so the target is
-    /// down or unreachable. Left alone, each of the others would wait out a patience of its
-    /// own, counted from a first transmission that the window (closed by the timeouts) holds
-    /// back: minutes at depth. Returns the error of the session's own HELLO, if one was among
-    /// them.
+    /// patience without the target answering anything since it first left, while another sent
+    /// after it went unanswered too, so the target is down or unreachable. Left alone, each of
+    /// the others would wait out a patience of its own, counted from a first transmission that
+    /// the window (closed by the timeouts) holds back: minutes at depth. Returns the error of
+    /// the session's own HELLO, if one was among them.
     fn fail_outstanding(&mut self) -> Option<ClientError> {
         let mut hello_failed = None;
         self.send_queue.clear();
@@ -1264,8 +1271,9 @@ impl Session {
         for request in outstanding {
             self.stats.timeouts += 1;
             let attempts = request.attempts;
-            // One never sent never ran: it can be retried whatever it does.
-            let error = if request.idempotent || attempts == 0 {
+            // One never sent never ran, nor did one parked for a new session (the target said
+            // it did not, or it may run again): either can be retried whatever it does.
+            let error = if request.idempotent || attempts == 0 || matches!(request.state, State::Parked) {
                 ClientError::TimedOut { attempts }
             } else {
                 ClientError::OutcomeUnknown { attempts }

@@ -431,40 +431,71 @@ fn a_request_out_of_attempts_keeps_trying_until_its_patience_is_spent() {
     assert!(completion.result.is_ok(), "{:?}", completion.result.err());
 }
 
-#[test]
-fn when_a_request_fails_unanswered_by_a_silent_target_every_request_fails_with_it() {
-    // A window of one: the others wait unsent behind the first, as behind a window that
-    // timeouts closed. Without this they would each start a patience of their own.
-    let swift = SwiftConfig { initial_window: 1.0, ..SwiftConfig::default() };
-    let narrow = SessionConfig { congestion: Some(swift), ..config() };
-    let mut session = Session::new(narrow, 9);
-    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
-    session.submit(&[Op::fetch_add(0, 0, 1)], 2).unwrap();
-    session.submit(&[Op::write(0, 0, &[1; 8])], 3).unwrap();
-    let mut now = at_ms(0);
+/// Drives `session` on its own timers from `now`, nothing ever answered, until something
+/// completes; returns the completions and the sequences transmitted meanwhile.
+fn until_something_fails(
+    session: &mut Session,
+    mut now: Instant,
+) -> (Vec<netdam_initiator::session::Completion>, Vec<u64>) {
     let mut transmissions = Vec::new();
-    let failed = loop {
+    loop {
         while let Some(datagram) = session.poll_transmit(now) {
             transmissions.push(Request::parse(datagram).unwrap().header.sequence);
         }
         let done: Vec<_> = std::iter::from_fn(|| session.poll_completion()).collect();
         if !done.is_empty() {
-            break done;
+            return (done, transmissions);
         }
         now = session.poll_timeout().expect("a retransmission or the failure is due");
         session.handle_timeout(now);
         assert!(now <= at_ms(1_000), "no end in sight at {now:?}");
-    };
-    assert_eq!(transmissions.len(), 3, "only the first request went, three times: {transmissions:?}");
-    assert!(transmissions.iter().all(|&sequence| sequence == transmissions[0]));
-    assert_eq!(failed.iter().map(|completion| completion.token).collect::<Vec<_>>(), vec![1, 2, 3]);
-    assert!(matches!(failed[0].result, Err(ClientError::TimedOut { attempts: 3 })));
-    // Never sent, so never run: retrying it is safe, whatever it does.
-    assert!(matches!(failed[1].result, Err(ClientError::TimedOut { attempts: 0 })));
+    }
+}
+
+#[test]
+fn when_a_request_fails_unanswered_by_a_silent_target_every_request_fails_with_it() {
+    // A window of two: two requests on the wire, two waiting unsent behind them, as behind a
+    // window that timeouts closed. Without this the waiting ones would each start a patience
+    // of their own once sent.
+    let swift = SwiftConfig { initial_window: 2.0, ..SwiftConfig::default() };
+    let mut session = Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    session.submit(&[Op::fetch_add(0, 0, 1)], 2).unwrap();
+    session.submit(&[Op::fetch_add(0, 8, 1)], 3).unwrap();
+    session.submit(&[Op::write(0, 0, &[1; 8])], 4).unwrap();
+    let (mut failed, transmissions) = until_something_fails(&mut session, at_ms(0));
+    failed.sort_by_key(|completion| completion.token);
+    assert_eq!(failed.iter().map(|completion| completion.token).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+    let mut sent = transmissions.clone();
+    sent.sort_unstable();
+    sent.dedup();
+    assert_eq!(sent.len(), 2, "only the first two went: {transmissions:?}");
+    assert!(matches!(failed[0].result, Err(ClientError::TimedOut { .. })), "{:?}", failed[0].result);
+    // Sent, not idempotent, unanswered: it may have run.
+    assert!(matches!(failed[1].result, Err(ClientError::OutcomeUnknown { .. })), "{:?}", failed[1].result);
+    // Never sent, so never run: retrying them is safe, whatever they do.
     assert!(matches!(failed[2].result, Err(ClientError::TimedOut { attempts: 0 })));
+    assert!(matches!(failed[3].result, Err(ClientError::TimedOut { attempts: 0 })));
     assert_eq!(session.in_flight(), 0);
-    assert!(session.poll_transmit(at_ms(55)).is_none(), "nothing left to send");
-    assert_eq!(session.stats().timeouts, 3);
+    assert!(session.poll_transmit(at_ms(1_000)).is_none(), "nothing left to send");
+}
+
+#[test]
+fn a_lone_request_lost_again_and_again_fails_alone() {
+    // The only one on the wire (a window of one): its datagram may be what is lost (a path that
+    // drops it), not the target; the request behind it gets its own chance.
+    let swift = SwiftConfig { initial_window: 1.0, ..SwiftConfig::default() };
+    let mut session = Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    session.submit(&[Op::read(0, 8, 8)], 2).unwrap();
+    let (failed, transmissions) = until_something_fails(&mut session, at_ms(0));
+    assert_eq!(failed.len(), 1, "{:?}", failed.iter().map(|completion| completion.token).collect::<Vec<_>>());
+    assert_eq!(failed[0].token, 1);
+    // Until then only request 1 went; once it gave up, request 2 went.
+    let first = transmissions[0];
+    assert!(transmissions[..transmissions.len() - 1].iter().all(|&sequence| sequence == first), "{transmissions:?}");
+    assert_ne!(transmissions.last(), Some(&first));
+    assert_eq!(session.in_flight(), 1, "request 2 is on its way");
 }
 
 #[test]

@@ -291,7 +291,8 @@ enum Command {
         /// Seconds a request waits for a target that stopped answering or refuses (it is
         /// restarting) before it fails with EIO: meanwhile requests are retried, and the
         /// sessions open again when the target is back. A file system on the export rides out
-        /// a restart shorter than this.
+        /// a restart shorter than this. When the oldest request fails so, with nothing heard
+        /// from the target since it was sent, the session's other requests fail with it.
         #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = parse_reconnect_timeout)]
         reconnect_timeout: f64,
         /// How the sessions wait for the target's answers. adaptive: a client that sends one
