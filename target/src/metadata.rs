@@ -664,10 +664,11 @@ impl MetadataStore {
                             range_text(held.range)
                         )));
                     }
-                    let mut names = held.permissions.clone();
+                    // An `admin` that a record of an earlier version holds here never counted:
+                    // dropped on the way, not refused (the user did not name it now).
+                    let mut names: Vec<String> =
+                        held.permissions.iter().filter(|name| *name != "admin").cloned().collect();
                     names.extend(permissions.iter().cloned());
-                    // (An `admin` a record of an earlier version holds here, which never
-                    // counted, is dropped on the way.)
                     space_permissions(tenant, &grant.space, &names)?
                 }
                 None => permissions.clone(),
@@ -1187,6 +1188,18 @@ mod tests {
         let everything = GrantRecord { space: GrantSpace::All, permissions: names(&["admin"]), range: None };
         let record = store.grant("alice", &everything, &configured()).unwrap();
         assert_eq!(record.grants[1].permissions, ["admin"]);
+        // A record of an earlier version may hold `admin` on one space (it never counted there):
+        // a later grant on that space drops it instead of refusing what the user asked.
+        store.create_tenant("old", &key(2), &TenantSettings::default()).unwrap();
+        store.grant("old", &region_grant("scratch", &["read"], None), &configured()).unwrap();
+        store
+            .update_tenant("old", |record| {
+                record.grants[0].permissions.push("admin".into());
+                Ok(())
+            })
+            .unwrap();
+        let record = store.grant("old", &region_grant("scratch", &["write"], None), &configured()).unwrap();
+        assert_eq!(record.grants[0].permissions, ["read", "write"]);
     }
 
     #[test]
