@@ -458,9 +458,11 @@ fn requests_sent_while_the_server_stops_are_answered_eshutdown_and_not_executed(
     std::thread::sleep(Duration::from_millis(50));
     client.request(CMD_WRITE, CMD_FLAG_FUA, 2, 4096, 512, &[7; 512]);
     client.request(CMD_READ, 0, 3, 0, 512, &[]);
-    let replies: Vec<Reply> = (0..3).map(|_| client.reply(0)).collect();
+    client.request(CMD_FLUSH, 0, 5, 0, 0, &[]);
+    let replies: Vec<Reply> = (0..4).map(|_| client.reply(0)).collect();
     let by_cookie = |cookie| replies.iter().find(|reply| reply.cookie == cookie).expect("every request answered");
     assert_eq!(by_cookie(1).error, 0, "the write read before the stop is served");
+    assert_eq!(by_cookie(5).error, 0, "a FLUSH still runs: it makes acknowledged writes durable");
     for cookie in [2, 3] {
         let reply = by_cookie(cookie);
         assert_eq!(reply.error, 108, "NBD_ESHUTDOWN for request {cookie}: {reply:?}");

@@ -56,9 +56,9 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// closed regardless.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a stopping connection, its own requests done, waits for the client's next request
-/// (answered `NBD_ESHUTDOWN`) or its disconnect before it closes. Restarted by each request;
-/// the drain timeout bounds it all.
+/// How long after the stop a connection, its requests done, keeps answering the client's next
+/// requests `NBD_ESHUTDOWN` (and waits for its disconnect) before it closes. Counted from the
+/// stop, not restarted by each request; the drain timeout bounds what is in flight.
 pub const SHUTDOWN_QUIET: Duration = Duration::from_millis(200);
 
 /// Bytes the connection reader buffers from the socket (request headers and small payloads

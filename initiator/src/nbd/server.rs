@@ -11,9 +11,10 @@
 //! Shutdown: the server stops accepting and closes its listening socket; connections still in
 //! the handshake are closed; connections in transmission finish the requests they have read
 //! and send the replies, answer every request read after that with `NBD_ESHUTDOWN` (the
-//! spec's request to disconnect; nothing is executed), and close when the client disconnects
-//! or has been quiet for `SHUTDOWN_QUIET` with nothing in flight. Connections that have not
-//! finished within `drain_timeout` are cut (their backend calls are cancelled).
+//! spec's request to disconnect; nothing is executed but a FLUSH), and close when the client
+//! disconnects, or with nothing in flight once `SHUTDOWN_QUIET` has passed since the stop.
+//! Connections that have not finished within `drain_timeout` are cut (their backend calls are
+//! cancelled).
 
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -581,15 +582,19 @@ where
     let mut header_bytes = vec![0u8; session.request_header_len()];
 
     // Once the server stops, requests read are answered NBD_ESHUTDOWN (the client is to
-    // disconnect) and the connection closes when the client does, or when its own requests are
-    // done and it has been quiet for SHUTDOWN_QUIET.
+    // disconnect; a FLUSH still runs) and the connection closes when the client does, or once
+    // its requests are done and SHUTDOWN_QUIET has passed since the stop. That bound does not
+    // restart with each request: a client that does not disconnect on ESHUTDOWN (the Linux
+    // kernel's fails the I/O and sends more) is not kept for the drain timeout.
     let mut stopping = false;
+    let mut quiet_until = tokio::time::Instant::now();
     let ended: Result<LoopEnd, ConnectionError> = loop {
         // With every slot taken the socket is not read: back-pressure on the client.
         let slot = tokio::select! {
             biased;
             _ = stopped.wait_for(|stop| *stop), if !stopping => {
                 stopping = true;
+                quiet_until = tokio::time::Instant::now() + SHUTDOWN_QUIET;
                 continue;
             }
             () = replies.closed() => break Ok(LoopEnd::WriterGone),
@@ -604,10 +609,11 @@ where
                 biased;
                 _ = stopped.wait_for(|stop| *stop), if !stopping => {
                     stopping = true;
+                    quiet_until = tokio::time::Instant::now() + SHUTDOWN_QUIET;
                     continue;
                 }
                 () = replies.closed() => break Ok(LoopEnd::WriterGone),
-                () = quiet_after(&mut requests), if stopping => break Ok(LoopEnd::Clean),
+                () = done_by(&mut requests, quiet_until), if stopping => break Ok(LoopEnd::Clean),
                 filled = reader.fill() => filled,
             };
             match filled {
@@ -719,11 +725,10 @@ where
     }
 }
 
-/// Completes once every request of a stopping connection has finished and `SHUTDOWN_QUIET`
-/// has passed since (a new request drops it, so the quiet starts again after that one).
-async fn quiet_after(requests: &mut JoinSet<()>) {
+/// Completes once every request of a stopping connection has finished and `until` has passed.
+async fn done_by(requests: &mut JoinSet<()>, until: tokio::time::Instant) {
     while requests.join_next().await.is_some() {}
-    tokio::time::sleep(SHUTDOWN_QUIET).await;
+    tokio::time::sleep_until(until).await;
 }
 
 /// A future that turns a panic while it is polled into `Err(())` (the panic message still goes

@@ -234,10 +234,12 @@ pub enum Decision {
 impl Decision {
     /// What a request read while the server is stopping gets instead: `NBD_ESHUTDOWN`, which
     /// tells the client to disconnect (doc/proto.md, "Terminating the transmission phase"),
-    /// with its payload still consumed so the stream stays in step. A disconnect or a violation
-    /// is kept as it is.
+    /// with its payload still consumed so the stream stays in step. A FLUSH still runs: it
+    /// makes writes already acknowledged durable, which a client disconnecting wants (the
+    /// kernel's client flushes before it lets go). A disconnect or a violation is kept as it is.
     pub fn at_shutdown(self) -> Decision {
         let discard_bytes = match &self {
+            Decision::Execute(Command::Flush) => return self,
             Decision::Execute(Command::Write { len, .. }) => *len,
             Decision::Execute(_) => 0,
             Decision::Refuse { discard_bytes, .. } => *discard_bytes,
@@ -384,13 +386,13 @@ mod tests {
     }
 
     #[test]
-    fn at_shutdown_every_request_is_refused_with_its_payload_consumed() {
+    fn at_shutdown_requests_are_refused_with_their_payload_consumed_but_flush_runs() {
         let s = session(ReplyStyle::Simple);
         let at_shutdown =
             |command, flags, offset, length| refused(s.decide(&request(command, flags, offset, length)).at_shutdown());
         assert_eq!(at_shutdown(CMD_WRITE, CMD_FLAG_FUA, 0, 4096), (Errno::Shutdown, 4096));
         assert_eq!(at_shutdown(CMD_READ, 0, 0, 4096), (Errno::Shutdown, 0));
-        assert_eq!(at_shutdown(CMD_FLUSH, 0, 0, 0), (Errno::Shutdown, 0));
+        assert_eq!(s.decide(&request(CMD_FLUSH, 0, 0, 0)).at_shutdown(), Decision::Execute(Command::Flush));
         assert_eq!(at_shutdown(CMD_TRIM, 0, 0, 4096), (Errno::Shutdown, 0));
         // Refused anyway: the error becomes ESHUTDOWN, the payload is still skipped.
         assert_eq!(at_shutdown(CMD_WRITE, 0, 0, 100), (Errno::Shutdown, 100));
