@@ -176,6 +176,19 @@ fn bad_settings_are_refused_with_the_setting_named() {
     assert!(!output.status.success() && message.contains("--max-connections"), "{message}");
 }
 
+/// The banner a started `netdam-target` prints on standard output, up to its "Reach it with" line.
+fn read_banner(child: &mut Child) -> String {
+    let mut reader = BufReader::new(child.stdout.take().expect("stdout is piped"));
+    let mut banner = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 || line.starts_with("Reach it with") {
+            return banner;
+        }
+        banner.push_str(&line);
+    }
+}
+
 fn target_admin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_netdam-target")).args(args).output().expect("netdam-target runs")
 }
@@ -205,15 +218,7 @@ fn a_stored_space_refused_today_is_left_out_with_a_warning_not_a_failed_start() 
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut reader = BufReader::new(child.stdout.take().unwrap());
-    let mut banner = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap() == 0 || line.starts_with("Reach it with") {
-            break;
-        }
-        banner.push_str(&line);
-    }
+    let banner = read_banner(&mut child);
     let _ = child.kill();
     let output = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&output.stderr);
@@ -376,17 +381,8 @@ fn admin_commands_store_namespaces_that_the_target_serves() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut reader = BufReader::new(child.stdout.take().unwrap());
-    let mut banner = Vec::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap() == 0 || line.starts_with("Reach it with") {
-            break;
-        }
-        banner.push(line);
-    }
+    let banner = read_banner(&mut child);
     let _daemon = Daemon(child);
-    let banner = banner.join("");
     assert!(
         banner.contains("region 1 \"scratch\"") && banner.contains("namespace 0 \"disk\": 1024 blocks"),
         "{banner}"
