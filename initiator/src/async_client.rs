@@ -411,15 +411,16 @@ impl Driver {
                 return;
             }
             let answered = self.spin_for_a_lone_answer(&commands, &mut buffer).await;
+            // The session's next timer when this pass waited for one (not after a spin).
+            let mut timer = None;
             if !answered {
                 // The wait never begins with something sendable left unsent: a queued request
                 // arms no timer, so it would wait for whatever event came next, possibly none.
                 // (A datagram the spin read may have queued some: a `no_session` answer from a
                 // restarted target queues a HELLO, which once hung an export's NBD client.)
                 self.send_queued();
-                let sleep_until = self
-                    .session
-                    .poll_timeout()
+                timer = self.session.poll_timeout();
+                let sleep_until = timer
                     .map(|deadline| tokio::time::Instant::now() + deadline.saturating_since(self.clock.now()).to_std());
                 tokio::select! {
                     command = commands.recv(), if open && self.backlog.len() < COMMAND_QUEUE => match command {
@@ -440,7 +441,7 @@ impl Driver {
             }
             // A timer is due: answers already in the socket are read first, so that none is
             // taken for lost (the select above picks among ready branches at random).
-            if self.session.poll_timeout().is_some_and(|deadline| deadline <= self.clock.now()) {
+            if timer.is_some_and(|deadline| deadline <= self.clock.now()) {
                 self.receive_arrived(&mut buffer);
             }
             let now = self.clock.now();

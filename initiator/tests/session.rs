@@ -98,10 +98,15 @@ fn a_late_answer_completes_a_request_queued_for_retransmission() {
     assert!(session.poll_transmit(at_ms(11)).is_none(), "nothing left to retransmit");
 }
 
+/// A session under congestion control whose window starts at `initial_window` datagrams.
+fn windowed(initial_window: f64) -> Session {
+    let swift = SwiftConfig { initial_window, ..SwiftConfig::default() };
+    Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9)
+}
+
 #[test]
 fn the_congestion_window_gates_first_transmissions() {
-    let swift = SwiftConfig { initial_window: 2.0, ..SwiftConfig::default() };
-    let mut session = Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9);
+    let mut session = windowed(2.0);
     for token in 0..4 {
         session.submit(&[Op::read(0, 0, 8)], token).unwrap();
     }
@@ -457,8 +462,7 @@ fn when_a_request_fails_unanswered_by_a_silent_target_every_request_fails_with_i
     // A window of two: two requests on the wire, two waiting unsent behind them, as behind a
     // window that timeouts closed. Without this the waiting ones would each start a patience
     // of their own once sent.
-    let swift = SwiftConfig { initial_window: 2.0, ..SwiftConfig::default() };
-    let mut session = Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9);
+    let mut session = windowed(2.0);
     session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
     session.submit(&[Op::fetch_add(0, 0, 1)], 2).unwrap();
     session.submit(&[Op::fetch_add(0, 8, 1)], 3).unwrap();
@@ -484,8 +488,7 @@ fn when_a_request_fails_unanswered_by_a_silent_target_every_request_fails_with_i
 fn a_lone_request_lost_again_and_again_fails_alone() {
     // The only one on the wire (a window of one): its datagram may be what is lost (a path that
     // drops it), not the target; the request behind it gets its own chance.
-    let swift = SwiftConfig { initial_window: 1.0, ..SwiftConfig::default() };
-    let mut session = Session::new(SessionConfig { congestion: Some(swift), ..config() }, 9);
+    let mut session = windowed(1.0);
     session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
     session.submit(&[Op::read(0, 8, 8)], 2).unwrap();
     let (failed, transmissions) = until_something_fails(&mut session, at_ms(0));
