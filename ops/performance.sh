@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the README's Performance section on this machine: every netdam-bench report (JSON,
-# markdown and PNG plots) into the directory given (default docs/results). Takes about 16 minutes
-# and wants the machine otherwise idle. Timings are measurements, never pass/fail.
+# markdown and PNG plots) into the directory given (default docs/results). Takes about an hour
+# (the rounds of the fio and block comparisons most of it) and wants the machine otherwise
+# idle. Timings are measurements, never pass/fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-docs/results}"
@@ -17,12 +18,14 @@ $bench throughput --depths 1,2,4,8,16,32,64,128 --seconds 2 --out "$out" > /dev/
 $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 1 --seconds 2 --out "$out/bread-4k" > /dev/null
 $bench throughput --op bread --sizes 4096 --depths 1,32 --batch 2 --seconds 2 --out "$out/bread-4k-batch2" > /dev/null
 $bench allreduce --workers 2,4,8 --sizes 1MiB,16MiB,64MiB --repeats 3 --out "$out" > /dev/null
-$bench block --poll busy --out "$out/block-busy" > /dev/null
-$bench block --poll adaptive --out "$out/block-adaptive" > /dev/null
+# Five rounds each: a single run's ratio to fio moves by 10-30% on a VM's disk.
+$bench block --poll busy --rounds 5 --out "$out/block-busy" > /dev/null
+$bench block --poll adaptive --rounds 5 --out "$out/block-adaptive" > /dev/null
 $bench bulk --bytes 1GiB --rounds 5 --out "$out/bulk" > /dev/null
 # fio through the engine and through `netdam nbd`, beside nbdkit: busy polling (the goals of the
 # README's table), then the default adaptive worker with the engine's default poll=adaptive.
 cargo build --release --locked --bin netdam
-$bench fio --seconds 5 --depths 1,32 --poll busy --out "$out" > /dev/null
+# The goals' run in five rounds (their medians settle what one run cannot), the adaptive one once.
+$bench fio --seconds 5 --depths 1,32 --poll busy --rounds 5 --out "$out" > /dev/null
 $bench fio --seconds 5 --depths 1,32 --poll adaptive --out "$out/fio-adaptive" > /dev/null
 echo "reports in $out"

@@ -138,7 +138,7 @@ rm -rf "$smoke_results"
 # fails unless every worker's result, by both methods, is the exact i32 sum.
 ./build/release/netdam-bench allreduce --workers 4 --sizes 1MiB --repeats 1 > /dev/null
 if command -v fio >/dev/null; then
-  ./build/release/netdam-bench block --file-size 64MiB --seconds 0.5 --depths 1,8
+  ./build/release/netdam-bench block --file-size 64MiB --seconds 0.5 --depths 1,8 --rounds 2
 else
   ./build/release/netdam-bench block --file-size 64MiB --seconds 0.5 --depths 1,8 --no-fio
 fi

@@ -89,6 +89,11 @@ pub struct BlockArgs {
     /// Skip fio (when it is not installed).
     #[arg(long)]
     pub no_fio: bool,
+    /// Measure every case this many times, fio and netdam in turn in each round, and report
+    /// each round's ratio to fio beside their median (this VM's disk moves by 10-30% between
+    /// runs of the same case).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -106,6 +111,8 @@ struct Case {
     system: String,
     pattern: &'static str,
     depth: usize,
+    /// The round it was measured in (from 0).
+    round: usize,
     ops: u64,
     seconds: f64,
     p50_ns: u64,
@@ -123,6 +130,11 @@ struct SessionFigures {
     block_retransmissions: u64,
     busy: u64,
     window: f64,
+    /// Swift's two windows at the end, when it ran: which one held the depth back (the endpoint
+    /// window answers requests waiting at the target, the fabric one the rest of the round trip).
+    windows: Option<(f64, f64)>,
+    /// The last fabric delay Swift saw and its fabric target then, µs (diagnosis).
+    fabric_delay_us: Option<(f64, f64)>,
     /// Retransmissions the target dropped because the request still waited for its I/O: the
     /// device (or the worker) was slower than the timeout.
     still_in_progress: u64,
@@ -137,11 +149,13 @@ impl Case {
     }
 
     fn to_json(&self) -> serde_json::Value {
-        json!({"system": self.system, "pattern": self.pattern, "depth": self.depth, "ops": self.ops,
+        json!({"system": self.system, "pattern": self.pattern, "depth": self.depth, "round": self.round, "ops": self.ops,
                "seconds": self.seconds, "iops": self.iops(), "p50_ns": self.p50_ns, "p99_ns": self.p99_ns,
                "p999_ns": self.p999_ns, "retransmissions": self.session.map(|s| s.retransmissions),
                "block_retransmissions": self.session.map(|s| s.block_retransmissions),
                "busy": self.session.map(|s| s.busy), "window": self.session.map(|s| s.window),
+               "endpoint_window": self.session.and_then(|s| s.windows.map(|w| w.0)),
+               "fabric_window": self.session.and_then(|s| s.windows.map(|w| w.1)),
                "duplicates_in_progress": self.session.map(|s| s.still_in_progress),
                "duplicates_answered_before": self.session.map(|s| s.answered_before)})
     }
@@ -154,12 +168,17 @@ pub fn run(args: &BlockArgs) -> Result<(), String> {
     prepare_file(&file, args.file_size)?;
     let fio = if args.no_fio { None } else { Some(fio_version()?) };
     let mut cases = Vec::new();
-    for pattern in ["randread", "randwrite"] {
-        for &depth in &args.depths {
-            if fio.is_some() {
-                cases.push(fio_case(&file, args, pattern, depth)?);
+    for round in 0..args.rounds as usize {
+        if args.rounds > 1 {
+            eprintln!("round {} of {}", round + 1, args.rounds);
+        }
+        for pattern in ["randread", "randwrite"] {
+            for &depth in &args.depths {
+                if fio.is_some() {
+                    cases.push(Case { round, ..fio_case(&file, args, pattern, depth)? });
+                }
+                cases.push(Case { round, ..netdam_case(&file, scratch.path(), args, pattern, depth)? });
             }
-            cases.push(netdam_case(&file, scratch.path(), args, pattern, depth)?);
         }
     }
     let under_load = read_under_write_load(&file, scratch.path(), args)?;
@@ -245,6 +264,7 @@ fn fio_case(file: &Path, args: &BlockArgs, pattern: &'static str, depth: usize) 
         system: "fio io_uring".into(),
         pattern,
         depth,
+        round: 0,
         ops,
         seconds,
         p50_ns: percentile("50.000000"),
@@ -352,6 +372,10 @@ fn netdam_case(
         block_retransmissions: stats.block_retransmissions,
         busy: stats.busy,
         window: stats.window,
+        windows: stats.swift.map(|swift| (swift.endpoint_window, swift.fabric_window)),
+        fabric_delay_us: stats.swift.map(|swift| {
+            (swift.last_fabric_delay.as_nanos() as f64 / 1e3, swift.fabric_target.as_nanos() as f64 / 1e3)
+        }),
         still_in_progress: counter(Counter::DuplicatesInProgress),
         answered_before: counter(Counter::DuplicatesExecutedAgain) + counter(Counter::DuplicatesReplayed),
     };
@@ -360,6 +384,7 @@ fn netdam_case(
         system: "netdam".into(),
         pattern,
         depth,
+        round: 0,
         ops,
         seconds,
         p50_ns: histogram.value_at_quantile(0.5),
@@ -427,6 +452,32 @@ fn read_under_write_load(
 
 type UnderLoad = [(String, Histogram<u64>, u64)];
 
+/// fio's case of the same round, pattern and depth as `case`: what its ratios are to.
+fn floor_of<'a>(cases: &'a [Case], case: &Case) -> Option<&'a Case> {
+    cases.iter().find(|other| {
+        other.system.starts_with("fio")
+            && (other.round, other.pattern, other.depth) == (case.round, case.pattern, case.depth)
+    })
+}
+
+/// netdam's IOPS over fio's, per pattern and depth: each round's ratio (fio's case of the same
+/// round) and their median.
+fn iops_ratios(cases: &[Case]) -> Vec<(&'static str, usize, Vec<f64>, f64)> {
+    let mut ratios: Vec<(&'static str, usize, Vec<f64>, f64)> = Vec::new();
+    for case in cases.iter().filter(|case| case.system == "netdam") {
+        let Some(floor) = floor_of(cases, case) else { continue };
+        let ratio = case.iops() / floor.iops().max(f64::MIN_POSITIVE);
+        match ratios.iter_mut().find(|(pattern, depth, ..)| (*pattern, *depth) == (case.pattern, case.depth)) {
+            Some((_, _, rounds, _)) => rounds.push(ratio),
+            None => ratios.push((case.pattern, case.depth, vec![ratio], 0.0)),
+        }
+    }
+    for (_, _, rounds, median) in &mut ratios {
+        *median = crate::report::median(rounds);
+    }
+    ratios
+}
+
 fn report_json(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &UnderLoad) -> serde_json::Value {
     let loads: Vec<_> = under_load
         .iter()
@@ -436,9 +487,15 @@ fn report_json(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: 
         })
         .collect();
     let rows: Vec<_> = cases.iter().map(Case::to_json).collect();
+    let ratios: Vec<_> = iops_ratios(cases)
+        .into_iter()
+        .map(|(pattern, depth, rounds, median)| {
+            json!({"pattern": pattern, "depth": depth, "iops_x_fio_rounds": rounds, "iops_x_fio_median": median})
+        })
+        .collect();
     json!({"machine": crate::report::machine(), "fio": fio, "poll": format!("{:?}", args.poll).to_lowercase(),
            "congestion_control": format!("{:?}", args.cc).to_lowercase(), "file_bytes": args.file_size,
-           "seconds": args.seconds, "sqpoll_idle_ms": args.sqpoll_idle_ms, "cases": rows, "read_under_write_load": loads})
+           "seconds": args.seconds, "sqpoll_idle_ms": args.sqpoll_idle_ms, "rounds": args.rounds, "cases": rows, "iops_x_fio": ratios, "read_under_write_load": loads})
 }
 
 fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &UnderLoad) -> String {
@@ -461,13 +518,11 @@ fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &Unde
     );
     let _ = writeln!(
         text,
-        "{:<14} {:<10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  session",
-        "system", "pattern", "depth", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "IOPS x", "p99.9 x"
+        "{:<14} {:>5} {:<10} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}  session",
+        "system", "round", "pattern", "depth", "IOPS", "p50 µs", "p99 µs", "p99.9 µs", "IOPS x", "p99.9 x"
     );
     for case in cases {
-        let floor = cases.iter().find(|other| {
-            other.system.starts_with("fio") && other.pattern == case.pattern && other.depth == case.depth
-        });
+        let floor = floor_of(cases, case);
         let (iops_ratio, tail_ratio) = match floor {
             Some(floor) => (
                 format!("{:.2}", case.iops() / floor.iops()),
@@ -483,6 +538,8 @@ fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &Unde
                     block_retransmissions,
                     busy,
                     window,
+                    windows,
+                    fabric_delay_us,
                     still_in_progress,
                     answered_before,
                 } = figures;
@@ -494,13 +551,21 @@ fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &Unde
                 } else {
                     String::new()
                 };
-                format!("{retransmissions} retransmitted{why}, {busy} busy, window {window:.1}")
+                let windows = windows
+                    .map(|(endpoint, fabric)| format!(" (endpoint {endpoint:.1}, fabric {fabric:.1})"))
+                    .unwrap_or_default();
+                let windows = match fabric_delay_us {
+                    Some((delay, target)) => format!("{windows}, fabric delay {delay:.0} µs against {target:.0}"),
+                    None => windows,
+                };
+                format!("{retransmissions} retransmitted{why}, {busy} busy, window {window:.1}{windows}")
             })
             .unwrap_or_default();
         let _ = writeln!(
             text,
-            "{:<14} {:<10} {:>5} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9} {:>9}  {session}",
+            "{:<14} {:>5} {:<10} {:>5} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9} {:>9}  {session}",
             case.system,
+            case.round + 1,
             case.pattern,
             case.depth,
             case.iops(),
@@ -512,6 +577,16 @@ fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &Unde
         );
     }
     let _ = writeln!(text);
+    let ratios = iops_ratios(cases);
+    if args.rounds > 1 && !ratios.is_empty() {
+        let _ =
+            writeln!(text, "netdam's IOPS over fio's in the same round, and the median of the {} rounds:", args.rounds);
+        for (pattern, depth, rounds, median) in ratios {
+            let each: Vec<String> = rounds.iter().map(|ratio| format!("{ratio:.2}")).collect();
+            let _ = writeln!(text, "  {pattern:<10} depth {depth:>3}: {}  median {median:.2}", each.join(" "));
+        }
+        let _ = writeln!(text);
+    }
     let _ = writeln!(
         text,
         "{:<46} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -530,4 +605,46 @@ fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &Unde
         );
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(system: &str, round: usize, depth: usize, ops: u64) -> Case {
+        Case {
+            system: system.into(),
+            pattern: "randread",
+            depth,
+            round,
+            ops,
+            seconds: 1.0,
+            p50_ns: 1,
+            p99_ns: 1,
+            p999_ns: 1,
+            session: None,
+        }
+    }
+
+    #[test]
+    fn each_rounds_ratio_is_to_fio_of_the_same_round() {
+        let cases = [
+            case("fio io_uring", 0, 32, 100),
+            case("netdam", 0, 32, 80),
+            case("fio io_uring", 1, 32, 200),
+            case("netdam", 1, 32, 190),
+            case("fio io_uring", 2, 32, 100),
+            case("netdam", 2, 32, 90),
+            // Another depth is a ratio of its own.
+            case("fio io_uring", 0, 1, 10),
+            case("netdam", 0, 1, 10),
+        ];
+        let ratios = iops_ratios(&cases);
+        assert_eq!(ratios.len(), 2);
+        let (pattern, depth, rounds, median) = &ratios[0];
+        assert_eq!((*pattern, *depth), ("randread", 32));
+        assert_eq!(rounds, &[0.8, 0.95, 0.9]);
+        assert!((median - 0.9).abs() < 1e-12, "{median}");
+        assert_eq!((ratios[1].1, ratios[1].3), (1, 1.0));
+    }
 }

@@ -30,8 +30,10 @@ pub struct CompareArgs {
 }
 
 /// Fields that say which case an array element is, not what was measured.
-const IDENTITY_FIELDS: &[&str] =
-    &["system", "socket", "rw", "pattern", "op", "poll", "bytes", "size", "depth", "batch", "sessions", "goal", "name"];
+const IDENTITY_FIELDS: &[&str] = &[
+    "system", "socket", "rw", "pattern", "op", "poll", "bytes", "size", "depth", "batch", "sessions", "goal", "name",
+    "round",
+];
 
 /// Which way a figure is good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -78,6 +78,12 @@ pub struct FioArgs {
     /// kept off the target worker's CPU: see the module's documentation).
     #[arg(long)]
     pub no_remote_layout: bool,
+    /// Run every case this many times, one round after the other (each system in turn in each
+    /// round), and report the median of the rounds: each case's figures, and each goal's ratio
+    /// (its ratio in every round beside it). This machine's rates move by 10-30% between runs
+    /// of the same case, so a goal within that of its bound needs rounds to settle.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
     /// Also write fio.json, fio.md and fio-iops.png / fio-latency.png to this directory.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
@@ -92,6 +98,8 @@ struct Case {
     depth: usize,
     /// fio's submission and completion batch (1: fio's defaults).
     batch: usize,
+    /// The round it was measured in (from 0), or the number of rounds of a median case.
+    round: usize,
     iops: f64,
     ops: u64,
     p50_ns: u64,
@@ -100,9 +108,11 @@ struct Case {
 }
 
 impl Case {
-    fn to_json(&self) -> serde_json::Value {
+    /// As JSON, with `round` under `round_key`: "round" for one round's case, "rounds" for a
+    /// median case (how many rounds it is the median of).
+    fn to_json(&self, round_key: &str) -> serde_json::Value {
         json!({"system": self.system, "socket": self.socket, "rw": self.pattern, "depth": self.depth,
-               "batch": self.batch, "iops": self.iops, "ios": self.ops, "lat_p50_ns": self.p50_ns, "lat_p99_ns": self.p99_ns,
+               "batch": self.batch, round_key: self.round, "iops": self.iops, "ios": self.ops, "lat_p50_ns": self.p50_ns, "lat_p99_ns": self.p99_ns,
                "lat_p999_ns": (self.p999_ns > 0).then_some(self.p999_ns)})
     }
 }
@@ -136,8 +146,10 @@ enum Access<'a> {
 struct Goal {
     name: String,
     pattern: &'static str,
-    /// The measured ratio, or why it could not be computed.
+    /// The measured ratio (the median of the rounds' ratios), or why it could not be computed.
     ratio: Result<f64, String>,
+    /// The ratio in each round, in order (`None` where a round could not compute it).
+    rounds: Vec<Option<f64>>,
     /// `ratio <= bound` when `at_most`, else `ratio >= bound`.
     bound: f64,
     at_most: bool,
@@ -157,7 +169,7 @@ impl Goal {
     }
 
     fn to_json(&self) -> serde_json::Value {
-        json!({"goal": self.name, "rw": self.pattern, "ratio": self.ratio.as_ref().ok(),
+        json!({"goal": self.name, "rw": self.pattern, "ratio": self.ratio.as_ref().ok(), "rounds": self.rounds,
                "bound": self.bound, "at_most": self.at_most, "met": self.met(), "verdict": self.verdict()})
     }
 }
@@ -169,7 +181,12 @@ struct Run {
     fio: Option<String>,
     nbdkit: Option<String>,
     plugin: Option<PathBuf>,
+    /// The round being measured (from 0).
+    round: usize,
+    /// Every case of every round.
     cases: Vec<Case>,
+    /// Each case's median over the rounds (`Case::round`: how many rounds measured it).
+    medians: Vec<Case>,
     skipped: Vec<String>,
     goals: Vec<Goal>,
     /// The CPUs fio and the NBD servers ran on in the remote layout (`None`: not run).
@@ -199,7 +216,6 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             return Err(format!("--systems: {system:?} is not one of engine, nbd, nbdkit"));
         }
     }
-    let wanted = |system: &str| args.systems.iter().any(|wanted| wanted == system);
     // On tmpfs where there is one, so that the namespace is memory as `nbdkit memory` is: a
     // pmem namespace persists each write with msync, which on a disk-backed file would compare
     // durable writes against volatile ones.
@@ -214,7 +230,9 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         fio: None,
         nbdkit: None,
         plugin: None,
+        round: 0,
         cases: Vec::new(),
+        medians: Vec::new(),
         skipped: Vec::new(),
         goals: Vec::new(),
         remote_cpus: None,
@@ -229,11 +247,60 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         Err(reason) => skip(&mut run.skipped, "every system", &format!("{reason} (apt-get install fio)")),
     }
     prefill_file(&scratch.path().join(NAMESPACE_FILE), NAMESPACE_BYTES)?;
+    let mut remote_cpus = None;
+    for round in 0..args.rounds as usize {
+        if args.rounds > 1 {
+            eprintln!("round {} of {}", round + 1, args.rounds);
+        }
+        run.round = round;
+        remote_cpus = measure_round(args, &mut run, scratch.path())?;
+    }
+    run.remote_cpus = remote_cpus;
+    run.medians = median_cases(&run.cases);
+    let per_round: Vec<Vec<Goal>> = (0..args.rounds as usize)
+        .map(|round| {
+            let cases: Vec<Case> = run.cases.iter().filter(|case| case.round == round).cloned().collect();
+            goals(&cases, args.batch, run.remote_cpus.is_some())
+        })
+        .collect();
+    run.goals = median_goals(per_round);
+    let text = markdown(args, &run);
+    print!("{text}");
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(|error| format!("writing {}: {error}", path.display()))
+        };
+        write("fio.json", format!("{:#}\n", report_json(args, &run)))?;
+        write("fio.md", text)?;
+        eprintln!("wrote {}/fio.json and fio.md", dir.display());
+        // The plots show fio's view; the throughput client has no p99.9 to plot.
+        // fio's default batching only: one bar per system and socket.
+        let fio_cases: Vec<Case> = run
+            .medians
+            .iter()
+            .filter(|case| ![THROUGHPUT, FLOOR].contains(&case.system) && case.batch == 1)
+            .cloned()
+            .collect();
+        match plot(&fio_cases, dir) {
+            Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
+            Err(message) => eprintln!("{message}"),
+        }
+    }
+    Ok(())
+}
+
+/// One round: the floor, the engine and the throughput client, `netdam nbd`, then nbdkit, each
+/// case's result added to `run.cases` under `run.round`. Returns the remote layout's CPUs when
+/// it ran.
+fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option<Vec<usize>>, String> {
+    let wanted = |system: &str| args.systems.iter().any(|wanted| wanted == system);
     // Before the target starts: its busy worker would take a core from the echo's two spinners.
     if wanted("engine") {
-        measure_floor(args, &mut run);
+        measure_floor(args, run);
     }
-    let config = target_config(scratch.path(), args.poll);
+    let config = target_config(scratch, args.poll);
     let target = Target::start(&config).map_err(|error| error.to_string())?;
     // Only the NBD cases run in the remote layout.
     let remote_cpus = if args.no_remote_layout || !(wanted("nbd") || wanted("nbdkit")) {
@@ -254,9 +321,9 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             Ok(_) if !wanted("engine") => {}
             Ok(engine) => {
                 let access = Access::Plugin { engine: engine.clone(), target: target.local_addr() };
-                measure(args, &access, PLUGIN, "udp", &all_points, &mut run);
+                measure(args, &access, PLUGIN, "udp", &all_points, run);
                 run.plugin = Some(engine);
-                measure_throughput(args, &target, &mut run);
+                measure_throughput(args, &target, run);
             }
             Err(reason) => skip(&mut run.skipped, PLUGIN, &reason),
         }
@@ -266,7 +333,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
                 let points = (&all_points[..], &remote_points[..]);
                 let names = [(NETDAM_NBD, "netdam-nbd"), (NETDAM_NBD_REMOTE, "netdam-nbd-remote")];
                 let layouts = layouts(names, points, remote_cpus.as_deref());
-                serve_layouts(args, &mut run, scratch.path(), &layouts, false, |listen| {
+                serve_layouts(args, run, scratch, &layouts, false, |listen| {
                     let mut command = Command::new(&netdam);
                     command.arg("--target").arg(target.local_addr().to_string());
                     command.args(["nbd", "--namespace", NAMESPACE, "--listen", listen]);
@@ -286,7 +353,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
                 let names = [(NBDKIT, "nbdkit"), (NBDKIT_REMOTE, "nbdkit-remote")];
                 // Every block written before the cases (`fill_first`), as netdam's namespace is.
                 let layouts = layouts(names, points, remote_cpus.as_deref());
-                serve_layouts(args, &mut run, scratch.path(), &layouts, true, |listen| {
+                serve_layouts(args, run, scratch, &layouts, true, |listen| {
                     let mut command = Command::new("nbdkit");
                     command.args(["-f", "--exit-with-parent"]);
                     match listen.split_once(':') {
@@ -305,38 +372,69 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             Err(reason) => skip(&mut run.skipped, NBDKIT, &format!("{reason} (apt-get install nbdkit)")),
         }
     }
-    run.remote_cpus = remote_cpus;
-    run.goals = goals(&run.cases, args.batch, run.remote_cpus.is_some());
-    let text = markdown(args, &run);
-    print!("{text}");
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
-        let write = |name: &str, text: String| {
-            let path = dir.join(name);
-            std::fs::write(&path, text).map_err(|error| format!("writing {}: {error}", path.display()))
-        };
-        write("fio.json", format!("{:#}\n", report_json(args, &run)))?;
-        write("fio.md", text)?;
-        eprintln!("wrote {}/fio.json and fio.md", dir.display());
-        // The plots show fio's view; the throughput client has no p99.9 to plot.
-        // fio's default batching only: one bar per system and socket.
-        let fio_cases: Vec<Case> = run
-            .cases
-            .iter()
-            .filter(|case| ![THROUGHPUT, FLOOR].contains(&case.system) && case.batch == 1)
-            .cloned()
-            .collect();
-        match plot(&fio_cases, dir) {
-            Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
-            Err(message) => eprintln!("{message}"),
-        }
-    }
-    Ok(())
+    Ok(remote_cpus)
 }
 
+/// Records that `what` was not measured and why (once, however many rounds find it so).
 fn skip(skipped: &mut Vec<String>, what: &str, reason: &str) {
     eprintln!("skipping {what}: {reason}");
-    skipped.push(format!("{what}: {reason}"));
+    let line = format!("{what}: {reason}");
+    if !skipped.contains(&line) {
+        skipped.push(line);
+    }
+}
+
+/// Each case's median over the rounds that measured it: IOPS, I/Os and each percentile taken
+/// apart (so a median case need not be one round's). `Case::round` becomes the number of rounds.
+fn median_cases(cases: &[Case]) -> Vec<Case> {
+    let mut medians: Vec<Case> = Vec::new();
+    for case in cases {
+        let same = |other: &Case| {
+            (other.system, other.socket, other.pattern, other.depth, other.batch)
+                == (case.system, case.socket, case.pattern, case.depth, case.batch)
+        };
+        if medians.iter().any(same) {
+            continue;
+        }
+        let rounds: Vec<&Case> = cases.iter().filter(|other| same(other)).collect();
+        let median_of =
+            |value: fn(&Case) -> f64| crate::report::median(&rounds.iter().map(|case| value(case)).collect::<Vec<_>>());
+        medians.push(Case {
+            round: rounds.len(),
+            iops: median_of(|case| case.iops),
+            ops: median_of(|case| case.ops as f64) as u64,
+            p50_ns: median_of(|case| case.p50_ns as f64) as u64,
+            p99_ns: median_of(|case| case.p99_ns as f64) as u64,
+            p999_ns: median_of(|case| case.p999_ns as f64) as u64,
+            ..case.clone()
+        });
+    }
+    medians
+}
+
+/// The goals of every round (each round's list in the same order) as one list: each goal's
+/// ratio is the median of the rounds that computed it, beside every round's own.
+fn median_goals(per_round: Vec<Vec<Goal>>) -> Vec<Goal> {
+    let mut rounds = per_round.into_iter();
+    let Some(first) = rounds.next() else { return Vec::new() };
+    let mut goals: Vec<Goal> =
+        first.into_iter().map(|goal| Goal { rounds: vec![goal.ratio.as_ref().ok().copied()], ..goal }).collect();
+    for round in rounds {
+        for (goal, later) in goals.iter_mut().zip(round) {
+            debug_assert_eq!((&goal.name, goal.pattern), (&later.name, later.pattern));
+            goal.rounds.push(later.ratio.as_ref().ok().copied());
+            if goal.ratio.is_err() {
+                goal.ratio = later.ratio;
+            }
+        }
+    }
+    for goal in &mut goals {
+        let measured: Vec<f64> = goal.rounds.iter().flatten().copied().collect();
+        if !measured.is_empty() {
+            goal.ratio = Ok(crate::report::median(&measured));
+        }
+    }
+    goals
 }
 
 fn target_config(data_dir: &Path, poll: BlockPoll) -> netdam_target::config::Config {
@@ -429,6 +527,14 @@ fn endpoint(dir: &Path, name: &str, socket: &str) -> Result<(String, String), St
         Ok((format!("tcp:127.0.0.1:{port}"), format!("nbd://127.0.0.1:{port}")))
     } else {
         let path = dir.join(format!("{name}.sock"));
+        // A socket file left by the server of an earlier round would pass for the new server
+        // listening (`wait_until_listening`).
+        match std::fs::remove_file(&path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("removing {}: {error}", path.display()))
+            }
+            _ => {}
+        }
         Ok((format!("unix:{}", path.display()), format!("nbd+unix:///?socket={}", path.display())))
     }
 }
@@ -551,10 +657,10 @@ fn serve(args: &FioArgs, mut command: Command, server: &Server<'_>, dir: &Path, 
     drop(child);
 }
 
-/// Waits until the server listens, without connecting: `netdam nbd` dies of SIGPIPE when a
-/// client hangs up before the handshake ends, so a probe connection would kill the server it
-/// waits for. A Unix server is ready when its socket file exists; a TCP server when the kernel
-/// lists its port as listening in /proc/net/tcp.
+/// Waits until the server listens, without connecting: a probe that hangs up mid-handshake
+/// would be a failed client in the server's log (and a connection nbdkit counts). A Unix
+/// server is ready when its socket file exists (`endpoint` removes an earlier round's); a TCP
+/// server when the kernel lists its port as listening in /proc/net/tcp.
 fn wait_until_listening(child: &mut Child, listen: &str, log: &Path) -> Result<(), String> {
     let deadline = Instant::now() + SERVER_START_TIMEOUT;
     loop {
@@ -644,9 +750,19 @@ fn measure(
         for &(depth, batch) in points {
             eprintln!("{system} over {socket}: {pattern} at depth {depth}, batch {batch}");
             match fio_case(args, access, pattern, depth, batch) {
-                Ok((iops, ops, [p50_ns, p99_ns, p999_ns])) => {
-                    run.cases.push(Case { system, socket, pattern, depth, batch, iops, ops, p50_ns, p99_ns, p999_ns })
-                }
+                Ok((iops, ops, [p50_ns, p99_ns, p999_ns])) => run.cases.push(Case {
+                    system,
+                    socket,
+                    pattern,
+                    depth,
+                    batch,
+                    round: run.round,
+                    iops,
+                    ops,
+                    p50_ns,
+                    p99_ns,
+                    p999_ns,
+                }),
                 Err(reason) => return skip(&mut run.skipped, &format!("{system} over {socket}"), &reason),
             }
         }
@@ -675,6 +791,7 @@ fn measure_throughput(args: &FioArgs, target: &Target, run: &mut Run) {
                 pattern,
                 depth: THROUGHPUT_DEPTH,
                 batch: 1,
+                round: run.round,
                 iops: point.ops_per_s,
                 ops: (point.ops_per_s * args.seconds) as u64,
                 p50_ns: point.p50_ns,
@@ -709,6 +826,7 @@ fn measure_floor(args: &FioArgs, run: &mut Run) {
             pattern,
             depth: LATENCY_DEPTH,
             batch: 1,
+            round: run.round,
             // Warm-up included: a rate for orientation only.
             iops: (requests + requests / 10) as f64 / elapsed.max(f64::MIN_POSITIVE),
             ops: requests,
@@ -848,6 +966,7 @@ fn goals(cases: &[Case], batch: usize, remote: bool) -> Vec<Goal> {
             ratio: pair(PLUGIN, "udp", NBDKIT, "tcp", LATENCY_DEPTH, p50),
             bound: 0.6,
             at_most: true,
+            rounds: Vec::new(),
         });
         goals.push(Goal {
             name: "engine QD1 p99.9 / nbdkit over TCP QD1 p99.9".into(),
@@ -855,6 +974,7 @@ fn goals(cases: &[Case], batch: usize, remote: bool) -> Vec<Goal> {
             ratio: pair(PLUGIN, "udp", NBDKIT, "tcp", LATENCY_DEPTH, p999),
             bound: 0.3,
             at_most: true,
+            rounds: Vec::new(),
         });
         goals.push(Goal {
             name: "engine QD32 IOPS / nbdkit over TCP QD32 IOPS".into(),
@@ -862,6 +982,7 @@ fn goals(cases: &[Case], batch: usize, remote: bool) -> Vec<Goal> {
             ratio: pair(PLUGIN, "udp", NBDKIT, "tcp", THROUGHPUT_DEPTH, iops),
             bound: 2.0,
             at_most: false,
+            rounds: Vec::new(),
         });
         goals.push(Goal {
             name: format!(
@@ -872,6 +993,7 @@ fn goals(cases: &[Case], batch: usize, remote: bool) -> Vec<Goal> {
             ratio: pair(PLUGIN, "udp", THROUGHPUT, "udp", THROUGHPUT_DEPTH, iops),
             bound: 0.8,
             at_most: false,
+            rounds: Vec::new(),
         });
         // The shared layout, then (when it ran) the remote one, where both servers and their fio
         // have the same CPUs, the target's core apart.
@@ -884,6 +1006,7 @@ fn goals(cases: &[Case], batch: usize, remote: bool) -> Vec<Goal> {
                     ratio: pair(ours, socket, theirs, socket, THROUGHPUT_DEPTH, iops),
                     bound: 1.0,
                     at_most: false,
+                    rounds: Vec::new(),
                 });
             }
         }
@@ -894,6 +1017,7 @@ fn goals(cases: &[Case], batch: usize, remote: bool) -> Vec<Goal> {
                 ratio: ratio(PLUGIN, "udp", NBDKIT, "tcp", THROUGHPUT_DEPTH, batch, iops),
                 bound: 2.0,
                 at_most: false,
+                rounds: Vec::new(),
             });
             for socket in ["tcp", "unix"] {
                 goals.push(Goal {
@@ -904,6 +1028,7 @@ fn goals(cases: &[Case], batch: usize, remote: bool) -> Vec<Goal> {
                     ratio: ratio(NETDAM_NBD, socket, NBDKIT, socket, THROUGHPUT_DEPTH, batch, iops),
                     bound: 1.0,
                     at_most: false,
+                    rounds: Vec::new(),
                 });
             }
         }
@@ -957,7 +1082,8 @@ fn poll_description(poll: BlockPoll) -> String {
 }
 
 fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
-    let cases: Vec<_> = run.cases.iter().map(Case::to_json).collect();
+    let cases: Vec<_> = run.medians.iter().map(|case| case.to_json("rounds")).collect();
+    let round_cases: Vec<_> = run.cases.iter().map(|case| case.to_json("round")).collect();
     let goals: Vec<_> = run.goals.iter().map(Goal::to_json).collect();
     json!({"machine": crate::report::machine(), "fio": run.fio, "nbdkit": run.nbdkit,
            // The plugin's file name: its directory is this machine's, not the report's business.
@@ -966,10 +1092,10 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
            "namespace": {"name": NAMESPACE, "backend": "pmem", "medium": run.medium, "bytes": NAMESPACE_BYTES, "block_bytes": BLOCK_BYTES},
            "nbdkit_plugin": "memory 1G", "seconds": args.seconds, "ramp_seconds": 1, "depths": args.depths,
            "batch": args.batch,
-           "cases": cases, "goals": goals, "skipped": run.skipped,
+           "rounds": args.rounds, "cases": cases, "round_cases": round_cases, "goals": goals, "skipped": run.skipped,
            "remote_layout_cpus": run.remote_cpus,
-           "engine_qd1_p999_over_floor": floor_ratios(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
-           "floor_qd1_p999_over_nbdkit_tcp": floor_over_nbdkit(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+           "engine_qd1_p999_over_floor": floor_ratios(&run.medians).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+           "floor_qd1_p999_over_nbdkit_tcp": floor_over_nbdkit(&run.medians).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
            "note": "goals are ratios of cases measured in this run; absolute numbers hold for this machine only; see namespace.medium for whether netdam's writes are as volatile as nbdkit memory's"})
 }
 
@@ -987,9 +1113,16 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         run.medium,
         poll_description(args.poll),
     );
+    if args.rounds > 1 {
+        let _ = writeln!(
+            text,
+            "{} rounds, one after the other, each system in turn in each: every figure below is the median of the rounds (IOPS and each percentile taken apart), every goal's ratio the median of its rounds' ratios, listed beside it.\n",
+            args.rounds
+        );
+    }
     text.push_str("| system | socket | rw | depth | fio batch | IOPS | p50 µs | p99 µs | p99.9 µs |\n");
     text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    for case in &run.cases {
+    for case in &run.medians {
         let _ = writeln!(
             text,
             "| {} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
@@ -1005,11 +1138,24 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
             if case.p999_ns == 0 { "-".to_string() } else { format!("{:.1}", us(case.p999_ns)) }
         );
     }
-    text.push_str("\n| goal | rw | ratio | bound | verdict |\n| --- | --- | --- | --- | --- |\n");
+    if args.rounds > 1 {
+        text.push_str(
+            "\n| goal | rw | ratio (median) | rounds | bound | verdict |\n| --- | --- | --- | --- | --- | --- |\n",
+        );
+    } else {
+        text.push_str("\n| goal | rw | ratio | bound | verdict |\n| --- | --- | --- | --- | --- |\n");
+    }
     for goal in &run.goals {
         let ratio = goal.ratio.as_ref().map(|ratio| format!("{ratio:.2}")).unwrap_or_else(|_| "-".into());
         let bound = format!("{} {:.1}", if goal.at_most { "≤" } else { "≥" }, goal.bound);
-        let _ = writeln!(text, "| {} | {} | {ratio} | {bound} | {} |", goal.name, goal.pattern, goal.verdict());
+        let rounds = if args.rounds > 1 {
+            let each: Vec<String> =
+                goal.rounds.iter().map(|ratio| ratio.map_or("-".to_string(), |ratio| format!("{ratio:.2}"))).collect();
+            format!(" {} |", each.join(" "))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(text, "| {} | {} | {ratio} |{rounds} {bound} | {} |", goal.name, goal.pattern, goal.verdict());
     }
     let listed = |ratios: Vec<(&str, Option<f64>)>| {
         ratios
@@ -1024,8 +1170,8 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         text,
         "\nFor reference (not goals): the engine's QD1 p99.9 over the UDP echo floor's: {}; the floor's own QD1 \
          p99.9 over nbdkit's over TCP, about the least the engine's p99.9 goal ratio can be on this machine: {}.",
-        listed(floor_ratios(&run.cases)),
-        listed(floor_over_nbdkit(&run.cases))
+        listed(floor_ratios(&run.medians)),
+        listed(floor_over_nbdkit(&run.medians))
     );
     if !run.skipped.is_empty() {
         text.push_str("\nSkipped:\n\n");
@@ -1205,6 +1351,7 @@ mod tests {
             pattern,
             depth: THROUGHPUT_DEPTH,
             batch: 1,
+            round: 0,
             iops,
             ops: iops as u64,
             p50_ns: 1,
@@ -1215,6 +1362,47 @@ mod tests {
 
     fn goal<'a>(goals: &'a [Goal], name: &str, pattern: &str) -> Option<&'a Goal> {
         goals.iter().find(|goal| goal.name == name && goal.pattern == pattern)
+    }
+
+    #[test]
+    fn rounds_report_each_case_and_goal_at_their_median() {
+        // Three rounds of the engine and nbdkit over TCP at depth 32, reads only.
+        let rounds = [(100_000.0, 60_000.0), (180_000.0, 80_000.0), (150_000.0, 50_000.0)];
+        let cases: Vec<Case> = rounds
+            .iter()
+            .enumerate()
+            .flat_map(|(round, &(ours, theirs))| {
+                let mut engine =
+                    Case { round, p999_ns: 1000 * (round as u64 + 1), ..case(PLUGIN, "udp", "randread", ours) };
+                engine.p50_ns = 10 * (3 - round as u64);
+                [engine, Case { round, ..case(NBDKIT, "tcp", "randread", theirs) }]
+            })
+            .collect();
+        let medians = median_cases(&cases);
+        assert_eq!(medians.len(), 2, "one median case per system");
+        let engine = find(&medians, PLUGIN, "udp", "randread", THROUGHPUT_DEPTH).expect("the engine's median");
+        assert_eq!((engine.round, engine.iops), (3, 150_000.0));
+        // Each figure apart: the p50 of round 2, the p99.9 of round 1.
+        assert_eq!((engine.p50_ns, engine.p999_ns), (20, 2000));
+
+        let per_round = (0..3)
+            .map(|round| {
+                let cases: Vec<Case> = cases.iter().filter(|case| case.round == round).cloned().collect();
+                goals(&cases, 1, false)
+            })
+            .collect();
+        let goals = median_goals(per_round);
+        let name = "engine QD32 IOPS / nbdkit over TCP QD32 IOPS";
+        let combined = goal(&goals, name, "randread").expect("the goal");
+        // Rounds: 1.67, 2.25, 3.0: the median is met though the first round alone is not.
+        let each: Vec<f64> = combined.rounds.iter().map(|ratio| ratio.expect("measured")).collect();
+        assert_eq!(each.len(), 3);
+        assert!((each[0] - 100.0 / 60.0).abs() < 1e-9 && (each[2] - 3.0).abs() < 1e-9, "{each:?}");
+        assert_eq!(combined.ratio.as_ref().ok().copied(), Some(2.25));
+        assert_eq!(combined.met(), Some(true));
+        // A goal no round could compute stays unmeasured, with its reason.
+        let unmeasured = goal(&goals, name, "randwrite").expect("the write goal");
+        assert!(unmeasured.ratio.is_err() && unmeasured.rounds == [None, None, None]);
     }
 
     #[test]
