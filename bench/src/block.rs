@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use netdam_initiator::session::SessionConfig;
+use netdam_initiator::swift::SwiftConfig;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::rng::Rng;
@@ -156,6 +157,8 @@ impl Case {
                "busy": self.session.map(|s| s.busy), "window": self.session.map(|s| s.window),
                "endpoint_window": self.session.and_then(|s| s.windows.map(|w| w.0)),
                "fabric_window": self.session.and_then(|s| s.windows.map(|w| w.1)),
+               "last_fabric_delay_us": self.session.and_then(|s| s.fabric_delay_us.map(|d| d.0)),
+               "fabric_target_us": self.session.and_then(|s| s.fabric_delay_us.map(|d| d.1)),
                "duplicates_in_progress": self.session.map(|s| s.still_in_progress),
                "duplicates_answered_before": self.session.map(|s| s.answered_before)})
     }
@@ -288,16 +291,20 @@ fn target_config(file: &Path, data_dir: &Path, args: &BlockArgs) -> Config {
     }
 }
 
+impl BlockArgs {
+    /// The timed clients' congestion control: none with `--cc off`.
+    fn congestion(&self) -> Option<SwiftConfig> {
+        (self.cc == crate::OnOff::On).then(SwiftConfig::default)
+    }
+}
+
 fn client(
     target: &Target,
     poll: ClientPoll,
     depth: usize,
-    congestion_control: bool,
+    congestion: Option<SwiftConfig>,
 ) -> Result<(Client, NamespaceInfo), String> {
-    let mut session = SessionConfig { max_in_flight: depth.max(1), ..SessionConfig::default() };
-    if !congestion_control {
-        session.congestion = None;
-    }
+    let session = SessionConfig { max_in_flight: depth.max(1), congestion, ..SessionConfig::default() };
     let client = Client::connect_with(target.local_addr(), ClientOptions { session, poll, ..ClientOptions::default() })
         .map_err(|error| format!("netdam client: {error}"))?;
     let disk = client.namespace("disk").map_err(|error| error.to_string())?.clone();
@@ -359,7 +366,7 @@ fn netdam_case(
     depth: usize,
 ) -> Result<Case, String> {
     let target = Target::start(&target_config(file, data_dir, args)).map_err(|error| error.to_string())?;
-    let (mut client, disk) = client(&target, args.poll.client(), depth, args.cc == crate::OnOff::On)?;
+    let (mut client, disk) = client(&target, args.poll.client(), depth, args.congestion())?;
     let write = pattern == "randwrite";
     let (histogram, ops) = drive(&mut client, &disk, write, depth, Duration::from_secs(1), args.seconds, 7)?;
     let seconds = args.seconds;
@@ -426,7 +433,7 @@ fn read_under_write_load(
         if loaded {
             std::thread::sleep(Duration::from_secs(1));
         }
-        let (mut reader, _) = client(&target, args.poll.client(), 1, true)?;
+        let (mut reader, _) = client(&target, args.poll.client(), 1, Some(SwiftConfig::default()))?;
         let mut histogram = histogram();
         let stop_at = Instant::now() + Duration::from_secs_f64(args.seconds);
         let mut index = 0u64;
@@ -451,6 +458,34 @@ fn read_under_write_load(
 }
 
 type UnderLoad = [(String, Histogram<u64>, u64)];
+
+/// Each case's median over the rounds (system, pattern and depth): IOPS and percentiles each
+/// taken apart, the session's retransmissions and BUSY answers summed. What `compare` reads.
+fn median_cases_json(cases: &[Case]) -> Vec<serde_json::Value> {
+    let mut seen: Vec<(&str, &str, usize)> = Vec::new();
+    let mut medians = Vec::new();
+    for case in cases {
+        let key = (case.system.as_str(), case.pattern, case.depth);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let rounds: Vec<&Case> =
+            cases.iter().filter(|other| (other.system.as_str(), other.pattern, other.depth) == key).collect();
+        let median_of = |value: &dyn Fn(&Case) -> f64| {
+            crate::report::median(&rounds.iter().map(|case| value(case)).collect::<Vec<_>>())
+        };
+        let sum_of = |value: &dyn Fn(&SessionFigures) -> u64| {
+            rounds.iter().filter_map(|case| case.session.as_ref().map(value)).reduce(|a, b| a + b)
+        };
+        medians.push(json!({"system": case.system, "pattern": case.pattern, "depth": case.depth,
+            "rounds": rounds.len(), "iops": median_of(&|case| case.iops()),
+            "p50_ns": median_of(&|case| case.p50_ns as f64) as u64, "p99_ns": median_of(&|case| case.p99_ns as f64) as u64,
+            "p999_ns": median_of(&|case| case.p999_ns as f64) as u64,
+            "retransmissions": sum_of(&|s| s.retransmissions), "busy": sum_of(&|s| s.busy)}));
+    }
+    medians
+}
 
 /// fio's case of the same round, pattern and depth as `case`: what its ratios are to.
 fn floor_of<'a>(cases: &'a [Case], case: &Case) -> Option<&'a Case> {
@@ -486,16 +521,17 @@ fn report_json(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: 
                    "p999_ns": h.value_at_quantile(0.999), "max_ns": h.max(), "concurrent_writes": writes})
         })
         .collect();
-    let rows: Vec<_> = cases.iter().map(Case::to_json).collect();
+    let rows = median_cases_json(cases);
+    let round_rows: Vec<_> = cases.iter().map(Case::to_json).collect();
     let ratios: Vec<_> = iops_ratios(cases)
         .into_iter()
         .map(|(pattern, depth, rounds, median)| {
-            json!({"pattern": pattern, "depth": depth, "iops_x_fio_rounds": rounds, "iops_x_fio_median": median})
+            json!({"pattern": pattern, "depth": depth, "round_ratios": rounds, "iops_x_fio": median})
         })
         .collect();
     json!({"machine": crate::report::machine(), "fio": fio, "poll": format!("{:?}", args.poll).to_lowercase(),
            "congestion_control": format!("{:?}", args.cc).to_lowercase(), "file_bytes": args.file_size,
-           "seconds": args.seconds, "sqpoll_idle_ms": args.sqpoll_idle_ms, "rounds": args.rounds, "cases": rows, "iops_x_fio": ratios, "read_under_write_load": loads})
+           "seconds": args.seconds, "sqpoll_idle_ms": args.sqpoll_idle_ms, "rounds": args.rounds, "cases": rows, "round_cases": round_rows, "iops_x_fio": ratios, "read_under_write_load": loads})
 }
 
 fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &UnderLoad) -> String {

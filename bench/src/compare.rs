@@ -30,10 +30,8 @@ pub struct CompareArgs {
 }
 
 /// Fields that say which case an array element is, not what was measured.
-const IDENTITY_FIELDS: &[&str] = &[
-    "system", "socket", "rw", "pattern", "op", "poll", "bytes", "size", "depth", "batch", "sessions", "goal", "name",
-    "round",
-];
+const IDENTITY_FIELDS: &[&str] =
+    &["system", "socket", "rw", "pattern", "op", "poll", "bytes", "size", "depth", "batch", "sessions", "goal", "name"];
 
 /// Which way a figure is good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +91,10 @@ fn label(element: &Value, index: usize) -> String {
     }
 }
 
+/// Per-round detail of a report measured in rounds (`--rounds`): each round's cases and ratios.
+/// Its figures are the medians beside them; a single round moves too much to compare.
+const ROUND_DETAIL: &[&str] = &["round_cases", "round_ratios"];
+
 /// Every numeric leaf of `value`, by its path (`cases[op=READ,bytes=64].netdam.p50_ns`).
 fn flatten(value: &Value, path: &str, out: &mut BTreeMap<String, f64>) {
     match value {
@@ -103,7 +105,9 @@ fn flatten(value: &Value, path: &str, out: &mut BTreeMap<String, f64>) {
         }
         Value::Object(fields) => {
             for (key, field) in fields {
-                if IDENTITY_FIELDS.contains(&key.as_str()) && !field.is_object() {
+                if (IDENTITY_FIELDS.contains(&key.as_str()) && !field.is_object())
+                    || ROUND_DETAIL.contains(&key.as_str())
+                {
                     continue;
                 }
                 // A goal's ratio is good in the direction its bound says.
@@ -264,6 +268,24 @@ mod tests {
         let faster = figures(json!({"cases": [{"system": "x", "p99_ns": 50, "iops": 2000}]}));
         let (changes, _) = compare(&old, &faster, 0.10, false);
         assert!(changes.iter().all(|change| change.flag == "better"), "{changes:?}");
+    }
+
+    #[test]
+    fn reports_in_rounds_compare_their_medians_only() {
+        let report = |iops: f64, noisy: f64| {
+            json!({"rounds": 2,
+                   "cases": [{"system": "x", "rounds": 2, "iops": iops}],
+                   "round_cases": [{"system": "x", "round": 0, "iops": noisy}, {"system": "x", "round": 1, "iops": iops}],
+                   "goals": [{"goal": "g", "ratio": 1.0, "at_most": false, "round_ratios": [noisy, 1.0]}]})
+        };
+        let (old, new) = (figures(report(100.0, 10.0)), figures(report(100.0, 1000.0)));
+        assert!(old.keys().all(|name| !name.contains("round_")), "{old:?}");
+        assert_eq!(old.get("cases[system=x].iops"), Some(&100.0));
+        // A round that moved tenfold is not a change of the report's figures.
+        assert_eq!(old, new);
+        // A report of one round (no round detail) compares with one of several.
+        let single = figures(json!({"cases": [{"system": "x", "iops": 100.0}]}));
+        assert_eq!(single.get("cases[system=x].iops"), old.get("cases[system=x].iops"));
     }
 
     #[test]

@@ -169,7 +169,7 @@ impl Goal {
     }
 
     fn to_json(&self) -> serde_json::Value {
-        json!({"goal": self.name, "rw": self.pattern, "ratio": self.ratio.as_ref().ok(), "rounds": self.rounds,
+        json!({"goal": self.name, "rw": self.pattern, "ratio": self.ratio.as_ref().ok(), "round_ratios": self.rounds,
                "bound": self.bound, "at_most": self.at_most, "met": self.met(), "verdict": self.verdict()})
     }
 }
@@ -420,8 +420,12 @@ fn median_goals(per_round: Vec<Vec<Goal>>) -> Vec<Goal> {
     let mut goals: Vec<Goal> =
         first.into_iter().map(|goal| Goal { rounds: vec![goal.ratio.as_ref().ok().copied()], ..goal }).collect();
     for round in rounds {
+        // `goals` lists the same goals in every round (from the patterns, the batch and the
+        // layouts, never from which cases ran): a round that could not compute one has its
+        // reason in that goal's place.
+        assert_eq!(round.len(), goals.len(), "every round lists the same goals");
         for (goal, later) in goals.iter_mut().zip(round) {
-            debug_assert_eq!((&goal.name, goal.pattern), (&later.name, later.pattern));
+            assert_eq!((&goal.name, goal.pattern), (&later.name, later.pattern), "the same goals in the same order");
             goal.rounds.push(later.ratio.as_ref().ok().copied());
             if goal.ratio.is_err() {
                 goal.ratio = later.ratio;
@@ -1049,20 +1053,30 @@ fn floor_over_nbdkit(cases: &[Case]) -> Vec<(&'static str, Option<f64>)> {
     qd1_p999_ratios(cases, (FLOOR, "udp"), (NBDKIT, "tcp"))
 }
 
-/// `(system, socket)`'s QD1 p99.9 over `(peer, socket)`'s, per pattern (`None` where either was
-/// not measured).
+/// `(system, socket)`'s QD1 p99.9 over `(peer, socket)`'s, per pattern: the median of the
+/// rounds' ratios, as the goals are (`None` where no round measured both).
 fn qd1_p999_ratios(
     cases: &[Case],
     (system, socket): (&str, &str),
     (peer, peer_socket): (&str, &str),
 ) -> Vec<(&'static str, Option<f64>)> {
+    let rounds = cases.iter().map(|case| case.round + 1).max().unwrap_or(0);
     PATTERNS
         .iter()
         .map(|&pattern| {
-            let ours = find(cases, system, socket, pattern, LATENCY_DEPTH);
-            let theirs = find(cases, peer, peer_socket, pattern, LATENCY_DEPTH);
-            let ratio = ours.zip(theirs).map(|(ours, theirs)| ours.p999_ns as f64 / (theirs.p999_ns as f64).max(1.0));
-            (pattern, ratio)
+            let ratios: Vec<f64> = (0..rounds)
+                .filter_map(|round| {
+                    let of_round = |system: &str, socket: &str| {
+                        cases.iter().find(|case| {
+                            (case.system, case.socket, case.pattern, case.depth, case.batch, case.round)
+                                == (system, socket, pattern, LATENCY_DEPTH, 1, round)
+                        })
+                    };
+                    let (ours, theirs) = (of_round(system, socket)?, of_round(peer, peer_socket)?);
+                    Some(ours.p999_ns as f64 / (theirs.p999_ns as f64).max(1.0))
+                })
+                .collect();
+            (pattern, (!ratios.is_empty()).then(|| crate::report::median(&ratios)))
         })
         .collect()
 }
@@ -1094,9 +1108,9 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
            "batch": args.batch,
            "rounds": args.rounds, "cases": cases, "round_cases": round_cases, "goals": goals, "skipped": run.skipped,
            "remote_layout_cpus": run.remote_cpus,
-           "engine_qd1_p999_over_floor": floor_ratios(&run.medians).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
-           "floor_qd1_p999_over_nbdkit_tcp": floor_over_nbdkit(&run.medians).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
-           "note": "goals are ratios of cases measured in this run; absolute numbers hold for this machine only; see namespace.medium for whether netdam's writes are as volatile as nbdkit memory's"})
+           "engine_qd1_p999_over_floor": floor_ratios(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+           "floor_qd1_p999_over_nbdkit_tcp": floor_over_nbdkit(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+           "note": "goals are ratios of cases measured in the same round, the median of the rounds' ratios (round_ratios); cases give each figure's median over the rounds (round_cases: every round's); absolute numbers hold for this machine only; see namespace.medium for whether netdam's writes are as volatile as nbdkit memory's"})
 }
 
 fn markdown(args: &FioArgs, run: &Run) -> String {
@@ -1125,8 +1139,14 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
     for case in &run.medians {
         let _ = writeln!(
             text,
-            "| {} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
+            "| {}{} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
             case.system,
+            // A case some rounds could not measure (see Skipped) is the median of fewer.
+            if case.round < args.rounds as usize {
+                format!(" ({} of {} rounds)", case.round, args.rounds)
+            } else {
+                String::new()
+            },
             case.socket,
             case.pattern,
             case.depth,
@@ -1157,6 +1177,11 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         };
         let _ = writeln!(text, "| {} | {} | {ratio} |{rounds} {bound} | {} |", goal.name, goal.pattern, goal.verdict());
     }
+    if args.rounds > 1 {
+        text.push_str(
+            "\nA goal's ratio is the median of its rounds' ratios (each round's cases against each other), so it need not equal the ratio of the two medians in the table above.\n",
+        );
+    }
     let listed = |ratios: Vec<(&str, Option<f64>)>| {
         ratios
             .into_iter()
@@ -1170,8 +1195,8 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         text,
         "\nFor reference (not goals): the engine's QD1 p99.9 over the UDP echo floor's: {}; the floor's own QD1 \
          p99.9 over nbdkit's over TCP, about the least the engine's p99.9 goal ratio can be on this machine: {}.",
-        listed(floor_ratios(&run.medians)),
-        listed(floor_over_nbdkit(&run.medians))
+        listed(floor_ratios(&run.cases)),
+        listed(floor_over_nbdkit(&run.cases))
     );
     if !run.skipped.is_empty() {
         text.push_str("\nSkipped:\n\n");
@@ -1382,7 +1407,7 @@ mod tests {
         assert_eq!(medians.len(), 2, "one median case per system");
         let engine = find(&medians, PLUGIN, "udp", "randread", THROUGHPUT_DEPTH).expect("the engine's median");
         assert_eq!((engine.round, engine.iops), (3, 150_000.0));
-        // Each figure apart: the p50 of round 2, the p99.9 of round 1.
+        // Each figure's own median: p50s 30, 20, 10 and p99.9s 1000, 2000, 3000.
         assert_eq!((engine.p50_ns, engine.p999_ns), (20, 2000));
 
         let per_round = (0..3)
