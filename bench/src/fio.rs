@@ -183,6 +183,8 @@ struct Run {
     plugin: Option<PathBuf>,
     /// The round being measured (from 0).
     round: usize,
+    /// Rounds measured whole: the medians are theirs.
+    rounds_completed: usize,
     /// Every case of every round.
     cases: Vec<Case>,
     /// Each case's median over the rounds (`Case::round`: how many rounds measured it).
@@ -231,6 +233,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         nbdkit: None,
         plugin: None,
         round: 0,
+        rounds_completed: 0,
         cases: Vec::new(),
         medians: Vec::new(),
         skipped: Vec::new(),
@@ -253,11 +256,21 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             eprintln!("round {} of {}", round + 1, args.rounds);
         }
         run.round = round;
-        remote_cpus = measure_round(args, &mut run, scratch.path())?;
+        match measure_round(args, &mut run, scratch.path()) {
+            Ok(cpus) => {
+                remote_cpus = cpus;
+                run.rounds_completed += 1;
+            }
+            Err(reason) if round > 0 => {
+                end_rounds_early(&mut run, round, args.rounds, &reason);
+                break;
+            }
+            Err(reason) => return Err(reason),
+        }
     }
     run.remote_cpus = remote_cpus;
     run.medians = median_cases(&run.cases);
-    let per_round: Vec<Vec<Goal>> = (0..args.rounds as usize)
+    let per_round: Vec<Vec<Goal>> = (0..run.rounds_completed)
         .map(|round| {
             let cases: Vec<Case> = run.cases.iter().filter(|case| case.round == round).cloned().collect();
             goals(&cases, args.batch, run.remote_cpus.is_some())
@@ -373,6 +386,14 @@ fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option
         }
     }
     Ok(remote_cpus)
+}
+
+/// A late round that failed (a server that would not start): the rounds before it stand, its
+/// own cases go, and the report says which rounds are missing and why. Half an hour of
+/// measurement is not thrown away for its last few minutes.
+fn end_rounds_early(run: &mut Run, failed: usize, asked: u32, reason: &str) {
+    run.cases.retain(|case| case.round < failed);
+    skip(&mut run.skipped, &format!("rounds {} to {asked}", failed + 1), reason);
 }
 
 /// Records that `what` was not measured and why (once, however many rounds find it so).
@@ -1106,7 +1127,7 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
            "namespace": {"name": NAMESPACE, "backend": "pmem", "medium": run.medium, "bytes": NAMESPACE_BYTES, "block_bytes": BLOCK_BYTES},
            "nbdkit_plugin": "memory 1G", "seconds": args.seconds, "ramp_seconds": 1, "depths": args.depths,
            "batch": args.batch,
-           "rounds": args.rounds, "cases": cases, "round_cases": round_cases, "goals": goals, "skipped": run.skipped,
+           "rounds": run.rounds_completed, "rounds_asked": args.rounds, "cases": cases, "round_cases": round_cases, "goals": goals, "skipped": run.skipped,
            "remote_layout_cpus": run.remote_cpus,
            "engine_qd1_p999_over_floor": floor_ratios(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
            "floor_qd1_p999_over_nbdkit_tcp": floor_over_nbdkit(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
@@ -1130,8 +1151,13 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
     if args.rounds > 1 {
         let _ = writeln!(
             text,
-            "{} rounds, one after the other, each system in turn in each: every figure below is the median of the rounds (IOPS and each percentile taken apart), every goal's ratio the median of its rounds' ratios, listed beside it.\n",
-            args.rounds
+            "{} rounds{}, one after the other, each system in turn in each: every figure below is the median of the rounds (IOPS and each percentile taken apart), every goal's ratio the median of its rounds' ratios, listed beside it.\n",
+            run.rounds_completed,
+            if run.rounds_completed < args.rounds as usize {
+                format!(" of the {} asked (see Skipped)", args.rounds)
+            } else {
+                String::new()
+            }
         );
     }
     text.push_str("| system | socket | rw | depth | fio batch | IOPS | p50 µs | p99 µs | p99.9 µs |\n");
@@ -1142,8 +1168,8 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
             "| {}{} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
             case.system,
             // A case some rounds could not measure (see Skipped) is the median of fewer.
-            if case.round < args.rounds as usize {
-                format!(" ({} of {} rounds)", case.round, args.rounds)
+            if case.round < run.rounds_completed {
+                format!(" ({} of {} rounds)", case.round, run.rounds_completed)
             } else {
                 String::new()
             },
@@ -1387,6 +1413,26 @@ mod tests {
 
     fn goal<'a>(goals: &'a [Goal], name: &str, pattern: &str) -> Option<&'a Goal> {
         goals.iter().find(|goal| goal.name == name && goal.pattern == pattern)
+    }
+
+    #[test]
+    fn a_failed_late_round_keeps_the_rounds_before_it() {
+        let mut run = Run {
+            medium: "",
+            fio: None,
+            nbdkit: None,
+            plugin: None,
+            round: 2,
+            rounds_completed: 2,
+            cases: (0..3).map(|round| Case { round, ..case(PLUGIN, "udp", "randread", 1.0) }).collect(),
+            medians: Vec::new(),
+            skipped: Vec::new(),
+            goals: Vec::new(),
+            remote_cpus: None,
+        };
+        end_rounds_early(&mut run, 2, 5, "nbdkit did not start");
+        assert_eq!(run.cases.iter().map(|case| case.round).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(run.skipped, ["rounds 3 to 5: nbdkit did not start"]);
     }
 
     #[test]
