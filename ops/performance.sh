@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Reproduces the README's Performance section on this machine: every netdam-bench report (JSON,
 # markdown and PNG plots) into the directory given (default docs/results). Takes about an hour
-# (the rounds of the fio and block comparisons most of it) and wants the machine otherwise
-# idle. Timings are measurements, never pass/fail.
+# (not timed whole: the five-round fio run took 23 minutes here, each five-round block run about
+# 5, the rest about 16 before rounds) and wants the machine otherwise idle. Timings are
+# measurements, never pass/fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-docs/results}"

@@ -462,16 +462,9 @@ type UnderLoad = [(String, Histogram<u64>, u64)];
 /// Each case's median over the rounds (system, pattern and depth): IOPS and percentiles each
 /// taken apart, the session's retransmissions and BUSY answers summed. What `compare` reads.
 fn median_cases_json(cases: &[Case]) -> Vec<serde_json::Value> {
-    let mut seen: Vec<(&str, &str, usize)> = Vec::new();
     let mut medians = Vec::new();
-    for case in cases {
-        let key = (case.system.as_str(), case.pattern, case.depth);
-        if seen.contains(&key) {
-            continue;
-        }
-        seen.push(key);
-        let rounds: Vec<&Case> =
-            cases.iter().filter(|other| (other.system.as_str(), other.pattern, other.depth) == key).collect();
+    for rounds in crate::report::groups_by(cases, |case| (case.system.clone(), case.pattern, case.depth)) {
+        let case = rounds[0];
         let median_of = |value: &dyn Fn(&Case) -> f64| {
             crate::report::median(&rounds.iter().map(|case| value(case)).collect::<Vec<_>>())
         };
@@ -498,19 +491,19 @@ fn floor_of<'a>(cases: &'a [Case], case: &Case) -> Option<&'a Case> {
 /// netdam's IOPS over fio's, per pattern and depth: each round's ratio (fio's case of the same
 /// round) and their median.
 fn iops_ratios(cases: &[Case]) -> Vec<(&'static str, usize, Vec<f64>, f64)> {
-    let mut ratios: Vec<(&'static str, usize, Vec<f64>, f64)> = Vec::new();
-    for case in cases.iter().filter(|case| case.system == "netdam") {
-        let Some(floor) = floor_of(cases, case) else { continue };
-        let ratio = case.iops() / floor.iops().max(f64::MIN_POSITIVE);
-        match ratios.iter_mut().find(|(pattern, depth, ..)| (*pattern, *depth) == (case.pattern, case.depth)) {
-            Some((_, _, rounds, _)) => rounds.push(ratio),
-            None => ratios.push((case.pattern, case.depth, vec![ratio], 0.0)),
-        }
-    }
-    for (_, _, rounds, median) in &mut ratios {
-        *median = crate::report::median(rounds);
-    }
-    ratios
+    let paired: Vec<(&Case, f64)> = cases
+        .iter()
+        .filter(|case| case.system == "netdam")
+        .filter_map(|case| Some((case, case.iops() / floor_of(cases, case)?.iops().max(f64::MIN_POSITIVE))))
+        .collect();
+    crate::report::groups_by(&paired, |(case, _)| (case.pattern, case.depth))
+        .into_iter()
+        .map(|group| {
+            let rounds: Vec<f64> = group.iter().map(|(_, ratio)| *ratio).collect();
+            let median = crate::report::median(&rounds);
+            (group[0].0.pattern, group[0].0.depth, rounds, median)
+        })
+        .collect()
 }
 
 fn report_json(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &UnderLoad) -> serde_json::Value {

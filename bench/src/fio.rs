@@ -98,7 +98,7 @@ struct Case {
     depth: usize,
     /// fio's submission and completion batch (1: fio's defaults).
     batch: usize,
-    /// The round it was measured in (from 0), or the number of rounds of a median case.
+    /// The round it was measured in (from 0).
     round: usize,
     iops: f64,
     ops: u64,
@@ -108,11 +108,11 @@ struct Case {
 }
 
 impl Case {
-    /// As JSON, with `round` under `round_key`: "round" for one round's case, "rounds" for a
-    /// median case (how many rounds it is the median of).
-    fn to_json(&self, round_key: &str) -> serde_json::Value {
+    /// As JSON, with `round_field` ("round": the round it was measured in, or "rounds": how many
+    /// rounds a median case is the median of).
+    fn to_json(&self, round_field: (&str, usize)) -> serde_json::Value {
         json!({"system": self.system, "socket": self.socket, "rw": self.pattern, "depth": self.depth,
-               "batch": self.batch, round_key: self.round, "iops": self.iops, "ios": self.ops, "lat_p50_ns": self.p50_ns, "lat_p99_ns": self.p99_ns,
+               "batch": self.batch, round_field.0: round_field.1, "iops": self.iops, "ios": self.ops, "lat_p50_ns": self.p50_ns, "lat_p99_ns": self.p99_ns,
                "lat_p999_ns": (self.p999_ns > 0).then_some(self.p999_ns)})
     }
 }
@@ -187,8 +187,8 @@ struct Run {
     rounds_completed: usize,
     /// Every case of every round.
     cases: Vec<Case>,
-    /// Each case's median over the rounds (`Case::round`: how many rounds measured it).
-    medians: Vec<Case>,
+    /// Each case's median over the rounds, with how many rounds measured it.
+    medians: Vec<(Case, usize)>,
     skipped: Vec<String>,
     goals: Vec<Goal>,
     /// The CPUs fio and the NBD servers ran on in the remote layout (`None`: not run).
@@ -271,10 +271,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
     run.remote_cpus = remote_cpus;
     run.medians = median_cases(&run.cases);
     let per_round: Vec<Vec<Goal>> = (0..run.rounds_completed)
-        .map(|round| {
-            let cases: Vec<Case> = run.cases.iter().filter(|case| case.round == round).cloned().collect();
-            goals(&cases, args.batch, run.remote_cpus.is_some())
-        })
+        .map(|round| goals(&of_round(&run.cases, round), args.batch, run.remote_cpus.is_some()))
         .collect();
     run.goals = median_goals(per_round);
     let text = markdown(args, &run);
@@ -293,6 +290,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         let fio_cases: Vec<Case> = run
             .medians
             .iter()
+            .map(|(case, _)| case)
             .filter(|case| ![THROUGHPUT, FLOOR].contains(&case.system) && case.batch == 1)
             .cloned()
             .collect();
@@ -388,6 +386,16 @@ fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option
     Ok(remote_cpus)
 }
 
+/// How many rounds `cases` come from.
+fn rounds_in(cases: &[Case]) -> usize {
+    cases.iter().map(|case| case.round + 1).max().unwrap_or(0)
+}
+
+/// The cases of `round`.
+fn of_round(cases: &[Case], round: usize) -> Vec<Case> {
+    cases.iter().filter(|case| case.round == round).cloned().collect()
+}
+
 /// A late round that failed (a server that would not start): the rounds before it stand, its
 /// own cases go, and the report says which rounds are missing and why. Half an hour of
 /// measurement is not thrown away for its last few minutes.
@@ -405,32 +413,26 @@ fn skip(skipped: &mut Vec<String>, what: &str, reason: &str) {
     }
 }
 
-/// Each case's median over the rounds that measured it: IOPS, I/Os and each percentile taken
-/// apart (so a median case need not be one round's). `Case::round` becomes the number of rounds.
-fn median_cases(cases: &[Case]) -> Vec<Case> {
-    let mut medians: Vec<Case> = Vec::new();
-    for case in cases {
-        let same = |other: &Case| {
-            (other.system, other.socket, other.pattern, other.depth, other.batch)
-                == (case.system, case.socket, case.pattern, case.depth, case.batch)
-        };
-        if medians.iter().any(same) {
-            continue;
-        }
-        let rounds: Vec<&Case> = cases.iter().filter(|other| same(other)).collect();
-        let median_of =
-            |value: fn(&Case) -> f64| crate::report::median(&rounds.iter().map(|case| value(case)).collect::<Vec<_>>());
-        medians.push(Case {
-            round: rounds.len(),
-            iops: median_of(|case| case.iops),
-            ops: median_of(|case| case.ops as f64) as u64,
-            p50_ns: median_of(|case| case.p50_ns as f64) as u64,
-            p99_ns: median_of(|case| case.p99_ns as f64) as u64,
-            p999_ns: median_of(|case| case.p999_ns as f64) as u64,
-            ..case.clone()
-        });
-    }
-    medians
+/// Each case's median over the rounds that measured it, with how many did: IOPS, I/Os and each
+/// percentile taken apart (so a median case need not be one round's).
+fn median_cases(cases: &[Case]) -> Vec<(Case, usize)> {
+    crate::report::groups_by(cases, |case| (case.system, case.socket, case.pattern, case.depth, case.batch))
+        .into_iter()
+        .map(|rounds| {
+            let median_of = |value: fn(&Case) -> f64| {
+                crate::report::median(&rounds.iter().map(|case| value(case)).collect::<Vec<_>>())
+            };
+            let median = Case {
+                iops: median_of(|case| case.iops),
+                ops: median_of(|case| case.ops as f64) as u64,
+                p50_ns: median_of(|case| case.p50_ns as f64) as u64,
+                p99_ns: median_of(|case| case.p99_ns as f64) as u64,
+                p999_ns: median_of(|case| case.p999_ns as f64) as u64,
+                ..rounds[0].clone()
+            };
+            (median, rounds.len())
+        })
+        .collect()
 }
 
 /// The goals of every round (each round's list in the same order) as one list: each goal's
@@ -1081,19 +1083,15 @@ fn qd1_p999_ratios(
     (system, socket): (&str, &str),
     (peer, peer_socket): (&str, &str),
 ) -> Vec<(&'static str, Option<f64>)> {
-    let rounds = cases.iter().map(|case| case.round + 1).max().unwrap_or(0);
+    let rounds: Vec<Vec<Case>> = (0..rounds_in(cases)).map(|round| of_round(cases, round)).collect();
     PATTERNS
         .iter()
         .map(|&pattern| {
-            let ratios: Vec<f64> = (0..rounds)
-                .filter_map(|round| {
-                    let of_round = |system: &str, socket: &str| {
-                        cases.iter().find(|case| {
-                            (case.system, case.socket, case.pattern, case.depth, case.batch, case.round)
-                                == (system, socket, pattern, LATENCY_DEPTH, 1, round)
-                        })
-                    };
-                    let (ours, theirs) = (of_round(system, socket)?, of_round(peer, peer_socket)?);
+            let ratios: Vec<f64> = rounds
+                .iter()
+                .filter_map(|cases| {
+                    let ours = find(cases, system, socket, pattern, LATENCY_DEPTH)?;
+                    let theirs = find(cases, peer, peer_socket, pattern, LATENCY_DEPTH)?;
                     Some(ours.p999_ns as f64 / (theirs.p999_ns as f64).max(1.0))
                 })
                 .collect();
@@ -1117,8 +1115,8 @@ fn poll_description(poll: BlockPoll) -> String {
 }
 
 fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
-    let cases: Vec<_> = run.medians.iter().map(|case| case.to_json("rounds")).collect();
-    let round_cases: Vec<_> = run.cases.iter().map(|case| case.to_json("round")).collect();
+    let cases: Vec<_> = run.medians.iter().map(|(case, rounds)| case.to_json(("rounds", *rounds))).collect();
+    let round_cases: Vec<_> = run.cases.iter().map(|case| case.to_json(("round", case.round))).collect();
     let goals: Vec<_> = run.goals.iter().map(Goal::to_json).collect();
     json!({"machine": crate::report::machine(), "fio": run.fio, "nbdkit": run.nbdkit,
            // The plugin's file name: its directory is this machine's, not the report's business.
@@ -1162,14 +1160,14 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
     }
     text.push_str("| system | socket | rw | depth | fio batch | IOPS | p50 µs | p99 µs | p99.9 µs |\n");
     text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    for case in &run.medians {
+    for (case, rounds) in &run.medians {
         let _ = writeln!(
             text,
             "| {}{} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
             case.system,
             // A case some rounds could not measure (see Skipped) is the median of fewer.
-            if case.round < run.rounds_completed {
-                format!(" ({} of {} rounds)", case.round, run.rounds_completed)
+            if *rounds < run.rounds_completed {
+                format!(" ({rounds} of {} rounds)", run.rounds_completed)
             } else {
                 String::new()
             },
@@ -1449,19 +1447,15 @@ mod tests {
                 [engine, Case { round, ..case(NBDKIT, "tcp", "randread", theirs) }]
             })
             .collect();
-        let medians = median_cases(&cases);
+        let (medians, rounds): (Vec<Case>, Vec<usize>) = median_cases(&cases).into_iter().unzip();
         assert_eq!(medians.len(), 2, "one median case per system");
+        assert_eq!(rounds, [3, 3], "each the median of three rounds");
         let engine = find(&medians, PLUGIN, "udp", "randread", THROUGHPUT_DEPTH).expect("the engine's median");
-        assert_eq!((engine.round, engine.iops), (3, 150_000.0));
+        assert_eq!(engine.iops, 150_000.0);
         // Each figure's own median: p50s 30, 20, 10 and p99.9s 1000, 2000, 3000.
         assert_eq!((engine.p50_ns, engine.p999_ns), (20, 2000));
 
-        let per_round = (0..3)
-            .map(|round| {
-                let cases: Vec<Case> = cases.iter().filter(|case| case.round == round).cloned().collect();
-                goals(&cases, 1, false)
-            })
-            .collect();
+        let per_round = (0..3).map(|round| goals(&of_round(&cases, round), 1, false)).collect();
         let goals = median_goals(per_round);
         let name = "engine QD32 IOPS / nbdkit over TCP QD32 IOPS";
         let combined = goal(&goals, name, "randread").expect("the goal");

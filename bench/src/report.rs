@@ -72,6 +72,20 @@ pub fn machine() -> String {
     format!("{cores} cores, {cpu}, Linux {kernel}")
 }
 
+/// `items` grouped by `key`, groups in the order their first item comes, items in their order:
+/// a case measured in several rounds, as one group per case.
+pub fn groups_by<T, K: PartialEq>(items: &[T], key: impl Fn(&T) -> K) -> Vec<Vec<&T>> {
+    let mut groups: Vec<(K, Vec<&T>)> = Vec::new();
+    for item in items {
+        let item_key = key(item);
+        match groups.iter_mut().find(|(group_key, _)| *group_key == item_key) {
+            Some((_, group)) => group.push(item),
+            None => groups.push((item_key, vec![item])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
 /// The median of `values` (the mean of the middle two for an even count); NaN for none.
 pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
@@ -362,7 +376,16 @@ pub fn write_latency(rounds: &[Vec<LatencyCase>], args: &LatencyArgs, dir: &Path
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{groups_by, median};
+
+    #[test]
+    fn groups_keep_the_order_of_their_first_item_and_of_their_items() {
+        let rounds = [("a", 0), ("b", 0), ("a", 1), ("c", 0), ("b", 1)];
+        let groups = groups_by(&rounds, |(name, _)| *name);
+        let seen: Vec<Vec<(&str, i32)>> =
+            groups.iter().map(|group| group.iter().map(|item| **item).collect()).collect();
+        assert_eq!(seen, [vec![("a", 0), ("a", 1)], vec![("b", 0), ("b", 1)], vec![("c", 0)]]);
+    }
 
     #[test]
     fn the_median_is_the_middle_value_or_the_mean_of_the_middle_two() {
