@@ -171,34 +171,77 @@ pub fn run(args: &BlockArgs) -> Result<(), String> {
     prepare_file(&file, args.file_size)?;
     let fio = if args.no_fio { None } else { Some(fio_version()?) };
     let mut cases = Vec::new();
+    let mut rounds = Rounds { asked: args.rounds, completed: 0, missing: None };
     for round in 0..args.rounds as usize {
         if args.rounds > 1 {
             eprintln!("round {} of {}", round + 1, args.rounds);
         }
-        for pattern in ["randread", "randwrite"] {
-            for &depth in &args.depths {
-                if fio.is_some() {
-                    cases.push(Case { round, ..fio_case(&file, args, pattern, depth)? });
-                }
-                cases.push(Case { round, ..netdam_case(&file, scratch.path(), args, pattern, depth)? });
+        match measure_round(&file, scratch.path(), args, fio.is_some(), round) {
+            Ok(measured) => {
+                cases.extend(measured);
+                rounds.completed += 1;
             }
+            Err(reason) if round > 0 => {
+                rounds.end_early(round, &reason);
+                break;
+            }
+            Err(reason) => return Err(reason),
         }
     }
     let under_load = read_under_write_load(&file, scratch.path(), args)?;
     if args.json {
-        println!("{}", report_json(args, fio.as_deref(), &cases, &under_load));
+        println!("{}", report_json(args, fio.as_deref(), &rounds, &cases, &under_load));
     } else {
-        print!("{}", tables(args, fio.as_deref(), &cases, &under_load));
+        print!("{}", tables(args, fio.as_deref(), &rounds, &cases, &under_load));
     }
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))?;
-        let json = format!("{:#}\n", report_json(args, fio.as_deref(), &cases, &under_load));
+        let json = format!("{:#}\n", report_json(args, fio.as_deref(), &rounds, &cases, &under_load));
         std::fs::write(dir.join("block.json"), json).map_err(|error| error.to_string())?;
-        let markdown = format!("```text\n{}```\n", tables(args, fio.as_deref(), &cases, &under_load));
+        let markdown = format!("```text\n{}```\n", tables(args, fio.as_deref(), &rounds, &cases, &under_load));
         std::fs::write(dir.join("block.md"), markdown).map_err(|error| error.to_string())?;
         eprintln!("wrote {}/block.json and block.md", dir.display());
     }
     Ok(())
+}
+
+/// How many of the rounds asked for were measured, and why the rest were not.
+#[derive(Debug)]
+struct Rounds {
+    asked: u32,
+    completed: usize,
+    /// "rounds N to M: reason", when a round failed after the first.
+    missing: Option<String>,
+}
+
+impl Rounds {
+    /// A late round that failed (fio or a target that would not run): the rounds before it
+    /// stand and the report says which rounds are missing and why. Minutes of measurement are
+    /// not thrown away for the last round's failure.
+    fn end_early(&mut self, failed: usize, reason: &str) {
+        eprintln!("round {} failed, ending with the {} rounds before it: {reason}", failed + 1, failed);
+        self.missing = Some(format!("rounds {} to {}: {reason}", failed + 1, self.asked));
+    }
+}
+
+/// One round: every pattern and depth, fio (when it runs) then netdam.
+fn measure_round(
+    file: &Path,
+    data_dir: &Path,
+    args: &BlockArgs,
+    with_fio: bool,
+    round: usize,
+) -> Result<Vec<Case>, String> {
+    let mut cases = Vec::new();
+    for pattern in ["randread", "randwrite"] {
+        for &depth in &args.depths {
+            if with_fio {
+                cases.push(Case { round, ..fio_case(file, args, pattern, depth)? });
+            }
+            cases.push(Case { round, ..netdam_case(file, data_dir, args, pattern, depth)? });
+        }
+    }
+    Ok(cases)
 }
 
 /// Makes `path` at least `bytes` long with every block allocated and written (reads of holes
@@ -506,7 +549,13 @@ fn iops_ratios(cases: &[Case]) -> Vec<(&'static str, usize, Vec<f64>, f64)> {
         .collect()
 }
 
-fn report_json(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &UnderLoad) -> serde_json::Value {
+fn report_json(
+    args: &BlockArgs,
+    fio: Option<&str>,
+    rounds: &Rounds,
+    cases: &[Case],
+    under_load: &UnderLoad,
+) -> serde_json::Value {
     let loads: Vec<_> = under_load
         .iter()
         .map(|(name, h, writes)| {
@@ -524,10 +573,11 @@ fn report_json(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: 
         .collect();
     json!({"machine": crate::report::machine(), "fio": fio, "poll": format!("{:?}", args.poll).to_lowercase(),
            "congestion_control": format!("{:?}", args.cc).to_lowercase(), "file_bytes": args.file_size,
-           "seconds": args.seconds, "sqpoll_idle_ms": args.sqpoll_idle_ms, "rounds": args.rounds, "cases": rows, "round_cases": round_rows, "iops_x_fio": ratios, "read_under_write_load": loads})
+           "seconds": args.seconds, "sqpoll_idle_ms": args.sqpoll_idle_ms, "rounds": rounds.completed, "rounds_asked": rounds.asked,
+           "rounds_missing": rounds.missing, "cases": rows, "round_cases": round_rows, "iops_x_fio": ratios, "read_under_write_load": loads})
 }
 
-fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &UnderLoad) -> String {
+fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &Rounds, cases: &[Case], under_load: &UnderLoad) -> String {
     use std::fmt::Write;
     let us = |ns: u64| ns as f64 / 1000.0;
     let mut text = String::new();
@@ -607,11 +657,17 @@ fn tables(args: &BlockArgs, fio: Option<&str>, cases: &[Case], under_load: &Unde
     }
     let _ = writeln!(text);
     let ratios = iops_ratios(cases);
-    if args.rounds > 1 && !ratios.is_empty() {
-        let _ =
-            writeln!(text, "netdam's IOPS over fio's in the same round, and the median of the {} rounds:", args.rounds);
-        for (pattern, depth, rounds, median) in ratios {
-            let each: Vec<String> = rounds.iter().map(|ratio| format!("{ratio:.2}")).collect();
+    if let Some(missing) = &rounds.missing {
+        let _ = writeln!(text, "not measured: {missing}\n");
+    }
+    if rounds.completed > 1 && !ratios.is_empty() {
+        let _ = writeln!(
+            text,
+            "netdam's IOPS over fio's in the same round, and the median of the {} rounds:",
+            rounds.completed
+        );
+        for (pattern, depth, per_round, median) in ratios {
+            let each: Vec<String> = per_round.iter().map(|ratio| format!("{ratio:.2}")).collect();
             let _ = writeln!(text, "  {pattern:<10} depth {depth:>3}: {}  median {median:.2}", each.join(" "));
         }
         let _ = writeln!(text);
@@ -675,5 +731,39 @@ mod tests {
         assert_eq!(rounds, &[0.8, 0.95, 0.9]);
         assert!((median - 0.9).abs() < 1e-12, "{median}");
         assert_eq!((ratios[1].1, ratios[1].3), (1, 1.0));
+    }
+
+    #[test]
+    fn a_late_round_that_fails_leaves_the_rounds_before_it_in_the_report() {
+        let args = BlockArgs {
+            file: None,
+            file_size: 1 << 30,
+            seconds: 1.0,
+            depths: vec![32],
+            poll: BlockPoll::Busy,
+            cc: crate::OnOff::On,
+            sqpoll_idle_ms: 0,
+            no_fio: false,
+            rounds: 5,
+            json: false,
+            out: None,
+        };
+        let mut rounds = Rounds { asked: 5, completed: 2, missing: None };
+        rounds.end_early(2, "fio failed: no space left on device");
+        let cases = [
+            case("fio io_uring", 0, 32, 100),
+            case("netdam", 0, 32, 80),
+            case("fio io_uring", 1, 32, 100),
+            case("netdam", 1, 32, 90),
+        ];
+        let text = tables(&args, Some("fio-3.33"), &rounds, &cases, &Vec::new());
+        assert!(text.contains("not measured: rounds 3 to 5: fio failed: no space left on device"), "{text}");
+        assert!(text.contains("median of the 2 rounds"), "{text}");
+        assert!(text.contains("0.80 0.90  median 0.85"), "{text}");
+        let json = report_json(&args, Some("fio-3.33"), &rounds, &cases, &Vec::new());
+        assert_eq!(json["rounds"], 2);
+        assert_eq!(json["rounds_asked"], 5);
+        assert_eq!(json["rounds_missing"], "rounds 3 to 5: fio failed: no space left on device");
+        assert_eq!(json["iops_x_fio"][0]["round_ratios"], serde_json::json!([0.8, 0.9]));
     }
 }
