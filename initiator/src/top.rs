@@ -126,9 +126,14 @@ pub fn quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
     Some(lower_bound)
 }
 
-/// Cumulative bucket deltas `later - earlier` of one series (same bounds), clamped at zero
-/// (a restarted process starts its counters again).
+/// Cumulative bucket deltas `later - earlier` of one series (same bounds). A histogram whose
+/// total fell was reset (its process restarted in between): everything it counted since then
+/// is the interval's, as Prometheus's `increase` reads a reset.
 pub fn bucket_deltas(earlier: &[(f64, f64)], later: &[(f64, f64)]) -> Buckets {
+    let total = |buckets: &[(f64, f64)]| buckets.last().map_or(0.0, |&(_, count)| count);
+    if total(later) < total(earlier) {
+        return later.to_vec();
+    }
     later
         .iter()
         .map(|&(bound, count)| {
@@ -163,6 +168,31 @@ impl Snapshot {
     /// Sum of the samples named `name` whose labels pass `keep`.
     pub fn sum(&self, name: &str, keep: impl Fn(&Sample) -> bool) -> f64 {
         self.samples.iter().filter(|sample| sample.name == name && keep(sample)).map(|sample| sample.value).sum()
+    }
+
+    /// How much the counters named `name` whose labels pass `keep` grew since `earlier`, by the
+    /// value of label `by` (all under "" without it). Series by series, as Prometheus's
+    /// `increase` does: a series whose value fell was reset (its process restarted) and counts
+    /// its whole value, and a series new since `earlier` counts from zero.
+    pub fn increase_by_label(
+        &self,
+        earlier: &Snapshot,
+        name: &str,
+        by: Option<&str>,
+        keep: &dyn Fn(&Sample) -> bool,
+    ) -> BTreeMap<String, f64> {
+        let mut increases = BTreeMap::new();
+        for sample in self.samples.iter().filter(|sample| sample.name == name && keep(sample)) {
+            let before = earlier
+                .samples
+                .iter()
+                .find(|other| other.name == name && other.labels == sample.labels)
+                .map_or(0.0, |other| other.value);
+            let increase = if sample.value < before { sample.value } else { sample.value - before };
+            let key = by.and_then(|by| sample.label(by)).unwrap_or("").to_string();
+            *increases.entry(key).or_insert(0.0) += increase;
+        }
+        increases
     }
 
     /// Values of the samples named `name`, by the value of label `by`.
@@ -251,16 +281,16 @@ impl View {
     pub fn between(earlier: &Snapshot, later: &Snapshot, interval: Duration) -> View {
         let seconds = interval.as_secs_f64().max(1e-9);
         let rate = |name: &str, keep: &dyn Fn(&Sample) -> bool| {
-            ((later.sum(name, keep) - earlier.sum(name, keep)) / seconds).max(0.0)
+            // A fold from +0.0: an empty float sum is -0.0, which prints as "-0.0/s".
+            later.increase_by_label(earlier, name, None, keep).values().fold(0.0, |total, value| total + value)
+                / seconds
         };
         let (latency_family, requests_family) = later.latency_family();
         let before = earlier.histogram(latency_family);
         let after = later.histogram(latency_family);
-        let counts_before = earlier.by_label(requests_family, "opcode");
-        let counts_after = later.by_label(requests_family, "opcode");
+        let requests_by_opcode = later.increase_by_label(earlier, requests_family, Some("opcode"), &|_| true);
         let mut opcodes = Vec::new();
-        for (opcode, count) in &counts_after {
-            let requests = (count - counts_before.get(opcode).copied().unwrap_or(0.0)).max(0.0);
+        for (opcode, &requests) in &requests_by_opcode {
             let deltas = after.get(opcode).map(|buckets| bucket_deltas(before.get(opcode).map_or(&[], |b| b), buckets));
             let quantile_of = |q| deltas.as_deref().and_then(|buckets| quantile(q, buckets));
             if requests == 0.0 && quantile_of(0.5).is_none() {
@@ -463,5 +493,26 @@ mod tests {
         assert_eq!(json["opcodes"]["read"]["rate_per_s"], 200.0);
         assert_eq!(json["opcodes"]["read"]["p50_us"], 1_500_000.0);
         assert!(view.to_text("http://x/metrics").contains("read"));
+
+        // The target restarted between the scrapes: what the new process counted is the
+        // interval's, as Prometheus's `increase` reads a reset, not nothing.
+        let restarted = cumulative([0.0, 0.0, 30.0, 0.0, 0.0]);
+        let view = View::between(&scrape(110, &second), &scrape(30, &restarted), Duration::from_secs(1));
+        assert_eq!(view.opcodes.len(), 1, "{view:?}");
+        assert_eq!(view.opcodes[0].rate_per_second, 30.0);
+        assert_eq!(view.opcodes[0].p50, Some(3.0));
+        // Counters that did not fall are differences as before, series by series.
+        let counters = |ok: u64, busy: u64| {
+            Snapshot::parse(&format!(
+                "netdam_instruction_results_total{{status=\"ok\"}} {ok}\n\
+                 netdam_instruction_results_total{{status=\"no_such_region\"}} 5\n\
+                 netdam_busy_answers_total{{reason=\"queueing\"}} {busy}\n"
+            ))
+            .unwrap()
+        };
+        let view = View::between(&counters(100, 40), &counters(3, 46), Duration::from_secs(2));
+        assert_eq!(view.busy_per_second, 3.0);
+        assert_eq!(view.errors_per_second, 0.0, "the error series did not change");
+        assert!(view.retransmissions_per_second.is_sign_positive(), "no series prints as 0.0/s, not -0.0/s");
     }
 }
