@@ -5,9 +5,10 @@
 //! pass has written to a durable region, that write and the ones after it are persisted together
 //! at the end of the pass, and the answers given meanwhile wait for that persist. All buffers
 //! are allocated before the loop starts; inside it there is no allocation and no lock, and the
-//! system calls are receive, send, the persist of a persistent region (`msync`), in adaptive
-//! mode a `sched_yield` when a receive finds nothing, and, at the end of a pass that changes
-//! between lone requests and load, a `setsockopt` of the received TTL (`Stamps`).
+//! system calls are receive, send, the persist of a persistent region (`msync`), block I/O's
+//! `io_uring_enter` (a read's as it is queued, the rest once per pass), in adaptive mode a
+//! `sched_yield` when a receive finds nothing, and, at the end of a pass that changes between
+//! lone requests and load, a `setsockopt` of the received TTL (`Stamps`).
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
