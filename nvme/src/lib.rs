@@ -2,8 +2,9 @@
 //! TRIM, WRITE_ZEROES and BLOCK_STATUS, and its backends.
 //!
 //! A device is submitted to and reaped from by the same worker loop that serves memory
-//! instructions, so a block request never blocks that loop: `submit` queues, `reap` pushes the
-//! queued requests to the device and collects what finished, without waiting. Each worker opens
+//! instructions, so a block request never blocks that loop: `submit` queues (a device may hand
+//! a request to the kernel at once, as the io_uring backend does a read that starts a new run),
+//! `reap` pushes the queued requests to the device and collects what finished, without waiting. Each worker opens
 //! its own device on a namespace (its own ring, its own buffers): nothing is shared between
 //! workers but the backing store. BLOCK_STATUS is the exception to submit-and-reap: it asks
 //! the file system where data lies ([`BlockDevice::block_status`]), a bounded number of
@@ -259,8 +260,8 @@ pub trait BlockDevice: Send {
     /// Block size, capacity, queue depth and largest transfer.
     fn geometry(&self) -> Geometry;
 
-    /// Queues a request under `tag`; never waits for the device. The request's buffer belongs
-    /// to the device until its completion is reaped.
+    /// Queues a request under `tag` (or hands it to the device at once); never waits for the
+    /// device. The request's buffer belongs to the device until its completion is reaped.
     fn submit(&mut self, tag: u64, request: BlockRequest) -> Result<(), BlockError>;
 
     /// Pushes queued requests to the device and hands every finished one to `on_completion`,

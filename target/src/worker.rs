@@ -6,9 +6,10 @@
 //! at the end of the pass, and the answers given meanwhile wait for that persist. All buffers
 //! are allocated before the loop starts; inside it there is no allocation and no lock, and the
 //! system calls are receive, send, the persist of a persistent region (`msync`), block I/O's
-//! `io_uring_enter` (a read's as it is queued, the rest once per pass), in adaptive mode a
-//! `sched_yield` when a receive finds nothing, and, at the end of a pass that changes between
-//! lone requests and load, a `setsockopt` of the received TTL (`Stamps`).
+//! `io_uring_enter` (a read's as it is queued unless it continues the one before, the rest
+//! once per pass), in adaptive mode a `sched_yield` when a receive finds nothing, and, at the
+//! end of a pass that changes between lone requests and load, a `setsockopt` of the received
+//! TTL (`Stamps`).
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
