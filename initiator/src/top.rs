@@ -181,13 +181,21 @@ impl Snapshot {
         by: Option<&str>,
         keep: &dyn Fn(&Sample) -> bool,
     ) -> BTreeMap<String, f64> {
+        // A series is its label set, whatever order the exposition writes the labels in.
+        let series = |sample: &Sample| {
+            let mut labels = sample.labels.clone();
+            labels.sort_unstable();
+            labels
+        };
+        let earlier_values: std::collections::HashMap<_, f64> = earlier
+            .samples
+            .iter()
+            .filter(|sample| sample.name == name)
+            .map(|sample| (series(sample), sample.value))
+            .collect();
         let mut increases = BTreeMap::new();
         for sample in self.samples.iter().filter(|sample| sample.name == name && keep(sample)) {
-            let before = earlier
-                .samples
-                .iter()
-                .find(|other| other.name == name && other.labels == sample.labels)
-                .map_or(0.0, |other| other.value);
+            let before = earlier_values.get(&series(sample)).copied().unwrap_or(0.0);
             let increase = if sample.value < before { sample.value } else { sample.value - before };
             let key = by.and_then(|by| sample.label(by)).unwrap_or("").to_string();
             *increases.entry(key).or_insert(0.0) += increase;
@@ -514,5 +522,9 @@ mod tests {
         assert_eq!(view.busy_per_second, 3.0);
         assert_eq!(view.errors_per_second, 0.0, "the error series did not change");
         assert!(view.retransmissions_per_second.is_sign_positive(), "no series prints as 0.0/s, not -0.0/s");
+        // A series is its label set, in whatever order the labels are written.
+        let before = Snapshot::parse("x_total{a=\"1\",b=\"2\"} 5\n").unwrap();
+        let after = Snapshot::parse("x_total{b=\"2\",a=\"1\"} 7\n").unwrap();
+        assert_eq!(after.increase_by_label(&before, "x_total", Some("a"), &|_| true)["1"], 2.0);
     }
 }
