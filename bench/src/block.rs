@@ -170,25 +170,17 @@ pub fn run(args: &BlockArgs) -> Result<(), String> {
     let file = args.file.clone().unwrap_or_else(|| scratch.path().join("netdam-bench-block.img"));
     prepare_file(&file, args.file_size)?;
     let fio = if args.no_fio { None } else { Some(fio_version()?) };
-    let mut cases = Vec::new();
-    let mut rounds = Rounds { asked: args.rounds, completed: 0, missing: None };
-    for round in 0..args.rounds as usize {
-        if args.rounds > 1 {
-            eprintln!("round {} of {}", round + 1, args.rounds);
+    let (cases, mut rounds) =
+        run_rounds(args.rounds, |round| measure_round(&file, scratch.path(), args, fio.is_some(), round))?;
+    let under_load = match read_under_write_load(&file, scratch.path(), args) {
+        Ok(under_load) => under_load,
+        // Whatever ended the rounds early may fail this too: the rounds measured still stand.
+        Err(reason) if rounds.missing.is_some() => {
+            rounds.missing = rounds.missing.map(|missing| format!("{missing}; the memory READ under load: {reason}"));
+            Vec::new()
         }
-        match measure_round(&file, scratch.path(), args, fio.is_some(), round) {
-            Ok(measured) => {
-                cases.extend(measured);
-                rounds.completed += 1;
-            }
-            Err(reason) if round > 0 => {
-                rounds.end_early(round, &reason);
-                break;
-            }
-            Err(reason) => return Err(reason),
-        }
-    }
-    let under_load = read_under_write_load(&file, scratch.path(), args)?;
+        Err(reason) => return Err(reason),
+    };
     if args.json {
         println!("{}", report_json(args, fio.as_deref(), &rounds, &cases, &under_load));
     } else {
@@ -222,6 +214,33 @@ impl Rounds {
         eprintln!("round {} failed, ending with the {} rounds before it: {reason}", failed + 1, failed);
         self.missing = Some(format!("rounds {} to {}: {reason}", failed + 1, self.asked));
     }
+}
+
+/// Runs `asked` rounds of `measure`; a round after the first that fails ends them early, and the
+/// rounds before it stand (`Rounds::end_early`). A first round that fails is the run's error.
+fn run_rounds(
+    asked: u32,
+    mut measure: impl FnMut(usize) -> Result<Vec<Case>, String>,
+) -> Result<(Vec<Case>, Rounds), String> {
+    let mut cases = Vec::new();
+    let mut rounds = Rounds { asked, completed: 0, missing: None };
+    for round in 0..asked as usize {
+        if asked > 1 {
+            eprintln!("round {} of {}", round + 1, asked);
+        }
+        match measure(round) {
+            Ok(measured) => {
+                cases.extend(measured);
+                rounds.completed += 1;
+            }
+            Err(reason) if round > 0 => {
+                rounds.end_early(round, &reason);
+                break;
+            }
+            Err(reason) => return Err(reason),
+        }
+    }
+    Ok((cases, rounds))
 }
 
 /// One round: every pattern and depth, fio (when it runs) then netdam.
@@ -748,14 +767,23 @@ mod tests {
             json: false,
             out: None,
         };
-        let mut rounds = Rounds { asked: 5, completed: 2, missing: None };
-        rounds.end_early(2, "fio failed: no space left on device");
-        let cases = [
-            case("fio io_uring", 0, 32, 100),
-            case("netdam", 0, 32, 80),
-            case("fio io_uring", 1, 32, 100),
-            case("netdam", 1, 32, 90),
-        ];
+        // Two rounds measure; the third fails; the rounds after it never run.
+        let mut asked_for = Vec::new();
+        let (cases, rounds) = run_rounds(5, |round| {
+            asked_for.push(round);
+            match round {
+                0 | 1 => {
+                    Ok(vec![case("fio io_uring", round, 32, 100), case("netdam", round, 32, 80 + 10 * round as u64)])
+                }
+                _ => Err("fio failed: no space left on device".to_string()),
+            }
+        })
+        .unwrap();
+        assert_eq!(asked_for, [0, 1, 2]);
+        assert_eq!(rounds.completed, 2);
+        assert_eq!(cases.iter().map(|case| case.round).collect::<Vec<_>>(), [0, 0, 1, 1]);
+        // A first round that fails is the run's error.
+        assert!(run_rounds(5, |_| Err("fio is missing".to_string())).is_err());
         let text = tables(&args, Some("fio-3.33"), &rounds, &cases, &Vec::new());
         assert!(text.contains("not measured: rounds 3 to 5: fio failed: no space left on device"), "{text}");
         assert!(text.contains("median of the 2 rounds"), "{text}");
