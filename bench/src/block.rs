@@ -170,17 +170,22 @@ pub fn run(args: &BlockArgs) -> Result<(), String> {
     let file = args.file.clone().unwrap_or_else(|| scratch.path().join("netdam-bench-block.img"));
     prepare_file(&file, args.file_size)?;
     let fio = if args.no_fio { None } else { Some(fio_version()?) };
-    let (cases, mut rounds) =
-        run_rounds(args.rounds, |round| measure_round(&file, scratch.path(), args, fio.is_some(), round))?;
+    let rounds = crate::report::run_rounds(args.rounds, |round| {
+        measure_round(&file, scratch.path(), args, fio.is_some(), round)
+    })?;
+    let completed = rounds.measured.len();
+    let mut missing = rounds.missing();
+    let cases: Vec<Case> = rounds.measured.into_iter().flatten().collect();
     let under_load = match read_under_write_load(&file, scratch.path(), args) {
         Ok(under_load) => under_load,
         // Whatever ended the rounds early may fail this too: the rounds measured still stand.
-        Err(reason) if rounds.missing.is_some() => {
-            rounds.missing = rounds.missing.map(|missing| format!("{missing}; the memory READ under load: {reason}"));
+        Err(reason) if missing.is_some() => {
+            missing = missing.map(|missing| format!("{missing}; the memory READ under load: {reason}"));
             Vec::new()
         }
         Err(reason) => return Err(reason),
     };
+    let rounds = RoundsDone { asked: args.rounds, completed, missing };
     if args.json {
         println!("{}", report_json(args, fio.as_deref(), &rounds, &cases, &under_load));
     } else {
@@ -197,50 +202,14 @@ pub fn run(args: &BlockArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// How many of the rounds asked for were measured, and why the rest were not.
+/// How many of the rounds asked for were measured, and why the rest were not, for the report.
 #[derive(Debug)]
-struct Rounds {
+struct RoundsDone {
     asked: u32,
     completed: usize,
-    /// "rounds N to M: reason", when a round failed after the first.
+    /// "rounds N to M: reason" (`report::Rounds::missing`), and the memory READ under load's
+    /// failure after it, if any.
     missing: Option<String>,
-}
-
-impl Rounds {
-    /// A late round that failed (fio or a target that would not run): the rounds before it
-    /// stand and the report says which rounds are missing and why. Minutes of measurement are
-    /// not thrown away for the last round's failure.
-    fn end_early(&mut self, failed: usize, reason: &str) {
-        eprintln!("round {} failed, ending with the {} rounds before it: {reason}", failed + 1, failed);
-        self.missing = Some(format!("rounds {} to {}: {reason}", failed + 1, self.asked));
-    }
-}
-
-/// Runs `asked` rounds of `measure`; a round after the first that fails ends them early, and the
-/// rounds before it stand (`Rounds::end_early`). A first round that fails is the run's error.
-fn run_rounds(
-    asked: u32,
-    mut measure: impl FnMut(usize) -> Result<Vec<Case>, String>,
-) -> Result<(Vec<Case>, Rounds), String> {
-    let mut cases = Vec::new();
-    let mut rounds = Rounds { asked, completed: 0, missing: None };
-    for round in 0..asked as usize {
-        if asked > 1 {
-            eprintln!("round {} of {}", round + 1, asked);
-        }
-        match measure(round) {
-            Ok(measured) => {
-                cases.extend(measured);
-                rounds.completed += 1;
-            }
-            Err(reason) if round > 0 => {
-                rounds.end_early(round, &reason);
-                break;
-            }
-            Err(reason) => return Err(reason),
-        }
-    }
-    Ok((cases, rounds))
 }
 
 /// One round: every pattern and depth, fio (when it runs) then netdam.
@@ -571,7 +540,7 @@ fn iops_ratios(cases: &[Case]) -> Vec<(&'static str, usize, Vec<f64>, f64)> {
 fn report_json(
     args: &BlockArgs,
     fio: Option<&str>,
-    rounds: &Rounds,
+    rounds: &RoundsDone,
     cases: &[Case],
     under_load: &UnderLoad,
 ) -> serde_json::Value {
@@ -596,7 +565,7 @@ fn report_json(
            "rounds_missing": rounds.missing, "cases": rows, "round_cases": round_rows, "iops_x_fio": ratios, "read_under_write_load": loads})
 }
 
-fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &Rounds, cases: &[Case], under_load: &UnderLoad) -> String {
+fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &RoundsDone, cases: &[Case], under_load: &UnderLoad) -> String {
     use std::fmt::Write;
     let us = |ns: u64| ns as f64 / 1000.0;
     let mut text = String::new();
@@ -769,7 +738,7 @@ mod tests {
         };
         // Two rounds measure; the third fails; the rounds after it never run.
         let mut asked_for = Vec::new();
-        let (cases, rounds) = run_rounds(5, |round| {
+        let measured = crate::report::run_rounds(5, |round| {
             asked_for.push(round);
             match round {
                 0 | 1 => {
@@ -780,10 +749,12 @@ mod tests {
         })
         .unwrap();
         assert_eq!(asked_for, [0, 1, 2]);
+        let rounds = RoundsDone { asked: 5, completed: measured.measured.len(), missing: measured.missing() };
         assert_eq!(rounds.completed, 2);
+        let cases: Vec<Case> = measured.measured.into_iter().flatten().collect();
         assert_eq!(cases.iter().map(|case| case.round).collect::<Vec<_>>(), [0, 0, 1, 1]);
         // A first round that fails is the run's error.
-        assert!(run_rounds(5, |_| Err("fio is missing".to_string())).is_err());
+        assert!(crate::report::run_rounds(5, |_| Err::<Vec<Case>, _>("fio is missing".to_string())).is_err());
         let text = tables(&args, Some("fio-3.33"), &rounds, &cases, &Vec::new());
         assert!(text.contains("not measured: rounds 3 to 5: fio failed: no space left on device"), "{text}");
         assert!(text.contains("median of the 2 rounds"), "{text}");

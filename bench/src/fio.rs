@@ -250,25 +250,16 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         Err(reason) => skip(&mut run.skipped, "every system", &format!("{reason} (apt-get install fio)")),
     }
     prefill_file(&scratch.path().join(NAMESPACE_FILE), NAMESPACE_BYTES)?;
-    let mut remote_cpus = None;
-    for round in 0..args.rounds as usize {
-        if args.rounds > 1 {
-            eprintln!("round {} of {}", round + 1, args.rounds);
-        }
+    let rounds = crate::report::run_rounds(args.rounds, |round| {
         run.round = round;
-        match measure_round(args, &mut run, scratch.path()) {
-            Ok(cpus) => {
-                remote_cpus = cpus;
-                run.rounds_completed += 1;
-            }
-            Err(reason) if round > 0 => {
-                end_rounds_early(&mut run, round, args.rounds, &reason);
-                break;
-            }
-            Err(reason) => return Err(reason),
-        }
+        measure_round(args, &mut run, scratch.path())
+    })?;
+    if let Some((failed, reason)) = &rounds.failed {
+        end_rounds_early(&mut run, *failed, args.rounds, reason);
     }
-    run.remote_cpus = remote_cpus;
+    run.rounds_completed = rounds.measured.len();
+    // The remote layout's CPUs as the last round found them.
+    run.remote_cpus = rounds.measured.into_iter().last().flatten();
     run.medians = median_cases(&run.cases);
     let per_round: Vec<Vec<Goal>> = (0..run.rounds_completed)
         .map(|round| goals(&of_round(&run.cases, round), args.batch, run.remote_cpus.is_some()))
@@ -396,9 +387,9 @@ fn of_round(cases: &[Case], round: usize) -> Vec<Case> {
     cases.iter().filter(|case| case.round == round).cloned().collect()
 }
 
-/// A late round that failed (a server that would not start): the rounds before it stand, its
-/// own cases go, and the report says which rounds are missing and why. Half an hour of
-/// measurement is not thrown away for its last few minutes.
+/// A late round that failed (a server that would not start, `report::run_rounds`): the rounds
+/// before it stand, its own cases (added as it went) go, and the report says which rounds are
+/// missing and why.
 fn end_rounds_early(run: &mut Run, failed: usize, asked: u32, reason: &str) {
     run.cases.retain(|case| case.round < failed);
     skip(&mut run.skipped, &format!("rounds {} to {asked}", failed + 1), reason);

@@ -86,6 +86,47 @@ pub fn groups_by<T, K: PartialEq>(items: &[T], key: impl Fn(&T) -> K) -> Vec<Vec
     groups.into_iter().map(|(_, group)| group).collect()
 }
 
+/// What [`run_rounds`] measured: each round's result, up to a round that failed after the first.
+#[derive(Debug)]
+pub struct Rounds<T> {
+    /// Rounds asked for.
+    pub asked: u32,
+    /// The results of the rounds that completed, in order.
+    pub measured: Vec<T>,
+    /// The round that failed (from 0) and why, when one ended the rounds early.
+    pub failed: Option<(usize, String)>,
+}
+
+impl<T> Rounds<T> {
+    /// "rounds N to M: why", when a round ended them early.
+    pub fn missing(&self) -> Option<String> {
+        self.failed.as_ref().map(|(round, reason)| format!("rounds {} to {}: {reason}", round + 1, self.asked))
+    }
+}
+
+/// Runs `asked` rounds of `measure`. A round after the first that fails ends them: the rounds
+/// before it stand (minutes of measurement are not thrown away for the last round's failure),
+/// and the report says which rounds are missing and why. A first round that fails is the run's
+/// error.
+pub fn run_rounds<T>(asked: u32, mut measure: impl FnMut(usize) -> Result<T, String>) -> Result<Rounds<T>, String> {
+    let mut rounds = Rounds { asked, measured: Vec::new(), failed: None };
+    for round in 0..asked as usize {
+        if asked > 1 {
+            eprintln!("round {} of {}", round + 1, asked);
+        }
+        match measure(round) {
+            Ok(result) => rounds.measured.push(result),
+            Err(reason) if round > 0 => {
+                eprintln!("round {} failed, ending with the {round} rounds before it: {reason}", round + 1);
+                rounds.failed = Some((round, reason));
+                break;
+            }
+            Err(reason) => return Err(reason),
+        }
+    }
+    Ok(rounds)
+}
+
 /// The median of `values` (the mean of the middle two for an even count); NaN for none.
 pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
