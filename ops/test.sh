@@ -10,7 +10,8 @@ log="$(mktemp -t netdam-test.XXXXXX)"
 trap 'rm -f "$log"' EXIT
 skipped=0
 script_passed=0
-step() { printf '\n== %s\n' "$*"; }
+# Each step prints the suite's elapsed time, so a slow step shows in the CI log (budget: 20 min).
+step() { printf '\n== %s (at %dm%02ds)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 skip() { printf 'SKIPPED: %s\n' "$*"; skipped=$((skipped + 1)); }
 
 step "system packages"
