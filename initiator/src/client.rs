@@ -36,18 +36,28 @@ pub enum ClientPoll {
     Busy,
     /// Spin while an answer is due soon, then sleep in the kernel: after each send or answer
     /// the client spins for twice its smoothed round trip, at least `ADAPTIVE_SPIN_MIN` and at
-    /// most `ADAPTIVE_SPIN_MAX`. An answer that comes within that finds the client awake, so it
-    /// pays no wake-up: on a virtual machine whose idle CPUs halt, waking a sleeping client
-    /// added 20-40 µs to a 4 KiB block read (docs/DECISIONS.md). An idle client sleeps, and a
-    /// slow one spins only the maximum per request.
+    /// most `ADAPTIVE_SPIN_MAX` (`ADAPTIVE_SPIN_MAX_LOADED` while more than one request is in
+    /// flight). An answer that comes within that finds the client awake, so it pays no wake-up:
+    /// on a virtual machine whose idle CPUs halt, waking a sleeping client added 20-40 µs to a
+    /// 4 KiB block read (docs/DECISIONS.md). An idle client sleeps, and a slow one spins only
+    /// the maximum per request.
     Adaptive,
 }
 
 /// The shortest spin of an adaptive client after a send or an answer.
 pub const ADAPTIVE_SPIN_MIN: Duration = Duration::from_micros(50);
 
-/// The longest spin of an adaptive client after a send or an answer.
+/// The longest spin of an adaptive client after a send or an answer, with at most one request
+/// in flight: a client waiting on one slow request sleeps through most of it.
 pub const ADAPTIVE_SPIN_MAX: Duration = Duration::from_micros(200);
+
+/// The longest spin while more than one request is in flight. A disk at depth finishes
+/// requests in bursts about a round trip apart (~500 µs for 32 random reads on this VM's
+/// disk), so a client that slept after 200 µs slept between every burst and woke late to
+/// refill its window: a file namespace at depth 32 through the fio engine gave 48k-51k random
+/// reads/s with 200 µs against 53k-61k with 1 ms, writes 25k-28k against 27k-31k
+/// (docs/DECISIONS.md, "An adaptive client at depth spins up to 1 ms").
+pub const ADAPTIVE_SPIN_MAX_LOADED: Duration = Duration::from_millis(1);
 
 /// Client settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,11 +85,13 @@ impl Default for ClientOptions {
     }
 }
 
-/// How long an adaptive client spins for an answer, given its smoothed round trip: twice it,
-/// within `ADAPTIVE_SPIN_MIN` and `ADAPTIVE_SPIN_MAX`.
-pub(crate) fn adaptive_spin_for(smoothed_rtt: Option<Duration>) -> Duration {
+/// How long an adaptive client spins for an answer, given its smoothed round trip and the
+/// requests it has in flight: twice the round trip, at least `ADAPTIVE_SPIN_MIN`, at most
+/// `ADAPTIVE_SPIN_MAX` with one request in flight or none, `ADAPTIVE_SPIN_MAX_LOADED` with more.
+pub(crate) fn adaptive_spin_for(smoothed_rtt: Option<Duration>, in_flight: usize) -> Duration {
     let rtt = smoothed_rtt.unwrap_or(ADAPTIVE_SPIN_MIN);
-    Duration::from_nanos(rtt.as_nanos().saturating_mul(2)).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX)
+    let max = if in_flight > 1 { ADAPTIVE_SPIN_MAX_LOADED } else { ADAPTIVE_SPIN_MAX };
+    Duration::from_nanos(rtt.as_nanos().saturating_mul(2)).clamp(ADAPTIVE_SPIN_MIN, max)
 }
 
 /// What one [`send_due`] did.
@@ -785,9 +797,10 @@ impl Client {
     }
 
     /// How long an adaptive client spins after a send or an answer: twice the smoothed round
-    /// trip, within `ADAPTIVE_SPIN_MIN` and `ADAPTIVE_SPIN_MAX`.
+    /// trip, within `ADAPTIVE_SPIN_MIN` and `ADAPTIVE_SPIN_MAX`, or `ADAPTIVE_SPIN_MAX_LOADED`
+    /// while more than one request is in flight.
     pub fn adaptive_spin(&self) -> Duration {
-        adaptive_spin_for(self.session.smoothed_rtt())
+        adaptive_spin_for(self.session.smoothed_rtt(), self.session.in_flight())
     }
 
     /// After a send or an answer at `now`: an adaptive client spins for a while longer.
@@ -929,6 +942,29 @@ impl Drop for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An adaptive client spins twice its round trip; with one request in flight or none at
+    /// most `ADAPTIVE_SPIN_MAX`, so that a slow lone request is slept through, and with more
+    /// at most `ADAPTIVE_SPIN_MAX_LOADED`, so that a disk's bursts of answers at depth find it
+    /// awake.
+    #[test]
+    fn an_adaptive_spin_is_bounded_by_what_is_in_flight() {
+        let micros = Duration::from_micros;
+        // No round trip known yet: it takes the least spin for one.
+        assert_eq!(adaptive_spin_for(None, 0), micros(100));
+        assert_eq!(adaptive_spin_for(None, 32), micros(100));
+        // Quick answers: twice the round trip, whatever is in flight.
+        assert_eq!(adaptive_spin_for(Some(micros(10)), 1), ADAPTIVE_SPIN_MIN);
+        assert_eq!(adaptive_spin_for(Some(micros(60)), 1), micros(120));
+        assert_eq!(adaptive_spin_for(Some(micros(60)), 32), micros(120));
+        // A disk's round trip at depth: one request is slept through after 200 µs, many are not.
+        assert_eq!(adaptive_spin_for(Some(micros(500)), 0), ADAPTIVE_SPIN_MAX);
+        assert_eq!(adaptive_spin_for(Some(micros(500)), 1), ADAPTIVE_SPIN_MAX);
+        assert_eq!(adaptive_spin_for(Some(micros(500)), 2), micros(1_000));
+        assert_eq!(adaptive_spin_for(Some(micros(400)), 32), micros(800));
+        // A slow device at depth: still bounded.
+        assert_eq!(adaptive_spin_for(Some(Duration::from_millis(15)), 32), ADAPTIVE_SPIN_MAX_LOADED);
+    }
 
     /// A train refused because nothing listens at the peer any more is the send's error, and
     /// means `NotListening` to a session that does not wait for a restart. (The kernel reports
