@@ -36,8 +36,8 @@ pub enum ClientPoll {
     Busy,
     /// Spin while an answer is due soon, then sleep in the kernel: after each send or answer
     /// the client spins for twice its smoothed round trip, at least `ADAPTIVE_SPIN_MIN` and at
-    /// most `ADAPTIVE_SPIN_MAX` (`ADAPTIVE_SPIN_MAX_LOADED` while more than one request is in
-    /// flight). An answer that comes within that finds the client awake, so it pays no wake-up:
+    /// most `ADAPTIVE_SPIN_MAX` (`ADAPTIVE_SPIN_MAX_LOADED` while more than one request is on
+    /// the wire). An answer that comes within that finds the client awake, so it pays no wake-up:
     /// on a virtual machine whose idle CPUs halt, waking a sleeping client added 20-40 µs to a
     /// 4 KiB block read (docs/DECISIONS.md). An idle client sleeps, and a slow one spins only
     /// the maximum per request.
@@ -51,7 +51,7 @@ pub const ADAPTIVE_SPIN_MIN: Duration = Duration::from_micros(50);
 /// in flight: a client waiting on one slow request sleeps through most of it.
 pub const ADAPTIVE_SPIN_MAX: Duration = Duration::from_micros(200);
 
-/// The longest spin while more than one request is in flight. A disk at depth finishes
+/// The longest spin while more than one request is on the wire. A disk at depth finishes
 /// requests in bursts about a round trip apart (~500 µs for 32 random reads on this VM's
 /// disk), so a client that slept after 200 µs slept between every burst and woke late to
 /// refill its window: a file namespace at depth 32 through the fio engine gave 48k-51k random
@@ -86,8 +86,8 @@ impl Default for ClientOptions {
 }
 
 /// How long an adaptive client spins for an answer, given its smoothed round trip and the
-/// requests it has in flight: twice the round trip, at least `ADAPTIVE_SPIN_MIN`, at most
-/// `ADAPTIVE_SPIN_MAX` with one request in flight or none, `ADAPTIVE_SPIN_MAX_LOADED` with more.
+/// requests it has on the wire: twice the round trip, at least `ADAPTIVE_SPIN_MIN`, at most
+/// `ADAPTIVE_SPIN_MAX` with one request on the wire or none, `ADAPTIVE_SPIN_MAX_LOADED` with more.
 pub(crate) fn adaptive_spin_for(smoothed_rtt: Option<Duration>, in_flight: usize) -> Duration {
     let rtt = smoothed_rtt.unwrap_or(ADAPTIVE_SPIN_MIN);
     let max = if in_flight > 1 { ADAPTIVE_SPIN_MAX_LOADED } else { ADAPTIVE_SPIN_MAX };
@@ -798,9 +798,10 @@ impl Client {
 
     /// How long an adaptive client spins after a send or an answer: twice the smoothed round
     /// trip, within `ADAPTIVE_SPIN_MIN` and `ADAPTIVE_SPIN_MAX`, or `ADAPTIVE_SPIN_MAX_LOADED`
-    /// while more than one request is in flight.
+    /// while more than one request is on the wire (sent and not answered: requests the window
+    /// holds back, or a BUSY answer holds, are no answer due soon).
     pub fn adaptive_spin(&self) -> Duration {
-        adaptive_spin_for(self.session.smoothed_rtt(), self.session.in_flight())
+        adaptive_spin_for(self.session.smoothed_rtt(), self.session.on_wire())
     }
 
     /// After a send or an answer at `now`: an adaptive client spins for a while longer.

@@ -932,8 +932,9 @@ impl Session {
         sequence
     }
 
-    /// Requests on the wire now (sent, not answered, not timed out): what the window bounds.
-    fn on_wire(&self) -> usize {
+    /// Requests on the wire now (sent, not answered, not timed out): what the window bounds,
+    /// and the answers an adaptive client may expect soon.
+    pub fn on_wire(&self) -> usize {
         self.requests.iter().filter(|request| matches!(request.state, State::Sent { .. })).count()
     }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::TestTarget;
-use netdam_initiator::client::{ADAPTIVE_SPIN_MAX, ADAPTIVE_SPIN_MIN};
-use netdam_initiator::{Client, ClientOptions, ClientPoll};
+use netdam_initiator::client::{ADAPTIVE_SPIN_MAX, ADAPTIVE_SPIN_MAX_LOADED, ADAPTIVE_SPIN_MIN};
+use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_nvme::{
     BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, CrashTestDevice, Geometry,
 };
@@ -115,4 +115,20 @@ fn an_adaptive_client_is_answered_rightly_and_sleeps_through_a_slow_request() {
     assert!((ADAPTIVE_SPIN_MIN..=ADAPTIVE_SPIN_MAX).contains(&spin), "spin {spin:?}");
     let rtt = client.smoothed_rtt().expect("answers were timed");
     assert_eq!(spin, (rtt + rtt).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX));
+
+    // Two slow reads on the wire at once: answers are due, so the spin may be longer
+    // (ADAPTIVE_SPIN_MAX_LOADED); once they are answered it is bounded as before.
+    let reads: Vec<_> = [11, 12]
+        .into_iter()
+        .map(|block| client.submit(&[Op::block_read(disk.id, block, 1)]).expect("room for two"))
+        .collect();
+    client.progress().unwrap();
+    let loaded = client.adaptive_spin();
+    assert_eq!(loaded, (rtt + rtt).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX_LOADED), "two on the wire");
+    assert!(loaded > ADAPTIVE_SPIN_MAX, "a 15 ms round trip spins past the lone bound at depth: {loaded:?}");
+    for ticket in reads {
+        client.wait(ticket).unwrap();
+    }
+    let rtt = client.smoothed_rtt().unwrap();
+    assert_eq!(client.adaptive_spin(), (rtt + rtt).clamp(ADAPTIVE_SPIN_MIN, ADAPTIVE_SPIN_MAX), "none on the wire");
 }
