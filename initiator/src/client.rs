@@ -48,7 +48,7 @@ pub enum ClientPoll {
 pub const ADAPTIVE_SPIN_MIN: Duration = Duration::from_micros(50);
 
 /// The longest spin of an adaptive client after a send or an answer, with at most one request
-/// in flight: a client waiting on one slow request sleeps through most of it.
+/// on the wire: a client waiting on one slow request sleeps through most of it.
 pub const ADAPTIVE_SPIN_MAX: Duration = Duration::from_micros(200);
 
 /// The longest spin while more than one request is on the wire. A disk at depth finishes
@@ -88,9 +88,9 @@ impl Default for ClientOptions {
 /// How long an adaptive client spins for an answer, given its smoothed round trip and the
 /// requests it has on the wire: twice the round trip, at least `ADAPTIVE_SPIN_MIN`, at most
 /// `ADAPTIVE_SPIN_MAX` with one request on the wire or none, `ADAPTIVE_SPIN_MAX_LOADED` with more.
-pub(crate) fn adaptive_spin_for(smoothed_rtt: Option<Duration>, in_flight: usize) -> Duration {
+pub(crate) fn adaptive_spin_for(smoothed_rtt: Option<Duration>, on_wire: usize) -> Duration {
     let rtt = smoothed_rtt.unwrap_or(ADAPTIVE_SPIN_MIN);
-    let max = if in_flight > 1 { ADAPTIVE_SPIN_MAX_LOADED } else { ADAPTIVE_SPIN_MAX };
+    let max = if on_wire > 1 { ADAPTIVE_SPIN_MAX_LOADED } else { ADAPTIVE_SPIN_MAX };
     Duration::from_nanos(rtt.as_nanos().saturating_mul(2)).clamp(ADAPTIVE_SPIN_MIN, max)
 }
 
@@ -944,12 +944,12 @@ impl Drop for Client {
 mod tests {
     use super::*;
 
-    /// An adaptive client spins twice its round trip; with one request in flight or none at
+    /// An adaptive client spins twice its round trip; with one request on the wire or none at
     /// most `ADAPTIVE_SPIN_MAX`, so that a slow lone request is slept through, and with more
     /// at most `ADAPTIVE_SPIN_MAX_LOADED`, so that a disk's bursts of answers at depth find it
     /// awake.
     #[test]
-    fn an_adaptive_spin_is_bounded_by_what_is_in_flight() {
+    fn an_adaptive_spin_is_bounded_by_what_is_on_the_wire() {
         let micros = Duration::from_micros;
         // No round trip known yet: it takes the least spin for one.
         assert_eq!(adaptive_spin_for(None, 0), micros(100));
