@@ -392,7 +392,7 @@ fn of_round(cases: &[Case], round: usize) -> Vec<Case> {
 /// missing and why.
 fn end_rounds_early(run: &mut Run, failed: usize, asked: u32, reason: &str) {
     run.cases.retain(|case| case.round < failed);
-    skip(&mut run.skipped, &format!("rounds {} to {asked}", failed + 1), reason);
+    skip(&mut run.skipped, &crate::report::rounds_not_measured(failed, asked), reason);
 }
 
 /// Records that `what` was not measured and why (once, however many rounds find it so).

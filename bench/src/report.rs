@@ -100,8 +100,13 @@ pub struct Rounds<T> {
 impl<T> Rounds<T> {
     /// "rounds N to M: why", when a round ended them early.
     pub fn missing(&self) -> Option<String> {
-        self.failed.as_ref().map(|(round, reason)| format!("rounds {} to {}: {reason}", round + 1, self.asked))
+        self.failed.as_ref().map(|(round, reason)| format!("{}: {reason}", rounds_not_measured(*round, self.asked)))
     }
+}
+
+/// "rounds N to M": the rounds from `failed` (from 0) to the last of `asked`, counted from 1.
+pub fn rounds_not_measured(failed: usize, asked: u32) -> String {
+    format!("rounds {} to {asked}", failed + 1)
 }
 
 /// Runs `asked` rounds of `measure`. A round after the first that fails ends them: the rounds
