@@ -61,6 +61,13 @@ pub struct SessionConfig {
     /// request resent while its device works only adds a datagram and shrinks the window
     /// (the target drops the duplicate of a request still in progress).
     pub min_block_rto: Duration,
+    /// Floor of a HELLO's retransmission timeout. The second HELLO is timed by the cookie's round
+    /// trip (half a millisecond or less), yet its answer may take longer: the target creates the
+    /// session then, and a target that has just started pauses for milliseconds now and then
+    /// (docs/DECISIONS.md, "Millisecond pauses on this VM come from below the guest"), so HELLOs
+    /// were resent at the start of sessions that lost nothing. A HELLO goes once per session:
+    /// a lost one costs this much once.
+    pub min_hello_rto: Duration,
     /// Ceiling of the retransmission timeout and its back-off.
     pub max_rto: Duration,
     /// Transmissions of one request before it may fail.
@@ -101,6 +108,7 @@ impl Default for SessionConfig {
             initial_rto: Duration::from_millis(200),
             min_rto: Duration::from_micros(500),
             min_block_rto: Duration::from_millis(20),
+            min_hello_rto: Duration::from_millis(20),
             max_rto: Duration::from_millis(2_000),
             max_attempts: 8,
             min_patience: Duration::from_millis(5_000),
@@ -977,8 +985,11 @@ impl Session {
                 }
             }
             self.send_queue.pop_front();
-            let rto = self.timeouts.rto(self.requests[index].kind, &self.config);
             let request = &mut self.requests[index];
+            let mut rto = self.timeouts.rto(request.kind, &self.config);
+            if request.origin == Origin::Hello {
+                rto = rto.max(self.config.min_hello_rto).min(self.config.max_rto);
+            }
             request.attempts += 1;
             let backed_off = Duration::from_nanos(rto.as_nanos().saturating_mul(1 << (request.attempts - 1).min(16)));
             request.state = State::Sent { deadline: now + backed_off.min(self.config.max_rto) };

@@ -661,3 +661,24 @@ fn retransmissions_of_block_requests_are_counted_apart() {
     let stats = session.stats();
     assert_eq!((stats.retransmissions, stats.block_retransmissions), (3, 1));
 }
+
+#[test]
+fn a_hello_waits_at_least_its_floor_before_it_is_resent() {
+    let mut session = Session::new(config(), 0);
+    session.start_hello(9000);
+    let at_us = |us: u64| Instant::ZERO + Duration::from_micros(us);
+    // The cookie comes back in 100 µs: the memory timeout it teaches (300 µs) is below the floor.
+    let first = session.poll_transmit(at_us(0)).expect("the first HELLO").to_vec();
+    session.handle_datagram(at_us(100), &target_answer(&first, 7, Status::Ok));
+    let second = session.poll_transmit(at_us(100)).expect("the second HELLO, with the cookie").to_vec();
+    assert_eq!(Request::parse(&second).unwrap().instructions().next().unwrap().opcode, netdam_isa::Opcode::Hello as u8);
+    assert_eq!(SessionConfig::default().min_hello_rto, Duration::from_millis(20));
+    assert_eq!(session.poll_timeout(), Some(at_us(100 + 20_000)), "the target may pause while it opens the session");
+    // Not resent before then; resent after.
+    session.handle_timeout(at_us(100 + 19_999));
+    assert!(session.poll_transmit(at_us(100 + 19_999)).is_none());
+    session.handle_timeout(at_us(100 + 20_000));
+    let again = session.poll_transmit(at_us(100 + 20_000)).expect("the HELLO again").to_vec();
+    assert_eq!(again, second, "the same HELLO, cookie and sequence");
+    assert_eq!(session.stats().retransmissions, 1);
+}
