@@ -455,6 +455,43 @@ impl Batch {
     }
 }
 
+/// The batches of the datagrams on the wire, each filled in place and kept where it is until
+/// its answer: a batch is 2 KiB (`PACK_MAX` pieces), and moved by value it was copied five times
+/// per datagram (built, returned, into the map, out of it), 10 KiB of copying per datagram
+/// beside a 4 KiB I/O's data (`docs/DECISIONS.md`, "The fio engine keeps its batches in
+/// place"). There are never more than the sessions' windows hold: it grows to that once.
+#[derive(Debug, Default)]
+struct Batches {
+    batches: Vec<Batch>,
+    free: Vec<usize>,
+}
+
+impl Batches {
+    /// An empty batch to fill; its index.
+    fn take(&mut self) -> usize {
+        match self.free.pop() {
+            Some(index) => index,
+            None => {
+                self.batches.push(Batch::new());
+                self.batches.len() - 1
+            }
+        }
+    }
+
+    /// Takes `index` back once its pieces are finished (taken out or dropped).
+    fn give_back(&mut self, index: usize) {
+        let batch = &mut self.batches[index];
+        batch.pieces[..batch.len].iter_mut().for_each(|place| *place = None);
+        batch.len = 0;
+        self.free.push(index);
+    }
+
+    /// The piece at `position` of batch `index`, taken out of it.
+    fn take_piece(&mut self, index: usize, position: usize) -> Option<Piece> {
+        self.batches[index].pieces[position].take()
+    }
+}
+
 /// How many pieces from the front of `backlog` one datagram of `max_datagram_bytes` carries
 /// (at least one, when there are any), and whether they fill it: the next piece would not fit,
 /// or it holds `PACK_MAX`. One that does not fill is short only for want of pieces.
@@ -529,8 +566,10 @@ pub struct Engine {
     /// I/Os in flight, by slot; at most fio's iodepth.
     slots: Vec<Option<Slot>>,
     free_slots: Vec<usize>,
-    /// Datagrams on the wire, by session and ticket.
-    on_wire: TicketMap<Batch>,
+    /// Datagrams on the wire, by session and ticket: the index of their batch in `batches`.
+    on_wire: TicketMap<usize>,
+    /// The pieces of each datagram on the wire.
+    batches: Batches,
     /// Pieces carrying data on the wire, by session.
     transfers_on_wire: Vec<usize>,
     /// Most pieces carrying data one session has on the wire: on a namespace, the transfer
@@ -603,6 +642,7 @@ impl Engine {
             slots: (0..iodepth).map(|_| None).collect(),
             free_slots: (0..iodepth).rev().collect(),
             on_wire: TicketMap::with_capacity_and_hasher(iodepth, Default::default()),
+            batches: Batches::default(),
             transfers_on_wire: vec![0; settings.sessions.max(1)],
             transfers_max: match settings.space {
                 SpaceName::Namespace(_) => BLOCK_QUEUE_DEPTH as usize,
@@ -768,22 +808,18 @@ impl Engine {
                 }
                 let batch = self.take_batch(len);
                 self.next_session = (index + 1) % count;
-                let slots = &self.slots;
+                let (slots, pieces) = (&self.slots, &self.batches.batches[batch].pieces);
                 let instruction = |position: usize| {
-                    let piece = batch.pieces[position].as_ref().expect("a batch is filled from its start");
+                    let piece = pieces[position].as_ref().expect("a batch is filled from its start");
                     let buffer = slots[piece.io].as_ref().map_or(&[][..], |slot| slot.buffer.as_slice());
                     piece.instruction(buffer)
                 };
-                match self.sessions[index].enqueue_with(batch.len, instruction) {
+                match self.sessions[index].enqueue_with(len, instruction) {
                     Ok(ticket) => {
                         self.transfers_on_wire[index] += transfers;
                         self.on_wire.insert((index, ticket), batch);
                     }
-                    Err(error) => {
-                        for piece in batch.pieces() {
-                            self.finish_piece(piece, Err(error.duplicate()));
-                        }
-                    }
+                    Err(error) => self.fail_batch(batch, &error),
                 }
                 continue 'datagrams;
             }
@@ -801,14 +837,26 @@ impl Engine {
         }
     }
 
-    /// Takes from the front of the backlog the pieces one datagram carries.
-    fn take_batch(&mut self, len: usize) -> Batch {
-        let mut batch = Batch::new();
+    /// Moves from the front of the backlog into a free batch the pieces one datagram carries;
+    /// the batch's index.
+    fn take_batch(&mut self, len: usize) -> usize {
+        let index = self.batches.take();
+        let batch = &mut self.batches.batches[index];
         for place in batch.pieces.iter_mut().take(len) {
             *place = self.backlog.pop_front();
         }
         batch.len = len;
-        batch
+        index
+    }
+
+    /// Fails every piece of batch `index` with `error`, and frees the batch.
+    fn fail_batch(&mut self, index: usize, error: &ClientError) {
+        for position in 0..self.batches.batches[index].len {
+            if let Some(piece) = self.batches.take_piece(index, position) {
+                self.finish_piece(&piece, Err(error.duplicate()));
+            }
+        }
+        self.batches.give_back(index);
     }
 
     /// Reads what the sessions received, handles their timeouts, finishes pieces, and sends
@@ -822,24 +870,22 @@ impl Engine {
             while let Some((ticket, result)) = self.sessions[index].take_finished() {
                 answered = true;
                 let Some(batch) = self.on_wire.remove(&(index, ticket)) else { continue };
-                self.transfers_on_wire[index] -= batch.transfers();
+                self.transfers_on_wire[index] -= self.batches.batches[batch].transfers();
                 match result {
                     Ok(reply) => {
-                        for (position, piece) in batch.pieces().enumerate() {
+                        for position in 0..self.batches.batches[batch].len {
+                            let Some(piece) = self.batches.take_piece(batch, position) else { continue };
                             match reply.data(position) {
                                 Err(error @ ClientError::Refused { status: Status::Busy, .. }) => {
-                                    self.hold_busy(piece, reply.rtt.to_std(), &error)
+                                    self.hold_busy(&piece, reply.rtt.to_std(), &error)
                                 }
-                                result => self.finish_piece(piece, result),
+                                result => self.finish_piece(&piece, result),
                             }
                         }
                         self.sessions[index].recycle(reply);
+                        self.batches.give_back(batch);
                     }
-                    Err(error) => {
-                        for piece in batch.pieces() {
-                            self.finish_piece(piece, Err(error.duplicate()));
-                        }
-                    }
+                    Err(error) => self.fail_batch(batch, &error),
                 }
             }
         }
@@ -1071,6 +1117,24 @@ mod tests {
             .map(|io| Piece { io, op: Op::flush(0), operand: None, read_into: None, busy: None })
             .collect();
         assert_eq!(front_datagram(&small, 9000), (PACK_MAX, true));
+    }
+
+    #[test]
+    fn a_batch_is_filled_in_place_and_reused_once_its_answer_is_taken() {
+        let mut batches = Batches::default();
+        let first = batches.take();
+        batches.batches[first].pieces[0] = Some(read_piece(3, 4096));
+        batches.batches[first].pieces[1] = Some(read_piece(4, 4096));
+        batches.batches[first].len = 2;
+        let second = batches.take();
+        assert_ne!(first, second, "a batch on the wire is not handed out again");
+        assert_eq!(batches.take_piece(first, 1).map(|piece| piece.io), Some(4));
+        batches.give_back(first);
+        // The answered batch comes back empty, and the slab does not grow for it.
+        assert_eq!(batches.take(), first);
+        assert_eq!(batches.batches.len(), 2);
+        assert_eq!(batches.batches[first].len, 0);
+        assert!(batches.batches[first].pieces.iter().all(Option::is_none), "no piece of the last datagram is left");
     }
 
     #[test]
