@@ -61,12 +61,13 @@ pub struct SessionConfig {
     /// request resent while its device works only adds a datagram and shrinks the window
     /// (the target drops the duplicate of a request still in progress).
     pub min_block_rto: Duration,
-    /// Floor of a HELLO's retransmission timeout. The second HELLO is timed by the cookie's round
-    /// trip (half a millisecond or less), yet its answer may take longer: the target creates the
-    /// session then, and a target that has just started pauses for milliseconds now and then
+    /// Floor of a HELLO's retransmission timeout (every HELLO's: the first one's too, where
+    /// `initial_rto` is shorter). The second HELLO is timed by the cookie's round trip (half a
+    /// millisecond or less), yet its answer may take longer: the target creates the session
+    /// then, and a target that has just started pauses for milliseconds now and then
     /// (docs/DECISIONS.md, "Millisecond pauses on this VM come from below the guest"), so HELLOs
-    /// were resent at the start of sessions that lost nothing. A HELLO goes once per session:
-    /// a lost one costs this much once.
+    /// were resent at the start of sessions that lost nothing. HELLOs go once per session (and
+    /// again after a lost one): a lost HELLO costs this much, doubled for each loss in a row.
     pub min_hello_rto: Duration,
     /// Ceiling of the retransmission timeout and its back-off.
     pub max_rto: Duration,

@@ -456,10 +456,11 @@ impl Batch {
 }
 
 /// The batches of the datagrams on the wire, each filled in place and kept where it is until
-/// its answer: a batch is 2 KiB (`PACK_MAX` pieces), and moved by value it was copied five times
-/// per datagram (built, returned, into the map, out of it), 10 KiB of copying per datagram
-/// beside a 4 KiB I/O's data (`docs/DECISIONS.md`, "The fio engine keeps its batches in
-/// place"). There are never more than the sessions' windows hold: it grows to that once.
+/// its answer: a batch is 2 KiB (`PACK_MAX` pieces), and moved by value (built, returned, into
+/// the map, out of it) it was copied about seven times per datagram, 14 KiB of copying beside
+/// a 4 KiB I/O's data (`docs/DECISIONS.md`, "The fio engine keeps its batches in place"). Each
+/// batch holds a piece of an I/O in flight, so there are never more than the pieces in flight
+/// (at most fio's iodepth times an I/O's pieces): it grows to that once.
 #[derive(Debug, Default)]
 struct Batches {
     batches: Vec<Batch>,
@@ -480,6 +481,7 @@ impl Batches {
 
     /// Takes `index` back once its pieces are finished (taken out or dropped).
     fn give_back(&mut self, index: usize) {
+        debug_assert!(!self.free.contains(&index), "batch {index} given back twice");
         let batch = &mut self.batches[index];
         batch.pieces[..batch.len].iter_mut().for_each(|place| *place = None);
         batch.len = 0;
@@ -806,9 +808,9 @@ impl Engine {
                 if !self.sessions[index].has_room() || (on_wire > 0 && on_wire + transfers > self.transfers_max) {
                     continue;
                 }
-                let batch = self.take_batch(len);
+                let batch_index = self.take_batch(len);
                 self.next_session = (index + 1) % count;
-                let (slots, pieces) = (&self.slots, &self.batches.batches[batch].pieces);
+                let (slots, pieces) = (&self.slots, &self.batches.batches[batch_index].pieces);
                 let instruction = |position: usize| {
                     let piece = pieces[position].as_ref().expect("a batch is filled from its start");
                     let buffer = slots[piece.io].as_ref().map_or(&[][..], |slot| slot.buffer.as_slice());
@@ -817,9 +819,9 @@ impl Engine {
                 match self.sessions[index].enqueue_with(len, instruction) {
                     Ok(ticket) => {
                         self.transfers_on_wire[index] += transfers;
-                        self.on_wire.insert((index, ticket), batch);
+                        self.on_wire.insert((index, ticket), batch_index);
                     }
-                    Err(error) => self.fail_batch(batch, &error),
+                    Err(error) => self.fail_batch(batch_index, &error),
                 }
                 continue 'datagrams;
             }
@@ -869,12 +871,12 @@ impl Engine {
             }
             while let Some((ticket, result)) = self.sessions[index].take_finished() {
                 answered = true;
-                let Some(batch) = self.on_wire.remove(&(index, ticket)) else { continue };
-                self.transfers_on_wire[index] -= self.batches.batches[batch].transfers();
+                let Some(batch_index) = self.on_wire.remove(&(index, ticket)) else { continue };
+                self.transfers_on_wire[index] -= self.batches.batches[batch_index].transfers();
                 match result {
                     Ok(reply) => {
-                        for position in 0..self.batches.batches[batch].len {
-                            let Some(piece) = self.batches.take_piece(batch, position) else { continue };
+                        for position in 0..self.batches.batches[batch_index].len {
+                            let Some(piece) = self.batches.take_piece(batch_index, position) else { continue };
                             match reply.data(position) {
                                 Err(error @ ClientError::Refused { status: Status::Busy, .. }) => {
                                     self.hold_busy(&piece, reply.rtt.to_std(), &error)
@@ -883,9 +885,9 @@ impl Engine {
                             }
                         }
                         self.sessions[index].recycle(reply);
-                        self.batches.give_back(batch);
+                        self.batches.give_back(batch_index);
                     }
-                    Err(error) => self.fail_batch(batch, &error),
+                    Err(error) => self.fail_batch(batch_index, &error),
                 }
             }
         }
