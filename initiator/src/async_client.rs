@@ -668,7 +668,7 @@ impl Driver {
             return false;
         }
         let started = self.clock.now();
-        let spin = adaptive_spin_for(self.session.smoothed_rtt(), 1);
+        let spin = adaptive_spin_for(self.session.smoothed_rtt(), self.session.on_wire());
         let fd = self.socket.as_raw_fd();
         loop {
             let in_flight = self.session.in_flight();

@@ -941,6 +941,16 @@ impl Session {
         sequence
     }
 
+    /// The retransmission timeout of `request`'s next transmission, before back-off: its kind's
+    /// (`Timeouts::rto`), and for a HELLO at least `min_hello_rto`.
+    fn rto_of(&self, request: &Request) -> Duration {
+        let rto = self.timeouts.rto(request.kind, &self.config);
+        match request.origin {
+            Origin::Hello => rto.max(self.config.min_hello_rto).min(self.config.max_rto),
+            Origin::Caller => rto,
+        }
+    }
+
     /// Requests on the wire now (sent, not answered, not timed out): what the window bounds,
     /// and the answers an adaptive client may expect soon.
     pub fn on_wire(&self) -> usize {
@@ -986,11 +996,8 @@ impl Session {
                 }
             }
             self.send_queue.pop_front();
+            let rto = self.rto_of(&self.requests[index]);
             let request = &mut self.requests[index];
-            let mut rto = self.timeouts.rto(request.kind, &self.config);
-            if request.origin == Origin::Hello {
-                rto = rto.max(self.config.min_hello_rto).min(self.config.max_rto);
-            }
             request.attempts += 1;
             let backed_off = Duration::from_nanos(rto.as_nanos().saturating_mul(1 << (request.attempts - 1).min(16)));
             request.state = State::Sent { deadline: now + backed_off.min(self.config.max_rto) };

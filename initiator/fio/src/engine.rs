@@ -479,6 +479,18 @@ impl Batches {
         }
     }
 
+    /// Moves the `len` pieces one datagram carries from the front of `backlog` into a free
+    /// batch; the batch's index.
+    fn fill_from(&mut self, backlog: &mut VecDeque<Piece>, len: usize) -> usize {
+        let index = self.take();
+        let batch = &mut self.batches[index];
+        for place in batch.pieces.iter_mut().take(len) {
+            *place = backlog.pop_front();
+        }
+        batch.len = len;
+        index
+    }
+
     /// Takes `index` back once its pieces are finished (taken out or dropped).
     fn give_back(&mut self, index: usize) {
         debug_assert!(!self.free.contains(&index), "batch {index} given back twice");
@@ -486,6 +498,11 @@ impl Batches {
         batch.pieces[..batch.len].iter_mut().for_each(|place| *place = None);
         batch.len = 0;
         self.free.push(index);
+    }
+
+    /// Batch `index`.
+    fn get(&self, index: usize) -> &Batch {
+        &self.batches[index]
     }
 
     /// The piece at `position` of batch `index`, taken out of it.
@@ -808,9 +825,9 @@ impl Engine {
                 if !self.sessions[index].has_room() || (on_wire > 0 && on_wire + transfers > self.transfers_max) {
                     continue;
                 }
-                let batch_index = self.take_batch(len);
+                let batch_index = self.batches.fill_from(&mut self.backlog, len);
                 self.next_session = (index + 1) % count;
-                let (slots, pieces) = (&self.slots, &self.batches.batches[batch_index].pieces);
+                let (slots, pieces) = (&self.slots, &self.batches.get(batch_index).pieces);
                 let instruction = |position: usize| {
                     let piece = pieces[position].as_ref().expect("a batch is filled from its start");
                     let buffer = slots[piece.io].as_ref().map_or(&[][..], |slot| slot.buffer.as_slice());
@@ -839,21 +856,9 @@ impl Engine {
         }
     }
 
-    /// Moves from the front of the backlog into a free batch the pieces one datagram carries;
-    /// the batch's index.
-    fn take_batch(&mut self, len: usize) -> usize {
-        let index = self.batches.take();
-        let batch = &mut self.batches.batches[index];
-        for place in batch.pieces.iter_mut().take(len) {
-            *place = self.backlog.pop_front();
-        }
-        batch.len = len;
-        index
-    }
-
     /// Fails every piece of batch `index` with `error`, and frees the batch.
     fn fail_batch(&mut self, index: usize, error: &ClientError) {
-        for position in 0..self.batches.batches[index].len {
+        for position in 0..self.batches.get(index).len {
             if let Some(piece) = self.batches.take_piece(index, position) {
                 self.finish_piece(&piece, Err(error.duplicate()));
             }
@@ -872,10 +877,10 @@ impl Engine {
             while let Some((ticket, result)) = self.sessions[index].take_finished() {
                 answered = true;
                 let Some(batch_index) = self.on_wire.remove(&(index, ticket)) else { continue };
-                self.transfers_on_wire[index] -= self.batches.batches[batch_index].transfers();
+                self.transfers_on_wire[index] -= self.batches.get(batch_index).transfers();
                 match result {
                     Ok(reply) => {
-                        for position in 0..self.batches.batches[batch_index].len {
+                        for position in 0..self.batches.get(batch_index).len {
                             let Some(piece) = self.batches.take_piece(batch_index, position) else { continue };
                             match reply.data(position) {
                                 Err(error @ ClientError::Refused { status: Status::Busy, .. }) => {
