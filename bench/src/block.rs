@@ -63,7 +63,9 @@ const BLOCK: u32 = 4096;
 pub struct BlockArgs {
     /// Backing file, filled with data first if shorter than --file-size [default: a file in a
     /// temporary directory under $TMPDIR, removed afterwards]. It must be on a file system
-    /// with O_DIRECT (not tmpfs).
+    /// with O_DIRECT (not tmpfs). Some virtual disks take random writes to a file written
+    /// moments before several times slower than to an older one (docs/DECISIONS.md): to
+    /// compare runs, name a file kept between them.
     #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
     /// Size of the backing file.
