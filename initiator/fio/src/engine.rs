@@ -346,14 +346,14 @@ struct BusyHolds {
 }
 
 impl BusyHolds {
-    fn new(backoff_max: Duration, patience: Duration) -> BusyHolds {
-        BusyHolds { held: Vec::new(), next_due: None, backoff_max, patience }
+    /// Room for `pieces` held at once without growing (fio's iodepth: one piece per I/O).
+    fn new(backoff_max: Duration, patience: Duration, pieces: usize) -> BusyHolds {
+        BusyHolds { held: Vec::with_capacity(pieces), next_due: None, backoff_max, patience }
     }
 
-    /// `piece` was answered BUSY at `now`, after a round trip of `rtt`: holds a copy to send
-    /// again, or, once it has been refused for `patience`, gives back its record: it fails.
-    fn hold(&mut self, piece: &Piece, now: Instant, rtt: Duration) -> Result<(), BusyRecord> {
-        let mut piece = piece.clone();
+    /// `piece` was answered BUSY at `now`, after a round trip of `rtt`: holds it to send again,
+    /// or, once it has been refused for `patience`, gives back its record: it fails.
+    fn hold(&mut self, mut piece: Piece, now: Instant, rtt: Duration) -> Result<(), BusyRecord> {
         let record = piece.busy.get_or_insert(BusyRecord { first_at: now, count: 0 });
         record.count += 1;
         if now.duration_since(record.first_at) >= self.patience {
@@ -676,6 +676,7 @@ impl Engine {
             busy_holds: BusyHolds::new(
                 session_config.max_rto.to_std().min(BUSY_PAUSE_MAX),
                 session_config.min_patience.to_std(),
+                iodepth,
             ),
             spin_until: Instant::now(),
         })
@@ -884,7 +885,7 @@ impl Engine {
                             let Some(piece) = self.batches.take_piece(batch_index, position) else { continue };
                             match reply.data(position) {
                                 Err(error @ ClientError::Refused { status: Status::Busy, .. }) => {
-                                    self.hold_busy(&piece, reply.rtt.to_std(), &error)
+                                    self.hold_busy(piece, reply.rtt.to_std(), &error)
                                 }
                                 result => self.finish_piece(&piece, result),
                             }
@@ -907,11 +908,12 @@ impl Engine {
 
     /// The target answered BUSY for `piece` alone (`error`): it goes again after a pause, or
     /// fails its I/O once the target has refused it for the sessions' patience.
-    fn hold_busy(&mut self, piece: &Piece, rtt: Duration, error: &ClientError) {
+    fn hold_busy(&mut self, piece: Piece, rtt: Duration, error: &ClientError) {
         let now = Instant::now();
+        let io = piece.io;
         let Err(record) = self.busy_holds.hold(piece, now, rtt) else { return };
         let waited = now.duration_since(record.first_at);
-        self.fail_io(piece.io, libc::EBUSY, |extent| {
+        self.fail_io(io, libc::EBUSY, |extent| {
             format!(
                 "{extent}: {error}, {} times in a row over {:.1} s (the target's worker has no transfer \
                  buffer free for it: it is overloaded; fewer I/Os in flight, a lower iodepth=, would help)",
@@ -919,7 +921,7 @@ impl Engine {
                 waited.as_secs_f64()
             )
         });
-        self.piece_done(piece.io);
+        self.piece_done(io);
     }
 
     /// A session's socket failed (the target refuses, or the network is gone). Its pieces are
@@ -1198,7 +1200,7 @@ mod tests {
     }
 
     fn busy_holds() -> BusyHolds {
-        BusyHolds::new(Duration::from_millis(2), Duration::from_secs(5))
+        BusyHolds::new(Duration::from_millis(2), Duration::from_secs(5), 4)
     }
 
     #[test]
@@ -1208,7 +1210,7 @@ mod tests {
         let mut holds = busy_holds();
         let mut backlog = VecDeque::new();
         backlog.push_back(read_piece(9, 4096));
-        assert_eq!(holds.hold(&read_piece(1, 4096), start, rtt), Ok(()));
+        assert_eq!(holds.hold(read_piece(1, 4096), start, rtt), Ok(()));
         assert_eq!(holds.deadline(), Some(start + rtt), "the first pause is a round trip");
         holds.release_due(start + rtt / 2, &mut backlog);
         assert_eq!(backlog.len(), 1, "not before its pause ends");
@@ -1221,7 +1223,7 @@ mod tests {
         let mut now = start + rtt;
         let mut pauses = Vec::new();
         for _ in 0..6 {
-            holds.hold(&piece, now, rtt).expect("within patience");
+            holds.hold(piece, now, rtt).expect("within patience");
             let due = holds.deadline().expect("held");
             pauses.push(due - now);
             holds.release_due(due, &mut backlog);
@@ -1239,14 +1241,14 @@ mod tests {
         let start = Instant::now();
         let mut holds = busy_holds();
         let mut backlog = VecDeque::new();
-        holds.hold(&read_piece(1, 512), start, Duration::from_micros(50)).unwrap();
+        holds.hold(read_piece(1, 512), start, Duration::from_micros(50)).unwrap();
         holds.release_due(start + Duration::from_secs(1), &mut backlog);
         let piece = backlog.pop_front().unwrap();
-        holds.hold(&piece, start + Duration::from_secs(4), Duration::from_micros(50)).unwrap();
+        holds.hold(piece, start + Duration::from_secs(4), Duration::from_micros(50)).unwrap();
         holds.release_due(start + Duration::from_secs(5), &mut backlog);
         let piece = backlog.pop_front().unwrap();
         assert_eq!(
-            holds.hold(&piece, start + Duration::from_secs(5), Duration::from_micros(50)),
+            holds.hold(piece, start + Duration::from_secs(5), Duration::from_micros(50)),
             Err(BusyRecord { first_at: start, count: 3 }),
             "five seconds after its first BUSY it is not held again"
         );
@@ -1258,7 +1260,7 @@ mod tests {
         let start = Instant::now();
         let mut holds = busy_holds();
         for (io, rtt_us) in [(1, 300), (2, 100), (3, 200)] {
-            holds.hold(&read_piece(io, 512), start, Duration::from_micros(rtt_us)).unwrap();
+            holds.hold(read_piece(io, 512), start, Duration::from_micros(rtt_us)).unwrap();
         }
         assert_eq!(holds.deadline(), Some(start + Duration::from_micros(100)));
         let mut backlog = VecDeque::new();
