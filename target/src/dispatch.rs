@@ -256,8 +256,6 @@ pub struct Dispatcher<E> {
     metrics: bool,
     /// Whether requests that queued past the BUSY threshold form a standing queue.
     overload: StandingQueue,
-    /// Reads the worker thread's CPU time for `overload` (a test's simulated time has none).
-    cpu_time: fn() -> Option<Duration>,
     /// Where ENCRYPT and DECRYPT seal and open, [`MAX_CRYPTO_BYTES`] allocated at start.
     crypto_scratch: Box<[u8]>,
     /// The same test at a quarter of the threshold: best-effort tenants are shed there first.
@@ -304,7 +302,6 @@ impl<E: Engine> Dispatcher<E> {
             current_opcode: 0,
             metrics,
             overload,
-            cpu_time: crate::overload::thread_cpu_time,
             crypto_scratch: vec![0u8; MAX_CRYPTO_BYTES].into_boxed_slice(),
             overload_best_effort,
             tenants: Arc::new(TenantSnapshot::default()),
@@ -374,7 +371,7 @@ impl<E: Engine> Dispatcher<E> {
     fn shed_for_tenant(&mut self, now: Instant, queueing: Duration, request: &Request<'_>) -> Option<(Shed, Duration)> {
         let id = self.current_tenant?;
         let tenant = self.tenants.tenant(id)?;
-        if tenant.class == QosClass::BestEffort && self.overload_best_effort.is_standing(now, queueing, self.cpu_time) {
+        if tenant.class == QosClass::BestEffort && self.overload_best_effort.is_standing(now, queueing) {
             return Some((Shed::Overload, queueing));
         }
         let shapes = &self.block.shapes;
@@ -519,7 +516,7 @@ impl<E: Engine> Dispatcher<E> {
         if self.metrics {
             self.stats().opcode(self.current_opcode).queueing.record_ns(queueing.as_nanos());
         }
-        if self.overload.is_standing(now, queueing, self.cpu_time) {
+        if self.overload.is_standing(now, queueing) {
             // Overloaded: the queue is the problem, so do not add to it. The initiator waits about
             // as long as this request waited, then retries; nothing was executed. A backlog that
             // only waited out a pause of the worker executes (`overload`).
@@ -715,13 +712,6 @@ impl<E: Engine> Dispatcher<E> {
         self.advance(now, slot);
         self.engine.set_group_commit(self.group_commit);
         Handled::Deferred(slot)
-    }
-
-    /// How the worker's CPU time is read when requests queue past the BUSY threshold (see
-    /// `overload`): the thread's CPU clock unless a driver replaces it. A driver whose clock is
-    /// simulated (the simulator, tests) passes `|| None`, and wall time alone then decides.
-    pub fn set_cpu_time(&mut self, read: fn() -> Option<Duration>) {
-        self.cpu_time = read;
     }
 
     /// Keeps the kernel's helper threads for this worker's block devices on `cpus` (called from
@@ -1748,10 +1738,7 @@ mod tests {
             1,
             CookieJar::new([3; 16]),
         ));
-        let mut dispatcher = Dispatcher::new(SoftwareEngine::new(regions), shared, 0, devices);
-        // The tests' time is simulated: the thread's real CPU time would say the worker never ran.
-        dispatcher.set_cpu_time(|| None);
-        dispatcher
+        Dispatcher::new(SoftwareEngine::new(regions), shared, 0, devices)
     }
 
     fn instruction(opcode: Opcode, length: u32, operand: &[u8]) -> Instruction<'_> {

@@ -316,9 +316,7 @@ impl Sim {
         secret[8..].copy_from_slice(&secret_rng.next_u64().to_le_bytes());
         let shared =
             Arc::new(Shared::new(regions.clone(), namespaces, 1, settings, scenario.seed, CookieJar::new(secret)));
-        let mut dispatcher = Dispatcher::new(SoftwareEngine::new(regions.clone()), shared, 0, Vec::new());
-        // Simulated time: the host thread's CPU time says nothing about the simulated worker.
-        dispatcher.set_cpu_time(|| None);
+        let dispatcher = Dispatcher::new(SoftwareEngine::new(regions.clone()), shared, 0, Vec::new());
         let edge_buffer = 16 << 20;
         let port = |gbps, buffer| Port::new(gbps, network.propagation, buffer);
         let initiators = (0..scenario.initiators)
