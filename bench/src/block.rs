@@ -63,9 +63,9 @@ const BLOCK: u32 = 4096;
 pub struct BlockArgs {
     /// Backing file, filled with data first if shorter than --file-size [default: a file in a
     /// temporary directory under $TMPDIR, removed afterwards]. It must be on a file system
-    /// with O_DIRECT (not tmpfs). Some virtual disks take random writes to a file written
-    /// moments before several times slower than to an older one (docs/DECISIONS.md): to
-    /// compare runs, name a file kept between them.
+    /// with O_DIRECT (not tmpfs). A virtual disk may take random writes to a file written
+    /// moments before several times slower than to an older one (the one these results were
+    /// measured on did: docs/DECISIONS.md): to compare runs, name a file kept between them.
     #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
     /// Size of the backing file.
@@ -562,9 +562,19 @@ fn report_json(
         })
         .collect();
     json!({"machine": crate::report::machine(), "fio": fio, "poll": format!("{:?}", args.poll).to_lowercase(),
-           "congestion_control": format!("{:?}", args.cc).to_lowercase(), "file_bytes": args.file_size,
+           "congestion_control": format!("{:?}", args.cc).to_lowercase(), "file_bytes": args.file_size, "file": file_origin(args),
            "seconds": args.seconds, "sqpoll_idle_ms": args.sqpoll_idle_ms, "rounds": rounds.completed, "rounds_asked": rounds.asked,
            "rounds_missing": rounds.missing, "cases": rows, "round_cases": round_rows, "iops_x_fio": ratios, "read_under_write_load": loads})
+}
+
+/// Where the file came from, for the report (never its path): random writes on some virtual
+/// disks run several times slower on a file written moments before (docs/DECISIONS.md).
+fn file_origin(args: &BlockArgs) -> &'static str {
+    if args.file.is_some() {
+        "given with --file"
+    } else {
+        "written for this run"
+    }
 }
 
 fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &RoundsDone, cases: &[Case], under_load: &UnderLoad) -> String {
@@ -574,8 +584,9 @@ fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &RoundsDone, cases: &[Cas
     let _ = writeln!(text, "machine: {} (absolute numbers hold for this machine only)", crate::report::machine());
     let _ = writeln!(
         text,
-        "4 KiB random I/O on one {} MiB file, {:.0} s per case, {:?} polling, congestion control {:?}, {}; fio: {}",
+        "4 KiB random I/O on one {} MiB file ({}), {:.0} s per case, {:?} polling, congestion control {:?}, {}; fio: {}",
         args.file_size >> 20,
+        file_origin(args),
         args.seconds,
         args.poll,
         args.cc,

@@ -346,7 +346,8 @@ struct BusyHolds {
 }
 
 impl BusyHolds {
-    /// Room for `pieces` held at once without growing (fio's iodepth: one piece per I/O).
+    /// Room for `pieces` held at once without growing: fio's iodepth, one piece for each I/O of
+    /// up to one transfer (a larger I/O's pieces may grow it, once).
     fn new(backoff_max: Duration, patience: Duration, pieces: usize) -> BusyHolds {
         BusyHolds { held: Vec::with_capacity(pieces), next_due: None, backoff_max, patience }
     }
