@@ -1132,19 +1132,23 @@ mod tests {
     #[test]
     fn a_batch_is_filled_in_place_and_reused_once_its_answer_is_taken() {
         let mut batches = Batches::default();
-        let first = batches.take();
-        batches.batches[first].pieces[0] = Some(read_piece(3, 4096));
-        batches.batches[first].pieces[1] = Some(read_piece(4, 4096));
-        batches.batches[first].len = 2;
-        let second = batches.take();
+        let mut backlog: VecDeque<Piece> = (3..6).map(|io| read_piece(io, 4096)).collect();
+        let first = batches.fill_from(&mut backlog, 2);
+        let ios = |batches: &Batches, index: usize| -> Vec<usize> {
+            batches.get(index).pieces().map(|piece| piece.io).collect()
+        };
+        assert_eq!(ios(&batches, first), vec![3, 4], "the front of the backlog, in order");
+        assert_eq!(backlog.iter().map(|piece| piece.io).collect::<Vec<_>>(), vec![5]);
+        let second = batches.fill_from(&mut backlog, 1);
         assert_ne!(first, second, "a batch on the wire is not handed out again");
         assert_eq!(batches.take_piece(first, 1).map(|piece| piece.io), Some(4));
         batches.give_back(first);
         // The answered batch comes back empty, and the slab does not grow for it.
         assert_eq!(batches.take(), first);
         assert_eq!(batches.batches.len(), 2);
-        assert_eq!(batches.batches[first].len, 0);
-        assert!(batches.batches[first].pieces.iter().all(Option::is_none), "no piece of the last datagram is left");
+        assert_eq!(batches.get(first).len, 0);
+        assert!(batches.get(first).pieces.iter().all(Option::is_none), "no piece of the last datagram is left");
+        assert_eq!(ios(&batches, second), vec![5], "the other batch keeps its piece");
     }
 
     #[test]
