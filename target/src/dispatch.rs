@@ -2004,9 +2004,14 @@ mod tests {
             (answer.status(), answer.header.count, answer.header.queueing_us, executed)
         };
 
-        // The first request past the threshold (1 ms) is a backlog left by a pause: it executes.
+        // The first request past the threshold (1 ms) is a backlog left by a pause: it executes,
+        // and so do the next four batches, however late: no more than a few windows wait.
         assert_eq!(fetch_add(&mut dispatcher, 10_000, 2_500), (Status::Ok, 1, 2_500, true));
-        // Requests have queued past the threshold for the threshold's length: a standing queue.
+        for at_us in 10_001..10_001 + u64::from(crate::overload::MIN_STANDING_DATAGRAMS) {
+            assert_eq!(fetch_add(&mut dispatcher, at_us, 2_500), (Status::Ok, 1, 2_500, true), "at {at_us} µs");
+        }
+        // Requests have queued past the threshold for the threshold's length, more than four
+        // batches of them: a standing queue.
         let (status, count, queueing_us, executed) = fetch_add(&mut dispatcher, 11_000, 2_400);
         assert_eq!((status, count, queueing_us), (Status::Busy, 0, 2_400));
         assert!(!executed, "a BUSY answer executes nothing");
