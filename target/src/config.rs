@@ -346,8 +346,9 @@ pub struct Config {
     #[serde(default = "default_max_datagram_bytes")]
     pub max_datagram_bytes: usize,
     /// A request that queued longer than this (µs) is answered BUSY instead of executed, once
-    /// requests have kept queuing that long for as long again, more than four receive batches
-    /// of them (a standing queue: the backlog a pause of the worker leaves is executed).
+    /// requests have kept queuing that long for as long again and 64 of them (four receive
+    /// batches) have executed late (a standing queue: the backlog a pause of the worker leaves
+    /// is executed).
     #[serde(default = "default_busy_threshold_us")]
     pub busy_threshold_us: u64,
     /// Block namespaces on files and devices: 0 (the default) submits each worker's I/O in its

@@ -92,7 +92,8 @@ pub struct DispatchSettings {
     /// Largest datagram received or sent.
     pub max_datagram_bytes: usize,
     /// A request that queued longer than this, while requests have kept queuing that long for as
-    /// long again, is answered BUSY instead of executed (a standing queue, see `overload`).
+    /// long again and at least four receive batches of them executed late, is answered BUSY
+    /// instead of executed (a standing queue, see `overload`).
     pub busy_threshold: Duration,
     /// Session table size, share per address and idle timeout.
     pub sessions: SessionLimits,
@@ -284,11 +285,13 @@ impl<E: Engine> Dispatcher<E> {
         let block = BlockPath::new(devices, shared.settings.max_datagram_bytes);
         let plaintext = vec![0u8; shared.settings.max_datagram_bytes].into_boxed_slice();
         let metrics = shared.settings.metrics;
-        // A queue over the threshold for as long again is standing (see `overload`).
+        // A queue over the threshold for as long again, with four batches executed late, is
+        // standing (see `overload`).
         let busy = shared.settings.busy_threshold;
-        let overload = StandingQueue::new(busy, busy);
+        let overload = StandingQueue::new(busy, busy, crate::overload::MIN_STANDING_REQUESTS);
+        // Best-effort tenants yield early, to whatever made requests queue: no count.
         let early = Duration::from_nanos(busy.as_nanos() / 4);
-        let overload_best_effort = StandingQueue::new(early, early);
+        let overload_best_effort = StandingQueue::new(early, early, 0);
         Dispatcher {
             engine,
             shared,
@@ -547,7 +550,11 @@ impl<E: Engine> Dispatcher<E> {
                 extensions.is_idempotent(instruction.opcode).unwrap_or_else(|| instruction.is_idempotent())
             });
             match self.sessions.admit(now, header.session, from.peer, header.sequence, idempotent, out) {
-                Admission::Execute(ticket) => record = Some((ticket, !idempotent)),
+                Admission::Execute(ticket) => {
+                    // A first execution: it counts toward a standing queue (a resent copy does not).
+                    self.overload.executed(queueing);
+                    record = Some((ticket, !idempotent));
+                }
                 Admission::ExecuteAgain => self.count(Counter::DuplicatesExecutedAgain),
                 Admission::Replay(len) => {
                     self.count(Counter::DuplicatesReplayed);
@@ -2004,15 +2011,15 @@ mod tests {
             (answer.status(), answer.header.count, answer.header.queueing_us, executed)
         };
 
-        // The first request past the threshold (1 ms) is a backlog left by a pause: it executes,
-        // and so do the next four batches, however late: no more than a few windows wait.
+        // The first request past the threshold (1 ms) is a backlog left by a pause: it executes.
         assert_eq!(fetch_add(&mut dispatcher, 10_000, 2_500), (Status::Ok, 1, 2_500, true));
-        for at_us in 10_001..10_001 + u64::from(crate::overload::MIN_STANDING_DATAGRAMS) {
-            assert_eq!(fetch_add(&mut dispatcher, at_us, 2_500), (Status::Ok, 1, 2_500, true), "at {at_us} µs");
+        // Requests have queued past it for the threshold's length, but fewer than four batches
+        // of them executed late: the backlog of one window or two, still executed.
+        for at_us in 11_000..11_000 + u64::from(crate::overload::MIN_STANDING_REQUESTS) - 1 {
+            assert_eq!(fetch_add(&mut dispatcher, at_us, 2_400), (Status::Ok, 1, 2_400, true), "at {at_us} µs");
         }
-        // Requests have queued past the threshold for the threshold's length, more than four
-        // batches of them: a standing queue.
-        let (status, count, queueing_us, executed) = fetch_add(&mut dispatcher, 11_000, 2_400);
+        // Four batches executed late over the interval: a standing queue.
+        let (status, count, queueing_us, executed) = fetch_add(&mut dispatcher, 11_063, 2_400);
         assert_eq!((status, count, queueing_us), (Status::Busy, 0, 2_400));
         assert!(!executed, "a BUSY answer executes nothing");
 
