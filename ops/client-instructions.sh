@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The client's user-space instructions per READ 64 B round trip, against the UDP echo floor's
+# client, counted by valgrind's callgrind: issue 11's measure of client CPU where `perf` has no
+# hardware counters (as on the VM this was written on).
+#
+#   ops/client-instructions.sh [--requests N]
+#
+# Runs `netdam-bench latency --poll blocking` under callgrind, counting only inside the two
+# measuring loops (the floor's and netdam's, each with its timing harness), and prints their
+# instructions per round trip, their ratio, and what of netdam's is `Client::call` and the
+# datagram checksum. Valgrind runs crc32fast's SSE path, not AVX-512: natively the checksum is
+# cheaper than counted here (docs/DECISIONS.md). Blocking clients, so that no spin loop is
+# counted; the kernel's work, most of a round trip's CPU, is not counted on either side.
+# Diagnosis, not a test: it needs valgrind (Debian: valgrind) and takes about a minute.
+set -euo pipefail
+
+requests=20000
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --requests) requests="${2:?--requests needs a number}"; shift 2 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        *) echo "client-instructions: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+command -v valgrind >/dev/null || { echo "client-instructions: needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+cd "$(dirname "$0")/.."
+cargo build --quiet --release -p netdam-bench
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+warmup=100
+valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
+    --toggle-collect='netdam_bench::floor::measure_with_cpu*' \
+    --toggle-collect='netdam_bench::latency::measure_netdam*' \
+    build/release/netdam-bench latency --poll blocking --requests "$requests" --warmup "$warmup" \
+    >"$work/bench.out" 2>"$work/valgrind.out" || { cat "$work/valgrind.out" >&2; exit 1; }
+callgrind_annotate --inclusive=yes "$work/callgrind.out" >"$work/annotated"
+
+# Inclusive instructions of the function whose name ends the pattern, per round trip.
+per_round_trip() {
+    awk -v pattern="$1" -v trips=$((requests + warmup)) '
+        $0 ~ pattern { gsub(",", "", $1); printf "%.0f", $1 / trips; found = 1; exit }
+        END { if (!found) printf "?" }' "$work/annotated"
+}
+floor=$(per_round_trip ':netdam_bench::floor::measure_with_cpu \[')
+netdam=$(per_round_trip ':netdam_bench::latency::measure_netdam \[')
+call=$(per_round_trip ':netdam_initiator::client::Client::call \[')
+crc=$(per_round_trip ':netdam_isa::wire::datagram_crc \[')
+echo "user-space instructions per READ 64 B round trip (callgrind, blocking clients, $requests round trips):"
+echo "  floor client loop:   $floor"
+echo "  netdam client loop:  $netdam  ($(awk -v a="$netdam" -v b="$floor" 'BEGIN { printf "%.1fx", a / b }') the floor's)"
+echo "    of which Client::call:    $call"
+echo "    of which datagram CRC-32: $crc (both datagrams)"
