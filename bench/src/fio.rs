@@ -219,8 +219,8 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         }
     }
     // On tmpfs where there is one, so that the namespace is memory as `nbdkit memory` is: a
-    // pmem namespace persists each write with msync, which on a disk-backed file would compare
-    // durable writes against volatile ones.
+    // pmem namespace's writes land in a file mapping, which on a disk-backed file the kernel
+    // writes back beside the cases (the jobs ask for no FUA or FLUSH, so nothing waits for it).
     let scratch = match std::path::Path::new(SHARED_MEMORY_DIR).is_dir() {
         true => tempfile::Builder::new().prefix("netdam-bench-fio").tempdir_in(SHARED_MEMORY_DIR),
         false => tempfile::tempdir(),
@@ -1227,7 +1227,7 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         );
     }
     text.push_str(
-        "\nThe engine reaches the target over UDP on loopback; the NBD cases go fio → NBD server over the socket named, and for `netdam nbd` on to the target over UDP. Every block holds data before the cases run (the namespace's file is written before the target maps it; each nbdkit is filled by an untimed sequential fio write), so reads return data on both sides. A pmem namespace answers a write after `msync(MS_SYNC)` of its page; on tmpfs that reaches no disk, so its writes are as volatile as `nbdkit memory`'s (where the file is on a disk, the write goals compare durable against volatile writes).\n",
+        "\nThe engine reaches the target over UDP on loopback; the NBD cases go fio → NBD server over the socket named, and for `netdam nbd` on to the target over UDP. Every block holds data before the cases run (the namespace's file is written before the target maps it; each nbdkit is filled by an untimed sequential fio write), so reads return data on both sides. A pmem namespace answers a write once it is in the namespace's file mapping: as on an NVMe drive, only FUA or a FLUSH waits for it to be durable, and these jobs ask for neither. On tmpfs the mapping is memory, as volatile as `nbdkit memory`'s (where the file is on a disk, the kernel's write-back of its dirty pages would run beside the cases).\n",
     );
     text
 }
