@@ -2015,11 +2015,12 @@ mod tests {
         assert_eq!(fetch_add(&mut dispatcher, 10_000, 2_500), (Status::Ok, 1, 2_500, true));
         // Requests have queued past it for the threshold's length, but fewer than four batches
         // of them executed late: the backlog of one window or two, still executed.
-        for at_us in 11_000..11_000 + u64::from(crate::overload::MIN_STANDING_REQUESTS) - 1 {
+        let standing_at = 11_000 + u64::from(crate::overload::MIN_STANDING_REQUESTS) - 1;
+        for at_us in 11_000..standing_at {
             assert_eq!(fetch_add(&mut dispatcher, at_us, 2_400), (Status::Ok, 1, 2_400, true), "at {at_us} µs");
         }
         // Four batches executed late over the interval: a standing queue.
-        let (status, count, queueing_us, executed) = fetch_add(&mut dispatcher, 11_063, 2_400);
+        let (status, count, queueing_us, executed) = fetch_add(&mut dispatcher, standing_at, 2_400);
         assert_eq!((status, count, queueing_us), (Status::Busy, 0, 2_400));
         assert!(!executed, "a BUSY answer executes nothing");
 
