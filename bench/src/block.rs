@@ -539,6 +539,36 @@ fn iops_ratios(cases: &[Case]) -> Vec<(&'static str, usize, Vec<f64>, f64)> {
         .collect()
 }
 
+/// Per pattern and depth, over the rounds: netdam's cases, how many got BUSY answers (and how
+/// many in all), and how many resent requests (and how many in all). Issue 11 asks for neither
+/// with one initiator at depth 32.
+struct SessionTally {
+    pattern: &'static str,
+    depth: usize,
+    cases: usize,
+    cases_busy: usize,
+    busy: u64,
+    cases_resent: usize,
+    retransmissions: u64,
+}
+
+fn session_tallies(cases: &[Case]) -> Vec<SessionTally> {
+    let netdam: Vec<(&Case, SessionFigures)> =
+        cases.iter().filter_map(|case| case.session.map(|session| (case, session))).collect();
+    crate::report::groups_by(&netdam, |(case, _)| (case.pattern, case.depth))
+        .into_iter()
+        .map(|group| SessionTally {
+            pattern: group[0].0.pattern,
+            depth: group[0].0.depth,
+            cases: group.len(),
+            cases_busy: group.iter().filter(|(_, session)| session.busy > 0).count(),
+            busy: group.iter().map(|(_, session)| session.busy).sum(),
+            cases_resent: group.iter().filter(|(_, session)| session.retransmissions > 0).count(),
+            retransmissions: group.iter().map(|(_, session)| session.retransmissions).sum(),
+        })
+        .collect()
+}
+
 fn report_json(
     args: &BlockArgs,
     fio: Option<&str>,
@@ -673,6 +703,25 @@ fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &RoundsDone, cases: &[Cas
         }
         let _ = writeln!(text);
     }
+    let tallies = session_tallies(cases);
+    if !tallies.is_empty() {
+        let _ = writeln!(text, "netdam's cases with BUSY answers, and with requests resent:");
+        for tally in tallies {
+            let _ = writeln!(
+                text,
+                "  {:<10} depth {:>3}: BUSY in {} of {} ({} answers), resent in {} of {} ({} requests)",
+                tally.pattern,
+                tally.depth,
+                tally.cases_busy,
+                tally.cases,
+                tally.busy,
+                tally.cases_resent,
+                tally.cases,
+                tally.retransmissions
+            );
+        }
+        let _ = writeln!(text);
+    }
     let _ = writeln!(
         text,
         "{:<46} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -732,6 +781,36 @@ mod tests {
         assert_eq!(rounds, &[0.8, 0.95, 0.9]);
         assert!((median - 0.9).abs() < 1e-12, "{median}");
         assert_eq!((ratios[1].1, ratios[1].3), (1, 1.0));
+    }
+
+    #[test]
+    fn busy_answers_and_resent_requests_are_tallied_per_pattern_and_depth_over_the_rounds() {
+        let with_session = |round: usize, depth: usize, busy: u64, retransmissions: u64| Case {
+            session: Some(SessionFigures {
+                retransmissions,
+                block_retransmissions: retransmissions,
+                busy,
+                window: 32.0,
+                windows: None,
+                fabric_delay_us: None,
+                still_in_progress: 0,
+                answered_before: 0,
+            }),
+            ..case("netdam", round, depth, 100)
+        };
+        let cases = [
+            case("fio io_uring", 0, 32, 100),
+            with_session(0, 32, 0, 0),
+            with_session(1, 32, 82, 0),
+            with_session(2, 32, 0, 24),
+            with_session(0, 1, 0, 0),
+        ];
+        let tallies = session_tallies(&cases);
+        let lines: Vec<_> = tallies
+            .iter()
+            .map(|t| (t.depth, t.cases, t.cases_busy, t.busy, t.cases_resent, t.retransmissions))
+            .collect();
+        assert_eq!(lines, [(32, 3, 1, 82, 1, 24), (1, 1, 0, 0, 0, 0)]);
     }
 
     #[test]
