@@ -25,8 +25,8 @@
 //! has passed too, whichever comes later. A backlog smaller than that is what one initiator's
 //! window leaves behind a pause (32 requests at depth 32); the worker drains it in a pass or
 //! two, and refusing it would only make that initiator wait about as long again and send it
-//! all once more. Only first executions count (`executed_late`, after the session's replay
-//! window has said so): the copies an initiator resends while the worker is away are the same
+//! all once more. Only first executions count ([`StandingQueue::executed`], called once the
+//! session's replay window has said so): the copies an initiator resends while the worker is away are the same
 //! window, not a longer queue. A queue that stands because requests come faster than they
 //! execute reaches the count after 64 requests' service; a worker that needs more than
 //! interval / 64 per request (15.6 µs at the default 1 ms) sheds later than the interval.
@@ -78,10 +78,11 @@ impl StandingQueue {
         self.backlog && self.executed_late >= self.min_late && now.saturating_since(since) >= self.interval
     }
 
-    /// A request that `is_standing` let through executes for the first time (not a resent copy
-    /// of one that did) after queueing for `queueing`.
+    /// A request that `is_standing` has just let through executes for the first time (not a
+    /// resent copy of one that did) after queueing for `queueing`. Past the threshold,
+    /// `is_standing` has started the queue's time already.
     pub fn executed(&mut self, queueing: Duration) {
-        if queueing > self.threshold && self.above_since.is_some() {
+        if queueing > self.threshold {
             self.executed_late = self.executed_late.saturating_add(1);
         }
     }
