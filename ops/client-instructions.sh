@@ -8,8 +8,8 @@
 # Runs `netdam-bench latency --poll blocking` under callgrind, counting only inside the two
 # measuring loops (the floor's and netdam's, each with its timing harness), and prints their
 # instructions per round trip, their ratio, and what of netdam's is `Client::call` and the
-# datagram checksum. Valgrind runs crc32fast's SSE path, not AVX-512: natively the checksum is
-# cheaper than counted here (docs/DECISIONS.md). Blocking clients, so that no spin loop is
+# datagram checksum (CRC-32C, the `crc32` instruction for a small datagram: valgrind runs it as
+# the CPU does). Blocking clients, so that no spin loop is
 # counted; the kernel's work, most of a round trip's CPU, is not counted on either side.
 # Diagnosis, not a test: it needs valgrind (Debian: valgrind) and takes about a minute.
 set -euo pipefail
@@ -49,4 +49,4 @@ echo "user-space instructions per READ 64 B round trip (callgrind, blocking clie
 echo "  floor client loop:   $floor"
 echo "  netdam client loop:  $netdam  ($(awk -v a="$netdam" -v b="$floor" 'BEGIN { printf "%.1fx", a / b }') the floor's)"
 echo "    of which Client::call:    $call"
-echo "    of which datagram CRC-32: $crc (both datagrams)"
+echo "    of which datagram CRC-32C: $crc (both datagrams)"

@@ -96,7 +96,7 @@ enum Command {
     /// What tenant authentication costs (READ 64 B with no authentication, a MAC, encryption)
     /// and what QoS protects (a latency-critical tenant alone and beside a flood), in one run.
     Tenancy(tenancy::TenancyArgs),
-    /// What checking one datagram costs: CRC-32, the MAC trailer of an authenticated session
+    /// What checking one datagram costs: CRC-32C, the MAC trailer of an authenticated session
     /// (seal and open) and HMAC-SHA256, per datagram size.
     Integrity(integrity::IntegrityArgs),
     /// One initiator writing to a running target as fast as its window allows, for a while;

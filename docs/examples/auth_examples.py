@@ -50,13 +50,13 @@ SESSION_SALT = b"netdam-session-v1"
 TTL = 64
 
 
-def crc32_ieee(data):
-    """The IEEE CRC-32 (reflected polynomial 0xEDB88320, initial and final XOR 0xFFFFFFFF)."""
+def crc32c(data):
+    """CRC-32C, Castagnoli (reflected polynomial 0x82F63B78, initial and final XOR 0xFFFFFFFF)."""
     crc = 0xFFFFFFFF
     for byte in data:
         crc ^= byte
         for _ in range(8):
-            crc = (crc >> 1) ^ (0xEDB88320 if crc & 1 else 0)
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
     return crc ^ 0xFFFFFFFF
 
 
@@ -69,7 +69,7 @@ def header(flags, session, sequence, count, status=0, ttl=0, service_ns=0, depth
 
 def with_crc(datagram):
     """An unsealed datagram: the CRC over bytes 0..28 and 32..end goes into bytes 28..32."""
-    crc = crc32_ieee(datagram[:28] + datagram[32:])
+    crc = crc32c(datagram[:28] + datagram[32:])
     return datagram[:28] + struct.pack("<I", crc) + datagram[32:]
 
 

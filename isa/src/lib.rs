@@ -2,6 +2,7 @@
 //! shares. `docs/PROTOCOL.md` is the byte-level truth; this crate matches it.
 //!
 //! - [`wire`]: checked datagram views and encoders.
+//! - [`checksum`]: CRC-32C, the datagram checksum.
 //! - [`semantics`]: what memory and compute instructions do, over [`memory::SharedMemory`].
 //! - [`compute`]: VADD's vectorised lane arithmetic and its per-chunk exclusion.
 //! - [`control`]: HELLO and STAT payloads.
@@ -13,6 +14,7 @@
 //! - [`rng`]: the seeded generator of simulators, fault injectors and tests.
 
 pub mod block;
+pub mod checksum;
 pub mod compute;
 pub mod control;
 pub mod crypto;

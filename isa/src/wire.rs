@@ -7,6 +7,7 @@
 
 use core::ops::Range;
 
+use crate::checksum;
 use crate::limits::MAX_INSTRUCTIONS_PER_DATAGRAM;
 use crate::status::Status;
 
@@ -210,12 +211,11 @@ fn read_u64(bytes: &[u8], range: Range<usize>) -> u64 {
     u64::from_le_bytes(word)
 }
 
-/// CRC32 (IEEE) of a datagram: the header before the CRC field, then everything after it.
+/// The datagram checksum, CRC-32C ([`crate::checksum`]): the header before the CRC field, then
+/// everything after it.
 pub fn datagram_crc(datagram: &[u8]) -> u32 {
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&datagram[..header_field::CRC.start]);
-    hasher.update(&datagram[header_field::CRC.end..]);
-    hasher.finalize()
+    let header = checksum::update(checksum::INITIAL, &datagram[..header_field::CRC.start]);
+    checksum::finish(checksum::update(header, &datagram[header_field::CRC.end..]))
 }
 
 /// The decoded datagram header.
