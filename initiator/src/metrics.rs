@@ -45,6 +45,7 @@ pub struct SessionMetrics {
     spun_for: Cell,
     timeouts: Cell,
     busy: Cell,
+    in_progress_notices: Cell,
     sessions_lost: Cell,
     /// f64 bits of the window, in requests.
     window_bits: Cell,
@@ -66,6 +67,7 @@ impl SessionMetrics {
             spun_for: Cell::new(),
             timeouts: Cell::new(),
             busy: Cell::new(),
+            in_progress_notices: Cell::new(),
             sessions_lost: Cell::new(),
             window_bits: Cell::new(),
             fabric_target_ns: Cell::new(),
@@ -115,6 +117,7 @@ impl SessionMetrics {
         self.spun_for.set(stats.spun_for);
         self.timeouts.set(stats.timeouts);
         self.busy.set(stats.busy);
+        self.in_progress_notices.set(stats.in_progress_notices);
         self.sessions_lost.set(stats.sessions_lost);
         self.window_bits.set(stats.window.to_bits());
         self.smoothed_rtt_ns.set(stats.smoothed_rtt.as_nanos());
@@ -343,6 +346,13 @@ impl Collector for InitiatorCollector {
             "BUSY answers received",
             None,
             [(no_labels(), sum(&|s| s.busy.get()))],
+        )?;
+        counters(
+            encoder,
+            "netdam_initiator_in_progress_notices",
+            "In-progress notices received: a request still executing at the target (block I/O in flight), whose retransmission timer started again",
+            None,
+            [(no_labels(), sum(&|s| s.in_progress_notices.get()))],
         )?;
         counters(
             encoder,

@@ -435,6 +435,9 @@ pub struct SessionStats {
     pub timeouts: u64,
     /// BUSY answers received.
     pub busy: u64,
+    /// In-progress notices received: the target still executed a request (its block I/O was
+    /// in flight) and said so, so its retransmission timer started again instead of firing.
+    pub in_progress_notices: u64,
     /// Datagrams received that answered nothing waiting (late duplicates) or did not parse.
     pub ignored: u64,
     /// Times the target no longer knew the session and it said HELLO again.
@@ -951,6 +954,14 @@ impl Session {
         }
     }
 
+    /// How long `request`'s latest transmission waits for its answer: [`Session::rto_of`],
+    /// doubled for each transmission before it, at most `max_rto`.
+    fn backed_off_rto(&self, request: &Request) -> Duration {
+        let rto = self.rto_of(request);
+        let doublings = request.attempts.saturating_sub(1).min(16);
+        Duration::from_nanos(rto.as_nanos().saturating_mul(1 << doublings)).min(self.config.max_rto)
+    }
+
     /// Requests on the wire now (sent, not answered, not timed out): what the window bounds,
     /// and the answers an adaptive client may expect soon.
     pub fn on_wire(&self) -> usize {
@@ -996,11 +1007,10 @@ impl Session {
                 }
             }
             self.send_queue.pop_front();
-            let rto = self.rto_of(&self.requests[index]);
+            self.requests[index].attempts += 1;
+            let timeout = self.backed_off_rto(&self.requests[index]);
             let request = &mut self.requests[index];
-            request.attempts += 1;
-            let backed_off = Duration::from_nanos(rto.as_nanos().saturating_mul(1 << (request.attempts - 1).min(16)));
-            request.state = State::Sent { deadline: now + backed_off.min(self.config.max_rto) };
+            request.state = State::Sent { deadline: now + timeout };
             request.sent_at = now;
             request.first_sent_at.get_or_insert(now);
             self.stats.transmissions += 1;
@@ -1118,6 +1128,25 @@ impl Session {
             self.stats.ignored += 1;
             return;
         };
+        if response.status() == Status::InProgress {
+            // Not an answer: the target still executes the request (its block I/O is in flight)
+            // and the answer follows. Its timer starts again, a resend already queued for it is
+            // called off, and nothing counts as a round trip or a loss (PROTOCOL.md, "In-progress
+            // notices").
+            self.stats.in_progress_notices += 1;
+            let timeout = self.backed_off_rto(&self.requests[index]);
+            let request = &mut self.requests[index];
+            let sequence = request.sequence;
+            match request.state {
+                State::Sent { .. } => request.state = State::Sent { deadline: now + timeout },
+                State::Waiting => {
+                    request.state = State::Sent { deadline: now + timeout };
+                    self.send_queue.retain(|&queued| queued != sequence);
+                }
+                State::Held { .. } | State::Parked => {}
+            }
+            return;
+        }
         if response.status() == Status::Busy {
             self.stats.busy += 1;
             if let Some(swift) = &mut self.swift {

@@ -148,6 +148,45 @@ fn busy_holds_a_request_for_the_hint_without_spending_an_attempt() {
     assert_eq!(session.stats().busy, 1);
 }
 
+/// What a target sends while `request` still executes: an in-progress notice.
+fn notice(request: &[u8], held_ms: u32) -> Vec<u8> {
+    let request = Request::parse(request).unwrap();
+    let mut buffer = vec![0u8; 64];
+    let mut writer = ResponseWriter::new(&mut buffer, request.header.session, request.header.sequence);
+    writer.set_status(Status::InProgress);
+    let len = writer.finish(64, held_ms * 1_000_000, 0);
+    buffer.truncate(len);
+    buffer
+}
+
+#[test]
+fn an_in_progress_notice_restarts_the_timer_and_calls_off_a_queued_resend() {
+    let mut session = Session::new(config(), 9);
+    session.submit(&[Op::fetch_add(0, 0, 1)], 5).unwrap();
+    let sent = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    assert_eq!(session.poll_timeout(), Some(at_ms(10)));
+    // Still executing at 8 ms: the timer starts again from there.
+    session.handle_datagram(at_ms(8), &notice(&sent, 8));
+    assert!(session.poll_completion().is_none(), "a notice is not an answer");
+    assert_eq!(session.poll_timeout(), Some(at_ms(18)));
+    session.handle_timeout(at_ms(10));
+    assert!(session.poll_transmit(at_ms(10)).is_none(), "nothing is resent at the old deadline");
+    // A notice that comes after the timeout fired (the resend is queued, not yet sent) calls the
+    // resend off.
+    session.handle_timeout(at_ms(18));
+    session.handle_datagram(at_ms(18), &notice(&sent, 18));
+    assert!(session.poll_transmit(at_ms(18)).is_none(), "the queued resend is called off");
+    assert_eq!(session.poll_timeout(), Some(at_ms(28)));
+    session.handle_datagram(at_ms(20), &answer(&sent));
+    let completion = session.poll_completion().unwrap();
+    let reply = completion.result.unwrap();
+    assert_eq!((completion.token, reply.attempts), (5, 1), "answered after one transmission");
+    let stats = session.stats();
+    assert_eq!((stats.transmissions, stats.retransmissions, stats.in_progress_notices), (1, 0, 2));
+    // Karn's rule holds: the one transmission's round trip is a sample, 20 ms.
+    assert_eq!(session.smoothed_rtt(), Some(Duration::from_millis(20)));
+}
+
 #[test]
 fn the_timeout_follows_measured_round_trips() {
     // Without congestion control: 3 ms round trips would (rightly) shrink Swift's window.

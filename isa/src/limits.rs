@@ -111,6 +111,16 @@ pub const SESSION_SWEEP_SLOTS: usize = 16;
 /// See [`SESSION_SWEEP_SLOTS`].
 pub const SESSION_SWEEP_INTERVAL: Duration = Duration::from_millis(1);
 
+/// How long a request may wait for its block I/O before the target sends its initiator an
+/// in-progress notice, and how long between notices after that (PROTOCOL.md, "In-progress
+/// notices"): half the initiator's default floor of a block request's retransmission timeout
+/// (20 ms), so that a notice arrives before that timer fires however slow the device is.
+pub const IN_PROGRESS_NOTICE_INTERVAL: Duration = Duration::from_millis(10);
+
+/// How often a worker with block I/O in flight looks for requests due an in-progress notice:
+/// a walk over its block slots (at most 64) once per millisecond, not once per pass.
+pub const IN_PROGRESS_SCAN_INTERVAL: Duration = Duration::from_millis(1);
+
 /// Sequences per session the target remembers: a request this far behind the newest one
 /// executed is answered `stale`, never executed again.
 pub const REPLAY_WINDOW: usize = 256;

@@ -54,11 +54,15 @@ pub enum Status {
     AuthFailed = 0x12,
     /// ENCRYPT or DECRYPT: the key slot holds no key.
     NoSuchKey = 0x13,
+    /// Datagram status of a notice, not an answer: the request is executing (its block I/O
+    /// is in flight) and its answer will follow. The initiator restarts its retransmission
+    /// timer instead of resending (PROTOCOL.md, "In-progress notices").
+    InProgress = 0x14,
 }
 
 impl Status {
     /// Every status, in wire order.
-    pub const ALL: [Status; 20] = [
+    pub const ALL: [Status; 21] = [
         Status::Ok,
         Status::Malformed,
         Status::UnsupportedVersion,
@@ -79,6 +83,7 @@ impl Status {
         Status::Unauthenticated,
         Status::AuthFailed,
         Status::NoSuchKey,
+        Status::InProgress,
     ];
 
     /// The status with this wire value, if any.
@@ -109,6 +114,7 @@ impl Status {
             Status::Unauthenticated => "unauthenticated",
             Status::AuthFailed => "auth_failed",
             Status::NoSuchKey => "no_such_key",
+            Status::InProgress => "in_progress",
         }
     }
 }

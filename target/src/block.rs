@@ -79,6 +79,10 @@ pub(crate) struct Pending {
     /// How long it waited before `started`, all of it: part of its service time.
     pub waited: Duration,
     pub started: Instant,
+    /// While it waits for block I/O: when its initiator is due an in-progress notice (the
+    /// first `IN_PROGRESS_NOTICE_INTERVAL` after it started, then as often again). `None` once
+    /// its answer is built, and in a free slot.
+    pub notice_due: Option<Instant>,
     /// Opcode of its first instruction: its label in the service-time histogram.
     pub opcode: u8,
     /// The session whose keys seal its answer (an authenticated session's).

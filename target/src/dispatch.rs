@@ -20,8 +20,8 @@ use netdam_isa::engine::Engine;
 use netdam_isa::extension::{ExtensionRegistry, Permissions, EXTENSION_OPCODES};
 use netdam_isa::limits::{
     DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, DEFAULT_SESSIONS_PER_WORKER, DEFAULT_SESSION_IDLE_TIMEOUT,
-    MAX_BLOCK_STATUS_EXTENTS, MAX_CRYPTO_BYTES, MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES,
-    SESSION_SWEEP_INTERVAL, SESSION_SWEEP_SLOTS,
+    IN_PROGRESS_NOTICE_INTERVAL, IN_PROGRESS_SCAN_INTERVAL, MAX_BLOCK_STATUS_EXTENTS, MAX_CRYPTO_BYTES,
+    MAX_INSTRUCTIONS_PER_DATAGRAM, MIN_DATAGRAM_BYTES, SESSION_SWEEP_INTERVAL, SESSION_SWEEP_SLOTS,
 };
 use netdam_isa::wire::{
     peek_is_encrypted, peek_is_response, peek_is_sealed, peek_session_sequence, DecodeError, Disposition, Instruction,
@@ -245,6 +245,8 @@ pub struct Dispatcher<E> {
     block: BlockPath,
     /// When the expiry sweep last looked at a share of the session table.
     last_sweep: Instant,
+    /// When `poll_block` next looks for requests due an in-progress notice.
+    next_notice_scan: Instant,
     /// Issue time of the last cookie: each new one is later, so no two HELLOs get the same.
     last_cookie: Instant,
     refusals: RefusalLog,
@@ -299,6 +301,7 @@ impl<E: Engine> Dispatcher<E> {
             sessions,
             block,
             last_sweep: Instant::ZERO,
+            next_notice_scan: Instant::ZERO,
             last_cookie: Instant::ZERO,
             refusals: RefusalLog::default(),
             group_commit: false,
@@ -567,8 +570,9 @@ impl<E: Engine> Dispatcher<E> {
                     return self.datagram_status(&mut out[..room], header.session, header.sequence, Status::Stale)
                 }
                 Admission::InProgress => {
-                    self.count(Counter::DuplicatesInProgress);
-                    return Handled::Dropped;
+                    // Its answer is on the way: the initiator is told so, and waits for it
+                    // instead of resending again (PROTOCOL.md, "In-progress notices").
+                    return self.datagram_status(&mut out[..room], header.session, header.sequence, Status::InProgress);
                 }
                 Admission::UnknownSession => {
                     // Not this sender's session (or no longer anyone's): a CLOSE ends nothing.
@@ -712,6 +716,7 @@ impl<E: Engine> Dispatcher<E> {
         pending.reply_to = Some(from);
         pending.waited = wait.total;
         pending.started = now;
+        pending.notice_due = Some(now + IN_PROGRESS_NOTICE_INTERVAL);
         pending.opcode = self.current_opcode;
         // A deferred datagram's answer leaves on its own, after block I/O: its memory writes
         // are persisted at once, not with the pass's group commit.
@@ -784,6 +789,7 @@ impl<E: Engine> Dispatcher<E> {
         let mut sent = 0;
         while let Some(slot) = self.block.finished.pop() {
             let mut pending = std::mem::take(&mut self.block.slots[usize::from(slot)]);
+            pending.notice_due = None;
             let progress = pending.progress.take().expect("a finished answer has its progress");
             if let Some(id) = pending.tenant {
                 self.shared.usage.get(id).end_in_flight();
@@ -822,7 +828,52 @@ impl<E: Engine> Dispatcher<E> {
             self.block.slots[usize::from(slot)] = pending;
             self.block.free_slots.push(slot);
         }
+        if now >= self.next_notice_scan {
+            self.next_notice_scan = now + IN_PROGRESS_SCAN_INTERVAL;
+            self.send_in_progress_notices(now, send);
+        }
         sent
+    }
+
+    /// Tells the initiator of each datagram that has waited `IN_PROGRESS_NOTICE_INTERVAL` for its
+    /// block I/O since it started (or since its last notice) that it is still executing: a
+    /// header-only datagram with status `in_progress` (PROTOCOL.md, "In-progress notices"). A slow
+    /// device (a disk stalling for tens of milliseconds) then makes initiators wait, not resend
+    /// requests the target still holds, and their congestion control count no loss.
+    fn send_in_progress_notices(&mut self, now: Instant, send: &mut dyn FnMut(ReplyTo, &[u8])) {
+        let mut notice = [0u8; HEADER_LEN + netdam_auth::TRAILER_BYTES];
+        for slot in 0..self.block.slots.len() {
+            let pending = &mut self.block.slots[slot];
+            let (Some(due), Some(reply_to)) = (pending.notice_due, pending.reply_to) else {
+                continue;
+            };
+            if now < due {
+                continue;
+            }
+            pending.notice_due = Some(now + IN_PROGRESS_NOTICE_INTERVAL);
+            let Some((session, sequence)) = peek_session_sequence(&pending.request[..pending.request_len]) else {
+                continue;
+            };
+            let held = pending.waited + now.saturating_since(pending.started);
+            let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
+            let seal = pending.seal;
+            let mut response = ResponseWriter::new(&mut notice[..HEADER_LEN], session, sequence);
+            response.set_status(Status::InProgress);
+            let mut len = if seal.is_some() {
+                response.finish_sealed(reply_to.ttl, service_time_ns, 0)
+            } else {
+                response.finish(reply_to.ttl, service_time_ns, 0)
+            };
+            if let Some(seal) = seal {
+                match self.sessions.seal(seal.session, seal.peer, &mut notice, len) {
+                    Some(sealed) => len = sealed,
+                    // The session has ended: its answer will not be checked either.
+                    None => continue,
+                }
+            }
+            self.count(Counter::InProgressNotices);
+            send(reply_to, &notice[..len]);
+        }
     }
 
     /// Executes the datagram in `slot` from its next instruction until it waits for a run of
@@ -1187,6 +1238,7 @@ impl<E: Engine> Dispatcher<E> {
             Status::Stale => Counter::AnsweredStale,
             Status::NoSession => Counter::AnsweredNoSession,
             Status::Unauthenticated => Counter::AnsweredUnauthenticated,
+            Status::InProgress => Counter::DuplicatesInProgress,
             _ => Counter::AnsweredMalformed,
         });
         let mut response = ResponseWriter::new(out, session, sequence);

@@ -208,8 +208,17 @@ impl Collector for TargetCollector {
                     ("bad_crc", Counter::DroppedBadCrc),
                     ("oversized", Counter::DroppedOversized),
                     ("not_request", Counter::DroppedNotRequest),
-                    ("duplicate_in_progress", Counter::DuplicatesInProgress),
                 ],
+            ),
+        )?;
+        counters(
+            encoder,
+            "netdam_in_progress_notices",
+            "In-progress notices sent (status in_progress: the request is still executing, its answer follows), by cause: slow (it had waited 10 ms for block I/O, or 10 ms since its last notice) or duplicate (a retransmission of it arrived)",
+            None,
+            self.by_reason(
+                "cause",
+                &[("slow", Counter::InProgressNotices), ("duplicate", Counter::DuplicatesInProgress)],
             ),
         )?;
         counters(

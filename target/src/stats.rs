@@ -61,7 +61,7 @@ counters! {
     HelloRefusedAddressLimit => "hello_refused_address_limit": "HELLOs refused session_limit: their address holds max_sessions_per_address active sessions.",
     DuplicatesReplayed => "duplicates_replayed": "Retransmissions of non-idempotent requests answered from the replay window.",
     DuplicatesExecutedAgain => "duplicates_executed_again": "Retransmissions of idempotent requests executed again.",
-    DuplicatesInProgress => "duplicates_in_progress": "Retransmissions dropped because the request still waits for block I/O.",
+    DuplicatesInProgress => "duplicates_in_progress": "Retransmissions of a request still waiting for block I/O, answered in_progress (not executed again).",
     BlockDatagramsDeferred => "block_datagrams_deferred": "Datagrams with block instructions, answered when their I/O completed.",
     BlockRequestsSubmitted => "block_requests_submitted": "Block requests handed to a namespace's device.",
     BusyBlockSlotsFull => "busy_block_slots_full": "Answered busy: every slot for datagrams waiting on block I/O was taken.",
@@ -80,6 +80,7 @@ counters! {
     AnsweredUnauthenticated => "answered_unauthenticated": "Answered unauthenticated: a sessionless STAT on a target that requires tenants.",
     HelloUnauthenticated => "hello_unauthenticated": "HELLOs refused unauthenticated: no key, an unknown tenant, a wrong proof or a rotated key.",
     SessionsEndedByTenantChange => "sessions_ended_by_tenant_change": "Sessions ended because their tenant was deleted or its key rotated.",
+    InProgressNotices => "in_progress_notices": "In-progress notices sent for requests that had waited 10 ms (and every 10 ms after) for their block I/O.",
 }
 
 /// What a worker records per opcode for `/metrics`.

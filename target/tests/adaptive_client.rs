@@ -4,17 +4,11 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::TestTarget;
 use netdam_initiator::client::{ADAPTIVE_SPIN_MAX, ADAPTIVE_SPIN_MAX_LOADED, ADAPTIVE_SPIN_MIN};
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
-use netdam_nvme::{
-    BlockDevice, BlockError, BlockRequest, BufferIndex, Completion, CrashImage, CrashTestDevice, Geometry,
-};
-use netdam_target::namespaces::Namespace;
 
 const BLOCK: u32 = 4096;
 const BLOCKS: u64 = 64;
@@ -22,57 +16,8 @@ const BLOCKS: u64 = 64;
 /// each request is sent once (a retransmission would only renew the spin, within the bound).
 const DEVICE_TIME: Duration = Duration::from_millis(15);
 
-/// A crash-test device whose completions are handed over `DEVICE_TIME` after submission.
-struct SlowDevice {
-    inner: CrashTestDevice,
-    submitted_at: HashMap<u64, Instant>,
-    held: Vec<(Instant, Completion)>,
-}
-
-impl BlockDevice for SlowDevice {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn submit(&mut self, tag: u64, request: BlockRequest) -> Result<(), BlockError> {
-        self.inner.submit(tag, request)?;
-        self.submitted_at.insert(tag, Instant::now());
-        Ok(())
-    }
-    fn reap(&mut self, on_completion: &mut dyn FnMut(Completion)) -> usize {
-        let (submitted_at, held) = (&mut self.submitted_at, &mut self.held);
-        self.inner.reap(&mut |completion: Completion| {
-            let at = submitted_at.remove(&completion.tag).expect("a completion for a submitted request");
-            held.push((at + DEVICE_TIME, completion));
-        });
-        let now = Instant::now();
-        let mut handed = 0;
-        let mut index = 0;
-        while index < self.held.len() {
-            if self.held[index].0 <= now {
-                on_completion(self.held.swap_remove(index).1);
-                handed += 1;
-            } else {
-                index += 1;
-            }
-        }
-        handed
-    }
-    fn in_flight(&self) -> usize {
-        self.inner.in_flight() + self.held.len()
-    }
-    fn buffer(&mut self, index: BufferIndex) -> &mut [u8] {
-        self.inner.buffer(index)
-    }
-}
-
 fn start() -> TestTarget {
-    let image = CrashImage::new(BLOCK, BLOCKS);
-    let factory = Arc::new(move |max_transfer: usize, _: netdam_nvme::Submission| {
-        let device =
-            SlowDevice { inner: image.device(64, max_transfer)?, submitted_at: HashMap::new(), held: Vec::new() };
-        Ok(Box::new(device) as Box<dyn BlockDevice>)
-    });
-    common::start_with_devices(vec![Namespace::new("slow", "slow test device", BLOCK, BLOCKS, factory)])
+    common::start_with_devices(vec![common::slow_device::namespace("slow", BLOCK, BLOCKS, DEVICE_TIME)])
 }
 
 /// CPU time of the calling thread.

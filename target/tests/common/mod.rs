@@ -5,6 +5,7 @@
 
 pub mod daemon;
 pub mod durability;
+pub mod slow_device;
 
 use netdam_target::config::{ByteSize, Config, NamespaceConfig, PollMode, RegionBackend, RegionConfig};
 use netdam_target::Target;
