@@ -138,9 +138,12 @@ struct SessionFigures {
     windows: Option<(f64, f64)>,
     /// The last fabric delay Swift saw and its fabric target then, µs (diagnosis).
     fabric_delay_us: Option<(f64, f64)>,
-    /// Retransmissions the target dropped because the request still waited for its I/O: the
-    /// device (or the worker) was slower than the timeout.
+    /// Retransmissions of requests still waiting for their I/O, which the target answered with
+    /// an in-progress notice: the device (or the worker) was slower than the timeout.
     still_in_progress: u64,
+    /// In-progress notices the session received: requests that waited 10 ms or more for their
+    /// I/O (a stalling disk), whose timers the notices restarted instead of a resend.
+    notices: u64,
     /// Retransmissions of requests the target had already answered: the answer was on its way,
     /// or waited in the initiator's socket, when the timeout fired.
     answered_before: u64,
@@ -162,6 +165,7 @@ impl Case {
                "last_fabric_delay_us": self.session.and_then(|s| s.fabric_delay_us.map(|d| d.0)),
                "fabric_target_us": self.session.and_then(|s| s.fabric_delay_us.map(|d| d.1)),
                "duplicates_in_progress": self.session.map(|s| s.still_in_progress),
+               "in_progress_notices": self.session.map(|s| s.notices),
                "duplicates_answered_before": self.session.map(|s| s.answered_before)})
     }
 }
@@ -417,6 +421,7 @@ fn netdam_case(
             (swift.last_fabric_delay.as_nanos() as f64 / 1e3, swift.fabric_target.as_nanos() as f64 / 1e3)
         }),
         still_in_progress: counter(Counter::DuplicatesInProgress),
+        notices: stats.in_progress_notices,
         answered_before: counter(Counter::DuplicatesExecutedAgain) + counter(Counter::DuplicatesReplayed),
     };
     target.stop();
@@ -550,6 +555,8 @@ struct SessionTally {
     busy: u64,
     cases_resent: usize,
     retransmissions: u64,
+    cases_noticed: usize,
+    notices: u64,
 }
 
 fn session_tallies(cases: &[Case]) -> Vec<SessionTally> {
@@ -565,6 +572,8 @@ fn session_tallies(cases: &[Case]) -> Vec<SessionTally> {
             busy: group.iter().map(|(_, session)| session.busy).sum(),
             cases_resent: group.iter().filter(|(_, session)| session.retransmissions > 0).count(),
             retransmissions: group.iter().map(|(_, session)| session.retransmissions).sum(),
+            cases_noticed: group.iter().filter(|(_, session)| session.notices > 0).count(),
+            notices: group.iter().map(|(_, session)| session.notices).sum(),
         })
         .collect()
 }
@@ -651,6 +660,7 @@ fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &RoundsDone, cases: &[Cas
                     windows,
                     fabric_delay_us,
                     still_in_progress,
+                    notices,
                     answered_before,
                 } = figures;
                 let why = if retransmissions > 0 {
@@ -668,7 +678,10 @@ fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &RoundsDone, cases: &[Cas
                     Some((delay, target)) => format!("{windows}, fabric delay {delay:.0} µs against {target:.0}"),
                     None => windows,
                 };
-                format!("{retransmissions} retransmitted{why}, {busy} busy, window {window:.1}{windows}")
+                format!(
+                    "{retransmissions} retransmitted{why}, {notices} in-progress notices, {busy} busy, \
+                     window {window:.1}{windows}"
+                )
             })
             .unwrap_or_default();
         let _ = writeln!(
@@ -705,11 +718,15 @@ fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &RoundsDone, cases: &[Cas
     }
     let tallies = session_tallies(cases);
     if !tallies.is_empty() {
-        let _ = writeln!(text, "netdam's cases with BUSY answers, and with requests resent:");
+        let _ = writeln!(
+            text,
+            "netdam's cases with BUSY answers, with requests resent, and with in-progress notices (requests that \
+             waited 10 ms or more for the disk, not resent):"
+        );
         for tally in tallies {
             let _ = writeln!(
                 text,
-                "  {:<10} depth {:>3}: BUSY in {} of {} ({} answers), resent in {} of {} ({} requests)",
+                "  {:<10} depth {:>3}: BUSY in {} of {} ({} answers), resent in {} of {} ({} requests), notices in {} of {} ({})",
                 tally.pattern,
                 tally.depth,
                 tally.cases_busy,
@@ -717,7 +734,10 @@ fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &RoundsDone, cases: &[Cas
                 tally.busy,
                 tally.cases_resent,
                 tally.cases,
-                tally.retransmissions
+                tally.retransmissions,
+                tally.cases_noticed,
+                tally.cases,
+                tally.notices
             );
         }
         let _ = writeln!(text);
@@ -785,7 +805,7 @@ mod tests {
 
     #[test]
     fn busy_answers_and_resent_requests_are_tallied_per_pattern_and_depth_over_the_rounds() {
-        let with_session = |round: usize, depth: usize, busy: u64, retransmissions: u64| Case {
+        let with_session = |round: usize, depth: usize, busy: u64, retransmissions: u64, notices: u64| Case {
             session: Some(SessionFigures {
                 retransmissions,
                 block_retransmissions: retransmissions,
@@ -794,23 +814,27 @@ mod tests {
                 windows: None,
                 fabric_delay_us: None,
                 still_in_progress: 0,
+                notices,
                 answered_before: 0,
             }),
             ..case("netdam", round, depth, 100)
         };
         let cases = [
             case("fio io_uring", 0, 32, 100),
-            with_session(0, 32, 0, 0),
-            with_session(1, 32, 82, 0),
-            with_session(2, 32, 0, 24),
-            with_session(0, 1, 0, 0),
+            with_session(0, 32, 0, 0, 0),
+            with_session(1, 32, 82, 0, 0),
+            with_session(2, 32, 0, 24, 0),
+            with_session(3, 32, 0, 0, 96),
+            with_session(0, 1, 0, 0, 0),
         ];
         let tallies = session_tallies(&cases);
         let lines: Vec<_> = tallies
             .iter()
-            .map(|t| (t.depth, t.cases, t.cases_busy, t.busy, t.cases_resent, t.retransmissions))
+            .map(|t| {
+                (t.depth, t.cases, t.cases_busy, t.busy, t.cases_resent, t.retransmissions, t.cases_noticed, t.notices)
+            })
             .collect();
-        assert_eq!(lines, [(32, 3, 1, 82, 1, 24), (1, 1, 0, 0, 0, 0)]);
+        assert_eq!(lines, [(32, 4, 1, 82, 1, 24, 1, 96), (1, 1, 0, 0, 0, 0, 0, 0)]);
     }
 
     #[test]
