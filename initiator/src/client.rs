@@ -14,7 +14,7 @@ use netdam_isa::crypto::Seal;
 use netdam_isa::extension::reduce::{ReduceOp, REDUCE_MAX_BYTES, REDUCE_OPCODE};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
-use netdam_isa::wire::Instruction;
+use netdam_isa::wire::{peek_datagram_status, Instruction};
 use netdam_isa::{Duration, Instant, LaneType, Status};
 use netdam_udp::Train;
 
@@ -839,6 +839,9 @@ impl Client {
             _ => None,
         };
         let mut last_read = None;
+        // Whether an answer (not an in-progress notice) came: only an answer frees the window
+        // for more, so only an answer keeps an adaptive client spinning.
+        let mut answered = false;
         let mut found_empty = false;
         loop {
             let received = if bound_from.is_some() {
@@ -856,7 +859,9 @@ impl Client {
                         // No timestamp from the kernel: counted as read on arrival.
                         (None, None) => Duration::ZERO,
                     };
-                    self.session.handle_datagram_waited(now, waited, &self.receive_buffer[..len]);
+                    let datagram = &self.receive_buffer[..len];
+                    answered |= peek_datagram_status(datagram) != Some(Status::InProgress as u8);
+                    self.session.handle_datagram_waited(now, waited, datagram);
                     if self.session.in_flight() == 0 {
                         // Nothing else is awaited: a caller of one request at a time gets its
                         // answer without a receive that finds the socket empty (a system call
@@ -879,7 +884,7 @@ impl Client {
             }
         }
         let now = last_read.unwrap_or(started);
-        if last_read.is_some() {
+        if answered {
             self.keep_spinning(now);
         }
         if found_empty {

@@ -59,7 +59,9 @@ pub struct SessionConfig {
     /// Floor of the retransmission timeout of requests with block instructions: a device's
     /// latency has tails of milliseconds that no smoothed round trip foresees, and a block
     /// request resent while its device works only adds a datagram and shrinks the window
-    /// (the target drops the duplicate of a request still in progress).
+    /// (the target answers the duplicate of a request still in progress with an in-progress
+    /// notice, and executes nothing). Keep it at least twice the target's notice interval
+    /// (10 ms), so that notices restart the timer before it fires.
     pub min_block_rto: Duration,
     /// Floor of a HELLO's retransmission timeout (every HELLO's: the first one's too, where
     /// `initial_rto` is shorter). The second HELLO is timed by the cookie's round trip (half a
@@ -81,6 +83,12 @@ pub struct SessionConfig {
     /// request then fails the user's I/O for a pause, not for a dead target (a refusal fails at
     /// once before any session, and after `reconnect_patience` once there was one).
     pub min_patience: Duration,
+    /// How long after its first transmission a request's in-progress notices keep its timer
+    /// from firing (PROTOCOL.md, "In-progress notices"). Past it they are ignored, and the
+    /// request, which the target has said it holds but not finished, fails at its next timeout:
+    /// a device that never completes (or notices replayed by someone on the path) cannot keep a
+    /// request waiting for ever.
+    pub max_in_progress_wait: Duration,
     /// BUSY answers one request may get before it fails.
     pub max_busy_retries: u32,
     /// Largest datagram sent or expected back.
@@ -113,6 +121,7 @@ impl Default for SessionConfig {
             max_rto: Duration::from_millis(2_000),
             max_attempts: 8,
             min_patience: Duration::from_millis(5_000),
+            max_in_progress_wait: Duration::from_millis(30_000),
             max_busy_retries: 64,
             max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
             congestion: Some(SwiftConfig::default()),
@@ -332,6 +341,8 @@ struct Request {
     /// When the first transmission left (what `min_patience` counts from); a BUSY answer,
     /// which gives the attempt back, does not restart it.
     first_sent_at: Option<Instant>,
+    /// Whether the target has said it holds the request (an in-progress notice was heeded).
+    noticed: bool,
 }
 
 /// What executes a request at the target, and so how long its service takes: memory answers
@@ -690,6 +701,7 @@ impl Session {
         request.session_id = self.session_id;
         request.attempts = 0;
         request.busy_retries = 0;
+        request.noticed = false;
         request.state = State::Waiting;
         self.send_queue.push_back(request.sequence);
     }
@@ -940,6 +952,7 @@ impl Session {
             state,
             sent_at: Instant::ZERO,
             first_sent_at: None,
+            noticed: false,
         });
         sequence
     }
@@ -1136,6 +1149,12 @@ impl Session {
             self.stats.in_progress_notices += 1;
             let timeout = self.backed_off_rto(&self.requests[index]);
             let request = &mut self.requests[index];
+            let first_sent_at = request.first_sent_at.unwrap_or(now);
+            if now.saturating_since(first_sent_at) >= self.config.max_in_progress_wait {
+                // Held too long: the timer runs out, and the request fails (`handle_timeout`).
+                return;
+            }
+            request.noticed = true;
             let sequence = request.sequence;
             match request.state {
                 State::Sent { .. } => request.state = State::Sent { deadline: now + timeout },
@@ -1262,8 +1281,12 @@ impl Session {
                         swift.on_timeout(now);
                     }
                     let first_sent_at = request.first_sent_at.unwrap_or(now);
-                    let patient = now.saturating_since(first_sent_at) < self.config.min_patience;
-                    if request.attempts < self.config.max_attempts || patient {
+                    let since_first = now.saturating_since(first_sent_at);
+                    let patient = since_first < self.config.min_patience;
+                    // The target said it holds the request, for longer than the session waits:
+                    // resending would only earn more notices.
+                    let held_too_long = request.noticed && since_first >= self.config.max_in_progress_wait;
+                    if !held_too_long && (request.attempts < self.config.max_attempts || patient) {
                         request.state = State::Waiting;
                         // Retransmissions go before new requests.
                         self.send_queue.push_front(request.sequence);

@@ -188,6 +188,32 @@ fn an_in_progress_notice_restarts_the_timer_and_calls_off_a_queued_resend() {
 }
 
 #[test]
+fn notices_hold_a_request_no_longer_than_max_in_progress_wait() {
+    let config = SessionConfig { max_in_progress_wait: Duration::from_millis(30), max_attempts: 8, ..config() };
+    let mut session = Session::new(config, 9);
+    session.submit(&[Op::fetch_add(0, 0, 1)], 5).unwrap();
+    let sent = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    for at in [8, 16, 24] {
+        session.handle_datagram(at_ms(at), &notice(&sent, at as u32));
+        assert_eq!(session.poll_timeout(), Some(at_ms(at + 10)), "heeded at {at} ms");
+    }
+    // 31 ms after the first transmission: past the wait, the notice is not heeded...
+    session.handle_datagram(at_ms(31), &notice(&sent, 31));
+    assert_eq!(session.poll_timeout(), Some(at_ms(34)), "the timer runs on");
+    // ...and the request fails at its timeout, attempts left or not: the target said it holds
+    // it, so a resend would only earn another notice.
+    session.handle_timeout(at_ms(34));
+    assert!(session.poll_transmit(at_ms(34)).is_none(), "not resent");
+    let completion = session.poll_completion().expect("failed");
+    assert_eq!(completion.token, 5);
+    match completion.result {
+        Err(ClientError::OutcomeUnknown { attempts: 1 }) => {}
+        other => panic!("expected OutcomeUnknown after one attempt, got {other:?}"),
+    }
+    assert_eq!(session.stats().in_progress_notices, 4);
+}
+
+#[test]
 fn the_timeout_follows_measured_round_trips() {
     // Without congestion control: 3 ms round trips would (rightly) shrink Swift's window.
     let mut session = Session::new(SessionConfig { congestion: None, ..config() }, 9);

@@ -79,7 +79,8 @@ pub enum Admission {
     Replay(usize),
     /// Older than the window, or its answer is gone: answer `stale`, never execute.
     Stale,
-    /// Still executing (waiting for block I/O): drop it, the answer is on its way.
+    /// Still executing (waiting for block I/O, or its answer for a group commit): not executed
+    /// again; answered with an in-progress notice, the answer being on its way.
     InProgress,
     /// No such session, or it belongs to another sender: answer `no_session`.
     UnknownSession,
@@ -561,7 +562,7 @@ impl SessionTable {
         }
         let remembered = session.window[(sequence % REPLAY_WINDOW as u64) as usize];
         if remembered.in_progress {
-            // Its own retransmission is dropped; a sequence a whole window away cannot be
+            // Its own retransmission is not executed again; a sequence a whole window away cannot be
             // tracked while this one executes (an initiator keeps under a window in flight), so
             // it is refused rather than allowed to overwrite the entry.
             return if remembered.sequence == sequence { Admission::InProgress } else { Admission::Stale };
@@ -585,7 +586,7 @@ impl SessionTable {
     }
 
     /// Marks a request admitted with `ticket` as executing until it is recorded, so that its
-    /// retransmissions are dropped instead of executed a second time.
+    /// retransmissions are answered in progress instead of executed a second time.
     pub fn mark_in_progress(&mut self, ticket: RecordTicket) {
         let session = &mut self.slots[ticket.slot];
         if session.id == ticket.id {

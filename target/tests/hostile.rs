@@ -383,12 +383,13 @@ fn target_survives_100k_hostile_datagrams() {
         "dropped_not_request",
         "dropped_bad_mac",
         "dropped_unsealed",
-        "duplicates_in_progress",
     ]
     .iter()
     .map(|name| delta(name))
     .sum();
     assert!(delta("block_requests_submitted") > 0, "SEED={seed}: no block instruction reached the namespace");
+    // (A retransmission of a request still in progress is answered with a notice: in
+    // `responses_sent`. The notices a slow block request earns on the timer are not.)
     assert_eq!(answered + dropped, sent + pings, "SEED={seed}: every datagram is either answered or dropped");
 
     // Memory outside the addressed ranges is exactly as it was.

@@ -1046,6 +1046,9 @@ fn nbd_client_options(reconnect_timeout: std::time::Duration) -> ClientOptions {
     let patience = netdam_isa::Duration::from_nanos(reconnect_timeout.as_nanos().min(u64::MAX as u128) as u64);
     client.session.min_patience = patience;
     client.session.reconnect_patience = patience;
+    // A target that keeps saying a request is in progress (a device that never completes) does
+    // not hold it longer than that either.
+    client.session.max_in_progress_wait = patience;
     client
 }
 
