@@ -61,7 +61,7 @@ pub struct SessionConfig {
     /// request resent while its device works only adds a datagram and shrinks the window
     /// (the target answers the duplicate of a request still in progress with an in-progress
     /// notice, and executes nothing). Keep it at least twice the target's notice interval
-    /// (10 ms), so that notices restart the timer before it fires.
+    /// (5 ms), so that notices restart the timer before it fires.
     pub min_block_rto: Duration,
     /// Floor of a HELLO's retransmission timeout (every HELLO's: the first one's too, where
     /// `initial_rto` is shorter). The second HELLO is timed by the cookie's round trip (half a

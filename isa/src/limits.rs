@@ -113,9 +113,12 @@ pub const SESSION_SWEEP_INTERVAL: Duration = Duration::from_millis(1);
 
 /// How long a request may wait for its block I/O before the target sends its initiator an
 /// in-progress notice, and how long between notices after that (PROTOCOL.md, "In-progress
-/// notices"): half the initiator's default floor of a block request's retransmission timeout
-/// (20 ms), so that a notice arrives before that timer fires however slow the device is.
-pub const IN_PROGRESS_NOTICE_INTERVAL: Duration = Duration::from_millis(10);
+/// notices"): a quarter of the initiator's default floor of a block request's retransmission
+/// timeout (20 ms), so that a notice arrives before that timer fires however slow the device
+/// is, even when the worker loses its core for a while (10 ms left some resends when a disk
+/// flush stalled the machine, 5 ms none; docs/DECISIONS.md), yet above this VM's disk's p99.9
+/// at depth 32 (2–5 ms), so that a device working normally earns few.
+pub const IN_PROGRESS_NOTICE_INTERVAL: Duration = Duration::from_millis(5);
 
 /// How often a worker with block I/O in flight looks for requests due an in-progress notice:
 /// a walk over its block slots (at most 64) once per millisecond, not once per pass.

@@ -214,7 +214,7 @@ impl Collector for TargetCollector {
         counters(
             encoder,
             "netdam_in_progress_notices",
-            "In-progress notices sent (status in_progress: the request is still executing, its answer follows), by cause: slow (it had waited 10 ms for block I/O, or 10 ms since its last notice) or duplicate (a retransmission of it arrived)",
+            "In-progress notices sent (status in_progress: the request is still executing, its answer follows), by cause: slow (it had waited 5 ms for block I/O, or 5 ms since its last notice) or duplicate (a retransmission of it arrived)",
             None,
             self.by_reason(
                 "cause",

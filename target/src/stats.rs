@@ -80,7 +80,7 @@ counters! {
     AnsweredUnauthenticated => "answered_unauthenticated": "Answered unauthenticated: a sessionless STAT on a target that requires tenants.",
     HelloUnauthenticated => "hello_unauthenticated": "HELLOs refused unauthenticated: no key, an unknown tenant, a wrong proof or a rotated key.",
     SessionsEndedByTenantChange => "sessions_ended_by_tenant_change": "Sessions ended because their tenant was deleted or its key rotated.",
-    InProgressNotices => "in_progress_notices": "In-progress notices sent for requests that had waited 10 ms (and every 10 ms after) for their block I/O (not in responses_sent, which counts answers to datagrams received).",
+    InProgressNotices => "in_progress_notices": "In-progress notices sent for requests that had waited 5 ms (and every 5 ms after) for their block I/O (not in responses_sent, which counts answers to datagrams received).",
 }
 
 /// What a worker records per opcode for `/metrics`.

@@ -11,7 +11,7 @@ use netdam_auth::{Credentials, SessionKeys, TenantKey, TRAILER_BYTES};
 use netdam_initiator::client::{Client, ClientOptions};
 use netdam_initiator::error::ClientError;
 use netdam_initiator::session::SessionConfig;
-use netdam_isa::wire::{mark_sealed, peek_is_sealed, Instruction, RequestBuilder, Response};
+use netdam_isa::wire::{mark_sealed, peek_datagram_status, peek_is_sealed, Instruction, RequestBuilder, Response};
 use netdam_isa::{Opcode, Status};
 use netdam_target::config::AuthMode;
 use netdam_target::tenants::{GrantRecord, GrantSpace, QosClass, TenantLimits, TenantRecord, TenantSnapshot};
@@ -228,7 +228,12 @@ impl Raw {
     /// no answer.
     fn exchange(&self, datagram: &[u8]) -> Option<(Status, Vec<u8>)> {
         self.socket.send(datagram).unwrap();
-        let answer = receive(&self.socket)?;
+        let mut answer = receive(&self.socket)?;
+        // A block request that waits 5 ms or more (a loaded machine) earns in-progress notices
+        // first: not the answer.
+        while peek_datagram_status(&answer) == Some(Status::InProgress as u8) {
+            answer = receive(&self.socket)?;
+        }
         if !peek_is_sealed(&answer) {
             let response = Response::parse(&answer).unwrap();
             return Some((response.status(), Vec::new()));

@@ -440,6 +440,8 @@ fn send_raw(socket: &std::net::UdpSocket, session: u32, sequence: u64, ops: &[Op
 }
 
 /// Receives answers until one for `sequence` arrives; returns its datagram status and results.
+/// In-progress notices (a request that waits on the device for 5 ms or more earns them) are not
+/// answers: skipped, as an initiator does.
 fn receive_raw(socket: &std::net::UdpSocket, sequence: u64) -> (Status, Vec<Status>) {
     let mut answer = vec![0u8; 65_536];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -447,7 +449,7 @@ fn receive_raw(socket: &std::net::UdpSocket, sequence: u64) -> (Status, Vec<Stat
         assert!(std::time::Instant::now() < deadline, "no answer to sequence {sequence}");
         let Ok(len) = socket.recv(&mut answer) else { continue };
         let response = netdam_isa::wire::Response::parse(&answer[..len]).expect("answers decode");
-        if response.header.sequence == sequence {
+        if response.header.sequence == sequence && response.status() != Status::InProgress {
             return (response.status(), response.results().map(|result| result.status).collect());
         }
     }
