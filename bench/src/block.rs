@@ -17,6 +17,7 @@ use netdam_initiator::session::SessionConfig;
 use netdam_initiator::swift::SwiftConfig;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::control::NamespaceInfo;
+use netdam_isa::limits::IN_PROGRESS_NOTICE_INTERVAL;
 use netdam_isa::rng::Rng;
 use netdam_target::config::{Config, NamespaceBackend, NamespaceConfig, PollMode};
 use netdam_target::stats::Counter;
@@ -141,8 +142,9 @@ struct SessionFigures {
     /// Retransmissions of requests still waiting for their I/O, which the target answered with
     /// an in-progress notice: the device (or the worker) was slower than the timeout.
     still_in_progress: u64,
-    /// In-progress notices the session received: requests that waited 10 ms or more for their
-    /// I/O (a stalling disk), whose timers the notices restarted instead of a resend.
+    /// In-progress notices the session received: requests that waited
+    /// [`IN_PROGRESS_NOTICE_INTERVAL`] or more for their I/O (a stalling disk), whose timers the
+    /// notices restarted instead of a resend.
     notices: u64,
     /// Retransmissions of requests the target had already answered: the answer was on its way,
     /// or waited in the initiator's socket, when the timeout fired.
@@ -721,7 +723,8 @@ fn tables(args: &BlockArgs, fio: Option<&str>, rounds: &RoundsDone, cases: &[Cas
         let _ = writeln!(
             text,
             "netdam's cases with BUSY answers, with requests resent, and with in-progress notices (requests that \
-             waited 10 ms or more for the disk, not resent):"
+             waited {} ms or more for the disk, not resent):",
+            IN_PROGRESS_NOTICE_INTERVAL.as_nanos() / 1_000_000
         );
         for tally in tallies {
             let _ = writeln!(

@@ -93,6 +93,14 @@ pub(crate) struct Pending {
     pub room: usize,
 }
 
+impl Pending {
+    /// How long the target has held the datagram at `now`: its wait before it started, then
+    /// its execution so far (the service time its answer, or a notice, reports).
+    pub fn held_for(&self, now: Instant) -> Duration {
+        self.waited + now.saturating_since(self.started)
+    }
+}
+
 /// The block side of one worker.
 pub struct BlockPath {
     pub(crate) devices: Vec<Box<dyn BlockDevice>>,

@@ -794,9 +794,9 @@ impl<E: Engine> Dispatcher<E> {
             if let Some(id) = pending.tenant {
                 self.shared.usage.get(id).end_in_flight();
             }
+            let held = pending.held_for(clock());
             let response = ResponseWriter::resume(&mut pending.response[..pending.room], progress);
             let count = response.count();
-            let held = pending.waited + clock().saturating_since(pending.started);
             let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
             let depth = u16::try_from(self.block.pending() - 1).unwrap_or(u16::MAX);
             let reply_to = pending.reply_to.expect("defer recorded where the answer goes");
@@ -854,7 +854,7 @@ impl<E: Engine> Dispatcher<E> {
             let Some((session, sequence)) = peek_session_sequence(&pending.request[..pending.request_len]) else {
                 continue;
             };
-            let held = pending.waited + now.saturating_since(pending.started);
+            let held = pending.held_for(now);
             let service_time_ns = u32::try_from(held.as_nanos()).unwrap_or(u32::MAX);
             let seal = pending.seal;
             let mut response = ResponseWriter::new(&mut notice[..HEADER_LEN], session, sequence);
