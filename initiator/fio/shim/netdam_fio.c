@@ -126,7 +126,7 @@ static struct fio_option options[] = {
 		.type = FIO_OPT_BOOL,
 		.off1 = offsetof(struct netdam_fio_options, coalesce),
 		.def = "1",
-		.help = "While 8 or more datagrams are in flight, let a datagram with room wait (at most 20 us) for the next I/O to share it",
+		.help = "While 8 or more other I/Os are outstanding, let a datagram with room wait (at most 20 us) for the next I/O to share it",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},

@@ -258,10 +258,14 @@ enum Space {
 /// that a lost datagram repeats little.
 const PACK_MAX: usize = 16;
 
-/// Coalescing holds a datagram with room only while at least this many are in flight: then an
-/// answer, and with it fio's next I/O, is microseconds away, and the wait is small beside the
-/// I/Os' latency (a depth of 32 queues ~100 µs); at lower depths every I/O goes out at once.
-const HOLD_MIN_ON_WIRE: usize = 8;
+/// Coalescing holds a datagram with room only while at least this many other I/Os are
+/// outstanding (on the wire, or answered and not yet reaped by fio): fio queues its next I/O as
+/// soon as it reaps one of them, so that I/O is microseconds away, and the wait is small beside
+/// the I/Os' latency (a depth of 32 queues ~100 µs); at lower depths every I/O goes out at once.
+/// Answered I/Os count as much as those on the wire: where fio's own thread is the bound (a
+/// target that answers at once), most of the depth waits to be reaped, few datagrams are on the
+/// wire, and that is where sharing datagrams saves fio's thread the most system calls.
+const HOLD_MIN_OUTSTANDING: usize = 8;
 
 /// The longest a datagram with room waits for another I/O to share it.
 const HOLD_MAX: Duration = Duration::from_micros(20);
@@ -279,7 +283,7 @@ const BUSY_PAUSE_MAX: Duration = Duration::from_millis(5);
 /// 4 KiB I/O costs a datagram each way, and on a machine whose cores the initiator and the
 /// target share, per-datagram work is what bounds IOPS. Held until the next I/O arrives, two
 /// 4 KiB I/Os share a datagram and its answer (Nagle's rule, with a bound: the hold ends when
-/// fewer than `HOLD_MIN_ON_WIRE` datagrams are in flight or after `HOLD_MAX`).
+/// fewer than `HOLD_MIN_OUTSTANDING` other I/Os are outstanding or after `HOLD_MAX`).
 #[derive(Debug)]
 struct Coalescing {
     enabled: bool,
@@ -288,9 +292,10 @@ struct Coalescing {
 }
 
 impl Coalescing {
-    /// Whether the last, unfilled datagram may wait now, with `on_wire` datagrams in flight.
-    fn may_hold(&mut self, on_wire: usize, now: impl FnOnce() -> Instant) -> bool {
-        if !self.enabled || on_wire < HOLD_MIN_ON_WIRE {
+    /// Whether the last, unfilled datagram may wait now, with `outstanding` other I/Os whose
+    /// completions fio has yet to reap.
+    fn may_hold(&mut self, outstanding: usize, now: impl FnOnce() -> Instant) -> bool {
+        if !self.enabled || outstanding < HOLD_MIN_OUTSTANDING {
             self.held_since = None;
             return false;
         }
@@ -514,22 +519,27 @@ impl Batches {
 
 /// How many pieces from the front of `backlog` one datagram of `max_datagram_bytes` carries
 /// (at least one, when there are any), and whether they fill it: the next piece would not fit,
-/// or it holds `PACK_MAX`. One that does not fill is short only for want of pieces.
+/// it holds `PACK_MAX`, or, with no next piece yet, one the size of its last would not fit (fio
+/// jobs mostly use one block size, so waiting for the next I/O would not add it to this
+/// datagram). One that does not fill is short only for want of pieces.
 fn front_datagram(backlog: &VecDeque<Piece>, max_datagram_bytes: usize) -> (usize, bool) {
     let mut request_bytes = HEADER_LEN;
     let mut answer_bytes = HEADER_LEN;
     let mut len = 0;
+    let fits = |request: usize, answer: usize, piece: &Piece| {
+        request + piece.request_bytes() <= max_datagram_bytes && answer + piece.answer_bytes() <= max_datagram_bytes
+    };
     for piece in backlog {
-        let fits = request_bytes + piece.request_bytes() <= max_datagram_bytes
-            && answer_bytes + piece.answer_bytes() <= max_datagram_bytes;
-        if len == PACK_MAX || (len > 0 && !fits) {
+        if len == PACK_MAX || (len > 0 && !fits(request_bytes, answer_bytes, piece)) {
             return (len, true);
         }
         request_bytes += piece.request_bytes();
         answer_bytes += piece.answer_bytes();
         len += 1;
     }
-    (len, len == PACK_MAX)
+    let another_like_the_last =
+        backlog.get(len.wrapping_sub(1)).is_some_and(|last| fits(request_bytes, answer_bytes, last));
+    (len, len == PACK_MAX || (len > 0 && !another_like_the_last))
 }
 
 /// A hasher for (session, ticket) keys: tickets are distinct counters, so a multiply mixes them
@@ -618,6 +628,9 @@ pub struct Engine {
     busy_holds: BusyHolds,
     /// `poll=adaptive`: the thread spins until then, and sleeps after.
     spin_until: Instant,
+    /// The last `send_backlog` left pieces for want of room in the sessions' windows (or their
+    /// shares of the worker's transfer buffers): only answers make room.
+    waiting_for_room: bool,
 }
 
 impl Engine {
@@ -680,6 +693,7 @@ impl Engine {
                 iodepth,
             ),
             spin_until: Instant::now(),
+            waiting_for_room: false,
         })
     }
 
@@ -813,10 +827,14 @@ impl Engine {
     /// one after the last used, so that several sessions share the load. Consecutive pieces go
     /// in one datagram while their requests and their answers fit the negotiated size.
     fn send_backlog(&mut self) {
+        self.waiting_for_room = false;
         let count = self.sessions.len();
         'datagrams: while !self.backlog.is_empty() {
             let (len, full) = front_datagram(&self.backlog, self.max_datagram_bytes);
-            if !full && self.coalescing.may_hold(self.on_wire.len(), Instant::now) {
+            // The I/Os outstanding besides those waiting here (a piece counted as an I/O: fewer
+            // others, never more).
+            let outstanding = self.in_flight().saturating_sub(self.backlog.len());
+            if !full && self.coalescing.may_hold(outstanding, Instant::now) {
                 break;
             }
             let transfers = self.backlog.iter().take(len).filter(|piece| piece.transfers()).count();
@@ -846,6 +864,7 @@ impl Engine {
             }
             // Every window, or every session's share of its worker's transfer buffers, is full:
             // the rest waits for answers.
+            self.waiting_for_room = true;
             break;
         }
         // What each session took leaves in one train (a batch of fio's I/Os, or the refill
@@ -898,13 +917,18 @@ impl Engine {
                 }
             }
         }
+        self.send_due();
+        if answered {
+            self.keep_spinning();
+        }
+    }
+
+    /// Sends what waits: pieces whose BUSY pause has ended, and the backlog.
+    fn send_due(&mut self) {
         if self.busy_holds.deadline().is_some() {
             self.busy_holds.release_due(Instant::now(), &mut self.backlog);
         }
         self.send_backlog();
-        if answered {
-            self.keep_spinning();
-        }
     }
 
     /// The target answered BUSY for `piece` alone (`error`): it goes again after a pause, or
@@ -1006,7 +1030,15 @@ impl Engine {
         let min = min.min(self.in_flight()).min(max);
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
         loop {
-            self.turn();
+            // With enough finished already, the sockets are not read: at depth fio reaps one
+            // completion per call while the target answers faster than fio takes them, and a
+            // read of an empty socket per call costs fio's thread a system call per I/O. Unless
+            // pieces wait for room in a window, which only the answers in the socket make.
+            if self.done.len() < min.max(1) || self.waiting_for_room {
+                self.turn();
+            } else {
+                self.send_due();
+            }
             if self.done.len() >= min {
                 break;
             }
@@ -1119,9 +1151,19 @@ mod tests {
         backlog.push_back(read_piece(0, 4096));
         assert_eq!(front_datagram(&backlog, 9000), (1, false), "room for a second 4 KiB answer");
         backlog.push_back(read_piece(1, 4096));
-        assert_eq!(front_datagram(&backlog, 9000), (2, false), "two 4 KiB answers fit 9000 bytes");
+        assert_eq!(
+            front_datagram(&backlog, 9000),
+            (2, true),
+            "two 4 KiB answers fit 9000 bytes, and a third of their size would not: no wait for it"
+        );
         backlog.push_back(read_piece(2, 4096));
         assert_eq!(front_datagram(&backlog, 9000), (2, true), "a third does not: the first two fill it");
+        backlog.clear();
+        backlog.push_back(read_piece(0, 4096));
+        backlog.push_back(read_piece(1, 512));
+        assert_eq!(front_datagram(&backlog, 9000), (2, false), "room for another 512-byte answer");
+        backlog.push_back(read_piece(2, 8192));
+        assert_eq!(front_datagram(&backlog, 9000), (2, true), "the next does not fit");
         assert_eq!(front_datagram(&backlog, 4400), (1, true), "one 4 KiB answer per small datagram");
         let small: VecDeque<Piece> = (0..PACK_MAX + 1)
             .map(|io| Piece { io, op: Op::flush(0), operand: None, read_into: None, busy: None })
@@ -1157,9 +1199,9 @@ mod tests {
         let mut off = Coalescing { enabled: false, held_since: None };
         assert!(!off.may_hold(32, || start), "coalesce=0 never holds");
         let mut on = Coalescing { enabled: true, held_since: None };
-        assert!(!on.may_hold(HOLD_MIN_ON_WIRE - 1, || start), "too few in flight: send now");
+        assert!(!on.may_hold(HOLD_MIN_OUTSTANDING - 1, || start), "too few in flight: send now");
         assert_eq!(on.deadline(), None);
-        assert!(on.may_hold(HOLD_MIN_ON_WIRE, || start));
+        assert!(on.may_hold(HOLD_MIN_OUTSTANDING, || start));
         assert_eq!(on.deadline(), Some(start + HOLD_MAX));
         // The hold counts from its start, not from each look.
         assert!(on.may_hold(32, || start + HOLD_MAX / 2));

@@ -285,8 +285,8 @@ fn ios_queued_together_share_datagrams() {
     unsafe { netdam_fio_close(engine) };
 }
 
-/// fio at depth commits one I/O at a time. With coalescing, once 8 datagrams are in flight the
-/// engine holds a datagram with room for the next I/O: the 9th and 10th 4 KiB reads share one.
+/// fio at depth commits one I/O at a time. With coalescing, once 8 other I/Os are outstanding
+/// the engine holds a datagram with room for the next I/O: the 9th and 10th 4 KiB reads share one.
 /// A held I/O alone still completes (its hold ends). `coalesce=0` sends each I/O at once.
 #[test]
 fn at_depth_an_io_waits_for_the_next_to_share_its_datagram_unless_coalescing_is_off() {
@@ -353,6 +353,94 @@ fn at_depth_an_io_waits_for_the_next_to_share_its_datagram_unless_coalescing_is_
             unsafe { netdam_fio_commit(engine) };
         }
         reap(9);
+        // SAFETY: the engine came from `open` and is not used again.
+        unsafe { netdam_fio_close(engine) };
+    }
+}
+
+/// Where the target answers faster than fio reaps (fio takes one completion per call at depth),
+/// most of the depth is answered and waiting to be reaped, and few datagrams are on the wire.
+/// Those I/Os are outstanding too: fio's next I/O follows each reap, so a new I/O is held for it,
+/// and the two share a datagram. With `coalesce=0` each goes alone.
+#[test]
+fn answered_ios_waiting_to_be_reaped_count_toward_the_hold() {
+    let test = start();
+    let counter = |name: &str| test.target.stats().get(name).expect("a counter");
+    for coalesce in [true, false] {
+        let mut settings = Settings::new(&test.target, "namespace=disk", "blocking", 1);
+        settings.coalesce = coalesce;
+        let depth = 16;
+        let engine = open_with_depth(&settings, depth).expect("open");
+        let mut buffers: Vec<Vec<u8>> = (0..12).map(|_| vec![0u8; BLOCK]).collect();
+        let submit = |engine: *mut FioEngine, index: usize, buffer: &mut Vec<u8>| {
+            // SAFETY: a live engine; the buffer outlives the reaps below.
+            let errno = unsafe {
+                netdam_fio_submit(
+                    engine,
+                    READ,
+                    (index * BLOCK) as u64,
+                    buffer.as_mut_ptr().cast(),
+                    BLOCK as u64,
+                    ptr::null_mut(),
+                )
+            };
+            assert_eq!(errno, 0);
+            // SAFETY: as above.
+            unsafe { netdam_fio_commit(engine) };
+        };
+        // A new session's congestion window opens with its first answers: warm it up so that
+        // the ten reads below go out at once.
+        let mut warm_up: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; BLOCK]).collect();
+        for _ in 0..20 {
+            assert!(run_at_depth(engine, READ, &mut warm_up).iter().all(|errno| *errno == 0));
+        }
+        let (received_before, executed_before, answered_before) =
+            (counter("datagrams_received"), counter("instructions_executed"), counter("responses_sent"));
+        for (index, buffer) in buffers.iter_mut().take(10).enumerate() {
+            submit(engine, index, buffer);
+        }
+        // Every answer sent is in the engine's socket (loopback delivers within the send).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while counter("instructions_executed") < executed_before + 10
+            || counter("responses_sent") - answered_before < counter("datagrams_received") - received_before
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the target answers 10 reads within 10 s: {} executed, {} of {} datagrams answered",
+                counter("instructions_executed") - executed_before,
+                counter("responses_sent") - answered_before,
+                counter("datagrams_received") - received_before
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut out: Vec<FioCompletion> =
+            (0..depth).map(|_| FioCompletion { cookie: ptr::null_mut(), error: 0 }).collect();
+        let mut reap = |min: u32, max: u32| {
+            // SAFETY: a live engine; `out` has room for `depth` completions.
+            let reaped = unsafe { netdam_fio_reap(engine, min, max, 5_000_000_000, out.as_mut_ptr()) };
+            assert!(reaped >= min, "completions within 5 s");
+            assert!(out[..reaped as usize].iter().all(|completion| completion.error == 0));
+            reaped as usize
+        };
+        // fio takes one completion: the engine reads all ten answers, and nine wait to be reaped.
+        assert_eq!(reap(1, 1), 1);
+        let (datagrams_before, instructions_before) = (counter("datagrams_received"), counter("instructions_executed"));
+        let (first, rest) = buffers.split_at_mut(11);
+        submit(engine, 10, &mut first[10]);
+        submit(engine, 11, &mut rest[0]);
+        let mut reaped = 0;
+        while reaped < 11 {
+            reaped += reap(1, depth as u32);
+        }
+        let datagrams = counter("datagrams_received") - datagrams_before;
+        let instructions = counter("instructions_executed") - instructions_before;
+        assert!(instructions >= 2, "both reads were executed: {instructions}");
+        if coalesce {
+            // A retransmission on a loaded machine could add a datagram, never an instruction.
+            assert!(instructions > datagrams, "the two reads shared a datagram: {instructions} in {datagrams}");
+        } else {
+            assert!(instructions <= datagrams, "coalesce=0: a datagram per read: {instructions} in {datagrams}");
+        }
         // SAFETY: the engine came from `open` and is not used again.
         unsafe { netdam_fio_close(engine) };
     }
