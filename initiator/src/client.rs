@@ -816,6 +816,13 @@ impl Client {
         self.session.has_room()
     }
 
+    /// Whether requests wait in the session to be sent: ones its congestion window holds back,
+    /// or ones parked while it says HELLO again. Only [`Client::progress`] sends them, as
+    /// answers arrive or timers fire.
+    pub fn has_queued(&self) -> bool {
+        self.session.has_queued()
+    }
+
     /// Does what is due without waiting: takes the answers that have arrived, handles timeouts
     /// (retransmissions, BUSY holds, a HELLO again), and sends what the window allows. For a
     /// driver that runs several clients on one thread and waits on their sockets itself (the

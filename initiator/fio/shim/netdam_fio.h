@@ -35,7 +35,7 @@ struct netdam_fio_settings {
 	const char *key;
 	/* encrypt=1: encrypted sessions (the bodies of all datagrams, both ways); needs a key. */
 	uint32_t encrypt;
-	/* coalesce=1 (the default): while many datagrams are in flight, a datagram with room for
+	/* coalesce=1 (the default): while many other I/Os are outstanding, a datagram with room for
 	 * more I/Os waits briefly for the next one (see netdam_fio_commit); 0 sends each at once. */
 	uint32_t coalesce;
 };
@@ -85,10 +85,11 @@ int netdam_fio_submit(struct netdam_fio_engine *engine, uint32_t kind, uint64_t 
 		      uint64_t len, void *cookie);
 
 /* Sends the I/Os queued since the last commit, packing consecutive ones into datagrams while
- * they fit. With coalescing, while at least 8 datagrams are in flight a last datagram with room
- * for more waits until the next I/O fills it, until fewer than 8 are in flight, or for 20 µs
- * (a reap checks all three; asleep in ppoll, the kernel's timer slack may add to the 20 µs):
- * at depth, fio hands over one I/O per completion, and two 4 KiB I/Os then share a datagram. */
+ * they fit. With coalescing, while at least 8 other I/Os are outstanding (on the wire, or
+ * finished and not yet reaped) a last datagram with room for another I/O of its last one's size
+ * waits until the next I/O comes, until fewer than 8 are outstanding, or for 20 µs (a reap
+ * checks all three; asleep in ppoll, the kernel's timer slack may add to the 20 µs): at depth,
+ * fio hands over one I/O per completion, and two 4 KiB I/Os then share a datagram. */
 void netdam_fio_commit(struct netdam_fio_engine *engine);
 
 /* Sends what is queued, then waits for at least `min` completions (fewer if fewer are outstanding), for at most

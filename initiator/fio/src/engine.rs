@@ -3,12 +3,14 @@
 //! instructions; `commit` (fio's `commit`) sends every instruction queued since the last one,
 //! packing as many as fit into each datagram (so `iodepth_batch_submit=N` puts up to N I/Os in
 //! one datagram, which halves the datagrams per I/O or better), and at depth lets a last datagram
-//! with room wait briefly for fio's next I/O (`Coalescing`); `reap` (fio's `getevents`) reads the
-//! sessions' sockets, spinning (`poll=busy`), sleeping in `ppoll` (`poll=blocking`) or spinning
-//! only while an answer is due soon and sleeping after (`poll=adaptive`), copies
-//! read data straight from the answer into fio's buffer, and completes an I/O when its last
-//! piece is answered. Retransmission, BUSY back-off and a HELLO again after a target restart
-//! happen inside the sessions whenever `reap` runs, which fio does while anything is in flight.
+//! with room wait briefly for fio's next I/O (`Coalescing`); `reap` (fio's `getevents`) hands
+//! over what has finished, and reads the sessions' sockets when that is not enough (or requests
+//! wait for room, or it has not read them for iodepth calls), spinning (`poll=busy`), sleeping
+//! in `ppoll` (`poll=blocking`) or spinning only while an answer is due soon and sleeping after
+//! (`poll=adaptive`); it copies read data straight from the answer into fio's buffer, and
+//! completes an I/O when its last piece is answered. Retransmission, BUSY back-off and a HELLO
+//! again after a target restart happen inside the sessions whenever `reap` reads the sockets,
+//! which it does while anything is in flight.
 //! A single instruction answered BUSY (its worker had no transfer buffer left, so it did not
 //! execute) is the engine's to send again: the sessions see only their datagram answered
 //! (`BusyHolds`).
@@ -537,8 +539,8 @@ fn front_datagram(backlog: &VecDeque<Piece>, max_datagram_bytes: usize) -> (usiz
         answer_bytes += piece.answer_bytes();
         len += 1;
     }
-    let another_like_the_last =
-        backlog.get(len.wrapping_sub(1)).is_some_and(|last| fits(request_bytes, answer_bytes, last));
+    // Here `len` is the whole backlog: its last piece is the datagram's.
+    let another_like_the_last = backlog.back().is_some_and(|last| fits(request_bytes, answer_bytes, last));
     (len, len == PACK_MAX || (len > 0 && !another_like_the_last))
 }
 
@@ -628,9 +630,12 @@ pub struct Engine {
     busy_holds: BusyHolds,
     /// `poll=adaptive`: the thread spins until then, and sleeps after.
     spin_until: Instant,
-    /// The last `send_backlog` left pieces for want of room in the sessions' windows (or their
-    /// shares of the worker's transfer buffers): only answers make room.
+    /// The last `send_backlog` left pieces for want of room (a session's request limit, its
+    /// share of the worker's transfer buffers, or its congestion window, which holds requests
+    /// in the session): only answers make room.
     waiting_for_room: bool,
+    /// `reap` calls in a row that did not read the sockets: at most iodepth.
+    reads_skipped: usize,
 }
 
 impl Engine {
@@ -694,6 +699,7 @@ impl Engine {
             ),
             spin_until: Instant::now(),
             waiting_for_room: false,
+            reads_skipped: 0,
         })
     }
 
@@ -868,9 +874,11 @@ impl Engine {
             break;
         }
         // What each session took leaves in one train (a batch of fio's I/Os, or the refill
-        // after a reap), one system call for all of it.
+        // after a reap), one system call for all of it. What a session's congestion window holds
+        // back waits for answers as well.
         for session in &mut self.sessions {
             session.send_enqueued();
+            self.waiting_for_room |= session.has_queued();
         }
         if self.backlog.is_empty() {
             self.coalescing.released();
@@ -1033,10 +1041,17 @@ impl Engine {
             // With enough finished already, the sockets are not read: at depth fio reaps one
             // completion per call while the target answers faster than fio takes them, and a
             // read of an empty socket per call costs fio's thread a system call per I/O. Unless
-            // pieces wait for room in a window, which only the answers in the socket make.
-            if self.done.len() < min.max(1) || self.waiting_for_room {
+            // requests wait for room, which only the answers in the socket make; and at least
+            // once per iodepth calls, so that the sessions' timers run even while completions
+            // that need no answer (a sync on a region, an I/O refused at `submit`) keep `done`
+            // from emptying.
+            let must_read =
+                self.done.len() < min.max(1) || self.waiting_for_room || self.reads_skipped >= self.slots.len();
+            if must_read {
+                self.reads_skipped = 0;
                 self.turn();
             } else {
+                self.reads_skipped += 1;
                 self.send_due();
             }
             if self.done.len() >= min {
@@ -1145,7 +1160,7 @@ mod tests {
     }
 
     #[test]
-    fn a_datagram_fills_when_the_next_piece_would_not_fit_or_it_holds_pack_max() {
+    fn a_datagram_fills_when_the_next_piece_or_one_like_its_last_would_not_fit_or_it_holds_pack_max() {
         let mut backlog = VecDeque::new();
         assert_eq!(front_datagram(&backlog, 9000), (0, false));
         backlog.push_back(read_piece(0, 4096));
@@ -1165,10 +1180,14 @@ mod tests {
         backlog.push_back(read_piece(2, 8192));
         assert_eq!(front_datagram(&backlog, 9000), (2, true), "the next does not fit");
         assert_eq!(front_datagram(&backlog, 4400), (1, true), "one 4 KiB answer per small datagram");
-        let small: VecDeque<Piece> = (0..PACK_MAX + 1)
+        let mut small: VecDeque<Piece> = (0..PACK_MAX + 1)
             .map(|io| Piece { io, op: Op::flush(0), operand: None, read_into: None, busy: None })
             .collect();
         assert_eq!(front_datagram(&small, 9000), (PACK_MAX, true));
+        small.pop_back();
+        assert_eq!(front_datagram(&small, 9000), (PACK_MAX, true), "PACK_MAX pieces fill it with nothing after");
+        let oversized: VecDeque<Piece> = [read_piece(0, 16384)].into_iter().collect();
+        assert_eq!(front_datagram(&oversized, 9000), (1, true), "a piece larger than a datagram goes alone, at once");
     }
 
     #[test]
@@ -1199,7 +1218,7 @@ mod tests {
         let mut off = Coalescing { enabled: false, held_since: None };
         assert!(!off.may_hold(32, || start), "coalesce=0 never holds");
         let mut on = Coalescing { enabled: true, held_since: None };
-        assert!(!on.may_hold(HOLD_MIN_OUTSTANDING - 1, || start), "too few in flight: send now");
+        assert!(!on.may_hold(HOLD_MIN_OUTSTANDING - 1, || start), "too few outstanding: send now");
         assert_eq!(on.deadline(), None);
         assert!(on.may_hold(HOLD_MIN_OUTSTANDING, || start));
         assert_eq!(on.deadline(), Some(start + HOLD_MAX));
