@@ -285,6 +285,25 @@ fn ios_queued_together_share_datagrams() {
     unsafe { netdam_fio_close(engine) };
 }
 
+/// Submits a 4 KiB read of block `index` into `buffer` and commits it, as fio does at depth with
+/// its default batching.
+fn submit_and_commit_read(engine: *mut FioEngine, index: usize, buffer: &mut [u8]) {
+    // SAFETY: a live engine; the caller keeps `buffer` alive and untouched until it is reaped.
+    let errno = unsafe {
+        netdam_fio_submit(
+            engine,
+            READ,
+            (index * BLOCK) as u64,
+            buffer.as_mut_ptr().cast(),
+            BLOCK as u64,
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(errno, 0);
+    // SAFETY: as above.
+    unsafe { netdam_fio_commit(engine) };
+}
+
 /// fio at depth commits one I/O at a time. With coalescing, once 8 other I/Os are outstanding
 /// the engine holds a datagram with room for the next I/O: the 9th and 10th 4 KiB reads share one.
 /// A held I/O alone still completes (its hold ends). `coalesce=0` sends each I/O at once.
@@ -303,14 +322,7 @@ fn at_depth_an_io_waits_for_the_next_to_share_its_datagram_unless_coalescing_is_
         let mut buffers: Vec<Vec<u8>> = (0..11).map(|_| vec![0u8; BLOCK]).collect();
         let (datagrams_before, instructions_before) = counters();
         for (index, buffer) in buffers.iter_mut().take(10).enumerate() {
-            let offset = (index * BLOCK) as u64;
-            // SAFETY: a live engine; the buffer outlives the reaps below.
-            let errno = unsafe {
-                netdam_fio_submit(engine, READ, offset, buffer.as_mut_ptr().cast(), BLOCK as u64, ptr::null_mut())
-            };
-            assert_eq!(errno, 0);
-            // SAFETY: as above.
-            unsafe { netdam_fio_commit(engine) };
+            submit_and_commit_read(engine, index, buffer);
         }
         let mut out: Vec<FioCompletion> =
             (0..depth).map(|_| FioCompletion { cookie: ptr::null_mut(), error: 0 }).collect();
@@ -337,20 +349,7 @@ fn at_depth_an_io_waits_for_the_next_to_share_its_datagram_unless_coalescing_is_
         }
         // Eight reads in flight, and a ninth alone: it is held, and still completes.
         for (index, buffer) in buffers.iter_mut().take(9).enumerate() {
-            // SAFETY: as above.
-            let errno = unsafe {
-                netdam_fio_submit(
-                    engine,
-                    READ,
-                    (index * BLOCK) as u64,
-                    buffer.as_mut_ptr().cast(),
-                    BLOCK as u64,
-                    ptr::null_mut(),
-                )
-            };
-            assert_eq!(errno, 0);
-            // SAFETY: as above.
-            unsafe { netdam_fio_commit(engine) };
+            submit_and_commit_read(engine, index, buffer);
         }
         reap(9);
         // SAFETY: the engine came from `open` and is not used again.
@@ -372,22 +371,6 @@ fn answered_ios_waiting_to_be_reaped_count_toward_the_hold() {
         let depth = 16;
         let engine = open_with_depth(&settings, depth).expect("open");
         let mut buffers: Vec<Vec<u8>> = (0..12).map(|_| vec![0u8; BLOCK]).collect();
-        let submit = |engine: *mut FioEngine, index: usize, buffer: &mut Vec<u8>| {
-            // SAFETY: a live engine; the buffer outlives the reaps below.
-            let errno = unsafe {
-                netdam_fio_submit(
-                    engine,
-                    READ,
-                    (index * BLOCK) as u64,
-                    buffer.as_mut_ptr().cast(),
-                    BLOCK as u64,
-                    ptr::null_mut(),
-                )
-            };
-            assert_eq!(errno, 0);
-            // SAFETY: as above.
-            unsafe { netdam_fio_commit(engine) };
-        };
         // A new session's congestion window opens with its first answers: warm it up so that
         // most of the ten reads below go out at once.
         let mut warm_up: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; BLOCK]).collect();
@@ -396,7 +379,7 @@ fn answered_ios_waiting_to_be_reaped_count_toward_the_hold() {
         }
         let answered_before = counter("responses_sent");
         for (index, buffer) in buffers.iter_mut().take(10).enumerate() {
-            submit(engine, index, buffer);
+            submit_and_commit_read(engine, index, buffer);
         }
         // Two answers in the engine's socket (loopback delivers within the send) leave fewer
         // than 8 of the 9 datagrams (one carries a pair) on the wire once they are read: the
@@ -421,9 +404,9 @@ fn answered_ios_waiting_to_be_reaped_count_toward_the_hold() {
         let not_executed = || counter("duplicates_in_progress") + counter("duplicates_replayed");
         let (datagrams_before, instructions_before, not_executed_before) =
             (counter("datagrams_received"), counter("instructions_executed"), not_executed());
-        let (first, rest) = buffers.split_at_mut(11);
-        submit(engine, 10, &mut first[10]);
-        submit(engine, 11, &mut rest[0]);
+        for (index, buffer) in buffers.iter_mut().enumerate().skip(10) {
+            submit_and_commit_read(engine, index, buffer);
+        }
         let mut reaped = 0;
         while reaped < 11 {
             reaped += reap(1, depth as u32);
