@@ -377,18 +377,34 @@ fn answered_ios_waiting_to_be_reaped_count_toward_the_hold() {
         for _ in 0..20 {
             assert!(run_at_depth(engine, READ, &mut warm_up).iter().all(|errno| *errno == 0));
         }
-        let answered_before = counter("responses_sent");
+        // Waits until the target has answered every datagram it received, and `at_least` since
+        // `since` (datagrams received, answered): then none is between its receipt and its
+        // execution, and the counts taken next are consistent. The engine is not called while
+        // it waits, so it sends nothing meanwhile (what the session's window holds back is
+        // received and executed later, both counted then).
+        let settled = |since: (u64, u64), at_least: u64| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let answered = counter("responses_sent") - since.1;
+                let received = counter("datagrams_received") - since.0;
+                if answered >= at_least && answered == received {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the target answers what it received, {at_least} at least, within 10 s: {answered} of {received}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+        let before_reads = (counter("datagrams_received"), counter("responses_sent"));
         for (index, buffer) in buffers.iter_mut().take(10).enumerate() {
             submit_and_commit_read(engine, index, buffer);
         }
         // Two answers in the engine's socket (loopback delivers within the send) leave fewer
         // than 8 of the 9 datagrams (one carries a pair) on the wire once they are read: the
         // old rule, which counted datagrams on the wire, would not hold the next I/O.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while counter("responses_sent") < answered_before + 2 {
-            assert!(std::time::Instant::now() < deadline, "the target answers two datagrams within 10 s");
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        settled(before_reads, 2);
         let mut out: Vec<FioCompletion> =
             (0..depth).map(|_| FioCompletion { cookie: ptr::null_mut(), error: 0 }).collect();
         let mut reap = |min: u32, max: u32| {
@@ -401,6 +417,8 @@ fn answered_ios_waiting_to_be_reaped_count_toward_the_hold() {
         // fio takes one completion: the engine reads the answers that have come, and nine I/Os
         // remain outstanding, answered or not.
         assert_eq!(reap(1, 1), 1);
+        // That reap may have sent requests the window held back: let the target answer them.
+        settled(before_reads, 2);
         let not_executed = || counter("duplicates_in_progress") + counter("duplicates_replayed");
         let (datagrams_before, instructions_before, not_executed_before) =
             (counter("datagrams_received"), counter("instructions_executed"), not_executed());
