@@ -285,6 +285,14 @@ fn ios_queued_together_share_datagrams() {
     unsafe { netdam_fio_close(engine) };
 }
 
+/// An engine on namespace `disk` of `test`, one session waiting in `ppoll`, at `depth`, with
+/// coalescing on or off.
+fn open_disk_blocking(test: &TestTarget, coalesce: bool, depth: usize) -> *mut FioEngine {
+    let mut settings = Settings::new(&test.target, "namespace=disk", "blocking", 1);
+    settings.coalesce = coalesce;
+    open_with_depth(&settings, depth).expect("open")
+}
+
 /// Submits a 4 KiB read of block `index` into `buffer` and commits it, as fio does at depth with
 /// its default batching.
 fn submit_and_commit_read(engine: *mut FioEngine, index: usize, buffer: &mut [u8]) {
@@ -315,10 +323,8 @@ fn at_depth_an_io_waits_for_the_next_to_share_its_datagram_unless_coalescing_is_
         (stats.get("datagrams_received").expect("a counter"), stats.get("instructions_executed").expect("a counter"))
     };
     for coalesce in [true, false] {
-        let mut settings = Settings::new(&test.target, "namespace=disk", "blocking", 1);
-        settings.coalesce = coalesce;
         let depth = 16;
-        let engine = open_with_depth(&settings, depth).expect("open");
+        let engine = open_disk_blocking(&test, coalesce, depth);
         let mut buffers: Vec<Vec<u8>> = (0..11).map(|_| vec![0u8; BLOCK]).collect();
         let (datagrams_before, instructions_before) = counters();
         for (index, buffer) in buffers.iter_mut().take(10).enumerate() {
@@ -366,10 +372,8 @@ fn answered_ios_waiting_to_be_reaped_count_toward_the_hold() {
     let test = start();
     let counter = |name: &str| test.target.stats().get(name).expect("a counter");
     for coalesce in [true, false] {
-        let mut settings = Settings::new(&test.target, "namespace=disk", "blocking", 1);
-        settings.coalesce = coalesce;
         let depth = 16;
-        let engine = open_with_depth(&settings, depth).expect("open");
+        let engine = open_disk_blocking(&test, coalesce, depth);
         let mut buffers: Vec<Vec<u8>> = (0..12).map(|_| vec![0u8; BLOCK]).collect();
         // A new session's congestion window opens with its first answers: warm it up so that
         // most of the ten reads below go out at once.
