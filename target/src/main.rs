@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Args, Parser, Subcommand};
 use netdam_metrics::{LogFormat, MetricsListen};
@@ -484,10 +483,44 @@ impl SettingsArgs {
     }
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+/// SIGINT and SIGTERM, the signals that stop a serving target.
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the set; sigaddset adds valid signal numbers to it.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
 
-extern "C" fn request_stop(_signal: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
+/// Blocks the stop signals in this thread before the target starts its threads, which inherit
+/// the mask: a signal then stays pending until [`wait_for_stop`] takes it in this thread. (Child
+/// processes do not inherit it: the standard library resets the mask when it spawns one.)
+fn block_stop_signals() {
+    let set = stop_signals();
+    // SAFETY: a valid set; the old mask is not wanted.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+/// Sleeps until SIGINT or SIGTERM arrives, and names it. The main thread of a serving target
+/// does nothing else, so it must not wake for nothing: it looked at a flag every 100 ms, and on
+/// a host whose cores spin (a busy worker, a polling initiator) each such wake-up took one of
+/// them for ~15 µs, which a request in flight waited out (docs/DECISIONS.md, "What preempts a
+/// spinning worker").
+fn wait_for_stop() -> &'static str {
+    let set = stop_signals();
+    loop {
+        let mut signal = 0;
+        // SAFETY: a valid set and a valid out pointer; both signals are blocked in every thread.
+        match unsafe { libc::sigwait(&set, &mut signal) } {
+            0 if signal == libc::SIGINT => return "SIGINT",
+            0 => return "SIGTERM",
+            // sigwait fails only on an invalid set; nothing to do but wait again.
+            _ => continue,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -532,6 +565,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    block_stop_signals();
     let target = match Target::start(&config) {
         Ok(target) => target,
         Err(error) => {
@@ -547,15 +581,8 @@ fn main() -> ExitCode {
         );
     }
     print_banner(&target, &config, default_key.as_deref());
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, request_stop as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, request_stop as *const () as libc::sighandler_t);
-    }
-    while !STOP.load(Ordering::Relaxed) {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    eprintln!("netdam-target: stopping");
+    let signal = wait_for_stop();
+    eprintln!("netdam-target: stopping ({signal})");
     target.stop();
     ExitCode::SUCCESS
 }

@@ -21,6 +21,25 @@ impl Drop for Daemon {
 }
 
 impl Daemon {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Sends `signal` and waits up to `patience` for the process to exit; its exit status.
+    pub fn signal_and_wait(mut self, signal: libc::c_int, patience: Duration) -> std::process::ExitStatus {
+        // SAFETY: a signal to our own child, which has not been reaped (we hold it).
+        assert_eq!(unsafe { libc::kill(self.0.id() as libc::pid_t, signal) }, 0, "kill({signal})");
+        let deadline = Instant::now() + patience;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("wait for netdam-target") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "netdam-target still runs {patience:?} after signal {signal}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL, and wait until the process is gone.
     pub fn kill(mut self) {
         self.0.kill().expect("SIGKILL netdam-target");
