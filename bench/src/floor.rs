@@ -93,6 +93,8 @@ pub fn measure(addr: SocketAddr, busy: bool, request_bytes: usize, warmup: u64, 
 }
 
 /// As [`measure`], with the client thread's CPU time per measured round trip (ns).
+// Never inlined: `ops/client-instructions.sh` counts instructions from its entry to its exit.
+#[inline(never)]
 pub fn measure_with_cpu(
     addr: SocketAddr,
     busy: bool,

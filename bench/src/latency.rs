@@ -500,6 +500,8 @@ fn run_engine(
     }
 }
 
+// Never inlined: `ops/client-instructions.sh` counts instructions from its entry to its exit.
+#[inline(never)]
 fn measure_netdam(
     target: &Target,
     args: &LatencyArgs,

@@ -43,7 +43,9 @@ const SPARE_BUFFERS_MAX: usize = MAX_IN_FLIGHT;
 
 /// Capacity of a request's own buffer at the least (`Session::encode`): the answer to a small
 /// request (a READ of up to ~200 bytes, an atomic, a write's acknowledgement) then replaces it in
-/// place, where a larger one grows it once.
+/// place. A session whose answers are larger sizes its buffers by the last one
+/// (`Session::answer_bytes`), so that a run of 4 KiB reads does not grow each buffer again (a
+/// second allocation and a copy per request, on the way from the answer to its caller).
 const SMALL_ANSWER_BYTES: usize = 256;
 
 /// Settings of a session.
@@ -515,6 +517,9 @@ pub struct Session {
     transmit: Vec<u8>,
     /// The last TTL an answer reported (0: none yet).
     last_ttl: u8,
+    /// Bytes of the last answer to a caller's request, trailer room included: what a request's
+    /// own buffer is sized for (at least `SMALL_ANSWER_BYTES`), at most a datagram's.
+    answer_bytes: usize,
 }
 
 impl Session {
@@ -551,6 +556,7 @@ impl Session {
             decrypted: Vec::new(),
             transmit: Vec::new(),
             last_ttl: 0,
+            answer_bytes: SMALL_ANSWER_BYTES,
         }
     }
 
@@ -898,10 +904,11 @@ impl Session {
         let mut datagram = if recycled {
             Datagram { buffer, len }
         } else {
-            // Room for the answer of a small request too, so that it takes the buffer as is.
-            let mut own = Vec::with_capacity((len + TRAILER_BYTES).max(SMALL_ANSWER_BYTES));
-            own.extend_from_slice(&buffer[..len]);
-            own.resize(len + TRAILER_BYTES, 0);
+            // Room for an answer as large as the last one, so that it takes the buffer as is.
+            let mut own = Vec::with_capacity((len + TRAILER_BYTES).max(self.answer_bytes));
+            // The trailer's room is copied from the scratch buffer (which has it) rather than
+            // zeroed: a seal writes all of it, and one copy is cheaper than a copy and a fill.
+            own.extend_from_slice(&buffer[..len + TRAILER_BYTES]);
             self.scratch = buffer;
             Datagram { buffer: own, len }
         };
@@ -1207,6 +1214,11 @@ impl Session {
                 let queueing = Duration::from_micros(u64::from(header.queueing_us));
                 swift.on_answer(now, arrived, service, queueing, hops_from_ttl(self.last_ttl), 1);
             }
+        }
+        if request.origin == Origin::Caller {
+            // At most a datagram and its trailer: what this session can receive.
+            let largest = self.config.max_datagram_bytes + 2 * TRAILER_BYTES;
+            self.answer_bytes = (bytes.len() + TRAILER_BYTES).min(largest).max(SMALL_ANSWER_BYTES);
         }
         // The request's buffer (of the datagram size) takes the answer: no allocation.
         let mut answer = request.datagram;

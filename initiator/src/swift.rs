@@ -101,6 +101,9 @@ pub struct Swift {
     consecutive_timeouts: u32,
     last_send: Option<Instant>,
     metrics: SwiftMetrics,
+    /// The flow-scaling curve `alpha / sqrt(w) + offset` (see `fabric_target`), from the
+    /// config, computed once: three square roots and two divisions fewer per answer.
+    flow_scaling: (f64, f64),
 }
 
 impl Swift {
@@ -116,6 +119,7 @@ impl Swift {
             consecutive_timeouts: 0,
             last_send: None,
             metrics: SwiftMetrics::default(),
+            flow_scaling: flow_scaling(&config),
         }
     }
 
@@ -139,9 +143,7 @@ impl Swift {
     pub fn fabric_target(&self, hops: u32) -> Duration {
         let config = &self.config;
         let range = config.flow_scaling_range.as_nanos() as f64;
-        // fs(w) = alpha / sqrt(w) + b, with fs(min) = range and fs(max) = 0, clamped to [0, range].
-        let alpha = range / (1.0 / config.flow_scaling_min_window.sqrt() - 1.0 / config.flow_scaling_max_window.sqrt());
-        let offset = -alpha / config.flow_scaling_max_window.sqrt();
+        let (alpha, offset) = self.flow_scaling;
         let scaling = (alpha / self.fabric.size.max(f64::MIN_POSITIVE).sqrt() + offset).clamp(0.0, range);
         config.base_target + Duration::from_nanos(config.per_hop.as_nanos() * u64::from(hops) + scaling as u64)
     }
@@ -251,27 +253,34 @@ impl Swift {
 
     /// Additive increase below target, multiplicative decrease above; returns whether it decreased.
     fn adjust(&mut self, which: Which, now: Instant, delay: Duration, target: Duration, acked: u32) -> bool {
-        let config = self.config;
+        let (additive_increase, beta, max_decrease) =
+            (self.config.additive_increase, self.config.beta, self.config.max_decrease);
+        let (min_window, max_window) = (self.config.min_window, self.config.max_window);
         let can_decrease = self.can_decrease(which, now);
         let window = self.window_mut(which);
         let mut decreased = false;
         if delay < target {
             let acked = f64::from(acked);
-            window.size += if window.size >= 1.0 {
-                config.additive_increase * acked / window.size
-            } else {
-                config.additive_increase * acked
-            };
+            window.size +=
+                if window.size >= 1.0 { additive_increase * acked / window.size } else { additive_increase * acked };
         } else if can_decrease {
             let delay_ns = delay.as_nanos().max(1) as f64;
             let excess = (delay_ns - target.as_nanos() as f64) / delay_ns;
-            window.size *= (1.0 - config.beta * excess).max(1.0 - config.max_decrease);
+            window.size *= (1.0 - beta * excess).max(1.0 - max_decrease);
             window.last_decrease = Some(now);
             decreased = true;
         }
-        window.size = window.size.clamp(config.min_window, config.max_window);
+        window.size = window.size.clamp(min_window, max_window);
         decreased
     }
+}
+
+/// `(alpha, offset)` of the flow-scaling curve fs(w) = alpha / sqrt(w) + offset, with
+/// fs(`flow_scaling_min_window`) = `flow_scaling_range` and fs(`flow_scaling_max_window`) = 0.
+fn flow_scaling(config: &SwiftConfig) -> (f64, f64) {
+    let range = config.flow_scaling_range.as_nanos() as f64;
+    let alpha = range / (1.0 / config.flow_scaling_min_window.sqrt() - 1.0 / config.flow_scaling_max_window.sqrt());
+    (alpha, -alpha / config.flow_scaling_max_window.sqrt())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
