@@ -105,6 +105,20 @@ struct Case {
     p50_ns: u64,
     p99_ns: u64,
     p999_ns: u64,
+    /// Instructions the target executed per datagram it received during the job (netdam's
+    /// cases through fio): how well requests were packed, which IOPS alone do not show (the
+    /// engine's coalescing once stopped packing, unseen, docs/DECISIONS.md).
+    instructions_per_datagram: Option<f64>,
+}
+
+/// Reads the target's counters (datagrams received, instructions executed), for a case that
+/// goes through it.
+type TargetCounters<'a> = Option<&'a dyn Fn() -> (u64, u64)>;
+
+/// The counters `datagrams_received` and `instructions_executed` of `target`, summed over workers.
+fn target_counters(target: &Target) -> (u64, u64) {
+    let stats = target.stats();
+    (stats.get("datagrams_received").unwrap_or(0), stats.get("instructions_executed").unwrap_or(0))
 }
 
 impl Case {
@@ -113,7 +127,8 @@ impl Case {
     fn to_json(&self, round_field: (&str, usize)) -> serde_json::Value {
         json!({"system": self.system, "socket": self.socket, "rw": self.pattern, "depth": self.depth,
                "batch": self.batch, round_field.0: round_field.1, "iops": self.iops, "ios": self.ops, "lat_p50_ns": self.p50_ns, "lat_p99_ns": self.p99_ns,
-               "lat_p999_ns": (self.p999_ns > 0).then_some(self.p999_ns)})
+               "lat_p999_ns": (self.p999_ns > 0).then_some(self.p999_ns),
+               "instructions_per_datagram": self.instructions_per_datagram})
     }
 }
 
@@ -323,7 +338,7 @@ fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option
             Ok(_) if !wanted("engine") => {}
             Ok(engine) => {
                 let access = Access::Plugin { engine: engine.clone(), target: target.local_addr() };
-                measure(args, &access, PLUGIN, "udp", &all_points, run);
+                measure(args, &access, (PLUGIN, "udp"), &all_points, run, Some(&|| target_counters(&target)));
                 run.plugin = Some(engine);
                 measure_throughput(args, &target, run);
             }
@@ -335,7 +350,8 @@ fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option
                 let points = (&all_points[..], &remote_points[..]);
                 let names = [(NETDAM_NBD, "netdam-nbd"), (NETDAM_NBD_REMOTE, "netdam-nbd-remote")];
                 let layouts = layouts(names, points, remote_cpus.as_deref());
-                serve_layouts(args, run, scratch, &layouts, false, |listen| {
+                let counters = || target_counters(&target);
+                serve_layouts(args, run, scratch, (&layouts, false, Some(&counters)), |listen| {
                     let mut command = Command::new(&netdam);
                     command.arg("--target").arg(target.local_addr().to_string());
                     command.args(["nbd", "--namespace", NAMESPACE, "--listen", listen]);
@@ -355,7 +371,7 @@ fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option
                 let names = [(NBDKIT, "nbdkit"), (NBDKIT_REMOTE, "nbdkit-remote")];
                 // Every block written before the cases (`fill_first`), as netdam's namespace is.
                 let layouts = layouts(names, points, remote_cpus.as_deref());
-                serve_layouts(args, run, scratch, &layouts, true, |listen| {
+                serve_layouts(args, run, scratch, (&layouts, true, None), |listen| {
                     let mut command = Command::new("nbdkit");
                     command.args(["-f", "--exit-with-parent"]);
                     match listen.split_once(':') {
@@ -419,6 +435,10 @@ fn median_cases(cases: &[Case]) -> Vec<(Case, usize)> {
                 p50_ns: median_of(|case| case.p50_ns as f64) as u64,
                 p99_ns: median_of(|case| case.p99_ns as f64) as u64,
                 p999_ns: median_of(|case| case.p999_ns as f64) as u64,
+                instructions_per_datagram: {
+                    let measured: Vec<f64> = rounds.iter().filter_map(|case| case.instructions_per_datagram).collect();
+                    (!measured.is_empty()).then(|| crate::report::median(&measured))
+                },
                 ..rounds[0].clone()
             };
             (median, rounds.len())
@@ -598,19 +618,20 @@ fn layouts<'a>(
 
 /// Measures one kind of NBD server in each of its `layouts`, over TCP and a Unix socket;
 /// `command` starts the server listening at the address it is given.
+/// `fill_first`: write every block before the cases; `counters`: the target's, for a server in
+/// front of it.
 fn serve_layouts(
     args: &FioArgs,
     run: &mut Run,
     dir: &Path,
-    layouts: &[Layout<'_>],
-    fill_first: bool,
+    (layouts, fill_first, counters): (&[Layout<'_>], bool, TargetCounters<'_>),
     command: impl Fn(&str) -> Command,
 ) -> Result<(), String> {
     for &layout in layouts {
         for socket in ["tcp", "unix"] {
             let (listen, uri) = endpoint(dir, layout.label, socket)?;
             let server = Server { listen: &listen, uri: &uri, socket, layout, fill_first };
-            serve(args, command(&listen), &server, dir, run);
+            serve(args, command(&listen), &server, dir, run, counters);
         }
     }
     Ok(())
@@ -646,7 +667,14 @@ fn confine(command: &mut Command, cpus: &[usize]) {
 }
 
 /// Starts a server, waits until it accepts connections, runs the cases against it, kills it.
-fn serve(args: &FioArgs, mut command: Command, server: &Server<'_>, dir: &Path, run: &mut Run) {
+fn serve(
+    args: &FioArgs,
+    mut command: Command,
+    server: &Server<'_>,
+    dir: &Path,
+    run: &mut Run,
+    counters: TargetCounters<'_>,
+) {
     let Server { listen, uri, socket, layout: Layout { system, label, cpus, points }, fill_first } = *server;
     let what = format!("{system} over {socket}");
     if let Some(cpus) = cpus {
@@ -671,7 +699,7 @@ fn serve(args: &FioArgs, mut command: Command, server: &Server<'_>, dir: &Path, 
             return skip(&mut run.skipped, &what, &reason);
         }
     }
-    measure(args, &Access::Nbd { uri, cpus }, system, socket, points, run);
+    measure(args, &Access::Nbd { uri, cpus }, (system, socket), points, run, counters);
     drop(child);
 }
 
@@ -756,18 +784,26 @@ fn points(args: &FioArgs) -> Vec<(usize, usize)> {
 }
 
 /// Both patterns at each of `points`; the first failure skips the rest of this system.
+/// `counters`: the target's, for a system that goes through it (the packing per datagram).
 fn measure(
     args: &FioArgs,
     access: &Access,
-    system: &'static str,
-    socket: &'static str,
+    (system, socket): (&'static str, &'static str),
     points: &[(usize, usize)],
     run: &mut Run,
+    counters: TargetCounters<'_>,
 ) {
     for pattern in PATTERNS {
         for &(depth, batch) in points {
             eprintln!("{system} over {socket}: {pattern} at depth {depth}, batch {batch}");
-            match fio_case(args, access, pattern, depth, batch) {
+            let before = counters.map(|read| read());
+            let result = fio_case(args, access, pattern, depth, batch);
+            let instructions_per_datagram = counters.zip(before).and_then(|(read, (datagrams, instructions))| {
+                let (datagrams_now, instructions_now) = read();
+                let datagrams = datagrams_now.saturating_sub(datagrams);
+                (datagrams > 0).then(|| instructions_now.saturating_sub(instructions) as f64 / datagrams as f64)
+            });
+            match result {
                 Ok((iops, ops, [p50_ns, p99_ns, p999_ns])) => run.cases.push(Case {
                     system,
                     socket,
@@ -780,6 +816,7 @@ fn measure(
                     p50_ns,
                     p99_ns,
                     p999_ns,
+                    instructions_per_datagram,
                 }),
                 Err(reason) => return skip(&mut run.skipped, &format!("{system} over {socket}"), &reason),
             }
@@ -815,6 +852,7 @@ fn measure_throughput(args: &FioArgs, target: &Target, run: &mut Run) {
                 p50_ns: point.p50_ns,
                 p99_ns: point.p99_ns,
                 p999_ns: 0,
+                instructions_per_datagram: None,
             }),
             Err(reason) => return skip(&mut run.skipped, THROUGHPUT, &reason),
         }
@@ -851,6 +889,7 @@ fn measure_floor(args: &FioArgs, run: &mut Run) {
             p50_ns: histogram.value_at_quantile(0.50),
             p99_ns: histogram.value_at_quantile(0.99),
             p999_ns: histogram.value_at_quantile(0.999),
+            instructions_per_datagram: None,
         });
     }
 }
@@ -1149,12 +1188,14 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
             }
         );
     }
-    text.push_str("| system | socket | rw | depth | fio batch | IOPS | p50 µs | p99 µs | p99.9 µs |\n");
-    text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    text.push_str(
+        "| system | socket | rw | depth | fio batch | IOPS | p50 µs | p99 µs | p99.9 µs | instr./datagram |\n",
+    );
+    text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (case, rounds) in &run.medians {
         let _ = writeln!(
             text,
-            "| {}{} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} |",
+            "| {}{} | {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} |",
             case.system,
             // A case some rounds could not measure (see Skipped) is the median of fewer.
             if *rounds < run.rounds_completed {
@@ -1170,7 +1211,8 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
             us(case.p50_ns),
             us(case.p99_ns),
             // Not recorded for the throughput client.
-            if case.p999_ns == 0 { "-".to_string() } else { format!("{:.1}", us(case.p999_ns)) }
+            if case.p999_ns == 0 { "-".to_string() } else { format!("{:.1}", us(case.p999_ns)) },
+            case.instructions_per_datagram.map_or("-".to_string(), |packed| format!("{packed:.2}"))
         );
     }
     if args.rounds > 1 {
@@ -1397,6 +1439,7 @@ mod tests {
             p50_ns: 1,
             p99_ns: 1,
             p999_ns: 1,
+            instructions_per_datagram: None,
         }
     }
 
@@ -1435,6 +1478,8 @@ mod tests {
                 let mut engine =
                     Case { round, p999_ns: 1000 * (round as u64 + 1), ..case(PLUGIN, "udp", "randread", ours) };
                 engine.p50_ns = 10 * (3 - round as u64);
+                // The target's packing in rounds 0 and 2 only (a round may miss its counters).
+                engine.instructions_per_datagram = [Some(2.0), None, Some(1.5)][round];
                 [engine, Case { round, ..case(NBDKIT, "tcp", "randread", theirs) }]
             })
             .collect();
@@ -1445,6 +1490,10 @@ mod tests {
         assert_eq!(engine.iops, 150_000.0);
         // Each figure's own median: p50s 30, 20, 10 and p99.9s 1000, 2000, 3000.
         assert_eq!((engine.p50_ns, engine.p999_ns), (20, 2000));
+        // The packing's median is of the rounds that counted it; nbdkit has none.
+        assert_eq!(engine.instructions_per_datagram, Some(1.75));
+        let nbdkit = find(&medians, NBDKIT, "tcp", "randread", THROUGHPUT_DEPTH).expect("nbdkit's median");
+        assert_eq!(nbdkit.instructions_per_datagram, None);
 
         let per_round = (0..3).map(|round| goals(&of_round(&cases, round), 1, false)).collect();
         let goals = median_goals(per_round);
