@@ -42,7 +42,9 @@ per_round_trip() {
     awk -v name="$1" -v trips=$((requests + warmup)) '
         {
             line = $0; sub(/ *\[[^]]*\] *$/, "", line); sub(/ +$/, "", line)
-            if (substr(line, length(line) - length(name)) == ":" name) {
+            at = length(line) - length(name)
+            # "FILE:name", not "FILE:outer::name" (a name that only ends like this one).
+            if (substr(line, at) == ":" name && substr(line, at - 1, 1) != ":") {
                 count = $1; gsub(",", "", count)
                 if (count + 0 > best) best = count + 0
             }
@@ -57,4 +59,4 @@ echo "user-space instructions per READ 64 B round trip (callgrind, blocking clie
 echo "  floor client loop:   $floor"
 echo "  netdam client loop:  $netdam  ($(awk -v a="$netdam" -v b="$floor" 'BEGIN { printf "%.1fx", a / b }') the floor's)"
 echo "    of which Client::call:    $call"
-echo "    of which datagram CRC-32C: $crc (both datagrams)"
+echo "    of which datagram CRC-32C: $crc (both datagrams; the calls LTO left out of line)"

@@ -58,6 +58,10 @@ fn merit(field: &str) -> Option<Better> {
     if field.contains("iops") || field.contains("ops_per_s") || field.contains("bytes_per_s") {
         return Some(Better::Higher);
     }
+    if field == "instructions_per_datagram" {
+        // The fio report's packing: fewer instructions per datagram is lost coalescing.
+        return Some(Better::Higher);
+    }
     if field == "ratio" {
         // Throughput points: netdam's rate over the floor's. A goal's ratio says its own way
         // (`at_most`), which `flatten` reads into the name.
@@ -268,6 +272,17 @@ mod tests {
         let faster = figures(json!({"cases": [{"system": "x", "p99_ns": 50, "iops": 2000}]}));
         let (changes, _) = compare(&old, &faster, 0.10, false);
         assert!(changes.iter().all(|change| change.flag == "better"), "{changes:?}");
+    }
+
+    #[test]
+    fn fewer_instructions_per_datagram_is_lost_packing_and_worse() {
+        let old = figures(json!({"cases": [{"system": "engine", "instructions_per_datagram": 2.0}]}));
+        let new = figures(json!({"cases": [{"system": "engine", "instructions_per_datagram": 1.0}]}));
+        let (changes, _) = compare(&old, &new, 0.10, false);
+        assert_eq!(
+            changes.iter().find(|change| change.name.ends_with("instructions_per_datagram")).map(|change| change.flag),
+            Some("worse")
+        );
     }
 
     #[test]

@@ -105,8 +105,8 @@ struct Case {
     p50_ns: u64,
     p99_ns: u64,
     p999_ns: u64,
-    /// Instructions the target executed per datagram it received during the job (netdam's
-    /// cases through fio): how well requests were packed, which IOPS alone do not show (the
+    /// Instructions the target executed per datagram it received while the case ran, fio's
+    /// start and ramp included (netdam's cases through fio): how well requests were packed, which IOPS alone do not show (the
     /// engine's coalescing once stopped packing, unseen, docs/DECISIONS.md).
     instructions_per_datagram: Option<f64>,
 }

@@ -496,12 +496,18 @@ fn stop_signals() -> libc::sigset_t {
 }
 
 /// Blocks the stop signals in this thread before the target starts its threads, which inherit
-/// the mask: a signal then stays pending until [`wait_for_stop`] takes it in this thread. (Child
-/// processes do not inherit it: the standard library resets the mask when it spawns one.)
+/// the mask: a signal then stays pending until [`wait_for_stop`] takes it in this thread (one
+/// that comes while the target starts is taken once it serves, and stops it then). Child
+/// processes do not inherit the mask: the standard library resets it when it spawns one.
 fn block_stop_signals() {
+    set_stop_signals(libc::SIG_BLOCK);
+}
+
+/// Blocks (`SIG_BLOCK`) or unblocks (`SIG_UNBLOCK`) the stop signals in this thread.
+fn set_stop_signals(how: libc::c_int) {
     let set = stop_signals();
     // SAFETY: a valid set; the old mask is not wanted.
-    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
 }
 
 /// Sleeps until SIGINT or SIGTERM arrives, and names it. The main thread of a serving target
@@ -583,6 +589,9 @@ fn main() -> ExitCode {
     print_banner(&target, &config, default_key.as_deref());
     let signal = wait_for_stop();
     eprintln!("netdam-target: stopping ({signal})");
+    // A second signal ends a stop that hangs: the main thread no longer blocks them, so the
+    // default action (termination) takes it there.
+    set_stop_signals(libc::SIG_UNBLOCK);
     target.stop();
     ExitCode::SUCCESS
 }
