@@ -106,8 +106,9 @@ struct Case {
     p99_ns: u64,
     p999_ns: u64,
     /// Instructions the target executed per datagram it received while the case ran, fio's
-    /// start and ramp included (netdam's cases through fio): how well requests were packed, which IOPS alone do not show (the
-    /// engine's coalescing once stopped packing, unseen, docs/DECISIONS.md).
+    /// start and ramp included (netdam's cases through fio): how well requests were packed,
+    /// which IOPS alone do not show (the engine's coalescing once stopped packing, unseen,
+    /// docs/DECISIONS.md).
     instructions_per_datagram: Option<f64>,
 }
 
@@ -338,7 +339,7 @@ fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option
             Ok(_) if !wanted("engine") => {}
             Ok(engine) => {
                 let access = Access::Plugin { engine: engine.clone(), target: target.local_addr() };
-                measure(args, &access, (PLUGIN, "udp"), &all_points, run, Some(&|| target_counters(&target)));
+                measure(args, &access, PLUGIN, "udp", &all_points, run, Some(&|| target_counters(&target)));
                 run.plugin = Some(engine);
                 measure_throughput(args, &target, run);
             }
@@ -351,7 +352,7 @@ fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option
                 let names = [(NETDAM_NBD, "netdam-nbd"), (NETDAM_NBD_REMOTE, "netdam-nbd-remote")];
                 let layouts = layouts(names, points, remote_cpus.as_deref());
                 let counters = || target_counters(&target);
-                serve_layouts(args, run, scratch, (&layouts, false, Some(&counters)), |listen| {
+                serve_layouts(args, run, scratch, &layouts, false, Some(&counters), |listen| {
                     let mut command = Command::new(&netdam);
                     command.arg("--target").arg(target.local_addr().to_string());
                     command.args(["nbd", "--namespace", NAMESPACE, "--listen", listen]);
@@ -371,7 +372,7 @@ fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option
                 let names = [(NBDKIT, "nbdkit"), (NBDKIT_REMOTE, "nbdkit-remote")];
                 // Every block written before the cases (`fill_first`), as netdam's namespace is.
                 let layouts = layouts(names, points, remote_cpus.as_deref());
-                serve_layouts(args, run, scratch, (&layouts, true, None), |listen| {
+                serve_layouts(args, run, scratch, &layouts, true, None, |listen| {
                     let mut command = Command::new("nbdkit");
                     command.args(["-f", "--exit-with-parent"]);
                     match listen.split_once(':') {
@@ -624,7 +625,9 @@ fn serve_layouts(
     args: &FioArgs,
     run: &mut Run,
     dir: &Path,
-    (layouts, fill_first, counters): (&[Layout<'_>], bool, TargetCounters<'_>),
+    layouts: &[Layout<'_>],
+    fill_first: bool,
+    counters: TargetCounters<'_>,
     command: impl Fn(&str) -> Command,
 ) -> Result<(), String> {
     for &layout in layouts {
@@ -699,7 +702,7 @@ fn serve(
             return skip(&mut run.skipped, &what, &reason);
         }
     }
-    measure(args, &Access::Nbd { uri, cpus }, (system, socket), points, run, counters);
+    measure(args, &Access::Nbd { uri, cpus }, system, socket, points, run, counters);
     drop(child);
 }
 
@@ -788,7 +791,8 @@ fn points(args: &FioArgs) -> Vec<(usize, usize)> {
 fn measure(
     args: &FioArgs,
     access: &Access,
-    (system, socket): (&'static str, &'static str),
+    system: &'static str,
+    socket: &'static str,
     points: &[(usize, usize)],
     run: &mut Run,
     counters: TargetCounters<'_>,
