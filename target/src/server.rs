@@ -2,6 +2,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -80,6 +81,9 @@ pub struct Target {
     shared: Arc<Shared>,
     shutdown: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    // A second handle on each worker's socket: a stop shuts its receive side, which wakes a
+    // worker asleep in its receive at once (`stop_workers`).
+    wake: Vec<OwnedFd>,
     engine_name: &'static str,
     engine_selection: String,
     metrics: Option<MetricsServer>,
@@ -188,6 +192,7 @@ impl Target {
             shared: shared.clone(),
             shutdown: shutdown.clone(),
             threads: Vec::new(),
+            wake: Vec::new(),
             engine_name,
             engine_selection: why,
             metrics: None,
@@ -212,6 +217,7 @@ impl Target {
         }
         let cpus = if config.pin_workers { worker::allowed_cpus() } else { Vec::new() };
         for ((index, fd), devices) in sockets.into_iter().enumerate().zip(devices) {
+            target.wake.push(fd.try_clone().map_err(StartError::Thread)?);
             let cpu = worker::worker_cpu(&cpus, index);
             let helper_cpus = cpus.clone();
             let dispatcher = Dispatcher::new(engine.clone(), shared.clone(), index, devices);
@@ -285,7 +291,8 @@ impl Target {
         StatsSnapshot::sum(&self.shared.stats)
     }
 
-    /// Stops the workers and waits for them (within the blocking wake-up interval).
+    /// Stops the workers and waits for them: at once for a worker asleep in its receive, after
+    /// its pass for one at work.
     pub fn stop(mut self) {
         self.stop_workers();
     }
@@ -293,6 +300,19 @@ impl Target {
     fn stop_workers(&mut self) {
         drop(self.tenant_watch.take());
         self.shutdown.store(true, Ordering::Relaxed);
+        // A sleeping worker would see the flag only when its receive times out (a second, a
+        // backstop): shutting the socket's receive side wakes it now. A worker that checked the
+        // flag just before the shutdown and then went to sleep is not woken by it (the receive
+        // side does not stay shut for a receive that starts later), so shut again until every
+        // worker is out (each try is one system call per worker; most stops need one).
+        let deadline = std::time::Instant::now() + socket::BLOCKING_WAKE + std::time::Duration::from_millis(100);
+        while self.threads.iter().any(|thread| !thread.is_finished()) && std::time::Instant::now() < deadline {
+            for fd in &self.wake {
+                socket::wake_receiver(fd);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.wake.clear();
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
                 tracing::error!("a worker thread panicked");

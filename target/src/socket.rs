@@ -14,8 +14,11 @@ use socket2::{Domain, Protocol, Socket, Type};
 const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 /// Room for the TTL/hop-limit and receive-timestamp control messages.
 const CONTROL_BYTES: usize = 128;
-/// How long a blocking receive waits before the worker checks for shutdown.
-pub const BLOCKING_WAKE_MS: u64 = 100;
+/// The longest a blocking receive sleeps before its worker looks at the shutdown flag: a
+/// backstop, as a stop wakes sleeping workers at once ([`wake_receiver`]). An idle target's
+/// workers wake once a second for it, not ten times (each wake-up takes a core for 15-35 µs on
+/// the VM this was measured on, from whatever runs there: docs/DECISIONS.md).
+pub const BLOCKING_WAKE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Opens a socket bound to `addr` that other workers can bind too.
 pub fn bind_shared(addr: SocketAddr) -> io::Result<OwnedFd> {
@@ -29,10 +32,17 @@ pub fn bind_shared(addr: SocketAddr) -> io::Result<OwnedFd> {
     // queueing. Never turned off: the kernel stamps datagrams only while some socket asks for
     // it, and turning that on and off rewrites kernel code on every CPU.
     set_int_option(socket.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
-    let timeout = std::time::Duration::from_millis(BLOCKING_WAKE_MS);
-    socket.set_read_timeout(Some(timeout))?;
+    socket.set_read_timeout(Some(BLOCKING_WAKE))?;
     socket.bind(&addr.into())?;
     Ok(socket.into())
+}
+
+/// Wakes a thread asleep in a receive on `fd` (another handle on a worker's socket): shutting
+/// the receive side of a UDP socket wakes its sleeping receivers, whose receive returns an empty
+/// datagram or nothing. Linux answers ENOTCONN for an unconnected socket, yet wakes them.
+pub fn wake_receiver(fd: &OwnedFd) {
+    // SAFETY: `fd` is an open socket owned by the caller; shutdown takes no pointers.
+    unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RD) };
 }
 
 /// Turns the received-TTL (hop limit) control message of a socket on or off. It costs every

@@ -94,6 +94,10 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         let received =
             if stamps.on() || wait { batch.receive(&fd, wait, receive_limit) } else { batch.receive_unstamped(&fd) };
         let count = match received {
+            // Woken by a stop (`Target::stop` shuts the socket's receive side): what the receive
+            // returned is no datagram. Datagrams that arrived meanwhile go unanswered, as they
+            // would a moment later.
+            Ok(_) if wait && shutdown.load(Ordering::Relaxed) => break,
             Ok(count) => count,
             Err(error) => {
                 match error.raw_os_error() {

@@ -1,12 +1,13 @@
 //! Stopping a serving `netdam-target` (the binary) with SIGTERM or SIGINT: it says which signal
-//! it took, stops, and exits with success. Until then its main thread sleeps: it has nothing to
-//! do while the workers serve, and a thread that woke to look at a flag took, on a host whose
-//! cores spin (a busy worker, a polling initiator), one of them for a while each time
-//! (docs/DECISIONS.md, "What preempts a spinning worker").
+//! it took, stops at once, and exits with success. Until then an idle target's threads sleep:
+//! the main thread has nothing to do while the workers serve, and a worker with nothing to
+//! receive sleeps in its receive until a datagram comes or the stop wakes it. A thread that woke
+//! to look at a flag took, on a host whose cores spin (a busy worker, a polling initiator), one
+//! of them for a while each time (docs/DECISIONS.md, "What preempts a spinning worker").
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::daemon::start;
 
@@ -18,6 +19,17 @@ fn voluntary_switches(pid: u32, tid: u32) -> u64 {
         .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
         .and_then(|count| count.trim().parse().ok())
         .expect("voluntary_ctxt_switches in the status")
+}
+
+/// The id of the thread of process `pid` named `name`.
+fn thread_named(pid: u32, name: &str) -> u32 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the process's threads")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|tid| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).is_ok_and(|comm| comm.trim() == name)
+        })
+        .unwrap_or_else(|| panic!("no thread {name} in process {pid}"))
 }
 
 #[test]
@@ -36,11 +48,26 @@ fn sigterm_and_sigint_stop_a_target_whose_main_thread_sleeps_until_then() {
         let pid = daemon.pid();
         // The main thread's id is the process id. Over a second of serving nothing it sleeps
         // once, not ten times (the 100 ms flag poll it replaced); a wake-up or two is slack.
-        let before = voluntary_switches(pid, pid);
+        // The worker's receive times out once a second (a backstop), not every 100 ms as it did.
+        let worker = thread_named(pid, "netdam-worker-0");
+        let before = (voluntary_switches(pid, pid), voluntary_switches(pid, worker));
         std::thread::sleep(Duration::from_secs(1));
-        let woke = voluntary_switches(pid, pid) - before;
+        let woke = voluntary_switches(pid, pid) - before.0;
         assert!(woke <= 2, "the main thread woke {woke} times in a second with nothing to do");
+        let woke = voluntary_switches(pid, worker) - before.1;
+        assert!(woke <= 2, "the idle worker woke {woke} times in a second");
+        // The stop wakes the sleeping worker (here in ~10 ms) rather than waiting for its
+        // receive's backstop. The worker's receive began when the start-up's ping was answered
+        // and times out a whole number of seconds later: half a second from now, a stop that
+        // waited for it would take about 500 ms.
+        std::thread::sleep(Duration::from_millis(500));
+        let stopping = Instant::now();
         let status = daemon.signal_and_wait(signal, Duration::from_secs(60));
+        let took = stopping.elapsed();
+        assert!(
+            took < Duration::from_millis(250),
+            "{name}: the stop took {took:?}: it waited for the worker's receive to time out"
+        );
         let log = std::fs::read_to_string(dir.join("target.log")).unwrap_or_default();
         assert!(status.success(), "{name}: exit {status:?}, log:\n{log}");
         assert!(log.contains(&format!("netdam-target: stopping ({name})")), "{name}: log:\n{log}");
