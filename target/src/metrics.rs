@@ -16,7 +16,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::dispatch::Shared;
 use crate::qos::Shed;
-use crate::stats::{opcode_slot_name, Counter, WorkerStats, OPCODE_SLOTS, OTHER_OPCODE_SLOT};
+use crate::stats::{opcode_slot_name, thread_context_switches, Counter, WorkerStats, OPCODE_SLOTS, OTHER_OPCODE_SLOT};
 
 /// What `netdam_build_info` says about this target.
 #[derive(Debug, Clone)]
@@ -181,6 +181,21 @@ impl Collector for TargetCollector {
                 .enumerate()
                 .map(move |(index, worker)| (label("worker", index.to_string()), worker.get(counter)))
         };
+        counters(
+            encoder,
+            "netdam_worker_context_switches",
+            "Context switches of each worker's thread, from the kernel (/proc): involuntary, the scheduler took the worker's CPU while it could run (another thread or process preempted it; on a busy-polling worker each one stalls the requests it holds, a cause of tail latency the target cannot see in its own queueing), or voluntary, it slept (an adaptive or blocking worker waiting for datagrams)",
+            None,
+            self.workers().iter().enumerate().flat_map(|(index, worker)| {
+                let switches = worker.thread_id().and_then(thread_context_switches);
+                switches.into_iter().flat_map(move |(voluntary, involuntary)| {
+                    [
+                        (vec![("worker", index.to_string()), ("kind", "involuntary".to_string())], involuntary),
+                        (vec![("worker", index.to_string()), ("kind", "voluntary".to_string())], voluntary),
+                    ]
+                })
+            }),
+        )?;
         counters(
             encoder,
             "netdam_datagrams_received",

@@ -6,7 +6,7 @@
 //! its own cache lines, so no line is written by two threads. Readers sum the workers whenever
 //! they like and see recent values, never torn ones.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use netdam_isa::limits::MAX_NAMESPACES;
 use netdam_isa::Status;
@@ -110,6 +110,9 @@ pub struct WorkerStats {
     pub block_submitted: [Cell; MAX_NAMESPACES],
     /// Block requests completed, by namespace id.
     pub block_completed: [Cell; MAX_NAMESPACES],
+    /// The kernel's id of the worker's thread while it runs (0 before and after), so that
+    /// `/metrics` can read the thread's context switches from `/proc` at scrape time.
+    thread_id: AtomicI32,
 }
 
 impl Default for WorkerStats {
@@ -120,6 +123,7 @@ impl Default for WorkerStats {
             opcodes: std::array::from_fn(|_| OpcodeStats::default()),
             block_submitted: std::array::from_fn(|_| Cell::new()),
             block_completed: std::array::from_fn(|_| Cell::new()),
+            thread_id: AtomicI32::new(0),
         }
     }
 }
@@ -156,6 +160,28 @@ impl WorkerStats {
     pub fn status_count(&self, status: Status) -> u64 {
         self.by_status[status as usize].load(Ordering::Relaxed)
     }
+
+    /// Records the calling thread as this worker's (at its start), or none (`0`, at its end).
+    pub fn set_thread_id(&self, thread_id: i32) {
+        self.thread_id.store(thread_id, Ordering::Relaxed);
+    }
+
+    /// The kernel's id of the worker's thread while it runs.
+    pub fn thread_id(&self) -> Option<i32> {
+        Some(self.thread_id.load(Ordering::Relaxed)).filter(|&id| id != 0)
+    }
+}
+
+/// How often a thread of this process gave up its CPU so far, from
+/// `/proc/self/task/ID/status`: `(voluntary, involuntary)`. Voluntary: it slept (waited for
+/// datagrams); involuntary: the scheduler took the CPU from it while it could still run (another
+/// thread or process preempted it). `None` when the thread is gone or the file unreadable.
+pub fn thread_context_switches(thread_id: i32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{thread_id}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        status.lines().find_map(|line| line.strip_prefix(name)).and_then(|value| value.trim().parse().ok())
+    };
+    Some((field("voluntary_ctxt_switches:")?, field("nonvoluntary_ctxt_switches:")?))
 }
 
 /// Sums of every worker's counters: a plain snapshot.

@@ -57,6 +57,8 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
     let mut out = vec![0u8; settings.max_datagram_bytes];
     let mut held = HeldAnswers::new(settings.max_datagram_bytes);
     let mut train = Train::new(&fd, settings.answer_trains);
+    // SAFETY: gettid takes no arguments and cannot fail.
+    dispatcher.stats().set_thread_id(unsafe { libc::gettid() });
     let clock = settings.clock;
     // Last datagram received or block answer sent.
     let mut last_datagram = clock.now();
@@ -292,6 +294,8 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         // Switches the received TTL on or off where this pass asks for it: after its answers.
         stamps.settle(settings.poll == PollMode::Busy);
     }
+    // The thread's id may go to another thread once this one ends.
+    dispatcher.stats().set_thread_id(0);
 }
 
 /// Lone requests in a row after which a busy-polling worker stops reading the received TTL.

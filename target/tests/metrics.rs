@@ -123,6 +123,48 @@ fn a_scrape_counts_the_requests_sent() {
     assert_eq!(value(&after, "netdam_sessions_ended_total{reason=\"closed\"}"), 1.0);
 }
 
+/// A busy-polling worker made to share the CPUs with as many spinning threads as there are CPUs
+/// is taken off its CPU now and then, and `/metrics` says so, from the kernel's own count; an
+/// idle moment before that adds none.
+#[test]
+fn a_preempted_worker_shows_in_its_involuntary_context_switches() {
+    let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
+        config.poll = netdam_target::config::PollMode::Busy;
+    });
+    let url = format!("http://{}/metrics", test.target.metrics_addr().unwrap());
+    let switches = || {
+        let (_, _, text) = get(&url, None, Duration::from_secs(5)).unwrap();
+        let samples = parse(&text);
+        let kind = |kind: &str| {
+            value(&samples, &format!("netdam_worker_context_switches_total{{worker=\"0\",kind=\"{kind}\"}}"))
+        };
+        (kind("voluntary"), kind("involuntary"))
+    };
+    let (_, before) = switches();
+    let spinners = std::thread::available_parallelism().map_or(2, |cpus| cpus.get());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let threads: Vec<_> = (0..spinners)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let (_, after) = switches();
+    assert!(
+        after > before,
+        "a busy worker among {spinners} spinners on {spinners} CPUs was never preempted: involuntary {before} -> {after}"
+    );
+}
+
 #[test]
 fn metrics_off_serves_nothing_and_records_no_histograms() {
     let test = common::start_configured(vec![common::region("mem", 1 << 20, false)], |config| {
