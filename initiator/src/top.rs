@@ -272,11 +272,23 @@ pub struct View {
     /// Gauges at the second scrape.
     pub sessions_open: Option<f64>,
     pub block_in_flight: BTreeMap<String, f64>,
+    /// Per target worker, how often a second its thread was preempted (taken off its CPU while
+    /// it could run) and slept, from `netdam_worker_context_switches_total`.
+    pub workers: BTreeMap<String, WorkerView>,
     /// Per-session windows (requests) and target delays (seconds), where an initiator exports them.
     pub windows: BTreeMap<String, f64>,
     pub target_delays: BTreeMap<String, f64>,
     /// Labels of the build info metric.
     pub build: Vec<(String, String)>,
+}
+
+/// A target worker's context switches per second over the interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WorkerView {
+    /// Involuntary: another thread or process took its CPU.
+    pub preempted_per_second: f64,
+    /// Voluntary: it slept, waiting for datagrams.
+    pub slept_per_second: f64,
 }
 
 /// Statuses that are not errors: `retry` is the cookie step of HELLO.
@@ -322,6 +334,21 @@ impl View {
             .map(|sample| sample.labels.clone())
             .unwrap_or_default();
         let gauge = |name: &str| later.has(name).then(|| later.sum(name, all));
+        let switches = |kind: &'static str| {
+            later.increase_by_label(
+                earlier,
+                "netdam_worker_context_switches_total",
+                Some("worker"),
+                &move |sample: &Sample| sample.label("kind") == Some(kind),
+            )
+        };
+        let mut workers: BTreeMap<String, WorkerView> = BTreeMap::new();
+        for (worker, count) in switches("involuntary") {
+            workers.entry(worker).or_default().preempted_per_second = count / seconds;
+        }
+        for (worker, count) in switches("voluntary") {
+            workers.entry(worker).or_default().slept_per_second = count / seconds;
+        }
         View {
             latency_family,
             interval_seconds: seconds,
@@ -333,6 +360,7 @@ impl View {
             retransmissions_per_second: rate("netdam_initiator_retransmissions_total", &all),
             sessions_open: gauge("netdam_sessions_open").or_else(|| gauge("netdam_initiator_sessions")),
             block_in_flight: later.by_label("netdam_block_requests_in_flight", "namespace"),
+            workers,
             windows: later.by_label("netdam_initiator_window", "session"),
             target_delays: later.by_label("netdam_initiator_target_delay_seconds", "session"),
             build,
@@ -364,6 +392,9 @@ impl View {
             "retransmissions_per_s": self.retransmissions_per_second,
             "sessions_open": self.sessions_open,
             "block_in_flight": self.block_in_flight,
+            "workers": self.workers.iter().map(|(worker, view)| {
+                (worker.clone(), json!({"preempted_per_s": view.preempted_per_second, "slept_per_s": view.slept_per_second}))
+            }).collect::<serde_json::Map<_, _>>(),
             "windows": self.windows,
             "target_delays_us": self.target_delays.iter().map(|(k, v)| (k.clone(), v * 1e6)).collect::<BTreeMap<_, _>>(),
             "build": self.build.iter().cloned().collect::<BTreeMap<_, _>>(),
@@ -407,6 +438,13 @@ impl View {
         }
         for (namespace, in_flight) in &self.block_in_flight {
             let _ = writeln!(text, "block in flight  {namespace}: {in_flight:.0}");
+        }
+        for (worker, view) in &self.workers {
+            let _ = writeln!(
+                text,
+                "worker {worker}: preempted {:.1}/s  slept {:.1}/s",
+                view.preempted_per_second, view.slept_per_second
+            );
         }
         for (session, window) in &self.windows {
             let delay = self.target_delays.get(session).map_or("-".to_string(), |d| format!("{:.1} µs", d * 1e6));
@@ -487,6 +525,11 @@ mod tests {
             text +=
                 "netdam_busy_answers_total{reason=\"queueing\"} 4\nnetdam_instruction_results_total{status=\"ok\"} 9\n";
             text += "netdam_instruction_results_total{status=\"retry\"} 1\nnetdam_sessions_open 2\n";
+            let preempted = reads / 10;
+            text += &format!(
+                "netdam_worker_context_switches_total{{worker=\"0\",kind=\"involuntary\"}} {preempted}\n\
+                 netdam_worker_context_switches_total{{worker=\"0\",kind=\"voluntary\"}} 3\n"
+            );
             Snapshot::parse(&text).unwrap()
         };
         let view = View::between(&scrape(10, &first), &scrape(110, &second), Duration::from_millis(500));
@@ -497,7 +540,11 @@ mod tests {
         assert_eq!(view.busy_per_second, 0.0);
         assert_eq!(view.errors_per_second, 0.0);
         assert_eq!(view.sessions_open, Some(2.0));
+        // 1 -> 11 preemptions in half a second; the sleeps did not change.
+        assert_eq!(view.workers["0"], WorkerView { preempted_per_second: 20.0, slept_per_second: 0.0 });
+        assert!(view.to_text("http://x/metrics").contains("worker 0: preempted 20.0/s  slept 0.0/s"));
         let json = view.to_json("http://x/metrics");
+        assert_eq!(json["workers"]["0"]["preempted_per_s"], 20.0);
         assert_eq!(json["opcodes"]["read"]["rate_per_s"], 200.0);
         assert_eq!(json["opcodes"]["read"]["p50_us"], 1_500_000.0);
         assert!(view.to_text("http://x/metrics").contains("read"));
