@@ -324,6 +324,16 @@ impl<E: Engine> Dispatcher<E> {
         &self.shared.stats[self.worker]
     }
 
+    /// Every worker's counters, shared (this worker's are at [`Dispatcher::worker_index`]).
+    pub fn all_stats(&self) -> Arc<[WorkerStats]> {
+        self.shared.stats.clone()
+    }
+
+    /// Which worker this dispatcher serves.
+    pub fn worker_index(&self) -> usize {
+        self.worker
+    }
+
     /// Ends sessions silent past their timeout, a bounded share of the table at a time; the
     /// driver calls it every loop pass (it does nothing until the sweep interval has passed).
     pub fn tick(&mut self, now: Instant) {

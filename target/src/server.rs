@@ -55,6 +55,9 @@ pub enum StartError {
     /// A worker thread could not be started.
     #[error("cannot start worker thread: {0}")]
     Thread(io::Error),
+    /// A worker's socket could not be duplicated for the handle that wakes it at stop.
+    #[error("cannot duplicate a worker's socket (the stop wakes the worker through it): {0}")]
+    WakeHandle(io::Error),
     /// The metrics endpoint could not listen.
     #[error("cannot serve /metrics on {addr} (metrics_listen, --metrics-listen): {source}{hint}")]
     Metrics { addr: SocketAddr, source: io::Error, hint: &'static str },
@@ -217,7 +220,7 @@ impl Target {
         }
         let cpus = if config.pin_workers { worker::allowed_cpus() } else { Vec::new() };
         for ((index, fd), devices) in sockets.into_iter().enumerate().zip(devices) {
-            target.wake.push(fd.try_clone().map_err(StartError::Thread)?);
+            target.wake.push(fd.try_clone().map_err(StartError::WakeHandle)?);
             let cpu = worker::worker_cpu(&cpus, index);
             let helper_cpus = cpus.clone();
             let dispatcher = Dispatcher::new(engine.clone(), shared.clone(), index, devices);
@@ -301,18 +304,11 @@ impl Target {
         drop(self.tenant_watch.take());
         self.shutdown.store(true, Ordering::Relaxed);
         // A sleeping worker would see the flag only when its receive times out (a second, a
-        // backstop): shutting the socket's receive side wakes it now. A worker that checked the
-        // flag just before the shutdown and then went to sleep is not woken by it (the receive
-        // side does not stay shut for a receive that starts later), so shut again until every
-        // worker is out (each try is one system call per worker; most stops need one).
-        let deadline = std::time::Instant::now() + socket::BLOCKING_WAKE + std::time::Duration::from_millis(100);
-        while self.threads.iter().any(|thread| !thread.is_finished()) && std::time::Instant::now() < deadline {
-            for fd in &self.wake {
-                socket::wake_receiver(fd);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+        // backstop): shutting the socket's receive side wakes it now. The side stays shut, so a
+        // worker that looked at the flag just before and sleeps just after returns at once too.
+        for fd in self.wake.drain(..) {
+            socket::wake_receiver(&fd);
         }
-        self.wake.clear();
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
                 tracing::error!("a worker thread panicked");

@@ -37,9 +37,10 @@ pub fn bind_shared(addr: SocketAddr) -> io::Result<OwnedFd> {
     Ok(socket.into())
 }
 
-/// Wakes a thread asleep in a receive on `fd` (another handle on a worker's socket): shutting
-/// the receive side of a UDP socket wakes its sleeping receivers, whose receive returns an empty
-/// datagram or nothing. Linux answers ENOTCONN for an unconnected socket, yet wakes them.
+/// Wakes a thread asleep in a receive on `fd` (another handle on a worker's socket) for good:
+/// shutting the receive side of a UDP socket wakes its sleeping receivers, and every waiting
+/// receive after it returns at once with an empty datagram (one without waiting finds nothing,
+/// EAGAIN). Linux answers ENOTCONN for an unconnected socket, yet shuts and wakes.
 pub fn wake_receiver(fd: &OwnedFd) {
     // SAFETY: `fd` is an open socket owned by the caller; shutdown takes no pointers.
     unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RD) };

@@ -26,7 +26,7 @@ use crate::config::PollMode;
 use crate::dispatch::{Dispatcher, Handled, SealFor, Wait};
 use crate::sessions::RecordTicket;
 use crate::socket::{self, ReceiveBatch};
-use crate::stats::Counter;
+use crate::stats::{Counter, WorkerStats};
 use netdam_udp::Train;
 
 /// A yield that returns later than this lost the core to a CPU-bound thread: a runnable
@@ -53,12 +53,13 @@ pub struct WorkerSettings {
 
 /// Runs a worker until `shutdown` is set.
 pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: WorkerSettings, shutdown: Arc<AtomicBool>) {
+    // `/metrics` reads this thread's context switches while it runs, and never after: its id
+    // may go to another thread once it ends, however it ends.
+    let _thread_id = ThreadIdRecord::new(dispatcher.all_stats(), dispatcher.worker_index());
     let mut batch = ReceiveBatch::new(settings.max_datagram_bytes);
     let mut out = vec![0u8; settings.max_datagram_bytes];
     let mut held = HeldAnswers::new(settings.max_datagram_bytes);
     let mut train = Train::new(&fd, settings.answer_trains);
-    // SAFETY: gettid takes no arguments and cannot fail.
-    dispatcher.stats().set_thread_id(unsafe { libc::gettid() });
     let clock = settings.clock;
     // Last datagram received or block answer sent.
     let mut last_datagram = clock.now();
@@ -96,9 +97,9 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         let received =
             if stamps.on() || wait { batch.receive(&fd, wait, receive_limit) } else { batch.receive_unstamped(&fd) };
         let count = match received {
-            // Woken by a stop (`Target::stop` shuts the socket's receive side): what the receive
-            // returned is no datagram. Datagrams that arrived meanwhile go unanswered, as they
-            // would a moment later.
+            // Woken by a stop (`Target::stop` shuts the socket's receive side, and every waiting
+            // receive returns at once from then on): what it returned is no datagram. Datagrams
+            // that arrived meanwhile go unanswered, as they would a moment later.
             Ok(_) if wait && shutdown.load(Ordering::Relaxed) => break,
             Ok(count) => count,
             Err(error) => {
@@ -294,8 +295,27 @@ pub fn run<E: Engine>(fd: OwnedFd, mut dispatcher: Dispatcher<E>, settings: Work
         // Switches the received TTL on or off where this pass asks for it: after its answers.
         stamps.settle(settings.poll == PollMode::Busy);
     }
-    // The thread's id may go to another thread once this one ends.
-    dispatcher.stats().set_thread_id(0);
+}
+
+/// Records the calling thread's id in worker `index`'s stats for as long as it lives (a worker
+/// that panics unwinds through its drop too).
+struct ThreadIdRecord {
+    stats: Arc<[WorkerStats]>,
+    index: usize,
+}
+
+impl ThreadIdRecord {
+    fn new(stats: Arc<[WorkerStats]>, index: usize) -> ThreadIdRecord {
+        // SAFETY: gettid takes no arguments and cannot fail.
+        stats[index].set_thread_id(unsafe { libc::gettid() });
+        ThreadIdRecord { stats, index }
+    }
+}
+
+impl Drop for ThreadIdRecord {
+    fn drop(&mut self) {
+        self.stats[self.index].set_thread_id(0);
+    }
 }
 
 /// Lone requests in a row after which a busy-polling worker stops reading the received TTL.

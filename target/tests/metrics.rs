@@ -132,13 +132,21 @@ fn a_preempted_worker_shows_in_its_involuntary_context_switches() {
         config.poll = netdam_target::config::PollMode::Busy;
     });
     let url = format!("http://{}/metrics", test.target.metrics_addr().unwrap());
+    // The series appear once the worker's thread has recorded itself, moments after the start.
     let switches = || {
-        let (_, _, text) = get(&url, None, Duration::from_secs(5)).unwrap();
-        let samples = parse(&text);
-        let kind = |kind: &str| {
-            value(&samples, &format!("netdam_worker_context_switches_total{{worker=\"0\",kind=\"{kind}\"}}"))
-        };
-        (kind("voluntary"), kind("involuntary"))
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let (_, _, text) = get(&url, None, Duration::from_secs(5)).unwrap();
+            let samples = parse(&text);
+            let kind = |kind: &str| {
+                samples.get(&format!("netdam_worker_context_switches_total{{worker=\"0\",kind=\"{kind}\"}}")).copied()
+            };
+            match (kind("voluntary"), kind("involuntary")) {
+                (Some(voluntary), Some(involuntary)) => return (voluntary, involuntary),
+                _ if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                _ => panic!("no netdam_worker_context_switches_total series for worker 0 after 5 s:\n{text}"),
+            }
+        }
     };
     let (_, before) = switches();
     let spinners = std::thread::available_parallelism().map_or(2, |cpus| cpus.get());

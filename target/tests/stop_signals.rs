@@ -21,15 +21,23 @@ fn voluntary_switches(pid: u32, tid: u32) -> u64 {
         .expect("voluntary_ctxt_switches in the status")
 }
 
-/// The id of the thread of process `pid` named `name`.
+/// The id of the thread of process `pid` named `name`, waiting up to 5 s for it: a thread takes
+/// its name from inside, moments after it starts (after the banner, on a loaded machine).
 fn thread_named(pid: u32, name: &str) -> u32 {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .expect("the process's threads")
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|tid| {
-            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).is_ok_and(|comm| comm.trim() == name)
-        })
-        .unwrap_or_else(|| panic!("no thread {name} in process {pid}"))
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("the process's threads")
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .find(|tid| {
+                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).is_ok_and(|comm| comm.trim() == name)
+            });
+        match found {
+            Some(tid) => return tid,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            None => panic!("no thread {name} in process {pid} after 5 s"),
+        }
+    }
 }
 
 #[test]
@@ -56,10 +64,10 @@ fn sigterm_and_sigint_stop_a_target_whose_main_thread_sleeps_until_then() {
         assert!(woke <= 2, "the main thread woke {woke} times in a second with nothing to do");
         let woke = voluntary_switches(pid, worker) - before.1;
         assert!(woke <= 2, "the idle worker woke {woke} times in a second");
-        // The stop wakes the sleeping worker (here in ~10 ms) rather than waiting for its
-        // receive's backstop. The worker's receive began when the start-up's ping was answered
+        // The stop wakes the sleeping worker (here ~20 ms, the wait's own polling step) rather than waiting for its
+        // receive's backstop. The worker's receive began as it started, just before the banner,
         // and times out a whole number of seconds later: half a second from now, a stop that
-        // waited for it would take about 500 ms.
+        // waited for it would take up to about 500 ms.
         std::thread::sleep(Duration::from_millis(500));
         let stopping = Instant::now();
         let status = daemon.signal_and_wait(signal, Duration::from_secs(60));
