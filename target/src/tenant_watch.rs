@@ -20,10 +20,8 @@ use crate::regions::RegionTable;
 use crate::tenants::{TenantCell, TenantRecord, TenantSnapshot};
 
 /// How often the store file is looked at: with a read that takes milliseconds, a change is in
-/// force within the one second promised. Not more often: each look wakes the thread, and on a
-/// host whose cores are busy a wake-up takes one of them from a worker or an application for
-/// 15-35 µs (docs/DECISIONS.md, "Tenant changes reach a running target").
-pub const POLL_INTERVAL: Duration = Duration::from_millis(400);
+/// force well within the one second promised.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// A file changed less than this long ago is read again at the next poll even if it looks the
 /// same: file times are kept at the kernel's clock tick, so a second write in the tick of the
