@@ -187,7 +187,7 @@ impl Collector for TargetCollector {
             "Context switches of each worker's thread, from the kernel (/proc): involuntary, the scheduler took the worker's CPU while it could run (another thread or process preempted it; on a busy-polling worker each one stalls the requests it holds, a cause of tail latency the target cannot see in its own queueing), or voluntary, it slept (an adaptive or blocking worker waiting for datagrams)",
             None,
             self.workers().iter().enumerate().flat_map(|(index, worker)| {
-                let switches = worker.thread_id().and_then(thread_context_switches);
+                let switches = worker.thread_id().and_then(|thread| thread_context_switches("self", thread));
                 switches.into_iter().flat_map(move |(voluntary, involuntary)| {
                     [
                         (vec![("worker", index.to_string()), ("kind", "involuntary".to_string())], involuntary),

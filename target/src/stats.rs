@@ -6,7 +6,7 @@
 //! its own cache lines, so no line is written by two threads. Readers sum the workers whenever
 //! they like and see recent values, never torn ones.
 
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use netdam_isa::limits::MAX_NAMESPACES;
 use netdam_isa::Status;
@@ -112,7 +112,7 @@ pub struct WorkerStats {
     pub block_completed: [Cell; MAX_NAMESPACES],
     /// The kernel's id of the worker's thread while it runs (0 before and after), so that
     /// `/metrics` can read the thread's context switches from `/proc` at scrape time.
-    thread_id: AtomicI32,
+    thread_id: AtomicU32,
 }
 
 impl Default for WorkerStats {
@@ -123,7 +123,7 @@ impl Default for WorkerStats {
             opcodes: std::array::from_fn(|_| OpcodeStats::default()),
             block_submitted: std::array::from_fn(|_| Cell::new()),
             block_completed: std::array::from_fn(|_| Cell::new()),
-            thread_id: AtomicI32::new(0),
+            thread_id: AtomicU32::new(0),
         }
     }
 }
@@ -162,22 +162,23 @@ impl WorkerStats {
     }
 
     /// Records the calling thread as this worker's (at its start), or none (`0`, at its end).
-    pub fn set_thread_id(&self, thread_id: i32) {
+    pub fn set_thread_id(&self, thread_id: u32) {
         self.thread_id.store(thread_id, Ordering::Relaxed);
     }
 
     /// The kernel's id of the worker's thread while it runs.
-    pub fn thread_id(&self) -> Option<i32> {
+    pub fn thread_id(&self) -> Option<u32> {
         Some(self.thread_id.load(Ordering::Relaxed)).filter(|&id| id != 0)
     }
 }
 
-/// How often a thread of this process gave up its CPU so far, from
-/// `/proc/self/task/ID/status`: `(voluntary, involuntary)`. Voluntary: it slept (waited for
-/// datagrams); involuntary: the scheduler took the CPU from it while it could still run (another
-/// thread or process preempted it). `None` when the thread is gone or the file unreadable.
-pub fn thread_context_switches(thread_id: i32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/self/task/{thread_id}/status")).ok()?;
+/// How often thread `thread_id` of `process` (a process id, or `"self"`) gave up its CPU so far,
+/// from `/proc/PROCESS/task/ID/status`: `(voluntary, involuntary)`. Voluntary: it slept (waited
+/// for datagrams); involuntary: the scheduler took the CPU from it while it could still run
+/// (another thread or process preempted it). `None` when the thread is gone or the file
+/// unreadable.
+pub fn thread_context_switches(process: &str, thread_id: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{process}/task/{thread_id}/status")).ok()?;
     let field = |name: &str| -> Option<u64> {
         status.lines().find_map(|line| line.strip_prefix(name)).and_then(|value| value.trim().parse().ok())
     };

@@ -306,8 +306,8 @@ struct ThreadIdRecord {
 
 impl ThreadIdRecord {
     fn new(stats: Arc<[WorkerStats]>, index: usize) -> ThreadIdRecord {
-        // SAFETY: gettid takes no arguments and cannot fail.
-        stats[index].set_thread_id(unsafe { libc::gettid() });
+        // SAFETY: gettid takes no arguments and cannot fail; a thread id is positive.
+        stats[index].set_thread_id(unsafe { libc::gettid() } as u32);
         ThreadIdRecord { stats, index }
     }
 }

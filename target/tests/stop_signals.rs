@@ -13,12 +13,9 @@ use common::daemon::start;
 
 /// Context switches the thread `tid` of process `pid` asked for (it slept) so far.
 fn voluntary_switches(pid: u32, tid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).expect("the thread's status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
-        .and_then(|count| count.trim().parse().ok())
-        .expect("voluntary_ctxt_switches in the status")
+    let (voluntary, _) = netdam_target::stats::thread_context_switches(&pid.to_string(), tid)
+        .expect("the thread's context switches in /proc");
+    voluntary
 }
 
 /// The id of the thread of process `pid` named `name`, waiting up to 5 s for it: a thread takes
