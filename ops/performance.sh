@@ -10,6 +10,8 @@ out="${1:-docs/results}"
 cargo build --release --locked --bin netdam-bench
 bench=./build/release/netdam-bench
 mkdir -p "$out"
+# What this machine takes from a spinning thread on each CPU: the tail below every other figure.
+$bench noise --seconds 10 --out "$out/noise" > /dev/null
 $bench latency --requests 100000 --warmup 10000 --poll busy,adaptive \
   --ops read,write,cas,fetch-add,vadd,bread,bwrite --sizes 64,512,4096,8192 --out "$out" > "$out/latency.txt"
 # Issue 11's latency goals: each case against its own floor in 5 rounds, with the medians.

@@ -9,6 +9,7 @@ mod fio;
 mod floor;
 mod integrity;
 mod latency;
+mod noise;
 mod plots;
 mod report;
 mod target;
@@ -44,6 +45,8 @@ use netdam_initiator::{Client, Op};
 /// - `allreduce`: Allreduce through the target (VADD, FETCH_ADD barrier, READ) against host-side
 ///   reduction (each worker reads every other worker's buffer and sums it), N worker processes
 ///   for N = 2, 4, 8 and 1 to 64 MiB buffers: time, bytes on the wire per worker (counted), speedup.
+/// - `noise`: what this machine takes from a spinning thread on each CPU (gaps by length,
+///   interrupts, preemptions): the tail that no change to netdam lowers.
 /// - `compare OLD.json NEW.json`: the regression guard; every figure of two reports of the same
 ///   kind, with the ones that moved past a threshold (10% by default) flagged worse or better.
 /// - `sim`, `sim-table`, `load`: the congestion-control simulator and the incast load generator.
@@ -99,6 +102,12 @@ enum Command {
     /// What checking one datagram costs: CRC-32C, the MAC trailer of an authenticated session
     /// (seal and open) and HMAC-SHA256, per datagram size.
     Integrity(integrity::IntegrityArgs),
+    /// How much of a spinning thread's time this machine takes away: one thread spinning on each
+    /// CPU at once, as a busy worker and a busy client do, its gaps counted by length beside the
+    /// CPU's timer and other interrupts and the thread's preemptions. The tail no user-space
+    /// change lowers: a round trip meets a gap in about (gaps per second) / (round trips per
+    /// second) of its requests.
+    Noise(noise::NoiseArgs),
     /// One initiator writing to a running target as fast as its window allows, for a while;
     /// prints one JSON line. Used by ops/netns-incast.sh, one per network namespace.
     Load(LoadArgs),
@@ -203,6 +212,12 @@ fn main() {
         Command::Latency(args) => latency(&args, true),
         Command::Floor(args) => latency(&args, false),
         Command::Integrity(args) => integrity::run(&args),
+        Command::Noise(args) => {
+            if let Err(message) = noise::run(&args) {
+                eprintln!("netdam-bench noise: {message}");
+                std::process::exit(1);
+            }
+        }
         Command::Tenancy(args) => tenancy::run(&args),
         Command::Sim(args) => simulate(&args),
         Command::Throughput(args) => {
