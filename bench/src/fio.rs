@@ -45,6 +45,8 @@ const THROUGHPUT_DEPTH: usize = 32;
 /// How long a child server may take to accept its first connection.
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(10);
 const PATTERNS: [&str; 2] = ["randread", "randwrite"];
+/// How long the machine's noise is measured before each round (`netdam-bench noise`).
+const NOISE_SECONDS: f64 = 2.0;
 
 /// Settings of the fio comparison.
 #[derive(Debug, Clone, clap::Args)]
@@ -209,6 +211,9 @@ struct Run {
     goals: Vec<Goal>,
     /// The CPUs fio and the NBD servers ran on in the remote layout (`None`: not run).
     remote_cpus: Option<Vec<usize>>,
+    /// Per round measured, gaps of 20 µs or more a second that spinning threads met on every CPU
+    /// together before the round (`netdam-bench noise`): what sets the QD1 p99.9 here.
+    noise: Vec<f64>,
 }
 
 /// A child server, killed (and reaped) when dropped.
@@ -255,6 +260,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
         skipped: Vec::new(),
         goals: Vec::new(),
         remote_cpus: None,
+        noise: Vec::new(),
     };
     run.medium = if on_tmpfs {
         "a file mapping on tmpfs: memory, as volatile as nbdkit memory"
@@ -314,8 +320,10 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
 /// it ran.
 fn measure_round(args: &FioArgs, run: &mut Run, scratch: &Path) -> Result<Option<Vec<usize>>, String> {
     let wanted = |system: &str| args.systems.iter().any(|wanted| wanted == system);
-    // Before the target starts: its busy worker would take a core from the echo's two spinners.
+    // Before the target starts: its busy worker would take a core from the echo's two spinners
+    // (and from the noise's spinners, one per CPU).
     if wanted("engine") {
+        measure_noise(run);
         measure_floor(args, run);
     }
     let config = target_config(scratch, args.poll);
@@ -410,6 +418,30 @@ fn of_round(cases: &[Case], round: usize) -> Vec<Case> {
 fn end_rounds_early(run: &mut Run, failed: usize, asked: u32, reason: &str) {
     run.cases.retain(|case| case.round < failed);
     skip(&mut run.skipped, &crate::report::rounds_not_measured(failed, asked), reason);
+}
+
+/// What the machine takes from threads spinning on every CPU, as the floor's two parties and the
+/// engine's (fio's job and the target's worker) do: gaps of 20 µs or more a second, all CPUs
+/// together, into `run.noise`.
+fn measure_noise(run: &mut Run) {
+    match crate::noise::measure(&netdam_target::worker::allowed_cpus(), NOISE_SECONDS) {
+        Ok(cpus) => run.noise.push(cpus.iter().map(|cpu| cpu.gaps.at_least(20) as f64 / cpu.seconds).sum()),
+        Err(reason) => skip(&mut run.skipped, "the machine's noise", &reason),
+    }
+}
+
+/// For reference beside the QD1 p99.9 goal: the share of the engine's QD1 I/Os that a gap of
+/// 20 µs or more meets, per pattern: the median noise over the median QD1 rate (`None` where
+/// either was not measured). Above 0.1%, the p99.9 includes such a gap.
+fn noise_share(noise: &[f64], medians: &[Case]) -> Vec<(&'static str, Option<f64>)> {
+    let gaps_per_s = (!noise.is_empty()).then(|| crate::report::median(noise));
+    PATTERNS
+        .iter()
+        .map(|&pattern| {
+            let iops = find(medians, PLUGIN, "udp", pattern, LATENCY_DEPTH).map(|case| case.iops);
+            (pattern, gaps_per_s.zip(iops.filter(|&iops| iops > 0.0)).map(|(gaps, iops)| gaps / iops))
+        })
+        .collect()
 }
 
 /// Records that `what` was not measured and why (once, however many rounds find it so).
@@ -1148,6 +1180,11 @@ fn poll_description(poll: BlockPoll) -> String {
     format!("target worker {} polling, engine poll={}", format!("{poll:?}").to_lowercase(), engine_poll(poll))
 }
 
+/// The median cases without their round counts.
+fn medians_only(run: &Run) -> Vec<Case> {
+    run.medians.iter().map(|(case, _)| case.clone()).collect()
+}
+
 fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
     let cases: Vec<_> = run.medians.iter().map(|(case, rounds)| case.to_json(("rounds", *rounds))).collect();
     let round_cases: Vec<_> = run.cases.iter().map(|case| case.to_json(("round", case.round))).collect();
@@ -1163,6 +1200,8 @@ fn report_json(args: &FioArgs, run: &Run) -> serde_json::Value {
            "remote_layout_cpus": run.remote_cpus,
            "engine_qd1_p999_over_floor": floor_ratios(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
            "floor_qd1_p999_over_nbdkit_tcp": floor_over_nbdkit(&run.cases).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+           "noise": {"seconds": NOISE_SECONDS, "gaps_from_20us_per_s_rounds": run.noise,
+                     "engine_qd1_share": noise_share(&run.noise, &medians_only(run)).into_iter().collect::<std::collections::BTreeMap<_, _>>()},
            "note": "goals are ratios of cases measured in the same round, the median of the rounds' ratios (round_ratios); cases give each figure's median over the rounds (round_cases: every round's); absolute numbers hold for this machine only; see namespace.medium for whether netdam's writes are as volatile as nbdkit memory's"})
 }
 
@@ -1259,6 +1298,22 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         listed(floor_ratios(&run.cases)),
         listed(floor_over_nbdkit(&run.cases))
     );
+    if !run.noise.is_empty() {
+        let (low, high) =
+            run.noise.iter().fold((f64::MAX, 0.0f64), |(low, high), &gaps| (low.min(gaps), high.max(gaps)));
+        let shares = noise_share(&run.noise, &medians_only(run))
+            .into_iter()
+            .map(|(pattern, share)| {
+                format!("{pattern} {}", share.map_or("-".to_string(), |share| format!("{:.2}%", share * 100.0)))
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            text,
+            "\nThe machine's noise (`netdam-bench noise`, {NOISE_SECONDS} s with a thread spinning on every CPU before each round): gaps of 20 µs or more, {:.0} a second over the CPUs together (median; {low:.0}–{high:.0}). At the engine's QD1 rate they meet about {shares} of its I/Os; where that is above 0.1%, its p99.9 includes one.",
+            crate::report::median(&run.noise),
+        );
+    }
     if !run.skipped.is_empty() {
         text.push_str("\nSkipped:\n\n");
         for reason in &run.skipped {
@@ -1451,6 +1506,24 @@ mod tests {
         goals.iter().find(|goal| goal.name == name && goal.pattern == pattern)
     }
 
+    /// The noise's median over the engine's QD1 rate, per pattern; nothing where either is missing.
+    #[test]
+    fn the_noise_is_set_against_the_engines_depth_1_rate() {
+        let at_depth_1 =
+            |system, socket, pattern, iops| Case { depth: LATENCY_DEPTH, ..case(system, socket, pattern, iops) };
+        let medians = [
+            at_depth_1(PLUGIN, "udp", "randread", 80_000.0),
+            // The engine's depth 32 and nbdkit's depth 1 are not the rate asked for.
+            case(PLUGIN, "udp", "randwrite", 200_000.0),
+            at_depth_1(NBDKIT, "tcp", "randwrite", 20_000.0),
+        ];
+        let shares = noise_share(&[200.0, 400.0, 300.0], &medians);
+        assert_eq!(shares[0].0, "randread");
+        assert!((shares[0].1.expect("reads measured") - 300.0 / 80_000.0).abs() < 1e-12, "{shares:?}");
+        assert_eq!(shares[1], ("randwrite", None), "no engine case at depth 1 for writes");
+        assert_eq!(noise_share(&[], &medians), [("randread", None), ("randwrite", None)]);
+    }
+
     #[test]
     fn a_failed_late_round_keeps_the_rounds_before_it() {
         let mut run = Run {
@@ -1465,6 +1538,7 @@ mod tests {
             skipped: Vec::new(),
             goals: Vec::new(),
             remote_cpus: None,
+            noise: Vec::new(),
         };
         end_rounds_early(&mut run, 2, 5, "nbdkit did not start");
         assert_eq!(run.cases.iter().map(|case| case.round).collect::<Vec<_>>(), [0, 1]);
