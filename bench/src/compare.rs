@@ -1,5 +1,5 @@
 //! `netdam-bench compare OLD.json NEW.json`: the regression guard. Two reports of the same kind
-//! (latency, throughput, block, fio) are flattened into named figures, and each figure's change
+//! (latency, throughput, block, fio, noise) are flattened into named figures, and each figure's change
 //! is printed; figures of merit (latency percentiles, rates, ratios to a floor or a peer) that
 //! moved past the threshold are flagged, as worse or better where the figure says which way is
 //! good. It compares measurements, so it is a report, not a test: by default it exits 0 whatever
@@ -30,8 +30,10 @@ pub struct CompareArgs {
 }
 
 /// Fields that say which case an array element is, not what was measured.
-const IDENTITY_FIELDS: &[&str] =
-    &["system", "socket", "rw", "pattern", "op", "poll", "bytes", "size", "depth", "batch", "sessions", "goal", "name"];
+const IDENTITY_FIELDS: &[&str] = &[
+    "system", "socket", "rw", "pattern", "op", "poll", "bytes", "size", "depth", "batch", "sessions", "goal", "name",
+    "cpu",
+];
 
 /// Which way a figure is good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +55,10 @@ fn merit(field: &str) -> Option<Better> {
         return Some(Better::Lower);
     }
     if latency && field.ends_with("_ratio") {
+        return Some(Better::Lower);
+    }
+    // The machine's noise: gaps a spinning thread met, and the time it lost to them.
+    if (field.starts_with("gaps") && field.ends_with("_per_s")) || field == "lost_share" {
         return Some(Better::Lower);
     }
     if field.contains("iops") || field.contains("ops_per_s") || field.contains("bytes_per_s") {
@@ -272,6 +278,20 @@ mod tests {
         let faster = figures(json!({"cases": [{"system": "x", "p99_ns": 50, "iops": 2000}]}));
         let (changes, _) = compare(&old, &faster, 0.10, false);
         assert!(changes.iter().all(|change| change.flag == "better"), "{changes:?}");
+    }
+
+    /// A noise report's CPUs are matched by number, not place; more gaps or more time lost is worse.
+    #[test]
+    fn noise_reports_compare_cpu_by_cpu_and_more_gaps_are_worse() {
+        let cpu = |cpu: u64, gaps_per_s: f64, lost_share: f64| json!({"cpu": cpu, "gaps_from_20us_per_s": gaps_per_s, "lost_share": lost_share, "loops": 1_000});
+        let old = figures(json!({"cpus": [cpu(0, 100.0, 0.01), cpu(1, 100.0, 0.01)]}));
+        let new = figures(json!({"cpus": [cpu(1, 300.0, 0.01)]}));
+        let (changes, unmatched) = compare(&old, &new, 0.10, false);
+        let flag = |name: &str| changes.iter().find(|change| change.name == name).map(|change| change.flag);
+        assert_eq!(flag("cpus[cpu=1].gaps_from_20us_per_s"), Some("worse"), "{changes:?}");
+        assert_eq!(flag("cpus[cpu=1].lost_share"), Some(""));
+        assert_eq!(flag("cpus[cpu=1].loops"), None, "not a figure of merit");
+        assert!(unmatched.iter().any(|name| name.contains("cpu=0")), "{unmatched:?}");
     }
 
     #[test]
