@@ -12,7 +12,14 @@
 //! spinning thread (docs/DECISIONS.md, "What a spinning CPU loses").
 
 use std::path::PathBuf;
-use std::sync::{Arc, Barrier};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// The spinning threads' start signal: wait, go, or leave without measuring (a thread for another
+/// CPU could not be started).
+const WAIT: u8 = 0;
+const GO: u8 = 1;
+const ABORT: u8 = 2;
 
 /// `netdam-bench noise`.
 #[derive(Debug, Clone, clap::Args)]
@@ -162,21 +169,30 @@ pub fn measure(cpus: &[usize], seconds: f64) -> Result<Vec<CpuNoise>, String> {
     if let Some(cpu) = cpus.iter().find(|cpu| !allowed.contains(cpu)) {
         return Err(format!("CPU {cpu} is not one this process may run on (it may use {allowed:?})"));
     }
+    if let Some(cpu) = cpus.iter().enumerate().find_map(|(index, cpu)| cpus[..index].contains(cpu).then_some(cpu)) {
+        // Two spinners on one CPU would take turns and count each other's turns as gaps.
+        return Err(format!("CPU {cpu} is listed twice in --cpus"));
+    }
     let spin_ns = (seconds * 1e9) as u64;
     // Every thread pins itself, then all start together: each meets the others spinning.
-    let start = Arc::new(Barrier::new(cpus.len() + 1));
-    let threads: Vec<_> = cpus
-        .iter()
-        .map(|&cpu| {
-            let start = start.clone();
-            std::thread::Builder::new()
-                .name(format!("noise-cpu{cpu}"))
-                .spawn(move || spin(cpu, spin_ns, &start))
-                .map_err(|error| format!("starting a thread for CPU {cpu}: {error}"))
-        })
-        .collect::<Result<_, _>>()?;
+    let start = Arc::new(AtomicU8::new(WAIT));
+    let mut threads = Vec::with_capacity(cpus.len());
+    for &cpu in cpus {
+        let signal = start.clone();
+        match std::thread::Builder::new().name(format!("noise-cpu{cpu}")).spawn(move || spin(cpu, spin_ns, &signal)) {
+            Ok(thread) => threads.push(thread),
+            Err(error) => {
+                // The threads started so far leave instead of waiting for ever.
+                start.store(ABORT, Ordering::Release);
+                for thread in threads {
+                    let _ = thread.join();
+                }
+                return Err(format!("starting a thread for CPU {cpu}: {error}"));
+            }
+        }
+    }
     let before = read_interrupts();
-    start.wait();
+    start.store(GO, Ordering::Release);
     let mut results = Vec::with_capacity(threads.len());
     for thread in threads {
         results.push(thread.join().map_err(|_| "a spinning thread panicked".to_string())?);
@@ -196,13 +212,16 @@ pub fn measure(cpus: &[usize], seconds: f64) -> Result<Vec<CpuNoise>, String> {
 }
 
 /// One spinning thread: pinned to `cpu`, it reads the clock in a loop for `spin_ns` once `start`
-/// lets it.
-fn spin(cpu: usize, spin_ns: u64, start: &Barrier) -> Result<CpuNoise, String> {
-    let pinned =
-        netdam_target::worker::set_affinity(&[cpu]).map_err(|error| format!("pinning a thread to CPU {cpu}: {error}"));
-    // Wait at the barrier either way, so that a refused CPU does not leave the others waiting.
-    start.wait();
-    pinned?;
+/// says go.
+fn spin(cpu: usize, spin_ns: u64, start: &AtomicU8) -> Result<CpuNoise, String> {
+    netdam_target::worker::set_affinity(&[cpu]).map_err(|error| format!("pinning a thread to CPU {cpu}: {error}"))?;
+    loop {
+        match start.load(Ordering::Acquire) {
+            GO => break,
+            ABORT => return Err("not started".into()),
+            _ => std::thread::yield_now(),
+        }
+    }
     // SAFETY: gettid takes no argument and cannot fail.
     let thread_id = unsafe { libc::gettid() } as u32;
     let preempted =
@@ -364,11 +383,13 @@ mod tests {
         );
     }
 
-    /// A CPU the process may not use is refused by name, and nothing hangs.
+    /// A CPU the process may not use, or one listed twice, is refused by name, and nothing hangs.
     #[test]
     fn a_cpu_out_of_reach_is_named() {
         let error = measure(&[4_000], 0.01).expect_err("no machine here has CPU 4000");
         assert!(error.contains("CPU 4000"), "{error}");
+        let error = measure(&[0, 0], 0.01).expect_err("one CPU twice");
+        assert!(error.contains("CPU 0 is listed twice"), "{error}");
         let error = measure(&[0], 0.0).expect_err("no time to spin");
         assert!(error.contains("--seconds"), "{error}");
     }
