@@ -156,6 +156,7 @@ impl AsyncClient {
             connecting: Some(established),
             block_bytes: Vec::new(),
             metrics,
+            silent_since: None,
         };
         tokio::spawn(driver.run(receiver));
         let mut answer = answer;
@@ -333,6 +334,9 @@ struct Driver {
     connecting: Option<oneshot::Sender<Result<HelloAnswer, ClientError>>>,
     /// Where completions are recorded, when the process serves `/metrics`.
     metrics: Option<Arc<SessionMetrics>>,
+    /// When the target was last heard before a silence the task warned of, until it is heard
+    /// again (`note_silence`).
+    silent_since: Option<Instant>,
 }
 
 /// Instructions one datagram of packed commands carries at most.
@@ -447,6 +451,7 @@ impl Driver {
             let now = self.clock.now();
             self.session.handle_timeout(now);
             self.answer_completed(now);
+            self.note_silence(now);
             if let Some(metrics) = &self.metrics {
                 metrics.update(&self.session.stats());
             }
@@ -463,6 +468,32 @@ impl Driver {
                     }
                 }
             }
+        }
+    }
+
+    /// Says in the log when a target heard before goes silent for `HELLO_PATIENCE_NOTICE` with
+    /// requests outstanding (a paused host, a restart, a lost path: the requests are retried
+    /// meanwhile), and when it is heard again, with how long it was silent. The timers of the
+    /// outstanding requests wake the task at least every `max_rto`, so the line comes at most
+    /// that late.
+    fn note_silence(&mut self, now: Instant) {
+        let Some(heard) = self.session.last_heard() else { return };
+        let ms = |duration: Duration| duration.as_nanos() / 1_000_000;
+        match self.silent_since {
+            Some(since) if heard > since => {
+                tracing::info!(target = %self.addr, "the target answers again after {} ms of silence", ms(heard.saturating_since(since)));
+                self.silent_since = None;
+            }
+            None if self.session.in_flight() > 0 && now.saturating_since(heard) >= HELLO_PATIENCE_NOTICE => {
+                tracing::warn!(
+                    target = %self.addr,
+                    requests = self.session.in_flight(),
+                    "no answer from the target for {} ms; still trying (a request fails once it has waited out the session's patience)",
+                    ms(now.saturating_since(heard))
+                );
+                self.silent_since = Some(heard);
+            }
+            _ => {}
         }
     }
 

@@ -180,8 +180,9 @@ pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>) -> i
 /// within this much (`Client::progress`).
 const TIGHT_SPIN: Duration = Duration::from_micros(5);
 
-/// How long a HELLO (or a request without a session) may go unanswered before the client says
-/// that it is still trying (its attempts last about half a minute, 11 s without a session).
+/// How long the target may be silent to a waiting client before it says that it is still
+/// trying (a HELLO's attempts last about 11 s; a request's last `SessionConfig::min_patience`,
+/// which `netdam`'s commands set to half a minute).
 pub(crate) const HELLO_PATIENCE_NOTICE: Duration = Duration::from_millis(2_000);
 
 /// Says that the target at `addr` has not answered yet, and what to check.
@@ -306,11 +307,16 @@ impl Client {
     }
 
     /// As `pump`, waking at `notice_at` (if given) to say once that the target has not
-    /// answered yet: a command that waits on a silent address says why.
+    /// answered yet: a command that waits on a silent address says why. Not while the target
+    /// is heard from: a request it is slow to answer (a device it says it still works on) is
+    /// no silence, so the notice waits for `HELLO_PATIENCE_NOTICE` after the last datagram.
     fn pump_noticing_silence(&mut self, notice_at: Option<Instant>) -> Result<(), ClientError> {
-        let notice_at = notice_at.filter(|_| !self.silence_noticed);
-        self.pump_within(notice_at)?;
-        if notice_at.is_some_and(|at| self.clock.now() >= at) {
+        let heard_until = |client: &Client| client.session.last_heard().map(|heard| heard + HELLO_PATIENCE_NOTICE);
+        let due =
+            notice_at.filter(|_| !self.silence_noticed).map(|at| heard_until(self).map_or(at, |until| at.max(until)));
+        self.pump_within(due)?;
+        let now = self.clock.now();
+        if due.is_some_and(|at| now >= at) && heard_until(self).is_none_or(|until| now >= until) {
             self.silence_noticed = true;
             warn_still_trying(self.info.addr);
         }
@@ -412,10 +418,11 @@ impl Client {
         }
     }
 
-    /// Waits for the answer to `ticket`. Without a session (PING, STAT) the target may not
-    /// have been heard from at all: after `HELLO_PATIENCE_NOTICE` the client says it still waits.
+    /// Waits for the answer to `ticket`. A target silent for `HELLO_PATIENCE_NOTICE` (not
+    /// heard from at all, or not since a pause of its host) gets a warning that the client
+    /// still waits, once per client.
     pub fn wait(&mut self, ticket: Ticket) -> Result<Reply, ClientError> {
-        let notice_at = (self.session.id() == 0).then(|| self.clock.now() + HELLO_PATIENCE_NOTICE);
+        let notice_at = Some(self.clock.now() + HELLO_PATIENCE_NOTICE);
         loop {
             if let Some(result) = self.take_token(ticket.0) {
                 return result;

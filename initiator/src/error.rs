@@ -17,7 +17,7 @@ pub enum ClientError {
     #[error("socket error: {0}")]
     Io(#[from] io::Error),
     /// An idempotent request got no answer after every attempt.
-    #[error("no answer after {attempts} attempts: the target is down or unreachable")]
+    #[error("no answer after {attempts} attempt(s): the target is down or unreachable")]
     TimedOut {
         /// Transmissions made.
         attempts: u32,

@@ -586,6 +586,12 @@ impl Session {
         self.established.take()
     }
 
+    /// When the target was last heard from (any datagram of it taken: an answer, a notice),
+    /// if ever.
+    pub fn last_heard(&self) -> Option<Instant> {
+        self.last_heard
+    }
+
     /// Whether a HELLO exchange is under way.
     pub fn is_establishing(&self) -> bool {
         self.hello.is_some()

@@ -42,6 +42,12 @@ pub struct SwiftConfig {
     pub initial_window: f64,
     /// Consecutive timeouts after which the window drops to the minimum.
     pub timeouts_to_reset: u32,
+    /// Longest gap that pacing (below a window of one) puts between two sends. A target that
+    /// was silent for seconds (a paused host) answers with round trips of seconds; the smoothed
+    /// RTT takes them in while the window sits at its minimum, and RTT / window would then hold
+    /// the next request for minutes, though a single answer under the target lifts the window
+    /// back above one.
+    pub max_pacing_gap: Duration,
 }
 
 impl Default for SwiftConfig {
@@ -60,6 +66,7 @@ impl Default for SwiftConfig {
             max_window: 256.0,
             initial_window: 1.0,
             timeouts_to_reset: 5,
+            max_pacing_gap: Duration::from_millis(100),
         }
     }
 }
@@ -162,7 +169,8 @@ impl Swift {
         let (Some(last), Some(rtt)) = (self.last_send, self.smoothed_rtt) else {
             return Ok(());
         };
-        let release = last + Duration::from_nanos((rtt.as_nanos() as f64 / window) as u64);
+        let gap = Duration::from_nanos((rtt.as_nanos() as f64 / window) as u64).min(self.config.max_pacing_gap);
+        let release = last + gap;
         if now >= release {
             Ok(())
         } else {
@@ -392,6 +400,38 @@ mod tests {
         // rtt 20 µs / window 0.01 = 2 ms between requests.
         assert_eq!(swift.may_send(at_us(10_001), 0), Err(Some(at_us(12_000))));
         assert_eq!(swift.may_send(at_us(12_000), 0), Ok(()));
+    }
+
+    /// After a silence of seconds (a paused target), answers with round trips of seconds fill
+    /// the smoothed RTT while the window is at its minimum: pacing holds the next request for
+    /// `max_pacing_gap`, not RTT / window (minutes), and the first answer under the target lifts
+    /// the window above one again.
+    #[test]
+    fn a_paused_target_does_not_pace_the_next_request_for_minutes() {
+        let mut swift = Swift::new(SwiftConfig { initial_window: 1.0, ..SwiftConfig::default() });
+        for step in 1..=5 {
+            swift.on_timeout(at_us(step * 1000));
+        }
+        assert_eq!(swift.window(), SwiftConfig::default().min_window);
+        // Three answers to requests the paused target held for 8 s.
+        for answer in 0..3 {
+            swift.on_answer(
+                at_us(8_000_000 + answer),
+                Duration::from_millis(8_000),
+                Duration::ZERO,
+                Duration::ZERO,
+                0,
+                1,
+            );
+        }
+        let last_send = at_us(8_000_100);
+        swift.on_send(last_send);
+        // 8 s / 0.01 would be 800 s.
+        let gap = SwiftConfig::default().max_pacing_gap;
+        assert_eq!(swift.may_send(last_send, 0), Err(Some(last_send + gap)));
+        assert_eq!(swift.may_send(last_send + gap, 0), Ok(()));
+        swift.on_answer(last_send + gap, Duration::from_micros(20), Duration::from_micros(1), Duration::ZERO, 0, 1);
+        assert!(swift.window() > 1.0, "one answer under the target: {}", swift.window());
     }
 
     #[test]

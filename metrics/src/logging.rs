@@ -1,7 +1,15 @@
 //! Logs of the long-running processes: `tracing` to standard error, filtered like `RUST_LOG`,
 //! as text or as one JSON object per line.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
+
+/// Whether log lines may carry colour: only when standard error is a terminal. A log file, a
+/// pipe or journald would get the escape codes as text.
+fn colour() -> bool {
+    std::io::stderr().is_terminal()
+}
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -41,6 +49,7 @@ pub fn init_for_command() {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter_from_env_or("warn"))
+        .with_ansi(colour())
         .without_time()
         .with_target(false)
         .try_init();
@@ -48,7 +57,8 @@ pub fn init_for_command() {
 
 /// Installs the process's log subscriber (once; a second call does nothing).
 pub fn init(format: LogFormat) {
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter_from_env());
+    let builder =
+        tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter_from_env()).with_ansi(colour());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

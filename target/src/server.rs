@@ -49,6 +49,16 @@ pub enum StartError {
     /// The data directory could not be created.
     #[error("cannot create data directory {path}: {source}")]
     DataDir { path: PathBuf, source: io::Error },
+    /// Another target serves the data directory (holds its lock): two would write the same
+    /// regions and reserve the same nonces under the same keys.
+    #[error(
+        "another target{} serves the data directory {path}: stop it, or give this one a data directory of its own (--data-dir)",
+        match pid { Some(pid) => format!(" (pid {pid})"), None => String::new() }
+    )]
+    DataDirInUse { path: PathBuf, pid: Option<u32> },
+    /// The data directory's lock file could not be opened.
+    #[error("cannot open the lock file {path}: {source}")]
+    Lock { path: PathBuf, source: io::Error },
     /// The listen address is taken or not ours.
     #[error("cannot listen on {addr}: {source}{hint}")]
     Bind { addr: SocketAddr, source: io::Error, hint: &'static str },
@@ -80,7 +90,7 @@ pub enum StartError {
 pub struct Target {
     local_addr: SocketAddr,
     // Held while the target runs: admin commands see it and say to restart the target.
-    _running: Option<RunningMarker>,
+    _running: RunningMarker,
     shared: Arc<Shared>,
     shutdown: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -117,6 +127,9 @@ impl Target {
         config.validate()?;
         let data_dir = config.data_dir()?;
         std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
+        // Before anything in the directory is opened: a second target would write the same
+        // regions and, worse, reserve the same nonces of the same keys (GCM nonce reuse).
+        let running = RunningMarker::take(&data_dir)?;
         if config.lock_memory {
             lock_process_memory();
         }
@@ -191,7 +204,7 @@ impl Target {
         let engine_name = engine.name();
         let mut target = Target {
             local_addr,
-            _running: RunningMarker::take(&data_dir),
+            _running: running,
             shared: shared.clone(),
             shutdown: shutdown.clone(),
             threads: Vec::new(),
@@ -529,19 +542,29 @@ struct RunningMarker {
 }
 
 impl RunningMarker {
-    fn take(data_dir: &std::path::Path) -> Option<RunningMarker> {
+    /// Takes the lock of `data_dir`, or says which target holds it.
+    fn take(data_dir: &std::path::Path) -> Result<RunningMarker, StartError> {
         use std::io::Write;
         use std::os::fd::AsRawFd;
         let path = data_dir.join(RUNNING_FILE);
-        let mut file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).ok()?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|source| StartError::Lock { path: path.clone(), source })?;
         // SAFETY: flock on an open descriptor has no memory effects.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            tracing::warn!(path = %path.display(), "another target serves this data directory too");
-            return None;
+            let error = io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(StartError::Lock { path, source: error });
+            }
+            let pid = std::fs::read_to_string(&path).ok().and_then(|text| text.trim().parse().ok());
+            return Err(StartError::DataDirInUse { path: data_dir.to_path_buf(), pid });
         }
         let _ = file.set_len(0);
         let _ = writeln!(file, "{}", std::process::id());
-        Some(RunningMarker { _file: file })
+        Ok(RunningMarker { _file: file })
     }
 }
 

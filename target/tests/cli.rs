@@ -770,3 +770,21 @@ fn an_export_that_cannot_listen_says_so_once() {
         assert!(message.contains(&format!("cannot listen on {listen}: ")), "{message}");
     }
 }
+
+/// `--target` takes a host name as well as an address; a name that does not resolve, or an
+/// address without a port, is refused before anything is sent, naming what was given.
+#[test]
+fn the_target_may_be_named_by_host_name() {
+    let test = start_vol_and_disk();
+    let port = test.target.local_addr().port();
+    let named =
+        netdam_command(test.dir.path()).args(["--target", &format!("localhost:{port}"), "regions"]).output().unwrap();
+    assert!(named.status.success(), "netdam --target localhost:{port}: {}", String::from_utf8_lossy(&named.stderr));
+    assert!(String::from_utf8_lossy(&named.stdout).contains("vol"), "{}", String::from_utf8_lossy(&named.stdout));
+    for (given, says) in [("no-such-host.invalid:7800", "cannot resolve"), ("localhost", "is not HOST:PORT")] {
+        let refused = netdam_command(test.dir.path()).args(["--target", given, "ping"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{given}: {stderr}");
+        assert!(stderr.contains(given) && stderr.contains(says), "{given}: {stderr}");
+    }
+}

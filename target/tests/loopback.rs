@@ -443,3 +443,23 @@ fn writes_to_a_volatile_region_are_not_held() {
     assert_eq!(value("answers_held"), 0);
     assert_eq!(value("group_commits"), 0);
 }
+
+/// A second target on a data directory another serves is refused before it opens anything
+/// there (two would write the same regions and reserve the same nonces of the same keys), with
+/// an error naming the directory and the holder; once the first stops, the directory is free.
+#[test]
+fn a_second_target_on_a_served_data_directory_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = common::test_config(dir.path(), vec![region("shared", 4096, true)]);
+    let first = netdam_target::Target::start(&config).expect("the first target starts");
+    let error = netdam_target::Target::start(&config).expect_err("a second target on the same directory");
+    let message = error.to_string();
+    assert!(
+        matches!(error, netdam_target::server::StartError::DataDirInUse { pid: Some(pid), .. } if pid == std::process::id()),
+        "{message}"
+    );
+    assert!(message.contains(&dir.path().display().to_string()) && message.contains("--data-dir"), "{message}");
+    first.stop();
+    let again = netdam_target::Target::start(&config).expect("the directory is free once the first target stopped");
+    again.stop();
+}

@@ -287,3 +287,83 @@ fn a_spinning_async_client_says_hello_again_after_a_restart() {
         client.close().await;
     });
 }
+
+/// A target whose host stops for seconds (SIGSTOP, as a paused VM) while a volume keeps 32
+/// reads in flight: the reads are retried through the silence, none fails, and once the target
+/// runs again the volume is back at work within seconds. By then Swift's window sits at its
+/// minimum and the first answers carry the pause in their round trips; pacing at RTT / window
+/// once held the next request for minutes, which hung `netdam nbd` for good.
+#[test]
+fn a_volume_rides_out_a_target_paused_for_seconds() {
+    const PAUSE: Duration = Duration::from_secs(8);
+    const READERS: usize = 32;
+    const PAUSED_BLOCKS: u64 = 1024;
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    std::fs::write(
+        dir.join(CONFIG),
+        format!(
+            "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"off\"\ndata_dir = \".\"\n\
+             poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\nauth = \"none\"\n\
+             [[namespace]]\nname = \"{NAMESPACE}\"\nbackend = \"file\"\npath = \"paused.img\"\nsize = \"4MiB\"\n"
+        ),
+    )
+    .unwrap();
+    let (daemon, addr, _) = start(dir, CONFIG);
+    let signal = |signal| {
+        // SAFETY: a signal to our own child, which has not been reaped (the daemon holds it).
+        assert_eq!(unsafe { libc::kill(daemon.pid() as libc::pid_t, signal) }, 0);
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let options = VolumeOptions { sessions: 1, client: patient_options() };
+        let volume = Arc::new(Volume::open(addr, NAMESPACE, options).await.expect("the volume opens"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let reads = Arc::new(AtomicU64::new(0));
+        let readers: Vec<_> = (0..READERS as u64)
+            .map(|reader| {
+                let (volume, stop, reads) = (volume.clone(), stop.clone(), reads.clone());
+                tokio::spawn(async move {
+                    let mut block = vec![0u8; BLOCK_BYTES];
+                    let mut index = reader;
+                    while !stop.load(Ordering::SeqCst) {
+                        index = (index * 7 + 13) % PAUSED_BLOCKS;
+                        volume
+                            .read(index * BLOCK_BYTES as u64, &mut block)
+                            .await
+                            .map_err(|error| format!("a read failed across the pause: {error}"))?;
+                        reads.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok::<(), String>(())
+                })
+            })
+            .collect();
+        let until = |count: u64, within: Duration| {
+            let reads = reads.clone();
+            async move {
+                let deadline = Instant::now() + within;
+                while reads.load(Ordering::SeqCst) < count {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{} reads, not {count}, within {within:?}",
+                        reads.load(Ordering::SeqCst)
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+        until(1_000, START_TIMEOUT).await;
+        signal(libc::SIGSTOP);
+        tokio::time::sleep(PAUSE).await;
+        signal(libc::SIGCONT);
+        let resumed = reads.load(Ordering::SeqCst);
+        // Seconds, where the stall was minutes.
+        until(resumed + 2_000, Duration::from_secs(20)).await;
+        stop.store(true, Ordering::SeqCst);
+        for reader in readers {
+            reader.await.expect("a reader task").expect("every read succeeds");
+        }
+    });
+    drop(daemon);
+}

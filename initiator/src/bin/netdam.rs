@@ -37,8 +37,9 @@ use ranges::{check_block_range, check_region_range};
 #[derive(Debug, Parser)]
 #[command(name = "netdam", version)]
 struct Cli {
-    /// Target address.
-    #[arg(long, global = true, env = "NETDAM_TARGET", default_value = "127.0.0.1:7800")]
+    /// Target address: HOST:PORT, where HOST is an IP address or a name (resolved once, at start;
+    /// the first address it has is used).
+    #[arg(long, global = true, env = "NETDAM_TARGET", default_value = "127.0.0.1:7800", value_parser = parse_target)]
     target: SocketAddr,
     /// The tenant's key file (written by `netdam-target tenant create`). Without it, the key of
     /// the default tenant of a target started here with its embedded default is used if
@@ -419,6 +420,20 @@ fn parse_interval(text: &str) -> Result<f64, String> {
     }
 }
 
+/// `--target`: an IP address and port, or a host name and port resolved now.
+fn parse_target(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if text.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
+        return Err(format!("{text:?} is not HOST:PORT (examples: 127.0.0.1:7800, [::1]:7800, storage1:7800)"));
+    }
+    use std::net::ToSocketAddrs;
+    let mut addrs =
+        text.to_socket_addrs().map_err(|error| format!("{text:?}: cannot resolve the host name: {error}"))?;
+    addrs.next().ok_or_else(|| format!("{text:?}: the host name has no address"))
+}
+
 fn parse_reconnect_timeout(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(seconds) if (0.0..=86_400.0).contains(&seconds) => Ok(seconds),
@@ -582,6 +597,10 @@ fn run(cli: &Cli) -> Result<(), String> {
     let mut options = ClientOptions::default();
     options.session.credentials = credentials;
     options.session.encrypt = cli.encrypt;
+    // Through a silent target (a paused host) or a restarting one, a command keeps trying for
+    // half a minute before it fails, as the export does by default (--reconnect-timeout).
+    options.session.min_patience = COMMAND_PATIENCE;
+    options.session.reconnect_patience = COMMAND_PATIENCE;
     let mut client =
         if sessionless { Client::sessionless(cli.target) } else { Client::connect_with(cli.target, options) }
             .map_err(text)?;
@@ -1037,6 +1056,9 @@ struct Observe {
 fn credentials(cli: &Cli) -> Result<Option<netdam_auth::Credentials>, String> {
     netdam_initiator::keys::resolve(cli.key.as_deref()).map_err(|error| format!("--key: {error}"))
 }
+
+/// How long a one-shot command's request is retried through a silent or restarting target.
+const COMMAND_PATIENCE: netdam_isa::Duration = netdam_isa::Duration::from_millis(30_000);
 
 /// The export's client settings: a request keeps being retried for `reconnect_timeout` after
 /// its first transmission, through silence and through refusals, so that a target restart
