@@ -486,6 +486,8 @@ fn the_start_line_names_the_settings_and_metrics_as_text_or_json() {
     assert!(metrics.starts_with("http://127.0.0.1:") && metrics.ends_with("/metrics"), "{json_line}");
     let text = first_log_line(&["--metrics-listen", "off"], &[]);
     assert!(text.contains("netdam-target started") && text.contains("metrics") && text.contains("off"), "{text}");
+    // Standard error is a pipe here, as it is to a log file or journald: no colour codes.
+    assert!(!text.contains('\u{1b}'), "escape codes in a log that is not a terminal: {text:?}");
     // RUST_LOG filters when NETDAM_LOG is unset: at warn, the info start line is not written.
     assert!(!first_log_line(&any_port, &[("RUST_LOG", "warn")]).contains("netdam-target started"));
     let both = [("RUST_LOG", "warn"), ("NETDAM_LOG", "info")];
