@@ -1111,6 +1111,22 @@ fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path
                     banner,
                     "  auth: tenants ({tenants} in the store: netdam-target tenant list); initiators pass --key FILE"
                 );
+                // Also when an earlier start created it and then failed (a port in use): the
+                // user was never told where its key is.
+                let has_default =
+                    target.tenants().load().1.iter().any(|tenant| tenant.name == tenant_admin::DEFAULT_TENANT);
+                let key = config
+                    .data_dir()
+                    .ok()
+                    .map(|dir| tenant_admin::default_key_file(&dir, tenant_admin::DEFAULT_TENANT));
+                if let Some(key) = key.filter(|key| has_default && key.is_file()) {
+                    let _ = writeln!(
+                        banner,
+                        "        the default tenant's key file: {} (netdam finds it on its own if this is the default \
+                         data directory)",
+                        key.display()
+                    );
+                }
             }
         }
     }

@@ -790,3 +790,32 @@ fn the_target_may_be_named_by_host_name() {
         assert!(stderr.contains(given) && stderr.contains(says), "{given}: {stderr}");
     }
 }
+
+/// A first start that fails after it created the default tenant (its port is taken) leaves the
+/// tenant and its key file; the next start names that key file in its banner, as the first
+/// would have.
+#[test]
+fn the_default_tenants_key_is_named_after_a_failed_first_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let first = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["--listen", &taken.local_addr().unwrap().to_string(), "--metrics-listen", "off", "--data-dir", data])
+        .args(["--poll", "blocking"])
+        .output()
+        .unwrap();
+    assert!(!first.status.success(), "the port is taken");
+    let key = dir.path().join("tenants/default.key");
+    assert!(key.is_file(), "the failed start created the default tenant's key file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir", data])
+        .args(["--poll", "blocking"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let banner = read_banner(&mut child);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(banner.contains(&format!("the default tenant's key file: {}", key.display())), "{banner}");
+}
