@@ -27,13 +27,27 @@ const OPERATIONS: u64 = 1_000_000;
 const PER_DATAGRAM: u64 = 4;
 const WINDOW: usize = 16;
 
+/// A target and its data directory of its own (a directory serves one target at a time).
+struct Served {
+    target: Target,
+    _data_dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Served {
+    type Target = Target;
+    fn deref(&self) -> &Target {
+        &self.target
+    }
+}
+
 /// A target on a loopback port (metrics on any free port: tests run many targets at once),
 /// serving one memory region, unauthenticated (these tests are about loss, not tenants).
-fn start(region: &str, size: u64, adjust: impl FnOnce(&mut Config)) -> Target {
+fn start(region: &str, size: u64, adjust: impl FnOnce(&mut Config)) -> Served {
+    let data_dir = tempfile::tempdir().unwrap();
     let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: Some(std::env::temp_dir()),
+        data_dir: Some(data_dir.path().to_path_buf()),
         poll: PollMode::Blocking,
         regions: vec![RegionConfig {
             name: region.into(),
@@ -45,7 +59,7 @@ fn start(region: &str, size: u64, adjust: impl FnOnce(&mut Config)) -> Target {
         ..Config::default()
     };
     adjust(&mut config);
-    Target::start(&config).unwrap()
+    Served { target: Target::start(&config).unwrap(), _data_dir: data_dir }
 }
 
 #[test]

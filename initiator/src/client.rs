@@ -315,8 +315,10 @@ impl Client {
         let due =
             notice_at.filter(|_| !self.silence_noticed).map(|at| heard_until(self).map_or(at, |until| at.max(until)));
         self.pump_within(due)?;
+        // No clock read without a notice due: this runs once per poll of every wait.
+        let Some(due) = due else { return Ok(()) };
         let now = self.clock.now();
-        if due.is_some_and(|at| now >= at) && heard_until(self).is_none_or(|until| now >= until) {
+        if now >= due && heard_until(self).is_none_or(|until| now >= until) {
             self.silence_noticed = true;
             warn_still_trying(self.info.addr);
         }
@@ -420,12 +422,18 @@ impl Client {
 
     /// Waits for the answer to `ticket`. A target silent for `HELLO_PATIENCE_NOTICE` (not
     /// heard from at all, or not since a pause of its host) gets a warning that the client
-    /// still waits, once per client.
+    /// still waits, once per client. Without a session (PING, STAT) the wait for the notice
+    /// starts at once; in a session, at its first retransmission during this wait, so that a
+    /// request answered in time (the request path) pays no clock read for it.
     pub fn wait(&mut self, ticket: Ticket) -> Result<Reply, ClientError> {
-        let notice_at = Some(self.clock.now() + HELLO_PATIENCE_NOTICE);
+        let mut notice_at = (self.session.id() == 0).then(|| self.clock.now() + HELLO_PATIENCE_NOTICE);
+        let retransmissions = self.session.retransmissions();
         loop {
             if let Some(result) = self.take_token(ticket.0) {
                 return result;
+            }
+            if notice_at.is_none() && self.session.retransmissions() != retransmissions {
+                notice_at = Some(self.clock.now() + HELLO_PATIENCE_NOTICE);
             }
             self.pump_noticing_silence(notice_at)?;
         }

@@ -592,6 +592,11 @@ impl Session {
         self.last_heard
     }
 
+    /// Datagrams sent again so far (a field read, for callers on the request path).
+    pub fn retransmissions(&self) -> u64 {
+        self.stats.retransmissions
+    }
+
     /// Whether a HELLO exchange is under way.
     pub fn is_establishing(&self) -> bool {
         self.hello.is_some()

@@ -271,13 +271,14 @@ fn a_missing_target_is_reported_as_such() {
     }
 }
 
-/// A target on `addr` with one anonymous region, as after a restart.
-fn start_at(addr: std::net::SocketAddr) -> netdam_target::Target {
+/// A target on `addr` with one anonymous region and its files in `data_dir`, as after a
+/// restart.
+fn start_at(addr: std::net::SocketAddr, data_dir: &std::path::Path) -> netdam_target::Target {
     let config = netdam_target::Config {
         listen: addr,
         // Metrics on, on any free port: tests and benchmarks run many targets at once.
         metrics_listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: Some(std::env::temp_dir()),
+        data_dir: Some(data_dir.to_path_buf()),
         poll: netdam_target::PollMode::Blocking,
         regions: vec![region("mem", 65536, false)],
         auth: netdam_target::AuthMode::None,
@@ -302,7 +303,9 @@ fn a_client_rejoins_a_restarted_target_and_resends_what_never_ran() {
     drop(first);
 
     // The new target knows no session: the client says HELLO again and resends the READ.
-    let second = start_at(addr);
+    // One target at a time on the directory, as a restarted target is.
+    let data_dir = tempfile::tempdir().unwrap();
+    let second = start_at(addr, data_dir.path());
     let reply = client.call(&[Op::read(0, 0, 6)]).unwrap();
     assert_eq!(reply.data(0).unwrap(), [0u8; 6], "a fresh anonymous region");
     assert_eq!(second.stats().get("answered_no_session"), Some(1));
@@ -310,7 +313,7 @@ fn a_client_rejoins_a_restarted_target_and_resends_what_never_ran() {
 
     // A FETCH_ADD whose only transmission was refused for want of a session never ran: it is
     // resent in the new session and applies exactly once.
-    let third = start_at(addr);
+    let third = start_at(addr, data_dir.path());
     assert_eq!(
         client.call(&[Op::fetch_add(0, 0, 1)]).and_then(|reply| reply.data(0).map(<[u8]>::to_vec)).unwrap(),
         0u64.to_le_bytes()
