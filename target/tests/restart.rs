@@ -41,6 +41,18 @@ const PATIENCE: netdam_isa::Duration = netdam_isa::Duration::from_millis(120_000
 /// The target's config file, in the test's directory.
 const CONFIG: &str = "restart.toml";
 
+/// Writes the target's config file into `dir`: a free loopback port (returned; restarts keep
+/// it), the directory as data directory, the test settings, then `rest` (settings and spaces).
+fn write_config(dir: &std::path::Path, rest: &str) -> u16 {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let common = format!(
+        "listen = \"127.0.0.1:{port}\"\ndata_dir = \".\"\npoll = \"blocking\"\npin_workers = false\nlock_memory = false\n\
+         busy_threshold_us = 60000\nauth = \"none\"\n"
+    );
+    std::fs::write(dir.join(CONFIG), common + rest).unwrap();
+    port
+}
+
 fn patient_options() -> ClientOptions {
     let mut options = ClientOptions::default();
     options.session.min_patience = PATIENCE;
@@ -144,16 +156,10 @@ fn clients_and_volumes_ride_out_target_restarts_under_load() {
     let home = tempfile::tempdir().unwrap();
     let dir = home.path();
     // A free port, kept by every restart.
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    std::fs::write(
-        dir.join(CONFIG),
-        format!(
-            "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"127.0.0.1:0\"\ndata_dir = \".\"\nworkers = 2\n\
-             poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\nauth = \"none\"\n\
-             [[region]]\nname = \"scratch\"\nbackend = \"mem\"\nsize = \"1MiB\"\n"
-        ),
-    )
-    .unwrap();
+    let port = write_config(
+        dir,
+        "metrics_listen = \"127.0.0.1:0\"\nworkers = 2\n[[region]]\nname = \"scratch\"\nbackend = \"mem\"\nsize = \"1MiB\"\n",
+    );
     admin(
         dir,
         CONFIG,
@@ -300,16 +306,13 @@ fn a_volume_rides_out_a_target_paused_for_seconds() {
     const PAUSED_BLOCKS: u64 = 1024;
     let home = tempfile::tempdir().unwrap();
     let dir = home.path();
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    std::fs::write(
-        dir.join(CONFIG),
-        format!(
-            "listen = \"127.0.0.1:{port}\"\nmetrics_listen = \"off\"\ndata_dir = \".\"\n\
-             poll = \"blocking\"\npin_workers = false\nlock_memory = false\nbusy_threshold_us = 60000\nauth = \"none\"\n\
+    write_config(
+        dir,
+        &format!(
+            "metrics_listen = \"off\"\n\
              [[namespace]]\nname = \"{NAMESPACE}\"\nbackend = \"file\"\npath = \"paused.img\"\nsize = \"4MiB\"\n"
         ),
-    )
-    .unwrap();
+    );
     let (daemon, addr, _) = start(dir, CONFIG);
     let signal = |signal| {
         // SAFETY: a signal to our own child, which has not been reaped (the daemon holds it).
