@@ -127,7 +127,8 @@ impl CpuNoise {
 
 /// Interrupt counts per CPU from the text of `/proc/interrupts`: `(cpu, local timer, every
 /// kind)`. The header names the CPU of each column (offline CPUs have none); a row counts when it
-/// has a number for every column (rows such as `ERR:` have one in all and are left out).
+/// has a number for every column. `ERR:` and `MIS:` are machine-wide totals (one number, which
+/// on a one-CPU machine would pass for a column) and are left out.
 pub fn parse_interrupts(text: &str) -> Vec<(usize, u64, u64)> {
     let mut lines = text.lines();
     let Some(header) = lines.next() else { return Vec::new() };
@@ -138,6 +139,9 @@ pub fn parse_interrupts(text: &str) -> Vec<(usize, u64, u64)> {
     for line in lines {
         let mut fields = line.split_whitespace();
         let Some(label) = fields.next() else { continue };
+        if matches!(label, "ERR:" | "MIS:") {
+            continue;
+        }
         let counts: Vec<u64> = fields.take(cpus.len()).map_while(|field| field.parse().ok()).collect();
         if counts.len() != cpus.len() {
             continue;
@@ -359,6 +363,9 @@ mod tests {
                     ERR:          3\n";
         assert_eq!(parse_interrupts(text), [(0, 1000, 1041), (2, 2500, 2531)]);
         assert_eq!(parse_interrupts(""), []);
+        // One CPU: the machine-wide totals have as many numbers as there are columns.
+        let one = "           CPU0\nLOC:        500   Local timer interrupts\nERR:          9\nMIS:          1\n";
+        assert_eq!(parse_interrupts(one), [(0, 500, 500)]);
     }
 
     /// A short run on every CPU this process may use: each CPU reported once, in order, with
@@ -388,9 +395,10 @@ mod tests {
     fn a_cpu_out_of_reach_is_named() {
         let error = measure(&[4_000], 0.01).expect_err("no machine here has CPU 4000");
         assert!(error.contains("CPU 4000"), "{error}");
-        let error = measure(&[0, 0], 0.01).expect_err("one CPU twice");
-        assert!(error.contains("CPU 0 is listed twice"), "{error}");
-        let error = measure(&[0], 0.0).expect_err("no time to spin");
+        let cpu = netdam_target::worker::allowed_cpus()[0];
+        let error = measure(&[cpu, cpu], 0.01).expect_err("one CPU twice");
+        assert!(error.contains(&format!("CPU {cpu} is listed twice")), "{error}");
+        let error = measure(&[cpu], 0.0).expect_err("no time to spin");
         assert!(error.contains("--seconds"), "{error}");
     }
 }

@@ -484,14 +484,21 @@ impl Driver {
                 tracing::info!(target = %self.addr, "the target answers again after {} ms of silence", ms(heard.saturating_since(since)));
                 self.silent_since = None;
             }
+            // Cheap test first; the walk over the window only once the target has not been
+            // heard for that long (an export idle for a while has not, yet is not waiting).
             None if self.session.in_flight() > 0 && now.saturating_since(heard) >= HELLO_PATIENCE_NOTICE => {
-                tracing::warn!(
-                    target = %self.addr,
-                    requests = self.session.in_flight(),
-                    "no answer from the target for {} ms; still trying (a request fails once it has waited out the session's patience)",
-                    ms(now.saturating_since(heard))
-                );
-                self.silent_since = Some(heard);
+                // Silent since the last answer or since the oldest request waiting left, if
+                // that was later: an idle export's first request has waited only since then.
+                let since = self.session.oldest_first_sent().map_or(heard, |sent| sent.max(heard));
+                if now.saturating_since(since) >= HELLO_PATIENCE_NOTICE {
+                    tracing::warn!(
+                        target = %self.addr,
+                        requests = self.session.in_flight(),
+                        "no answer from the target for {} ms; still trying (a request fails once it has waited out the session's patience)",
+                        ms(now.saturating_since(since))
+                    );
+                    self.silent_since = Some(since);
+                }
             }
             _ => {}
         }

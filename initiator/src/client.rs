@@ -181,8 +181,8 @@ pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>) -> i
 const TIGHT_SPIN: Duration = Duration::from_micros(5);
 
 /// How long the target may be silent to a waiting client before it says that it is still
-/// trying (a HELLO's attempts last about 11 s; a request's last `SessionConfig::min_patience`,
-/// which `netdam`'s commands set to half a minute).
+/// trying (a request's attempts, the HELLO's included, last `SessionConfig::min_patience`: 5 s
+/// and the back-off after it by default, half a minute for `netdam`'s commands).
 pub(crate) const HELLO_PATIENCE_NOTICE: Duration = Duration::from_millis(2_000);
 
 /// Says that the target at `addr` has not answered yet, and what to check.
@@ -264,6 +264,11 @@ impl Client {
     /// at the target, and works even when the target's session table is full.
     pub fn sessionless(addr: SocketAddr) -> Result<Client, ClientError> {
         Client::unestablished(addr, ClientOptions::default())
+    }
+
+    /// As [`Client::sessionless`], with `options` (its patience, its polling).
+    pub fn sessionless_with(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
+        Client::unestablished(addr, options)
     }
 
     fn unestablished(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {

@@ -592,6 +592,12 @@ impl Session {
         self.last_heard
     }
 
+    /// When the longest-waiting request still outstanding first left, if one has (a walk over
+    /// the window: for a caller that has found the target silent, not for the request path).
+    pub fn oldest_first_sent(&self) -> Option<Instant> {
+        self.requests.iter().filter_map(|request| request.first_sent_at).min()
+    }
+
     /// Datagrams sent again so far (a field read, for callers on the request path).
     pub fn retransmissions(&self) -> u64 {
         self.stats.retransmissions

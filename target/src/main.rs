@@ -1025,6 +1025,12 @@ fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
         return Ok(None);
     }
     let data_dir = config.data_dir().map_err(|error| error.to_string())?;
+    // Not in a directory another target serves: its start would be refused (`Target::start`
+    // holds the lock), after this had written a tenant and a key file into the other's store.
+    if let Some(pid) = running_target(&data_dir) {
+        return Err(netdam_target::StartError::DataDirInUse { path: data_dir, pid: Some(pid).filter(|&pid| pid != 0) }
+            .to_string());
+    }
     std::fs::create_dir_all(&data_dir)
         .map_err(|error| format!("cannot create the data directory {}: {error}", data_dir.display()))?;
     tenant_admin::ensure_default_tenant(&data_dir).map_err(|error| error.to_string())

@@ -535,6 +535,10 @@ fn lock_process_memory() {
 /// File in the data directory a running target holds locked.
 pub const RUNNING_FILE: &str = "target.lock";
 
+/// Tries at taking the data directory's lock, 10 ms apart, before another target is said to
+/// hold it.
+const LOCK_TRIES: u32 = 10;
+
 /// An exclusive `flock` on the data directory's `target.lock`, holding the target's pid.
 #[derive(Debug)]
 struct RunningMarker {
@@ -553,14 +557,22 @@ impl RunningMarker {
             .write(true)
             .open(&path)
             .map_err(|source| StartError::Lock { path: path.clone(), source })?;
+        // An admin command looking for a running target holds a shared lock for an instant
+        // (`running_target`): a start that meets it tries again before it calls the directory
+        // served.
+        let mut tries = 0;
         // SAFETY: flock on an open descriptor has no memory effects.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let error = io::Error::last_os_error();
             if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
                 return Err(StartError::Lock { path, source: error });
             }
-            let pid = std::fs::read_to_string(&path).ok().and_then(|text| text.trim().parse().ok());
-            return Err(StartError::DataDirInUse { path: data_dir.to_path_buf(), pid });
+            tries += 1;
+            if tries == LOCK_TRIES {
+                let pid = std::fs::read_to_string(&path).ok().and_then(|text| text.trim().parse().ok());
+                return Err(StartError::DataDirInUse { path: data_dir.to_path_buf(), pid });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
         let _ = file.set_len(0);
         let _ = writeln!(file, "{}", std::process::id());

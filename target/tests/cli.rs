@@ -819,3 +819,31 @@ fn the_default_tenants_key_is_named_after_a_failed_first_start() {
     let _ = child.wait();
     assert!(banner.contains(&format!("the default tenant's key file: {}", key.display())), "{banner}");
 }
+
+/// A second target on a data directory another serves is refused before it writes anything
+/// there: with tenants required it would first have created the default tenant and its key
+/// file in the other's store.
+#[test]
+fn a_second_target_on_a_served_directory_writes_nothing_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let mut first = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir", data, "--auth", "none"])
+        .args(["--poll", "blocking"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    read_banner(&mut first);
+    let second = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir", data, "--auth", "tenants"])
+        .args(["--poll", "blocking"])
+        .output()
+        .unwrap();
+    let _ = first.kill();
+    let _ = first.wait();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "a second target started: {stderr}");
+    assert!(stderr.contains("another target") && stderr.contains(data) && stderr.contains("--data-dir"), "{stderr}");
+    assert!(!dir.path().join("tenants").exists(), "the refused target wrote a tenant into the served directory");
+}

@@ -37,8 +37,8 @@ use ranges::{check_block_range, check_region_range};
 #[derive(Debug, Parser)]
 #[command(name = "netdam", version)]
 struct Cli {
-    /// Target address: HOST:PORT, where HOST is an IP address or a name (resolved once, at start;
-    /// the first address it has is used).
+    /// Target address: HOST:PORT, where HOST is an IP address or a name (resolved once, at start:
+    /// its first IPv4 address, or its first address if it has no IPv4 one).
     #[arg(long, global = true, env = "NETDAM_TARGET", default_value = "127.0.0.1:7800", value_parser = parse_target)]
     target: SocketAddr,
     /// The tenant's key file (written by `netdam-target tenant create`). Without it, the key of
@@ -429,9 +429,16 @@ fn parse_target(text: &str) -> Result<SocketAddr, String> {
         return Err(format!("{text:?} is not HOST:PORT (examples: 127.0.0.1:7800, [::1]:7800, storage1:7800)"));
     }
     use std::net::ToSocketAddrs;
-    let mut addrs =
-        text.to_socket_addrs().map_err(|error| format!("{text:?}: cannot resolve the host name: {error}"))?;
-    addrs.next().ok_or_else(|| format!("{text:?}: the host name has no address"))
+    let addrs: Vec<SocketAddr> =
+        text.to_socket_addrs().map_err(|error| format!("{text:?}: cannot resolve the host name: {error}"))?.collect();
+    // A target listens on IPv4 unless told otherwise, and a name with both (`localhost` is
+    // ::1 first on many systems) would otherwise send to a port nobody listens on.
+    addrs
+        .iter()
+        .find(|addr| addr.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{text:?}: the host name has no address"))
 }
 
 fn parse_reconnect_timeout(text: &str) -> Result<f64, String> {
@@ -601,9 +608,12 @@ fn run(cli: &Cli) -> Result<(), String> {
     // half a minute before it fails, as the export does by default (--reconnect-timeout).
     options.session.min_patience = COMMAND_PATIENCE;
     options.session.reconnect_patience = COMMAND_PATIENCE;
-    let mut client =
-        if sessionless { Client::sessionless(cli.target) } else { Client::connect_with(cli.target, options) }
-            .map_err(text)?;
+    let mut client = if sessionless {
+        Client::sessionless_with(cli.target, options)
+    } else {
+        Client::connect_with(cli.target, options)
+    }
+    .map_err(text)?;
     match &cli.command {
         Command::Ping { count } => {
             for _ in 0..*count {
