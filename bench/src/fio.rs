@@ -425,7 +425,7 @@ fn end_rounds_early(run: &mut Run, failed: usize, asked: u32, reason: &str) {
 /// together, into `run.noise`.
 fn measure_noise(run: &mut Run) {
     match crate::noise::measure(&netdam_target::worker::allowed_cpus(), NOISE_SECONDS) {
-        Ok(cpus) => run.noise.push(cpus.iter().map(|cpu| cpu.gaps.at_least(20) as f64 / cpu.seconds).sum()),
+        Ok(cpus) => run.noise.push(crate::noise::long_gaps_per_second(&cpus)),
         Err(reason) => skip(&mut run.skipped, "the machine's noise", &reason),
     }
 }
@@ -1299,8 +1299,8 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
         listed(floor_over_nbdkit(&run.cases))
     );
     if !run.noise.is_empty() {
-        let (low, high) =
-            run.noise.iter().fold((f64::MAX, 0.0f64), |(low, high), &gaps| (low.min(gaps), high.max(gaps)));
+        let low = run.noise.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = run.noise.iter().copied().fold(0.0, f64::max);
         let shares = noise_share(&run.noise, &medians_only(run))
             .into_iter()
             .map(|(pattern, share)| {
@@ -1310,7 +1310,8 @@ fn markdown(args: &FioArgs, run: &Run) -> String {
             .join(", ");
         let _ = writeln!(
             text,
-            "\nThe machine's noise (`netdam-bench noise`, {NOISE_SECONDS} s with a thread spinning on every CPU before each round): gaps of 20 µs or more, {:.0} a second over the CPUs together (median; {low:.0}–{high:.0}). At the engine's QD1 rate they meet about {shares} of its I/Os; where that is above 0.1%, its p99.9 includes one.",
+            "\nThe machine's noise (`netdam-bench noise`, {NOISE_SECONDS} s with a thread spinning on every CPU before each round): gaps of {} µs or more, {:.0} a second over the CPUs together (median; {low:.0}–{high:.0}). At the engine's QD1 rate they meet about {shares} of its I/Os; where that is above 0.1%, its p99.9 includes one.",
+            crate::noise::LONG_GAP_US,
             crate::report::median(&run.noise),
         );
     }

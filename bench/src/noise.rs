@@ -36,12 +36,21 @@ pub struct NoiseArgs {
     pub out: Option<PathBuf>,
 }
 
-/// The shortest loop iteration counted as a gap, ns: the loop itself (one clock read) takes tens
-/// of ns, so anything from 2 µs on is time the thread did not have.
-pub const MIN_GAP_NS: u64 = 2_000;
-
 /// Lower bounds of the gap lengths counted apart, µs; the last bucket is open-ended.
 pub const BUCKET_FROM_US: [u64; 7] = [2, 5, 10, 20, 40, 80, 1_000];
+
+/// The shortest loop iteration counted as a gap, ns (the first bucket's bound): the loop itself
+/// (one clock read) takes tens of ns, so anything from 2 µs on is time the thread did not have.
+pub const MIN_GAP_NS: u64 = BUCKET_FROM_US[0] * 1_000;
+
+/// Gaps from this long, µs, are the ones a tail is made of here (several times a round trip),
+/// counted apart in every report.
+pub const LONG_GAP_US: u64 = 20;
+
+/// Gaps of [`LONG_GAP_US`] or more a second, on every CPU of `noise` together.
+pub fn long_gaps_per_second(noise: &[CpuNoise]) -> f64 {
+    noise.iter().map(CpuNoise::long_gaps_per_second).sum()
+}
 
 /// The gaps one spinning thread met.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -103,6 +112,16 @@ impl CpuNoise {
         count as f64 / self.seconds
     }
 
+    /// Gaps of [`LONG_GAP_US`] or more a second.
+    pub fn long_gaps_per_second(&self) -> f64 {
+        self.per_second(self.gaps.at_least(LONG_GAP_US))
+    }
+
+    /// The share of its time the thread lost to gaps.
+    pub fn lost_share(&self) -> f64 {
+        self.gaps.lost_ns as f64 / (self.seconds * 1e9)
+    }
+
     /// A loop iteration's own cost, ns: the time not lost to gaps over the loops.
     pub fn loop_ns(&self) -> f64 {
         (self.seconds * 1e9 - self.gaps.lost_ns as f64).max(0.0) / self.loops.max(1) as f64
@@ -117,8 +136,8 @@ impl CpuNoise {
         serde_json::json!({
             "cpu": self.cpu, "seconds": self.seconds, "loops": self.loops, "loop_ns": self.loop_ns(),
             "gaps": self.gaps.total(), "gaps_per_s": self.per_second(self.gaps.total()),
-            "gaps_from_20us_per_s": self.per_second(self.gaps.at_least(20)),
-            "buckets": buckets, "lost_ns": self.gaps.lost_ns, "lost_share": self.gaps.lost_ns as f64 / (self.seconds * 1e9),
+            "gaps_from_20us_per_s": self.long_gaps_per_second(),
+            "buckets": buckets, "lost_ns": self.gaps.lost_ns, "lost_share": self.lost_share(),
             "longest_ns": self.gaps.longest_ns,
             "preemptions": self.preemptions, "timer_interrupts": self.timer_interrupts, "interrupts": self.interrupts,
         })
@@ -269,7 +288,9 @@ pub fn markdown(noise: &[CpuNoise]) -> String {
             None => out.push_str(&format!(" ≥ {from_us} µs |")),
         }
     }
-    out.push_str(" ≥ 20 µs /s | longest µs | time lost | preempted/s | timer interrupts/s | interrupts/s |\n|");
+    out.push_str(&format!(
+        " ≥ {LONG_GAP_US} µs /s | longest µs | time lost | preempted/s | timer interrupts/s | interrupts/s |\n|"
+    ));
     out.push_str(&" --- |".repeat(4 + BUCKET_FROM_US.len() + 6));
     out.push('\n');
     let rate = |noise: &CpuNoise, count: Option<u64>| match count {
@@ -289,17 +310,17 @@ pub fn markdown(noise: &[CpuNoise]) -> String {
         }
         out.push_str(&format!(
             " {:.0} | {:.1} | {:.2}% | {} | {} | {} |\n",
-            cpu.per_second(cpu.gaps.at_least(20)),
+            cpu.long_gaps_per_second(),
             cpu.gaps.longest_ns as f64 / 1e3,
-            cpu.gaps.lost_ns as f64 / (cpu.seconds * 1e9) * 100.0,
+            cpu.lost_share() * 100.0,
             rate(cpu, cpu.preemptions),
             rate(cpu, cpu.timer_interrupts),
             rate(cpu, cpu.interrupts),
         ));
     }
-    let from_20: f64 = noise.iter().map(|cpu| cpu.per_second(cpu.gaps.at_least(20))).sum();
+    let from_20 = long_gaps_per_second(noise);
     out.push_str(&format!(
-        "\nGaps of 20 µs or more on these CPUs together: {from_20:.0} a second. A round trip whose \
+        "\nGaps of {LONG_GAP_US} µs or more on these CPUs together: {from_20:.0} a second. A round trip whose \
          parties spin on them, at N round trips a second, meets one in about {from_20:.0}/N of its \
          requests (at 100,000 a second: {:.2}%), and its percentiles above that share include them.\n",
         from_20 / 100_000.0 * 100.0
