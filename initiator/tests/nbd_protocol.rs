@@ -426,6 +426,28 @@ fn a_client_that_vanishes_with_requests_in_flight_does_not_disturb_others() {
     assert!(report.connection_errors <= 1, "at most the vanished client's write error: {report:#?}");
 }
 
+/// With every slot taken a client waits, unanswered, in the backlog (and the report counts the
+/// limit as reached); when a client leaves, the waiting one gets its greeting and is served.
+#[test]
+fn a_client_beyond_max_connections_waits_for_a_free_slot() {
+    let disk = disk(1 << 20, 512);
+    let server = TestServer::unix(disk.clone(), ExportOptions { max_connections: 1, ..ExportOptions::default() });
+    let (mut first, _, _) = RawClient::negotiated(&server.endpoint, ReplyStyle::Simple);
+    assert_eq!(call(&mut first, CMD_WRITE, 0, 0, 512, &[7; 512]).error, 0);
+    let mut waiting = RawClient::connect(&server.endpoint);
+    assert!(waiting.nothing_within(Duration::from_millis(300)), "no greeting while the only slot is taken");
+    first.request(CMD_DISC, 0, 1, 0, 0, &[]);
+    assert!(first.is_closed());
+    waiting.greeting();
+    waiting.send(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes());
+    waiting.go(b"", &[]).expect("GO succeeds once the slot is free");
+    assert_eq!(call(&mut waiting, CMD_READ, 0, 0, 512, &[]).data, vec![7; 512]);
+    drop(waiting);
+    let report = server.stop();
+    assert_eq!(report.connections, 2);
+    assert_eq!(report.connection_limit_reached, 2, "each client took the only slot: {report:#?}");
+}
+
 #[test]
 fn shutdown_lets_in_flight_requests_finish_and_reply() {
     let disk = Arc::new(MemDisk::new(1 << 20, 512).with_delay(Duration::from_millis(300)));

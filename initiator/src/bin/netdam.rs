@@ -272,7 +272,9 @@ enum Command {
         /// share the load.
         #[arg(long, default_value_t = 1)]
         sessions: usize,
-        /// Most clients connected at once (at least 1).
+        /// Most clients connected at once (at least 1). A client beyond it waits, unanswered,
+        /// until one disconnects (NBD has no "busy" reply before the greeting); the log says so
+        /// when the last slot is taken.
         #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
         max_connections: u32,
         /// Threads serving the connections and the sessions. One thread (the default) serves

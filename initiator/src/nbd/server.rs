@@ -113,6 +113,9 @@ pub struct ServeReport {
     pub connections_cut_at_drain: u64,
     /// Backend calls that panicked (a bug in the backend); each was answered with `EIO`.
     pub backend_panics: u64,
+    /// Times every connection slot was taken (`max_connections`), so that further clients
+    /// waited in the listen backlog; each is logged once, with how many slots there are.
+    pub connection_limit_reached: u64,
     /// The latest connection and accept failures, oldest first (at most
     /// [`RECENT_ERRORS`]), each naming the connection.
     pub recent_errors: Vec<String>,
@@ -179,6 +182,17 @@ pub async fn serve_counting<B: NbdBackend>(
                     tracing::info!(connection = next_id, "NBD client connected");
                     let Some(slot) = free_slot.take() else { unreachable!("accept runs only with a free slot") };
                     spawn_connection(&mut connections, accepted, next_id, shared.clone(), stopped.clone(), slot);
+                    if connection_slots.available_permits() == 0 {
+                        // A client that connects now waits without a word from us (NBD has no
+                        // reply for "busy" before the greeting), so the log says why.
+                        report.connection_limit_reached += 1;
+                        tracing::warn!(
+                            max_connections = options.max_connections,
+                            "all {} connection slots are taken: further NBD clients wait, unanswered, until one \
+                             disconnects (--max-connections)",
+                            options.max_connections
+                        );
+                    }
                 }
                 Err(error) => {
                     // Out of descriptors or memory, or a client that gave up in the backlog:

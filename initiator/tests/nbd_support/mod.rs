@@ -389,6 +389,15 @@ pub enum Stream {
     Tcp(TcpStream),
 }
 
+impl Stream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) {
+        match self {
+            Stream::Unix(stream) => stream.set_read_timeout(timeout).unwrap(),
+            Stream::Tcp(stream) => stream.set_read_timeout(timeout).unwrap(),
+        }
+    }
+}
+
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
@@ -497,6 +506,18 @@ impl RawClient {
         let mut bytes = vec![0; len];
         self.stream.read_exact(&mut bytes).expect("receive");
         bytes
+    }
+
+    /// Whether nothing arrives for `wait` (the connection stays open and silent).
+    pub fn nothing_within(&mut self, wait: Duration) -> bool {
+        let mut byte = [0u8; 1];
+        self.stream.set_read_timeout(Some(wait));
+        let silent = matches!(
+            self.stream.read(&mut byte),
+            Err(error) if matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+        );
+        self.stream.set_read_timeout(Some(TIMEOUT));
+        silent
     }
 
     /// Reads the greeting and returns the handshake flags.
