@@ -10,10 +10,10 @@ mod flush;
 
 pub use flush::CacheLineFlush as CacheLineFlushProbe;
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use netdam_isa::memory::SharedMemory;
@@ -344,34 +344,81 @@ fn map_anonymous(name: &str, len: usize) -> Result<*mut u8, RegionError> {
     Ok(base.cast())
 }
 
+/// A system call on the backing file `path` of region `name` failed.
+fn file_error(name: &str, path: &Path, what: &str, source: io::Error) -> RegionError {
+    RegionError::System { name: name.to_string(), what: format!("{what} {}", path.display()), source }
+}
+
+/// Bytes the file system holding `file` still gives an unprivileged user (`statvfs`'s
+/// `f_bavail`), or `None` when it cannot tell.
+fn available_bytes(file: &File) -> Option<u64> {
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: fstatvfs fills the struct on success; it is read only then.
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), stats.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: initialised by the successful call above.
+    let stats = unsafe { stats.assume_init() };
+    Some(u64::from(stats.f_bavail).saturating_mul(u64::from(stats.f_frsize)))
+}
+
 fn map_file(name: &str, path: &Path, size_bytes: u64, dax: bool) -> Result<*mut u8, RegionError> {
-    let system = |what: &str, source: io::Error| RegionError::System {
-        name: name.to_string(),
-        what: format!("{what} {}", path.display()),
-        source,
-    };
+    let system = |what: &str, source: io::Error| file_error(name, path, what, source);
     if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|source| system("creating the directory of", source))?;
     }
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .map_err(|source| system("opening", source))?;
-    let actual_bytes = file.metadata().map_err(|source| system("reading the size of", source))?.len();
-    if actual_bytes == 0 {
-        file.set_len(size_bytes).map_err(|source| system("sizing", source))?;
-        file.sync_all().map_err(|source| system("syncing", source))?;
-    } else if actual_bytes != size_bytes {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).mode(0o600);
+    // A file this call creates is removed again if the region cannot be opened on it: a refused
+    // region leaves nothing behind (neither a sparse file nor, worse, the blocks a partial
+    // reservation took on a full file system).
+    let (file, created) = match options.clone().create_new(true).open(path) {
+        Ok(file) => (file, true),
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+            (options.open(path).map_err(|source| system("opening", source))?, false)
+        }
+        Err(source) => return Err(system("opening", source)),
+    };
+    let mapped = map_open_file(name, path, &file, size_bytes, dax);
+    if mapped.is_err() && created {
+        let _ = std::fs::remove_file(path);
+    }
+    mapped
+}
+
+/// Maps `file` (at `path`) as region `name`: sized if empty, every block reserved, mapped shared.
+fn map_open_file(name: &str, path: &Path, file: &File, size_bytes: u64, dax: bool) -> Result<*mut u8, RegionError> {
+    let system = |what: &str, source: io::Error| file_error(name, path, what, source);
+    let metadata = file.metadata().map_err(|source| system("reading the size of", source))?;
+    let actual_bytes = metadata.len();
+    if actual_bytes != 0 && actual_bytes != size_bytes {
         return Err(RegionError::SizeMismatch {
             name: name.to_string(),
             path: path.to_path_buf(),
             actual_bytes,
             size_bytes,
         });
+    }
+    // Refused before anything is allocated when the file system plainly lacks the room (the
+    // blocks not yet allocated against what an unprivileged user may still take): a reservation
+    // that fails part way has filled the file system for everyone else meanwhile.
+    let allocated_bytes = metadata.blocks().saturating_mul(512);
+    let missing_bytes = size_bytes.saturating_sub(allocated_bytes);
+    if let Some(available_bytes) = available_bytes(file) {
+        if missing_bytes > available_bytes {
+            return Err(RegionError::NoSpace {
+                name: name.to_string(),
+                path: path.to_path_buf(),
+                size_bytes,
+                source: io::Error::other(format!(
+                    "{missing_bytes} bytes still to allocate, {available_bytes} available"
+                )),
+            });
+        }
+    }
+    if actual_bytes == 0 {
+        file.set_len(size_bytes).map_err(|source| system("sizing", source))?;
+        file.sync_all().map_err(|source| system("syncing", source))?;
     }
     // Reserve every block now. A store into a hole of a shared file mapping allocates on its
     // page fault, and on a full file system that fault is a SIGBUS that kills the target with

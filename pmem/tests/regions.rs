@@ -71,6 +71,34 @@ fn file_region_keeps_its_bytes_across_reopen() {
         }
         other => panic!("expected SizeMismatch, got {other:?}"),
     }
+    assert!(path.exists(), "a refused open keeps a file it did not create");
+}
+
+/// A region larger than its file system's free space is refused before anything is allocated,
+/// and the file the attempt created is gone again: a refusal must not leave the file system full
+/// (a reservation that fails part way keeps what it took) or a sparse file behind.
+#[test]
+fn a_file_region_larger_than_the_free_space_is_refused_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/huge.region");
+    let free = free_bytes(dir.path());
+    let page = netdam_pmem::page_bytes() as u64;
+    let size = (free + (1 << 30)).div_ceil(page) * page;
+    match Region::open("huge", Backing::File(path.clone()), size) {
+        Err(error @ RegionError::NoSpace { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("huge") && message.contains("available"), "{message}");
+        }
+        other => panic!("expected NoSpace, got {other:?}"),
+    }
+    assert!(!path.exists(), "the refused region's file was left behind");
+    assert!(free_bytes(dir.path()) + (64 << 20) >= free, "space was taken by a refused region");
+}
+
+/// The file system's free bytes for an unprivileged user, as `df` would say.
+fn free_bytes(path: &std::path::Path) -> u64 {
+    let output = std::process::Command::new("df").args(["--output=avail", "-B1"]).arg(path).output().unwrap();
+    String::from_utf8(output.stdout).unwrap().lines().nth(1).unwrap().trim().parse().unwrap()
 }
 
 #[test]
@@ -80,6 +108,7 @@ fn dax_on_a_plain_file_system_names_the_fallback() {
         Err(error @ RegionError::DaxUnsupported { .. }) => {
             let message = error.to_string();
             assert!(message.contains("DAX") && message.contains("backend \"file\""), "{message}");
+            assert!(!dir.path().join("pm.region").exists(), "the refused region's file was left behind");
         }
         Ok(region) => {
             // A real DAX file system: the backend must then work like the others.

@@ -210,8 +210,12 @@ impl RegionConfig {
         let name = &self.name;
         check_name("region", name)?;
         let invalid = |message: String| Err(ConfigError::Invalid(message));
-        if self.size.0 == 0 {
-            return invalid(format!("region {name:?}: size = 0: a region holds at least one byte"));
+        let page = netdam_pmem::page_bytes() as u64;
+        if self.size.0 == 0 || self.size.0 % page != 0 {
+            return invalid(format!(
+                "region {name:?}: size = {}: a region is a whole number of {page}-byte pages (at least one)",
+                self.size.0
+            ));
         }
         match (self.backend, &self.path) {
             (RegionBackend::Mem, Some(_)) => invalid(format!("region {name:?}: backend \"mem\" takes no path")),
@@ -243,6 +247,44 @@ pub fn validate_spaces(regions: &[RegionConfig], namespaces: &[NamespaceConfig])
         if namespaces[..index].iter().any(|other| other.name == namespace.name) {
             return invalid(format!("namespace name {:?} is used twice", namespace.name));
         }
+    }
+    Ok(())
+}
+
+/// Checks that no two spaces are backed by one file or device: a namespace on a region's file
+/// (or two on one disk image) would write each other's bytes under different names. Relative
+/// paths are under `data_dir`; a file that exists is known by its device and inode (so `./x`
+/// and a link to `x` are `x`), one that does not yet by its path.
+pub fn check_distinct_backings(
+    regions: &[RegionConfig],
+    namespaces: &[NamespaceConfig],
+    data_dir: &Path,
+) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt;
+    #[derive(PartialEq)]
+    enum Identity {
+        Inode(u64, u64),
+        Path(PathBuf),
+    }
+    let backings =
+        regions.iter().filter_map(|region| Some((format!("region {:?}", region.name), region.path.as_deref()?))).chain(
+            namespaces.iter().map(|namespace| (format!("namespace {:?}", namespace.name), namespace.path.as_path())),
+        );
+    let mut seen: Vec<(String, PathBuf, Identity)> = Vec::new();
+    for (space, path) in backings {
+        let path = crate::namespaces::resolve(path, data_dir);
+        let identity = match std::fs::metadata(&path) {
+            Ok(metadata) => Identity::Inode(metadata.dev(), metadata.ino()),
+            Err(_) => Identity::Path(path.components().collect()),
+        };
+        if let Some((other, _, _)) = seen.iter().find(|(_, _, known)| *known == identity) {
+            return Err(ConfigError::Invalid(format!(
+                "{space} and {other} are both backed by {}: each region and namespace needs a file or device \
+                 of its own (one would overwrite the other's bytes)",
+                path.display()
+            )));
+        }
+        seen.push((space, path, identity));
     }
     Ok(())
 }

@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use netdam_metrics::{LogFormat, MetricsListen};
 use netdam_pmem::{Backing, Durability, Region};
 use netdam_target::config::{
-    blocks_fit_datagrams, validate_spaces, ByteSize, EngineChoice, NamespaceBackend, NamespaceConfig, RegionBackend,
-    RegionConfig, DEFAULT_BLOCK_BYTES,
+    blocks_fit_datagrams, check_distinct_backings, validate_spaces, ByteSize, EngineChoice, NamespaceBackend,
+    NamespaceConfig, RegionBackend, RegionConfig, DEFAULT_BLOCK_BYTES,
 };
 use netdam_target::crypto::{generate_key, read_reservation, reservation_path};
 use netdam_target::metadata::{
@@ -620,6 +620,15 @@ fn store_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
     Ok((config, data_dir))
 }
 
+/// The machine's RAM and swap in bytes (`/proc/meminfo`), or `None` where it cannot be read.
+fn memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| {
+        meminfo.lines().find_map(|line| line.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    };
+    Some((kib("MemTotal:")? + kib("SwapTotal:").unwrap_or(0)).saturating_mul(1024))
+}
+
 /// Tells the user which data directory changed and how the change reaches a target.
 fn after_change(data_dir: &std::path::Path) {
     let dir = data_dir.display();
@@ -638,12 +647,25 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
             let region = RegionConfig { name, backend, path, size };
             // Its own fields first: a refused region leaves no store behind in a new directory.
             region.validate().map_err(|error| error.to_string())?;
+            if region.backend == RegionBackend::Mem {
+                // The target maps and populates it at start, which fails on a size the machine
+                // cannot hold: refused here rather than by the next start.
+                if let Some(memory) = memory_bytes().filter(|&memory| region.size.0 > memory) {
+                    return Err(format!(
+                        "region {:?}: {} bytes of memory asked for, and this machine has {memory} (RAM and swap); \
+                         make it smaller, or use backend \"file\"",
+                        region.name, region.size.0
+                    ));
+                }
+            }
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let mut regions = config.effective_regions();
             regions.extend(metadata.regions().map_err(|error| error.to_string())?);
             regions.push(region.clone());
-            let namespaces = metadata.namespaces().map_err(|error| error.to_string())?;
+            let mut namespaces = config.namespaces.clone();
+            namespaces.extend(metadata.namespaces().map_err(|error| error.to_string())?);
             validate_spaces(&regions, &namespaces).map_err(|error| error.to_string())?;
+            check_distinct_backings(&regions, &namespaces, &data_dir).map_err(|error| error.to_string())?;
             // Open it once: creates the file and proves the backing works before it is recorded.
             let backing = match (&region.backend, &region.path) {
                 (RegionBackend::File, Some(path)) => Some(Backing::File(resolve(path, &data_dir))),
@@ -708,6 +730,7 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
             let mut regions = config.effective_regions();
             regions.extend(metadata.regions().map_err(|error| error.to_string())?);
             validate_spaces(&regions, &namespaces).map_err(|error| error.to_string())?;
+            check_distinct_backings(&regions, &namespaces, &data_dir).map_err(|error| error.to_string())?;
             // Open it once: creates a missing file and proves a device opens on it.
             let opened = open_namespace(&namespace, &data_dir).map_err(|error| error.to_string())?;
             metadata.create_namespace(&namespace).map_err(|error| error.to_string())?;

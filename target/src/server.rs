@@ -15,7 +15,9 @@ use netdam_isa::Duration;
 use netdam_metrics::MetricsServer;
 use netdam_pmem::{Region, RegionError};
 
-use crate::config::{blocks_fit_datagrams, validate_spaces, Config, ConfigError, EngineChoice};
+use crate::config::{
+    blocks_fit_datagrams, check_distinct_backings, validate_spaces, Config, ConfigError, EngineChoice,
+};
 use crate::cookies::CookieJar;
 use crate::crypto::{CryptoError, KeyRing};
 use crate::dispatch::{Dispatcher, Shared};
@@ -146,6 +148,7 @@ impl Target {
             servable_stored("namespace", &namespace.name, checked)
         }));
         validate_spaces(&region_configs, &namespace_configs)?;
+        check_distinct_backings(&region_configs, &namespace_configs, &data_dir)?;
         blocks_fit_datagrams(config.max_datagram_bytes, &namespace_configs)?;
         let mut regions = RegionTable::open(&region_configs, &data_dir)?;
         for region in extra_regions {

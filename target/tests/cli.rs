@@ -253,8 +253,98 @@ fn a_refused_space_leaves_a_new_data_directory_empty() {
     let region = target_admin(&["region", "create", "r", "--backend", "mem", "--size", "0", "--data-dir", data]);
     let message = String::from_utf8_lossy(&region.stderr);
     assert!(!region.status.success() && message.contains("size = 0"), "{message}");
+    // Sizes the target would refuse at its next start are refused here: not whole pages, more
+    // memory than the machine has.
+    for (size, says) in [
+        ("1000", "whole number of"),
+        ("18446744073709551615", "whole number of"),
+        ("18446744073709547520", "this machine has"),
+    ] {
+        let region = target_admin(&["region", "create", "r", "--backend", "mem", "--size", size, "--data-dir", data]);
+        let message = String::from_utf8_lossy(&region.stderr);
+        assert!(!region.status.success() && message.contains(says), "{size}: {message}");
+    }
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
     assert!(left.is_empty(), "left behind: {left:?}");
+    // A file region larger than its file system's free space: refused before a block is taken,
+    // and its file is gone again.
+    let region = target_admin(&[
+        "region",
+        "create",
+        "r",
+        "--backend",
+        "file",
+        "--path",
+        "r.region",
+        "--size",
+        "8388608TiB",
+        "--data-dir",
+        data,
+    ]);
+    let message = String::from_utf8_lossy(&region.stderr);
+    assert!(!region.status.success() && message.contains("no room"), "{message}");
+    assert!(!dir.path().join("r.region").exists(), "the refused region's file was left behind");
+}
+
+/// No two spaces share a backing file: a namespace on the default region's file, a second
+/// namespace on an image another uses (spelled `./x`), and a region on a namespace's image are
+/// refused by name; a configuration that declares one is refused at start.
+#[test]
+fn two_spaces_on_one_file_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let namespace = |name: &str, path: &str| {
+        target_admin(&[
+            "namespace",
+            "create",
+            name,
+            "--backend",
+            "file",
+            "--path",
+            path,
+            "--size",
+            "1MiB",
+            "--data-dir",
+            data,
+        ])
+    };
+    let created = namespace("disk", "disk.img");
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    for (name, path, other) in
+        [("onreg", "default.region", "region \"default\""), ("again", "./disk.img", "namespace \"disk\"")]
+    {
+        let refused = namespace(name, path);
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && message.contains(other) && message.contains(name), "{path}: {message}");
+    }
+    let region = target_admin(&[
+        "region",
+        "create",
+        "r",
+        "--backend",
+        "file",
+        "--path",
+        "disk.img",
+        "--size",
+        "1MiB",
+        "--data-dir",
+        data,
+    ]);
+    let message = String::from_utf8_lossy(&region.stderr);
+    assert!(!region.status.success() && message.contains("namespace \"disk\""), "{message}");
+    let config = dir.path().join("shared.toml");
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"off\"\n[[namespace]]\nname = \"twin\"\nbackend = \"file\"\n\
+         path = \"disk.img\"\nsize = \"1MiB\"\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["serve", "--config", config.to_str().unwrap(), "--data-dir", data])
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && message.contains("twin") && message.contains("disk"), "{message}");
 }
 
 /// A file namespace larger than its file system's free space is created (it is sparse; thin
