@@ -538,6 +538,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    if !matches!(cli.command, None | Some(Command::Serve(_))) {
+        // An admin command or `config` read through a pipe that closes early (`| head`) ends
+        // quietly, as other command-line tools do, instead of panicking on the broken pipe.
+        // (A serving target keeps SIGPIPE ignored: a metrics scraper that hangs up is an error
+        // of that connection.) Nothing but this thread runs yet.
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let (serve, settings) = match cli.command {
         None => (true, cli.settings),
         Some(Command::Serve(args)) => (true, args.merged_over(cli.settings)),

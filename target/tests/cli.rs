@@ -286,6 +286,26 @@ fn a_refused_space_leaves_a_new_data_directory_empty() {
     assert!(!dir.path().join("r.region").exists(), "the refused region's file was left behind");
 }
 
+/// An admin command whose reader has gone (`| head`) ends quietly on SIGPIPE, without a
+/// panic and its backtrace.
+#[test]
+fn an_admin_command_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let output = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["region", "list", "--data-dir"])
+        .arg(dir.path())
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.signal(), Some(libc::SIGPIPE), "{:?}: {message}", output.status);
+    assert!(!message.contains("panicked"), "{message}");
+}
+
 /// No two spaces share a backing file: a namespace on the default region's file, a second
 /// namespace on an image another uses (spelled `./x`), and a region on a namespace's image are
 /// refused by name; a configuration that declares one is refused at start.
