@@ -255,6 +255,7 @@ impl Client {
 
     /// Connects with `options` and says HELLO.
     pub fn connect_with(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
+        crate::session::check_encryption(&options.session)?;
         let mut client = Client::unestablished(addr, options)?;
         client.hello()?;
         Ok(client)
@@ -982,6 +983,27 @@ impl Drop for Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Encryption without a key is refused before anything is sent, by the blocking client and
+    /// the asynchronous one alike (it would otherwise go on in the clear).
+    #[test]
+    fn encryption_without_a_key_is_refused() {
+        let mut options = ClientOptions::default();
+        options.session.encrypt = true;
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let refused = Client::connect_with(addr, options.clone()).err().expect("refused");
+        assert!(
+            matches!(&refused, ClientError::Setting(message) if message.contains("needs a tenant key")),
+            "{refused}"
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let refused =
+            runtime.block_on(crate::async_client::AsyncClient::connect_with(addr, options)).err().expect("refused");
+        assert!(
+            matches!(&refused, ClientError::Setting(message) if message.contains("needs a tenant key")),
+            "{refused}"
+        );
+    }
 
     /// An adaptive client spins twice its round trip; with one request on the wire or none at
     /// most `ADAPTIVE_SPIN_MAX`, so that a slow lone request is slept through, and with more

@@ -281,6 +281,19 @@ impl Datagram {
 
 /// Seals an encoded request of session `session_id` (not one waiting for its session, id 0)
 /// with the session's request key and the next counter, when the session is authenticated.
+/// Refuses a session that asks for encryption without a key to derive it from: it would go on
+/// in the clear, which the caller asked not to.
+pub(crate) fn check_encryption(config: &SessionConfig) -> Result<(), ClientError> {
+    if config.encrypt && config.credentials.is_none() {
+        return Err(ClientError::Setting(
+            "--encrypt: encryption needs a tenant key, and none was given (--key FILE or NETDAM_KEY; a \
+             target with auth = \"none\" cannot encrypt): without one the session would be in the clear"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 fn seal_request(keys: Option<&SessionKeys>, counter: &mut u64, session_id: u32, datagram: &mut Datagram) {
     let Some(keys) = keys else { return };
     if session_id == 0 {
