@@ -99,7 +99,10 @@ impl TenantUsage {
         let per_unit_ns = (1_000_000_000 / limits.cost_per_second).max(1);
         let increment = cost.saturating_mul(per_unit_ns);
         // A burst of `burst` units may arrive at once: the arrival time may run that far ahead.
-        let tolerance = limits.burst.max(1).saturating_mul(per_unit_ns);
+        // A request that alone costs more than the burst runs when the bucket is full (and then
+        // holds the tenant back for its whole cost): under `burst` alone it could never run,
+        // and its initiator would be told BUSY for ever.
+        let tolerance = limits.burst.max(cost).saturating_mul(per_unit_ns);
         let mut arrival = self.arrival_ns.load(Ordering::Relaxed);
         loop {
             let start = arrival.max(now_ns);
@@ -269,6 +272,22 @@ mod tests {
         while usage.take(end, 1, &limits).is_ok() {}
         let wait = usage.take(end, 1, &limits).unwrap_err();
         assert!(wait <= 11 * MS, "{wait} ns after a second of refusals");
+    }
+
+    /// A datagram costing more than the whole burst runs once the bucket is full, and the rate
+    /// still holds: it is followed by a wait of its own cost.
+    #[test]
+    fn a_request_larger_than_the_burst_runs_on_a_full_bucket() {
+        const MS: u64 = SECOND / 1000;
+        let usage = TenantUsage::default();
+        // 10 ms per unit, a burst of three; an 8 KiB WRITE costs 6.
+        let limits = limits(100, 3);
+        let now = 5 * SECOND;
+        assert!(usage.take(now, 6, &limits).is_ok(), "a full bucket takes it");
+        let wait = usage.take(now, 6, &limits).unwrap_err();
+        assert_eq!(wait, 60 * MS, "the next one waits for the first one's cost");
+        assert!(usage.take(now + wait, 6, &limits).is_ok(), "and fits then");
+        assert!(usage.take(now + wait, 1, &limits).is_err(), "small ones wait too: the rate holds");
     }
 
     #[test]
