@@ -286,6 +286,41 @@ fn a_refused_space_leaves_a_new_data_directory_empty() {
     assert!(!dir.path().join("r.region").exists(), "the refused region's file was left behind");
 }
 
+/// VADD's lane list: an empty lane or a number its lane type cannot hold is refused, naming the
+/// lane, before anything is added (an empty one was skipped, shifting the later values down a
+/// lane); NaN and infinities read back as such in text (JSON has no such numbers).
+#[test]
+fn vadd_lanes_are_taken_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("target.toml"),
+        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"off\"\ndata_dir = \".\"\npoll = \"blocking\"\nauth = \"none\"\n\
+         pin_workers = false\nlock_memory = false\n",
+    )
+    .unwrap();
+    let (_daemon, addr, _) = common::daemon::start(dir.path(), "target.toml");
+    let target = addr.to_string();
+    let vadd = |lanes: &str, extra: &[&str]| {
+        netdam_command(dir.path())
+            .args(["--target", &target, "--key", "none", "vadd", "default", "4096", lanes])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    for (lanes, says) in [("1,,2", "lane 1 is empty"), ("1,2,", "lane 2 is empty"), ("1e39", "out of the F32 range")] {
+        let refused = vadd(lanes, &[]);
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && message.contains(says), "{lanes}: {message}");
+    }
+    let refused = vadd("3.4e38", &["--type", "bf16"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("out of the Bf16 range"), "3.4e38 in bf16: {message}");
+    let added = vadd("nan,inf,-inf,1.5", &["--return"]);
+    let text = String::from_utf8_lossy(&added.stdout);
+    assert!(added.status.success(), "{}", String::from_utf8_lossy(&added.stderr));
+    assert_eq!(text.trim(), "NaN,inf,-inf,1.5", "lanes after adding to zeroes");
+}
+
 /// An admin command whose reader has gone (`| head`) ends quietly on SIGPIPE, without a
 /// panic and its backtrace.
 #[test]

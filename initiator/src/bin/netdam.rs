@@ -852,11 +852,10 @@ fn run(cli: &Cli) -> Result<(), String> {
             let space = region_in_range(&client, "vadd", region, *offset, lanes.len() as u64)?;
             let result = client.vadd(space, *offset, lane_type, &lanes, *return_result).map_err(text)?;
             let count = lanes.len() / lane_type.lane_bytes();
-            let shown = decode_lanes(&result, *lane);
             if cli.json {
-                println!("{}", json!({"lanes": count, "result": shown}));
+                println!("{}", json!({"lanes": count, "result": decode_lanes(&result, *lane)}));
             } else if *return_result {
-                println!("{}", shown.iter().map(|value| value.to_string()).collect::<Vec<_>>().join(","));
+                println!("{}", lanes_text(&result, *lane));
             } else {
                 println!("added {count} {lane:?} lanes at {offset}");
             }
@@ -1302,19 +1301,33 @@ fn print_hex_dump(offset: u64, bytes: &[u8]) {
 
 fn encode_lanes(values: &str, lane: Lane) -> Result<(LaneType, Vec<u8>), String> {
     let mut bytes = Vec::new();
-    for value in values.split(',').map(str::trim).filter(|value| !value.is_empty()) {
-        let bad = |error: &dyn std::fmt::Display| format!("lane {value:?}: {error}");
+    for (index, value) in values.split(',').map(str::trim).enumerate() {
+        if value.is_empty() {
+            // Skipping it would shift every later value into the lane before its own.
+            return Err(format!("lane {index} is empty in {values:?}: give a value for every lane, e.g. 1.5,0,-3"));
+        }
+        let bad = |error: &dyn std::fmt::Display| format!("lane {index} ({value:?}): {error}");
+        // A finite number too large for the lane parses as infinity: refused rather than added.
+        let finite_or_spelled = |parsed: f32| {
+            if parsed.is_infinite() && !value.to_ascii_lowercase().contains("inf") {
+                Err(bad(&format!("out of the {lane:?} range (largest {:e})", f32::MAX)))
+            } else {
+                Ok(parsed)
+            }
+        };
         match lane {
-            Lane::F32 => bytes.extend(value.parse::<f32>().map_err(|e| bad(&e))?.to_le_bytes()),
+            Lane::F32 => {
+                let parsed = finite_or_spelled(value.parse::<f32>().map_err(|e| bad(&e))?)?;
+                bytes.extend(parsed.to_le_bytes())
+            }
             Lane::I32 => bytes.extend(value.parse::<i32>().map_err(|e| bad(&e))?.to_le_bytes()),
             Lane::Bf16 => {
-                let parsed = value.parse::<f32>().map_err(|e| bad(&e))?;
-                bytes.extend(netdam_isa::semantics::f32_to_bf16(parsed).to_le_bytes());
+                let parsed = finite_or_spelled(value.parse::<f32>().map_err(|e| bad(&e))?)?;
+                let lane_value = netdam_isa::semantics::f32_to_bf16(parsed);
+                finite_or_spelled(netdam_isa::semantics::bf16_to_f32(lane_value))?;
+                bytes.extend(lane_value.to_le_bytes());
             }
         }
-    }
-    if bytes.is_empty() {
-        return Err("give at least one lane value, e.g. 1.5,2,-3".to_string());
     }
     let lane_type = match lane {
         Lane::F32 => LaneType::F32,
@@ -1322,6 +1335,20 @@ fn encode_lanes(values: &str, lane: Lane) -> Result<(LaneType, Vec<u8>), String>
         Lane::Bf16 => LaneType::Bf16,
     };
     Ok((lane_type, bytes))
+}
+
+/// Lane values as text: as Rust writes them, so NaN and infinities show (JSON has no such
+/// numbers and writes them `null`).
+fn lanes_text(bytes: &[u8], lane: Lane) -> String {
+    let values: Vec<String> = match lane {
+        Lane::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_string()).collect(),
+        Lane::I32 => bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_string()).collect(),
+        Lane::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|c| netdam_isa::semantics::bf16_to_f32(u16::from_le_bytes([c[0], c[1]])).to_string())
+            .collect(),
+    };
+    values.join(",")
 }
 
 fn decode_lanes(bytes: &[u8], lane: Lane) -> Vec<serde_json::Value> {
