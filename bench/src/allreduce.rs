@@ -107,7 +107,7 @@ pub struct WorkerArgs {
     /// Bytes of the buffer.
     #[arg(long)]
     len: usize,
-    /// Where the Allreduce area (counters, accumulator) starts.
+    /// Where the Allreduce area (header, counters, accumulator) starts.
     #[arg(long)]
     area: u64,
     /// Where the host-side area (a counter, then one slot per worker) starts.
@@ -344,9 +344,9 @@ pub fn worker(args: &WorkerArgs) -> Result<(), String> {
 const MIN_CHUNK_BYTES: usize = 1024;
 
 fn layout(workers: u32, len: usize) -> Layout {
-    // The Allreduce area first (a counter per chunk, then the accumulator), then the host-side
-    // area on its own page.
-    let area_bytes = 8 * len.div_ceil(MIN_CHUNK_BYTES) as u64 + len as u64;
+    // The Allreduce area first (its header, a counter per chunk, then the accumulator), then
+    // the host-side area on its own page.
+    let area_bytes = allreduce::HEADER_BYTES + 8 * len.div_ceil(MIN_CHUNK_BYTES) as u64 + len as u64;
     let slots = area_bytes.div_ceil(4096) * 4096;
     let region_bytes = (slot_offset(slots, workers, len)).div_ceil(4096) * 4096;
     Layout { area: 0, slots, region_bytes }

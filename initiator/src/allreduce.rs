@@ -2,8 +2,12 @@
 //! client) sum, or take the lane-wise maximum of, equal-length buffers of f32, i32 or bf16
 //! lanes, and each gets the result.
 //!
-//! Layout at `offset` of the region: one `u64` counter per chunk, then the accumulation buffer
-//! (8-byte aligned). Each worker sends, per chunk, a VADD (for a maximum: the `vmax` extension,
+//! Layout at `offset` of the region: a 32-byte header (a magic number, the workers, lane type,
+//! operation and buffer size [`prepare`] set the area up for, and a count of workers that have
+//! joined), one `u64` counter per chunk, then the accumulation buffer (8-byte aligned). A worker
+//! reads the header first and refuses an area not prepared, prepared for other buffers or
+//! workers, or already used by as many workers as it was prepared for: any of these would sum
+//! what is not its round's. Each worker sends, per chunk, a VADD (for a maximum: the `vmax` extension,
 //! which the target must enable) of its chunk into the accumulator, and a FETCH_ADD of 1 to the
 //! chunk's counter once the target has answered that the VADD added; that FETCH_ADD rides in the
 //! datagram of a later chunk's VADD. So a counter counts only contributions already added (the
@@ -21,7 +25,7 @@
 //! every buffer comes out as negative infinity, the accumulator's start). A worker that dies leaves its chunks short of N: the others
 //! fail with [`AllreduceError::Incomplete`] once `timeout` passes, never hang.
 //!
-//! The area must be zero before any worker adds ([`prepare`]), and serves one Allreduce.
+//! The area must be prepared before any worker adds ([`prepare`]), and serves one Allreduce.
 
 use std::time::{Duration, Instant};
 
@@ -143,30 +147,102 @@ impl AllreducePlan {
         8 * self.chunk_count() as u64
     }
 
+    /// Where the chunks' counters start: after the header.
+    fn counters(&self) -> u64 {
+        self.offset + HEADER_BYTES
+    }
+
     /// Where the accumulator starts.
     pub fn accumulator(&self) -> u64 {
-        self.offset + self.counters_bytes()
+        self.counters() + self.counters_bytes()
     }
 
     /// The FETCH_ADD that counts one contribution to chunk `index`.
     fn count(&self, index: usize) -> Op {
-        Op::fetch_add(self.space, self.offset + 8 * index as u64, 1)
+        Op::fetch_add(self.space, self.counters() + 8 * index as u64, 1)
     }
 
-    /// Bytes of the region the area takes: counters and accumulator.
+    /// Bytes of the region the area takes: header, counters and accumulator.
     pub fn area_bytes(&self) -> u64 {
-        self.counters_bytes() + self.len as u64
+        HEADER_BYTES + self.counters_bytes() + self.len as u64
+    }
+
+    /// The header's first 24 bytes as [`prepare`] writes them: the magic number, then workers,
+    /// lane type and operation, then the buffer's bytes (the joined count follows, zeroed).
+    fn header(&self) -> [u8; 24] {
+        let op = match self.op {
+            AllreduceOp::Sum => 0u64,
+            AllreduceOp::Max => 1,
+        };
+        let shape = u64::from(self.workers) | (u64::from(self.lane as u8) << 32) | (op << 40);
+        let mut header = [0u8; 24];
+        header[..8].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+        header[8..16].copy_from_slice(&shape.to_le_bytes());
+        header[16..].copy_from_slice(&(self.len as u64).to_le_bytes());
+        header
+    }
+
+    /// What this plan asks for, in words, for the errors that compare it with the header.
+    fn describe(workers: u64, len: u64, lane: u64, op: u64) -> String {
+        let lane = [LaneType::F32, LaneType::I32, LaneType::Bf16]
+            .into_iter()
+            .find(|known| *known as u64 == lane)
+            .map_or_else(|| format!("lane type {lane}"), |lane| format!("{lane:?} lanes"));
+        let op = if op == 0 { "sum" } else { "maximum" };
+        format!("{workers} workers with buffers of {len} bytes of {lane}, {op}")
     }
 }
 
+/// Bytes of the area's header (see the module documentation).
+pub const HEADER_BYTES: u64 = 32;
+
+/// The header's first word once [`prepare`] has run.
+const HEADER_MAGIC: u64 = u64::from_le_bytes(*b"NDallrd1");
+
+/// Checks the area's header against `plan` and joins it: fails if the area was not prepared, was
+/// prepared for another plan, or has already had as many workers as it was prepared for.
+fn join(client: &mut Client, plan: &AllreducePlan) -> Result<(), AllreduceError> {
+    let mut header = [0u8; HEADER_BYTES as usize];
+    client.read(plan.space, plan.offset, &mut header)?;
+    let word = |index: usize| u64::from_le_bytes(header[8 * index..8 * index + 8].try_into().expect("8 bytes"));
+    let at = format!("the area at {} of region {}", plan.offset, plan.space);
+    if word(0) != HEADER_MAGIC {
+        return Err(AllreduceError::Plan(format!(
+            "{at} is not prepared for an Allreduce: run it with --prepare once, before the workers \
+             (an area's old contents would be summed in)"
+        )));
+    }
+    if header[..24] != plan.header() {
+        let shape = word(1);
+        let expected = plan.header();
+        let mine = u64::from_le_bytes(expected[8..16].try_into().expect("8 bytes"));
+        return Err(AllreduceError::Plan(format!(
+            "{at} was prepared for {}; this worker asks for {}: give every worker the --workers, --type \
+             and buffer size it was prepared with",
+            AllreducePlan::describe(shape & 0xFFFF_FFFF, word(2), (shape >> 32) & 0xFF, shape >> 40),
+            AllreducePlan::describe(mine & 0xFFFF_FFFF, plan.len as u64, (mine >> 32) & 0xFF, mine >> 40),
+        )));
+    }
+    let joined = client.fetch_add(plan.space, plan.offset + 24, 1)?;
+    if joined >= u64::from(plan.workers) {
+        return Err(AllreduceError::Plan(format!(
+            "{at} has served its Allreduce already ({joined} workers joined it, of {}): prepare it again \
+             (--prepare) for another round",
+            plan.workers
+        )));
+    }
+    Ok(())
+}
+
 /// Readies the area for one Allreduce: counters zero, the accumulator zero for a sum and the
-/// lane type's least value for a maximum. Run once, before any worker starts.
+/// lane type's least value for a maximum, and the header naming the plan. Run once, before any
+/// worker starts, and again before each later round on the same area.
 pub fn prepare(client: &mut Client, plan: &AllreducePlan) -> Result<(), AllreduceError> {
     // 1 MiB per FILL or WRITE: a short pause of the target's worker each.
     let piece_bytes = 1 << 20;
     let (zeroed, accumulator) = match plan.op {
         AllreduceOp::Sum => (plan.area_bytes() as usize, 0),
-        AllreduceOp::Max => (plan.counters_bytes() as usize, plan.len),
+        AllreduceOp::Max => ((HEADER_BYTES + plan.counters_bytes()) as usize, plan.len),
     };
     for (at, _, len) in chunks(plan.offset, zeroed, piece_bytes) {
         client.call(&[Op::fill(plan.space, at, len as u32, 0)])?.data(0)?;
@@ -178,6 +254,8 @@ pub fn prepare(client: &mut Client, plan: &AllreducePlan) -> Result<(), Allreduc
             client.write(plan.space, at, &pattern[..len])?;
         }
     }
+    // Last: a worker that reads the header before this finds the area not prepared yet.
+    client.write(plan.space, plan.offset, &plan.header())?;
     Ok(())
 }
 
@@ -211,6 +289,7 @@ pub fn allreduce(
             )));
         }
     }
+    join(client, plan)?;
     // 1. Contribute: VADD (or VMAX) per chunk, pipelined, and a chunk's FETCH_ADD only once the
     // target has answered that it added (see `add_chunks`). Every chunk answered as added is
     // counted, also when a later one was refused: the other workers then stop at exactly the
@@ -231,7 +310,11 @@ pub fn allreduce(
     let mut pause = Duration::from_micros(50);
     while first_pending < chunk_count {
         let last = (first_pending + COUNTERS_PER_POLL).min(chunk_count);
-        client.read(plan.space, plan.offset + 8 * first_pending as u64, &mut counters[8 * first_pending..8 * last])?;
+        client.read(
+            plan.space,
+            plan.counters() + 8 * first_pending as u64,
+            &mut counters[8 * first_pending..8 * last],
+        )?;
         let complete = |index: usize| {
             let arrived = u64::from_le_bytes(counters[8 * index..8 * index + 8].try_into().expect("8 bytes"));
             arrived >= u64::from(plan.workers)

@@ -248,7 +248,7 @@ fn the_netdam_cli_reduces_a_range() {
 
 mod allreduce {
     use super::*;
-    use netdam_initiator::allreduce::{allreduce, prepare, AllreduceError, AllreduceOp, AllreducePlan};
+    use netdam_initiator::allreduce::{allreduce, prepare, AllreduceError, AllreduceOp, AllreducePlan, HEADER_BYTES};
     use std::time::Duration;
 
     /// Runs one Allreduce worker per buffer `buffer_of(worker)`, each a thread with its own
@@ -410,6 +410,47 @@ mod allreduce {
         }
     }
 
+    /// A worker refuses an area that would sum what is not its round's, naming why, before it
+    /// adds anything: one never prepared (old contents), one prepared for other buffers or
+    /// another number of workers, and one that has already served as many workers as it was
+    /// prepared for (a second round without a new `prepare`). Prepared again, it serves again.
+    #[test]
+    fn an_area_not_prepared_for_this_round_is_refused() {
+        let test = start(vec![region("mem", 1 << 20, false)], 1, 9000);
+        let addr = test.target.local_addr();
+        let mut client = Client::connect(addr).unwrap();
+        let plan = |client: &Client, workers: u32, len: usize| {
+            AllreducePlan::new(client, 0, 4096, workers, len, LaneType::F32, AllreduceOp::Sum).unwrap()
+        };
+        let run = |client: &mut Client, plan: &AllreducePlan| {
+            let buffer: Vec<u8> = (0..plan.len / 4).flat_map(|lane| (lane as f32).to_le_bytes()).collect();
+            let mut result = vec![0u8; plan.len];
+            allreduce(client, plan, &buffer, &mut result, Duration::from_secs(5)).map(|()| result)
+        };
+        let refusal = |outcome: Result<Vec<u8>, AllreduceError>| match outcome {
+            Err(AllreduceError::Plan(message)) => message,
+            other => panic!("expected a refusal of the area, got {other:?}"),
+        };
+        let one = plan(&client, 1, 8192);
+        client.call(&[Op::fill(0, 0, 1 << 16, 0x7f)]).unwrap();
+        let message = refusal(run(&mut client, &one));
+        assert!(message.contains("not prepared"), "{message}");
+        let mut area = vec![0u8; 1 << 16];
+        client.read(0, 0, &mut area).unwrap();
+        assert!(area.iter().all(|&byte| byte == 0x7f), "a refused worker added nothing");
+        prepare(&mut client, &one).unwrap();
+        for other in [plan(&client, 1, 4096), plan(&client, 2, 8192)] {
+            let message = refusal(run(&mut client, &other));
+            assert!(message.contains("was prepared for 1 workers with buffers of 8192 bytes of F32"), "{message}");
+        }
+        let expected: Vec<u8> = (0..2048).flat_map(|lane| (lane as f32).to_le_bytes()).collect();
+        assert_eq!(run(&mut client, &one).unwrap(), expected, "the prepared round");
+        let message = refusal(run(&mut client, &one));
+        assert!(message.contains("served its Allreduce already") && message.contains("prepare it again"), "{message}");
+        prepare(&mut client, &one).unwrap();
+        assert_eq!(run(&mut client, &one).unwrap(), expected, "a second round, prepared again");
+    }
+
     /// Three of four workers contribute: they fail with the missing chunk named, in about the
     /// timeout, instead of hanging.
     #[test]
@@ -487,7 +528,7 @@ mod allreduce {
         let chunks = plan.chunk_count();
         let counters = |watcher: &mut Client| -> Vec<u64> {
             let mut bytes = vec![0u8; 8 * chunks];
-            watcher.read(0, 0, &mut bytes).unwrap();
+            watcher.read(0, HEADER_BYTES, &mut bytes).unwrap();
             bytes.chunks_exact(8).map(|word| u64::from_le_bytes(word.try_into().unwrap())).collect()
         };
         let dir = tempfile::tempdir().unwrap();
@@ -523,7 +564,7 @@ mod allreduce {
         let started = std::time::Instant::now();
         let mut first = [0u8; 8];
         loop {
-            watcher.read(0, 0, &mut first).unwrap();
+            watcher.read(0, HEADER_BYTES, &mut first).unwrap();
             if u64::from_le_bytes(first) == WORKERS {
                 break;
             }
@@ -612,7 +653,7 @@ mod allreduce {
         let error = allreduce(&mut client, &plan, &[0; 64], &mut [0; 64], Duration::from_secs(1)).unwrap_err();
         assert!(error.to_string().contains("extensions = [\"vmax\"]"), "{error}");
         let mut counters = [0u8; 8];
-        client.read(0, 0, &mut counters).unwrap();
+        client.read(0, HEADER_BYTES, &mut counters).unwrap();
         assert_eq!(counters, [0; 8], "nothing was counted");
     }
 

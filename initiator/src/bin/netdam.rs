@@ -212,7 +212,9 @@ enum Command {
         op: Reduction,
     },
     /// Sum this worker's buffer with those of the other workers through the area at OFFSET
-    /// (counters, then the accumulator): run once with --prepare LEN, then once per worker.
+    /// (a header, counters, then the accumulator): run once with --prepare LEN, then once per
+    /// worker; prepare again before each later round. A worker refuses an area not prepared,
+    /// prepared for other workers or buffers, or already used by every worker of its round.
     Allreduce {
         region: String,
         /// Start of the area, a multiple of 8.
@@ -227,7 +229,8 @@ enum Command {
         /// What to compute: the sum (VADD) or the maximum (the target's vmax extension).
         #[arg(long = "op", value_enum, default_value_t = Combine::Sum)]
         op: Combine,
-        /// Ready the area for buffers of LEN bytes and exit (before any worker starts).
+        /// Ready the area for one round with buffers of LEN bytes and exit (before any worker
+        /// starts).
         #[arg(long, value_name = "LEN", value_parser = parse_bytes, conflicts_with_all = ["file", "out"])]
         prepare: Option<u64>,
         /// This worker's buffer: little-endian lanes.
