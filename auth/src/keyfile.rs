@@ -120,6 +120,21 @@ pub enum KeyFileError {
     Exists { path: PathBuf },
 }
 
+/// Checks that `path` is a file only its owner may read, as a key file (or a key to import)
+/// must be: whoever reads it acts as the tenant.
+pub fn check_owner_only(path: &Path) -> Result<(), KeyFileError> {
+    let io = |source| KeyFileError::Io { path: path.to_path_buf(), source };
+    let metadata = std::fs::metadata(path).map_err(io)?;
+    if metadata.is_dir() {
+        return Err(io(std::io::Error::new(std::io::ErrorKind::IsADirectory, "this is a directory, not a key file")));
+    }
+    let mode = metadata.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeyFileError::TooOpen { path: path.to_path_buf(), mode });
+    }
+    Ok(())
+}
+
 /// What an initiator needs to authenticate: the tenant's number, its key and the key's
 /// version (a plain value, so session settings holding it stay `Copy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,10 +206,7 @@ impl KeyFile {
     /// Reads the key file at `path`, refusing one that group or others may read.
     pub fn load(path: &Path) -> Result<KeyFile, KeyFileError> {
         let io = |source| KeyFileError::Io { path: path.to_path_buf(), source };
-        let mode = std::fs::metadata(path).map_err(io)?.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(KeyFileError::TooOpen { path: path.to_path_buf(), mode });
-        }
+        check_owner_only(path)?;
         let text = std::fs::read_to_string(path).map_err(io)?;
         KeyFile::parse(&text, path)
     }

@@ -29,7 +29,7 @@ pub enum ClientError {
         attempts: u32,
     },
     /// The target refused one instruction.
-    #[error("target refused {}: {status}", opcode_name(*opcode))]
+    #[error("target refused {}: {status}{}", opcode_name(*opcode), refusal_hint(*opcode, *status))]
     Refused {
         /// Opcode number of the refused instruction.
         opcode: u8,
@@ -165,9 +165,47 @@ fn hello_refusal(status: Status) -> String {
     }
 }
 
+/// What a refusal's status usually means for this opcode, and what to do, where the status alone
+/// does not say (the target's answer carries only the status).
+fn refusal_hint(opcode: u8, status: Status) -> &'static str {
+    let atomic = [Opcode::Cas as u8, Opcode::FetchAdd as u8].contains(&opcode);
+    match status {
+        Status::PermissionDenied => {
+            " (the tenant of this key holds no grant for this on this space or range: \
+             `netdam-target tenant list` shows its grants, `netdam-target grant` adds one)"
+        }
+        Status::Unaligned if atomic => " (atomics work on 8-byte words: give an offset that is a multiple of 8)",
+        Status::Unaligned => " (lane-wise instructions need an offset that is a multiple of the lane size)",
+        Status::UnknownOpcode | Status::NotSupported if Opcode::from_u8(opcode).is_none() => {
+            " (the target does not run this extension: enable it with extensions = [...] in its configuration)"
+        }
+        _ => "",
+    }
+}
+
 fn opcode_name(opcode: u8) -> String {
     if opcode == netdam_isa::extension::reduce::REDUCE_OPCODE {
         return "REDUCE (extension)".to_string();
     }
     Opcode::from_u8(opcode).map(|known| known.name().to_uppercase()).unwrap_or_else(|| format!("opcode {opcode:#04x}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refusal whose status alone leaves the user guessing says what it usually means.
+    #[test]
+    fn refusals_carry_what_to_do() {
+        let refused = |opcode: u8, status| ClientError::Refused { opcode, status }.to_string();
+        assert!(refused(Opcode::Read as u8, Status::PermissionDenied).contains("netdam-target grant"));
+        assert!(refused(Opcode::FetchAdd as u8, Status::Unaligned).contains("multiple of 8"));
+        assert!(refused(Opcode::Vadd as u8, Status::Unaligned).contains("lane size"));
+        let extension = refused(netdam_isa::extension::reduce::REDUCE_OPCODE, Status::UnknownOpcode);
+        assert!(
+            extension.starts_with("target refused REDUCE (extension): unknown_opcode")
+                && extension.contains("extensions = [")
+        );
+        assert_eq!(refused(Opcode::Read as u8, Status::OutOfRange), "target refused READ: out_of_range");
+    }
 }

@@ -626,7 +626,8 @@ fn store_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
         config.data_dir = Some(dir.clone());
     }
     let data_dir = config.data_dir().map_err(|error| error.to_string())?;
-    std::fs::create_dir_all(&data_dir).map_err(|error| format!("cannot create {}: {error}", data_dir.display()))?;
+    netdam_target::server::create_data_dir(&data_dir)
+        .map_err(|error| format!("cannot create the data directory {}: {error}", data_dir.display()))?;
     Ok((config, data_dir))
 }
 
@@ -697,7 +698,13 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
             after_change(&data_dir);
         }
         RegionCommand::Delete { name, store } => {
-            let (_, data_dir) = store_context(&store)?;
+            let (config, data_dir) = store_context(&store)?;
+            if config.effective_regions().iter().any(|region| region.name == name) {
+                return Err(format!(
+                    "region {name:?} comes from the configuration (the settings file, or the embedded default \
+                     region when none is declared), not from the metadata store: remove it there"
+                ));
+            }
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let region = metadata.delete_region(&name).map_err(|error| error.to_string())?;
             let kept = region.path.map(|path| format!("; its file {} is kept", resolve(&path, &data_dir).display()));
@@ -756,7 +763,12 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
             after_change(&data_dir);
         }
         NamespaceCommand::Delete { name, store } => {
-            let (_, data_dir) = store_context(&store)?;
+            let (config, data_dir) = store_context(&store)?;
+            if config.namespaces.iter().any(|namespace| namespace.name == name) {
+                return Err(format!(
+                    "namespace {name:?} comes from the settings file, not from the metadata store: remove it there"
+                ));
+            }
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let namespace = metadata.delete_namespace(&name).map_err(|error| error.to_string())?;
             println!("deleted namespace {name:?}; {} is left as it is", resolve(&namespace.path, &data_dir).display());
@@ -1064,7 +1076,7 @@ fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
         return Err(netdam_target::StartError::DataDirInUse { path: data_dir, pid: Some(pid).filter(|&pid| pid != 0) }
             .to_string());
     }
-    std::fs::create_dir_all(&data_dir)
+    netdam_target::server::create_data_dir(&data_dir)
         .map_err(|error| format!("cannot create the data directory {}: {error}", data_dir.display()))?;
     tenant_admin::ensure_default_tenant(&data_dir).map_err(|error| error.to_string())
 }

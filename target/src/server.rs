@@ -128,7 +128,7 @@ impl Target {
     ) -> Result<Target, StartError> {
         config.validate()?;
         let data_dir = config.data_dir()?;
-        std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
+        create_data_dir(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
         // Before anything in the directory is opened: a second target would write the same
         // regions and, worse, reserve the same nonces of the same keys (GCM nonce reuse).
         let running = RunningMarker::take(&data_dir)?;
@@ -506,6 +506,15 @@ pub fn select_engine_in(
             Err(StartError::Engine(format!("engine {}: the device at {source} cannot be used: {error}", config.engine)))
         }
     }
+}
+
+/// Creates the data directory `path` where it is missing; a file in its place is named as such
+/// (`create_dir_all` says only "File exists").
+pub fn create_data_dir(path: &std::path::Path) -> io::Result<()> {
+    if path.exists() && !path.is_dir() {
+        return Err(io::Error::new(io::ErrorKind::NotADirectory, "it is a file, not a directory (--data-dir)"));
+    }
+    std::fs::create_dir_all(path)
 }
 
 /// Locks every page of the process now and every page it maps later, faulting them in, so the

@@ -3,7 +3,7 @@
 //! `default` tenant a secure-by-default target starts with, and the command-line spelling of
 //! spaces, permissions and ranges.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use netdam_auth::{KeyFile, KeyFileError, TenantKey};
@@ -149,10 +149,7 @@ pub fn delete_tenant(data_dir: &Path, name: &str) -> Result<DeletedTenant, Tenan
 /// it must be owner-only.
 pub fn import_key(path: &Path) -> Result<TenantKey, TenantAdminError> {
     let io = |source| KeyFileError::Io { path: path.to_path_buf(), source };
-    let mode = std::fs::metadata(path).map_err(io)?.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(KeyFileError::TooOpen { path: path.to_path_buf(), mode }.into());
-    }
+    netdam_auth::keyfile::check_owner_only(path)?;
     let text = std::fs::read_to_string(path).map_err(io)?;
     if let Ok(key) = TenantKey::from_hex(&text) {
         return Ok(key);
@@ -245,6 +242,7 @@ pub fn parse_range(text: &str) -> Result<(u64, u64), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn command_line_spellings_parse_and_bad_ones_name_the_culprit() {

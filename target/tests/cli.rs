@@ -290,7 +290,7 @@ fn a_refused_space_leaves_a_new_data_directory_empty() {
 /// lane, before anything is added (an empty one was skipped, shifting the later values down a
 /// lane); NaN and infinities read back as such in text (JSON has no such numbers).
 #[test]
-fn vadd_lanes_are_taken_as_written() {
+fn vadd_lanes_are_taken_as_written_and_refusals_say_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("target.toml"),
@@ -319,6 +319,41 @@ fn vadd_lanes_are_taken_as_written() {
     let text = String::from_utf8_lossy(&added.stdout);
     assert!(added.status.success(), "{}", String::from_utf8_lossy(&added.stderr));
     assert_eq!(text.trim(), "NaN,inf,-inf,1.5", "lanes after adding to zeroes");
+    // Other refusals say what to do before anything is sent.
+    for (args, says) in [
+        (&["fetch-add", "default", "3", "5"][..], "multiple of 8"),
+        (&["cas", "default", "12", "0", "1"][..], "multiple of 8"),
+        (&["encrypt", "default", "0", "16385", "--slot", "1"][..], "at most 16384 bytes"),
+        (&["top", "--once", "--metrics", "127.0.0.1:1"][..], "http://127.0.0.1:1/metrics"),
+        (&["top", "--once", "--metrics", "https://127.0.0.1:1/metrics"][..], "plain http"),
+    ] {
+        let refused =
+            netdam_command(dir.path()).args(["--target", &target, "--key", "none"]).args(args).output().unwrap();
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && message.contains(says), "{args:?}: {message}");
+    }
+}
+
+/// Admin commands name what is wrong and where to change it: the configured default region is
+/// not the store's to delete, a data directory that is a file, a key to import that is a
+/// directory.
+#[test]
+fn admin_refusals_say_where_the_fault_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let refused = target_admin(&["region", "delete", "default", "--data-dir", data]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("comes from the configuration"), "{message}");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let refused = target_admin(&["region", "list", "--data-dir", file.to_str().unwrap()]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("a file, not a directory"), "{message}");
+    let refused =
+        target_admin(&["tenant", "create", "imp", "--import-key", dir.path().to_str().unwrap(), "--data-dir", data]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("a directory, not a key file"), "{message}");
 }
 
 /// An admin command whose reader has gone (`| head`) ends quietly on SIGPIPE, without a

@@ -313,7 +313,7 @@ enum Command {
     /// BUSY answers, sessions and block I/O in flight (and per-session windows when pointed at
     /// a `netdam nbd --metrics-listen` endpoint). With --once --json, one JSON snapshot.
     Top {
-        /// The /metrics URL to read.
+        /// The /metrics URL to read (HOST:PORT alone means http://HOST:PORT/metrics).
         #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9464/metrics")]
         metrics: String,
         /// Seconds between refreshes (and the interval the rates and quantiles cover).
@@ -532,6 +532,27 @@ fn region_in_range(client: &Client, command: &str, name: &str, offset: u64, len:
     let region = client.region(name).map_err(|error| error.to_string())?;
     check_region_range(command, region, offset, len)?;
     Ok(region.id)
+}
+
+/// The region `name`, once the 8-byte word at `offset` is known to lie within it and to be
+/// aligned as atomics need (`command` starts the message; nothing is sent otherwise).
+fn word_in_range(client: &Client, command: &str, name: &str, offset: u64) -> Result<u16, String> {
+    if !offset.is_multiple_of(WORD_BYTES) {
+        return Err(format!(
+            "{command} at {offset}: atomics work on 8-byte words, so the offset must be a multiple of 8; \
+             nothing was sent"
+        ));
+    }
+    region_in_range(client, command, name, offset, WORD_BYTES)
+}
+
+/// Refuses an ENCRYPT or DECRYPT longer than one instruction may be, before anything is sent.
+fn crypto_length(command: &str, len: u64) -> Result<(), String> {
+    let max = netdam_isa::limits::MAX_CRYPTO_BYTES as u64;
+    if len > max {
+        return Err(format!("{command} of {len} bytes: at most {max} bytes per {command}; nothing was sent"));
+    }
+    Ok(())
 }
 
 /// The namespace `name`, once `blocks` blocks at block `lba` are known to lie within it
@@ -829,7 +850,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             report_transfer(cli.json, "wrote", region, *offset, bytes.len(), started.elapsed(), None);
         }
         Command::Cas { region, offset, expected, desired } => {
-            let space = region_in_range(&client, "cas", region, *offset, WORD_BYTES)?;
+            let space = word_in_range(&client, "cas", region, *offset)?;
             let old = client.cas(space, *offset, *expected, *desired).map_err(text)?;
             let swapped = old == *expected;
             if cli.json {
@@ -839,7 +860,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::FetchAdd { region, offset, addend } => {
-            let space = region_in_range(&client, "fetch-add", region, *offset, WORD_BYTES)?;
+            let space = word_in_range(&client, "fetch-add", region, *offset)?;
             let old = client.fetch_add(space, *offset, *addend).map_err(text)?;
             let new = old.wrapping_add(*addend);
             if cli.json {
@@ -947,6 +968,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Command::Encrypt { region, offset, len, crypto } => {
             let space = region_in_range(&client, "encrypt", region, *offset, *len)?;
+            crypto_length("encrypt", *len)?;
             let destination = crypto_destination(&client, "encrypt", crypto, *len)?;
             let length = u32_length(*len, "encrypt")?;
             let seal = client
@@ -965,6 +987,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Command::Decrypt { region, offset, len, seal, crypto } => {
             let space = region_in_range(&client, "decrypt", region, *offset, *len)?;
+            crypto_length("decrypt", *len)?;
             let destination = crypto_destination(&client, "decrypt", crypto, *len)?;
             let bytes = parse_hex(seal).ok_or_else(|| format!("--seal {seal:?} is not hex"))?;
             let seal = Seal::from_bytes(&bytes)
@@ -1023,6 +1046,19 @@ fn parse_hex(text: &str) -> Option<Vec<u8>> {
     (0..text.len()).step_by(2).map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok()).collect()
 }
 
+/// `--metrics` as a URL: `HOST:PORT` (as `--metrics-listen` takes it) is read as
+/// `http://HOST:PORT/metrics`; any other scheme than `http` is refused by name.
+fn metrics_url(given: &str) -> Result<String, String> {
+    match given.split_once("://") {
+        Some(("http", _)) => Ok(given.to_string()),
+        Some((scheme, _)) => Err(format!(
+            "--metrics {given}: the metrics endpoint speaks plain http, not {scheme} (http://HOST:PORT/metrics)"
+        )),
+        None if given.contains('/') => Ok(format!("http://{given}")),
+        None => Ok(format!("http://{given}/metrics")),
+    }
+}
+
 /// One scrape of `url`.
 fn scrape(url: &str) -> Result<Snapshot, String> {
     let (code, _, body) = netdam_metrics::http::get(url, None, std::time::Duration::from_secs(5)).map_err(|error| {
@@ -1036,6 +1072,7 @@ fn scrape(url: &str) -> Result<Snapshot, String> {
 
 /// `netdam top`: scrapes every interval and shows what changed since the last scrape.
 fn top(url: &str, interval: std::time::Duration, once: bool, json_out: bool) -> Result<(), String> {
+    let url = &metrics_url(url)?;
     let mut earlier = scrape(url)?;
     let mut taken = Instant::now();
     loop {
