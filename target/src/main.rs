@@ -405,7 +405,8 @@ fn parse_size(text: &str) -> Result<ByteSize, String> {
 struct SettingsArgs {
     /// TOML file with settings (listen, metrics_listen, data_dir, workers, poll, adaptive_spin_us, pin_workers,
     /// lock_memory, max_datagram_bytes, busy_threshold_us, block_sqpoll_idle_ms, answer_trains, sessions_per_worker,
-    /// max_sessions_per_address, session_idle_timeout_ms, engine, fpga_window, fpga_progress_deadline_ms, fpga_namespace, [[region]] tables with name, backend =
+    /// max_sessions_per_address, session_idle_timeout_ms, engine, fpga_window, fpga_progress_deadline_ms, fpga_namespace,
+    /// auth, allow_unauthenticated_network, session_permissions, extensions, [[region]] tables with name, backend =
     /// mem|file|dax, path, size, and [[namespace]] tables with name, backend =
     /// file|blockdev|pmem, path, size, block_size). `netdam-target config` prints them all.
     #[arg(long, value_name = "FILE")]
@@ -937,6 +938,12 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
                 .and_then(|metadata| metadata.set_tenant(&name, &settings))
                 .map_err(|error| error.to_string())?;
             println!("tenant {name:?}: {}", limits_text(&record));
+            if settings.burst.is_some() && record.limits.cost_per_second == 0 {
+                eprintln!(
+                    "netdam-target: warning: tenant {name:?} has no rate limit, so its burst limits nothing; \
+                     give --cost-per-second too"
+                );
+            }
             after_tenant_change(&data_dir);
         }
     }
@@ -951,14 +958,23 @@ fn grant_command(args: GrantArgs) -> Result<(), String> {
     let (config, data_dir) = store_context(&store)?;
     let grant = GrantRecord { space: space.clone(), permissions, range };
     let known = KnownSpaces::from_config(&config, store.config.as_deref());
-    let record = MetadataStore::open(&data_dir)
-        .and_then(|metadata| metadata.grant(&tenant, &grant, &known))
-        .map_err(|error| error.to_string())?;
+    let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
+    let record = metadata.grant(&tenant, &grant, &known).map_err(|error| error.to_string())?;
     let held = record.grants.iter().find(|held| held.space == space).expect("a grant just made is held");
     println!("tenant {tenant:?} now holds {}", grant_text(held));
     if let Some(advice) = tenant_admin::grant_advice(&tenant, held) {
         eprintln!("netdam-target: warning: {advice}");
     }
+    if let (GrantSpace::Namespace(name), Some(range)) = (&space, range) {
+        let stored = metadata.namespaces().unwrap_or_default();
+        let block_bytes = config.namespaces.iter().chain(&stored).find(|namespace| &namespace.name == name);
+        if let Some(advice) =
+            block_bytes.and_then(|namespace| tenant_admin::range_advice(name, range, u64::from(namespace.block_size)))
+        {
+            eprintln!("netdam-target: warning: {advice}");
+        }
+    }
+    drop(metadata);
     after_tenant_change(&data_dir);
     Ok(())
 }
@@ -1110,9 +1126,10 @@ fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path
         let locked = if region.is_locked() { "locked in memory" } else { "NOT locked in memory (see log)" };
         let _ = writeln!(
             banner,
-            "  region {id} {:?}: {} bytes, {durability}, {backing}, {locked}",
+            "  region {id} {:?}: {} bytes, {durability}, {backing}, {locked}{}",
             region.name(),
-            region.len()
+            region.len(),
+            if target.region_on_fpga(id) { "; served from the FPGA's memory" } else { "" }
         );
     }
     for (id, namespace) in target.namespaces().iter() {

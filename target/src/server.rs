@@ -289,6 +289,12 @@ impl Target {
         self.engine_name
     }
 
+    /// Whether region `id` is served from the FPGA's memory now (its host mapping is then not
+    /// where its bytes live).
+    pub fn region_on_fpga(&self, id: u16) -> bool {
+        self.shared.engine.region_on_device(id)
+    }
+
     /// Why this engine was selected: the device used, or why `auto` found none. The daemon
     /// writes it in its start line.
     pub fn engine_selection(&self) -> &str {

@@ -206,6 +206,26 @@ pub fn grant_advice(tenant: &str, held: &GrantRecord) -> Option<String> {
     }
 }
 
+/// Advice on a namespace grant's byte range that does not fall on `block_bytes` boundaries: a
+/// block transfer must lie wholly inside the range, so a range within one block allows none,
+/// and the ends of an unaligned one allow nothing.
+pub fn range_advice(namespace: &str, (offset, len): (u64, u64), block_bytes: u64) -> Option<String> {
+    if block_bytes == 0 || (offset.is_multiple_of(block_bytes) && len.is_multiple_of(block_bytes)) {
+        return None;
+    }
+    let first = offset.div_ceil(block_bytes);
+    let end = offset.saturating_add(len) / block_bytes;
+    let blocks = if end > first {
+        format!("only blocks {first}..{end} lie wholly inside it, and only they can be read or written")
+    } else {
+        "no whole block lies inside it, so it allows no block transfer at all".to_string()
+    };
+    Some(format!(
+        "the range {offset}:{len} is not on namespace {namespace:?}'s {block_bytes}-byte block boundaries: {blocks} \
+         (give an offset and length that are multiples of {block_bytes})"
+    ))
+}
+
 /// A space as the command line names it: `region:NAME`, `namespace:NAME` or `all`.
 pub fn parse_space(text: &str) -> Result<GrantSpace, String> {
     let bad = || format!("space {text:?}: write region:NAME, namespace:NAME or all");
@@ -243,6 +263,15 @@ pub fn parse_range(text: &str) -> Result<(u64, u64), String> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_namespace_range_off_block_boundaries_is_explained() {
+        assert_eq!(range_advice("disk", (0, 8192), 4096), None);
+        let none = range_advice("disk", (0, 1000), 4096).unwrap();
+        assert!(none.contains("no whole block") && none.contains("4096-byte"), "{none}");
+        let some = range_advice("disk", (100, 3 * 4096), 4096).unwrap();
+        assert!(some.contains("only blocks 1..3"), "{some}");
+    }
 
     #[test]
     fn command_line_spellings_parse_and_bad_ones_name_the_culprit() {

@@ -324,6 +324,8 @@ fn vadd_lanes_are_taken_as_written_and_refusals_say_what_to_do() {
         (&["fetch-add", "default", "3", "5"][..], "multiple of 8"),
         (&["cas", "default", "12", "0", "1"][..], "multiple of 8"),
         (&["encrypt", "default", "0", "16385", "--slot", "1"][..], "at most 16384 bytes"),
+        (&["reduce", "default", "0", "0"][..], "whole number of F32 lanes"),
+        (&["fetch-add", "default", "0", "18446744073709551616"][..], "not a 64-bit value"),
         (&["top", "--once", "--metrics", "127.0.0.1:1"][..], "http://127.0.0.1:1/metrics"),
         (&["top", "--once", "--metrics", "https://127.0.0.1:1/metrics"][..], "plain http"),
     ] {

@@ -32,7 +32,8 @@ use ranges::{check_block_range, check_region_range};
 
 /// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
 /// the target's memory regions. Regions are named as the target lists them (`netdam regions`)
-/// or by number. Offsets and lengths, in bytes or in blocks, take 0x hex and KiB/MiB/GiB/TiB
+/// or by number (a number is a position in that list, which a deleted region shifts at the
+/// target's next start: scripts should use names). Offsets and lengths, in bytes or in blocks, take 0x hex and KiB/MiB/GiB/TiB
 /// suffixes (K, M, G, T also: powers of 1024).
 #[derive(Debug, Parser)]
 #[command(name = "netdam", version)]
@@ -474,10 +475,11 @@ fn parse_instruction_blocks(text: &str) -> Result<u32, String> {
 }
 
 fn parse_word(text: &str) -> Result<u64, String> {
-    if let Some(negative) = text.strip_prefix('-') {
-        return negative.parse::<u64>().map(|value| value.wrapping_neg()).map_err(|error| format!("{text:?}: {error}"));
-    }
-    parse_bytes(text)
+    let parsed = match text.strip_prefix('-') {
+        Some(negative) => negative.parse::<u64>().ok().map(u64::wrapping_neg),
+        None => parse_bytes(text).ok(),
+    };
+    parsed.ok_or_else(|| format!("{text:?} is not a 64-bit value (0 to 2^64-1, hex as 0x..., or negative)"))
 }
 
 fn main() -> ExitCode {
@@ -936,6 +938,10 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Reduce { region, offset, len, lane, op } => {
+            let lane_bytes = lane.lane_type().lane_bytes() as u64;
+            if *len == 0 || !len.is_multiple_of(lane_bytes) {
+                return Err(format!("reduce of {len} bytes: give a whole number of {lane:?} lanes ({lane_bytes} bytes each), at least one; nothing was sent"));
+            }
             let space = region_in_range(&client, "reduce", region, *offset, *len)?;
             let reduce_op = match op {
                 Reduction::Sum => ReduceOp::Sum,
