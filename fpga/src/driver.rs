@@ -60,7 +60,10 @@ pub enum DriverError {
         reason: &'static str,
     },
     /// The device did not become ready (or finish a reset) in time.
-    #[error("device not ready after the attach timeout (STATUS {status:#x})")]
+    #[error(
+        "device not ready after the attach timeout (STATUS {status:#x}): is the device, or netdam-fpga-model \
+         for a model's window, running and serving this window?"
+    )]
     NotReady {
         /// STATUS when we gave up.
         status: u32,

@@ -797,6 +797,10 @@ fn a_default_key_found_on_its_own_is_named_when_refused_and_none_opts_out() {
             && message.contains("default.key"),
         "{message}"
     );
+    // The key given by name is described too: its tenant and key version.
+    let refused = netdam_at(&test, &["--key", key_path.to_str().unwrap(), "regions"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("tenant \"default\" (id 1), key version 1"), "{message}");
     let listed = netdam_ok(&test, &["--key", "none", "regions"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains("vol"));
     let by_env = netdam_command(test.dir.path())

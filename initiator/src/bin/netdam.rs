@@ -506,15 +506,31 @@ fn main() -> ExitCode {
 /// A refused key that the user never named is the default tenant's key file, found on its
 /// own: says so, since the user may not know a key was presented at all.
 fn with_key_hint(cli: &Cli, message: String) -> String {
-    let implicit = cli.key.is_none() && message.contains("unauthenticated");
-    match netdam_initiator::keys::default_key_path().filter(|path| implicit && path.exists()) {
-        Some(path) => format!(
-            "{message} (the key presented was the default tenant's, {}, used because neither --key nor \
-             NETDAM_KEY was given)",
-            path.display()
-        ),
-        None => message,
+    if !message.contains("unauthenticated") {
+        return message;
     }
+    let explicit = cli.key.as_deref().filter(|path| path.as_os_str() != netdam_initiator::keys::NO_KEY);
+    let (path, why) = match explicit {
+        Some(path) => (path.to_path_buf(), ""),
+        None if cli.key.is_some() => return message,
+        None => match netdam_initiator::keys::default_key_path().filter(|path| path.exists()) {
+            Some(path) => (path, ", used because neither --key nor NETDAM_KEY was given"),
+            None => return message,
+        },
+    };
+    // The key file was read for the session, so it reads again; what it says of its tenant
+    // tells a wrong file from a rotated or deleted tenant.
+    let presented = match netdam_auth::KeyFile::load(&path) {
+        Ok(file) => {
+            format!("tenant {:?} (id {}), key version {}, from {}", file.tenant, file.id, file.version, path.display())
+        }
+        Err(_) => path.display().to_string(),
+    };
+    let default = if why.is_empty() { "" } else { "the default tenant's key, " };
+    format!(
+        "{message} (the key presented: {default}{presented}{why}; `netdam-target tenant list` on the target shows \
+         its tenants and key versions)"
+    )
 }
 
 /// Bytes CAS and FETCH_ADD address: one aligned 64-bit word.
