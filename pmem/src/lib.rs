@@ -359,7 +359,7 @@ fn available_bytes(file: &File) -> Option<u64> {
     }
     // SAFETY: initialised by the successful call above.
     let stats = unsafe { stats.assume_init() };
-    Some(u64::from(stats.f_bavail).saturating_mul(u64::from(stats.f_frsize)))
+    Some(stats.f_bavail.saturating_mul(stats.f_frsize))
 }
 
 fn map_file(name: &str, path: &Path, size_bytes: u64, dax: bool) -> Result<*mut u8, RegionError> {

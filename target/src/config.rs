@@ -211,7 +211,7 @@ impl RegionConfig {
         check_name("region", name)?;
         let invalid = |message: String| Err(ConfigError::Invalid(message));
         let page = netdam_pmem::page_bytes() as u64;
-        if self.size.0 == 0 || self.size.0 % page != 0 {
+        if self.size.0 == 0 || !self.size.0.is_multiple_of(page) {
             return invalid(format!(
                 "region {name:?}: size = {}: a region is a whole number of {page}-byte pages (at least one)",
                 self.size.0
