@@ -181,16 +181,19 @@ impl AllreducePlan {
         header[16..].copy_from_slice(&(self.len as u64).to_le_bytes());
         header
     }
+}
 
-    /// What this plan asks for, in words, for the errors that compare it with the header.
-    fn describe(workers: u64, len: u64, lane: u64, op: u64) -> String {
-        let lane = [LaneType::F32, LaneType::I32, LaneType::Bf16]
-            .into_iter()
-            .find(|known| *known as u64 == lane)
-            .map_or_else(|| format!("lane type {lane}"), |lane| format!("{lane:?} lanes"));
-        let op = if op == 0 { "sum" } else { "maximum" };
-        format!("{workers} workers with buffers of {len} bytes of {lane}, {op}")
-    }
+/// The plan a header (as [`AllreducePlan::header`] writes it) describes, in words.
+fn header_text(header: &[u8]) -> String {
+    let word = |index: usize| u64::from_le_bytes(header[8 * index..8 * index + 8].try_into().expect("8 bytes"));
+    let (shape, len) = (word(1), word(2));
+    let lane = (shape >> 32) & 0xFF;
+    let lane = [LaneType::F32, LaneType::I32, LaneType::Bf16]
+        .into_iter()
+        .find(|known| *known as u64 == lane)
+        .map_or_else(|| format!("lane type {lane}"), |lane| format!("{lane:?} lanes"));
+    let op = if shape >> 40 == 0 { "sum" } else { "maximum" };
+    format!("{} workers with buffers of {len} bytes of {lane}, {op}", shape & 0xFFFF_FFFF)
 }
 
 /// Bytes of the area's header (see the module documentation).
@@ -204,23 +207,19 @@ const HEADER_MAGIC: u64 = u64::from_le_bytes(*b"NDallrd1");
 fn join(client: &mut Client, plan: &AllreducePlan) -> Result<(), AllreduceError> {
     let mut header = [0u8; HEADER_BYTES as usize];
     client.read(plan.space, plan.offset, &mut header)?;
-    let word = |index: usize| u64::from_le_bytes(header[8 * index..8 * index + 8].try_into().expect("8 bytes"));
     let at = format!("the area at {} of region {}", plan.offset, plan.space);
-    if word(0) != HEADER_MAGIC {
+    if header[..8] != HEADER_MAGIC.to_le_bytes() {
         return Err(AllreduceError::Plan(format!(
             "{at} is not prepared for an Allreduce: run it with --prepare once, before the workers \
              (an area's old contents would be summed in)"
         )));
     }
     if header[..24] != plan.header() {
-        let shape = word(1);
-        let expected = plan.header();
-        let mine = u64::from_le_bytes(expected[8..16].try_into().expect("8 bytes"));
         return Err(AllreduceError::Plan(format!(
             "{at} was prepared for {}; this worker asks for {}: give every worker the --workers, --type \
              and buffer size it was prepared with",
-            AllreducePlan::describe(shape & 0xFFFF_FFFF, word(2), (shape >> 32) & 0xFF, shape >> 40),
-            AllreducePlan::describe(mine & 0xFFFF_FFFF, plan.len as u64, (mine >> 32) & 0xFF, mine >> 40),
+            header_text(&header),
+            header_text(&plan.header()),
         )));
     }
     let joined = client.fetch_add(plan.space, plan.offset + 24, 1)?;

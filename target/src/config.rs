@@ -270,21 +270,21 @@ pub fn check_distinct_backings(
         regions.iter().filter_map(|region| Some((format!("region {:?}", region.name), region.path.as_deref()?))).chain(
             namespaces.iter().map(|namespace| (format!("namespace {:?}", namespace.name), namespace.path.as_path())),
         );
-    let mut seen: Vec<(String, PathBuf, Identity)> = Vec::new();
+    let mut seen: Vec<(String, Identity)> = Vec::new();
     for (space, path) in backings {
         let path = crate::namespaces::resolve(path, data_dir);
         let identity = match std::fs::metadata(&path) {
             Ok(metadata) => Identity::Inode(metadata.dev(), metadata.ino()),
             Err(_) => Identity::Path(path.components().collect()),
         };
-        if let Some((other, _, _)) = seen.iter().find(|(_, _, known)| *known == identity) {
+        if let Some((other, _)) = seen.iter().find(|(_, known)| *known == identity) {
             return Err(ConfigError::Invalid(format!(
                 "{space} and {other} are both backed by {}: each region and namespace needs a file or device \
                  of its own (one would overwrite the other's bytes)",
                 path.display()
             )));
         }
-        seen.push((space, path, identity));
+        seen.push((space, identity));
     }
     Ok(())
 }

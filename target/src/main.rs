@@ -967,9 +967,9 @@ fn grant_command(args: GrantArgs) -> Result<(), String> {
     }
     if let (GrantSpace::Namespace(name), Some(range)) = (&space, range) {
         let stored = metadata.namespaces().unwrap_or_default();
-        let block_bytes = config.namespaces.iter().chain(&stored).find(|namespace| &namespace.name == name);
+        let granted = config.namespaces.iter().chain(&stored).find(|namespace| &namespace.name == name);
         if let Some(advice) =
-            block_bytes.and_then(|namespace| tenant_admin::range_advice(name, range, u64::from(namespace.block_size)))
+            granted.and_then(|namespace| tenant_admin::range_advice(name, range, u64::from(namespace.block_size)))
         {
             eprintln!("netdam-target: warning: {advice}");
         }
