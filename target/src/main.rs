@@ -339,7 +339,8 @@ enum RegionCommand {
         /// mem (volatile), file (msync-persisted mapping) or dax (MAP_SYNC mapping on a DAX file system).
         #[arg(long, value_enum)]
         backend: RegionBackend,
-        /// Backing file for file and dax; relative paths are under the data directory.
+        /// Backing file for file and dax; relative paths are under the data directory. Directories
+        /// missing on its path are created; a refused create removes the file it made, not those.
         #[arg(long, value_name = "PATH")]
         path: Option<PathBuf>,
         /// Size, e.g. 64MiB: a whole number of pages.
