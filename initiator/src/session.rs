@@ -279,8 +279,6 @@ impl Datagram {
     }
 }
 
-/// Seals an encoded request of session `session_id` (not one waiting for its session, id 0)
-/// with the session's request key and the next counter, when the session is authenticated.
 /// Refuses a session that asks for encryption without a key to derive it from: it would go on
 /// in the clear, which the caller asked not to.
 pub(crate) fn check_encryption(config: &SessionConfig) -> Result<(), ClientError> {
@@ -294,6 +292,8 @@ pub(crate) fn check_encryption(config: &SessionConfig) -> Result<(), ClientError
     Ok(())
 }
 
+/// Seals an encoded request of session `session_id` (not one waiting for its session, id 0)
+/// with the session's request key and the next counter, when the session is authenticated.
 fn seal_request(keys: Option<&SessionKeys>, counter: &mut u64, session_id: u32, datagram: &mut Datagram) {
     let Some(keys) = keys else { return };
     if session_id == 0 {

@@ -653,6 +653,26 @@ fn after_change(data_dir: &std::path::Path) {
     }
 }
 
+/// Checks a region or namespace about to be created beside every space the target would serve
+/// with it (configured and stored): names unique, counts bounded, no file or device shared.
+fn check_beside_the_others(
+    config: &Config,
+    metadata: &MetadataStore,
+    data_dir: &std::path::Path,
+    region: Option<&RegionConfig>,
+    namespace: Option<&NamespaceConfig>,
+) -> Result<(), String> {
+    let text = |error: MetadataError| error.to_string();
+    let mut regions = config.effective_regions();
+    regions.extend(metadata.regions().map_err(text)?);
+    regions.extend(region.cloned());
+    let mut namespaces = config.namespaces.clone();
+    namespaces.extend(metadata.namespaces().map_err(text)?);
+    namespaces.extend(namespace.cloned());
+    validate_spaces(&regions, &namespaces).map_err(|error| error.to_string())?;
+    check_distinct_backings(&regions, &namespaces, data_dir).map_err(|error| error.to_string())
+}
+
 fn region_command(command: RegionCommand) -> Result<(), String> {
     match command {
         RegionCommand::Create { name, backend, path, size, store } => {
@@ -672,13 +692,7 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
                 }
             }
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
-            let mut regions = config.effective_regions();
-            regions.extend(metadata.regions().map_err(|error| error.to_string())?);
-            regions.push(region.clone());
-            let mut namespaces = config.namespaces.clone();
-            namespaces.extend(metadata.namespaces().map_err(|error| error.to_string())?);
-            validate_spaces(&regions, &namespaces).map_err(|error| error.to_string())?;
-            check_distinct_backings(&regions, &namespaces, &data_dir).map_err(|error| error.to_string())?;
+            check_beside_the_others(&config, &metadata, &data_dir, Some(&region), None)?;
             // Open it once: creates the file and proves the backing works before it is recorded.
             let backing = match (&region.backend, &region.path) {
                 (RegionBackend::File, Some(path)) => Some(Backing::File(resolve(path, &data_dir))),
@@ -743,13 +757,7 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
             blocks_fit_datagrams(config.max_datagram_bytes, std::slice::from_ref(&namespace))
                 .map_err(|error| error.to_string())?;
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
-            let mut namespaces = config.namespaces.clone();
-            namespaces.extend(metadata.namespaces().map_err(|error| error.to_string())?);
-            namespaces.push(namespace.clone());
-            let mut regions = config.effective_regions();
-            regions.extend(metadata.regions().map_err(|error| error.to_string())?);
-            validate_spaces(&regions, &namespaces).map_err(|error| error.to_string())?;
-            check_distinct_backings(&regions, &namespaces, &data_dir).map_err(|error| error.to_string())?;
+            check_beside_the_others(&config, &metadata, &data_dir, None, Some(&namespace))?;
             // Open it once: creates a missing file and proves a device opens on it.
             let opened = open_namespace(&namespace, &data_dir).map_err(|error| error.to_string())?;
             metadata.create_namespace(&namespace).map_err(|error| error.to_string())?;

@@ -894,10 +894,12 @@ fn run(cli: &Cli) -> Result<(), String> {
             let space = region_in_range(&client, "vadd", region, *offset, lanes.len() as u64)?;
             let result = client.vadd(space, *offset, lane_type, &lanes, *return_result).map_err(text)?;
             let count = lanes.len() / lane_type.lane_bytes();
+            let values = decode_lanes(&result, *lane);
             if cli.json {
-                println!("{}", json!({"lanes": count, "result": decode_lanes(&result, *lane)}));
+                let values: Vec<serde_json::Value> = values.into_iter().map(LaneValue::json).collect();
+                println!("{}", json!({"lanes": count, "result": values}));
             } else if *return_result {
-                println!("{}", lanes_text(&result, *lane));
+                println!("{}", values.iter().map(LaneValue::to_string).collect::<Vec<_>>().join(","));
             } else {
                 println!("added {count} {lane:?} lanes at {offset}");
             }
@@ -1391,35 +1393,44 @@ fn encode_lanes(values: &str, lane: Lane) -> Result<(LaneType, Vec<u8>), String>
             }
         }
     }
-    let lane_type = match lane {
-        Lane::F32 => LaneType::F32,
-        Lane::I32 => LaneType::I32,
-        Lane::Bf16 => LaneType::Bf16,
-    };
-    Ok((lane_type, bytes))
+    Ok((lane.lane_type(), bytes))
 }
 
-/// Lane values as text: as Rust writes them, so NaN and infinities show (JSON has no such
-/// numbers and writes them `null`).
-fn lanes_text(bytes: &[u8], lane: Lane) -> String {
-    let values: Vec<String> = match lane {
-        Lane::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_string()).collect(),
-        Lane::I32 => bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_string()).collect(),
-        Lane::Bf16 => bytes
-            .chunks_exact(2)
-            .map(|c| netdam_isa::semantics::bf16_to_f32(u16::from_le_bytes([c[0], c[1]])).to_string())
-            .collect(),
-    };
-    values.join(",")
+/// One lane's value as a VADD answer carries it back.
+#[derive(Debug, Clone, Copy)]
+enum LaneValue {
+    Int(i32),
+    Float(f32),
 }
 
-fn decode_lanes(bytes: &[u8], lane: Lane) -> Vec<serde_json::Value> {
+impl LaneValue {
+    /// As JSON, which has no NaN or infinities: those are `null`.
+    fn json(self) -> serde_json::Value {
+        match self {
+            LaneValue::Int(value) => json!(value),
+            LaneValue::Float(value) => json!(value),
+        }
+    }
+}
+
+impl std::fmt::Display for LaneValue {
+    /// As Rust writes numbers, so NaN and infinities show as such.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LaneValue::Int(value) => write!(f, "{value}"),
+            LaneValue::Float(value) => write!(f, "{value}"),
+        }
+    }
+}
+
+fn decode_lanes(bytes: &[u8], lane: Lane) -> Vec<LaneValue> {
+    let word = |c: &[u8]| [c[0], c[1], c[2], c[3]];
     match lane {
-        Lane::F32 => bytes.chunks_exact(4).map(|c| json!(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
-        Lane::I32 => bytes.chunks_exact(4).map(|c| json!(i32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect(),
+        Lane::F32 => bytes.chunks_exact(4).map(|c| LaneValue::Float(f32::from_le_bytes(word(c)))).collect(),
+        Lane::I32 => bytes.chunks_exact(4).map(|c| LaneValue::Int(i32::from_le_bytes(word(c)))).collect(),
         Lane::Bf16 => bytes
             .chunks_exact(2)
-            .map(|c| json!(netdam_isa::semantics::bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))))
+            .map(|c| LaneValue::Float(netdam_isa::semantics::bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))))
             .collect(),
     }
 }
