@@ -20,13 +20,13 @@
 #   orientation (measurements, not pass/fail criteria).
 # Takes about half a minute. Exit status: 0 passed, 1 failed, 77 skipped (with "SKIPPED: why",
 # e.g. when fio's source, which the engine is compiled against, cannot be obtained).
-# NETDAM_FIO_SECONDS sets the length of each measured run (default 2); NETDAM_FIO_PORT the
+# NETDAM_FIO_SECONDS sets the length of each measured run (default 1); NETDAM_FIO_PORT the
 # target's UDP port (default: a free one in 20000-39999).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=never
-seconds="${NETDAM_FIO_SECONDS:-2}"
+seconds="${NETDAM_FIO_SECONDS:-1}"
 failures=0
 
 step() { printf '\n== %s\n' "$*"; }

@@ -65,13 +65,13 @@ else
   cargo test -p netdam-nvme --test backends --locked -- --ignored 2>&1 | tee -a "$log"
 fi
 
-step "fuzz (decoder, 30 s)"
+step "fuzz (decoder, 20 s)"
 if cargo +nightly --version >/dev/null 2>&1; then
   if ! command -v cargo-fuzz >/dev/null; then
     cargo install cargo-fuzz --locked
   fi
   # New interesting inputs land in isa/fuzz/corpus/decode; commit them so the replay test keeps them.
-  (cd isa && cargo +nightly fuzz run decode -- -max_total_time=30 -max_len=2048 2>&1 | tail -n 3)
+  (cd isa && cargo +nightly fuzz run decode -- -max_total_time=20 -max_len=2048 2>&1 | tail -n 3)
 else
   skip "fuzz pass: cargo fuzz needs a nightly toolchain, and none is installed (the corpus replay ran as a test)"
 fi

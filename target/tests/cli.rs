@@ -890,6 +890,54 @@ fn an_out_of_range_write_changes_nothing() {
     assert_refused_out_of_range(&refused, &args, "10 blocks at block 60", "namespace \"disk\" (64 blocks");
 }
 
+/// A write of nothing (`--data ""`, an empty file, stdin at its end) is refused by `write` and
+/// `bwrite` alike, naming where the input came from; what was there stays.
+#[test]
+fn a_write_of_nothing_is_refused_naming_its_source() {
+    let test = start_vol_and_disk();
+    let empty = test.dir.path().join("empty.bin");
+    std::fs::write(&empty, b"").unwrap();
+    let empty = empty.to_str().unwrap();
+    netdam_ok(&test, &["write", "vol", "0", "--data", "kept"]);
+    for (args, says) in [
+        (vec!["write", "vol", "0", "--data", ""], "write of nothing: --data is empty"),
+        (vec!["write", "vol", "0", "--file", empty], "write of nothing: "),
+        (vec!["write", "vol", "0"], "write of nothing: stdin gave no bytes"),
+        (vec!["bwrite", "disk", "0", "--data", ""], "bwrite of nothing: --data is empty"),
+        (vec!["bwrite", "disk", "0", "--file", empty], "bwrite of nothing: "),
+    ] {
+        // Stdin is /dev/null (`Command::output`), so the stdin case reads nothing at once.
+        let refused = netdam_at(&test, &args);
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && message.contains(says), "netdam {args:?}: {message}");
+        if args.contains(&"--file") {
+            assert!(message.contains("empty.bin is empty"), "netdam {args:?} names the file: {message}");
+        }
+    }
+    assert_eq!(netdam_ok(&test, &["read", "vol", "0", "4", "--out", "-"]).stdout, b"kept");
+}
+
+/// An option's variable set to nothing (`export NETDAM_KEY=`, how a shell clears a setting)
+/// counts as unset, as the fio engine already took it: the option's default applies, where
+/// clap said "a value is required for '--key <FILE>'".
+#[test]
+fn empty_environment_settings_count_as_unset() {
+    let test = start_vol_and_disk();
+    let output = netdam_command(test.dir.path())
+        .env("NETDAM_TARGET", test.target.local_addr().to_string())
+        .env("NETDAM_KEY", "")
+        .env("NETDAM_ENCRYPT", "")
+        .args(["write", "vol", "0", "--data", "set"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "empty NETDAM_KEY and NETDAM_ENCRYPT: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(netdam_ok(&test, &["read", "vol", "0", "3", "--out", "-"]).stdout, b"set");
+}
+
 /// Block numbers and counts take 0x hex, as byte offsets and lengths do.
 #[test]
 fn block_numbers_and_counts_take_hex() {

@@ -45,7 +45,7 @@ struct Cli {
     /// The tenant's key file (written by `netdam-target tenant create`). Without it, the key of
     /// the default tenant of a target started here with its embedded default is used if
     /// present ($XDG_DATA_HOME/netdam/tenants/default.key or ~/.local/share/netdam/tenants/default.key).
-    /// `none`: present no key (for a target with auth = "none").
+    /// `none`: present no key (for a target with auth = "none"). An empty NETDAM_KEY counts as unset.
     #[arg(long, global = true, env = "NETDAM_KEY", value_name = "FILE")]
     key: Option<std::path::PathBuf>,
     /// With a key: also encrypt every datagram's instructions and results (the MAC alone
@@ -489,6 +489,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    ignore_empty_settings();
     let cli = Cli::parse();
     match run(&cli).map_err(|message| with_key_hint(&cli, message)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -499,6 +500,22 @@ fn main() -> ExitCode {
                 eprintln!("netdam: {message}");
             }
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The environment variables that stand for options (`NETDAM_TARGET`, `NETDAM_KEY`,
+/// `NETDAM_ENCRYPT`).
+const SETTINGS_FROM_ENVIRONMENT: [&str; 3] = ["NETDAM_TARGET", "NETDAM_KEY", "NETDAM_ENCRYPT"];
+
+/// An option's environment variable set to nothing (`export NETDAM_KEY=`, the shell's way to
+/// clear a setting) counts as unset, so the option takes its default instead of failing with
+/// "a value is required".
+fn ignore_empty_settings() {
+    for name in SETTINGS_FROM_ENVIRONMENT {
+        if std::env::var_os(name).is_some_and(|value| value.is_empty()) {
+            // SAFETY: called at the start of main, before any thread exists.
+            unsafe { std::env::remove_var(name) };
         }
     }
 }
@@ -756,12 +773,9 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Command::Bwrite { namespace, lba, file, data, fua, pad } => {
             let info = client.namespace(namespace).map_err(text)?.clone();
-            let mut bytes = input_bytes(file.as_deref(), data.as_deref())?;
+            let mut bytes = input_bytes("bwrite", file.as_deref(), data.as_deref())?;
             let block_bytes = info.block_bytes as usize;
             let partial = bytes.len() % block_bytes;
-            if bytes.is_empty() {
-                return Err("nothing to write: the input is empty".to_string());
-            }
             if partial != 0 {
                 if !pad {
                     return Err(format!(
@@ -861,7 +875,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             })?;
         }
         Command::Write { region, offset, file, data } => {
-            let bytes = input_bytes(file.as_deref(), data.as_deref())?;
+            let bytes = input_bytes("write", file.as_deref(), data.as_deref())?;
             let space = region_in_range(&client, "write", region, *offset, bytes.len() as u64)?;
             let started = Instant::now();
             client.write(space, *offset, &bytes).map_err(text)?;
@@ -1313,17 +1327,26 @@ fn emit_read(
     }
 }
 
-/// The bytes to write: from a file, from text, or from standard input.
-fn input_bytes(file: Option<&std::path::Path>, data: Option<&str>) -> Result<Vec<u8>, String> {
-    match (file, data) {
-        (Some(path), _) => std::fs::read(path).map_err(|error| format!("reading {}: {error}", path.display())),
-        (None, Some(text)) => Ok(text.as_bytes().to_vec()),
+/// The bytes a `write` or `bwrite` sends: FILE, else --data, else stdin. An empty input is
+/// refused by its source: a write of nothing is almost always an empty file or a forgotten
+/// pipe, and succeeding silently would hide it.
+fn input_bytes(command: &str, file: Option<&std::path::Path>, data: Option<&str>) -> Result<Vec<u8>, String> {
+    let (bytes, source) = match (file, data) {
+        (Some(path), _) => (
+            std::fs::read(path).map_err(|error| format!("reading {}: {error}", path.display()))?,
+            format!("{} is empty", path.display()),
+        ),
+        (None, Some(text)) => (text.as_bytes().to_vec(), "--data is empty".to_string()),
         (None, None) => {
             let mut bytes = Vec::new();
             std::io::stdin().read_to_end(&mut bytes).map_err(|error| format!("reading stdin: {error}"))?;
-            Ok(bytes)
+            (bytes, "stdin gave no bytes (pass --file FILE or --data TEXT, or pipe the data in)".to_string())
         }
+    };
+    if bytes.is_empty() {
+        return Err(format!("{command} of nothing: {source}; nothing was written"));
     }
+    Ok(bytes)
 }
 
 fn report_blocks(
