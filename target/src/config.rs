@@ -273,6 +273,12 @@ pub fn check_distinct_backings(
     let mut seen: Vec<(String, Identity)> = Vec::new();
     for (space, path) in backings {
         let path = crate::namespaces::resolve(path, data_dir);
+        if let Some(what) = target_file(&path, data_dir) {
+            return Err(ConfigError::Invalid(format!(
+                "{space} would be backed by {}, {what}: give it a file of its own (writing to it would destroy it)",
+                path.display()
+            )));
+        }
         let identity = match std::fs::metadata(&path) {
             Ok(metadata) => Identity::Inode(metadata.dev(), metadata.ino()),
             Err(_) => Identity::Path(path.components().collect()),
@@ -287,6 +293,45 @@ pub fn check_distinct_backings(
         seen.push((space, identity));
     }
     Ok(())
+}
+
+/// What `path` is, if it is one of the files the target keeps for itself in `data_dir` (its
+/// metadata store, the lock of a running target, a nonce reservation, a tenant's key): no
+/// space may be backed by one. Links and `..` are followed, so another spelling of the same
+/// file is caught.
+fn target_file(path: &Path, data_dir: &Path) -> Option<&'static str> {
+    let real = real_path(path)?;
+    let data_dir = real_path(data_dir)?;
+    if real.starts_with(data_dir.join(crate::tenant_admin::TENANTS_DIR)) {
+        return Some("the data directory's tenant keys");
+    }
+    if real.parent() != Some(data_dir.as_path()) {
+        return None;
+    }
+    let name = real.file_name()?.to_str()?;
+    if name == crate::metadata::METADATA_FILE {
+        Some("the data directory's metadata store (spaces, tenants and their keys)")
+    } else if name == crate::server::RUNNING_FILE {
+        Some("the data directory's lock of a running target")
+    } else if name.starts_with(crate::crypto::NONCE_FILE_PREFIX) {
+        Some("a nonce reservation of the data directory's crypto keys")
+    } else {
+        None
+    }
+}
+
+/// `path` with links and `..` resolved as far as it exists, and the rest of it (names still to
+/// be created) appended as written.
+fn real_path(path: &Path) -> Option<PathBuf> {
+    let mut existing = path;
+    let mut missing = Vec::new();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(existing) {
+            return Some(missing.iter().rev().fold(real, |real, name| real.join(name)));
+        }
+        missing.push(existing.file_name()?);
+        existing = existing.parent()?;
+    }
 }
 
 /// Bytes a datagram carrying one block adds to it: a BWRITE's header and instruction header,

@@ -619,7 +619,58 @@ fn admin(command: impl FnOnce() -> Result<(), String>) -> ExitCode {
 }
 
 /// The settings file's config and the data directory an admin command works on.
+/// The settings and data directory of a command that adds to the store: the directory is
+/// created where missing.
 fn store_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
+    let (config, data_dir) = settings_and_data_dir(store)?;
+    netdam_target::server::create_data_dir(&data_dir)
+        .map_err(|error| format!("cannot create the data directory {}: {error}", data_dir.display()))?;
+    Ok((config, data_dir))
+}
+
+/// The settings and data directory of a command that changes what is stored: a missing
+/// directory is refused (a mistyped --data-dir), not created.
+fn existing_store_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
+    let (config, data_dir) = settings_and_data_dir(store)?;
+    require_data_dir(&data_dir)?;
+    Ok((config, data_dir))
+}
+
+fn require_data_dir(data_dir: &std::path::Path) -> Result<(), String> {
+    match data_dir_kind(data_dir)? {
+        true => Ok(()),
+        false => Err(format!("{}: nothing is stored there", no_data_dir(data_dir))),
+    }
+}
+
+/// The settings and data directory of a command that only reads: nothing is created; a
+/// missing directory is said once, on stderr, and reads as empty.
+fn read_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
+    let (config, data_dir) = settings_and_data_dir(store)?;
+    if !data_dir_kind(&data_dir)? {
+        eprintln!("{}: only what the configuration declares is listed", no_data_dir(&data_dir));
+    }
+    Ok((config, data_dir))
+}
+
+/// Whether the data directory exists; one that is a file is refused.
+fn data_dir_kind(data_dir: &std::path::Path) -> Result<bool, String> {
+    match std::fs::metadata(data_dir) {
+        Ok(metadata) if metadata.is_dir() => Ok(true),
+        Ok(_) => Err(format!("the data directory {}: it is a file, not a directory (--data-dir)", data_dir.display())),
+        Err(_) => Ok(false),
+    }
+}
+
+fn no_data_dir(data_dir: &std::path::Path) -> String {
+    format!(
+        "there is no data directory {} (a mistyped --data-dir? a target creates it at its first start, \
+         and so does the first `region create`, `namespace create` or `tenant create`)",
+        data_dir.display()
+    )
+}
+
+fn settings_and_data_dir(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
     let mut config = match &store.config {
         Some(path) => Config::from_file(path).map_err(|error| error.to_string())?,
         None => Config::default(),
@@ -628,8 +679,6 @@ fn store_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
         config.data_dir = Some(dir.clone());
     }
     let data_dir = config.data_dir().map_err(|error| error.to_string())?;
-    netdam_target::server::create_data_dir(&data_dir)
-        .map_err(|error| format!("cannot create the data directory {}: {error}", data_dir.display()))?;
     Ok((config, data_dir))
 }
 
@@ -714,13 +763,14 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
             after_change(&data_dir);
         }
         RegionCommand::Delete { name, store } => {
-            let (config, data_dir) = store_context(&store)?;
+            let (config, data_dir) = settings_and_data_dir(&store)?;
             if config.effective_regions().iter().any(|region| region.name == name) {
                 return Err(format!(
                     "region {name:?} comes from the configuration (the settings file, or the embedded default \
                      region when none is declared), not from the metadata store: remove it there"
                 ));
             }
+            require_data_dir(&data_dir)?;
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let region = metadata.delete_region(&name).map_err(|error| error.to_string())?;
             let kept = region.path.map(|path| format!("; its file {} is kept", resolve(&path, &data_dir).display()));
@@ -729,7 +779,7 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
             after_change(&data_dir);
         }
         RegionCommand::List { store } => {
-            let (config, data_dir) = store_context(&store)?;
+            let (config, data_dir) = read_context(&store)?;
             let stored = MetadataStore::load(&data_dir).map_err(|error| error.to_string())?;
             let configured = config.effective_regions().into_iter().map(|region| (region, "config"));
             for (id, (region, source)) in configured.chain(stored.regions.into_iter().map(|r| (r, "store"))).enumerate()
@@ -773,12 +823,13 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
             after_change(&data_dir);
         }
         NamespaceCommand::Delete { name, store } => {
-            let (config, data_dir) = store_context(&store)?;
+            let (config, data_dir) = settings_and_data_dir(&store)?;
             if config.namespaces.iter().any(|namespace| namespace.name == name) {
                 return Err(format!(
                     "namespace {name:?} comes from the settings file, not from the metadata store: remove it there"
                 ));
             }
+            require_data_dir(&data_dir)?;
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let namespace = metadata.delete_namespace(&name).map_err(|error| error.to_string())?;
             println!("deleted namespace {name:?}; {} is left as it is", resolve(&namespace.path, &data_dir).display());
@@ -786,7 +837,7 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
             after_change(&data_dir);
         }
         NamespaceCommand::List { store } => {
-            let (config, data_dir) = store_context(&store)?;
+            let (config, data_dir) = read_context(&store)?;
             let stored = MetadataStore::load(&data_dir).map_err(|error| error.to_string())?;
             let configured = config.namespaces.into_iter().map(|namespace| (namespace, "config"));
             let all = configured.chain(stored.namespaces.into_iter().map(|n| (n, "store")));
@@ -869,7 +920,7 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
             after_tenant_change(&data_dir);
         }
         TenantCommand::Delete { name, store } => {
-            let (_, data_dir) = store_context(&store)?;
+            let (_, data_dir) = existing_store_context(&store)?;
             let deleted = tenant_admin::delete_tenant(&data_dir, &name).map_err(|error| error.to_string())?;
             let removed = deleted.key_file_removed.map(|path| format!("; removed its key file {}", path.display()));
             println!("deleted tenant {name:?} (id {}){}", deleted.record.id, removed.unwrap_or_default());
@@ -886,7 +937,7 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
             }
         }
         TenantCommand::List { json, store } => {
-            let (_, data_dir) = store_context(&store)?;
+            let (_, data_dir) = read_context(&store)?;
             // Read-only: listing neither creates a store nor touches the file a target watches.
             let tenants = read_tenants(&data_dir).map_err(|error| error.to_string())?;
             if json {
@@ -920,7 +971,7 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
             }
         }
         TenantCommand::RotateKey { name, key_file, store } => {
-            let (_, data_dir) = store_context(&store)?;
+            let (_, data_dir) = existing_store_context(&store)?;
             let (record, key_file) =
                 tenant_admin::rotate_key(&data_dir, &name, key_file).map_err(|error| error.to_string())?;
             println!(
@@ -942,7 +993,7 @@ fn tenant_command(command: TenantCommand) -> Result<(), String> {
                         .into(),
                 );
             }
-            let (_, data_dir) = store_context(&store)?;
+            let (_, data_dir) = existing_store_context(&store)?;
             let record = MetadataStore::open(&data_dir)
                 .and_then(|metadata| metadata.set_tenant(&name, &settings))
                 .map_err(|error| error.to_string())?;
@@ -964,7 +1015,7 @@ fn grant_command(args: GrantArgs) -> Result<(), String> {
     // The names as given: the store tells an `admin` named on one space (refused) from the one
     // within `all` (every permission on that space).
     let permissions: Vec<String> = perms.split(',').map(|name| name.trim().to_string()).collect();
-    let (config, data_dir) = store_context(&store)?;
+    let (config, data_dir) = existing_store_context(&store)?;
     let grant = GrantRecord { space: space.clone(), permissions, range };
     let known = KnownSpaces::from_config(&config, store.config.as_deref());
     let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
@@ -991,7 +1042,7 @@ fn grant_command(args: GrantArgs) -> Result<(), String> {
 fn revoke_command(args: RevokeArgs) -> Result<(), String> {
     let RevokeArgs { tenant, space, perms, store } = args;
     let permissions = perms.as_deref().map(parse_permission_list).transpose()?;
-    let (_, data_dir) = store_context(&store)?;
+    let (_, data_dir) = existing_store_context(&store)?;
     let record = MetadataStore::open(&data_dir)
         .and_then(|metadata| metadata.revoke(&tenant, &space, permissions.as_deref()))
         .map_err(|error| error.to_string())?;
@@ -1016,7 +1067,7 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
             after_change(&data_dir);
         }
         CryptoKeyCommand::Rotate { slot, store } => {
-            let (_, data_dir) = store_context(&store)?;
+            let (_, data_dir) = existing_store_context(&store)?;
             let metadata = MetadataStore::open(&data_dir).map_err(text)?;
             let key = generate_key().map_err(|error| error.to_string())?;
             let version = metadata.rotate_crypto_key(slot, &key).map_err(text)?;
@@ -1027,7 +1078,7 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
             after_change(&data_dir);
         }
         CryptoKeyCommand::Delete { slot, store } => {
-            let (_, data_dir) = store_context(&store)?;
+            let (_, data_dir) = existing_store_context(&store)?;
             let metadata = MetadataStore::open(&data_dir).map_err(text)?;
             let versions = metadata.delete_crypto_key(slot).map_err(text)?;
             println!(
@@ -1037,12 +1088,8 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
             after_change(&data_dir);
         }
         CryptoKeyCommand::List { store } => {
-            let (_, data_dir) = store_context(&store)?;
-            let slots = if data_dir.join(netdam_target::metadata::METADATA_FILE).exists() {
-                MetadataStore::open(&data_dir).and_then(|metadata| metadata.crypto_key_slots()).map_err(text)?
-            } else {
-                Vec::new()
-            };
+            let (_, data_dir) = read_context(&store)?;
+            let slots = MetadataStore::read_crypto_key_slots(&data_dir).map_err(text)?;
             if slots.is_empty() {
                 println!("no key slot holds a key (netdam-target crypto-key create SLOT makes one)");
             }

@@ -234,13 +234,16 @@ impl MetadataStore {
         Ok(MetadataStore { db, path })
     }
 
-    /// Reads what `data_dir`'s store holds; an absent store holds nothing.
+    /// Reads what `data_dir`'s store holds, read-only (as [`read_tenants`] does); an absent
+    /// store holds nothing.
     pub fn load(data_dir: &Path) -> Result<Stored, MetadataError> {
-        if !data_dir.join(METADATA_FILE).exists() {
-            return Ok(Stored::default());
+        let path = data_dir.join(METADATA_FILE);
+        match open_to_read(&path)? {
+            Some(store) => {
+                Ok(Stored { regions: store.list(&path, REGIONS)?, namespaces: store.list(&path, NAMESPACES)? })
+            }
+            None => Ok(Stored::default()),
         }
-        let store = MetadataStore::open(data_dir)?;
-        Ok(Stored { regions: store.list(REGIONS)?, namespaces: store.list(NAMESPACES)? })
     }
 
     /// Where the store lives.
@@ -377,28 +380,12 @@ impl MetadataStore {
 
     /// Every key slot with the versions of its key (never the keys).
     pub fn crypto_key_slots(&self) -> Result<Vec<(u32, Vec<u32>)>, MetadataError> {
-        Ok(self
-            .crypto_keys()?
-            .into_iter()
-            .map(|(slot, versions)| (slot, versions.into_iter().map(|(v, _)| v).collect()))
-            .collect())
+        Ok(key_versions_only(self.crypto_keys()?))
     }
 
     /// Every key slot with its key versions: what a target loads at start.
     pub fn crypto_keys(&self) -> Result<Vec<StoredKeySlot>, MetadataError> {
-        let fail = |error: redb::Error| store_error(&self.path, error);
-        let read = self.db.begin_read().map_err(|error| fail(error.into()))?;
-        let table = match read.open_table(CRYPTO_KEYS) {
-            Ok(table) => table,
-            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(error) => return Err(fail(error.into())),
-        };
-        let mut slots = Vec::new();
-        for entry in table.iter().map_err(|error| fail(error.into()))? {
-            let (slot, bytes) = entry.map_err(|error| fail(error.into()))?;
-            slots.push((slot.value(), self.decode_key_versions(slot.value(), bytes.value())?));
-        }
-        Ok(slots)
+        crypto_key_table(&self.db, &self.path)
     }
 
     /// Reads `data_dir`'s key slots; an absent store holds none.
@@ -409,22 +396,16 @@ impl MetadataStore {
         MetadataStore::open(data_dir)?.crypto_keys()
     }
 
-    fn decode_key_versions(&self, slot: u32, bytes: &[u8]) -> Result<Vec<(u32, KeyMaterial)>, MetadataError> {
-        if !bytes.len().is_multiple_of(KEY_ENTRY_LEN) {
-            return Err(MetadataError::Store {
-                path: self.path.clone(),
-                message: format!("key slot {slot} is unreadable ({} bytes)", bytes.len()),
-            });
-        }
-        Ok(bytes
-            .chunks_exact(KEY_ENTRY_LEN)
-            .map(|entry| {
-                let version = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
-                let mut key = [0u8; KEY_LEN];
-                key.copy_from_slice(&entry[4..]);
-                (version, KeyMaterial(key))
-            })
-            .collect())
+    /// `data_dir`'s key slots with the versions of their keys (never the keys), read as
+    /// [`read_tenants`] reads: read-only, so that listing works on a read-only data directory.
+    pub fn read_crypto_key_slots(data_dir: &Path) -> Result<Vec<(u32, Vec<u32>)>, MetadataError> {
+        let path = data_dir.join(METADATA_FILE);
+        let slots = match open_to_read(&path)? {
+            None => Vec::new(),
+            Some(ReadStore::ReadOnly(db)) => crypto_key_table(&db, &path)?,
+            Some(ReadStore::Repaired(db)) => crypto_key_table(&db, &path)?,
+        };
+        Ok(key_versions_only(slots))
     }
 
     /// Reads slot `slot`'s versions, lets `change` edit them, and commits the result durably
@@ -440,7 +421,7 @@ impl MetadataStore {
             let mut table = write.open_table(CRYPTO_KEYS).map_err(|error| fail(error.into()))?;
             let stored = table.get(slot).map_err(|error| fail(error.into()))?.map(|bytes| bytes.value().to_vec());
             let mut versions = match stored {
-                Some(bytes) => self.decode_key_versions(slot, &bytes)?,
+                Some(bytes) => decode_key_versions(&self.path, slot, &bytes)?,
                 None => Vec::new(),
             };
             let result = change(&mut versions)?;
@@ -800,16 +781,9 @@ impl MetadataStore {
 /// which repairs it.
 pub fn read_tenants(data_dir: &Path) -> Result<Vec<TenantRecord>, MetadataError> {
     let path = data_dir.join(METADATA_FILE);
-    if !path.exists() {
-        return Ok(Vec::new());
-    }
-    let mut tenants: Vec<TenantRecord> = match wait_while_busy(&path, || ReadOnlyDatabase::open(&path)) {
-        Ok(db) => list_table(&db, &path, TENANTS)?,
-        Err(MetadataError::Store { .. }) if needs_repair(&path) => {
-            let db = wait_while_busy(&path, || Database::open(&path))?;
-            list_table(&db, &path, TENANTS)?
-        }
-        Err(error) => return Err(error),
+    let mut tenants: Vec<TenantRecord> = match open_to_read(&path)? {
+        Some(store) => store.list(&path, TENANTS)?,
+        None => Vec::new(),
     };
     tenants.sort_by_key(|tenant| tenant.id);
     Ok(tenants)
@@ -952,6 +926,84 @@ pub fn range_text(range: Option<(u64, u64)>) -> String {
     match range {
         Some((offset, len)) => format!("{offset}:{len}"),
         None => "the whole space".to_string(),
+    }
+}
+
+/// Every key slot of `db` with its key versions.
+fn crypto_key_table(db: &impl ReadableDatabase, path: &Path) -> Result<Vec<StoredKeySlot>, MetadataError> {
+    let fail = |error: redb::Error| store_error(path, error);
+    let read = db.begin_read().map_err(|error| fail(error.into()))?;
+    let table = match read.open_table(CRYPTO_KEYS) {
+        Ok(table) => table,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(error) => return Err(fail(error.into())),
+    };
+    let mut slots = Vec::new();
+    for entry in table.iter().map_err(|error| fail(error.into()))? {
+        let (slot, bytes) = entry.map_err(|error| fail(error.into()))?;
+        slots.push((slot.value(), decode_key_versions(path, slot.value(), bytes.value())?));
+    }
+    Ok(slots)
+}
+
+fn key_versions_only(slots: Vec<StoredKeySlot>) -> Vec<(u32, Vec<u32>)> {
+    slots
+        .into_iter()
+        .map(|(slot, versions)| (slot, versions.into_iter().map(|(version, _)| version).collect()))
+        .collect()
+}
+
+fn decode_key_versions(path: &Path, slot: u32, bytes: &[u8]) -> Result<Vec<(u32, KeyMaterial)>, MetadataError> {
+    if !bytes.len().is_multiple_of(KEY_ENTRY_LEN) {
+        return Err(MetadataError::Store {
+            path: path.to_path_buf(),
+            message: format!("key slot {slot} is unreadable ({} bytes)", bytes.len()),
+        });
+    }
+    Ok(bytes
+        .chunks_exact(KEY_ENTRY_LEN)
+        .map(|entry| {
+            let version = u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]);
+            let mut key = [0u8; KEY_LEN];
+            key.copy_from_slice(&entry[4..]);
+            (version, KeyMaterial(key))
+        })
+        .collect())
+}
+
+/// A store opened to be read: read-only (a shared lock, which a read-only data directory
+/// allows and a serving target does not block), or, where an interrupted writer left it
+/// unclean, opened for writing once, which repairs it.
+enum ReadStore {
+    ReadOnly(ReadOnlyDatabase),
+    Repaired(Database),
+}
+
+/// Opens the store at `path` to read it, waiting while an admin command has it open; `None`
+/// when there is no store.
+fn open_to_read(path: &Path) -> Result<Option<ReadStore>, MetadataError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    match wait_while_busy(path, || ReadOnlyDatabase::open(path)) {
+        Ok(db) => Ok(Some(ReadStore::ReadOnly(db))),
+        Err(MetadataError::Store { .. }) if needs_repair(path) => {
+            Ok(Some(ReadStore::Repaired(wait_while_busy(path, || Database::open(path))?)))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+impl ReadStore {
+    fn list<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &Path,
+        table: TableDefinition<&str, &str>,
+    ) -> Result<Vec<T>, MetadataError> {
+        match self {
+            ReadStore::ReadOnly(db) => list_table(db, path, table),
+            ReadStore::Repaired(db) => list_table(db, path, table),
+        }
     }
 }
 

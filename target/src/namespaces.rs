@@ -299,13 +299,17 @@ fn describe_bytes(bytes: u64) -> String {
     }
 }
 
+/// Creates `path` as a sparse file of `bytes`. A file it created and could not size (a length
+/// past the file system's limit: "File too large") is removed again, so that a corrected
+/// retry does not meet an empty file of the wrong size.
 fn create_sparse_file(path: &Path, bytes: u64) -> io::Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
-    file.set_len(bytes)?;
-    file.sync_all()
+    file.set_len(bytes).and_then(|()| file.sync_all()).inspect_err(|_| {
+        let _ = std::fs::remove_file(path);
+    })
 }
 
 #[cfg(test)]

@@ -439,6 +439,147 @@ fn two_spaces_on_one_file_are_refused() {
     assert!(!output.status.success() && message.contains("twin") && message.contains("disk"), "{message}");
 }
 
+/// The target's own files in the data directory back no space: a namespace on the metadata
+/// store (a bwrite to it left the target unable to start), on the running target's lock, on
+/// a nonce reservation or among the tenant keys, or a region on the store by another spelling,
+/// is refused naming the file, and nothing is stored.
+#[test]
+fn the_targets_own_files_back_no_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let create = |kind: &str, name: &str, path: &str| {
+        let size = if kind == "region" { "1MiB" } else { "4KiB" };
+        target_admin(&[kind, "create", name, "--backend", "file", "--path", path, "--size", size, "--data-dir", data])
+    };
+    let created = create("namespace", "disk", "disk.img");
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    for (kind, path, says) in [
+        ("namespace", "metadata.redb", "metadata store"),
+        ("namespace", "target.lock", "lock of a running target"),
+        ("namespace", "crypto-nonces-1", "nonce reservation"),
+        ("namespace", "tenants/extra.key", "tenant keys"),
+        ("region", "sub/../metadata.redb", "metadata store"),
+    ] {
+        let refused = create(kind, "mine", path);
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && message.contains(says), "{kind} on {path}: {message}");
+    }
+    let listed = target_admin(&["namespace", "list", "--data-dir", data]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success() && text.contains("disk") && !text.contains("mine"), "{text}");
+}
+
+/// Commands that change the store refuse a data directory that does not exist (a mistyped
+/// --data-dir) instead of creating it; lists create nothing and say the directory is missing.
+#[test]
+fn a_missing_data_directory_is_named_not_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo");
+    let data = missing.to_str().unwrap();
+    for args in [
+        vec!["namespace", "delete", "disk"],
+        vec!["region", "delete", "r"],
+        vec!["tenant", "delete", "t"],
+        vec!["tenant", "set", "t", "--class", "best-effort"],
+        vec!["crypto-key", "rotate", "1"],
+        vec!["revoke", "t", "region:default"],
+    ] {
+        let refused = target_admin(&[&args[..], &["--data-dir", data]].concat());
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && message.contains("there is no data directory") && message.contains("typo"),
+            "{args:?}: {message}"
+        );
+    }
+    for args in [vec!["namespace", "list"], vec!["region", "list"], vec!["tenant", "list"], vec!["crypto-key", "list"]]
+    {
+        let listed = target_admin(&[&args[..], &["--data-dir", data]].concat());
+        let message = String::from_utf8_lossy(&listed.stderr);
+        assert!(listed.status.success() && message.contains("there is no data directory"), "{args:?}: {message}");
+    }
+    assert!(!missing.exists(), "a command created the mistyped data directory");
+}
+
+/// Lists read the store read-only: they work on a data directory mounted read-only (where
+/// `region list`, `namespace list` and `crypto-key list` failed with "Read-only file system").
+#[test]
+fn lists_work_on_a_read_only_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().unwrap();
+    for args in [
+        vec!["namespace", "create", "disk", "--backend", "file", "--path", "disk.img", "--size", "1MiB"],
+        vec!["region", "create", "r", "--backend", "mem", "--size", "1MiB"],
+        vec!["crypto-key", "create", "1"],
+        vec!["tenant", "create", "t"],
+    ] {
+        let done = target_admin(&[&args[..], &["--data-dir", data_arg]].concat());
+        assert!(done.status.success(), "{args:?}: {}", String::from_utf8_lossy(&done.stderr));
+    }
+    let read_only = dir.path().join("ro");
+    std::fs::create_dir(&read_only).unwrap();
+    let mount = |args: &[&str]| Command::new("mount").args(args).output().is_ok_and(|output| output.status.success());
+    let ro = read_only.to_str().unwrap();
+    if !mount(&["--bind", data_arg, ro]) {
+        println!("SKIPPED: a read-only bind mount needs root and mount(8); the lists were not tried read-only");
+        return;
+    }
+    struct Unmount<'a>(&'a str);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(ro);
+    assert!(mount(&["-o", "remount,ro,bind", ro]), "remounting the bind mount read-only");
+    for (args, shows) in [
+        (vec!["namespace", "list"], "disk"),
+        (vec!["region", "list"], " r "),
+        (vec!["crypto-key", "list"], "key version 1"),
+        (vec!["tenant", "list"], " t "),
+    ] {
+        let listed = target_admin(&[&args[..], &["--data-dir", ro]].concat());
+        let text = String::from_utf8_lossy(&listed.stdout);
+        assert!(
+            listed.status.success() && text.contains(shows),
+            "{args:?} on a read-only directory: {text}{}",
+            String::from_utf8_lossy(&listed.stderr)
+        );
+    }
+}
+
+/// A file namespace whose file cannot take its length ("File too large" on ext4 past 16 TiB;
+/// here a length past what a file offset holds, refused on any file system) leaves no file:
+/// the corrected retry is created, where an empty file of the wrong size refused it.
+#[test]
+fn a_namespace_file_that_cannot_be_sized_is_removed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let create = |size: &str| {
+        target_admin(&[
+            "namespace",
+            "create",
+            "big",
+            "--backend",
+            "file",
+            "--path",
+            "big.img",
+            "--size",
+            size,
+            "--data-dir",
+            data,
+        ])
+    };
+    let refused = create("18446744073709547520");
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("cannot create it"), "{message}");
+    assert!(!dir.path().join("big.img").exists(), "the refused namespace's file was left behind");
+    let created = create("1MiB");
+    assert!(created.status.success(), "the retry: {}", String::from_utf8_lossy(&created.stderr));
+    assert_eq!(std::fs::metadata(dir.path().join("big.img")).unwrap().len(), 1 << 20);
+}
+
 /// A file namespace larger than its file system's free space is created (it is sparse; thin
 /// provisioning is a choice), with a warning that names the shortfall; one that fits has none.
 #[test]
