@@ -53,7 +53,7 @@ pub enum ClientError {
     #[error("the target no longer knows this session (restarted or evicted it); the non-idempotent request may or may not have executed before")]
     SessionLost,
     /// The target refused the whole datagram.
-    #[error("target refused the datagram: {0}")]
+    #[error("target refused the datagram: {0}{hint}", hint = datagram_refusal_hint(*.0))]
     DatagramRefused(Status),
     /// The answer has fewer results than the request had instructions.
     #[error("answer lacks result {0}")]
@@ -167,6 +167,19 @@ fn hello_refusal(status: Status) -> String {
     }
 }
 
+/// What a refusal of a whole datagram usually means. Sessionless requests (PING, STAT) meet it
+/// on a target that requires tenants: STAT needs an authenticated tenant's key.
+fn datagram_refusal_hint(status: Status) -> &'static str {
+    match status {
+        Status::Unauthenticated => {
+            " (the target requires a tenant's key for this: --key FILE or NETDAM_KEY for `netdam`, \
+             SessionConfig::credentials for the library; `netdam-target tenant create NAME` writes one, \
+             and a target started with its embedded default wrote the default tenant's)"
+        }
+        _ => "",
+    }
+}
+
 /// What a refusal's status usually means for this opcode, and what to do, where the status alone
 /// does not say (the target's answer carries only the status).
 fn refusal_hint(opcode: u8, status: Status) -> &'static str {
@@ -209,5 +222,8 @@ mod tests {
                 && extension.contains("extensions = [")
         );
         assert_eq!(refused(Opcode::Read as u8, Status::OutOfRange), "target refused READ: out_of_range");
+        let whole = ClientError::DatagramRefused(Status::Unauthenticated).to_string();
+        assert!(whole.starts_with("target refused the datagram: unauthenticated (") && whole.contains("--key FILE"));
+        assert_eq!(ClientError::DatagramRefused(Status::Busy).to_string(), "target refused the datagram: busy");
     }
 }

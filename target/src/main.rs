@@ -1155,6 +1155,19 @@ fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
 
 /// Prints what is served, in one write: a reader that stops after the first line (a script
 /// waiting for "serving on") must not make a later line fail and stop the daemon.
+/// What `netdam` needs besides --target to reach this target as its default tenant: nothing
+/// where it finds the key on its own (no tenants required, or the default data directory), else
+/// `--key FILE`.
+fn reach_key_option(config: &Config) -> String {
+    let Ok(data_dir) = config.data_dir() else { return String::new() };
+    let key = tenant_admin::default_key_file(&data_dir, tenant_admin::DEFAULT_TENANT);
+    let default_dir = netdam_target::config::default_data_dir().ok().and_then(|dir| dir.canonicalize().ok());
+    if config.auth != AuthMode::Tenants || !key.is_file() || default_dir == data_dir.canonicalize().ok() {
+        return String::new();
+    }
+    format!(" --key {}", key.display())
+}
+
 fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path::Path>) {
     use std::fmt::Write as _;
     use std::io::Write as _;
@@ -1254,7 +1267,7 @@ fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path
             }
         }
     }
-    let _ = writeln!(banner, "Reach it with:  netdam --target {addr} stat");
+    let _ = writeln!(banner, "Reach it with:  netdam --target {addr}{} stat", reach_key_option(config));
     let _ = writeln!(banner, "Stop with Ctrl-C.");
     let mut stdout = std::io::stdout().lock();
     let _ = stdout.write_all(banner.as_bytes()).and_then(|()| stdout.flush());

@@ -1195,6 +1195,43 @@ fn the_default_tenants_key_is_named_after_a_failed_first_start() {
     assert!(banner.contains(&format!("the default tenant's key file: {}", key.display())), "{banner}");
 }
 
+/// The banner's "Reach it with" command works as printed: with tenants required and a data
+/// directory other than the default, it names the default tenant's key file, which `netdam`
+/// would not find on its own (`stat` then said only "unauthenticated").
+#[test]
+fn the_banners_reach_command_works_as_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("elsewhere");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--poll", "blocking", "--data-dir"])
+        .arg(&data)
+        .env("XDG_DATA_HOME", dir.path().join("xdg"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let reach = loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the banner ended without a Reach line");
+        if let Some(command) = line.strip_prefix("Reach it with:") {
+            break command.trim().to_string();
+        }
+    };
+    let key = data.join("tenants/default.key");
+    assert!(reach.contains(&format!("--key {}", key.display())), "{reach}");
+    let args: Vec<&str> = reach.split_whitespace().skip(1).collect();
+    let output = netdam_command(dir.path()).args(&args).output().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && text.contains("workers"),
+        "{reach}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// A second target on a data directory another serves is refused before it writes anything
 /// there: with tenants required it would first have created the default tenant and its key
 /// file in the other's store.
