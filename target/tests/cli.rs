@@ -1058,6 +1058,61 @@ fn a_write_of_nothing_is_refused_naming_its_source() {
     assert_eq!(netdam_ok(&test, &["read", "vol", "0", "4", "--out", "-"]).stdout, b"kept");
 }
 
+/// A streamed input (stdin here; a device or a pipe alike) is read no further than what fits
+/// where it goes, so an endless one is refused instead of filling memory (`--file /dev/zero`
+/// ran out of memory); a count of 0 asks for nothing and is refused, where `bread disk 0 0`
+/// printed nothing and `--out` emptied its file.
+#[test]
+fn endless_input_and_zero_counts_are_refused_up_front() {
+    use std::io::Write as _;
+    let test = start_vol_and_disk();
+    let target = test.target.local_addr().to_string();
+    for (args, says) in [
+        (vec!["write", "vol", "1048000"], "576 bytes from offset 1048000"),
+        (vec!["bwrite", "disk", "60"], "at most 4 blocks from block 60"),
+    ] {
+        let mut child = netdam_command(test.dir.path())
+            .args(["--target", &target])
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // Far more than fits, written until netdam stops reading and closes the pipe.
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![0x5au8; 1 << 16];
+            for _ in 0..(1 << 14) {
+                if stdin.write_all(&chunk).is_err() {
+                    return true;
+                }
+            }
+            false
+        });
+        let output = child.wait_with_output().unwrap();
+        assert!(writer.join().unwrap(), "netdam {args:?} read 1 GiB of stdin");
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && message.contains("would run past the end") && message.contains(says),
+            "netdam {args:?}: {message}"
+        );
+    }
+    let out = test.dir.path().join("kept.bin");
+    std::fs::write(&out, b"kept").unwrap();
+    for args in [
+        vec!["bread", "disk", "0", "0", "--out", out.to_str().unwrap()],
+        vec!["trim", "disk", "0", "0"],
+        vec!["block-status", "disk", "0", "0"],
+        vec!["read", "vol", "0", "0"],
+    ] {
+        let refused = netdam_at(&test, &args);
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && message.contains("asks for nothing"), "netdam {args:?}: {message}");
+    }
+    assert_eq!(std::fs::read(&out).unwrap(), b"kept", "a refused bread left its --out file alone");
+}
+
 /// An option's variable set to nothing (`export NETDAM_KEY=`, how a shell clears a setting)
 /// counts as unset, as the fio engine already took it: the option's default applies, where
 /// clap said "a value is required for '--key <FILE>'".

@@ -773,7 +773,13 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Command::Bwrite { namespace, lba, file, data, fua, pad } => {
             let info = client.namespace(namespace).map_err(text)?.clone();
-            let mut bytes = input_bytes("bwrite", file.as_deref(), data.as_deref())?;
+            let room = info.capacity_blocks.saturating_sub(*lba).saturating_mul(u64::from(info.block_bytes));
+            let past_end = |len: u64| {
+                check_block_range("bwrite", &info, *lba, len.div_ceil(u64::from(info.block_bytes)))
+                    .err()
+                    .unwrap_or_default()
+            };
+            let mut bytes = input_bytes("bwrite", file.as_deref(), data.as_deref(), room, past_end)?;
             let block_bytes = info.block_bytes as usize;
             let partial = bytes.len() % block_bytes;
             if partial != 0 {
@@ -875,7 +881,10 @@ fn run(cli: &Cli) -> Result<(), String> {
             })?;
         }
         Command::Write { region, offset, file, data } => {
-            let bytes = input_bytes("write", file.as_deref(), data.as_deref())?;
+            let info = client.region(region).map_err(|error| error.to_string())?;
+            let room = info.size_bytes.saturating_sub(*offset);
+            let past_end = |len: u64| check_region_range("write", info, *offset, len).err().unwrap_or_default();
+            let bytes = input_bytes("write", file.as_deref(), data.as_deref(), room, past_end)?;
             let space = region_in_range(&client, "write", region, *offset, bytes.len() as u64)?;
             let started = Instant::now();
             client.write(space, *offset, &bytes).map_err(text)?;
@@ -1329,22 +1338,54 @@ fn emit_read(
 
 /// The bytes a `write` or `bwrite` sends: FILE, else --data, else stdin. An empty input is
 /// refused by its source: a write of nothing is almost always an empty file or a forgotten
-/// pipe, and succeeding silently would hide it.
-fn input_bytes(command: &str, file: Option<&std::path::Path>, data: Option<&str>) -> Result<Vec<u8>, String> {
-    let (bytes, source) = match (file, data) {
-        (Some(path), _) => (
-            std::fs::read(path).map_err(|error| format!("reading {}: {error}", path.display()))?,
-            format!("{} is empty", path.display()),
-        ),
-        (None, Some(text)) => (text.as_bytes().to_vec(), "--data is empty".to_string()),
-        (None, None) => {
-            let mut bytes = Vec::new();
-            std::io::stdin().read_to_end(&mut bytes).map_err(|error| format!("reading stdin: {error}"))?;
-            (bytes, "stdin gave no bytes (pass --file FILE or --data TEXT, or pipe the data in)".to_string())
+/// pipe, and succeeding silently would hide it. At most `room` bytes fit where they go: a
+/// regular file longer than that is refused by its length before it is read (`past_end(len)`
+/// is the range check's refusal), and a stream (a pipe, a device) is read no further than one
+/// byte past `room`, so an endless one cannot fill this machine's memory first.
+fn input_bytes(
+    command: &str,
+    file: Option<&std::path::Path>,
+    data: Option<&str>,
+    room: u64,
+    past_end: impl Fn(u64) -> String,
+) -> Result<Vec<u8>, String> {
+    let bounded = |reader: &mut dyn Read, source: &str| -> Result<Vec<u8>, String> {
+        let mut bytes = Vec::new();
+        reader
+            .take(room.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(|error| format!("reading {source}: {error}"))?;
+        if bytes.len() as u64 > room {
+            return Err(format!(
+                "{} ({source} holds more still: it was read no further)",
+                past_end(bytes.len() as u64)
+            ));
         }
+        Ok(bytes)
+    };
+    let (bytes, empty) = match (file, data) {
+        (Some(path), _) => {
+            let source = path.display().to_string();
+            let mut opened = std::fs::File::open(path).map_err(|error| format!("reading {source}: {error}"))?;
+            let metadata = opened.metadata().map_err(|error| format!("reading {source}: {error}"))?;
+            if metadata.is_file() && metadata.len() > room {
+                return Err(past_end(metadata.len()));
+            }
+            (bounded(&mut opened, &source)?, format!("{source} is empty"))
+        }
+        (None, Some(text)) => {
+            if text.len() as u64 > room {
+                return Err(past_end(text.len() as u64));
+            }
+            (text.as_bytes().to_vec(), "--data is empty".to_string())
+        }
+        (None, None) => (
+            bounded(&mut std::io::stdin().lock(), "stdin")?,
+            "stdin gave no bytes (pass --file FILE or --data TEXT, or pipe the data in)".to_string(),
+        ),
     };
     if bytes.is_empty() {
-        return Err(format!("{command} of nothing: {source}; nothing was written"));
+        return Err(format!("{command} of nothing: {empty}; nothing was written"));
     }
     Ok(bytes)
 }

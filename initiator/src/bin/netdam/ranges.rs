@@ -37,8 +37,12 @@ struct Space<'a> {
 }
 
 /// Refuses `count` units at `start` (named `start_name` in the message) unless they lie within
-/// `space`, the end computed in `u128`.
+/// `space`, the end computed in `u128`, and refuses a count of 0.
 fn check_range(command: &str, space: &Space, (start, start_name): (u64, &str), count: u64) -> Result<(), String> {
+    if count == 0 {
+        // What `bread ... 0` printed (nothing, or an emptied --out file) was no answer at all.
+        return Err(format!("{command}: 0 {}s asks for nothing: give at least 1; nothing was sent", space.unit));
+    }
     if u128::from(start) + u128::from(count) <= u128::from(space.size) {
         return Ok(());
     }
