@@ -33,8 +33,9 @@ use ranges::{check_block_range, check_region_range};
 /// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
 /// the target's memory regions. Regions are named as the target lists them (`netdam regions`)
 /// or by number (a number is a position in that list, which a deleted region shifts at the
-/// target's next start: scripts should use names). Offsets and lengths, in bytes or in blocks, take 0x hex and KiB/MiB/GiB/TiB
-/// suffixes (K, M, G, T also: powers of 1024).
+/// target's next start: scripts should use names). Byte offsets and lengths take 0x hex and
+/// KiB/MiB/GiB/TiB suffixes (K, M, G, T also: powers of 1024); block numbers and counts take 0x
+/// hex and K, M, G, T (1024, 1024², ... blocks), not byte units.
 #[derive(Debug, Parser)]
 #[command(name = "netdam", version)]
 struct Cli {
@@ -68,7 +69,8 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         count: u32,
     },
-    /// Show the target's counters (requests, drops by reason, sessions, statuses). Needs no session.
+    /// Show the target's counters (requests, drops by reason, sessions, statuses). Needs no
+    /// session, but a target that requires tenants answers only a tenant's key (--key).
     Stat,
     /// List the target's regions.
     Regions,
@@ -77,9 +79,12 @@ enum Command {
     /// Read BLOCKS whole blocks from block LBA of a namespace; prints a hex dump, or writes them
     /// raw to --out.
     Bread {
+        /// The namespace, by name (`netdam namespaces` lists them).
         namespace: String,
+        /// First block: a block number (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_blocks)]
         lba: u64,
+        /// Number of blocks, at least 1 (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_blocks)]
         blocks: u64,
         /// File to write the blocks to ("-" for raw stdout).
@@ -88,7 +93,9 @@ enum Command {
     },
     /// Write whole blocks at block LBA of a namespace from --file, --data, or standard input.
     Bwrite {
+        /// The namespace, by name (`netdam namespaces` lists them).
         namespace: String,
+        /// First block: a block number (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_blocks)]
         lba: u64,
         /// File whose bytes to write.
@@ -106,37 +113,52 @@ enum Command {
         pad: bool,
     },
     /// Make every block write answered so far durable on a namespace.
-    Flush { namespace: String },
+    Flush {
+        /// The namespace, by name (`netdam namespaces` lists them).
+        namespace: String,
+    },
     /// Deallocate BLOCKS blocks from block LBA: they read as zeroes afterwards.
     Trim {
+        /// The namespace, by name (`netdam namespaces` lists them).
         namespace: String,
+        /// First block: a block number (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_blocks)]
         lba: u64,
+        /// Number of blocks, at least 1 (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_instruction_blocks)]
         blocks: u32,
     },
     /// Write zeroes over BLOCKS blocks from block LBA.
     WriteZeroes {
+        /// The namespace, by name (`netdam namespaces` lists them).
         namespace: String,
+        /// First block: a block number (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_blocks)]
         lba: u64,
+        /// Number of blocks, at least 1 (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_instruction_blocks)]
         blocks: u32,
     },
     /// Show which of BLOCKS blocks from block LBA hold data and which are holes (file
     /// namespaces; others cannot tell).
     BlockStatus {
+        /// The namespace, by name (`netdam namespaces` lists them).
         namespace: String,
+        /// First block: a block number (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_blocks)]
         lba: u64,
+        /// Number of blocks, at least 1 (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_instruction_blocks)]
         blocks: u32,
     },
     /// Read bytes; prints a hex dump, or writes them raw to --out.
     Read {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
+        /// Length in bytes, at least 1 (64, 0x40, 1MiB).
         #[arg(value_parser = parse_bytes)]
         len: u64,
         /// File to write the bytes to ("-" for raw stdout).
@@ -145,7 +167,9 @@ enum Command {
     },
     /// Write bytes from --file, --data, or standard input.
     Write {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
         /// File whose bytes to write.
@@ -157,17 +181,23 @@ enum Command {
     },
     /// Compare-and-swap the aligned 8-byte word at OFFSET; prints the old value.
     Cas {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
+        /// The value the word must hold for the swap (0 to 2^64-1, 0x hex, or negative).
         #[arg(value_parser = parse_word)]
         expected: u64,
+        /// The value written when it does.
         #[arg(value_parser = parse_word)]
         desired: u64,
     },
     /// Atomically add to the aligned 8-byte word at OFFSET (wrapping); prints the old value.
     FetchAdd {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
         /// Addend; negative values subtract.
@@ -176,7 +206,9 @@ enum Command {
     },
     /// Add comma-separated lanes element-wise into memory at OFFSET.
     Vadd {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
         /// Lanes, e.g. 1.5,2,-3.
@@ -191,18 +223,24 @@ enum Command {
     },
     /// CRC32 of LEN bytes at OFFSET, computed by the target.
     Crc {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
+        /// Length in bytes, at least 1 (64, 0x40, 1MiB).
         #[arg(value_parser = parse_bytes)]
         len: u64,
     },
     /// Sum, minimum or maximum of the lanes in LEN bytes at OFFSET, computed by the target (its
     /// `reduce` extension must be enabled: `extensions = ["reduce"]`).
     Reduce {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
+        /// Length in bytes, at least 1 (64, 0x40, 1MiB).
         #[arg(value_parser = parse_bytes)]
         len: u64,
         /// Lane type.
@@ -217,6 +255,7 @@ enum Command {
     /// worker; prepare again before each later round. A worker refuses an area not prepared,
     /// prepared for other workers or buffers, or already used by every worker of its round.
     Allreduce {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
         /// Start of the area, a multiple of 8.
         #[arg(value_parser = parse_bytes)]
@@ -246,11 +285,15 @@ enum Command {
     },
     /// Set LEN bytes at OFFSET to BYTE.
     Fill {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
+        /// Length in bytes, at least 1 (64, 0x40, 1MiB).
         #[arg(value_parser = parse_bytes)]
         len: u64,
+        /// The byte value to fill with (0 to 255, or 0x00 to 0xff).
         #[arg(value_parser = parse_word)]
         byte: u64,
     },
@@ -329,9 +372,12 @@ enum Command {
     /// --to-region at --to-offset. Prints the seal: the 12-byte nonce and 16-byte tag, 56 hex
     /// digits, which `netdam decrypt --seal` needs. The key never leaves the target.
     Encrypt {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
+        /// Length in bytes, at least 1 (64, 0x40, 1MiB).
         #[arg(value_parser = parse_bytes)]
         len: u64,
         #[command(flatten)]
@@ -341,9 +387,12 @@ enum Command {
     /// --to-offset. A changed byte of the range, the seal or the --aad fails with auth_failed,
     /// and nothing is written.
     Decrypt {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
+        /// Length in bytes, at least 1 (64, 0x40, 1MiB).
         #[arg(value_parser = parse_bytes)]
         len: u64,
         /// The seal `netdam encrypt` printed (56 hex digits).
@@ -354,12 +403,17 @@ enum Command {
     },
     /// Copy LEN bytes from SOURCE_REGION at SOURCE_OFFSET to REGION at OFFSET, within the target.
     Memcpy {
+        /// The region, by name or number (`netdam regions` lists them).
         region: String,
+        /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
+        /// The region copied from, by name or number (may be REGION itself).
         source_region: String,
+        /// Byte offset in the source region.
         #[arg(value_parser = parse_bytes)]
         source_offset: u64,
+        /// Length in bytes, at least 1 (64, 0x40, 1MiB).
         #[arg(value_parser = parse_bytes)]
         len: u64,
     },
