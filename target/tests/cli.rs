@@ -1113,6 +1113,44 @@ fn endless_input_and_zero_counts_are_refused_up_front() {
     assert_eq!(std::fs::read(&out).unwrap(), b"kept", "a refused bread left its --out file alone");
 }
 
+/// Ctrl-C (or SIGTERM) ends a command with a word on what it may have left behind and the
+/// shell's status for the signal, where it died silently in the middle of a write.
+#[test]
+fn an_interrupted_command_says_what_it_may_have_left() {
+    let home = tempfile::tempdir().unwrap();
+    // A target that never answers keeps the command waiting until it is interrupted.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for (args, signal, says) in [
+        (vec!["write", "default", "0", "--data", "x"], libc::SIGINT, "the write may be done in part"),
+        (vec!["regions"], libc::SIGTERM, "netdam: interrupted"),
+    ] {
+        let child = netdam_command(home.path())
+            .args(["--target", &silent.local_addr().unwrap().to_string()])
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Once the handler is installed (the process's caught-signals mask shows it).
+        let caught = || {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+            let mask = status.lines().find_map(|line| line.strip_prefix("SigCgt:")).unwrap_or("0").trim().to_string();
+            u64::from_str_radix(&mask, 16).unwrap_or(0) & (1 << (signal - 1)) != 0
+        };
+        let started = std::time::Instant::now();
+        while !caught() {
+            assert!(started.elapsed() < std::time::Duration::from_secs(20), "netdam {args:?} never caught the signal");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: signalling the child this test started and has not yet reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let output = child.wait_with_output().unwrap();
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(128 + signal), "netdam {args:?}: {message}");
+        assert!(message.contains(says), "netdam {args:?}: {message}");
+    }
+}
+
 /// An option's variable set to nothing (`export NETDAM_KEY=`, how a shell clears a setting)
 /// counts as unset, as the fio engine already took it: the option's default applies, where
 /// clap said "a value is required for '--key <FILE>'".

@@ -28,6 +28,60 @@ use serde_json::json;
 #[path = "netdam/ranges.rs"]
 mod ranges;
 
+/// What a one-shot command says when Ctrl-C or SIGTERM ends it (`netdam nbd` drains instead).
+mod interrupted {
+    use std::sync::OnceLock;
+
+    use super::Command;
+
+    static MESSAGE: OnceLock<Vec<u8>> = OnceLock::new();
+
+    /// Installs handlers for SIGINT and SIGTERM that print what `command` may have left behind
+    /// and exit with 128 + the signal, as a shell reports it. A transfer is many instructions,
+    /// each done when it is answered: an interrupted write is done in part, and nothing is
+    /// rolled back; the user must be told, where before the process died silently.
+    pub fn say_on_interrupt(command: &Command) {
+        let said = match changed_by(command) {
+            Some(what) => format!(
+                "\nnetdam: interrupted: the {what} may be done in part (nothing is rolled back: read the range \
+                 back to see what it holds); the target frees this command's session when it expires\n"
+            ),
+            None => "\nnetdam: interrupted\n".to_string(),
+        };
+        let _ = MESSAGE.set(said.into_bytes());
+        // SAFETY: the handler does only what a signal handler may: write(2) and _exit(2).
+        unsafe {
+            libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+            libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+
+    extern "C" fn on_signal(signal: libc::c_int) {
+        if let Some(message) = MESSAGE.get() {
+            // SAFETY: write(2) of a buffer that lives as long as the process.
+            unsafe { libc::write(libc::STDERR_FILENO, message.as_ptr().cast(), message.len()) };
+        }
+        // SAFETY: _exit(2) is async-signal-safe; no destructor needs to run for a process
+        // that ends here.
+        unsafe { libc::_exit(128 + signal) };
+    }
+
+    /// What `command` changes on the target, named for the message.
+    fn changed_by(command: &Command) -> Option<&'static str> {
+        Some(match command {
+            Command::Write { .. } => "write",
+            Command::Bwrite { .. } => "block write",
+            Command::Fill { .. } => "fill",
+            Command::Memcpy { .. } => "copy",
+            Command::Trim { .. } => "trim",
+            Command::WriteZeroes { .. } => "write of zeroes",
+            Command::Encrypt { .. } | Command::Decrypt { .. } => "encryption or decryption into its destination",
+            Command::Allreduce { .. } => "Allreduce (its area needs --prepare again)",
+            _ => return None,
+        })
+    }
+}
+
 use ranges::{check_block_range, check_region_range};
 
 /// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
@@ -709,6 +763,7 @@ fn run(cli: &Cli) -> Result<(), String> {
     }
     // A one-shot command's warnings (a target that does not answer yet) go to standard error.
     netdam_metrics::logging::init_for_command();
+    interrupted::say_on_interrupt(&cli.command);
     // PING and STAT need no session: they work even when the target has no slot to spare.
     // Every other command opens one, and closes it when the client is dropped on the way out.
     // With a key, STAT goes through a session: a target with tenants shows its counters to a
