@@ -558,10 +558,7 @@ pub fn run(args: &AllreduceArgs) -> Result<(), String> {
                 host_wire_bytes: case.host.mean(WorkerReport::wire_bytes),
             })
             .collect();
-        match crate::plots::allreduce(&points, dir) {
-            Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
-            Err(message) => eprintln!("{message}"),
-        }
+        crate::report::print_plotted(crate::plots::allreduce(&points, dir));
     }
     Ok(())
 }

@@ -73,10 +73,10 @@ pub struct BlockArgs {
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub file_size: u64,
     /// Seconds each case is measured (after one second of warm-up).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::cli::seconds)]
     pub seconds: f64,
-    /// Requests in flight, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 32])]
+    /// Requests in flight, comma-separated (1 to 256).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 32], value_parser = crate::cli::in_flight())]
     pub depths: Vec<usize>,
     /// How the target worker and the timed client wait (fio sleeps in io_uring_enter). The
     /// write-load client of the READ measurement always sleeps.

@@ -307,10 +307,7 @@ pub fn run(args: &FioArgs) -> Result<(), String> {
             .filter(|case| ![THROUGHPUT, FLOOR].contains(&case.system) && case.batch == 1)
             .cloned()
             .collect();
-        match plot(&fio_cases, dir) {
-            Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
-            Err(message) => eprintln!("{message}"),
-        }
+        crate::report::print_plotted(plot(&fio_cases, dir));
     }
     Ok(())
 }

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
-use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_VADD_BYTES};
+use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::LaneType;
 use netdam_metrics::MetricsListen;
 use netdam_target::config::{Config, EngineChoice, NamespaceBackend, PollMode};
@@ -31,6 +32,22 @@ pub enum BenchOp {
     Crc32,
     Bread,
     Bwrite,
+}
+
+impl BenchOp {
+    /// The instruction's name, as reports print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchOp::Read => "READ",
+            BenchOp::Write => "WRITE",
+            BenchOp::Cas => "CAS",
+            BenchOp::FetchAdd => "FETCH_ADD",
+            BenchOp::Vadd => "VADD",
+            BenchOp::Crc32 => "CRC32",
+            BenchOp::Bread => "BREAD",
+            BenchOp::Bwrite => "BWRITE",
+        }
+    }
 }
 
 /// An engine the latency cases run through: one the target chooses itself, or a device model
@@ -143,7 +160,7 @@ impl LatencyPoll {
 #[derive(Debug, Clone, clap::Args)]
 pub struct LatencyArgs {
     /// Measured round trips per case and system.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: u64,
     /// Unmeasured round trips first.
     #[arg(long, default_value_t = 10_000)]
@@ -152,8 +169,13 @@ pub struct LatencyArgs {
     /// bwrite. CAS and FETCH_ADD always move 8 bytes; block sizes round up to 512-byte blocks.
     #[arg(long, value_enum, value_delimiter = ',', default_values = ["read"])]
     pub ops: Vec<BenchOp>,
-    /// Bytes moved per instruction, comma-separated (64 B to 8 KiB).
-    #[arg(long, value_delimiter = ',', default_values_t = [64u32])]
+    /// Bytes moved per instruction, comma-separated: from 1 to what one datagram of the
+    /// client's default size (9000 bytes) carries: READ 8960, WRITE 8944, VADD 8192 (2048 f32
+    /// lanes; sizes round down to whole lanes), BREAD and BWRITE 8704 (17 blocks), CRC32 32 MiB;
+    /// READ and WRITE 24 bytes less with `--auth` (the trailer). `floor` takes what one UDP
+    /// datagram carries (READ 65467, WRITE 65451, BREAD and BWRITE 65024).
+    #[arg(long, value_delimiter = ',', default_values_t = [64u32],
+          value_parser = clap::value_parser!(u32).range(1..=SPAN_BYTES as i64))]
     pub sizes: Vec<u32>,
     /// Polling modes, comma-separated: busy, adaptive, blocking.
     #[arg(long, value_enum, value_delimiter = ',', default_values = ["busy"])]
@@ -232,32 +254,83 @@ pub struct LatencyCase {
 const NAMESPACE_BLOCK: u32 = 512;
 /// The bench namespace's size.
 const NAMESPACE_BYTES: u64 = 32 << 20;
+/// Bytes of the region the memory instructions address: their offsets cycle through the first
+/// 32 MiB.
+const SPAN_BYTES: u32 = 32 << 20;
+
+/// The most bytes one `op` may move in a case (`--sizes`), and why; `None` for CAS and
+/// FETCH_ADD, which always move 8. With netdam, what one datagram of the size the client asks
+/// for carries ([`DEFAULT_DATAGRAM_BYTES`], less the trailer of an authenticated session) and
+/// what the instruction allows; for the floor alone, what one UDP datagram carries
+/// ([`MAX_DATAGRAM_BYTES`]), since the echo answers with one datagram of netdam's sizes.
+pub fn max_size(op: BenchOp, with_netdam: bool, auth: bool) -> Option<(u32, String)> {
+    let trailer = if with_netdam && auth { netdam_auth::TRAILER_BYTES } else { 0 };
+    let datagram = if with_netdam { DEFAULT_DATAGRAM_BYTES } else { MAX_DATAGRAM_BYTES };
+    let answer_room = datagram - trailer - HEADER_LEN - RESPONSE_INSTRUCTION_HEADER_LEN;
+    let operand_room = datagram - trailer - HEADER_LEN - INSTRUCTION_HEADER_LEN;
+    let carried = if !with_netdam {
+        format!("the floor echoes it in one UDP datagram of at most {MAX_DATAGRAM_BYTES} bytes")
+    } else if auth {
+        format!(
+            "one datagram of {DEFAULT_DATAGRAM_BYTES} bytes carries it with its headers and the authentication trailer"
+        )
+    } else {
+        format!("one datagram of {DEFAULT_DATAGRAM_BYTES} bytes carries it with its headers")
+    };
+    // Block sizes round up to whole blocks, so the largest is the whole blocks that fit. A
+    // target's largest block transfer is its datagram size in blocks (17 of 512 bytes in 9000),
+    // which the room in a datagram never exceeds.
+    let whole_blocks = |bytes: usize| bytes / NAMESPACE_BLOCK as usize * NAMESPACE_BLOCK as usize;
+    let (bytes, why) = match op {
+        BenchOp::Cas | BenchOp::FetchAdd => return None,
+        BenchOp::Read => (answer_room, format!("its answer: {carried}")),
+        BenchOp::Write => (operand_room, format!("its request: {carried}")),
+        BenchOp::Vadd if with_netdam => (MAX_VADD_BYTES, "the largest VADD operand, 2048 f32 lanes".to_string()),
+        BenchOp::Vadd => (operand_room, format!("its request: {carried}")),
+        BenchOp::Crc32 => (SPAN_BYTES as usize, "the 32 MiB of the region the benchmark addresses".to_string()),
+        BenchOp::Bread => (whole_blocks(answer_room), format!("whole 512-byte blocks in its answer: {carried}")),
+        BenchOp::Bwrite => (whole_blocks(operand_room), format!("whole 512-byte blocks in its request: {carried}")),
+    };
+    Some((bytes as u32, why))
+}
+
+/// Refuses a `--sizes` value that one of `--ops` cannot move (see [`max_size`]), naming the
+/// instruction and its range, before anything runs.
+pub fn check(args: &LatencyArgs, with_netdam: bool) -> Result<(), String> {
+    for &op in &args.ops {
+        let Some((max, why)) = max_size(op, with_netdam, args.auth) else { continue };
+        if let Some(size) = args.sizes.iter().find(|&&size| size > max) {
+            return Err(format!("invalid value '{size}' for '--sizes': {} moves 1 to {max} bytes ({why})", op.name()));
+        }
+    }
+    Ok(())
+}
 
 fn op_for(op: BenchOp, size: u32, index: u64, payload: &[u8]) -> (Op, &'static str, u32) {
-    let span = (32u64 << 20) / u64::from(size.max(8));
+    let span = u64::from(SPAN_BYTES) / u64::from(size.max(8));
     let offset = (index.wrapping_mul(2_654_435_761) % span) * u64::from(size.max(8));
     let word = (offset / 8) * 8;
     match op {
-        BenchOp::Read => (Op::read(0, offset, size), "READ", size),
-        BenchOp::Write => (Op::write(0, offset, &payload[..size as usize]), "WRITE", size),
-        BenchOp::Cas => (Op::cas(0, word, index, index + 1), "CAS", 8),
-        BenchOp::FetchAdd => (Op::fetch_add(0, word, 1), "FETCH_ADD", 8),
+        BenchOp::Read => (Op::read(0, offset, size), op.name(), size),
+        BenchOp::Write => (Op::write(0, offset, &payload[..size as usize]), op.name(), size),
+        BenchOp::Cas => (Op::cas(0, word, index, index + 1), op.name(), 8),
+        BenchOp::FetchAdd => (Op::fetch_add(0, word, 1), op.name(), 8),
         BenchOp::Vadd => {
             let lanes = (size / 4).max(1) * 4;
             let offset = (offset / 4) * 4;
-            (Op::vadd(0, offset, LaneType::F32, &payload[..lanes as usize], false), "VADD", lanes)
+            (Op::vadd(0, offset, LaneType::F32, &payload[..lanes as usize], false), op.name(), lanes)
         }
-        BenchOp::Crc32 => (Op::crc32(0, offset, size), "CRC32", size),
+        BenchOp::Crc32 => (Op::crc32(0, offset, size), op.name(), size),
         BenchOp::Bread | BenchOp::Bwrite => {
             let blocks = size.div_ceil(NAMESPACE_BLOCK).max(1);
             let span_blocks = NAMESPACE_BYTES / u64::from(NAMESPACE_BLOCK) - u64::from(blocks);
             let first = index.wrapping_mul(2_654_435_761) % span_blocks;
             let bytes = blocks * NAMESPACE_BLOCK;
             if op == BenchOp::Bread {
-                (Op::block_read(0, first, blocks), "BREAD", bytes)
+                (Op::block_read(0, first, blocks), op.name(), bytes)
             } else {
                 let data = &payload[..bytes as usize];
-                (Op::block_write(0, first, NAMESPACE_BLOCK, data, false), "BWRITE", bytes)
+                (Op::block_write(0, first, NAMESPACE_BLOCK, data, false), op.name(), bytes)
             }
         }
     }

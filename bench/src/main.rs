@@ -4,6 +4,7 @@
 mod allreduce;
 mod block;
 mod bulk;
+mod cli;
 mod compare;
 mod fio;
 mod floor;
@@ -19,7 +20,7 @@ mod throughput;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
 use netdam_initiator::{Client, Op};
 
@@ -27,35 +28,28 @@ use netdam_initiator::{Client, Op};
 /// same run, because absolute times hold for one machine only and the ratios are the result.
 /// No result is pass/fail.
 ///
-/// - `latency`: round trips of one instruction at a time per opcode (READ, WRITE, CAS, FETCH_ADD,
-///   VADD, CRC32, BREAD, BWRITE), size (64 B to 8 KiB) and polling mode (busy, adaptive,
-///   blocking); HDR histograms, p50 to p99.99, max, standard deviation and jitter (p99.9 − p50),
-///   each beside a raw UDP echo of the same request and answer sizes (the floor), and the
-///   target's idle CPU.
-/// - `floor`: only the UDP echo, for the same cases.
-/// - `throughput`: operations/s, bytes/s, p50/p99 and CPU time per operation (target worker and
-///   clients) as requests in flight (1 to 128) and sessions grow, beside the echo driven alike.
-/// - `block`: 4 KiB random reads and writes through a namespace at QD1 and QD32 beside fio's
-///   io_uring engine on the same file (the device floor); memory READ with and without a block
-///   write load.
-/// - `fio`: fio 3.33's 4 KiB random reads and writes (QD1, QD32) through the netdam fio engine,
-///   through `netdam nbd` (fio's nbd engine, TCP and Unix socket) and through `nbdkit memory`
-///   (the peer), on memory-backed storage in the same run; IOPS, p50/p99/p99.9 of total latency
-///   and goals as ratios to nbdkit and to `throughput`'s client.
-/// - `allreduce`: Allreduce through the target (VADD, FETCH_ADD barrier, READ) against host-side
-///   reduction (each worker reads every other worker's buffer and sums it), N worker processes
-///   for N = 2, 4, 8 and 1 to 64 MiB buffers: time, bytes on the wire per worker (counted), speedup.
-/// - `noise`: what this machine takes from a spinning thread on each CPU (gaps by length,
-///   interrupts, preemptions): the tail that no change to netdam lowers.
-/// - `compare OLD.json NEW.json`: the regression guard; every figure of two reports of the same
-///   kind, with the ones that moved past a threshold (10% by default) flagged worse or better.
-/// - `sim`, `sim-table`, `load`: the congestion-control simulator and the incast load generator.
+/// What each subcommand measures (`netdam-bench help COMMAND` for its options):
+///   latency     round trips of one instruction at a time per opcode, size and polling mode, beside
+///               a raw UDP echo of the same sizes (the floor); percentiles, jitter, idle CPU
+///   floor       only that UDP echo, for the same cases
+///   throughput  operations/s, latency and CPU per operation as depth (1 to 256) and sessions grow
+///   block       4 KiB random reads and writes on a namespace beside fio's io_uring engine
+///   fio         fio through the netdam engine and `netdam nbd`, beside `nbdkit memory`
+///   allreduce   Allreduce through the target (VADD) against host-side reduction, N processes
+///   compare     two reports of one kind (OLD.json NEW.json), moves past a threshold flagged
+///   sim         one run of the congestion-control simulator (virtual clock, seeded network)
+///   sim-table   the table of simulated results (docs/SIMULATION.md)
+///   bulk        one large WRITE and READ through the client's pipeline beside a UDP transfer
+///   tenancy     what authentication costs and what QoS protects, in one run
+///   integrity   what checking one datagram costs: CRC-32C, the MAC trailer, HMAC-SHA256
+///   noise       what this machine takes from a spinning thread on each CPU: the floor of the tail
+///   load        one initiator writing to a running target; one JSON line (ops/netns-incast.sh)
 ///
-/// `--out DIR` writes JSON for machines, markdown for people and PNG plots (latency percentiles,
-/// throughput against depth, latency against throughput); every report names the machine (cores,
-/// CPU model, kernel). `ops/performance.sh` regenerates the README's results in docs/results.
+/// `--out DIR` writes JSON for machines, markdown for people and PNG plots; every report names
+/// the machine (cores, CPU model, kernel). `ops/performance.sh` regenerates the README's results
+/// in docs/results.
 #[derive(Debug, Parser)]
-#[command(name = "netdam-bench", version)]
+#[command(name = "netdam-bench", version, verbatim_doc_comment)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -121,20 +115,22 @@ struct LoadArgs {
     /// Region to write into (name or id).
     #[arg(long, default_value = "0")]
     region: String,
-    /// Where this initiator's writes start; they cycle through --span bytes from here.
-    #[arg(long, default_value_t = 0)]
+    /// Where this initiator's writes start (bytes: 4096, 0x1000, 64KiB, 1MiB); they cycle
+    /// through --span bytes from here, which must end inside the region.
+    #[arg(long, default_value = "0", value_parser = cli::bytes)]
     offset: u64,
     /// Bytes the writes cycle through.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value = "1MiB", value_parser = cli::bytes)]
     span: u64,
-    /// Bytes per write.
-    #[arg(long, default_value_t = 1024)]
+    /// Bytes per write: 1 to 8920, what one 9000-byte datagram carries with its headers and an
+    /// authentication trailer.
+    #[arg(long, default_value = "1024", value_parser = load_write_bytes)]
     size: usize,
-    /// How long to write, seconds.
-    #[arg(long, default_value_t = 5.0)]
+    /// How long to write, seconds (more than 0).
+    #[arg(long, default_value_t = 5.0, value_parser = cli::seconds)]
     seconds: f64,
-    /// Requests in flight at most.
-    #[arg(long, default_value_t = 32)]
+    /// Requests in flight at most (1 to 256).
+    #[arg(long, default_value_t = 32, value_parser = cli::in_flight())]
     window: usize,
     /// Congestion control (Swift) on, or a fixed window.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
@@ -152,8 +148,8 @@ struct SimArgs {
     /// Seed of every random choice; the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Initiators sharing the bottleneck to the target.
-    #[arg(long, default_value_t = 8)]
+    /// Initiators sharing the bottleneck to the target (at least 1).
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     initiators: usize,
     /// incast: 4 KiB writes as fast as the window allows for --millis; checked: --ops operations
     /// per initiator checked for exactly-once execution.
@@ -168,30 +164,31 @@ struct SimArgs {
     /// Congestion control (Swift) on, or a fixed window of --window requests.
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     cc: OnOff,
-    /// Requests each initiator keeps in flight at most.
-    #[arg(long, default_value_t = 32)]
+    /// Requests each initiator keeps in flight at most (1 to 256).
+    #[arg(long, default_value_t = 32, value_parser = cli::in_flight())]
     window: usize,
-    /// Probability of losing a datagram at the bottleneck.
-    #[arg(long, default_value_t = 0.0)]
+    /// Probability of losing a datagram at the bottleneck (0 to 1).
+    #[arg(long, default_value_t = 0.0, value_parser = cli::probability)]
     loss: f64,
-    /// Probability of duplicating one.
-    #[arg(long, default_value_t = 0.0)]
+    /// Probability of duplicating one (0 to 1).
+    #[arg(long, default_value_t = 0.0, value_parser = cli::probability)]
     duplicate: f64,
-    /// Probability of delaying one past later ones.
-    #[arg(long, default_value_t = 0.0)]
+    /// Probability of delaying one past later ones (0 to 1).
+    #[arg(long, default_value_t = 0.0, value_parser = cli::probability)]
     reorder: f64,
     /// One-way propagation delay per link, µs.
     #[arg(long, default_value_t = 2)]
     propagation_us: u64,
-    /// Swift's initial window, requests.
-    #[arg(long)]
-    initial_window: Option<f64>,
+    /// Swift's initial window, requests (more than 0; with --cc on).
+    #[arg(long, default_value_t = netdam_initiator::swift::SwiftConfig::default().initial_window,
+          value_parser = positive_window)]
+    initial_window: f64,
     /// Buffer of the bottleneck port, KiB.
     #[arg(long, default_value_t = 256)]
     buffer_kib: usize,
     /// Floor of the retransmission timeout, µs.
-    #[arg(long)]
-    min_rto_us: Option<u64>,
+    #[arg(long, default_value_t = netdam_initiator::session::SessionConfig::default().min_rto.as_nanos() / 1000)]
+    min_rto_us: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -206,8 +203,63 @@ enum OnOff {
     Off,
 }
 
+/// Largest `load --size`: one WRITE in a datagram of the default size, with its headers and the
+/// trailer of an authenticated session (`--key`).
+const LOAD_MAX_WRITE_BYTES: usize = netdam_isa::limits::DEFAULT_DATAGRAM_BYTES
+    - netdam_isa::wire::HEADER_LEN
+    - netdam_isa::wire::INSTRUCTION_HEADER_LEN
+    - netdam_auth::TRAILER_BYTES;
+
+fn load_write_bytes(text: &str) -> Result<usize, String> {
+    let bytes = cli::bytes(text)?;
+    if (1..=LOAD_MAX_WRITE_BYTES as u64).contains(&bytes) {
+        Ok(bytes as usize)
+    } else {
+        Err(format!("{bytes} is not in 1..={LOAD_MAX_WRITE_BYTES} (one WRITE per 9000-byte datagram)"))
+    }
+}
+
+fn positive_window(text: &str) -> Result<f64, String> {
+    let window: f64 = text.trim().parse().map_err(|_| format!("{text:?} is not a number of requests"))?;
+    if window > 0.0 && window.is_finite() {
+        Ok(window)
+    } else {
+        Err(format!("{text} is not a window: give a number of requests above 0"))
+    }
+}
+
+impl Command {
+    /// Refuses what clap's value parsers cannot see alone (a size an instruction cannot move,
+    /// given the others): the subcommand's name and the message.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        match self {
+            Command::Latency(args) => latency::check(args, true).map_err(|message| ("latency", message)),
+            Command::Floor(args) => latency::check(args, false).map_err(|message| ("floor", message)),
+            Command::Throughput(args) => throughput::check(args).map_err(|message| ("throughput", message)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Parses the command line and checks it, so that a value no run can use is refused with
+/// clap's error and usage (exit status 2) before anything starts.
+fn parse_cli<I, T>(arguments: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::try_parse_from(arguments)?;
+    cli.command.check().map_err(|(name, message)| {
+        let mut command = Cli::command();
+        command.build();
+        let subcommand = command.find_subcommand_mut(name).expect("every checked subcommand exists");
+        subcommand.error(clap::error::ErrorKind::ValueValidation, message)
+    })?;
+    Ok(cli)
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = parse_cli(std::env::args_os()).unwrap_or_else(|error| error.exit());
     match cli.command {
         Command::Latency(args) => latency(&args, true),
         Command::Floor(args) => latency(&args, false),
@@ -293,16 +345,33 @@ fn load(args: &LoadArgs) {
         netdam_initiator::keys::resolve(args.key.as_deref()).unwrap_or_else(|error| fail(format!("--key: {error}")));
     let mut client = Client::connect_with(args.target, ClientOptions { session, ..ClientOptions::default() })
         .unwrap_or_else(|error| fail(format!("connect: {error}")));
-    let space = client.region(&args.region).map(|region| region.id).unwrap_or_else(|error| fail(error.to_string()));
+    let region = client.region(&args.region).unwrap_or_else(|error| fail(error.to_string())).clone();
+    let space = region.id;
+    let slots = (args.span / args.size as u64).max(1);
+    // The region's size is known only now: a range past its end is the caller's mistake (exit
+    // status 2, as for the options clap refuses), not a run whose every write fails.
+    let end = slots.checked_mul(args.size as u64).and_then(|bytes| bytes.checked_add(args.offset));
+    if end.is_none_or(|end| end > region.size_bytes) {
+        println!(
+            "{}",
+            serde_json::json!({ "error": format!(
+                "--offset {} with --span {} and --size {}: the writes reach byte {}, past the end of region {:?} \
+                 ({} bytes); keep --offset + --span within it",
+                args.offset, args.span, args.size,
+                end.map_or("2^64".to_string(), |end| end.to_string()), region.name, region.size_bytes
+            ) })
+        );
+        std::process::exit(2);
+    }
     let data = vec![0xA5u8; args.size];
     let mut latency = histogram();
     let mut rtt = histogram();
     let mut pending = std::collections::VecDeque::new();
     let mut failed = 0u64;
+    let mut first_error = None;
     let mut written = 0u64;
     let started = Instant::now();
     let stop_at = started + Duration::from_secs_f64(args.seconds);
-    let slots = (args.span / args.size as u64).max(1);
     let mut next = 0u64;
     loop {
         let now = Instant::now();
@@ -319,23 +388,37 @@ fn load(args: &LoadArgs) {
                 record(&mut latency, submitted.elapsed());
                 record(&mut rtt, round_trip.to_std());
             }
-            Err(_) => failed += 1,
+            Err(error) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| error.to_string());
+            }
         }
     }
     let elapsed = started.elapsed().as_secs_f64();
     let stats = client.session_stats();
     let us = |histogram: &Histogram<u64>, q: f64| histogram.value_at_quantile(q) as f64 / 1000.0;
-    println!(
-        "{}",
-        serde_json::json!({
-            "operations": latency.len(), "failed": failed, "seconds": elapsed,
-            "mbit_per_s": written as f64 * 8.0 / elapsed / 1e6,
-            "latency_p50_us": us(&latency, 0.5), "latency_p99_us": us(&latency, 0.99),
-            "rtt_p50_us": us(&rtt, 0.5), "rtt_p99_us": us(&rtt, 0.99),
-            "transmissions": stats.transmissions, "retransmissions": stats.retransmissions,
-            "busy": stats.busy, "window": stats.window,
-        })
-    );
+    let mut row = serde_json::json!({
+        "operations": latency.len(), "failed": failed, "seconds": elapsed,
+        "mbit_per_s": written as f64 * 8.0 / elapsed / 1e6,
+        "latency_p50_us": us(&latency, 0.5), "latency_p99_us": us(&latency, 0.99),
+        "rtt_p50_us": us(&rtt, 0.5), "rtt_p99_us": us(&rtt, 0.99),
+        "transmissions": stats.transmissions, "retransmissions": stats.retransmissions,
+        "busy": stats.busy, "window": stats.window,
+    });
+    if let Some(error) = &first_error {
+        row["first_error"] = error.as_str().into();
+    }
+    // A run in which nothing was written measured nothing: it fails, with the reason.
+    let nothing_written = latency.is_empty();
+    if nothing_written {
+        let reason =
+            first_error.map_or("no write completed".to_string(), |error| format!("every write failed: {error}"));
+        row["error"] = reason.into();
+    }
+    println!("{row}");
+    if nothing_written {
+        std::process::exit(1);
+    }
 }
 
 fn simulate(args: &SimArgs) {
@@ -356,14 +439,12 @@ fn simulate(args: &SimArgs) {
     scenario.network.reorder = args.reorder;
     scenario.network.propagation = Duration::from_micros(args.propagation_us);
     scenario.network.bottleneck_buffer_bytes = args.buffer_kib << 10;
-    if let Some(min_rto_us) = args.min_rto_us {
-        scenario.session.min_rto = Duration::from_micros(min_rto_us);
-    }
-    if let (Some(window), Some(swift)) = (args.initial_window, scenario.session.congestion.as_mut()) {
-        swift.initial_window = window;
+    scenario.session.min_rto = Duration::from_micros(args.min_rto_us);
+    if let Some(swift) = scenario.session.congestion.as_mut() {
+        swift.initial_window = args.initial_window;
     }
     match sim::run(&scenario) {
-        Ok(report) => println!("{report:#?}"),
+        Ok(report) => print!("{report}"),
         Err(error) => {
             eprintln!("{error}");
             std::process::exit(1);
@@ -394,5 +475,101 @@ fn latency(args: &latency::LatencyArgs, with_netdam: bool) {
             eprintln!("netdam-bench: {message}");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The message of the error `arguments` are refused with (clap's, or a check's).
+    fn refusal(arguments: &str) -> String {
+        match parse_cli(std::iter::once("netdam-bench").chain(arguments.split_whitespace())) {
+            Ok(cli) => panic!("{arguments:?} accepted: {cli:?}"),
+            Err(error) => {
+                assert_eq!(error.exit_code(), 2, "{arguments:?} is a usage error");
+                error.to_string()
+            }
+        }
+    }
+
+    fn accepted(arguments: &str) -> Cli {
+        parse_cli(std::iter::once("netdam-bench").chain(arguments.split_whitespace()))
+            .unwrap_or_else(|error| panic!("{arguments:?} refused: {error}"))
+    }
+
+    #[test]
+    fn latency_sizes_are_what_each_instruction_can_move() {
+        assert!(refusal("latency --sizes 0").contains("0 is not in 1..="));
+        let read = refusal("latency --sizes 9000");
+        assert!(read.contains("'9000' for '--sizes': READ moves 1 to 8960 bytes"), "{read}");
+        assert!(read.contains("Usage: netdam-bench latency"), "{read}");
+        assert!(refusal("latency --sizes 100000").contains("READ moves 1 to 8960"));
+        assert!(refusal("latency --ops write --sizes 8945").contains("WRITE moves 1 to 8944"));
+        assert!(refusal("latency --ops read --sizes 8937 --auth").contains("READ moves 1 to 8936"));
+        assert!(refusal("latency --ops read,vadd --sizes 8192,8196").contains("VADD moves 1 to 8192"));
+        assert!(refusal("latency --ops bwrite --sizes 8705").contains("BWRITE moves 1 to 8704"));
+        assert!(refusal("latency --requests 0").contains("'0' for '--requests"));
+        let Command::Latency(args) = accepted("latency --ops read,cas,bread --sizes 64,8704").command else {
+            panic!("latency parses as latency")
+        };
+        assert_eq!(args.sizes, [64, 8704]);
+        accepted("latency --ops crc32 --sizes 1048576");
+    }
+
+    #[test]
+    fn floor_sizes_are_what_one_datagram_carries() {
+        let refused = refusal("floor --sizes 70000 --poll blocking");
+        assert!(refused.contains("READ moves 1 to 65467 bytes"), "{refused}");
+        assert!(refused.contains("Usage: netdam-bench floor"), "{refused}");
+        accepted("floor --sizes 9000,65467");
+    }
+
+    #[test]
+    fn throughput_refuses_what_would_panic_hang_or_print_nonsense() {
+        assert!(
+            refusal("throughput --depths 0 --seconds 1").contains("'0' for '--depths <DEPTHS>': 0 is not in 1..=256")
+        );
+        assert!(refusal("throughput --depths 1,257").contains("257 is not in 1..=256"));
+        assert!(refusal("throughput --sessions 0").contains("'0' for '--sessions <SESSIONS>': 0 is not in 1..=32"));
+        assert!(refusal("throughput --seconds 0").contains("'0' for '--seconds <SECONDS>'"));
+        assert!(refusal("throughput --seconds NaN").contains("'NaN' for '--seconds <SECONDS>'"));
+        assert!(refusal("throughput --batch 0").contains("'0' for '--batch <BATCH>'"));
+        assert!(refusal("throughput --sizes 9000").contains("READ moves 1 to 8960 bytes at --batch 1"));
+        let Command::Throughput(args) = accepted("throughput --depths 1,256 --sessions 32 --seconds 0.5").command
+        else {
+            panic!("throughput parses as throughput")
+        };
+        assert_eq!((args.depths, args.sessions, args.seconds), (vec![1, 256], vec![32], 0.5));
+    }
+
+    #[test]
+    fn load_takes_byte_counts_as_netdam_does_and_refuses_empty_writes() {
+        let load = |extra: &str| format!("load --target 127.0.0.1:7800 {extra}");
+        assert!(refusal(&load("--size 0")).contains("0 is not in 1..=8920"));
+        assert!(refusal(&load("--size 9000")).contains("9000 is not in 1..=8920"));
+        assert!(refusal(&load("--window 0")).contains("0 is not in 1..=256"));
+        assert!(refusal(&load("--seconds 0")).contains("'--seconds <SECONDS>'"));
+        assert!(refusal(&load("--offset 64MiBs")).contains("unknown unit"));
+        let Command::Load(args) = accepted(&load("--offset 64MiB --span 0x1000 --size 4KiB")).command else {
+            panic!("load parses as load")
+        };
+        assert_eq!((args.offset, args.span, args.size), (64 << 20, 4096, 4096));
+    }
+
+    #[test]
+    fn sim_refuses_windows_and_probabilities_out_of_range() {
+        assert!(refusal("sim --window 0").contains("0 is not in 1..=256"));
+        assert!(refusal("sim --initiators 0").contains("'0' for '--initiators"));
+        assert!(refusal("sim --loss 1.5").contains("[0, 1]"));
+        assert!(refusal("sim --initial-window 0").contains("above 0"));
+        let Command::Sim(args) = accepted("sim").command else { panic!("sim parses as sim") };
+        assert_eq!((args.initial_window, args.min_rto_us), (1.0, 500));
+    }
+
+    #[test]
+    fn block_and_tenancy_windows_are_a_session_s() {
+        assert!(refusal("block --depths 0").contains("0 is not in 1..=256"));
+        assert!(refusal("tenancy --flood-window 300").contains("300 is not in 1..=256"));
     }
 }

@@ -178,24 +178,19 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
         return;
     }
     let us = |ns: u64| ns as f64 / 1000.0;
+    // `floor` measures no netdam: no ratios, no time in a target.
+    let with_netdam = cases.iter().any(|case| case.netdam.is_some());
     println!("machine: {} (absolute times hold for this machine only; ratios are the result)", machine());
     println!("{} measured round trips per system and case, after {} warm-up", args.requests, args.warmup);
-    println!(
-        "{:<34} {:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>9}",
-        "system (µs)",
-        "poll",
-        "p50",
-        "p90",
-        "p99",
-        "p99.9",
-        "p99.99",
-        "max",
-        "stdev",
-        "jitter",
-        "p50 x",
-        "p99.9 x",
-        "in target"
+    let header = format!(
+        "{:<34} {:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "system (µs)", "poll", "p50", "p90", "p99", "p99.9", "p99.99", "max", "stdev", "jitter"
     );
+    if with_netdam {
+        println!("{header} {:>7} {:>7} {:>9}", "p50 x", "p99.9 x", "in target");
+    } else {
+        println!("{header}");
+    }
     for case in cases {
         for (summary, is_floor) in [(Some(&case.floor), true), (case.netdam.as_ref(), false)] {
             let Some(s) = summary else { continue };
@@ -208,8 +203,8 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
                     case.target_service_p50_ns.map(|ns| format!("{:.1}", us(ns))).unwrap_or_default(),
                 )
             };
-            println!(
-                "{:<34} {:<8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7} {:>9}",
+            let row = format!(
+                "{:<34} {:<8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
                 s.name,
                 case.poll.name(),
                 us(s.p50),
@@ -220,10 +215,12 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
                 us(s.max),
                 s.stdev / 1000.0,
                 us(s.jitter()),
-                p50x,
-                p999x,
-                service
             );
+            if with_netdam {
+                println!("{row} {p50x:>7} {p999x:>7} {service:>9}");
+            } else {
+                println!("{row}");
+            }
         }
     }
     for case in cases {
@@ -264,7 +261,9 @@ pub fn print_latency(cases: &[LatencyCase], args: &LatencyArgs) {
             if case.poll.spins() { " (spinning clients: CPU is wall time)" } else { "" }
         );
     }
-    println!("{IN_TARGET}");
+    if with_netdam {
+        println!("{IN_TARGET}");
+    }
     let retransmissions: u64 = cases.iter().map(|case| case.retransmissions).sum();
     if retransmissions > 0 {
         println!("note: {retransmissions} retransmissions during the netdam runs");
@@ -343,6 +342,9 @@ fn latency_rounds_markdown(rounds: &[Vec<LatencyCase>]) -> String {
 
 /// The latency cases as a markdown table.
 pub fn latency_markdown(cases: &[LatencyCase], args: &LatencyArgs) -> String {
+    if cases.iter().all(|case| case.netdam.is_none()) {
+        return floor_markdown(cases, args);
+    }
     let us = |ns: u64| ns as f64 / 1000.0;
     let mut text = format!(
         "Machine: {}. {} round trips per case after {} warm-up. Absolute times hold for this machine only; the ratios to the floor (a raw UDP echo of the same sizes, same polling, same run) are the result.\n\n",
@@ -393,6 +395,51 @@ pub fn latency_markdown(cases: &[LatencyCase], args: &LatencyArgs) -> String {
     text
 }
 
+/// The cases of `floor` (the UDP echo alone) as a markdown table.
+fn floor_markdown(cases: &[LatencyCase], args: &LatencyArgs) -> String {
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let mut text = format!(
+        "Machine: {}. {} round trips per case after {} warm-up: a raw UDP echo of netdam's request and answer sizes (the floor), without netdam. Absolute times hold for this machine only.\n\n",
+        machine(),
+        args.requests,
+        args.warmup
+    );
+    text.push_str(
+        "| case | echo | poll | p50 | p90 | p99 | p99.9 | p99.99 | max | jitter | client CPU per request |\n",
+    );
+    text.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for case in cases {
+        let floor = &case.floor;
+        text.push_str(&format!(
+            "| {} {} B | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
+            case.op,
+            case.size,
+            floor.name,
+            case.poll.name(),
+            us(floor.p50),
+            us(floor.p90),
+            us(floor.p99),
+            us(floor.p999),
+            us(floor.p9999),
+            us(floor.max),
+            us(floor.jitter()),
+            us(case.floor_client_cpu_ns)
+        ));
+    }
+    text.push_str("\nTimes in µs; jitter is p99.9 − p50. Client CPU is the client thread's CPU time (system time included) per round trip; a spinning client's is its wall time.\n");
+    text
+}
+
+/// Says which plots were written; nothing when there were none to draw (a floor-only run
+/// has no netdam curve), and why plotting failed when it did.
+pub fn print_plotted(plots: Result<Vec<String>, String>) {
+    match plots {
+        Ok(plots) if plots.is_empty() => {}
+        Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
+        Err(message) => eprintln!("{message}"),
+    }
+}
+
 /// What the "in target" figure is.
 const IN_TARGET: &str = "In target: the median time the target held a request, from its answers: from the kernel's receive timestamp to the answer, or, for a lone request to a polling worker that reads no timestamps then, from the empty poll before it.";
 
@@ -413,10 +460,7 @@ pub fn write_latency(rounds: &[Vec<LatencyCase>], args: &LatencyArgs, dir: &Path
     write("latency.json", format!("{json:#}\n"))?;
     write("latency.md", markdown)?;
     eprintln!("wrote {}/latency.json and latency.md", dir.display());
-    match crate::plots::latency(cases, dir) {
-        Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
-        Err(message) => eprintln!("{message}"),
-    }
+    print_plotted(crate::plots::latency(cases, dir));
     Ok(())
 }
 

@@ -41,8 +41,8 @@ pub struct TenancyArgs {
     /// Sessions the flooding tenant sends from, each keeping `--flood-window` requests in flight.
     #[arg(long, default_value_t = 4)]
     pub flood_sessions: usize,
-    /// Requests in flight per flooding session.
-    #[arg(long, default_value_t = 32)]
+    /// Requests in flight per flooding session (1 to 256).
+    #[arg(long, default_value_t = 32, value_parser = crate::cli::in_flight())]
     pub flood_window: usize,
     /// The best-effort tenant's rate, cost units per second (a 4 KiB WRITE costs 4).
     #[arg(long, default_value_t = 100_000)]
@@ -381,9 +381,9 @@ fn beside_flood(
     let mut beside = crate::histogram();
     reads(interactive, args.qos_requests, &mut beside);
     stop.store(true, Ordering::Relaxed);
-    for thread in flood {
-        let _ = thread.join();
-    }
+    // A flood client that failed leaves figures "beside a flood" that were not: end the run.
+    let failed = flood.into_iter().map(std::thread::JoinHandle::join).filter(Result::is_err).count();
+    assert!(failed == 0, "{failed} flood client thread(s) panicked (the message is above): no figures beside a flood");
     let seconds = started.elapsed().as_secs_f64();
     (beside, done.load(Ordering::Relaxed) as f64 / seconds, busy.load(Ordering::Relaxed) as f64 / seconds)
 }

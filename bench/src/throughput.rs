@@ -6,13 +6,15 @@
 //! /proc) and each client thread (`getrusage(RUSAGE_THREAD)`).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use netdam_initiator::session::SessionConfig;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
-use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, MAX_INSTRUCTIONS_PER_DATAGRAM};
+use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_target::config::Config;
 use netdam_target::Target;
 use serde_json::json;
@@ -36,20 +38,27 @@ pub struct ThroughputArgs {
     /// Instruction to drive.
     #[arg(long, value_enum, default_value_t = ThroughputOp::Read)]
     pub op: ThroughputOp,
-    /// Bytes per instruction (block instructions round up to 512-byte blocks).
-    #[arg(long, value_delimiter = ',', default_values_t = [64u32])]
+    /// Bytes per instruction, comma-separated (block instructions round up to 512-byte blocks):
+    /// from 1 to what one 9000-byte datagram carries for --batch instructions (at --batch 1:
+    /// READ 8960, WRITE 8944, BREAD and BWRITE 8704). FETCH_ADD always moves 8.
+    #[arg(long, value_delimiter = ',', default_values_t = [64u32],
+          value_parser = clap::value_parser!(u32).range(1..=DEFAULT_DATAGRAM_BYTES as i64))]
     pub sizes: Vec<u32>,
-    /// Requests in flight per session, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64, 128])]
+    /// Requests in flight per session, comma-separated (1 to 256).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64, 128],
+          value_parser = crate::cli::in_flight())]
     pub depths: Vec<usize>,
-    /// Sessions (client threads), comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize])]
+    /// Sessions (client threads), comma-separated: 1 to 32, the sessions the target allows
+    /// one address.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize],
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=DEFAULT_SESSIONS_PER_ADDRESS as u64))]
     pub sessions: Vec<usize>,
-    /// Instructions per datagram.
-    #[arg(long, default_value_t = 1)]
+    /// Instructions per datagram (1 to 64).
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_INSTRUCTIONS_PER_DATAGRAM as u64))]
     pub batch: usize,
-    /// Seconds per point (after a quarter of that as warm-up).
-    #[arg(long, default_value_t = 2.0)]
+    /// Seconds per point, more than 0 (after a quarter of that as warm-up).
+    #[arg(long, default_value_t = 2.0, value_parser = crate::cli::seconds)]
     pub seconds: f64,
     /// busy (worker, clients and echo spin), adaptive or blocking.
     #[arg(long, value_enum, default_value_t = LatencyPoll::Busy)]
@@ -97,6 +106,123 @@ fn thread_cpu_self() -> Duration {
 /// Block size of the namespace this benchmark starts.
 const BLOCK_BYTES: u32 = 512;
 
+/// The most bytes one `op` may move when `batch` of them share a datagram of the client's
+/// default size, and what bounds it; `None` for FETCH_ADD, which always moves 8.
+fn max_size(op: ThroughputOp, batch: usize) -> Option<(u32, &'static str)> {
+    let share = (DEFAULT_DATAGRAM_BYTES - HEADER_LEN) / batch.max(1);
+    let answer = share.saturating_sub(RESPONSE_INSTRUCTION_HEADER_LEN);
+    let request = share.saturating_sub(INSTRUCTION_HEADER_LEN);
+    let whole_blocks = |bytes: usize| bytes / BLOCK_BYTES as usize * BLOCK_BYTES as usize;
+    let (bytes, what) = match op {
+        ThroughputOp::FetchAdd => return None,
+        ThroughputOp::Read => (answer, "answers"),
+        ThroughputOp::Write => (request, "requests"),
+        ThroughputOp::Bread => (whole_blocks(answer), "answers (whole 512-byte blocks)"),
+        ThroughputOp::Bwrite => (whole_blocks(request), "requests (whole 512-byte blocks)"),
+    };
+    Some((bytes as u32, what))
+}
+
+/// Refuses `--sizes` that `--batch` instructions of `--op` cannot carry in one datagram, naming
+/// the instruction and its range, before anything runs.
+pub fn check(args: &ThroughputArgs) -> Result<(), String> {
+    let Some((max, what)) = max_size(args.op, args.batch) else { return Ok(()) };
+    let name = format!("{:?}", args.op).to_uppercase();
+    let batch = args.batch;
+    if max == 0 {
+        return Err(format!(
+            "invalid value '{batch}' for '--batch': {batch} {name} {what} do not fit one datagram of \
+             {DEFAULT_DATAGRAM_BYTES} bytes even at one block each; lower --batch"
+        ));
+    }
+    match args.sizes.iter().find(|&&size| size > max) {
+        Some(size) => Err(format!(
+            "invalid value '{size}' for '--sizes': {name} moves 1 to {max} bytes at --batch {batch} ({batch} such \
+             {what} share one datagram of {DEFAULT_DATAGRAM_BYTES} bytes)"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Starts client threads together, as a barrier does, except that the thread that opens it
+/// learns when a client ended before it arrived (it failed to connect, or panicked): a barrier
+/// would wait for that client for ever. Each client [`arrive`](StartGate::arrive)s; the
+/// measuring thread waits in [`open_when_ready`](StartGate::open_when_ready).
+struct StartGate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+struct GateState {
+    arrived: usize,
+    /// `None` while waiting; then whether the clients run (`false`: one failed, all give up).
+    open: Option<bool>,
+}
+
+/// What a client returns when the start was called off because another one failed.
+const CALLED_OFF: &str = "called off: another client failed to start";
+
+impl StartGate {
+    fn new() -> Arc<StartGate> {
+        Arc::new(StartGate { state: Mutex::new(GateState { arrived: 0, open: None }), changed: Condvar::new() })
+    }
+
+    /// Says this client is ready and waits for the start; `false` when it was called off.
+    fn arrive(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.arrived += 1;
+        self.changed.notify_all();
+        while state.open.is_none() {
+            state = self.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+        state.open == Some(true)
+    }
+
+    /// Opens the gate once every one of `clients` has arrived and returns `true`; or, when one
+    /// of them ends first, calls the start off and returns `false` (their results say why).
+    fn open_when_ready<T>(&self, clients: &[JoinHandle<T>]) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let open = loop {
+            if state.arrived == clients.len() {
+                break true;
+            }
+            // A client that has arrived waits for the gate, so one that ended never arrived.
+            if clients.iter().any(JoinHandle::is_finished) {
+                break false;
+            }
+            state =
+                self.changed.wait_timeout(state, Duration::from_millis(10)).unwrap_or_else(PoisonError::into_inner).0;
+        };
+        state.open = Some(open);
+        self.changed.notify_all();
+        open
+    }
+}
+
+/// Joins every client: their results, or the first failure (a client's error, or its panic,
+/// whose message the panic hook has printed) that is not a start called off because of it.
+fn join_all<T>(clients: Vec<JoinHandle<Result<T, String>>>) -> Result<Vec<T>, String> {
+    let mut results = Vec::new();
+    let (mut failure, mut called_off) = (None, false);
+    for client in clients {
+        match client.join() {
+            Ok(Ok(result)) => results.push(result),
+            Ok(Err(message)) if message == CALLED_OFF => called_off = true,
+            Ok(Err(message)) => {
+                failure.get_or_insert(message);
+            }
+            Err(_) => {
+                failure.get_or_insert_with(|| "a client thread panicked (its message is above)".to_string());
+            }
+        }
+    }
+    match (failure, called_off) {
+        (Some(message), _) => Err(message),
+        (None, true) => Err(CALLED_OFF.to_string()),
+        (None, false) => Ok(results),
+    }
+}
+
 fn ops(op: ThroughputOp, size: u32, block: u32, batch: usize, index: u64, payload: &[u8]) -> (Vec<Op>, u32) {
     let blocks = size.div_ceil(block).max(1);
     let moved = match op {
@@ -130,20 +256,27 @@ fn target_config(data_dir: &std::path::Path, poll: LatencyPoll) -> Config {
 }
 
 /// Echo round trips per second with `sessions` threads each keeping `depth` datagrams in flight.
-fn floor_rate(poll: LatencyPoll, sessions: usize, depth: usize, sizes: (usize, usize), seconds: f64) -> f64 {
+fn floor_rate(
+    poll: LatencyPoll,
+    sessions: usize,
+    depth: usize,
+    sizes: (usize, usize),
+    seconds: f64,
+) -> Result<f64, String> {
     let spins = poll_spins(poll);
     let echo = floor::EchoServer::start(spins, sizes.1);
     let addr = echo.addr();
-    let barrier = Arc::new(Barrier::new(sessions));
+    let gate = StartGate::new();
     let threads: Vec<_> = (0..sessions)
         .map(|_| {
-            let barrier = barrier.clone();
-            std::thread::spawn(move || echo_client(addr, spins, depth, sizes.0, seconds, &barrier))
+            let gate = gate.clone();
+            std::thread::spawn(move || echo_client(addr, spins, depth, sizes.0, seconds, &gate))
         })
         .collect();
-    let total: u64 = threads.into_iter().map(|thread| thread.join().unwrap_or(0)).sum();
+    gate.open_when_ready(&threads);
+    let total: u64 = join_all(threads)?.into_iter().sum();
     echo.stop();
-    total as f64 / seconds
+    Ok(total as f64 / seconds)
 }
 
 fn echo_client(
@@ -152,12 +285,14 @@ fn echo_client(
     depth: usize,
     request_bytes: usize,
     seconds: f64,
-    barrier: &Barrier,
-) -> u64 {
+    gate: &StartGate,
+) -> Result<u64, String> {
     let socket = floor::client_socket(addr, spins, Duration::from_millis(20));
     let request = vec![0xA5u8; request_bytes];
     let mut buffer = vec![0u8; 65_536];
-    barrier.wait();
+    if !gate.arrive() {
+        return Err(CALLED_OFF.into());
+    }
     let warm_until = Instant::now() + Duration::from_secs_f64(seconds / 4.0);
     let stop_at = warm_until + Duration::from_secs_f64(seconds);
     let mut outstanding = 0;
@@ -172,7 +307,7 @@ fn echo_client(
         }
         let now = Instant::now();
         if now >= stop_at {
-            return counted;
+            return Ok(counted);
         }
         match socket.recv(&mut buffer) {
             Ok(_) => {
@@ -212,7 +347,7 @@ fn netdam_client(
     batch: usize,
     depth: usize,
     seconds: f64,
-    barrier: &Barrier,
+    gate: &StartGate,
 ) -> Result<ClientResult, String> {
     let session = SessionConfig { max_in_flight: depth, ..SessionConfig::default() };
     let poll = if poll_spins(poll) { ClientPoll::Busy } else { ClientPoll::Blocking };
@@ -221,7 +356,9 @@ fn netdam_client(
     let payload = vec![0x3Cu8; 1 << 16];
     let mut histogram = crate::histogram();
     let mut submitted_at = std::collections::HashMap::with_capacity(depth * 2);
-    barrier.wait();
+    if !gate.arrive() {
+        return Err(CALLED_OFF.into());
+    }
     let warm_until = Instant::now() + Duration::from_secs_f64(seconds / 4.0);
     let stop_at = warm_until + Duration::from_secs_f64(seconds);
     let mut cpu_start = None;
@@ -295,24 +432,23 @@ pub struct PointSpec {
 pub fn measure_point(target: &Target, spec: &PointSpec, poll: LatencyPoll, seconds: f64) -> Result<Point, String> {
     let addr = target.local_addr();
     let PointSpec { op, size, block_bytes, batch, sessions, depth } = *spec;
-    let barrier = Arc::new(Barrier::new(sessions + 1));
+    let gate = StartGate::new();
     let threads: Vec<_> = (0..sessions)
         .map(|_| {
-            let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                netdam_client(addr, poll, op, size, block_bytes, batch, depth, seconds, &barrier)
-            })
+            let gate = gate.clone();
+            std::thread::spawn(move || netdam_client(addr, poll, op, size, block_bytes, batch, depth, seconds, &gate))
         })
         .collect();
-    barrier.wait();
+    if !gate.open_when_ready(&threads) {
+        return Err(join_all(threads).err().unwrap_or_else(|| "a client ended before the start".to_string()));
+    }
     std::thread::sleep(Duration::from_secs_f64(seconds / 4.0));
     let worker_before = thread_cpu("netdam-worker-0").unwrap_or_default();
     std::thread::sleep(Duration::from_secs_f64(seconds));
     let worker_cpu = thread_cpu("netdam-worker-0").unwrap_or_default().saturating_sub(worker_before);
     let mut histogram = crate::histogram();
     let (mut instructions, mut client_cpu, mut retransmissions, mut busy) = (0, Duration::ZERO, 0, 0);
-    for thread in threads {
-        let result = thread.join().map_err(|_| "a client thread panicked".to_string())??;
+    for result in join_all(threads)? {
         histogram.add(&result.histogram).map_err(|e| e.to_string())?;
         instructions += result.instructions;
         client_cpu += result.cpu;
@@ -353,7 +489,7 @@ pub fn run(args: &ThroughputArgs) -> Result<Vec<Point>, String> {
         let response_bytes = HEADER_LEN + args.batch * (RESPONSE_INSTRUCTION_HEADER_LEN + answer_data);
         for &sessions in &args.sessions {
             for &depth in &args.depths {
-                let floor = floor_rate(args.poll, sessions, depth, (request_bytes, response_bytes), args.seconds);
+                let floor = floor_rate(args.poll, sessions, depth, (request_bytes, response_bytes), args.seconds)?;
                 let target = Target::start(&target_config(scratch.path(), args.poll)).map_err(|e| e.to_string())?;
                 let mut point = netdam_point(&target, args, sessions, depth, size)?;
                 target.stop();
@@ -447,10 +583,83 @@ pub fn report(points: &[Point], args: &ThroughputArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         std::fs::write(dir.join("throughput.md"), markdown(points, args)).map_err(|e| e.to_string())?;
         eprintln!("wrote {}/throughput.json and throughput.md", dir.display());
-        match crate::plots::throughput(points, dir) {
-            Ok(plots) => eprintln!("plotted {}", plots.join(", ")),
-            Err(message) => eprintln!("{message}"),
-        }
+        crate::report::print_plotted(crate::plots::throughput(points, dir));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client that panics before the start neither hangs the others nor the measuring thread:
+    /// the start is called off and the panic is the failure reported.
+    #[test]
+    fn a_client_that_dies_before_the_start_calls_it_off() {
+        let gate = StartGate::new();
+        let clients: Vec<JoinHandle<Result<u32, String>>> = (0..3)
+            .map(|index| {
+                let gate = gate.clone();
+                std::thread::spawn(move || {
+                    if index == 1 {
+                        panic!("client {index} cannot connect");
+                    }
+                    if gate.arrive() {
+                        Ok(index)
+                    } else {
+                        Err(CALLED_OFF.into())
+                    }
+                })
+            })
+            .collect();
+        assert!(!gate.open_when_ready(&clients));
+        assert_eq!(join_all(clients).unwrap_err(), "a client thread panicked (its message is above)");
+    }
+
+    #[test]
+    fn a_client_error_is_the_failure_reported_and_ready_clients_start() {
+        let gate = StartGate::new();
+        let failing: Vec<JoinHandle<Result<u32, String>>> = vec![
+            std::thread::spawn(|| Err("netdam client: max_in_flight is 0".into())),
+            std::thread::spawn({
+                let gate = gate.clone();
+                move || if gate.arrive() { Ok(1) } else { Err(CALLED_OFF.into()) }
+            }),
+        ];
+        assert!(!gate.open_when_ready(&failing));
+        assert_eq!(join_all(failing).unwrap_err(), "netdam client: max_in_flight is 0");
+
+        let gate = StartGate::new();
+        let ready: Vec<JoinHandle<Result<u32, String>>> = (0..2)
+            .map(|index| {
+                let gate = gate.clone();
+                std::thread::spawn(move || if gate.arrive() { Ok(index) } else { Err(CALLED_OFF.into()) })
+            })
+            .collect();
+        assert!(gate.open_when_ready(&ready));
+        assert_eq!(join_all(ready), Ok(vec![0, 1]));
+    }
+
+    #[test]
+    fn sizes_a_batch_cannot_carry_are_refused_naming_the_op() {
+        let args = |op, sizes: &[u32], batch| ThroughputArgs {
+            op,
+            sizes: sizes.to_vec(),
+            depths: vec![1],
+            sessions: vec![1],
+            batch,
+            seconds: 1.0,
+            poll: LatencyPoll::Busy,
+            json: false,
+            out: None,
+        };
+        assert_eq!(check(&args(ThroughputOp::Read, &[64, 8960], 1)), Ok(()));
+        let refused = check(&args(ThroughputOp::Read, &[8961], 1)).unwrap_err();
+        assert!(refused.contains("'8961' for '--sizes': READ moves 1 to 8960 bytes at --batch 1"), "{refused}");
+        let refused = check(&args(ThroughputOp::Write, &[4096], 4)).unwrap_err();
+        assert!(refused.contains("WRITE moves 1 to 2218 bytes at --batch 4"), "{refused}");
+        let refused = check(&args(ThroughputOp::Bwrite, &[512], 64)).unwrap_err();
+        assert!(refused.contains("'64' for '--batch'"), "{refused}");
+        assert_eq!(check(&args(ThroughputOp::FetchAdd, &[9000], 64)), Ok(()));
+    }
 }

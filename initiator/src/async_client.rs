@@ -129,7 +129,7 @@ impl AsyncClient {
         metrics: Option<Arc<SessionMetrics>>,
         outstanding: Arc<AtomicUsize>,
     ) -> Result<AsyncClient, ClientError> {
-        crate::session::check_encryption(&options.session)?;
+        options.session.check()?;
         let socket = connected_socket(addr, options.local_addr)?;
         socket.set_nonblocking(true)?;
         let socket = UdpSocket::from_std(socket)?;

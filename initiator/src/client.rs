@@ -255,7 +255,7 @@ impl Client {
 
     /// Connects with `options` and says HELLO.
     pub fn connect_with(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
-        crate::session::check_encryption(&options.session)?;
+        options.session.check()?;
         let mut client = Client::unestablished(addr, options)?;
         client.hello()?;
         Ok(client)
@@ -273,6 +273,7 @@ impl Client {
     }
 
     fn unestablished(addr: SocketAddr, options: ClientOptions) -> Result<Client, ClientError> {
+        options.session.check_window()?;
         let socket = connected_socket(addr, options.local_addr)?;
         socket.set_nonblocking(true)?;
         let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
@@ -995,6 +996,27 @@ mod tests {
         assert!(says_why(Client::connect_with(addr, options).err()));
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         assert!(says_why(runtime.block_on(crate::async_client::AsyncClient::connect_with(addr, options)).err()));
+    }
+
+    /// A window out of range is an error naming max_in_flight and its range, not a panic.
+    #[test]
+    fn a_window_out_of_range_is_refused() {
+        use netdam_isa::limits::MAX_IN_FLIGHT;
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        for max_in_flight in [0, MAX_IN_FLIGHT + 1] {
+            let mut options = ClientOptions::default();
+            options.session.max_in_flight = max_in_flight;
+            let names_it = |refused: Option<ClientError>| {
+                matches!(&refused, Some(ClientError::Setting(message))
+                    if message.contains(&format!("max_in_flight is {max_in_flight}")) && message.contains("1 to 256"))
+            };
+            assert!(names_it(Client::connect_with(addr, options).err()), "{max_in_flight}");
+            assert!(names_it(Client::sessionless_with(addr, options).err()), "{max_in_flight}");
+        }
+        for max_in_flight in [1, MAX_IN_FLIGHT] {
+            let session = SessionConfig { max_in_flight, ..SessionConfig::default() };
+            assert!(session.check().is_ok(), "{max_in_flight}");
+        }
     }
 
     /// An adaptive client spins twice its round trip; with one request on the wire or none at

@@ -279,6 +279,29 @@ impl Datagram {
     }
 }
 
+impl SessionConfig {
+    /// Refuses settings a session cannot run with, naming the setting: a window outside
+    /// 1..=[`MAX_IN_FLIGHT`] (the target's replay window covers no more), or encryption without
+    /// a key. The clients call it before they build a [`Session`], whose constructor asserts the
+    /// window; a program that builds one itself with a user's setting should call it too.
+    pub fn check(&self) -> Result<(), ClientError> {
+        self.check_window()?;
+        check_encryption(self)
+    }
+
+    /// The window part of [`SessionConfig::check`], for a client that says no HELLO (a
+    /// sessionless one), where encryption settings do not apply.
+    pub fn check_window(&self) -> Result<(), ClientError> {
+        if (1..=MAX_IN_FLIGHT).contains(&self.max_in_flight) {
+            return Ok(());
+        }
+        Err(ClientError::Setting(format!(
+            "max_in_flight is {}: requests in flight per session must be 1 to {MAX_IN_FLIGHT}",
+            self.max_in_flight
+        )))
+    }
+}
+
 /// Refuses a session that asks for encryption without a key to derive it from: it would go on
 /// in the clear, which the caller asked not to.
 pub(crate) fn check_encryption(config: &SessionConfig) -> Result<(), ClientError> {
@@ -538,7 +561,11 @@ pub struct Session {
 impl Session {
     /// A session with id `session_id` (0 before HELLO has assigned one).
     pub fn new(mut config: SessionConfig, session_id: u32) -> Session {
-        assert!((1..=MAX_IN_FLIGHT).contains(&config.max_in_flight), "max_in_flight must be 1..={MAX_IN_FLIGHT}");
+        // Checked before: by the clients (`SessionConfig::check`) or by whoever built the config.
+        assert!(
+            (1..=MAX_IN_FLIGHT).contains(&config.max_in_flight),
+            "max_in_flight must be 1..={MAX_IN_FLIGHT} (SessionConfig::check refuses it with an error)"
+        );
         if config.credentials.is_some() {
             // Requests made before HELLO answers are sealed once it has: leave their trailer room.
             config.max_datagram_bytes -= TRAILER_BYTES;

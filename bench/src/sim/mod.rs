@@ -181,6 +181,51 @@ pub struct Report {
     pub fairness: f64,
 }
 
+/// A summary for people, one figure per line group; `{:?}` still gives every field.
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let us = |duration: Duration| duration.as_nanos() as f64 / 1000.0;
+        let (lost, duplicated, reordered) = self.injected;
+        writeln!(
+            f,
+            "operations: {} completed, {} failed, in {:.3} ms simulated ({} steps)",
+            self.completed,
+            self.failed,
+            us(self.elapsed) / 1000.0,
+            self.steps
+        )?;
+        writeln!(f, "latency: p50 {:.1} µs, p99 {:.1} µs", us(self.latency_p50), us(self.latency_p99))?;
+        writeln!(f, "round trip: p50 {:.1} µs, p99 {:.1} µs", us(self.rtt_p50), us(self.rtt_p99))?;
+        writeln!(
+            f,
+            "bottleneck queueing: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+            us(self.bottleneck_queueing_p50),
+            us(self.bottleneck_queueing_p99),
+            us(self.bottleneck_queueing_max)
+        )?;
+        writeln!(
+            f,
+            "drops: {} at the full bottleneck, {} at the target's full socket queue",
+            self.congestion_drops, self.target_queue_drops
+        )?;
+        writeln!(f, "injected faults: {lost} lost, {duplicated} duplicated, {reordered} reordered")?;
+        writeln!(
+            f,
+            "retransmissions: {}, busy answers: {}, answered from the replay window: {}",
+            self.retransmissions, self.busy, self.replayed
+        )?;
+        writeln!(
+            f,
+            "throughput: {:.2} Gb/s of completed writes, fairness (Jain's index) {:.4}",
+            self.throughput_gbps, self.fairness
+        )?;
+        for failure in &self.failures {
+            writeln!(f, "failure: {failure}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A run that broke an invariant or did not finish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimError {
@@ -293,6 +338,8 @@ pub fn run(scenario: &Scenario) -> Result<Report, SimError> {
 
 impl Sim {
     fn new(scenario: &Scenario) -> Result<Sim, String> {
+        // Every initiator's Session asserts its window: refuse a bad one as an error first.
+        scenario.session.check().map_err(|error| error.to_string())?;
         let network = scenario.network;
         let region_bytes = (SLOTS_OFFSET + INCAST_AREA_BYTES * scenario.initiators as u64).next_multiple_of(4096);
         let regions = vec![RegionConfig {
