@@ -20,7 +20,8 @@
 #   orientation (measurements, not pass/fail criteria).
 # Takes about half a minute. Exit status: 0 passed, 1 failed, 77 skipped (with "SKIPPED: why",
 # e.g. when fio's source, which the engine is compiled against, cannot be obtained).
-# NETDAM_FIO_SECONDS sets the length of each measured run (default 1); NETDAM_FIO_PORT the
+# NETDAM_FIO_SECONDS sets the length of each measured run (default 1; 0 leaves them out, as
+# ops/test.sh does: they measure, they test nothing); NETDAM_FIO_PORT the
 # target's UDP port (default: a free one in 20000-39999).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -348,27 +349,31 @@ else
   fail "$name: fio exited $status, expected a failure saying '$expected'; stderr: $(head -c 600 "$work/$name.err")"
 fi
 
-step "measured runs (${seconds} s each; for orientation, not pass/fail)"
-printf '%-10s %-10s %4s %9s %12s %12s\n' space rw qd IOPS "mean (us)" "p99 (us)"
-for space in namespace=disk region=scratch; do
-  for rw in randread randwrite; do
-    for depth in 1 32; do
-      name="measure-${space%%=*}-$rw-qd$depth"
-      direction="${rw#rand}"
-      status=0
-      run_fio "$name" --"$space" --rw="$rw" --iodepth="$depth" --size=64m --time_based --runtime="$seconds" ||
-        status=$?
-      if [ "$status" != 0 ] || ! jobs_ok "$name"; then
-        fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
-        continue
-      fi
-      jq -r --arg space "${space%%=*}" --arg rw "$rw" --arg qd "$depth" --arg d "$direction" \
-        '.jobs[0][$d] | [$space, $rw, $qd, (.iops | floor), (.clat_ns.mean / 1000 * 10 | floor / 10),
-          (.clat_ns.percentile["99.000000"] / 1000 | floor)] | @tsv' "$work/$name.json" |
-        awk -F'\t' '{ printf "%-10s %-10s %4s %9s %12s %12s\n", $1, $2, $3, $4, $5, $6 }'
+if [ "$seconds" = 0 ]; then
+  step "measured runs: left out (NETDAM_FIO_SECONDS=0)"
+else
+  step "measured runs (${seconds} s each; for orientation, not pass/fail)"
+  printf '%-10s %-10s %4s %9s %12s %12s\n' space rw qd IOPS "mean (us)" "p99 (us)"
+  for space in namespace=disk region=scratch; do
+    for rw in randread randwrite; do
+      for depth in 1 32; do
+        name="measure-${space%%=*}-$rw-qd$depth"
+        direction="${rw#rand}"
+        status=0
+        run_fio "$name" --"$space" --rw="$rw" --iodepth="$depth" --size=64m --time_based --runtime="$seconds" ||
+          status=$?
+        if [ "$status" != 0 ] || ! jobs_ok "$name"; then
+          fail "$name: fio exited $status; $(head -c 600 "$work/$name.err")"
+          continue
+        fi
+        jq -r --arg space "${space%%=*}" --arg rw "$rw" --arg qd "$depth" --arg d "$direction" \
+          '.jobs[0][$d] | [$space, $rw, $qd, (.iops | floor), (.clat_ns.mean / 1000 * 10 | floor / 10),
+            (.clat_ns.percentile["99.000000"] / 1000 | floor)] | @tsv' "$work/$name.json" |
+          awk -F'\t' '{ printf "%-10s %-10s %4s %9s %12s %12s\n", $1, $2, $3, $4, $5, $6 }'
+      done
     done
   done
-done
+fi
 
 if ! kill -0 "$target_pid" 2>/dev/null; then
   fail "netdam-target died during the tests; its output: $(tail -n 20 "$work/target.log")"
