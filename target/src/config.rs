@@ -297,23 +297,44 @@ pub fn check_distinct_backings(
 
 /// What `path` is, if it is one of the files the target keeps for itself in `data_dir` (its
 /// metadata store, the lock of a running target, a nonce reservation, a tenant's key): no
-/// space may be backed by one. Links and `..` are followed, so another spelling of the same
-/// file is caught.
+/// space may be backed by one. Symbolic links and `..` are resolved, and an existing file is
+/// also compared by device and inode, so that neither another spelling nor a hard link of
+/// one gets past.
 fn target_file(path: &Path, data_dir: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::MetadataExt;
+    const TENANT_KEYS: &str = "the data directory's tenant keys";
     let real = real_path(path)?;
     let data_dir = real_path(data_dir)?;
-    if real.starts_with(data_dir.join(crate::tenant_admin::TENANTS_DIR)) {
-        return Some("the data directory's tenant keys");
+    if real_path(&data_dir.join(crate::tenant_admin::TENANTS_DIR)).is_some_and(|tenants| real.starts_with(tenants)) {
+        return Some(TENANT_KEYS);
     }
-    if real.parent() != Some(data_dir.as_path()) {
-        return None;
+    if real.parent() == Some(data_dir.as_path()) {
+        if let Some(what) = real.file_name().and_then(|name| name.to_str()).and_then(target_file_name) {
+            return Some(what);
+        }
     }
-    let name = real.file_name()?.to_str()?;
+    // A hard link to one of them, under any name.
+    let identity = std::fs::metadata(&real).ok().map(|metadata| (metadata.dev(), metadata.ino()))?;
+    let same = |candidate: &Path| {
+        std::fs::metadata(candidate).is_ok_and(|metadata| (metadata.dev(), metadata.ino()) == identity)
+    };
+    let entries = std::fs::read_dir(&data_dir).ok()?.flatten();
+    let in_data_dir = entries.filter_map(|entry| Some((target_file_name(entry.file_name().to_str()?)?, entry.path())));
+    let keys = std::fs::read_dir(data_dir.join(crate::tenant_admin::TENANTS_DIR)).into_iter().flatten().flatten();
+    in_data_dir
+        .chain(keys.map(|entry| (TENANT_KEYS, entry.path())))
+        .find(|(_, candidate)| same(candidate))
+        .map(|(what, _)| what)
+}
+
+/// What a file of the data directory named `name` is to the target, if it is one of its own.
+fn target_file_name(name: &str) -> Option<&'static str> {
+    let nonce_slot = name.strip_prefix(crate::crypto::NONCE_FILE_PREFIX);
     if name == crate::metadata::METADATA_FILE {
         Some("the data directory's metadata store (spaces, tenants and their keys)")
     } else if name == crate::server::RUNNING_FILE {
         Some("the data directory's lock of a running target")
-    } else if name.starts_with(crate::crypto::NONCE_FILE_PREFIX) {
+    } else if nonce_slot.is_some_and(|slot| !slot.is_empty() && slot.bytes().all(|byte| byte.is_ascii_digit())) {
         Some("a nonce reservation of the data directory's crypto keys")
     } else {
         None
@@ -321,15 +342,26 @@ fn target_file(path: &Path, data_dir: &Path) -> Option<&'static str> {
 }
 
 /// `path` with links and `..` resolved as far as it exists, and the rest of it (names still to
-/// be created) appended as written.
+/// be created) appended with its own `.` and `..` resolved by name.
 fn real_path(path: &Path) -> Option<PathBuf> {
+    use std::path::Component;
     let mut existing = path;
     let mut missing = Vec::new();
     loop {
         if let Ok(real) = std::fs::canonicalize(existing) {
-            return Some(missing.iter().rev().fold(real, |real, name| real.join(name)));
+            let mut resolved = real;
+            for name in missing.iter().rev() {
+                match name {
+                    Component::ParentDir => {
+                        resolved.pop();
+                    }
+                    Component::CurDir => {}
+                    other => resolved.push(other),
+                }
+            }
+            return Some(resolved);
         }
-        missing.push(existing.file_name()?);
+        missing.push(existing.components().next_back()?);
         existing = existing.parent()?;
     }
 }

@@ -618,7 +618,6 @@ fn admin(command: impl FnOnce() -> Result<(), String>) -> ExitCode {
     }
 }
 
-/// The settings file's config and the data directory an admin command works on.
 /// The settings and data directory of a command that adds to the store: the directory is
 /// created where missing.
 fn store_context(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
@@ -658,18 +657,20 @@ fn data_dir_kind(data_dir: &std::path::Path) -> Result<bool, String> {
     match std::fs::metadata(data_dir) {
         Ok(metadata) if metadata.is_dir() => Ok(true),
         Ok(_) => Err(format!("the data directory {}: it is a file, not a directory (--data-dir)", data_dir.display())),
-        Err(_) => Ok(false),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(format!("the data directory {}: {error}", data_dir.display())),
     }
 }
 
 fn no_data_dir(data_dir: &std::path::Path) -> String {
     format!(
         "there is no data directory {} (a mistyped --data-dir? a target creates it at its first start, \
-         and so does the first `region create`, `namespace create` or `tenant create`)",
+         and so does the first `region create`, `namespace create`, `tenant create` or `crypto-key create`)",
         data_dir.display()
     )
 }
 
+/// The settings file's config and the data directory an admin command works on.
 fn settings_and_data_dir(store: &StoreArgs) -> Result<(Config, PathBuf), String> {
     let mut config = match &store.config {
         Some(path) => Config::from_file(path).map_err(|error| error.to_string())?,
@@ -1153,21 +1154,29 @@ fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
     tenant_admin::ensure_default_tenant(&data_dir).map_err(|error| error.to_string())
 }
 
-/// Prints what is served, in one write: a reader that stops after the first line (a script
-/// waiting for "serving on") must not make a later line fail and stop the daemon.
 /// What `netdam` needs besides --target to reach this target as its default tenant: nothing
 /// where it finds the key on its own (no tenants required, or the default data directory), else
-/// `--key FILE`.
+/// `--key FILE`, the file's absolute path, quoted for a shell where it needs quoting.
 fn reach_key_option(config: &Config) -> String {
     let Ok(data_dir) = config.data_dir() else { return String::new() };
-    let key = tenant_admin::default_key_file(&data_dir, tenant_admin::DEFAULT_TENANT);
+    let Ok(key) = tenant_admin::default_key_file(&data_dir, tenant_admin::DEFAULT_TENANT).canonicalize() else {
+        return String::new();
+    };
     let default_dir = netdam_target::config::default_data_dir().ok().and_then(|dir| dir.canonicalize().ok());
     if config.auth != AuthMode::Tenants || !key.is_file() || default_dir == data_dir.canonicalize().ok() {
         return String::new();
     }
-    format!(" --key {}", key.display())
+    let key = key.display().to_string();
+    let plain = key.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"/._-+,:@".contains(&byte));
+    if plain {
+        format!(" --key {key}")
+    } else {
+        format!(" --key '{}'", key.replace('\'', r"'\''"))
+    }
 }
 
+/// Prints what is served, in one write: a reader that stops after the first line (a script
+/// waiting for "serving on") must not make a later line fail and stop the daemon.
 fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path::Path>) {
     use std::fmt::Write as _;
     use std::io::Write as _;

@@ -402,8 +402,7 @@ impl MetadataStore {
         let path = data_dir.join(METADATA_FILE);
         let slots = match open_to_read(&path)? {
             None => Vec::new(),
-            Some(ReadStore::ReadOnly(db)) => crypto_key_table(&db, &path)?,
-            Some(ReadStore::Repaired(db)) => crypto_key_table(&db, &path)?,
+            Some(store) => store.crypto_keys(&path)?,
         };
         Ok(key_versions_only(slots))
     }
@@ -1003,6 +1002,13 @@ impl ReadStore {
         match self {
             ReadStore::ReadOnly(db) => list_table(db, path, table),
             ReadStore::Repaired(db) => list_table(db, path, table),
+        }
+    }
+
+    fn crypto_keys(&self, path: &Path) -> Result<Vec<StoredKeySlot>, MetadataError> {
+        match self {
+            ReadStore::ReadOnly(db) => crypto_key_table(db, path),
+            ReadStore::Repaired(db) => crypto_key_table(db, path),
         }
     }
 }
