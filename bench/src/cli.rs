@@ -8,6 +8,11 @@ use netdam_isa::limits::MAX_IN_FLIGHT;
 /// `Duration` holds.
 pub const MAX_SECONDS: f64 = 86_400.0;
 
+/// Sessions from one address: 1 to what a target allows one address by default.
+pub fn sessions_per_address() -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..=netdam_isa::limits::DEFAULT_SESSIONS_PER_ADDRESS as u64)
+}
+
 /// Requests in flight per session (a depth or a window): 1 to [`MAX_IN_FLIGHT`], what a
 /// session keeps (the target's replay window covers no more).
 pub fn in_flight() -> RangedU64ValueParser<usize> {

@@ -155,8 +155,8 @@ struct SimArgs {
     /// per initiator checked for exactly-once execution.
     #[arg(long, value_enum, default_value_t = SimWorkload::Incast)]
     workload: SimWorkload,
-    /// Simulated milliseconds of incast.
-    #[arg(long, default_value_t = 10)]
+    /// Simulated milliseconds of incast (1 to 3,600,000: an hour).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     millis: u64,
     /// Operations per initiator (checked workload).
     #[arg(long, default_value_t = 1000)]
@@ -176,18 +176,20 @@ struct SimArgs {
     /// Probability of delaying one past later ones (0 to 1).
     #[arg(long, default_value_t = 0.0, value_parser = cli::probability)]
     reorder: f64,
-    /// One-way propagation delay per link, µs.
-    #[arg(long, default_value_t = 2)]
+    /// One-way propagation delay per link, µs (0 to 1,000,000).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     propagation_us: u64,
     /// Swift's initial window, requests (more than 0; with --cc on).
     #[arg(long, default_value_t = netdam_initiator::swift::SwiftConfig::default().initial_window,
           value_parser = positive_window)]
     initial_window: f64,
-    /// Buffer of the bottleneck port, KiB.
-    #[arg(long, default_value_t = 256)]
+    /// Buffer of the bottleneck port, KiB (1 to 1,048,576: a GiB).
+    #[arg(long, default_value_t = 256,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 20))]
     buffer_kib: usize,
-    /// Floor of the retransmission timeout, µs.
-    #[arg(long, default_value_t = netdam_initiator::session::SessionConfig::default().min_rto.as_nanos() / 1000)]
+    /// Floor of the retransmission timeout, µs (1 to 60,000,000: a minute).
+    #[arg(long, default_value_t = netdam_initiator::session::SessionConfig::default().min_rto.as_nanos() / 1000,
+          value_parser = clap::value_parser!(u64).range(1..=60_000_000))]
     min_rto_us: u64,
 }
 
@@ -259,6 +261,12 @@ where
 }
 
 fn main() {
+    // An empty NETDAM_KEY (`export NETDAM_KEY=`, a shell's way to clear it) counts as unset,
+    // as in `netdam` and the fio engine, rather than clap's "a value is required".
+    if std::env::var_os("NETDAM_KEY").is_some_and(|value| value.is_empty()) {
+        // SAFETY: at the start of main, before any thread exists.
+        unsafe { std::env::remove_var("NETDAM_KEY") };
+    }
     let cli = parse_cli(std::env::args_os()).unwrap_or_else(|error| error.exit());
     match cli.command {
         Command::Latency(args) => latency(&args, true),

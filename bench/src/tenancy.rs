@@ -38,8 +38,9 @@ pub struct TenancyArgs {
     /// one round's tail moves with whatever else the machine does.
     #[arg(long, default_value_t = 5)]
     pub qos_rounds: u64,
-    /// Sessions the flooding tenant sends from, each keeping `--flood-window` requests in flight.
-    #[arg(long, default_value_t = 4)]
+    /// Sessions the flooding tenant sends from (1 to 32, what a target allows one address),
+    /// each keeping `--flood-window` requests in flight.
+    #[arg(long, default_value_t = 4, value_parser = crate::cli::sessions_per_address())]
     pub flood_sessions: usize,
     /// Requests in flight per flooding session (1 to 256).
     #[arg(long, default_value_t = 32, value_parser = crate::cli::in_flight())]

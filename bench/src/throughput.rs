@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use netdam_initiator::session::SessionConfig;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
-use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, DEFAULT_SESSIONS_PER_ADDRESS, MAX_INSTRUCTIONS_PER_DATAGRAM};
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_INSTRUCTIONS_PER_DATAGRAM};
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_target::config::Config;
 use netdam_target::Target;
@@ -51,7 +51,7 @@ pub struct ThroughputArgs {
     /// Sessions (client threads), comma-separated: 1 to 32, the sessions the target allows
     /// one address.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize],
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=DEFAULT_SESSIONS_PER_ADDRESS as u64))]
+          value_parser = crate::cli::sessions_per_address())]
     pub sessions: Vec<usize>,
     /// Instructions per datagram (1 to 64).
     #[arg(long, default_value_t = 1,

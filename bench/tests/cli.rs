@@ -145,7 +145,10 @@ fn sim_prints_a_summary_and_states_its_defaults() {
     assert!(!said.contains("Duration {") && !said.contains("Report {"), "{said}");
     let help = text(&bench(&["sim", "--help"]).stdout);
     assert!(help.contains("initial window, requests (more than 0; with --cc on) [default: 1]"), "{help}");
-    assert!(help.contains("Floor of the retransmission timeout, µs [default: 500]"), "{help}");
+    assert!(
+        help.contains("Floor of the retransmission timeout, µs (1 to 60,000,000: a minute) [default: 500]"),
+        "{help}"
+    );
 }
 
 #[test]

@@ -36,23 +36,24 @@ mod interrupted {
 
     static MESSAGE: OnceLock<Vec<u8>> = OnceLock::new();
 
-    /// Installs handlers for SIGINT and SIGTERM that print what `command` may have left behind
-    /// and exit with 128 + the signal, as a shell reports it. A transfer is many instructions,
-    /// each done when it is answered: an interrupted write is done in part, and nothing is
-    /// rolled back; the user must be told, where before the process died silently.
+    /// Installs handlers for SIGINT and SIGTERM that print what `command` may have left behind,
+    /// then let the signal end the process as it would have (so that a shell loop stops on
+    /// Ctrl-C, as it does for a program killed by it). A transfer is many instructions, each
+    /// done when it is answered: an interrupted write is done in part, and nothing is rolled
+    /// back; the user must be told, where before the process died silently. A signal ignored
+    /// on entry (a background job's SIGINT) stays ignored.
     pub fn say_on_interrupt(command: &Command) {
-        let said = match changed_by(command) {
-            Some(what) => format!(
-                "\nnetdam: interrupted: the {what} may be done in part (nothing is rolled back: read the range \
-                 back to see what it holds); the target frees this command's session when it expires\n"
-            ),
-            None => "\nnetdam: interrupted\n".to_string(),
-        };
-        let _ = MESSAGE.set(said.into_bytes());
-        // SAFETY: the handler does only what a signal handler may: write(2) and _exit(2).
-        unsafe {
-            libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-            libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        let _ = MESSAGE.set(message(command).into_bytes());
+        for signal in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: reading and setting a disposition before any thread of ours starts; the
+            // handler does only what a signal handler may (write, signal, sigprocmask, raise).
+            unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(signal, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
+                    continue;
+                }
+                libc::signal(signal, on_signal as *const () as libc::sighandler_t);
+            }
         }
     }
 
@@ -61,28 +62,50 @@ mod interrupted {
             // SAFETY: write(2) of a buffer that lives as long as the process.
             unsafe { libc::write(libc::STDERR_FILENO, message.as_ptr().cast(), message.len()) };
         }
-        // SAFETY: _exit(2) is async-signal-safe; no destructor needs to run for a process
-        // that ends here.
-        unsafe { libc::_exit(128 + signal) };
+        // SAFETY: async-signal-safe calls only: the default disposition back, the signal
+        // unblocked (it is blocked while its handler runs), and raised again, which ends the
+        // process by the signal.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, signal);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::raise(signal);
+        }
     }
 
-    /// What `command` changes on the target, named for the message.
-    fn changed_by(command: &Command) -> Option<&'static str> {
-        Some(match command {
-            Command::Write { .. } => "write",
-            Command::Bwrite { .. } => "block write",
-            Command::Fill { .. } => "fill",
-            Command::Memcpy { .. } => "copy",
-            Command::Trim { .. } => "trim",
-            Command::WriteZeroes { .. } => "write of zeroes",
-            Command::Encrypt { .. } | Command::Decrypt { .. } => "encryption or decryption into its destination",
-            Command::Allreduce { .. } => "Allreduce (its area needs --prepare again)",
-            _ => return None,
-        })
+    /// What an interrupted `command` says of what it may have left.
+    fn message(command: &Command) -> String {
+        const ROLLED_BACK: &str = "nothing is rolled back: read the range back to see what it holds";
+        let said = match command {
+            Command::Write { .. } => format!("the write may be done in part ({ROLLED_BACK})"),
+            Command::Bwrite { .. } => format!("the block write may be done in part ({ROLLED_BACK})"),
+            Command::Fill { .. } => format!("the fill may be done in part ({ROLLED_BACK})"),
+            Command::Memcpy { .. } => format!("the copy may be done in part ({ROLLED_BACK})"),
+            Command::Trim { .. } => format!("the trim may be done in part ({ROLLED_BACK})"),
+            Command::WriteZeroes { .. } => format!("the write of zeroes may be done in part ({ROLLED_BACK})"),
+            // Sent as several VADDs when the lanes need more than one datagram.
+            Command::Vadd { .. } => {
+                format!("the addition may be done in part ({ROLLED_BACK}; adding again adds twice)")
+            }
+            Command::Cas { .. } | Command::FetchAdd { .. } => {
+                "the atomic operation may or may not have been applied (read the word to see)".to_string()
+            }
+            Command::Encrypt { .. } => "the encryption may be done in part, and its seal was not printed: \
+                                        the bytes it sealed cannot be decrypted; write them again"
+                .to_string(),
+            Command::Decrypt { .. } => format!("the decryption may be done in part ({ROLLED_BACK})"),
+            Command::Allreduce { .. } => {
+                "the Allreduce may be done in part: its area needs --prepare again before the next round".to_string()
+            }
+            _ => return "\nnetdam: interrupted\n".to_string(),
+        };
+        format!("\nnetdam: interrupted: {said}; the target frees this command's session when it expires\n")
     }
 }
 
-use ranges::{check_block_range, check_region_range};
+use ranges::{check_block_range, check_not_empty, check_region_range};
 
 /// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
 /// the target's memory regions. Regions are named as the target lists them (`netdam regions`)
@@ -124,7 +147,8 @@ enum Command {
         count: u32,
     },
     /// Show the target's counters (requests, drops by reason, sessions, statuses). Needs no
-    /// session, but a target that requires tenants answers only a tenant's key (--key).
+    /// session, but a target that requires tenants shows them only to a tenant that holds
+    /// `admin` (the default tenant does): pass its key (--key).
     Stat,
     /// List the target's regions.
     Regions,
@@ -431,7 +455,7 @@ enum Command {
         /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
-        /// Length in bytes, at least 1 (64, 0x40, 1MiB).
+        /// Length in bytes, at most 16 KiB (4096, 0x1000, 4KiB); 0 seals the --aad alone.
         #[arg(value_parser = parse_bytes)]
         len: u64,
         #[command(flatten)]
@@ -446,7 +470,7 @@ enum Command {
         /// Byte offset in the region (4096, 0x1000, 4KiB).
         #[arg(value_parser = parse_bytes)]
         offset: u64,
-        /// Length in bytes, at least 1 (64, 0x40, 1MiB).
+        /// Length in bytes, as given to `netdam encrypt` (0 where it sealed the --aad alone).
         #[arg(value_parser = parse_bytes)]
         len: u64,
         /// The seal `netdam encrypt` printed (56 hex digits).
@@ -672,6 +696,13 @@ fn region_id(client: &Client, name: &str) -> Result<u16, String> {
 /// The id of region `name`, once `len` bytes at `offset` are known to lie within it
 /// ([`check_region_range`]; `command` starts the message).
 fn region_in_range(client: &Client, command: &str, name: &str, offset: u64, len: u64) -> Result<u16, String> {
+    check_not_empty(command, len, "byte")?;
+    crypto_region_in_range(client, command, name, offset, len)
+}
+
+/// [`region_in_range`] for ENCRYPT and DECRYPT, which may be 0 bytes long: one then seals (or
+/// opens) its --aad alone.
+fn crypto_region_in_range(client: &Client, command: &str, name: &str, offset: u64, len: u64) -> Result<u16, String> {
     let region = client.region(name).map_err(|error| error.to_string())?;
     check_region_range(command, region, offset, len)?;
     Ok(region.id)
@@ -707,6 +738,7 @@ fn namespace_in_range(
     lba: u64,
     blocks: u64,
 ) -> Result<NamespaceInfo, String> {
+    check_not_empty(command, blocks, "block")?;
     let namespace = client.namespace(name).map_err(|error| error.to_string())?;
     check_block_range(command, namespace, lba, blocks)?;
     Ok(namespace.clone())
@@ -1123,7 +1155,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Encrypt { region, offset, len, crypto } => {
-            let space = region_in_range(&client, "encrypt", region, *offset, *len)?;
+            let space = crypto_region_in_range(&client, "encrypt", region, *offset, *len)?;
             crypto_length("encrypt", *len)?;
             let destination = crypto_destination(&client, "encrypt", crypto, *len)?;
             let length = u32_length(*len, "encrypt")?;
@@ -1142,7 +1174,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Decrypt { region, offset, len, seal, crypto } => {
-            let space = region_in_range(&client, "decrypt", region, *offset, *len)?;
+            let space = crypto_region_in_range(&client, "decrypt", region, *offset, *len)?;
             crypto_length("decrypt", *len)?;
             let destination = crypto_destination(&client, "decrypt", crypto, *len)?;
             let bytes = parse_hex(seal).ok_or_else(|| format!("--seal {seal:?} is not hex"))?;
@@ -1186,7 +1218,7 @@ fn crypto_destination(
     crypto
         .to_region
         .as_ref()
-        .map(|region| Ok((region_in_range(client, &command, region, crypto.to_offset, len)?, crypto.to_offset)))
+        .map(|region| Ok((crypto_region_in_range(client, &command, region, crypto.to_offset, len)?, crypto.to_offset)))
         .transpose()
 }
 
@@ -1450,7 +1482,8 @@ fn emit_read(
 /// pipe, and succeeding silently would hide it. At most `room` bytes fit where they go: a
 /// regular file longer than that is refused by its length before it is read (`past_end(len)`
 /// is the range check's refusal), and a stream (a pipe, a device) is read no further than one
-/// byte past `room`, so an endless one cannot fill this machine's memory first.
+/// byte past `room`; where even that is more than memory holds, the growing buffer is refused
+/// with an error instead of aborting.
 fn input_bytes(
     command: &str,
     file: Option<&std::path::Path>,
@@ -1458,12 +1491,26 @@ fn input_bytes(
     room: u64,
     past_end: impl Fn(u64) -> String,
 ) -> Result<Vec<u8>, String> {
-    let bounded = |reader: &mut dyn Read, source: &str| -> Result<Vec<u8>, String> {
+    // Read in pieces into a buffer grown with `try_reserve`, so that an input larger than this
+    // machine's memory (a device, a namespace larger than RAM) is an error, not an abort.
+    let bounded = |reader: &mut dyn Read, source: &str, expected: u64| -> Result<Vec<u8>, String> {
+        let too_large = |len: usize| {
+            format!("{command}: cannot hold {source} in memory here ({len} bytes read); write less at a time")
+        };
         let mut bytes = Vec::new();
-        reader
-            .take(room.saturating_add(1))
-            .read_to_end(&mut bytes)
-            .map_err(|error| format!("reading {source}: {error}"))?;
+        bytes.try_reserve_exact(usize::try_from(expected).unwrap_or(usize::MAX)).map_err(|_| too_large(0))?;
+        let mut piece = vec![0u8; 1 << 16];
+        let mut limited = reader.take(room.saturating_add(1));
+        loop {
+            let read = match limited.read(&mut piece) {
+                Ok(0) => break,
+                Ok(read) => read,
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(error) => return Err(format!("reading {source}: {error}")),
+            };
+            bytes.try_reserve(read).map_err(|_| too_large(bytes.len()))?;
+            bytes.extend_from_slice(&piece[..read]);
+        }
         if bytes.len() as u64 > room {
             return Err(format!(
                 "{} ({source} holds more still: it was read no further)",
@@ -1480,7 +1527,8 @@ fn input_bytes(
             if metadata.is_file() && metadata.len() > room {
                 return Err(past_end(metadata.len()));
             }
-            (bounded(&mut opened, &source)?, format!("{source} is empty"))
+            let expected = if metadata.is_file() { metadata.len() } else { 0 };
+            (bounded(&mut opened, &source, expected)?, format!("{source} is empty"))
         }
         (None, Some(text)) => {
             if text.len() as u64 > room {
@@ -1489,7 +1537,7 @@ fn input_bytes(
             (text.as_bytes().to_vec(), "--data is empty".to_string())
         }
         (None, None) => (
-            bounded(&mut std::io::stdin().lock(), "stdin")?,
+            bounded(&mut std::io::stdin().lock(), "stdin", 0)?,
             "stdin gave no bytes (pass --file FILE or --data TEXT, or pipe the data in)".to_string(),
         ),
     };

@@ -26,6 +26,15 @@ pub fn check_block_range(command: &str, namespace: &NamespaceInfo, lba: u64, blo
     check_range(command, &space, (lba, "block"), blocks)
 }
 
+/// Refuses a count of 0 `unit`s: what `bread ... 0` printed (nothing, or an emptied --out
+/// file) was no answer at all. Not for ENCRYPT and DECRYPT, whose 0 bytes seal the AAD alone.
+pub fn check_not_empty(command: &str, count: u64, unit: &str) -> Result<(), String> {
+    if count == 0 {
+        return Err(format!("{command}: 0 {unit}s asks for nothing: give at least 1; nothing was sent"));
+    }
+    Ok(())
+}
+
 /// A region or namespace as the messages name it: its size counted in `unit`s.
 struct Space<'a> {
     kind: &'static str,
@@ -37,12 +46,8 @@ struct Space<'a> {
 }
 
 /// Refuses `count` units at `start` (named `start_name` in the message) unless they lie within
-/// `space`, the end computed in `u128`, and refuses a count of 0.
+/// `space`, the end computed in `u128`.
 fn check_range(command: &str, space: &Space, (start, start_name): (u64, &str), count: u64) -> Result<(), String> {
-    if count == 0 {
-        // What `bread ... 0` printed (nothing, or an emptied --out file) was no answer at all.
-        return Err(format!("{command}: 0 {}s asks for nothing: give at least 1; nothing was sent", space.unit));
-    }
     if u128::from(start) + u128::from(count) <= u128::from(space.size) {
         return Ok(());
     }
