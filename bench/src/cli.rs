@@ -3,10 +3,34 @@
 
 use clap::builder::RangedU64ValueParser;
 use netdam_isa::limits::MAX_IN_FLIGHT;
+use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 
 /// Longest run a `--seconds` option takes: a day, far past any benchmark, and well inside what a
 /// `Duration` holds.
 pub const MAX_SECONDS: f64 = 86_400.0;
+
+/// Bytes one instruction's data may take where `batch` instructions share a datagram of
+/// `datagram` bytes, less an authenticated session's `trailer`: the limits the benchmarks check
+/// `--sizes` and `--size` against.
+pub struct InstructionRoom {
+    /// In its request, after its instruction header (a WRITE's data).
+    pub request: usize,
+    /// In its answer, after its result header (a READ's data).
+    pub answer: usize,
+}
+
+pub const fn instruction_room(datagram: usize, trailer: usize, batch: usize) -> InstructionRoom {
+    let share = datagram.saturating_sub(HEADER_LEN + trailer) / if batch == 0 { 1 } else { batch };
+    InstructionRoom {
+        request: share.saturating_sub(INSTRUCTION_HEADER_LEN),
+        answer: share.saturating_sub(RESPONSE_INSTRUCTION_HEADER_LEN),
+    }
+}
+
+/// The whole `block`-byte blocks within `bytes`, in bytes (block sizes round up to blocks).
+pub const fn whole_blocks(bytes: usize, block: usize) -> usize {
+    bytes / block * block
+}
 
 /// Sessions from one address: 1 to what a target allows one address by default.
 pub fn sessions_per_address() -> RangedU64ValueParser<usize> {

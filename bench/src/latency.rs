@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_VADD_BYTES};
-use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::LaneType;
 use netdam_metrics::MetricsListen;
 use netdam_target::config::{Config, EngineChoice, NamespaceBackend, PollMode};
@@ -266,8 +266,8 @@ const SPAN_BYTES: u32 = 32 << 20;
 pub fn max_size(op: BenchOp, with_netdam: bool, auth: bool) -> Option<(u32, String)> {
     let trailer = if with_netdam && auth { netdam_auth::TRAILER_BYTES } else { 0 };
     let datagram = if with_netdam { DEFAULT_DATAGRAM_BYTES } else { MAX_DATAGRAM_BYTES };
-    let answer_room = datagram - trailer - HEADER_LEN - RESPONSE_INSTRUCTION_HEADER_LEN;
-    let operand_room = datagram - trailer - HEADER_LEN - INSTRUCTION_HEADER_LEN;
+    let room = crate::cli::instruction_room(datagram, trailer, 1);
+    let (answer_room, operand_room) = (room.answer, room.request);
     let carried = if !with_netdam {
         format!("the floor echoes it in one UDP datagram of at most {MAX_DATAGRAM_BYTES} bytes")
     } else if auth {
@@ -280,7 +280,7 @@ pub fn max_size(op: BenchOp, with_netdam: bool, auth: bool) -> Option<(u32, Stri
     // Block sizes round up to whole blocks, so the largest is the whole blocks that fit. A
     // target's largest block transfer is its datagram size in blocks (17 of 512 bytes in 9000),
     // which the room in a datagram never exceeds.
-    let whole_blocks = |bytes: usize| bytes / NAMESPACE_BLOCK as usize * NAMESPACE_BLOCK as usize;
+    let whole_blocks = |bytes: usize| crate::cli::whole_blocks(bytes, NAMESPACE_BLOCK as usize);
     let (bytes, why) = match op {
         BenchOp::Cas | BenchOp::FetchAdd => return None,
         BenchOp::Read => (answer_room, format!("its answer: {carried}")),

@@ -207,17 +207,18 @@ enum OnOff {
 
 /// Largest `load --size`: one WRITE in a datagram of the default size, with its headers and the
 /// trailer of an authenticated session (`--key`).
-const LOAD_MAX_WRITE_BYTES: usize = netdam_isa::limits::DEFAULT_DATAGRAM_BYTES
-    - netdam_isa::wire::HEADER_LEN
-    - netdam_isa::wire::INSTRUCTION_HEADER_LEN
-    - netdam_auth::TRAILER_BYTES;
+const LOAD_MAX_WRITE_BYTES: usize =
+    cli::instruction_room(netdam_isa::limits::DEFAULT_DATAGRAM_BYTES, netdam_auth::TRAILER_BYTES, 1).request;
 
 fn load_write_bytes(text: &str) -> Result<usize, String> {
     let bytes = cli::bytes(text)?;
     if (1..=LOAD_MAX_WRITE_BYTES as u64).contains(&bytes) {
         Ok(bytes as usize)
     } else {
-        Err(format!("{bytes} is not in 1..={LOAD_MAX_WRITE_BYTES} (one WRITE per 9000-byte datagram)"))
+        Err(format!(
+            "{bytes} is not in 1..={LOAD_MAX_WRITE_BYTES} (one WRITE per {}-byte datagram)",
+            netdam_isa::limits::DEFAULT_DATAGRAM_BYTES
+        ))
     }
 }
 

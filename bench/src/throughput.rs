@@ -14,7 +14,7 @@ use hdrhistogram::Histogram;
 use netdam_initiator::session::SessionConfig;
 use netdam_initiator::{Client, ClientOptions, ClientPoll, Op};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_INSTRUCTIONS_PER_DATAGRAM};
-use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
+use netdam_isa::wire::{HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_target::config::Config;
 use netdam_target::Target;
 use serde_json::json;
@@ -30,6 +30,19 @@ pub enum ThroughputOp {
     FetchAdd,
     Bread,
     Bwrite,
+}
+
+impl ThroughputOp {
+    /// The instruction's name, as the wire format spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ThroughputOp::Read => "READ",
+            ThroughputOp::Write => "WRITE",
+            ThroughputOp::FetchAdd => "FETCH_ADD",
+            ThroughputOp::Bread => "BREAD",
+            ThroughputOp::Bwrite => "BWRITE",
+        }
+    }
 }
 
 /// Settings of the throughput benchmark.
@@ -109,10 +122,9 @@ const BLOCK_BYTES: u32 = 512;
 /// The most bytes one `op` may move when `batch` of them share a datagram of the client's
 /// default size, and what bounds it; `None` for FETCH_ADD, which always moves 8.
 fn max_size(op: ThroughputOp, batch: usize) -> Option<(u32, &'static str)> {
-    let share = (DEFAULT_DATAGRAM_BYTES - HEADER_LEN) / batch.max(1);
-    let answer = share.saturating_sub(RESPONSE_INSTRUCTION_HEADER_LEN);
-    let request = share.saturating_sub(INSTRUCTION_HEADER_LEN);
-    let whole_blocks = |bytes: usize| bytes / BLOCK_BYTES as usize * BLOCK_BYTES as usize;
+    let crate::cli::InstructionRoom { request, answer } =
+        crate::cli::instruction_room(DEFAULT_DATAGRAM_BYTES, 0, batch);
+    let whole_blocks = |bytes: usize| crate::cli::whole_blocks(bytes, BLOCK_BYTES as usize);
     let (bytes, what) = match op {
         ThroughputOp::FetchAdd => return None,
         ThroughputOp::Read => (answer, "answers"),
@@ -127,7 +139,7 @@ fn max_size(op: ThroughputOp, batch: usize) -> Option<(u32, &'static str)> {
 /// the instruction and its range, before anything runs.
 pub fn check(args: &ThroughputArgs) -> Result<(), String> {
     let Some((max, what)) = max_size(args.op, args.batch) else { return Ok(()) };
-    let name = format!("{:?}", args.op).to_uppercase();
+    let name = args.op.name();
     let batch = args.batch;
     if max == 0 {
         return Err(format!(

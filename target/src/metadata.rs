@@ -378,11 +378,6 @@ impl MetadataStore {
         })
     }
 
-    /// Every key slot with the versions of its key (never the keys).
-    pub fn crypto_key_slots(&self) -> Result<Vec<(u32, Vec<u32>)>, MetadataError> {
-        Ok(key_versions_only(self.crypto_keys()?))
-    }
-
     /// Every key slot with its key versions: what a target loads at start.
     pub fn crypto_keys(&self) -> Result<Vec<StoredKeySlot>, MetadataError> {
         crypto_key_table(&self.db, &self.path)
@@ -1491,6 +1486,8 @@ mod tests {
         let store = MetadataStore::open(dir.path()).unwrap();
         assert_eq!(store.delete_crypto_key(3).unwrap(), vec![1, 2]);
         assert!(store.delete_crypto_key(3).is_err());
-        assert_eq!(store.crypto_key_slots().unwrap(), vec![(9, vec![1])]);
+        drop(store);
+        // What `crypto-key list` shows, read read-only: versions, never keys.
+        assert_eq!(MetadataStore::read_crypto_key_slots(dir.path()).unwrap(), vec![(9, vec![1])]);
     }
 }
