@@ -590,6 +590,15 @@ pub fn option_name(option: u32) -> &'static str {
     }
 }
 
+/// An option as messages name it: its name, or for one this server does not know, its number
+/// ("option 99"), so that a message never reads "unknown option option".
+pub fn option_label(option: u32) -> String {
+    match option_name(option) {
+        "unknown option" => format!("option {option}"),
+        name => name.to_string(),
+    }
+}
+
 /// The name of a command, for messages.
 pub fn command_name(command: u16) -> &'static str {
     match command {

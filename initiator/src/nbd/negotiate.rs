@@ -5,13 +5,13 @@
 //! here, before the driver reads (and allocates for) an option's payload.
 
 use crate::nbd::codec::{
-    self, encode_option_error, encode_option_reply, option_name, InfoRequest, MetaContextRequest, OptionHeader,
-    ReplyStyle, WireError, BASE_ALLOCATION, EXPORT_NAME_PADDING_LEN, FLAG_CAN_MULTI_CONN, FLAG_C_FIXED_NEWSTYLE,
-    FLAG_C_NO_ZEROES, FLAG_FIXED_NEWSTYLE, FLAG_HAS_FLAGS, FLAG_NO_ZEROES, FLAG_READ_ONLY, FLAG_SEND_DF,
-    FLAG_SEND_FAST_ZERO, FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES, INFO_BLOCK_SIZE,
-    INFO_DESCRIPTION, INFO_EXPORT, INFO_NAME, OPT_ABORT, OPT_EXPORT_NAME, OPT_EXTENDED_HEADERS, OPT_GO, OPT_INFO,
-    OPT_LIST, OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_STARTTLS, OPT_STRUCTURED_REPLY, REP_ACK,
-    REP_ERR_EXT_HEADER_REQD, REP_ERR_INVALID, REP_ERR_POLICY, REP_ERR_TOO_BIG, REP_ERR_UNKNOWN, REP_ERR_UNSUP,
+    self, encode_option_error, encode_option_reply, option_label, option_name, InfoRequest, MetaContextRequest,
+    OptionHeader, ReplyStyle, WireError, BASE_ALLOCATION, EXPORT_NAME_PADDING_LEN, FLAG_CAN_MULTI_CONN,
+    FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES, FLAG_FIXED_NEWSTYLE, FLAG_HAS_FLAGS, FLAG_NO_ZEROES, FLAG_READ_ONLY,
+    FLAG_SEND_DF, FLAG_SEND_FAST_ZERO, FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM, FLAG_SEND_WRITE_ZEROES,
+    INFO_BLOCK_SIZE, INFO_DESCRIPTION, INFO_EXPORT, INFO_NAME, OPT_ABORT, OPT_EXPORT_NAME, OPT_EXTENDED_HEADERS,
+    OPT_GO, OPT_INFO, OPT_LIST, OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_STARTTLS, OPT_STRUCTURED_REPLY,
+    REP_ACK, REP_ERR_EXT_HEADER_REQD, REP_ERR_INVALID, REP_ERR_POLICY, REP_ERR_TOO_BIG, REP_ERR_UNKNOWN, REP_ERR_UNSUP,
     REP_INFO, REP_META_CONTEXT, REP_SERVER,
 };
 use crate::nbd::limits::{MAX_OPTIONS, MAX_OPTION_BYTES, MAX_STRING_BYTES};
@@ -91,10 +91,10 @@ pub enum NegotiationError {
         limit: u32,
     },
     /// An option longer than any legitimate one.
-    #[error("{option} option of {length} bytes exceeds the limit of {limit} bytes")]
+    #[error("{option} of {length} bytes exceeds the limit of {limit} bytes")]
     OptionTooLong {
-        /// The option's name.
-        option: &'static str,
+        /// The option's name, or its number (`option_label`).
+        option: String,
         /// Its claimed length.
         length: u32,
         /// The bound.
@@ -191,14 +191,14 @@ impl<'a> Negotiation<'a> {
         if header.length > limit {
             if can_reply {
                 let message = format!(
-                    "{} option of {} bytes is over the limit of {limit}; closing",
-                    option_name(header.option),
+                    "{} of {} bytes is over the limit of {limit}; closing",
+                    option_label(header.option),
                     header.length
                 );
                 encode_option_error(header.option, REP_ERR_TOO_BIG, &message, out);
             }
             return Err(NegotiationError::OptionTooLong {
-                option: option_name(header.option),
+                option: option_label(header.option),
                 length: header.length,
                 limit,
             });
@@ -735,6 +735,17 @@ mod tests {
         out.clear();
         assert!(negotiation.option_header(&header, &mut out).is_err());
         assert!(out.is_empty(), "EXPORT_NAME cannot be answered with an error");
+
+        // An option the server does not know is named by its number.
+        let header = OptionHeader { option: 231_551_481, length: MAX_OPTION_BYTES + 1 };
+        out.clear();
+        let error = negotiation.option_header(&header, &mut out).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!("option 231551481 of {} bytes exceeds the limit of {MAX_OPTION_BYTES} bytes", MAX_OPTION_BYTES + 1)
+        );
+        let message = String::from_utf8_lossy(&out[20..]).into_owned();
+        assert!(message.starts_with("option 231551481 of "), "{message}");
     }
 
     #[test]
