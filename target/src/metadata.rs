@@ -29,6 +29,24 @@ use crate::tenants::{
 
 const REGIONS: TableDefinition<&str, &str> = TableDefinition::new("regions");
 const NAMESPACES: TableDefinition<&str, &str> = TableDefinition::new("namespaces");
+/// Where each region and namespace stands in its list, by name: a space's id is its place in
+/// the list, so a create must not move the spaces already there (an initiator holding id 1
+/// would reach another namespace after a restart). Each create gets the next number; spaces of a
+/// store written before this table existed have none and count as 0, in name order, where their
+/// ids always were.
+const REGION_ORDER: TableDefinition<&str, u64> = TableDefinition::new("region_order");
+const NAMESPACE_ORDER: TableDefinition<&str, u64> = TableDefinition::new("namespace_order");
+
+/// A kind of space in the store: its entries and their order.
+#[derive(Clone, Copy)]
+struct SpaceTables {
+    entries: TableDefinition<'static, &'static str, &'static str>,
+    order: TableDefinition<'static, &'static str, u64>,
+    kind: &'static str,
+}
+
+const REGION_TABLES: SpaceTables = SpaceTables { entries: REGIONS, order: REGION_ORDER, kind: "region" };
+const NAMESPACE_TABLES: SpaceTables = SpaceTables { entries: NAMESPACES, order: NAMESPACE_ORDER, kind: "namespace" };
 const TENANTS: TableDefinition<&str, &str> = TableDefinition::new("tenants");
 /// Facts about the store as a whole, by name.
 const STORE_FACTS: TableDefinition<&str, &str> = TableDefinition::new("store_facts");
@@ -239,9 +257,10 @@ impl MetadataStore {
     pub fn load(data_dir: &Path) -> Result<Stored, MetadataError> {
         let path = data_dir.join(METADATA_FILE);
         match open_to_read(&path)? {
-            Some(store) => {
-                Ok(Stored { regions: store.list(&path, REGIONS)?, namespaces: store.list(&path, NAMESPACES)? })
-            }
+            Some(store) => Ok(Stored {
+                regions: store.list_spaces(&path, REGION_TABLES)?,
+                namespaces: store.list_spaces(&path, NAMESPACE_TABLES)?,
+            }),
             None => Ok(Stored::default()),
         }
     }
@@ -251,34 +270,34 @@ impl MetadataStore {
         &self.path
     }
 
-    /// Stored regions.
+    /// Stored regions, in the order they were created (their ids follow it).
     pub fn regions(&self) -> Result<Vec<RegionConfig>, MetadataError> {
-        self.list(REGIONS)
+        list_spaces(&self.db, &self.path, REGION_TABLES)
     }
 
-    /// Stored namespaces.
+    /// Stored namespaces, in the order they were created (their ids follow it).
     pub fn namespaces(&self) -> Result<Vec<NamespaceConfig>, MetadataError> {
-        self.list(NAMESPACES)
+        list_spaces(&self.db, &self.path, NAMESPACE_TABLES)
     }
 
-    /// Adds a region, durably; refuses a name already stored.
+    /// Adds a region after the others, durably; refuses a name already stored.
     pub fn create_region(&self, region: &RegionConfig) -> Result<(), MetadataError> {
-        self.insert(REGIONS, "region", &region.name, region)
+        self.insert_space(REGION_TABLES, &region.name, region)
     }
 
-    /// Adds a namespace, durably; refuses a name already stored.
+    /// Adds a namespace after the others, durably; refuses a name already stored.
     pub fn create_namespace(&self, namespace: &NamespaceConfig) -> Result<(), MetadataError> {
-        self.insert(NAMESPACES, "namespace", &namespace.name, namespace)
+        self.insert_space(NAMESPACE_TABLES, &namespace.name, namespace)
     }
 
     /// Removes a region, durably, and returns what it was.
     pub fn delete_region(&self, name: &str) -> Result<RegionConfig, MetadataError> {
-        self.remove(REGIONS, "region", name)
+        self.remove_space(REGION_TABLES, name)
     }
 
     /// Removes a namespace, durably, and returns what it was.
     pub fn delete_namespace(&self, name: &str) -> Result<NamespaceConfig, MetadataError> {
-        self.remove(NAMESPACES, "namespace", name)
+        self.remove_space(NAMESPACE_TABLES, name)
     }
 
     fn list<T: serde::de::DeserializeOwned>(
@@ -288,10 +307,9 @@ impl MetadataStore {
         list_table(&self.db, &self.path, table)
     }
 
-    fn insert<T: serde::Serialize>(
+    fn insert_space<T: serde::Serialize>(
         &self,
-        table: TableDefinition<&str, &str>,
-        kind: &'static str,
+        tables: SpaceTables,
         name: &str,
         value: &T,
     ) -> Result<(), MetadataError> {
@@ -299,30 +317,40 @@ impl MetadataStore {
         let json = serde_json::to_string(value).expect("settings always serialize");
         let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
         {
-            let mut table = write.open_table(table).map_err(|error| fail(error.into()))?;
-            if table.get(name).map_err(|error| fail(error.into()))?.is_some() {
+            let mut entries = write.open_table(tables.entries).map_err(|error| fail(error.into()))?;
+            if entries.get(name).map_err(|error| fail(error.into()))?.is_some() {
+                let kind = tables.kind;
                 return Err(MetadataError::Exists { kind, name: name.to_string(), where_: " in the metadata store" });
             }
-            table.insert(name, json.as_str()).map_err(|error| fail(error.into()))?;
+            entries.insert(name, json.as_str()).map_err(|error| fail(error.into()))?;
+            // After every space there (a few dozen at most: one pass is cheap).
+            let mut order = write.open_table(tables.order).map_err(|error| fail(error.into()))?;
+            let mut last = 0;
+            for entry in order.iter().map_err(|error| fail(error.into()))? {
+                last = last.max(entry.map_err(|error| fail(error.into()))?.1.value());
+            }
+            order.insert(name, last + 1).map_err(|error| fail(error.into()))?;
         }
         // redb's default durability fsyncs the commit before returning.
         write.commit().map_err(|error| fail(error.into()))
     }
 
-    fn remove<T: serde::de::DeserializeOwned>(
+    fn remove_space<T: serde::de::DeserializeOwned>(
         &self,
-        table: TableDefinition<&str, &str>,
-        kind: &'static str,
+        tables: SpaceTables,
         name: &str,
     ) -> Result<T, MetadataError> {
         let fail = |error: redb::Error| store_error(&self.path, error);
         let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
         let removed = {
-            let mut table = write.open_table(table).map_err(|error| fail(error.into()))?;
-            let removed = table.remove(name).map_err(|error| fail(error.into()))?;
+            let mut entries = write.open_table(tables.entries).map_err(|error| fail(error.into()))?;
+            let removed = entries.remove(name).map_err(|error| fail(error.into()))?;
+            let mut order = write.open_table(tables.order).map_err(|error| fail(error.into()))?;
+            order.remove(name).map_err(|error| fail(error.into()))?;
             removed.map(|json| json.value().to_string())
         };
         let Some(json) = removed else {
+            let kind = tables.kind;
             return Err(MetadataError::Missing { kind, name: name.to_string(), path: self.path.clone() });
         };
         write.commit().map_err(|error| fail(error.into()))?;
@@ -1000,6 +1028,17 @@ impl ReadStore {
         }
     }
 
+    fn list_spaces<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &Path,
+        tables: SpaceTables,
+    ) -> Result<Vec<T>, MetadataError> {
+        match self {
+            ReadStore::ReadOnly(db) => list_spaces(db, path, tables),
+            ReadStore::Repaired(db) => list_spaces(db, path, tables),
+        }
+    }
+
     fn crypto_keys(&self, path: &Path) -> Result<Vec<StoredKeySlot>, MetadataError> {
         match self {
             ReadStore::ReadOnly(db) => crypto_key_table(db, path),
@@ -1030,6 +1069,45 @@ fn list_table<T: serde::de::DeserializeOwned>(
         entries.push(value);
     }
     Ok(entries)
+}
+
+/// The spaces of one kind in their order ([`REGION_ORDER`]): by the number each create gave,
+/// those without one first, in name order.
+fn list_spaces<T: serde::de::DeserializeOwned>(
+    db: &impl ReadableDatabase,
+    path: &Path,
+    tables: SpaceTables,
+) -> Result<Vec<T>, MetadataError> {
+    let fail = |error: redb::Error| store_error(path, error);
+    let read = db.begin_read().map_err(|error| fail(error.into()))?;
+    let entries = match read.open_table(tables.entries) {
+        Ok(table) => table,
+        Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(error) => return Err(fail(error.into())),
+    };
+    let order = match read.open_table(tables.order) {
+        Ok(table) => Some(table),
+        Err(TableError::TableDoesNotExist(_)) => None,
+        Err(error) => return Err(fail(error.into())),
+    };
+    let mut spaces = Vec::new();
+    // In name order (the table's), which the stable sort below keeps among equal numbers.
+    for entry in entries.iter().map_err(|error| fail(error.into()))? {
+        let (name, json) = entry.map_err(|error| fail(error.into()))?;
+        let value: T = serde_json::from_str(json.value()).map_err(|error| MetadataError::Store {
+            path: path.to_path_buf(),
+            message: format!("entry {:?} is unreadable: {error}", name.value()),
+        })?;
+        let place = match &order {
+            Some(order) => {
+                order.get(name.value()).map_err(|error| fail(error.into()))?.map_or(0, |place| place.value())
+            }
+            None => 0,
+        };
+        spaces.push((place, value));
+    }
+    spaces.sort_by_key(|(place, _)| *place);
+    Ok(spaces.into_iter().map(|(_, value)| value).collect())
 }
 
 /// Runs `open` until it does not fail with [`DatabaseError::DatabaseAlreadyOpen`] (what redb 3
@@ -1097,6 +1175,72 @@ mod tests {
         assert!(missing.contains("no namespace named \"disk\""), "{missing}");
         assert_eq!(store.namespaces().unwrap(), vec![]);
         assert_eq!(store.regions().unwrap(), vec![region]);
+    }
+
+    fn namespace(name: &str) -> NamespaceConfig {
+        NamespaceConfig {
+            name: name.into(),
+            backend: NamespaceBackend::File,
+            path: format!("{name}.img").into(),
+            size: Some(ByteSize(1 << 20)),
+            block_size: 4096,
+        }
+    }
+
+    fn namespace_names(store: &MetadataStore) -> Vec<String> {
+        store.namespaces().unwrap().into_iter().map(|namespace| namespace.name).collect()
+    }
+
+    /// A space's id is its place in the list: a create must not move the ones already there,
+    /// whatever its name; a delete moves only those after it.
+    #[test]
+    fn spaces_keep_their_places_when_others_are_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        for name in ["disk", "small", "mid", "a-first"] {
+            store.create_namespace(&namespace(name)).unwrap();
+        }
+        assert_eq!(namespace_names(&store), names(&["disk", "small", "mid", "a-first"]));
+        store.delete_namespace("small").unwrap();
+        store.create_namespace(&namespace("b")).unwrap();
+        assert_eq!(namespace_names(&store), names(&["disk", "mid", "a-first", "b"]));
+        // The same list read-only, as a starting target and `namespace list` read it.
+        drop(store);
+        let stored = MetadataStore::load(dir.path()).unwrap();
+        let loaded: Vec<String> = stored.namespaces.into_iter().map(|namespace| namespace.name).collect();
+        assert_eq!(loaded, names(&["disk", "mid", "a-first", "b"]));
+
+        // Regions alike.
+        let store = MetadataStore::open(dir.path()).unwrap();
+        for name in ["scratch", "a-region"] {
+            let region =
+                RegionConfig { name: name.into(), backend: RegionBackend::Mem, path: None, size: ByteSize(4096) };
+            store.create_region(&region).unwrap();
+        }
+        let regions: Vec<String> = store.regions().unwrap().into_iter().map(|region| region.name).collect();
+        assert_eq!(regions, names(&["scratch", "a-region"]));
+    }
+
+    /// A store written before spaces had places keeps its ids (name order), and a create there
+    /// comes after all of them.
+    #[test]
+    fn a_store_without_places_keeps_name_order_and_creates_go_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        {
+            // What an older netdam-target wrote: the entries alone.
+            let write = store.db.begin_write().unwrap();
+            {
+                let mut entries = write.open_table(NAMESPACES).unwrap();
+                for name in ["small", "disk"] {
+                    entries.insert(name, serde_json::to_string(&namespace(name)).unwrap().as_str()).unwrap();
+                }
+            }
+            write.commit().unwrap();
+        }
+        assert_eq!(namespace_names(&store), names(&["disk", "small"]));
+        store.create_namespace(&namespace("a-new")).unwrap();
+        assert_eq!(namespace_names(&store), names(&["disk", "small", "a-new"]));
     }
 
     fn key(byte: u8) -> TenantKey {
