@@ -485,7 +485,8 @@ impl SettingsArgs {
     }
 }
 
-/// SIGINT and SIGTERM, the signals that stop a serving target.
+/// SIGINT, SIGTERM and SIGHUP, the signals that stop a serving target: SIGHUP is its terminal
+/// closing (an ssh session that ends), which would otherwise end it unannounced.
 fn stop_signals() -> libc::sigset_t {
     // SAFETY: sigemptyset initialises the set; sigaddset adds valid signal numbers to it.
     unsafe {
@@ -493,7 +494,21 @@ fn stop_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        if !hangup_ignored() {
+            libc::sigaddset(&mut set, libc::SIGHUP);
+        }
         set
+    }
+}
+
+/// Whether SIGHUP was ignored when the process started (`nohup`, a service manager): then it
+/// stays ignored. A blocked signal is queued even when ignored, so adding it to the set that
+/// `sigwait` takes would let a hangup stop a target that was started to outlive its terminal.
+fn hangup_ignored() -> bool {
+    // SAFETY: a query (null new action) into a zeroed, valid sigaction.
+    unsafe {
+        let mut old = std::mem::zeroed::<libc::sigaction>();
+        libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
     }
 }
 
@@ -512,7 +527,7 @@ fn set_stop_signals(how: libc::c_int) {
     unsafe { libc::pthread_sigmask(how, &set, std::ptr::null_mut()) };
 }
 
-/// Sleeps until SIGINT or SIGTERM arrives, and names it. The main thread of a serving target
+/// Sleeps until SIGINT, SIGTERM or SIGHUP arrives, and names it. The main thread of a serving target
 /// does nothing else, so it must not wake for nothing: it looked at a flag every 100 ms, and on
 /// a host whose cores spin (a busy worker, a polling initiator) each such wake-up took one of
 /// them for ~15 µs, which a request in flight waited out (docs/DECISIONS.md, "What preempts a
@@ -521,9 +536,10 @@ fn wait_for_stop() -> &'static str {
     let set = stop_signals();
     loop {
         let mut signal = 0;
-        // SAFETY: a valid set and a valid out pointer; both signals are blocked in every thread.
+        // SAFETY: a valid set and a valid out pointer; the signals are blocked in every thread.
         match unsafe { libc::sigwait(&set, &mut signal) } {
             0 if signal == libc::SIGINT => return "SIGINT",
+            0 if signal == libc::SIGHUP => return "SIGHUP",
             0 => return "SIGTERM",
             // sigwait fails only on an invalid set; nothing to do but wait again.
             _ => continue,

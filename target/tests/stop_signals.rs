@@ -1,4 +1,4 @@
-//! Stopping a serving `netdam-target` (the binary) with SIGTERM or SIGINT: it says which signal
+//! Stopping a serving `netdam-target` (the binary) with SIGTERM, SIGINT or SIGHUP: it says which signal
 //! it took, stops at once, and exits with success. Until then an idle target's threads sleep:
 //! the main thread has nothing to do while the workers serve, and a worker with nothing to
 //! receive sleeps in its receive until a datagram comes or the stop wakes it. A thread that woke
@@ -77,4 +77,66 @@ fn sigterm_and_sigint_stop_a_target_whose_main_thread_sleeps_until_then() {
         assert!(status.success(), "{name}: exit {status:?}, log:\n{log}");
         assert!(log.contains(&format!("netdam-target: stopping ({name})")), "{name}: log:\n{log}");
     }
+}
+
+/// SIGHUP (the terminal closing, an ssh session that ends) stops a target as SIGTERM does, with
+/// its line in the log: it used to end the process unannounced.
+/// A small serving configuration in `dir`, as `stop.toml`.
+fn write_config(dir: &std::path::Path) {
+    std::fs::write(
+        dir.join("stop.toml"),
+        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"off\"\ndata_dir = \".\"\nworkers = 1\npoll = \"blocking\"\n\
+         pin_workers = false\nlock_memory = false\nauth = \"none\"\n\
+         [[region]]\nname = \"scratch\"\nbackend = \"mem\"\nsize = \"1MiB\"\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn sighup_stops_a_target_with_a_word() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    write_config(dir);
+    let (daemon, _, _) = start(dir, "stop.toml");
+    let status = daemon.signal_and_wait(libc::SIGHUP, Duration::from_secs(60));
+    let log = std::fs::read_to_string(dir.join("target.log")).unwrap_or_default();
+    assert!(status.success(), "exit {status:?}, log:\n{log}");
+    assert!(log.contains("netdam-target: stopping (SIGHUP)"), "log:\n{log}");
+}
+
+/// A target started with SIGHUP ignored (`nohup`, a service manager) keeps it ignored: a hangup
+/// does not stop it (a blocked signal is queued even when ignored, so the stop must not wait
+/// for it then).
+#[test]
+fn a_target_started_under_nohup_outlives_a_hangup() {
+    use std::io::BufRead;
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    write_config(dir);
+    let log = std::fs::File::create(dir.join("target.log")).unwrap();
+    // `trap '' HUP` sets SIGHUP's disposition to ignored, which exec keeps, as nohup does.
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "trap '' HUP; exec \"$0\" serve --config stop.toml", env!("CARGO_BIN_EXE_netdam-target")])
+        .env_remove("NETDAM_LOG")
+        .env_remove("RUST_LOG")
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut banner).unwrap();
+    assert!(banner.starts_with("netdam-target serving on "), "{banner:?}");
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: signals to our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    let still_running = child.try_wait().unwrap().is_none();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let log = std::fs::read_to_string(dir.join("target.log")).unwrap_or_default();
+    assert!(still_running, "a hangup stopped a target that ignores SIGHUP; log:\n{log}");
+    assert!(status.success() && log.contains("stopping (SIGTERM)"), "exit {status:?}, log:\n{log}");
+    assert!(!log.contains("SIGHUP"), "log:\n{log}");
 }
