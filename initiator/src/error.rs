@@ -4,6 +4,7 @@ use std::io;
 use std::net::SocketAddr;
 
 use netdam_isa::block::ExtentError;
+use netdam_isa::control::SessionLimitKind;
 use netdam_isa::wire::DecodeError;
 use netdam_isa::{Opcode, Status};
 
@@ -48,6 +49,14 @@ pub enum ClientError {
     /// The target would not open a session.
     #[error("the target refused a session: {}", hello_refusal(*.0))]
     HelloRefused(Status),
+    /// The target would not open a session: the limit it names is reached.
+    #[error("the target refused a session: {}", session_limit_message(*kind, *limit))]
+    SessionLimit {
+        /// Which limit: the address's share of a worker's sessions, or the tenant's.
+        kind: SessionLimitKind,
+        /// Its value.
+        limit: u32,
+    },
     /// The target no longer knows the session (it restarted, or evicted the session after a long
     /// silence) while a non-idempotent request was outstanding.
     #[error("the target no longer knows this session (restarted or evicted it); the non-idempotent request may or may not have executed before")]
@@ -74,7 +83,7 @@ pub enum ClientError {
     #[error("{0} requests already in flight")]
     WindowFull(usize),
     /// No region with that name or id.
-    #[error("the target has no region {name:?} (it has: {available})")]
+    #[error("the target has no region {name:?} (it has, by name and id: {available})")]
     NoSuchRegion {
         /// What was asked for.
         name: String,
@@ -82,7 +91,7 @@ pub enum ClientError {
         available: String,
     },
     /// No namespace with that name or id.
-    #[error("the target has no namespace {name:?} (it has: {available})")]
+    #[error("the target has no namespace {name:?} (it has, by name and id: {available})")]
     NoSuchNamespace {
         /// What was asked for.
         name: String,
@@ -137,12 +146,28 @@ impl ClientError {
             ClientError::OutcomeUnknown { attempts } => ClientError::OutcomeUnknown { attempts: *attempts },
             ClientError::Refused { opcode, status } => ClientError::Refused { opcode: *opcode, status: *status },
             ClientError::HelloRefused(status) => ClientError::HelloRefused(*status),
+            ClientError::SessionLimit { kind, limit } => ClientError::SessionLimit { kind: *kind, limit: *limit },
             ClientError::SessionLost => ClientError::SessionLost,
             ClientError::DatagramRefused(status) => ClientError::DatagramRefused(*status),
             ClientError::Closed => ClientError::Closed,
             ClientError::Random => ClientError::Random,
             other => ClientError::Io(io::Error::other(other.to_string())),
         }
+    }
+}
+
+fn session_limit_message(kind: SessionLimitKind, limit: u32) -> String {
+    match kind {
+        SessionLimitKind::Address => format!(
+            "this address already holds {limit} active sessions on the target worker this socket reached \
+             (max_sessions_per_address = {limit}, counted on each worker apart; the kernel picks each \
+             socket's worker); use fewer sessions, close idle clients, or raise max_sessions_per_address \
+             or the target's workers"
+        ),
+        SessionLimitKind::Tenant => format!(
+            "this tenant already holds its {limit} sessions over the whole target (its --max-sessions); \
+             use fewer sessions, close idle clients, or raise it (`netdam-target tenant set NAME --max-sessions N`)"
+        ),
     }
 }
 

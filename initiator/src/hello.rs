@@ -6,7 +6,7 @@
 //! with a new secret, between the two: the answer is then another `retry`, and the exchange
 //! goes on with the new cookie, a bounded number of times.
 
-use netdam_isa::control::{decode_hello_answer, Cookie, HelloAnswer, COOKIE_LEN};
+use netdam_isa::control::{decode_hello_answer, decode_session_limit, Cookie, HelloAnswer, COOKIE_LEN};
 use netdam_isa::Status;
 
 use crate::error::ClientError;
@@ -41,7 +41,12 @@ pub fn hello_step(reply: &Reply) -> Result<HelloStep, ClientError> {
             debug_assert_eq!(cookie.len(), COOKIE_LEN);
             Ok(HelloStep::Retry(cookie))
         }
-        Status::Busy | Status::SessionLimit | Status::Unauthenticated => Err(ClientError::HelloRefused(result.status)),
+        // Which limit, where the target says (a target from before the detail does not).
+        Status::SessionLimit => Err(match decode_session_limit(result.data) {
+            Some((kind, limit)) => ClientError::SessionLimit { kind, limit },
+            None => ClientError::HelloRefused(Status::SessionLimit),
+        }),
+        Status::Busy | Status::Unauthenticated => Err(ClientError::HelloRefused(result.status)),
         status => Err(ClientError::Refused { opcode: result.opcode, status }),
     }
 }

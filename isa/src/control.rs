@@ -106,6 +106,40 @@ pub fn decode_hello_auth(operand: &[u8]) -> (u8, [u8; HELLO_AUTH_LEN]) {
     (operand[hello_field::AUTH_METHOD], area)
 }
 
+/// Bytes of the data a `session_limit` answer to HELLO carries: which limit was reached
+/// (u32, [`SessionLimitKind`]) and its value (u32), both little-endian.
+pub const SESSION_LIMIT_DETAIL_LEN: usize = 8;
+
+/// Which limit a HELLO answered `session_limit` ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionLimitKind {
+    /// The sender's address holds `max_sessions_per_address` active sessions on the worker the
+    /// HELLO reached (each worker counts its own).
+    Address = 1,
+    /// The tenant holds its `max_sessions` over the whole target.
+    Tenant = 2,
+}
+
+/// Writes a `session_limit` answer's data into `out` (at least [`SESSION_LIMIT_DETAIL_LEN`]
+/// bytes); returns its length.
+pub fn encode_session_limit(out: &mut [u8], kind: SessionLimitKind, limit: u32) -> usize {
+    out[..4].copy_from_slice(&(kind as u32).to_le_bytes());
+    out[4..SESSION_LIMIT_DETAIL_LEN].copy_from_slice(&limit.to_le_bytes());
+    SESSION_LIMIT_DETAIL_LEN
+}
+
+/// Which limit and its value, from a `session_limit` answer's data; `None` for data of another
+/// length or an unknown kind (a target from before the detail sends none).
+pub fn decode_session_limit(data: &[u8]) -> Option<(SessionLimitKind, u32)> {
+    let data: &[u8; SESSION_LIMIT_DETAIL_LEN] = data.try_into().ok()?;
+    let kind = match u32::from_le_bytes([data[0], data[1], data[2], data[3]]) {
+        1 => SessionLimitKind::Address,
+        2 => SessionLimitKind::Tenant,
+        _ => return None,
+    };
+    Some((kind, u32::from_le_bytes([data[4], data[5], data[6], data[7]])))
+}
+
 /// One region as HELLO lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionInfo {
@@ -375,6 +409,18 @@ pub fn decode_stat_answer(data: &[u8]) -> Result<Vec<(String, u64)>, DecodeError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn session_limit_details_round_trip_and_anything_else_is_none() {
+        let mut out = [0u8; 16];
+        for (kind, limit) in [(SessionLimitKind::Address, 32), (SessionLimitKind::Tenant, u32::MAX)] {
+            let len = encode_session_limit(&mut out, kind, limit);
+            assert_eq!(decode_session_limit(&out[..len]), Some((kind, limit)));
+        }
+        assert_eq!(decode_session_limit(&[]), None, "an older target's answer has no data");
+        assert_eq!(decode_session_limit(&out[..9]), None);
+        assert_eq!(decode_session_limit(&[3, 0, 0, 0, 1, 0, 0, 0]), None, "an unknown kind");
+    }
 
     #[test]
     fn hello_answer_round_trips() {

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use netdam_auth::HelloAuth;
 use netdam_isa::block::{encode_extents, BlockOp, Extent};
 use netdam_isa::control::{
-    decode_hello_auth, decode_hello_operand, encode_hello_answer, HelloRequest, NamespaceEntry, StatWriter, COOKIE_LEN,
-    HELLO_AUTH_ENCRYPT, HELLO_AUTH_LEN, HELLO_AUTH_MAC, HELLO_AUTH_NONE, TARGET_FLAG_FPGA,
+    decode_hello_auth, decode_hello_operand, encode_hello_answer, encode_session_limit, HelloRequest, NamespaceEntry,
+    SessionLimitKind, StatWriter, COOKIE_LEN, HELLO_AUTH_ENCRYPT, HELLO_AUTH_LEN, HELLO_AUTH_MAC, HELLO_AUTH_NONE,
+    SESSION_LIMIT_DETAIL_LEN, TARGET_FLAG_FPGA,
 };
 use netdam_isa::engine::Engine;
 use netdam_isa::extension::{ExtensionRegistry, Permissions, EXTENSION_OPCODES};
@@ -1427,7 +1428,7 @@ impl<E: Engine> Dispatcher<E> {
                 && !self.sessions.is_open_by(context.from, tag)
             {
                 usage.sessions_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return (Status::SessionLimit, 0);
+                return session_limit(out, SessionLimitKind::Tenant, max);
             }
         }
         let opened = self.sessions.open(now, context.from, tag);
@@ -1448,7 +1449,7 @@ impl<E: Engine> Dispatcher<E> {
                 }
                 (opened.id, opened.existing)
             }
-            Err(refusal) => return self.refuse_hello(now, context.from, refusal),
+            Err(refusal) => return self.refuse_hello(now, context.from, refusal, out),
         };
         let out = match auth {
             Some(proven) => {
@@ -1460,7 +1461,7 @@ impl<E: Engine> Dispatcher<E> {
                     self.sessions.close(session, context.from);
                     self.count(Counter::SessionsClosed);
                     self.shared.usage.get(tenant).sessions_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    return (Status::SessionLimit, 0);
+                    return session_limit(out, SessionLimitKind::Tenant, max);
                 }
                 // The keys depend on the session's id, which no other session gets: a HELLO
                 // replayed after its session ended opens one with other keys.
@@ -1618,7 +1619,13 @@ impl<E: Engine> Dispatcher<E> {
 
     /// Counts and (at most every [`REFUSAL_LOG_INTERVAL`]) logs a HELLO refused for want of a
     /// slot; returns its status.
-    fn refuse_hello(&mut self, now: Instant, from: SocketAddr, refusal: OpenRefusal) -> (Status, usize) {
+    fn refuse_hello(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        refusal: OpenRefusal,
+        out: &mut [u8],
+    ) -> (Status, usize) {
         let (counter, status) = match refusal {
             OpenRefusal::TableFull { .. } => (Counter::HelloRefusedTableFull, Status::Busy),
             OpenRefusal::AddressLimit { .. } => (Counter::HelloRefusedAddressLimit, Status::SessionLimit),
@@ -1648,7 +1655,13 @@ impl<E: Engine> Dispatcher<E> {
             }
             self.refusals = RefusalLog { last_line: Some(now), refused_since: 0 };
         }
-        (status, 0)
+        match status {
+            Status::SessionLimit => {
+                let limit = u32::try_from(self.sessions.limits().per_address).unwrap_or(u32::MAX);
+                session_limit(out, SessionLimitKind::Address, limit)
+            }
+            _ => (status, 0),
+        }
     }
 
     fn stat(&self, out: &mut [u8]) -> Result<usize, Status> {
@@ -1756,6 +1769,15 @@ fn is_block(opcode: u8) -> bool {
 /// HELLO, PING and STAT: the opcodes a datagram without a session may carry.
 fn is_sessionless(opcode: u8) -> bool {
     matches!(Opcode::from_u8(opcode), Some(Opcode::Hello | Opcode::Ping | Opcode::Stat))
+}
+
+/// A HELLO refused `session_limit`, its data saying which limit and its value
+/// (`netdam_isa::control::encode_session_limit`), so the initiator can name the setting at fault.
+fn session_limit(out: &mut [u8], kind: SessionLimitKind, limit: u32) -> (Status, usize) {
+    if out.len() < SESSION_LIMIT_DETAIL_LEN {
+        return (Status::SessionLimit, 0);
+    }
+    (Status::SessionLimit, encode_session_limit(out, kind, limit))
 }
 
 /// Control instructions address nothing: every field but the opcode is zero.

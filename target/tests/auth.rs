@@ -11,6 +11,7 @@ use netdam_auth::{Credentials, SessionKeys, TenantKey, TRAILER_BYTES};
 use netdam_initiator::client::{Client, ClientOptions};
 use netdam_initiator::error::ClientError;
 use netdam_initiator::session::SessionConfig;
+use netdam_isa::control::SessionLimitKind;
 use netdam_isa::wire::{mark_sealed, peek_datagram_status, peek_is_sealed, Instruction, RequestBuilder, Response};
 use netdam_isa::{Opcode, Status};
 use netdam_target::config::AuthMode;
@@ -82,6 +83,7 @@ fn client(target: &common::TestTarget, credentials: Option<Credentials>) -> Resu
 fn refused(result: Result<Client, ClientError>) -> Status {
     match result {
         Err(ClientError::HelloRefused(status)) => status,
+        Err(ClientError::SessionLimit { .. }) => Status::SessionLimit,
         Err(other) => panic!("expected a refused HELLO, got {other}"),
         Ok(_) => panic!("expected a refused HELLO, got a session"),
     }
@@ -434,7 +436,12 @@ fn a_tenant_gets_no_more_sessions_than_its_share() {
     publish(&target, &tenants);
     let first = client(&target, Some(credentials(4, 0xC4))).unwrap();
     let _second = client(&target, Some(credentials(4, 0xC4))).unwrap();
-    assert_eq!(refused(client(&target, Some(credentials(4, 0xC4)))), Status::SessionLimit);
+    let over = client(&target, Some(credentials(4, 0xC4))).expect_err("a third session is refused");
+    assert!(
+        matches!(over, ClientError::SessionLimit { kind: SessionLimitKind::Tenant, limit: 2 }),
+        "the answer names the tenant's limit: {over:?}"
+    );
+    assert!(over.to_string().contains("this tenant already holds its 2 sessions"), "{over}");
     // Another tenant is not affected, and a closed session gives its place back.
     client(&target, Some(credentials(2, 0xB0))).expect("bob still gets a session");
     first.close().unwrap();

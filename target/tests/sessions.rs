@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{hello_datagram, region, seed, start_configured, try_hello, Rng, TestTarget};
 use netdam_initiator::{AsyncClient, Client, ClientError, ClientOptions};
-use netdam_isa::control::{Cookie, NO_COOKIE};
+use netdam_isa::control::{Cookie, SessionLimitKind, NO_COOKIE};
 use netdam_isa::wire::{datagram_crc, Response, HEADER_LEN};
 use netdam_isa::Status;
 use netdam_target::stats::StatsSnapshot;
@@ -291,8 +291,14 @@ fn an_address_at_its_limit_is_refused_while_another_address_is_served() {
         client.fetch_add(0, 0, 1).unwrap();
     }
     let refused = Client::connect_with(addr, from_host([127, 0, 0, 1])).unwrap_err();
-    assert!(matches!(refused, ClientError::HelloRefused(Status::SessionLimit)), "{refused:?}");
-    assert!(refused.to_string().contains("max_sessions_per_address"), "the message names the setting: {refused}");
+    assert!(
+        matches!(refused, ClientError::SessionLimit { kind: SessionLimitKind::Address, limit: 4 }),
+        "the answer says which limit, and its value: {refused:?}"
+    );
+    assert!(
+        refused.to_string().contains("max_sessions_per_address = 4, counted on each worker"),
+        "the message names the setting: {refused}"
+    );
     let mut other = Client::connect_with(addr, from_host([127, 0, 0, 3])).expect("another address is served");
     other.fetch_add(0, 0, 1).unwrap();
     // Closing one frees its place at once.

@@ -132,7 +132,7 @@ impl fmt::Display for IoExtent {
 }
 
 /// Why the engine could not start: the errno fio records, and a message naming the option at
-/// fault (`namespace=foo: the target has no namespace "foo" (it has: disk)`).
+/// fault (`namespace=foo: the target has no namespace "foo" (it has, by name and id: disk (0))`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenError {
     /// What fio reports as the job's error.
@@ -1140,7 +1140,7 @@ fn errno_of(error: &ClientError) -> i32 {
         // Refused for want of proof of the tenant's key, as `PermissionDenied` for want of a
         // permission; a full session table (`busy`, `session_limit`) is a busy target.
         ClientError::HelloRefused(Status::Unauthenticated) => libc::EACCES,
-        ClientError::HelloRefused(_) => libc::EBUSY,
+        ClientError::HelloRefused(_) | ClientError::SessionLimit { .. } => libc::EBUSY,
         _ => libc::EIO,
     }
 }
@@ -1246,6 +1246,8 @@ mod tests {
         assert_eq!(errno_of(&refused(Status::PermissionDenied)), libc::EACCES);
         assert_eq!(errno_of(&ClientError::HelloRefused(Status::Busy)), libc::EBUSY);
         assert_eq!(errno_of(&ClientError::HelloRefused(Status::SessionLimit)), libc::EBUSY);
+        let limit = ClientError::SessionLimit { kind: netdam_isa::control::SessionLimitKind::Address, limit: 32 };
+        assert_eq!(errno_of(&limit), libc::EBUSY);
     }
 
     #[test]

@@ -394,9 +394,11 @@ enum Command {
         #[arg(long)]
         read_only: bool,
         /// Sessions to the target, each on its own socket, so that several of its workers
-        /// share the load.
-        #[arg(long, default_value_t = 1)]
-        sessions: usize,
+        /// share the load (1 to 64). A target holds at most max_sessions_per_address (default
+        /// 32) sessions of one host on each worker, and the kernel picks each socket's worker:
+        /// on a default target (one worker), at most 32.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=netdam_initiator::volume::MAX_VOLUME_SESSIONS as i64))]
+        sessions: u16,
         /// Most clients connected at once (at least 1). A client beyond it waits, unanswered,
         /// until one disconnects (NBD has no "busy" reply before the greeting); the log says so
         /// when the last slot is taken.
@@ -787,7 +789,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             ExportPoll::Adaptive => ClientPoll::Adaptive,
             ExportPoll::Blocking => ClientPoll::Blocking,
         };
-        let volume = VolumeOptions { sessions: *sessions, client };
+        let volume = VolumeOptions { sessions: usize::from(*sessions), client };
         return serve_nbd(cli.target, namespace, listen, options, volume, usize::from(*io_threads), observe);
     }
     if let Command::Top { metrics, interval, once } = &cli.command {
