@@ -220,7 +220,19 @@ static int netdam_setup(struct thread_data *td)
 			td->o.name);
 		return netdam_fail(td, EINVAL, "setup");
 	}
-	/* fio names a file after the job (or filename=); each one is the whole namespace or region. */
+	/* Each fio file would be the whole namespace or region, so the files of one job would write
+	 * over each other's blocks and verify would report it as corruption: one file per job (jobs
+	 * split a space with numjobs= and offset_increment=). */
+	if (td->files_index > 1) {
+		fprintf(stderr,
+			"netdam: job %s has %u files (nrfiles= or a filename= list): each would be the whole %s "
+			"%s, so they would overwrite each other; use one file per job, and numjobs= with "
+			"offset_increment= to split it\n",
+			td->o.name, td->files_index, settings.region ? "region" : "namespace",
+			settings.region ? settings.region : settings.namespace_name);
+		return netdam_fail(td, EINVAL, "nrfiles");
+	}
+	/* fio names a file after the job (or filename=); it is the whole namespace or region. */
 	for_each_file(td, f, i)
 		f->real_file_size = space.size_bytes;
 	return netdam_check_block_sizes(td, space.block_bytes);
