@@ -20,15 +20,24 @@ pub struct TargetInfo {
     pub hello: HelloAnswer,
 }
 
+/// What a lookup by name or id could have found, for its error: `disk (0), small (1)`, or
+/// `none`.
+fn names_and_ids<'a>(spaces: impl Iterator<Item = (&'a str, u16)>) -> String {
+    let listed: Vec<String> = spaces.map(|(name, id)| format!("{name} ({id})")).collect();
+    if listed.is_empty() {
+        "none".to_string()
+    } else {
+        listed.join(", ")
+    }
+}
+
 impl TargetInfo {
     /// The region named `name`, or with id `name` when it is a number.
     pub fn region(&self, name: &str) -> Result<&RegionInfo, ClientError> {
         let by_id = name.parse::<u16>().ok();
         self.hello.regions.iter().find(|region| region.name == name || Some(region.id) == by_id).ok_or_else(|| {
-            ClientError::NoSuchRegion {
-                name: name.to_string(),
-                available: self.hello.regions.iter().map(|region| region.name.as_str()).collect::<Vec<_>>().join(", "),
-            }
+            let available = self.hello.regions.iter().map(|region| (region.name.as_str(), region.id));
+            ClientError::NoSuchRegion { name: name.to_string(), available: names_and_ids(available) }
         })
     }
 
@@ -37,11 +46,8 @@ impl TargetInfo {
         let by_id = name.parse::<u16>().ok();
         let namespaces = &self.hello.namespaces;
         namespaces.iter().find(|namespace| namespace.name == name || Some(namespace.id) == by_id).ok_or_else(|| {
-            let available = namespaces.iter().map(|namespace| namespace.name.as_str()).collect::<Vec<_>>();
-            ClientError::NoSuchNamespace {
-                name: name.to_string(),
-                available: if available.is_empty() { "none".to_string() } else { available.join(", ") },
-            }
+            let available = namespaces.iter().map(|namespace| (namespace.name.as_str(), namespace.id));
+            ClientError::NoSuchNamespace { name: name.to_string(), available: names_and_ids(available) }
         })
     }
 

@@ -117,7 +117,11 @@ fn verify_data_through_the_client(backend: NamespaceBackend, path: &str, sqpoll_
     let wrong_length = Op { length: 2, ..Op::block_write(disk.id, 0, BLOCK, &one, false) };
     let reply = client.call(&[wrong_length]).unwrap();
     assert_eq!(reply.results().unwrap()[0].status, Status::Malformed, "operand must be exactly the blocks named");
-    assert!(matches!(client.namespace("nope"), Err(ClientError::NoSuchNamespace { .. })));
+    let nope = client.namespace("nope").unwrap_err();
+    assert!(matches!(nope, ClientError::NoSuchNamespace { .. }));
+    // By name or id: the refusal lists both, so a wrong id shows the ones there are.
+    let listed = format!("{} ({})", disk.name, disk.id);
+    assert!(nope.to_string().contains(&format!("(it has, by name and id: {listed}")), "{nope}");
     client.block_read(&disk, 0, &mut all).unwrap();
     assert!(all == model, "refused requests changed nothing");
 
