@@ -143,6 +143,9 @@ pub struct Negotiation<'a> {
     options_received: u32,
     /// `base:allocation` was selected by the last `NBD_OPT_SET_META_CONTEXT`.
     allocation_selected: bool,
+    /// An export name asked for that this server does not have, until the driver takes it
+    /// ([`Negotiation::take_unknown_export`]) to log it.
+    unknown_export: Option<String>,
 }
 
 impl<'a> Negotiation<'a> {
@@ -155,7 +158,14 @@ impl<'a> Negotiation<'a> {
             style: ReplyStyle::Simple,
             options_received: 0,
             allocation_selected: false,
+            unknown_export: None,
         }
+    }
+
+    /// The export name the last option asked for, if this server does not have it (answered
+    /// `NBD_REP_ERR_UNKNOWN`): the client's mistake, for the driver to log.
+    pub fn take_unknown_export(&mut self) -> Option<String> {
+        self.unknown_export.take()
     }
 
     /// The greeting the server sends first.
@@ -316,6 +326,7 @@ impl<'a> Negotiation<'a> {
                 self.export.name
             );
             encode_option_error(option, REP_ERR_UNKNOWN, &message, out);
+            self.unknown_export = Some(String::from_utf8_lossy(request.name).into_owned());
             return Step::Continue;
         }
         let export = self.export;
@@ -386,6 +397,7 @@ impl<'a> Negotiation<'a> {
         if !self.export.is_named(request.name) {
             let message = format!("export {:?} not present", String::from_utf8_lossy(request.name));
             encode_option_error(option, REP_ERR_UNKNOWN, &message, out);
+            self.unknown_export = Some(String::from_utf8_lossy(request.name).into_owned());
             return;
         }
         let matches = |query: &[u8]| query == BASE_ALLOCATION.as_bytes() || (!setting && query == b"base:");
@@ -525,6 +537,11 @@ mod tests {
         assert_eq!(replies.len(), 1);
         assert_eq!(replies[0].1, REP_ERR_UNKNOWN);
         assert!(String::from_utf8_lossy(&replies[0].2).contains("other"));
+        // The driver learns the name, once, to log it.
+        assert_eq!(negotiation.take_unknown_export().as_deref(), Some("other"));
+        assert_eq!(negotiation.take_unknown_export(), None);
+        let (_, _) = send(&mut negotiation, OPT_GO, &go_data(b"", &[]));
+        assert_eq!(negotiation.take_unknown_export(), None, "the default export is known");
     }
 
     #[test]

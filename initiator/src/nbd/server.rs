@@ -470,7 +470,7 @@ where
     // A client still negotiating at shutdown has nothing in flight: it is simply closed.
     let negotiated = tokio::select! {
         _ = stopped.wait_for(|stop| *stop) => return outcome,
-        negotiated = tokio::time::timeout(timeout, handshake(&mut reader, &mut writer, &shared.export)) => negotiated,
+        negotiated = tokio::time::timeout(timeout, handshake(&mut reader, &mut writer, &shared.export, id)) => negotiated,
     };
     let session = match negotiated {
         Err(_) => Err(ConnectionError::HandshakeTimeout(timeout)),
@@ -492,11 +492,13 @@ where
     outcome
 }
 
-/// Runs option haggling; `Ok(None)` if the client ended it with `NBD_OPT_ABORT`.
+/// Runs option haggling for connection `id`; `Ok(None)` if the client ended it with
+/// `NBD_OPT_ABORT`.
 async fn handshake<R, W>(
     reader: &mut FrameReader<R>,
     writer: &mut W,
     export: &ExportInfo,
+    id: u64,
 ) -> Result<Option<Session>, ConnectionError>
 where
     R: AsyncRead + Unpin,
@@ -523,6 +525,15 @@ where
         data.resize(header.length as usize, 0);
         reader.read_exact(&mut data).await.map_err(io_error("reading an option's data"))?;
         let step = negotiation.option(&header, &data, &mut out);
+        if let Some(name) = negotiation.take_unknown_export() {
+            // The client gets NBD_REP_ERR_UNKNOWN and may ask again; whoever runs the export
+            // learns why the client then gives up (at most MAX_OPTIONS lines per connection).
+            tracing::warn!(
+                connection = id,
+                "NBD client asked for export {name:?}, which this server does not have (it exports {:?})",
+                export.name
+            );
+        }
         let sent = write_all(writer, &out).await;
         match step {
             // The client may hang up without waiting for the ACK to an ABORT; that is fine.
