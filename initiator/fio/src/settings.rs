@@ -167,11 +167,20 @@ impl Settings {
             ))
         })?;
         if raw.encrypt && credentials.is_none() {
-            return Err(SettingsError(
+            // `key=none` asks for no key on purpose: the two options contradict each other.
+            let refused_on_purpose = key.as_deref().is_some_and(|path| path.as_os_str() == "none");
+            let message = if refused_on_purpose {
+                format!(
+                    "encrypt=1 with {option}=none: encryption needs a tenant key, and {option}=none says to \
+                     present none; give the tenant's key file, or leave encrypt= out (a target with \
+                     auth = \"none\" cannot encrypt)"
+                )
+            } else {
                 "encrypt=1: encryption needs a tenant key, and none was found: give key=FILE or set NETDAM_KEY \
                  (`netdam-target tenant create` writes one; a target with auth = \"none\" cannot encrypt)"
-                    .to_string(),
-            ));
+                    .to_string()
+            };
+            return Err(SettingsError(message));
         }
         Ok(Settings {
             target,
@@ -284,6 +293,9 @@ mod tests {
             (Err(error), Some(_)) => assert!(error.0.starts_with("NETDAM_KEY="), "{}", error.0),
             (Ok(settings), _) => assert!(settings.credentials.is_some() && settings.encrypt),
         }
+        // key=none contradicts encrypt=1, and the refusal says so rather than "none was found".
+        let error = Settings::parse(&RawSettings { key: Some("none"), encrypt: true, ..raw() }).unwrap_err();
+        assert!(error.0.starts_with("encrypt=1 with key=none: "), "{}", error.0);
     }
 
     #[test]
