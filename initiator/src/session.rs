@@ -104,6 +104,12 @@ pub struct SessionConfig {
     /// the session it will open again. Past it, or before any session, a refusal fails what is
     /// waiting (`NotListening`). Zero fails at once.
     pub reconnect_patience: Duration,
+    /// How long a HELLO refused for want of a session (`busy`: the worker's slots are held by
+    /// active sessions; `session_limit`: the address's or the tenant's share is) is asked again,
+    /// at growing intervals, before the requests waiting for the session fail with the refusal:
+    /// other clients' sessions end (a one-shot command holds one for milliseconds), and an idle
+    /// one of this address gives its slot up after a second. Zero fails at once.
+    pub session_wait: Duration,
     /// The tenant's key: HELLO proves it and every datagram of the session is sealed with a MAC
     /// (PROTOCOL.md, "Authentication"). `None` for a target with `auth = "none"`.
     pub credentials: Option<Credentials>,
@@ -128,6 +134,7 @@ impl Default for SessionConfig {
             max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
             congestion: Some(SwiftConfig::default()),
             reconnect_patience: Duration::from_millis(5_000),
+            session_wait: Duration::from_millis(5_000),
             credentials: None,
             encrypt: false,
         }
@@ -300,6 +307,12 @@ impl SessionConfig {
             self.max_in_flight
         )))
     }
+}
+
+/// Whether a HELLO refusal is for want of a free slot, which other sessions' ending gives:
+/// the exchange asks again for a while (`SessionConfig::session_wait`).
+fn wants_a_free_slot(error: &ClientError) -> bool {
+    matches!(error, ClientError::HelloRefused(Status::Busy | Status::SessionLimit) | ClientError::SessionLimit { .. })
 }
 
 /// Refuses a session that asks for encryption without a key to derive it from: it would go on
@@ -529,6 +542,9 @@ pub struct Session {
     hello_size: Option<u32>,
     /// The HELLO exchange under way: the cookie to echo and the HELLOs sent so far.
     hello: Option<(Cookie, usize)>,
+    /// Refusals for want of a session in the HELLO exchange under way, and when the first came
+    /// (`SessionConfig::session_wait` counts from it).
+    hello_refused: Option<(Instant, u32)>,
     /// How the last HELLO exchange ended, until the driver takes it.
     established: Option<Result<HelloAnswer, ClientError>>,
     /// Whether a HELLO exchange has ever succeeded: only then may a refusal be a restart.
@@ -585,6 +601,7 @@ impl Session {
             scratch: Vec::new(),
             hello_size: None,
             hello: None,
+            hello_refused: None,
             established: None,
             ever_established: false,
             refused_since: None,
@@ -657,6 +674,11 @@ impl Session {
     /// Queues the exchange's next HELLO ahead of everything else. It is the session's own
     /// request: it does not count against the caller's bound on requests in flight.
     fn send_hello(&mut self) {
+        self.send_hello_at(None);
+    }
+
+    /// As [`Session::send_hello`], held until `at` when given.
+    fn send_hello_at(&mut self, at: Option<Instant>) {
         let (Some(size), Some((cookie, _))) = (self.hello_size, self.hello) else { return };
         let method = if self.config.encrypt { HELLO_AUTH_ENCRYPT } else { HELLO_AUTH_MAC };
         let hello = match self.config.credentials {
@@ -674,12 +696,15 @@ impl Session {
                 }
             }
         };
-        match self.encode(1, &|_| hello.as_instruction()) {
-            Ok(datagram) => {
+        match (self.encode(1, &|_| hello.as_instruction()), at) {
+            (Ok(datagram), None) => {
                 let sequence = self.push(Origin::Hello, 0, datagram, (true, ServiceKind::Memory), State::Waiting);
                 self.send_queue.push_front(sequence);
             }
-            Err(error) => self.end_hello(Err(error)),
+            (Ok(datagram), Some(until)) => {
+                self.push(Origin::Hello, 0, datagram, (true, ServiceKind::Memory), State::Held { until });
+            }
+            (Err(error), _) => self.end_hello(Err(error)),
         }
     }
 
@@ -687,6 +712,7 @@ impl Session {
     /// or fails them.
     fn end_hello(&mut self, mut outcome: Result<HelloAnswer, ClientError>) {
         self.hello = None;
+        self.hello_refused = None;
         if let (Ok(answer), Some(_)) = (&mut outcome, &self.config.credentials) {
             // What a driver may fill: the negotiated size less the trailer every datagram of an
             // authenticated session carries.
@@ -769,8 +795,8 @@ impl Session {
         self.send_queue.push_back(request.sequence);
     }
 
-    /// The HELLO under way was answered (or failed after its last attempt).
-    fn on_hello_answer(&mut self, result: Result<Reply, ClientError>) {
+    /// The HELLO under way was answered (or failed after its last attempt) at `now`.
+    fn on_hello_answer(&mut self, now: Instant, result: Result<Reply, ClientError>) {
         let authenticated = self.config.credentials.is_some();
         let step = result.and_then(|reply| {
             let step = hello_step(&reply)?;
@@ -791,6 +817,16 @@ impl Session {
                 }
             }
             Ok(HelloStep::Established(answer)) => self.end_hello(Ok(answer)),
+            Err(error) if wants_a_free_slot(&error) => {
+                // Slots free up as other sessions end: ask again after 10 ms, 20, 40, ... 320.
+                let (first, refusals) = self.hello_refused.unwrap_or((now, 0));
+                if now.saturating_since(first) >= self.config.session_wait {
+                    return self.end_hello(Err(error));
+                }
+                self.hello_refused = Some((first, refusals + 1));
+                let pause = Duration::from_millis(10 << refusals.min(5));
+                self.send_hello_at(Some(now + pause));
+            }
             Err(error) => self.end_hello(Err(error)),
         }
     }
@@ -1283,7 +1319,7 @@ impl Session {
         let result = Ok(Reply::new(answer, rtt, request.attempts));
         match request.origin {
             Origin::Caller => self.completions.push_back(Completion { token: request.token, result }),
-            Origin::Hello => self.on_hello_answer(result),
+            Origin::Hello => self.on_hello_answer(now, result),
         }
     }
 
@@ -1393,7 +1429,7 @@ impl Session {
             hello_failed = self.fail_outstanding().or(hello_failed);
         }
         if let Some(error) = hello_failed {
-            self.on_hello_answer(Err(error));
+            self.on_hello_answer(now, Err(error));
         }
     }
 

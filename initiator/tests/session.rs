@@ -18,6 +18,8 @@ fn config() -> SessionConfig {
         max_attempts: 3,
         // Fail on attempts alone, so the tests see exactly three transmissions.
         min_patience: Duration::ZERO,
+        // A HELLO refused for want of a slot fails at once (the test below waits).
+        session_wait: Duration::ZERO,
         ..SessionConfig::default()
     }
 }
@@ -463,6 +465,76 @@ fn a_failed_hello_fails_the_waiting_requests_and_the_next_request_says_hello_aga
     establish(&mut session, at_ms(5), 7);
     let read = session.poll_transmit(at_ms(5)).unwrap();
     assert_eq!(Request::parse(read).unwrap().header.session, 7);
+}
+
+/// The answer to `hello` that refuses it with `status`.
+fn hello_refusal(hello: &[u8], status: Status) -> Vec<u8> {
+    let request = Request::parse(hello).unwrap();
+    let mut buffer = vec![0u8; 256];
+    let mut writer = ResponseWriter::new(&mut buffer, 0, request.header.sequence);
+    writer.commit(netdam_isa::Opcode::Hello as u8, status, 0);
+    let len = writer.finish(64, 0, 0);
+    buffer.truncate(len);
+    buffer
+}
+
+/// A HELLO refused for want of a slot (other sessions hold them) is asked again at growing
+/// intervals while `session_wait` lasts, and the requests waiting for the session go once it
+/// opens; past the wait they fail with the refusal. Other refusals fail at once.
+#[test]
+fn a_hello_refused_for_want_of_a_slot_asks_again_while_the_wait_lasts() {
+    let waiting = SessionConfig { session_wait: Duration::from_millis(100), ..config() };
+    let mut session = Session::new(waiting, 0);
+    session.start_hello(9000);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    // The cookie round, then refusals at 0, 10, 30 ms: each asks again 10, 20, 40 ms later.
+    let first = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    session.handle_datagram(at_ms(0), &target_answer(&first, 5, Status::Ok));
+    let mut now = 0;
+    for (pause, status) in [(10, Status::SessionLimit), (20, Status::Busy), (40, Status::SessionLimit)] {
+        let hello = session.poll_transmit(at_ms(now)).expect("a HELLO").to_vec();
+        session.handle_datagram(at_ms(now), &hello_refusal(&hello, status));
+        assert!(session.poll_established().is_none() && session.poll_completion().is_none(), "still waiting");
+        assert!(session.poll_transmit(at_ms(now)).is_none(), "not before its pause");
+        assert_eq!(session.poll_timeout(), Some(at_ms(now + pause)));
+        now += pause;
+        session.handle_timeout(at_ms(now));
+    }
+    // A slot is free at 70 ms: the session opens and the read goes in it.
+    let hello = session.poll_transmit(at_ms(now)).unwrap().to_vec();
+    session.handle_datagram(at_ms(now), &target_answer(&hello, 5, Status::Ok));
+    assert_eq!(session.poll_established().unwrap().unwrap().session, 5);
+    let read = session.poll_transmit(at_ms(now)).unwrap();
+    assert_eq!(Request::parse(read).unwrap().header.session, 5);
+
+    // Refused until the wait is spent: the waiting request fails with the refusal.
+    let mut session = Session::new(waiting, 0);
+    session.start_hello(9000);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    let first = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    session.handle_datagram(at_ms(0), &target_answer(&first, 5, Status::Ok));
+    let mut now = 0;
+    let refused = loop {
+        let hello = session.poll_transmit(at_ms(now)).expect("a HELLO").to_vec();
+        session.handle_datagram(at_ms(now), &hello_refusal(&hello, Status::SessionLimit));
+        if let Some(outcome) = session.poll_established() {
+            break outcome.unwrap_err();
+        }
+        now = session.poll_timeout().unwrap().saturating_since(Instant::ZERO).as_nanos() / 1_000_000;
+        session.handle_timeout(at_ms(now));
+    };
+    assert!(matches!(refused, ClientError::HelloRefused(Status::SessionLimit)), "{refused:?}");
+    assert!((100..=420).contains(&now), "gave up at {now} ms: the wait is 100 ms, each pause at most 320");
+    assert!(matches!(session.poll_completion().unwrap().result, Err(ClientError::HelloRefused(Status::SessionLimit))));
+
+    // A refusal no free slot can mend fails at once, wait or not.
+    let mut session = Session::new(waiting, 0);
+    session.start_hello(9000);
+    let first = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    session.handle_datagram(at_ms(0), &target_answer(&first, 5, Status::Ok));
+    let hello = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    session.handle_datagram(at_ms(0), &hello_refusal(&hello, Status::Unauthenticated));
+    assert!(matches!(session.poll_established().unwrap(), Err(ClientError::HelloRefused(Status::Unauthenticated))));
 }
 
 #[test]

@@ -75,8 +75,14 @@ fn credentials(tenant: u32, key_byte: u8) -> Credentials {
 }
 
 fn client(target: &common::TestTarget, credentials: Option<Credentials>) -> Result<Client, ClientError> {
-    let session =
-        SessionConfig { credentials, max_attempts: 3, min_patience: netdam_isa::Duration::ZERO, ..Default::default() };
+    // Refusals are what these tests look at: none is waited out.
+    let session = SessionConfig {
+        credentials,
+        max_attempts: 3,
+        min_patience: netdam_isa::Duration::ZERO,
+        session_wait: netdam_isa::Duration::ZERO,
+        ..Default::default()
+    };
     Client::connect_with(target.target.local_addr(), ClientOptions { session, ..Default::default() })
 }
 

@@ -40,6 +40,14 @@ fn from_host(host: [u8; 4]) -> ClientOptions {
     ClientOptions { local_addr: Some(SocketAddr::from((host, 0))), ..ClientOptions::default() }
 }
 
+/// As [`from_host`], for a client whose refusal a test looks at: it does not wait for a slot
+/// (`SessionConfig::session_wait`), where an idle session would give it one after a second.
+fn refused_at_once_from(host: [u8; 4]) -> ClientOptions {
+    let mut options = from_host(host);
+    options.session.session_wait = netdam_isa::Duration::ZERO;
+    options
+}
+
 #[test]
 fn ten_thousand_cli_commands_in_a_row_all_succeed() {
     const COMMANDS: usize = 10_000;
@@ -290,7 +298,7 @@ fn an_address_at_its_limit_is_refused_while_another_address_is_served() {
     for client in &mut held {
         client.fetch_add(0, 0, 1).unwrap();
     }
-    let refused = Client::connect_with(addr, from_host([127, 0, 0, 1])).unwrap_err();
+    let refused = Client::connect_with(addr, refused_at_once_from([127, 0, 0, 1])).unwrap_err();
     assert!(
         matches!(refused, ClientError::SessionLimit { kind: SessionLimitKind::Address, limit: 4 }),
         "the answer says which limit, and its value: {refused:?}"
@@ -308,6 +316,40 @@ fn an_address_at_its_limit_is_refused_while_another_address_is_served() {
     assert_eq!(test.target.stats().get("hello_refused_address_limit"), Some(1));
 }
 
+/// Clients beyond their address's share wait for a slot rather than fail, as many one-shot
+/// commands started at once do (`SessionConfig::session_wait`): here 8 of them while 4 active
+/// sessions hold the address's share for 300 ms.
+#[test]
+fn clients_beyond_the_share_wait_for_a_slot_and_all_get_one() {
+    let test = start_configured(vec![region("mem", 1 << 20, false)], |config| config.max_sessions_per_address = 4);
+    let addr = test.target.local_addr();
+    let mut held: Vec<Client> =
+        (0..4).map(|_| Client::connect_with(addr, from_host([127, 0, 0, 1])).unwrap()).collect();
+    for client in &mut held {
+        client.fetch_add(0, 0, 1).unwrap();
+    }
+    let waiting: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut client = Client::connect_with(addr, from_host([127, 0, 0, 1]))?;
+                client.fetch_add(0, 0, 1)?;
+                client.close()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = test.target.stats().get("hello_refused_address_limit").unwrap_or(0);
+    for client in held {
+        client.close().unwrap();
+    }
+    for (index, thread) in waiting.into_iter().enumerate() {
+        thread.join().unwrap().unwrap_or_else(|error| panic!("client {index} of 8 failed: {error}"));
+    }
+    assert!(refused >= 8, "each waiting client was refused at least once while the share was held: {refused}");
+    let mut check = Client::connect(addr).unwrap();
+    assert_eq!(check.fetch_add(0, 0, 0).unwrap(), 12, "4 held and 8 waiting clients each added once");
+}
+
 #[test]
 fn ping_and_stat_answer_when_every_slot_is_taken_and_idle_sessions_make_room() {
     let test = start_configured(vec![region("mem", 1 << 20, false)], |config| {
@@ -319,7 +361,7 @@ fn ping_and_stat_answer_when_every_slot_is_taken_and_idle_sessions_make_room() {
     for client in &mut held {
         client.ping().unwrap();
     }
-    let refused = Client::connect_with(addr, from_host([127, 0, 0, 4])).unwrap_err();
+    let refused = Client::connect_with(addr, refused_at_once_from([127, 0, 0, 4])).unwrap_err();
     assert!(matches!(refused, ClientError::HelloRefused(Status::Busy)), "{refused:?}");
 
     // Sessionless: the library's and the command line's PING and STAT still answer.
@@ -334,9 +376,25 @@ fn ping_and_stat_answer_when_every_slot_is_taken_and_idle_sessions_make_room() {
         assert!(output.status.success(), "netdam {command}: {}", String::from_utf8_lossy(&output.stderr));
     }
     // A command that needs a session, from the address holding every slot, is refused for
-    // that address's share (checked before the table as a whole), and says so.
+    // that address's share (checked before the table as a whole), and says so: once it has
+    // waited for a slot (`SessionConfig::session_wait`, 5 s), while the sessions stay active.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let keep_active = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for client in &mut held {
+                    client.ping().unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            held
+        })
+    };
     let output =
         Command::new(common::netdam_binary()).args(["--target", &addr.to_string(), "regions"]).output().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut held = keep_active.join().unwrap();
     assert!(!output.status.success(), "a command that needs a session is refused");
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(message.contains("max_sessions_per_address"), "the CLI says why: {message}");
