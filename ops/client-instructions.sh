@@ -17,11 +17,15 @@ set -euo pipefail
 requests=20000
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --requests) requests="${2:?--requests needs a number}"; shift 2 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        --requests) requests="${2:-}"; shift $(($# >= 2 ? 2 : 1)) ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "client-instructions: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+# Checked before the build, not by netdam-bench after it.
+[[ $requests =~ ^[0-9]+$ ]] && ((10#$requests >= 1)) \
+    || { echo "client-instructions: --requests '$requests': give a whole number of round trips, at least 1 (see --help)" >&2; exit 2; }
+requests=$((10#$requests))
 command -v valgrind >/dev/null || { echo "client-instructions: needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 cargo build --quiet --release -p netdam-bench

@@ -349,6 +349,18 @@ else
   fail "$name: fio exited $status, expected a failure saying '$expected'; stderr: $(head -c 600 "$work/$name.err")"
 fi
 
+# Each fio file is the whole namespace: a job of two would write over its own blocks, and
+# verify would call that corruption. Refused, naming the option.
+name="two-files"
+status=0
+run_fio "$name" --namespace=disk --rw=randwrite --nrfiles=2 --size=1m --verify=crc32c || status=$?
+expected="netdam: job $name has 2 files (nrfiles= or a filename= list)"
+if [ "$status" != 0 ] && grep -qF "$expected" "$work/$name.err"; then
+  pass "$name: fio exited $status: $(grep -F "$expected" "$work/$name.err" | head -c 160)"
+else
+  fail "$name: fio exited $status, expected a failure saying '$expected'; stderr: $(head -c 600 "$work/$name.err")"
+fi
+
 if [ "$seconds" = 0 ]; then
   step "measured runs: left out (NETDAM_FIO_SECONDS=0)"
 else

@@ -34,9 +34,19 @@
 #      must have many colours and graph lines (saturated pixels), and the HTML Prometheus
 #      renders must carry data (rates of READ and BREAD, up counts).
 # Every process it starts is stopped on exit. Prints ok:/FAILED: per check.
-# Usage: ops/monitoring-tests.sh [--save-screenshot]   (copies the PNG to docs/monitoring-console.png)
-# Exit 0: passed; 1: failed; 77: could not run here (the reason is printed).
+# Usage: ops/monitoring-tests.sh [--save-screenshot]   (copies the PNG to docs/monitoring-console.png;
+# -h or --help prints this)
+# Exit 0: passed; 1: failed; 2: a wrong argument; 77: could not run here (the reason is printed).
 set -euo pipefail
+save_screenshot=0
+for arg in "$@"; do
+  case "$arg" in
+    --save-screenshot) save_screenshot=1 ;;
+    # Before the cd below: "$0" may be relative to where it was started.
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+    *) echo "monitoring-tests: unknown option $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 repo=$PWD
 skip() { echo "SKIPPED: $*"; exit 77; }
@@ -46,13 +56,6 @@ ok() { echo "ok: $*"; }
 bad() { echo "FAILED: $*"; failures=$((failures + 1)); }
 step() { printf '\n== %s\n' "$*"; }
 
-save_screenshot=0
-for arg in "$@"; do
-  case "$arg" in
-    --save-screenshot) save_screenshot=1 ;;
-    *) fatal "unknown argument $arg (usage: ops/monitoring-tests.sh [--save-screenshot])" ;;
-  esac
-done
 load_seconds=${LOAD_SECONDS:-24}
 started=$(date +%s)
 

@@ -6,9 +6,27 @@
 # when the workload saw no I/O error and made progress after the restart, the file system is
 # still mounted read-write, `fsck.ext4 -fn` is clean, and every file recorded reads back with
 # its checksum after a remount. Then, with the target down for good, a read through an export
-# with a 2 s --reconnect-timeout fails with EIO.
-# Exit 0: passed; 1: failed; 77: could not run here (the reason is printed).
+# with a 2 s --reconnect-timeout fails with EIO. Needs root, nbdfuse, fuse3 and a free loop
+# device.
+#
+#   ops/nbd-restart.sh            (no options; -h or --help prints this)
+#
+# Exit 0: passed; 1: failed; 77: could not run here (the reason is printed); 130 or 143:
+# interrupted by SIGINT or SIGTERM (everything it started is stopped and unmounted first).
 set -euo pipefail
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "nbd-restart: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+# Started in the background by a shell without job control, this shell has SIGINT ignored, and
+# bash cannot trap a signal ignored on entry: it runs again with SIGINT at its default, so that
+# a kill -INT of its process group still takes everything down and says so.
+if [ -z "${NETDAM_SIGINT_RESET:-}" ] && (($(awk '/^SigIgn:/ { print "0x" $2 }' /proc/$$/status) & 2)) \
+  && env --default-signal=INT true 2>/dev/null; then
+  NETDAM_SIGINT_RESET=1 exec env --default-signal=INT bash "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 skip() { echo "SKIPPED: $*"; exit 77; }
 fail() { echo "FAILED: $*" >&2; exit 1; }
@@ -28,25 +46,48 @@ work=$(mktemp -d -t netdam-restart.XXXXXX)
 pids=()
 target_pid=""
 workload_pid=""
+export_pid=""
 loop=""
+interrupted=""
 cleanup() {
   set +e
+  # A second Ctrl-C must not leave the stack half taken down.
+  trap '' INT TERM
+  [ -n "$interrupted" ] && echo "nbd restart: interrupted by $interrupted; stopping the workload and taking the stack down" >&2
+  # The shell reports each process that the teardown ends by a signal ("Killed", and nbdfuse's
+  # "Aborted" when its export goes): expected here, so its messages are left out.
+  take_down 2>/dev/null
+  remove_work_dir
+}
+take_down() {
+  local stop_signal=TERM
   touch "$work/stop"
   if [ -n "$workload_pid" ]; then
     # Its dd or head would keep the file system busy: end them (by parent id) and it.
-    pkill -P "$workload_pid" 2>/dev/null
-    kill "$workload_pid" 2>/dev/null
-    wait "$workload_pid" 2>/dev/null
+    pkill -P "$workload_pid"
+    kill "$workload_pid"
   fi
+  # While the target is down the export holds I/O up to --reconnect-timeout (30 s), and an
+  # unmount or a dd in fsync waits with it; on SIGTERM an export drains, which waits too. An
+  # interrupted run keeps nothing, and with the target gone nothing can be written: then the
+  # exports end at once (SIGKILL), so that what is pending fails and the stack comes down now.
+  [ -n "$interrupted" ] && stop_signal=KILL
+  if [ -n "$loop" ] && [ -n "$export_pid" ] \
+    && { [ -n "$interrupted" ] || [ -z "$target_pid" ] || ! kill -0 "$target_pid"; }; then
+    kill -KILL "$export_pid"
+  fi
+  [ -n "$workload_pid" ] && wait "$workload_pid"
   release_nbd_stack
-  [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
-  wait 2>/dev/null
-  remove_work_dir
+  # The exports first: one draining on SIGTERM waits for a target that went before it.
+  for pid in "${pids[@]}"; do kill -"$stop_signal" "$pid"; done
+  [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
+  [ -n "$target_pid" ] && kill "$target_pid"
+  wait
 }
 trap cleanup EXIT
-# A signal (a CI timeout, Ctrl-C) exits through the same cleanup.
-trap "exit 1" INT TERM
+# A signal (Ctrl-C, a CI timeout) exits through the same cleanup, with the shell's usual status.
+trap 'interrupted=SIGINT; exit 130' INT
+trap 'interrupted=SIGTERM; exit 143' TERM
 
 port=$((20000 + RANDOM % 20000))
 target="127.0.0.1:$port"
@@ -89,7 +130,8 @@ workload() {
     head -c "$size" /dev/urandom >"$work/source"
     dd if="$work/source" of="$work/mnt/f$((i % 200))" bs=64k conv=fsync status=none || return 1
     echo "$(sha256sum <"$work/source" | cut -d' ' -f1)  f$((i % 200))" >>"$work/written"
-    echo "$i" >"$work/count"
+    # Renamed into place: a reader never sees the file empty, half written.
+    echo "$i" >"$work/count.next" && mv "$work/count.next" "$work/count"
   done
 }
 workload >"$work/workload.log" 2>&1 &
@@ -144,7 +186,12 @@ if command -v qemu-io >/dev/null; then
   kill -KILL "$target_pid"
   wait "$target_pid" 2>/dev/null || true
   target_pid=""
-  out=$(timeout 120 qemu-io -f raw -c 'read 0 4k' "nbd+unix:///?socket=$work/short.sock" 2>&1) || true
+  # In the background, so that a signal ends the wait at once (timeout puts qemu-io in a
+  # process group of its own, out of reach of a Ctrl-C); the cleanup stops it.
+  timeout 120 qemu-io -f raw -c 'read 0 4k' "nbd+unix:///?socket=$work/short.sock" >"$work/qemu-io.log" 2>&1 &
+  pids+=($!)
+  wait $! || true
+  out=$(cat "$work/qemu-io.log")
   echo "$out" | grep -q "Input/output error" || fail "a read with the target down did not fail with EIO: $out"
   echo "the read failed with EIO"
 else

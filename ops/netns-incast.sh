@@ -6,22 +6,49 @@
 #
 #   ops/netns-incast.sh [--initiators 8] [--seconds 5] [--rate 100mbit] [--size 1024] [--bin DIR]
 #
+# --initiators: 1 to 200; --seconds: a whole number of seconds per mode, at least 1; --rate: as
+# tc writes a rate (100mbit, 1gbit, 12500kbps); --size: bytes per write, 1 to 8920; --bin: where
+# netdam-target, netdam-bench and netdam are (default: build/release). -h or --help prints this.
 # Needs root, ip netns, veth, a bridge and the tbf qdisc. Exits 77 with a reason when the
 # machine lacks one; exits 1 if an initiator wrote nothing, or failed a write with Swift on (a
-# fixed window may legitimately exhaust a request's attempts; that is reported). Everything it creates lives in
+# fixed window may legitimately exhaust a request's attempts; that is reported); 2 on a wrong
+# argument; 130 or 143 when interrupted by SIGINT or SIGTERM. Everything it creates lives in
 # namespaces named after its process id and is removed on exit.
 set -euo pipefail
+usage_error() { echo "netns-incast: $* (see --help)" >&2; exit 2; }
+arguments=("$@")
 initiators=8 seconds=5 rate=100mbit size=1024 bin="$(cd "$(dirname "$0")/.." && pwd)/build/release"
 while [ $# -gt 0 ]; do
   case "$1" in
+    --initiators|--seconds|--rate|--size|--bin) [ $# -ge 2 ] && [ -n "$2" ] || usage_error "$1 needs a value" ;;&
     --initiators) initiators=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
-    *) echo "unknown option $1 (see the comment at the top of $0)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) usage_error "unknown option $1" ;;
   esac
 done
+# Checked before any namespace exists: a whole number from $3 to $4, or exit 2 naming option $1.
+check_count() {
+  [[ $2 =~ ^[0-9]+$ ]] && ((10#$2 >= $3 && 10#$2 <= $4)) || usage_error "$1 $2: give a whole number from $3 to $4"
+}
+# Addresses 10.201.0.11 and up: 200 initiators stay inside the /24.
+check_count --initiators "$initiators" 1 200
+check_count --seconds "$seconds" 1 86400
+check_count --size "$size" 1 8920
+initiators=$((10#$initiators)) seconds=$((10#$seconds)) size=$((10#$size))
+# tc's rate syntax: a number and a unit (bit or bps, with k, m, g, t and an optional i).
+[[ ${rate,,} =~ ^[0-9]+([.][0-9]+)?([kmgt]i?)?(bit|bps)$ ]] \
+  || usage_error "--rate $rate: give a rate as tc writes it, such as 100mbit, 1gbit or 12500kbps"
+# Started in the background by a shell without job control, this shell has SIGINT ignored, and
+# bash cannot trap a signal ignored on entry: it runs again with SIGINT at its default, so that
+# a kill -INT of its process group still stops it and removes its namespaces.
+if [ -z "${NETDAM_SIGINT_RESET:-}" ] && (($(awk '/^SigIgn:/ { print "0x" $2 }' /proc/$$/status) & 2)) \
+  && env --default-signal=INT true 2>/dev/null; then
+  NETDAM_SIGINT_RESET=1 exec env --default-signal=INT bash "$0" "${arguments[@]}"
+fi
 skip() { echo "SKIPPED: netns incast: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
 command -v ip >/dev/null && command -v tc >/dev/null || skip "needs ip and tc (Debian package iproute2)"
@@ -33,12 +60,23 @@ p="nd$$"                 # namespace and interface prefix, unique per run
 switch="${p}sw" target_ns="${p}t"
 work="$(mktemp -d)"
 target_pid=""
+load_pids=()
+interrupted=""
 cleanup() {
-  [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null && wait "$target_pid" 2>/dev/null
-  for ns in $(ip netns list | awk '{print $1}' | grep "^${p}" || true); do ip netns del "$ns" 2>/dev/null || true; done
+  set +e
+  trap '' INT TERM
+  [ -n "$interrupted" ] && echo "netns incast: interrupted by $interrupted; stopping the initiators and the target, removing the namespaces" >&2
+  # Removing a namespace ends no process in it: the initiators and the target go first.
+  for pid in "${load_pids[@]}"; do kill "$pid" 2>/dev/null; done
+  [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null
+  wait 2>/dev/null
+  for ns in $(ip netns list | awk '{print $1}' | grep "^${p}"); do ip netns del "$ns" 2>/dev/null; done
   rm -rf "$work"
 }
 trap cleanup EXIT
+# A signal (Ctrl-C, a CI timeout) ends the run at once, through the same cleanup.
+trap 'interrupted=SIGINT; exit 130' INT
+trap 'interrupted=SIGTERM; exit 143' TERM
 
 ip netns add "$switch" 2>/dev/null || skip "cannot create network namespaces here"
 ip -n "$switch" link add br0 type bridge || skip "cannot create a bridge"
@@ -84,12 +122,16 @@ drops() { ip netns exec "$switch" tc -s qdisc show dev "${p}vt" | awk '/dropped/
 run() {
   local mode=$1 before after
   before=$(drops)
+  load_pids=()
   for k in $(seq 1 "$initiators"); do
     ip netns exec "${p}i$k" "$bin/netdam-bench" load --target 10.201.0.1:7800 --region incast \
       --offset $((k << 20)) --size "$size" --seconds "$seconds" --window 32 --cc "$mode" --base-target-us 400 \
       > "$work/$mode.$k.json" &
+    load_pids+=($!)
   done
-  wait $(jobs -p | grep -v "^$target_pid$") 2>/dev/null || true
+  # A signal ends this wait at once (the trap runs); each initiator's result is in its JSON.
+  wait "${load_pids[@]}" 2>/dev/null || true
+  load_pids=()
   after=$(drops)
   python3 - "$mode" "$((after - before))" "$work"/"$mode".*.json <<'PY'
 import json, statistics, sys

@@ -4,9 +4,21 @@
 # (not timed whole: the five-round fio run took 23 minutes here, each five-round block run about
 # 5, the rest about 16 before rounds) and wants the machine otherwise idle. Timings are
 # measurements, never pass/fail.
+#
+#   ops/performance.sh [DIR]      (a relative DIR is under the repository; -h or --help prints this)
 set -euo pipefail
+out=docs/results
+out_given=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -*) echo "performance: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *)
+      [ -z "$out_given" ] || { echo "performance: one output directory only, not also $1 (see --help)" >&2; exit 2; }
+      out=$1 out_given=1; shift ;;
+  esac
+done
 cd "$(dirname "$0")/.."
-out="${1:-docs/results}"
 cargo build --release --locked --bin netdam-bench
 bench=./build/release/netdam-bench
 mkdir -p "$out"

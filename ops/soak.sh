@@ -29,23 +29,35 @@
 #     third's (a loose bound that catches a leak-driven slowdown). p99 and p99.9 are recorded
 #     and plotted but not judged: on a shared machine other tenants set the tail (a 2-minute run
 #     saw WRITE p99 go from 0.5 ms to 12 ms with nothing growing).
-# Exit 0: passed; 1: failed (the reason is printed); 77: could not run here.
+# Exit 0: passed; 1: failed (the reason is printed); 2: a wrong argument; 77: could not run here;
+# 130 or 143: interrupted by SIGINT or SIGTERM (the load and the target are stopped first).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-skip() { echo "SKIPPED: $*"; exit 77; }
-fail() { echo "FAILED: $*" >&2; exit 1; }
-
+usage_error() { echo "soak: $* (see --help)" >&2; exit 2; }
+arguments=("$@")
 minutes=10
 out=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --minutes) minutes=${2:?--minutes needs a number}; shift 2 ;;
-    --out) out=${2:?--out needs a directory}; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
-    *) fail "unknown argument $1 (see --help)" ;;
+    --minutes|--out) [ $# -ge 2 ] && [ -n "$2" ] || usage_error "$1 needs a value" ;;&
+    --minutes) minutes=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    # Before the cd below: "$0" may be relative to where it was started.
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    *) usage_error "unknown option $1" ;;
   esac
 done
-[[ "$minutes" =~ ^[0-9]+$ ]] && [ "$minutes" -ge 1 ] || fail "--minutes $minutes: give a whole number of minutes, at least 1"
+[[ "$minutes" =~ ^[0-9]+$ ]] && [ "$((10#$minutes))" -ge 1 ] || usage_error "--minutes $minutes: give a whole number of minutes, at least 1"
+minutes=$((10#$minutes))
+# Started in the background by a shell without job control, this shell has SIGINT ignored, and
+# bash cannot trap a signal ignored on entry: it runs again with SIGINT at its default, so that
+# a kill -INT of its process group still stops the load and says so.
+if [ -z "${NETDAM_SIGINT_RESET:-}" ] && (($(awk '/^SigIgn:/ { print "0x" $2 }' /proc/$$/status) & 2)) \
+  && env --default-signal=INT true 2>/dev/null; then
+  NETDAM_SIGINT_RESET=1 exec env --default-signal=INT bash "$0" "${arguments[@]}"
+fi
+cd "$(dirname "$0")/.."
+skip() { echo "SKIPPED: $*"; exit 77; }
+fail() { echo "FAILED: $*" >&2; exit 1; }
 for tool in fio python3; do
   command -v "$tool" >/dev/null || skip "$tool is not installed"
 done
@@ -57,10 +69,20 @@ work=$(mktemp -d -t netdam-soak.XXXXXX)
 out=${out:-$(mktemp -d -t netdam-soak-results.XXXXXX)}
 mkdir -p "$out"
 pids=()
+target_pid=""
+interrupted=""
 cleanup() {
   set +e
+  trap '' INT TERM
+  [ -n "$interrupted" ] && echo "soak: interrupted by $interrupted; stopping the load, the export and the target" >&2
   touch "$work/stop"
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
+  # The load and the export first: an export draining on SIGTERM waits for its target. An
+  # interrupted run keeps nothing, and a Ctrl-C ends the target too: then they end at once.
+  local stop_signal=TERM
+  [ -n "$interrupted" ] && stop_signal=KILL
+  for pid in "${pids[@]}"; do kill -"$stop_signal" "$pid" 2>/dev/null; done
+  [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}" 2>/dev/null
+  [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null
   wait 2>/dev/null
   # The results stay; the target's files go. Its logs are copied next to the results first.
   cp "$work"/*.log "$out"/ 2>/dev/null
@@ -68,8 +90,9 @@ cleanup() {
   echo "results in $out"
 }
 trap cleanup EXIT
-# A signal (a CI timeout, Ctrl-C) exits through the same cleanup.
-trap "exit 1" INT TERM
+# A signal (Ctrl-C, a CI timeout) exits through the same cleanup, with the shell's usual status.
+trap 'interrupted=SIGINT; exit 130' INT
+trap 'interrupted=SIGTERM; exit 143' TERM
 
 port=$((20000 + RANDOM % 20000))
 target="127.0.0.1:$port"
@@ -94,7 +117,6 @@ size = "256MiB"
 EOF
 "$bin/netdam-target" serve --config "$work/soak.toml" >"$work/target.log" 2>&1 &
 target_pid=$!
-pids+=("$target_pid")
 export NETDAM_KEY="$work/tenants/default.key"
 for _ in $(seq 100); do "$bin/netdam" --target "$target" ping >/dev/null 2>&1 && break; sleep 0.1; done
 "$bin/netdam" --target "$target" ping >/dev/null || fail "the target did not start: $(cat "$work/target.log")"

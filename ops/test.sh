@@ -104,6 +104,9 @@ script_step() {
   esac
 }
 
+step "ops scripts: --help, and unknown options and bad values refused before anything runs"
+script_step ops/script-args-tests.sh
+
 step "NBD export with the stock clients: nbdinfo, qemu-img, fio's nbd engine, nbdfuse + ext4"
 script_step ops/nbd-interop.sh
 

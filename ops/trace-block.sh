@@ -2,7 +2,8 @@
 # Where a block request's time goes at depth, from the kernel's own tracepoints: netdam's worker
 # (`netdam-bench block --no-fio`) and fio's io_uring engine on the same file, 4 KiB random I/O.
 #
-#   ops/trace-block.sh [FILE] [--poll busy|adaptive] [--depth N] [--pattern randread|randwrite]
+#   ops/trace-block.sh [FILE] [--poll busy|adaptive|blocking] [--depth N] [--pattern randread|randwrite]
+#       (defaults: --poll busy --depth 32 --pattern randread; N from 1 to 256; -h or --help prints this)
 #
 # For each it prints, from 2 s of io_uring, block-layer and UDP system-call tracepoints in the
 # middle of a run: the time from io_uring submission to completion, the block layer's time from
@@ -14,20 +15,30 @@
 # in $TMPDIR, or /var/tmp) is made 1 GiB long first if it is shorter; not on tmpfs.
 set -euo pipefail
 
+usage_error() { echo "trace-block: $* (see --help)" >&2; exit 2; }
+# Refuses option $1 without a value after it (or with another option there).
+need_value() { [[ $# -ge 2 && $2 != -* ]] || usage_error "$1 needs a value"; }
+
 file=""
 poll=busy
 depth=32
 pattern=randread
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --poll) poll="${2:?--poll needs busy or adaptive}"; shift 2 ;;
-        --depth) depth="${2:?--depth needs a number}"; shift 2 ;;
-        --pattern) pattern="${2:?--pattern needs randread or randwrite}"; shift 2 ;;
+        --poll) need_value "$@"; poll=$2; shift 2 ;;
+        --depth) need_value "$@"; depth=$2; shift 2 ;;
+        --pattern) need_value "$@"; pattern=$2; shift 2 ;;
         -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-        -*) echo "trace-block: unknown option $1 (see --help)" >&2; exit 2 ;;
-        *) file="$1"; shift ;;
+        -*) usage_error "unknown option $1" ;;
+        *) [[ -z $file ]] || usage_error "one FILE only, not also $1"; file="$1"; shift ;;
     esac
 done
+# Checked here, before the build and the 1 GiB file, rather than by netdam-bench or fio later.
+[[ $poll =~ ^(busy|adaptive|blocking)$ ]] || usage_error "--poll $poll: give busy, adaptive or blocking"
+[[ $depth =~ ^[0-9]+$ ]] && ((10#$depth >= 1 && 10#$depth <= 256)) \
+    || usage_error "--depth $depth: give a whole number of requests in flight, 1 to 256"
+depth=$((10#$depth))
+[[ $pattern =~ ^(randread|randwrite)$ ]] || usage_error "--pattern $pattern: give randread or randwrite"
 [[ -n $file ]] && file=$(realpath -m "$file")
 cd "$(dirname "$0")/.."
 command -v perf >/dev/null || { echo "trace-block: needs perf (apt-get install linux-perf)" >&2; exit 1; }
