@@ -189,8 +189,13 @@ if command -v qemu-io >/dev/null; then
   # In the background, so that a signal ends the wait at once (timeout puts qemu-io in a
   # process group of its own, out of reach of a Ctrl-C); the cleanup stops it.
   timeout 120 qemu-io -f raw -c 'read 0 4k' "nbd+unix:///?socket=$work/short.sock" >"$work/qemu-io.log" 2>&1 &
-  pids+=($!)
-  wait $! || true
+  reader_pid=$!
+  pids+=("$reader_pid")
+  wait "$reader_pid" || true
+  # Reaped: out of the cleanup's list, whose kill might otherwise reach a process that took its pid.
+  kept=()
+  for pid in "${pids[@]}"; do [ "$pid" = "$reader_pid" ] || kept+=("$pid"); done
+  pids=("${kept[@]}")
   out=$(cat "$work/qemu-io.log")
   echo "$out" | grep -q "Input/output error" || fail "a read with the target down did not fail with EIO: $out"
   echo "the read failed with EIO"

@@ -70,7 +70,7 @@ cleanup() {
   for pid in "${load_pids[@]}"; do kill "$pid" 2>/dev/null; done
   [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null
   wait 2>/dev/null
-  for ns in $(ip netns list | awk '{print $1}' | grep "^${p}"); do ip netns del "$ns" 2>/dev/null; done
+  for ns in $(ip netns list | awk '{print $1}' | grep -E "^${p}(sw|t|i[0-9]+)$"); do ip netns del "$ns" 2>/dev/null; done
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use netdam_isa::control::{decode_stat_answer, HelloAnswer, RegionInfo};
@@ -139,6 +139,9 @@ impl AsyncClient {
             Session::new(SessionConfig { max_datagram_bytes: DEFAULT_DATAGRAM_BYTES, ..session_config }, 0);
         session.start_hello(options.session.max_datagram_bytes as u32);
         let (established, answer) = oneshot::channel();
+        // Set by the task once the target answers anything while the session opens (refusals
+        // for want of a slot, asked again for `session_wait`, included).
+        let heard = Arc::new(AtomicBool::new(false));
         let (finishing, finished) = watch::channel(());
         // Only a session that may spin for a lone answer reads the count.
         let outstanding = (options.poll != ClientPoll::Blocking).then_some(outstanding);
@@ -155,19 +158,24 @@ impl AsyncClient {
             backlog: VecDeque::new(),
             next_token: 0,
             connecting: Some(established),
+            connecting_heard: Some(heard.clone()),
             block_bytes: Vec::new(),
             metrics,
             silent_since: None,
         };
         tokio::spawn(driver.run(receiver));
         let mut answer = answer;
-        let hello = match tokio::time::timeout(HELLO_PATIENCE_NOTICE.to_std(), &mut answer).await {
-            Ok(answered) => answered,
-            Err(_) => {
-                // The session keeps trying until its attempts run out; a user waiting on a
-                // silent command learns why.
-                warn_still_trying(addr);
-                answer.await
+        let hello = loop {
+            match tokio::time::timeout(HELLO_PATIENCE_NOTICE.to_std(), &mut answer).await {
+                Ok(answered) => break answered,
+                // Answered, not silent: a session refused a slot waits for one.
+                Err(_) if heard.load(Ordering::Relaxed) => continue,
+                Err(_) => {
+                    // The session keeps trying until its attempts run out; a user waiting on a
+                    // silent command learns why.
+                    warn_still_trying(addr);
+                    break answer.await;
+                }
             }
         };
         let hello = hello.map_err(|_| ClientError::Closed)??;
@@ -333,6 +341,8 @@ struct Driver {
     next_token: u64,
     /// `connect_with`, waiting for the first session.
     connecting: Option<oneshot::Sender<Result<HelloAnswer, ClientError>>>,
+    /// Told, while `connecting`, that the target has answered something.
+    connecting_heard: Option<Arc<AtomicBool>>,
     /// Where completions are recorded, when the process serves `/metrics`.
     metrics: Option<Arc<SessionMetrics>>,
     /// When the target was last heard before a silence the task warned of, until it is heard
@@ -462,6 +472,7 @@ impl Driver {
                         answer.namespaces.iter().map(|namespace| (namespace.id, namespace.block_bytes)).collect();
                 }
                 if let Some(connecting) = self.connecting.take() {
+                    self.connecting_heard = None;
                     let failed = outcome.is_err();
                     let _ = connecting.send(outcome);
                     if failed {
@@ -561,6 +572,11 @@ impl Driver {
         match received {
             Ok((len, waited)) => {
                 self.session.handle_datagram_waited(self.clock.now(), waited.unwrap_or(Duration::ZERO), &buffer[..len]);
+                if let Some(heard) = &self.connecting_heard {
+                    if self.session.last_heard().is_some() {
+                        heard.store(true, Ordering::Relaxed);
+                    }
+                }
                 Received::Datagram
             }
             Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => Received::Nothing,

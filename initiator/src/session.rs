@@ -824,6 +824,11 @@ impl Session {
                     return self.end_hello(Err(error));
                 }
                 self.hello_refused = Some((first, refusals + 1));
+                // The target answered: the cookie rounds start again (a wait longer than a
+                // cookie's 5 s renews it, which is no sign of a changing source address).
+                if let Some((cookie, _)) = self.hello {
+                    self.hello = Some((cookie, 0));
+                }
                 let pause = Duration::from_millis(10 << refusals.min(5));
                 self.send_hello_at(Some(now + pause));
             }

@@ -467,6 +467,22 @@ fn a_failed_hello_fails_the_waiting_requests_and_the_next_request_says_hello_aga
     assert_eq!(Request::parse(read).unwrap().header.session, 7);
 }
 
+/// `hello` as if it carried no cookie, so that `target_answer` answers it with a new one.
+fn hello_without_cookie(hello: &[u8]) -> Vec<u8> {
+    use netdam_isa::control::{encode_hello_operand, NO_COOKIE};
+    use netdam_isa::wire::{Instruction, RequestBuilder};
+    let request = Request::parse(hello).unwrap();
+    let first = request.instructions().next().unwrap();
+    let operand =
+        encode_hello_operand(&netdam_isa::control::HelloRequest { max_datagram_bytes: 9000, cookie: NO_COOKIE });
+    let mut buffer = vec![0u8; 512];
+    let mut builder = RequestBuilder::new(&mut buffer, 0, request.header.sequence).unwrap();
+    builder.push(&Instruction { operand: &operand, ..first }).unwrap();
+    let len = builder.finish();
+    buffer.truncate(len);
+    buffer
+}
+
 /// The answer to `hello` that refuses it with `status`.
 fn hello_refusal(hello: &[u8], status: Status) -> Vec<u8> {
     let request = Request::parse(hello).unwrap();
@@ -526,6 +542,26 @@ fn a_hello_refused_for_want_of_a_slot_asks_again_while_the_wait_lasts() {
     assert!(matches!(refused, ClientError::HelloRefused(Status::SessionLimit)), "{refused:?}");
     assert!((100..=420).contains(&now), "gave up at {now} ms: the wait is 100 ms, each pause at most 320");
     assert!(matches!(session.poll_completion().unwrap().result, Err(ClientError::HelloRefused(Status::SessionLimit))));
+
+    // A long wait outlives cookies: each renewal (a `retry` with a new cookie) after a refusal
+    // is no round of a changing source address, and the wait goes on.
+    let long = SessionConfig { session_wait: Duration::from_millis(60_000), ..config() };
+    let mut session = Session::new(long, 0);
+    session.start_hello(9000);
+    let mut now = 0;
+    for _ in 0..6 {
+        let hello = session.poll_transmit(at_ms(now)).expect("a HELLO").to_vec();
+        // The cookie expired: a new one.
+        session.handle_datagram(at_ms(now), &target_answer(&hello_without_cookie(&hello), 5, Status::Ok));
+        let hello = session.poll_transmit(at_ms(now)).expect("a HELLO with the new cookie").to_vec();
+        session.handle_datagram(at_ms(now), &hello_refusal(&hello, Status::SessionLimit));
+        assert!(session.poll_established().is_none(), "still waiting after {now} ms");
+        now = session.poll_timeout().unwrap().saturating_since(Instant::ZERO).as_nanos() / 1_000_000;
+        session.handle_timeout(at_ms(now));
+    }
+    let hello = session.poll_transmit(at_ms(now)).unwrap().to_vec();
+    session.handle_datagram(at_ms(now), &target_answer(&hello, 5, Status::Ok));
+    assert_eq!(session.poll_established().unwrap().unwrap().session, 5);
 
     // A refusal no free slot can mend fails at once, wait or not.
     let mut session = Session::new(waiting, 0);

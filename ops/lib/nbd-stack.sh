@@ -24,7 +24,7 @@ release_nbd_stack() {
   # losetup reads the backing file's name from sysfs, without touching a dead FUSE file.
   for device in $loop $(losetup -n -l -O NAME,BACK-FILE 2>/dev/null \
     | awk -v file="$work/fuse/disk" '$2 == file { print $1 }'); do
-    losetup -d "$device" 2>/dev/null
+    losetup -d "$device" 2>/dev/null || true
   done
   if is_mounted "$work/fuse"; then
     fusermount3 -u "$work/fuse" 2>/dev/null || umount -l "$work/fuse"

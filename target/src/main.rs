@@ -1,5 +1,6 @@
 //! `netdam-target`: the storage target daemon.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -501,8 +502,7 @@ fn stop_signals() -> libc::sigset_t {
     }
 }
 
-/// Whether SIGHUP was ignored when the process started (`nohup`, a service manager): then it
-/// stays ignored. A blocked signal is queued even when ignored, so adding it to the set that
+/// Whether SIGHUP was ignored when the process started (`nohup`): then it stays ignored. A blocked signal is queued even when ignored, so adding it to the set that
 /// `sigwait` takes would let a hangup stop a target that was started to outlive its terminal.
 fn hangup_ignored() -> bool {
     // SAFETY: a query (null new action) into a zeroed, valid sigaction.
@@ -616,7 +616,9 @@ fn main() -> ExitCode {
     }
     print_banner(&target, &config, default_key.as_deref());
     let signal = wait_for_stop();
-    eprintln!("netdam-target: stopping ({signal})");
+    // Not eprintln!: after a hangup stderr may be a terminal that is gone (EIO), and a failed
+    // write must not turn a clean stop into a panic.
+    let _ = writeln!(std::io::stderr(), "netdam-target: stopping ({signal})");
     // A second signal ends a stop that hangs: the main thread no longer blocks them, so the
     // default action (termination) takes it there.
     set_stop_signals(libc::SIG_UNBLOCK);

@@ -318,7 +318,8 @@ fn an_address_at_its_limit_is_refused_while_another_address_is_served() {
 
 /// Clients beyond their address's share wait for a slot rather than fail, as many one-shot
 /// commands started at once do (`SessionConfig::session_wait`): here 8 of them while 4 active
-/// sessions hold the address's share for 300 ms.
+/// sessions hold the address's share until the target has refused HELLOs 8 times (a waiting
+/// client asks again every 10 to 320 ms, so one may count several).
 #[test]
 fn clients_beyond_the_share_wait_for_a_slot_and_all_get_one() {
     let test = start_configured(vec![region("mem", 1 << 20, false)], |config| config.max_sessions_per_address = 4);
@@ -328,6 +329,20 @@ fn clients_beyond_the_share_wait_for_a_slot_and_all_get_one() {
     for client in &mut held {
         client.fetch_add(0, 0, 1).unwrap();
     }
+    // Active (an idle session would give its slot to a newcomer after a second).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let keep_active = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for client in &mut held {
+                    client.ping().unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            held
+        })
+    };
     let waiting: Vec<_> = (0..8)
         .map(|_| {
             std::thread::spawn(move || {
@@ -337,15 +352,20 @@ fn clients_beyond_the_share_wait_for_a_slot_and_all_get_one() {
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let refused = test.target.stats().get("hello_refused_address_limit").unwrap_or(0);
-    for client in held {
+    let refused = || test.target.stats().get("hello_refused_address_limit").unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while refused() < 8 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let refused_while_held = refused();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for client in keep_active.join().unwrap() {
         client.close().unwrap();
     }
+    assert!(refused_while_held >= 8, "refusals while the share was held (8 clients waiting): {refused_while_held}");
     for (index, thread) in waiting.into_iter().enumerate() {
         thread.join().unwrap().unwrap_or_else(|error| panic!("client {index} of 8 failed: {error}"));
     }
-    assert!(refused >= 8, "each waiting client was refused at least once while the share was held: {refused}");
     let mut check = Client::connect(addr).unwrap();
     assert_eq!(check.fetch_add(0, 0, 0).unwrap(), 12, "4 held and 8 waiting clients each added once");
 }

@@ -79,8 +79,6 @@ fn sigterm_and_sigint_stop_a_target_whose_main_thread_sleeps_until_then() {
     }
 }
 
-/// SIGHUP (the terminal closing, an ssh session that ends) stops a target as SIGTERM does, with
-/// its line in the log: it used to end the process unannounced.
 /// A small serving configuration in `dir`, as `stop.toml`.
 fn write_config(dir: &std::path::Path) {
     std::fs::write(
@@ -92,6 +90,8 @@ fn write_config(dir: &std::path::Path) {
     .unwrap();
 }
 
+/// SIGHUP (the terminal closing, an ssh session that ends) stops a target as SIGTERM does, with
+/// its line in the log: it used to end the process unannounced.
 #[test]
 fn sighup_stops_a_target_with_a_word() {
     let home = tempfile::tempdir().unwrap();
@@ -139,4 +139,38 @@ fn a_target_started_under_nohup_outlives_a_hangup() {
     assert!(still_running, "a hangup stopped a target that ignores SIGHUP; log:\n{log}");
     assert!(status.success() && log.contains("stopping (SIGTERM)"), "exit {status:?}, log:\n{log}");
     assert!(!log.contains("SIGHUP"), "log:\n{log}");
+}
+
+/// A stop whose word cannot be written (stderr gone: a terminal that hung up answers EIO, a
+/// closed pipe EPIPE) is still a clean stop, not a panic.
+#[test]
+fn a_target_whose_stderr_is_gone_still_stops_cleanly() {
+    use std::io::BufRead;
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    write_config(dir);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["serve", "--config", "stop.toml"])
+        .env_remove("NETDAM_LOG")
+        .env_remove("RUST_LOG")
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut banner).unwrap();
+    assert!(banner.starts_with("netdam-target serving on "), "{banner:?}");
+    drop(child.stderr.take());
+    // SAFETY: a signal to our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) }, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the target did not stop within 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "exit {status:?}: a failed write of the stop line ended it");
 }

@@ -212,6 +212,19 @@ static int netdam_setup(struct thread_data *td)
 	unsigned int i;
 	int error;
 
+	/* Each fio file would be the whole namespace or region, so the files of one job would write
+	 * over each other's blocks and verify would report it as corruption: one file per job (jobs
+	 * split a space with numjobs= and offset_increment=). Checked before the target is asked. */
+	if (td->files_index > 1) {
+		fprintf(stderr,
+			"netdam: job %s has %u files (nrfiles= or a filename= list): each would be the whole %s "
+			"%s, so they would overwrite each other; use one file per job, and numjobs= with "
+			"offset_increment= to split it\n",
+			td->o.name, td->files_index, settings.region ? "region" : "namespace",
+			settings.region ? settings.region :
+			settings.namespace_name ? settings.namespace_name : "(none given)");
+		return netdam_fail(td, EINVAL, "nrfiles");
+	}
 	error = netdam_fio_probe(&settings, &space);
 	if (error)
 		return netdam_fail(td, error, "setup");
@@ -219,18 +232,6 @@ static int netdam_setup(struct thread_data *td)
 		fprintf(stderr, "netdam: job %s has no file to run on (read_iolog replay is not supported)\n",
 			td->o.name);
 		return netdam_fail(td, EINVAL, "setup");
-	}
-	/* Each fio file would be the whole namespace or region, so the files of one job would write
-	 * over each other's blocks and verify would report it as corruption: one file per job (jobs
-	 * split a space with numjobs= and offset_increment=). */
-	if (td->files_index > 1) {
-		fprintf(stderr,
-			"netdam: job %s has %u files (nrfiles= or a filename= list): each would be the whole %s "
-			"%s, so they would overwrite each other; use one file per job, and numjobs= with "
-			"offset_increment= to split it\n",
-			td->o.name, td->files_index, settings.region ? "region" : "namespace",
-			settings.region ? settings.region : settings.namespace_name);
-		return netdam_fail(td, EINVAL, "nrfiles");
 	}
 	/* fio names a file after the job (or filename=); it is the whole namespace or region. */
 	for_each_file(td, f, i)
