@@ -107,8 +107,12 @@ pub struct SessionConfig {
     /// How long a HELLO refused for want of a session (`busy`: the worker's slots are held by
     /// active sessions; `session_limit`: the address's or the tenant's share is) is asked again,
     /// at growing intervals, before the requests waiting for the session fail with the refusal:
-    /// other clients' sessions end (a one-shot command holds one for milliseconds), and an idle
-    /// one of this address gives its slot up after a second. Zero fails at once.
+    /// other clients' sessions end (a one-shot command holds one for milliseconds). Zero, the
+    /// default, fails at once: a program that opens many sessions of its own (a volume, a fio
+    /// job) would otherwise wait to take the place of its own idle sessions (an idle session
+    /// of the address gives its slot to a newcomer after a second), and lose them to the next
+    /// HELLO, rather than hear that it asked for more than the target allows. The `netdam`
+    /// command line waits 5 s (`COMMAND_SESSION_WAIT`).
     pub session_wait: Duration,
     /// The tenant's key: HELLO proves it and every datagram of the session is sealed with a MAC
     /// (PROTOCOL.md, "Authentication"). `None` for a target with `auth = "none"`.
@@ -134,7 +138,7 @@ impl Default for SessionConfig {
             max_datagram_bytes: DEFAULT_DATAGRAM_BYTES,
             congestion: Some(SwiftConfig::default()),
             reconnect_patience: Duration::from_millis(5_000),
-            session_wait: Duration::from_millis(5_000),
+            session_wait: Duration::ZERO,
             credentials: None,
             encrypt: false,
         }

@@ -41,7 +41,8 @@ fn from_host(host: [u8; 4]) -> ClientOptions {
 }
 
 /// As [`from_host`], for a client whose refusal a test looks at: it does not wait for a slot
-/// (`SessionConfig::session_wait`), where an idle session would give it one after a second.
+/// (`SessionConfig::session_wait`, 0 by default too), where an idle session would give it one
+/// after a second.
 fn refused_at_once_from(host: [u8; 4]) -> ClientOptions {
     let mut options = from_host(host);
     options.session.session_wait = netdam_isa::Duration::ZERO;
@@ -346,7 +347,9 @@ fn clients_beyond_the_share_wait_for_a_slot_and_all_get_one() {
     let waiting: Vec<_> = (0..8)
         .map(|_| {
             std::thread::spawn(move || {
-                let mut client = Client::connect_with(addr, from_host([127, 0, 0, 1]))?;
+                let mut options = from_host([127, 0, 0, 1]);
+                options.session.session_wait = netdam_isa::Duration::from_millis(5_000);
+                let mut client = Client::connect_with(addr, options)?;
                 client.fetch_add(0, 0, 1)?;
                 client.close()
             })
@@ -397,7 +400,8 @@ fn ping_and_stat_answer_when_every_slot_is_taken_and_idle_sessions_make_room() {
     }
     // A command that needs a session, from the address holding every slot, is refused for
     // that address's share (checked before the table as a whole), and says so: once it has
-    // waited for a slot (`SessionConfig::session_wait`, 5 s), while the sessions stay active.
+    // waited for a slot (the command line's 5 s of `SessionConfig::session_wait`), while the
+    // sessions stay active.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let keep_active = {
         let stop = stop.clone();

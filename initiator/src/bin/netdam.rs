@@ -812,6 +812,9 @@ fn run(cli: &Cli) -> Result<(), String> {
     // half a minute before it fails, as the export does by default (--reconnect-timeout).
     options.session.min_patience = COMMAND_PATIENCE;
     options.session.reconnect_patience = COMMAND_PATIENCE;
+    // Many commands started at once take turns for the address's share of sessions: each holds
+    // its own for milliseconds.
+    options.session.session_wait = COMMAND_SESSION_WAIT;
     let mut client = if sessionless {
         Client::sessionless_with(cli.target, options)
     } else {
@@ -1300,6 +1303,11 @@ fn credentials(cli: &Cli) -> Result<Option<netdam_auth::Credentials>, String> {
 
 /// How long a one-shot command's request is retried through a silent or restarting target.
 const COMMAND_PATIENCE: netdam_isa::Duration = netdam_isa::Duration::from_millis(30_000);
+
+/// How long a one-shot command refused a session for want of a slot asks again
+/// (`SessionConfig::session_wait`): a hundred commands started at once from one host take
+/// turns for its share (32 on each worker by default) instead of a third of them failing.
+const COMMAND_SESSION_WAIT: netdam_isa::Duration = netdam_isa::Duration::from_millis(5_000);
 
 /// The export's client settings: a request keeps being retried for `reconnect_timeout` after
 /// its first transmission, through silence and through refusals, so that a target restart
