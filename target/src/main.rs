@@ -9,15 +9,15 @@ use clap::{Args, Parser, Subcommand};
 use netdam_metrics::{LogFormat, MetricsListen};
 use netdam_pmem::{Backing, Durability, Region};
 use netdam_target::config::{
-    blocks_fit_datagrams, check_distinct_backings, validate_spaces, ByteSize, EngineChoice, NamespaceBackend,
-    NamespaceConfig, RegionBackend, RegionConfig, DEFAULT_BLOCK_BYTES,
+    blocks_fit_datagrams, check_distinct_backings, validate_spaces, ByteSize, ConfigError, EngineChoice,
+    NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig, DEFAULT_BLOCK_BYTES,
 };
 use netdam_target::crypto::{generate_key, read_reservation, reservation_path};
 use netdam_target::metadata::{
     range_text, read_tenants, space_text, KnownSpaces, MetadataError, MetadataStore, TenantSettings,
 };
 use netdam_target::namespaces::{open_namespace, resolve};
-use netdam_target::server::running_target;
+use netdam_target::server::{check_stored_namespace, check_stored_region, running_target};
 use netdam_target::tenant_admin::{self, parse_permission_list, parse_range, parse_space};
 use netdam_target::tenants::{GrantRecord, GrantSpace, QosClass, TenantRecord};
 use netdam_target::{AuthMode, Config, PollMode, Target};
@@ -800,12 +800,15 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
         RegionCommand::List { store } => {
             let (config, data_dir) = read_context(&store)?;
             let stored = MetadataStore::load(&data_dir).map_err(|error| error.to_string())?;
-            let configured = config.effective_regions().into_iter().map(|region| (region, "config"));
-            for (id, (region, source)) in configured.chain(stored.regions.into_iter().map(|r| (r, "store"))).enumerate()
-            {
+            let configured = config.effective_regions().into_iter().map(|region| (region, "config", Ok(())));
+            let stored = stored.regions.into_iter().map(|region| {
+                let checked = check_stored_region(&region);
+                (region, "store", checked)
+            });
+            for (id, (region, source, not_served)) in numbered_as_served(configured.chain(stored)) {
                 let path = region.path.map(|path| resolve(&path, &data_dir).display().to_string()).unwrap_or_default();
                 println!(
-                    "{id:>3}  {:<32} {:>14} bytes  {:<5} {source:<6} {path}",
+                    "{id:>3}  {:<32} {:>14} bytes  {:<5} {source:<6} {path}{not_served}",
                     region.name,
                     region.size.0,
                     format!("{:?}", region.backend).to_lowercase()
@@ -858,13 +861,16 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
         NamespaceCommand::List { store } => {
             let (config, data_dir) = read_context(&store)?;
             let stored = MetadataStore::load(&data_dir).map_err(|error| error.to_string())?;
-            let configured = config.namespaces.into_iter().map(|namespace| (namespace, "config"));
-            let all = configured.chain(stored.namespaces.into_iter().map(|n| (n, "store")));
-            for (id, (namespace, source)) in all.enumerate() {
+            let stored = stored.namespaces.into_iter().map(|namespace| {
+                let checked = check_stored_namespace(&config, &namespace);
+                (namespace, "store", checked)
+            });
+            let configured = config.namespaces.clone().into_iter().map(|namespace| (namespace, "config", Ok(())));
+            for (id, (namespace, source, not_served)) in numbered_as_served(configured.chain(stored)) {
                 let size =
                     namespace.size.map(|size| format!("{} bytes", size.0)).unwrap_or_else(|| "device size".into());
                 println!(
-                    "{id:>3}  {:<32} {:<8} {:>6}-byte blocks  {size:<18} {source:<6} {}",
+                    "{id:>3}  {:<32} {:<8} {:>6}-byte blocks  {size:<18} {source:<6} {}{not_served}",
                     namespace.name,
                     format!("{:?}", namespace.backend).to_lowercase(),
                     namespace.block_size,
@@ -874,6 +880,24 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Numbers spaces as a starting target does: a stored space that fails today's checks is not
+/// served and takes no id (shown as `-`, with why, after its line), so the others' ids are the
+/// ones the target gives them.
+fn numbered_as_served<T>(
+    spaces: impl Iterator<Item = (T, &'static str, Result<(), ConfigError>)>,
+) -> Vec<(String, (T, &'static str, String))> {
+    let mut next = 0;
+    spaces
+        .map(|(space, source, checked)| match checked {
+            Ok(()) => {
+                next += 1;
+                ((next - 1).to_string(), (space, source, String::new()))
+            }
+            Err(error) => ("-".to_string(), (space, source, format!("  (not served: {error})"))),
+        })
+        .collect()
 }
 
 /// Tells the user which data directory changed and when the change reaches a target.

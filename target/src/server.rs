@@ -16,7 +16,8 @@ use netdam_metrics::MetricsServer;
 use netdam_pmem::{Region, RegionError};
 
 use crate::config::{
-    blocks_fit_datagrams, check_distinct_backings, validate_spaces, Config, ConfigError, EngineChoice,
+    blocks_fit_datagrams, check_distinct_backings, validate_spaces, Config, ConfigError, EngineChoice, NamespaceConfig,
+    RegionConfig,
 };
 use crate::cookies::CookieJar;
 use crate::crypto::{CryptoError, KeyRing};
@@ -138,14 +139,14 @@ impl Target {
         let stored = MetadataStore::load(&data_dir)?;
         let mut region_configs = config.effective_regions();
         region_configs.extend(
-            stored.regions.into_iter().filter(|region| servable_stored("region", &region.name, region.validate())),
+            stored
+                .regions
+                .into_iter()
+                .filter(|region| servable_stored("region", &region.name, check_stored_region(region))),
         );
         let mut namespace_configs = config.namespaces.clone();
         namespace_configs.extend(stored.namespaces.into_iter().filter(|namespace| {
-            let checked = namespace
-                .validate()
-                .and_then(|()| blocks_fit_datagrams(config.max_datagram_bytes, std::slice::from_ref(namespace)));
-            servable_stored("namespace", &namespace.name, checked)
+            servable_stored("namespace", &namespace.name, check_stored_namespace(config, namespace))
         }));
         validate_spaces(&region_configs, &namespace_configs)?;
         check_distinct_backings(&region_configs, &namespace_configs, &data_dir)?;
@@ -526,6 +527,19 @@ pub fn create_data_dir(path: &std::path::Path) -> io::Result<()> {
 /// Locks every page of the process now and every page it maps later, faulting them in, so the
 /// workers' buffers (allocated after this) never fault on the request path. Logs and goes on
 /// when the memory-lock limit refuses it.
+/// Today's checks of a stored region's own settings: one that fails them is not served
+/// ([`servable_stored`]), and takes no id. `region list` applies them too, so that the ids it
+/// shows are the ones a target serves.
+pub fn check_stored_region(region: &RegionConfig) -> Result<(), ConfigError> {
+    region.validate()
+}
+
+/// As [`check_stored_region`], for a stored namespace under `config` (its blocks must fit the
+/// datagrams).
+pub fn check_stored_namespace(config: &Config, namespace: &NamespaceConfig) -> Result<(), ConfigError> {
+    namespace.validate().and_then(|()| blocks_fit_datagrams(config.max_datagram_bytes, std::slice::from_ref(namespace)))
+}
+
 /// Whether a space from the metadata store passes today's checks of its own settings. One an
 /// older version accepted and these refuse (a namespace of 16 KiB blocks, a 0-byte region) is
 /// left out with a warning instead of stopping the start, so the other spaces are served.

@@ -195,7 +195,7 @@ fn target_admin(args: &[&str]) -> Output {
 
 /// A namespace an older version stored with settings refused today (16 KiB blocks) does not
 /// stop the target: it starts, serves the other spaces, and says which one it left out and how
-/// to remove it.
+/// to remove it. `namespace list` gives the others the ids the target gives them.
 #[test]
 fn a_stored_space_refused_today_is_left_out_with_a_warning_not_a_failed_start() {
     use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
@@ -211,7 +211,18 @@ fn a_stored_space_refused_today_is_left_out_with_a_warning_not_a_failed_start() 
     };
     store.create_namespace(&namespace("old", 16_384)).unwrap();
     store.create_namespace(&namespace("disk", 4096)).unwrap();
+    store.create_namespace(&namespace("after", 4096)).unwrap();
     drop(store);
+    // `namespace list` numbers them as the target will: the one left out takes no id.
+    let listed = target_admin(&["namespace", "list", "--data-dir", data]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    let id_of = |name: &str| {
+        let line = listed.lines().find(|line| line.split_whitespace().nth(1) == Some(name));
+        line.and_then(|line| line.split_whitespace().next()).map(str::to_string)
+    };
+    assert_eq!(id_of("old").as_deref(), Some("-"), "{listed}");
+    assert!(listed.contains("(not served: "), "{listed}");
+    assert_eq!((id_of("disk").as_deref(), id_of("after").as_deref()), (Some("0"), Some("1")), "{listed}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
         .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir", data, "--auth", "none"])
         .stdout(Stdio::piped())
@@ -223,6 +234,8 @@ fn a_stored_space_refused_today_is_left_out_with_a_warning_not_a_failed_start() 
     let output = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(banner.contains("\"disk\""), "the other namespace is served: {banner} {log}");
+    // With the ids the list showed.
+    assert!(banner.contains("namespace 0 \"disk\"") && banner.contains("namespace 1 \"after\""), "{banner}");
     assert!(!banner.contains("\"old\""), "{banner}");
     assert!(log.contains("\"old\" is not served") && log.contains("namespace delete old"), "{log}");
 }
