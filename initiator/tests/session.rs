@@ -494,18 +494,25 @@ fn hello_refusal(hello: &[u8], status: Status) -> Vec<u8> {
     buffer
 }
 
+/// A session with `config` whose HELLO has had its cookie at 0 ms (the next HELLO is due), with
+/// a read (token 1) waiting for the session.
+fn past_the_cookie_with_a_read_waiting(config: SessionConfig) -> Session {
+    let mut session = Session::new(config, 0);
+    session.start_hello(9000);
+    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
+    let first = session.poll_transmit(at_ms(0)).unwrap().to_vec();
+    session.handle_datagram(at_ms(0), &target_answer(&first, 5, Status::Ok));
+    session
+}
+
 /// A HELLO refused for want of a slot (other sessions hold them) is asked again at growing
 /// intervals while `session_wait` lasts, and the requests waiting for the session go once it
 /// opens; past the wait they fail with the refusal. Other refusals fail at once.
 #[test]
 fn a_hello_refused_for_want_of_a_slot_asks_again_while_the_wait_lasts() {
     let waiting = SessionConfig { session_wait: Duration::from_millis(100), ..config() };
-    let mut session = Session::new(waiting, 0);
-    session.start_hello(9000);
-    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
-    // The cookie round, then refusals at 0, 10, 30 ms: each asks again 10, 20, 40 ms later.
-    let first = session.poll_transmit(at_ms(0)).unwrap().to_vec();
-    session.handle_datagram(at_ms(0), &target_answer(&first, 5, Status::Ok));
+    // Refusals at 0, 10, 30 ms: each asks again 10, 20, 40 ms later.
+    let mut session = past_the_cookie_with_a_read_waiting(waiting);
     let mut now = 0;
     for (pause, status) in [(10, Status::SessionLimit), (20, Status::Busy), (40, Status::SessionLimit)] {
         let hello = session.poll_transmit(at_ms(now)).expect("a HELLO").to_vec();
@@ -524,11 +531,7 @@ fn a_hello_refused_for_want_of_a_slot_asks_again_while_the_wait_lasts() {
     assert_eq!(Request::parse(read).unwrap().header.session, 5);
 
     // Refused until the wait is spent: the waiting request fails with the refusal.
-    let mut session = Session::new(waiting, 0);
-    session.start_hello(9000);
-    session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
-    let first = session.poll_transmit(at_ms(0)).unwrap().to_vec();
-    session.handle_datagram(at_ms(0), &target_answer(&first, 5, Status::Ok));
+    let mut session = past_the_cookie_with_a_read_waiting(waiting);
     let mut now = 0;
     let refused = loop {
         let hello = session.poll_transmit(at_ms(now)).expect("a HELLO").to_vec();

@@ -40,6 +40,49 @@ fn from_host(host: [u8; 4]) -> ClientOptions {
     ClientOptions { local_addr: Some(SocketAddr::from((host, 0))), ..ClientOptions::default() }
 }
 
+/// A target that holds 4 sessions per address, and 4 clients of 127.0.0.1 that hold them, each
+/// having added 1 to the first word of region 0.
+fn four_per_address_all_held() -> (TestTarget, Vec<Client>) {
+    let test = start_configured(vec![region("mem", 1 << 20, false)], |config| config.max_sessions_per_address = 4);
+    let addr = test.target.local_addr();
+    let mut held: Vec<Client> =
+        (0..4).map(|_| Client::connect_with(addr, from_host([127, 0, 0, 1])).unwrap()).collect();
+    for client in &mut held {
+        client.fetch_add(0, 0, 1).unwrap();
+    }
+    (test, held)
+}
+
+/// Clients kept active (a ping each every 50 ms) on a thread of their own until `stop`: a
+/// session silent for a second is idle, and an idle one gives its slot to a newcomer.
+struct KeptActive {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Client>>,
+}
+
+impl KeptActive {
+    fn start(mut clients: Vec<Client>) -> KeptActive {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                for client in &mut clients {
+                    client.ping().unwrap();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            clients
+        });
+        KeptActive { stop, thread }
+    }
+
+    /// Stops pinging and gives the clients back.
+    fn stop(self) -> Vec<Client> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 /// As [`from_host`], for a client whose refusal a test looks at: it does not wait for a slot
 /// (`SessionConfig::session_wait`, 0 by default too), where an idle session would give it one
 /// after a second.
@@ -292,13 +335,8 @@ fn a_flood_of_replayed_and_mutated_hellos_leaves_room_for_a_legitimate_client() 
 
 #[test]
 fn an_address_at_its_limit_is_refused_while_another_address_is_served() {
-    let test = start_configured(vec![region("mem", 1 << 20, false)], |config| config.max_sessions_per_address = 4);
+    let (test, mut held) = four_per_address_all_held();
     let addr = test.target.local_addr();
-    let mut held: Vec<Client> =
-        (0..4).map(|_| Client::connect_with(addr, from_host([127, 0, 0, 1])).unwrap()).collect();
-    for client in &mut held {
-        client.fetch_add(0, 0, 1).unwrap();
-    }
     let refused = Client::connect_with(addr, refused_at_once_from([127, 0, 0, 1])).unwrap_err();
     assert!(
         matches!(refused, ClientError::SessionLimit { kind: SessionLimitKind::Address, limit: 4 }),
@@ -323,27 +361,9 @@ fn an_address_at_its_limit_is_refused_while_another_address_is_served() {
 /// client asks again every 10 to 320 ms, so one may count several).
 #[test]
 fn clients_beyond_the_share_wait_for_a_slot_and_all_get_one() {
-    let test = start_configured(vec![region("mem", 1 << 20, false)], |config| config.max_sessions_per_address = 4);
+    let (test, held) = four_per_address_all_held();
     let addr = test.target.local_addr();
-    let mut held: Vec<Client> =
-        (0..4).map(|_| Client::connect_with(addr, from_host([127, 0, 0, 1])).unwrap()).collect();
-    for client in &mut held {
-        client.fetch_add(0, 0, 1).unwrap();
-    }
-    // Active (an idle session would give its slot to a newcomer after a second).
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let keep_active = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for client in &mut held {
-                    client.ping().unwrap();
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            held
-        })
-    };
+    let active = KeptActive::start(held);
     let waiting: Vec<_> = (0..8)
         .map(|_| {
             std::thread::spawn(move || {
@@ -361,8 +381,7 @@ fn clients_beyond_the_share_wait_for_a_slot_and_all_get_one() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let refused_while_held = refused();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for client in keep_active.join().unwrap() {
+    for client in active.stop() {
         client.close().unwrap();
     }
     assert!(refused_while_held >= 8, "refusals while the share was held (8 clients waiting): {refused_while_held}");
@@ -402,23 +421,10 @@ fn ping_and_stat_answer_when_every_slot_is_taken_and_idle_sessions_make_room() {
     // that address's share (checked before the table as a whole), and says so: once it has
     // waited for a slot (the command line's 5 s of `SessionConfig::session_wait`), while the
     // sessions stay active.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let keep_active = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for client in &mut held {
-                    client.ping().unwrap();
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            held
-        })
-    };
+    let active = KeptActive::start(held);
     let output =
         Command::new(common::netdam_binary()).args(["--target", &addr.to_string(), "regions"]).output().unwrap();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut held = keep_active.join().unwrap();
+    let mut held = active.stop();
     assert!(!output.status.success(), "a command that needs a session is refused");
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(message.contains("max_sessions_per_address"), "the CLI says why: {message}");

@@ -42,13 +42,7 @@ fn sigterm_and_sigint_stop_a_target_whose_main_thread_sleeps_until_then() {
     for (signal, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGINT, "SIGINT")] {
         let home = tempfile::tempdir().unwrap();
         let dir = home.path();
-        std::fs::write(
-            dir.join("stop.toml"),
-            "listen = \"127.0.0.1:0\"\nmetrics_listen = \"off\"\ndata_dir = \".\"\nworkers = 1\npoll = \"blocking\"\n\
-             pin_workers = false\nlock_memory = false\nauth = \"none\"\n\
-             [[region]]\nname = \"scratch\"\nbackend = \"mem\"\nsize = \"1MiB\"\n",
-        )
-        .unwrap();
+        write_config(dir);
         let (daemon, _, _) = start(dir, "stop.toml");
         let pid = daemon.pid();
         // The main thread's id is the process id. Over a second of serving nothing it sleeps
