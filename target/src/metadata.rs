@@ -1052,8 +1052,17 @@ fn list_table<T: serde::de::DeserializeOwned>(
     path: &Path,
     table: TableDefinition<&str, &str>,
 ) -> Result<Vec<T>, MetadataError> {
+    let read = db.begin_read().map_err(|error| store_error(path, error))?;
+    Ok(list_named(&read, path, table)?.into_iter().map(|(_, value)| value).collect())
+}
+
+/// Every entry of `table` with its name, in name order (the table's), as `read` sees them.
+fn list_named<T: serde::de::DeserializeOwned>(
+    read: &redb::ReadTransaction,
+    path: &Path,
+    table: TableDefinition<&str, &str>,
+) -> Result<Vec<(String, T)>, MetadataError> {
     let fail = |error: redb::Error| store_error(path, error);
-    let read = db.begin_read().map_err(|error| fail(error.into()))?;
     let table = match read.open_table(table) {
         Ok(table) => table,
         Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
@@ -1066,7 +1075,7 @@ fn list_table<T: serde::de::DeserializeOwned>(
             path: path.to_path_buf(),
             message: format!("entry {:?} is unreadable: {error}", name.value()),
         })?;
-        entries.push(value);
+        entries.push((name.value().to_string(), value));
     }
     Ok(entries)
 }
@@ -1079,33 +1088,26 @@ fn list_spaces<T: serde::de::DeserializeOwned>(
     tables: SpaceTables,
 ) -> Result<Vec<T>, MetadataError> {
     let fail = |error: redb::Error| store_error(path, error);
+    // One transaction for both tables: a create or delete between two reads could leave an
+    // entry without its number, and out of place.
     let read = db.begin_read().map_err(|error| fail(error.into()))?;
-    let entries = match read.open_table(tables.entries) {
-        Ok(table) => table,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(error) => return Err(fail(error.into())),
-    };
+    let entries = list_named(&read, path, tables.entries)?;
     let order = match read.open_table(tables.order) {
         Ok(table) => Some(table),
         Err(TableError::TableDoesNotExist(_)) => None,
         Err(error) => return Err(fail(error.into())),
     };
-    let mut spaces = Vec::new();
-    // In name order (the table's), which the stable sort below keeps among equal numbers.
-    for entry in entries.iter().map_err(|error| fail(error.into()))? {
-        let (name, json) = entry.map_err(|error| fail(error.into()))?;
-        let value: T = serde_json::from_str(json.value()).map_err(|error| MetadataError::Store {
-            path: path.to_path_buf(),
-            message: format!("entry {:?} is unreadable: {error}", name.value()),
-        })?;
+    let mut spaces = Vec::with_capacity(entries.len());
+    for (name, value) in entries {
         let place = match &order {
             Some(order) => {
-                order.get(name.value()).map_err(|error| fail(error.into()))?.map_or(0, |place| place.value())
+                order.get(name.as_str()).map_err(|error| fail(error.into()))?.map_or(0, |place| place.value())
             }
             None => 0,
         };
         spaces.push((place, value));
     }
+    // Stable: among equal numbers (0, a store from before), name order stays.
     spaces.sort_by_key(|(place, _)| *place);
     Ok(spaces.into_iter().map(|(_, value)| value).collect())
 }
