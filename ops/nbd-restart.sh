@@ -20,13 +20,10 @@ while [ $# -gt 0 ]; do
     *) echo "nbd-restart: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-# Started in the background by a shell without job control, this shell has SIGINT ignored, and
-# bash cannot trap a signal ignored on entry: it runs again with SIGINT at its default, so that
-# a kill -INT of its process group still takes everything down and says so.
-if [ -z "${NETDAM_SIGINT_RESET:-}" ] && (($(awk '/^SigIgn:/ { print "0x" $2 }' /proc/$$/status) & 2)) \
-  && env --default-signal=INT true 2>/dev/null; then
-  NETDAM_SIGINT_RESET=1 exec env --default-signal=INT bash "$0" "$@"
-fi
+# Stopped by a kill -INT of its process group even when started in the background.
+# shellcheck source=lib/interrupts.sh
+source "$(dirname "$0")/lib/interrupts.sh"
+restart_with_default_sigint "$@"
 cd "$(dirname "$0")/.."
 skip() { echo "SKIPPED: $*"; exit 77; }
 fail() { echo "FAILED: $*" >&2; exit 1; }

@@ -42,13 +42,10 @@ initiators=$((10#$initiators)) seconds=$((10#$seconds)) size=$((10#$size))
 # tc's rate syntax: a number and a unit (bit or bps, with k, m, g, t and an optional i).
 [[ ${rate,,} =~ ^[0-9]+([.][0-9]+)?([kmgt]i?)?(bit|bps)$ ]] \
   || usage_error "--rate $rate: give a rate as tc writes it, such as 100mbit, 1gbit or 12500kbps"
-# Started in the background by a shell without job control, this shell has SIGINT ignored, and
-# bash cannot trap a signal ignored on entry: it runs again with SIGINT at its default, so that
-# a kill -INT of its process group still stops it and removes its namespaces.
-if [ -z "${NETDAM_SIGINT_RESET:-}" ] && (($(awk '/^SigIgn:/ { print "0x" $2 }' /proc/$$/status) & 2)) \
-  && env --default-signal=INT true 2>/dev/null; then
-  NETDAM_SIGINT_RESET=1 exec env --default-signal=INT bash "$0" "${arguments[@]}"
-fi
+# Stopped by a kill -INT of its process group even when started in the background.
+# shellcheck source=lib/interrupts.sh
+source "$(dirname "$0")/lib/interrupts.sh"
+restart_with_default_sigint "${arguments[@]}"
 skip() { echo "SKIPPED: netns incast: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
 command -v ip >/dev/null && command -v tc >/dev/null || skip "needs ip and tc (Debian package iproute2)"

@@ -48,13 +48,10 @@ while [ $# -gt 0 ]; do
 done
 [[ "$minutes" =~ ^[0-9]+$ ]] && [ "$((10#$minutes))" -ge 1 ] || usage_error "--minutes $minutes: give a whole number of minutes, at least 1"
 minutes=$((10#$minutes))
-# Started in the background by a shell without job control, this shell has SIGINT ignored, and
-# bash cannot trap a signal ignored on entry: it runs again with SIGINT at its default, so that
-# a kill -INT of its process group still stops the load and says so.
-if [ -z "${NETDAM_SIGINT_RESET:-}" ] && (($(awk '/^SigIgn:/ { print "0x" $2 }' /proc/$$/status) & 2)) \
-  && env --default-signal=INT true 2>/dev/null; then
-  NETDAM_SIGINT_RESET=1 exec env --default-signal=INT bash "$0" "${arguments[@]}"
-fi
+# Stopped by a kill -INT of its process group even when started in the background.
+# shellcheck source=lib/interrupts.sh
+source "$(dirname "$0")/lib/interrupts.sh"
+restart_with_default_sigint "${arguments[@]}"
 cd "$(dirname "$0")/.."
 skip() { echo "SKIPPED: $*"; exit 77; }
 fail() { echo "FAILED: $*" >&2; exit 1; }

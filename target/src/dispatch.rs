@@ -1626,15 +1626,18 @@ impl<E: Engine> Dispatcher<E> {
         refusal: OpenRefusal,
         out: &mut [u8],
     ) -> (Status, usize) {
-        let (counter, status) = match refusal {
-            OpenRefusal::TableFull { .. } => (Counter::HelloRefusedTableFull, Status::Busy),
-            OpenRefusal::AddressLimit { .. } => (Counter::HelloRefusedAddressLimit, Status::SessionLimit),
+        let limits = self.sessions.limits();
+        let (counter, answer) = match refusal {
+            OpenRefusal::TableFull { .. } => (Counter::HelloRefusedTableFull, (Status::Busy, 0)),
+            OpenRefusal::AddressLimit { .. } => {
+                let limit = u32::try_from(limits.per_address).unwrap_or(u32::MAX);
+                (Counter::HelloRefusedAddressLimit, session_limit(out, SessionLimitKind::Address, limit))
+            }
         };
         self.count(counter);
         self.refusals.refused_since += 1;
         let due = self.refusals.last_line.is_none_or(|last| now.saturating_since(last) >= REFUSAL_LOG_INTERVAL);
         if due {
-            let limits = self.sessions.limits();
             let refused = self.refusals.refused_since;
             match refusal {
                 OpenRefusal::TableFull { .. } => tracing::warn!(
@@ -1655,13 +1658,7 @@ impl<E: Engine> Dispatcher<E> {
             }
             self.refusals = RefusalLog { last_line: Some(now), refused_since: 0 };
         }
-        match status {
-            Status::SessionLimit => {
-                let limit = u32::try_from(self.sessions.limits().per_address).unwrap_or(u32::MAX);
-                session_limit(out, SessionLimitKind::Address, limit)
-            }
-            _ => (status, 0),
-        }
+        answer
     }
 
     fn stat(&self, out: &mut [u8]) -> Result<usize, Status> {

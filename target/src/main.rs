@@ -805,7 +805,7 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
                 let checked = check_stored_region(&region);
                 (region, "store", checked)
             });
-            for (id, (region, source, not_served)) in numbered_as_served(configured.chain(stored)) {
+            for (id, region, source, not_served) in numbered_as_served(configured.chain(stored)) {
                 let path = region.path.map(|path| resolve(&path, &data_dir).display().to_string()).unwrap_or_default();
                 println!(
                     "{id:>3}  {:<32} {:>14} bytes  {:<5} {source:<6} {path}{not_served}",
@@ -861,12 +861,16 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
         NamespaceCommand::List { store } => {
             let (config, data_dir) = read_context(&store)?;
             let stored = MetadataStore::load(&data_dir).map_err(|error| error.to_string())?;
-            let stored = stored.namespaces.into_iter().map(|namespace| {
-                let checked = check_stored_namespace(&config, &namespace);
-                (namespace, "store", checked)
-            });
-            let configured = config.namespaces.clone().into_iter().map(|namespace| (namespace, "config", Ok(())));
-            for (id, (namespace, source, not_served)) in numbered_as_served(configured.chain(stored)) {
+            let stored: Vec<_> = stored
+                .namespaces
+                .into_iter()
+                .map(|namespace| {
+                    let checked = check_stored_namespace(&config, &namespace);
+                    (namespace, "store", checked)
+                })
+                .collect();
+            let configured = config.namespaces.into_iter().map(|namespace| (namespace, "config", Ok(())));
+            for (id, namespace, source, not_served) in numbered_as_served(configured.chain(stored)) {
                 let size =
                     namespace.size.map(|size| format!("{} bytes", size.0)).unwrap_or_else(|| "device size".into());
                 println!(
@@ -887,17 +891,15 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
 /// ones the target gives them.
 fn numbered_as_served<T>(
     spaces: impl Iterator<Item = (T, &'static str, Result<(), ConfigError>)>,
-) -> Vec<(String, (T, &'static str, String))> {
+) -> impl Iterator<Item = (String, T, &'static str, String)> {
     let mut next = 0;
-    spaces
-        .map(|(space, source, checked)| match checked {
-            Ok(()) => {
-                next += 1;
-                ((next - 1).to_string(), (space, source, String::new()))
-            }
-            Err(error) => ("-".to_string(), (space, source, format!("  (not served: {error})"))),
-        })
-        .collect()
+    spaces.map(move |(space, source, checked)| match checked {
+        Ok(()) => {
+            next += 1;
+            ((next - 1).to_string(), space, source, String::new())
+        }
+        Err(error) => ("-".to_string(), space, source, format!("  (not served: {error})")),
+    })
 }
 
 /// Tells the user which data directory changed and when the change reaches a target.

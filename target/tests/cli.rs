@@ -189,6 +189,23 @@ fn read_banner(child: &mut Child) -> String {
     }
 }
 
+/// `netdam-target` serving on `listen` from the data directory `data`, without metrics and
+/// without spinning (these tests look at what it starts with, not at its speed).
+fn serving(listen: &str, data: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_netdam-target"));
+    command.args(["--listen", listen, "--metrics-listen", "off", "--poll", "blocking", "--data-dir"]).arg(data);
+    command
+}
+
+/// Spawns `command` (a serving target), waits for its banner, and stops it: the banner.
+fn banner_of(mut command: Command) -> String {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let banner = read_banner(&mut child);
+    let _ = child.kill();
+    let _ = child.wait();
+    banner
+}
+
 fn target_admin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_netdam-target")).args(args).output().expect("netdam-target runs")
 }
@@ -223,8 +240,8 @@ fn a_stored_space_refused_today_is_left_out_with_a_warning_not_a_failed_start() 
     assert_eq!(id_of("old").as_deref(), Some("-"), "{listed}");
     assert!(listed.contains("(not served: "), "{listed}");
     assert_eq!((id_of("disk").as_deref(), id_of("after").as_deref()), (Some("0"), Some("1")), "{listed}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir", data, "--auth", "none"])
+    let mut child = serving("127.0.0.1:0", data)
+        .args(["--auth", "none"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -1299,24 +1316,11 @@ fn the_default_tenants_key_is_named_after_a_failed_first_start() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
     let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let first = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
-        .args(["--listen", &taken.local_addr().unwrap().to_string(), "--metrics-listen", "off", "--data-dir", data])
-        .args(["--poll", "blocking"])
-        .output()
-        .unwrap();
+    let first = serving(&taken.local_addr().unwrap().to_string(), data).output().unwrap();
     assert!(!first.status.success(), "the port is taken");
     let key = dir.path().join("tenants/default.key");
     assert!(key.is_file(), "the failed start created the default tenant's key file");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir", data])
-        .args(["--poll", "blocking"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let banner = read_banner(&mut child);
-    let _ = child.kill();
-    let _ = child.wait();
+    let banner = banner_of(serving("127.0.0.1:0", data));
     assert!(banner.contains(&format!("the default tenant's key file: {}", key.display())), "{banner}");
 }
 
@@ -1327,9 +1331,7 @@ fn the_default_tenants_key_is_named_after_a_failed_first_start() {
 fn the_banners_reach_command_works_as_printed() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("elsewhere");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--poll", "blocking", "--data-dir"])
-        .arg(&data)
+    let mut child = serving("127.0.0.1:0", &data)
         .env("XDG_DATA_HOME", dir.path().join("xdg"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -1364,19 +1366,14 @@ fn the_banners_reach_command_works_as_printed() {
 fn a_second_target_on_a_served_directory_writes_nothing_there() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
-    let mut first = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir", data, "--auth", "none"])
-        .args(["--poll", "blocking"])
+    let mut first = serving("127.0.0.1:0", data)
+        .args(["--auth", "none"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     read_banner(&mut first);
-    let second = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off", "--data-dir", data, "--auth", "tenants"])
-        .args(["--poll", "blocking"])
-        .output()
-        .unwrap();
+    let second = serving("127.0.0.1:0", data).args(["--auth", "tenants"]).output().unwrap();
     let _ = first.kill();
     let _ = first.wait();
     let stderr = String::from_utf8_lossy(&second.stderr);
