@@ -588,11 +588,7 @@ impl MetadataStore {
     pub fn tenants_emptied(&self) -> Result<bool, MetadataError> {
         let fail = |error: redb::Error| store_error(&self.path, error);
         let read = self.db.begin_read().map_err(|error| fail(error.into()))?;
-        let facts = match read.open_table(STORE_FACTS) {
-            Ok(table) => table,
-            Err(TableError::TableDoesNotExist(_)) => return Ok(false),
-            Err(error) => return Err(fail(error.into())),
-        };
+        let Some(facts) = open_if_present(&read, &self.path, STORE_FACTS)? else { return Ok(false) };
         Ok(facts.get(TENANTS_EMPTIED).map_err(|error| fail(error.into()))?.is_some())
     }
 
@@ -955,11 +951,7 @@ pub fn range_text(range: Option<(u64, u64)>) -> String {
 fn crypto_key_table(db: &impl ReadableDatabase, path: &Path) -> Result<Vec<StoredKeySlot>, MetadataError> {
     let fail = |error: redb::Error| store_error(path, error);
     let read = db.begin_read().map_err(|error| fail(error.into()))?;
-    let table = match read.open_table(CRYPTO_KEYS) {
-        Ok(table) => table,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(error) => return Err(fail(error.into())),
-    };
+    let Some(table) = open_if_present(&read, path, CRYPTO_KEYS)? else { return Ok(Vec::new()) };
     let mut slots = Vec::new();
     for entry in table.iter().map_err(|error| fail(error.into()))? {
         let (slot, bytes) = entry.map_err(|error| fail(error.into()))?;
@@ -1056,6 +1048,20 @@ fn list_table<T: serde::de::DeserializeOwned>(
     Ok(list_named(&read, path, table)?.into_iter().map(|(_, value)| value).collect())
 }
 
+/// `table` as `read` sees it, or `None` where no write has created it yet (a new store, or one
+/// from before the table existed).
+fn open_if_present<K: redb::Key + 'static, V: redb::Value + 'static>(
+    read: &redb::ReadTransaction,
+    path: &Path,
+    table: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, MetadataError> {
+    match read.open_table(table) {
+        Ok(table) => Ok(Some(table)),
+        Err(TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(error) => Err(store_error(path, error)),
+    }
+}
+
 /// Every entry of `table` with its name, in name order (the table's), as `read` sees them.
 fn list_named<T: serde::de::DeserializeOwned>(
     read: &redb::ReadTransaction,
@@ -1063,11 +1069,7 @@ fn list_named<T: serde::de::DeserializeOwned>(
     table: TableDefinition<&str, &str>,
 ) -> Result<Vec<(String, T)>, MetadataError> {
     let fail = |error: redb::Error| store_error(path, error);
-    let table = match read.open_table(table) {
-        Ok(table) => table,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(error) => return Err(fail(error.into())),
-    };
+    let Some(table) = open_if_present(read, path, table)? else { return Ok(Vec::new()) };
     let mut entries = Vec::new();
     for entry in table.iter().map_err(|error| fail(error.into()))? {
         let (name, json) = entry.map_err(|error| fail(error.into()))?;
@@ -1092,11 +1094,7 @@ fn list_spaces<T: serde::de::DeserializeOwned>(
     // entry without its number, and out of place.
     let read = db.begin_read().map_err(|error| fail(error.into()))?;
     let entries = list_named(&read, path, tables.entries)?;
-    let order = match read.open_table(tables.order) {
-        Ok(table) => Some(table),
-        Err(TableError::TableDoesNotExist(_)) => None,
-        Err(error) => return Err(fail(error.into())),
-    };
+    let order = open_if_present(&read, path, tables.order)?;
     let mut spaces = Vec::with_capacity(entries.len());
     for (name, value) in entries {
         let place = match &order {
