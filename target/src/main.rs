@@ -592,6 +592,11 @@ fn main() -> ExitCode {
     // creates the default tenant (every permission on every space) and its key file, which
     // `netdam` on this machine finds on its own when the data directory is the default one. A
     // store whose tenants were deleted stays closed.
+    // A taken port refuses the start before the default tenant's key file is written.
+    if let Err(error) = netdam_target::server::check_addresses_free(&config) {
+        eprintln!("netdam-target: {error}");
+        return ExitCode::FAILURE;
+    }
     let default_key = match default_tenant(&config) {
         Ok(created) => created,
         Err(message) => {

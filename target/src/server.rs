@@ -129,6 +129,7 @@ impl Target {
     ) -> Result<Target, StartError> {
         config.validate()?;
         let data_dir = config.data_dir()?;
+        check_addresses_free(config)?;
         create_data_dir(&data_dir).map_err(|source| StartError::DataDir { path: data_dir.clone(), source })?;
         // Before anything in the directory is opened: a second target would write the same
         // regions and, worse, reserve the same nonces of the same keys (GCM nonce reuse).
@@ -225,14 +226,8 @@ impl Target {
                 poll_mode: format!("{:?}", config.poll).to_lowercase(),
             };
             let registry = TargetCollector::new(shared.clone(), build).registry();
-            let server = MetricsServer::start(addr, registry, "netdam-metrics").map_err(|source| {
-                let hint = if source.kind() == io::ErrorKind::AddrInUse {
-                    " (another target or exporter holds it: pass another --metrics-listen address, or \"off\")"
-                } else {
-                    ""
-                };
-                StartError::Metrics { addr, source, hint }
-            })?;
+            let server =
+                MetricsServer::start(addr, registry, "netdam-metrics").map_err(|source| metrics_error(addr, source))?;
             target.metrics = Some(server);
         }
         let cpus = if config.pin_workers { worker::allowed_cpus() } else { Vec::new() };
@@ -625,25 +620,49 @@ pub fn running_target(data_dir: &std::path::Path) -> Option<u32> {
     std::fs::read_to_string(&path).ok().and_then(|text| text.trim().parse().ok()).or(Some(0))
 }
 
-fn bind_workers(listen: SocketAddr, workers: usize) -> Result<Vec<std::os::fd::OwnedFd>, StartError> {
-    let bind_error = |addr, source: io::Error| {
-        let hint = if source.kind() == io::ErrorKind::AddrInUse {
-            " (is another netdam-target running? stop it or pass --listen with another port)"
-        } else {
-            ""
-        };
-        StartError::Bind { addr, source, hint }
+/// Refuses a start whose listen address (or metrics address) another socket holds, before the
+/// start creates anything: a first start on a taken port would otherwise leave a data directory
+/// with its default region and tenant key behind. The sockets bound here are closed again; a
+/// port taken between this check and the real bind is still refused there, with the same error.
+pub fn check_addresses_free(config: &Config) -> Result<(), StartError> {
+    if config.listen.port() != 0 {
+        std::net::UdpSocket::bind(config.listen).map_err(|source| listen_error(config.listen, source))?;
+    }
+    if let Some(addr) = config.metrics_listen.addr().filter(|addr| addr.port() != 0) {
+        std::net::TcpListener::bind(addr).map_err(|source| metrics_error(addr, source))?;
+    }
+    Ok(())
+}
+
+fn listen_error(addr: SocketAddr, source: io::Error) -> StartError {
+    let hint = if source.kind() == io::ErrorKind::AddrInUse {
+        " (is another netdam-target running? stop it or pass --listen with another port)"
+    } else {
+        ""
     };
+    StartError::Bind { addr, source, hint }
+}
+
+fn metrics_error(addr: SocketAddr, source: io::Error) -> StartError {
+    let hint = if source.kind() == io::ErrorKind::AddrInUse {
+        " (another target or exporter holds it: pass another --metrics-listen address, or \"off\")"
+    } else {
+        ""
+    };
+    StartError::Metrics { addr, source, hint }
+}
+
+fn bind_workers(listen: SocketAddr, workers: usize) -> Result<Vec<std::os::fd::OwnedFd>, StartError> {
     // SO_REUSEPORT would let a second target share the port with a running one and split its
     // traffic; a plain bind first proves the port is free.
     if listen.port() != 0 {
-        std::net::UdpSocket::bind(listen).map_err(|source| bind_error(listen, source))?;
+        std::net::UdpSocket::bind(listen).map_err(|source| listen_error(listen, source))?;
     }
-    let first = socket::bind_shared(listen).map_err(|source| bind_error(listen, source))?;
-    let actual = socket::local_addr(&first).map_err(|source| bind_error(listen, source))?;
+    let first = socket::bind_shared(listen).map_err(|source| listen_error(listen, source))?;
+    let actual = socket::local_addr(&first).map_err(|source| listen_error(listen, source))?;
     let mut sockets = vec![first];
     for _ in 1..workers {
-        sockets.push(socket::bind_shared(actual).map_err(|source| bind_error(actual, source))?);
+        sockets.push(socket::bind_shared(actual).map_err(|source| listen_error(actual, source))?);
     }
     Ok(sockets)
 }

@@ -1308,20 +1308,41 @@ fn the_target_may_be_named_by_host_name() {
     }
 }
 
-/// A first start that fails after it created the default tenant (its port is taken) leaves the
-/// tenant and its key file; the next start names that key file in its banner, as the first
-/// would have.
+/// A first start refused because its port (or its metrics port) is taken leaves nothing behind:
+/// no data directory, so no default region and no tenant key that a later start would find
+/// without having made. The refusal names the address; the next start on a free port is the
+/// first, and says in its banner that it created the default tenant.
 #[test]
-fn the_default_tenants_key_is_named_after_a_failed_first_start() {
+fn a_start_refused_for_a_taken_port_creates_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().to_str().unwrap();
+    let data = dir.path().join("data");
     let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let first = serving(&taken.local_addr().unwrap().to_string(), data).output().unwrap();
-    assert!(!first.status.success(), "the port is taken");
-    let key = dir.path().join("tenants/default.key");
-    assert!(key.is_file(), "the failed start created the default tenant's key file");
-    let banner = banner_of(serving("127.0.0.1:0", data));
-    assert!(banner.contains(&format!("the default tenant's key file: {}", key.display())), "{banner}");
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let first = serving(&taken_addr, &data).output().unwrap();
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(!first.status.success(), "the port is taken: {stderr}");
+    assert!(stderr.contains(&taken_addr) && stderr.contains("another netdam-target"), "{stderr}");
+    assert!(!data.exists(), "the refused start created {}", data.display());
+
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics_addr = metrics.local_addr().unwrap().to_string();
+    let second = Command::new(env!("CARGO_BIN_EXE_netdam-target"))
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", &metrics_addr, "--poll", "blocking", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "the metrics port is taken: {stderr}");
+    assert!(stderr.contains(&metrics_addr) && stderr.contains("--metrics-listen"), "{stderr}");
+    assert!(!data.exists(), "the refused start created {}", data.display());
+
+    let banner = banner_of(serving("127.0.0.1:0", &data));
+    let key = data.join("tenants/default.key");
+    assert!(key.is_file(), "a start that serves makes the default tenant's key file");
+    assert!(
+        banner.contains(&format!("created tenant \"default\" (all permissions) with key file {}", key.display())),
+        "{banner}"
+    );
 }
 
 /// The banner's "Reach it with" command works as printed: with tenants required and a data
