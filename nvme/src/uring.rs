@@ -50,6 +50,9 @@ pub struct UringDevice {
     queued_end: u64,
     /// Completions that matched no request in flight: none, unless a bug let one through.
     stray_completions: u64,
+    /// Whether BLOCK_STATUS asks FIEMAP for allocated blocks without data; false from the file
+    /// system's first refusal (tmpfs has no FIEMAP).
+    fiemap: bool,
 }
 
 impl std::fmt::Debug for UringDevice {
@@ -183,6 +186,7 @@ impl UringDevice {
             slots: (0..queue_depth).map(|_| None).collect(),
             free_slots: (0..queue_depth).rev().collect(),
             stray_completions: 0,
+            fiemap: true,
             unsubmitted: 0,
             queued_end: u64::MAX,
         })
@@ -413,7 +417,8 @@ impl BlockDevice for UringDevice {
             return Err(BlockError::NotSupported { operation: "block status", device: "block device" });
         }
         check_status_range(&self.geometry, offset_blocks, num_blocks, extents)?;
-        allocation::walk(&mut FileSeek(&self.file), self.geometry.block_bytes, offset_blocks, num_blocks, extents)
+        let mut seek = FileSeek { file: &self.file, fiemap: &mut self.fiemap };
+        allocation::walk(&mut seek, self.geometry.block_bytes, offset_blocks, num_blocks, extents)
             .map_err(|source| BlockError::StatusFailed { offset_blocks, num_blocks, source })
     }
 }

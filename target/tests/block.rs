@@ -179,6 +179,15 @@ fn extents(extents: Vec<Extent>) -> Vec<(u32, u32)> {
 
 const HOLE: u32 = EXTENT_FLAG_HOLE | EXTENT_FLAG_ZERO;
 
+/// Whether `path` is on tmpfs (`statfs`'s TMPFS_MAGIC), whose files answer `lseek` but not FIEMAP.
+fn on_tmpfs(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statfs writes into `stat`, which lives across the call; `name` is a C string.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(name.as_ptr(), &mut stat) == 0 && stat.f_type == libc::TMPFS_MAGIC }
+}
+
 /// A file namespace reports what was written as data and what was trimmed as holes, through
 /// the client and the worker's block path, alone and inside a run of other block instructions.
 #[test]
@@ -221,6 +230,19 @@ fn block_status_on_a_file_namespace_shows_writes_and_trims() {
     assert_eq!(results[0].status, Status::Ok);
     let after_trim = netdam_isa::block::decode_extents(results[1].data, 16).unwrap();
     assert_eq!(extents(after_trim), [(16, HOLE)], "BLOCK_STATUS sees the TRIM before it");
+
+    // WRITE_ZEROES allocates (FALLOC_FL_ZERO_RANGE): zero, not a hole, where the file system
+    // answers FIEMAP; lseek alone calls it a hole. Blocks 512-527, after a hole and before one.
+    client.write_zeroes(&disk, 512, 16).unwrap();
+    let zeroed = extents(client.block_status(&disk, 496, 48).unwrap());
+    if zeroed == [(48, HOLE)] && on_tmpfs(test.dir.path()) {
+        eprintln!("skipped: the data directory is on tmpfs, which has no FIEMAP: zeroed blocks show as a hole");
+    } else {
+        assert_eq!(zeroed, [(16, HOLE), (16, EXTENT_FLAG_ZERO), (16, HOLE)], "write-zeroes leaves allocated zeroes");
+    }
+    // A TRIM over them makes them a hole again.
+    client.trim(&disk, 512, 16).unwrap();
+    assert_eq!(extents(client.block_status(&disk, 496, 48).unwrap()), [(48, HOLE)]);
 
     let refused = |result: Result<Vec<Extent>, ClientError>| match result {
         Err(ClientError::Refused { status, .. }) => status,
