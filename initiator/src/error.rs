@@ -70,6 +70,10 @@ pub enum ClientError {
     /// The answer did not decode.
     #[error("undecodable answer: {0}")]
     Protocol(#[from] DecodeError),
+    /// The HELLO answer holds a value no netdam target sends (a datagram size, a block size or a
+    /// namespace size out of range); the message names it. Nothing is sent in the session.
+    #[error("the target's HELLO answer is not one a netdam target sends: {0}; is a netdam target listening there?")]
+    InvalidHello(String),
     /// A BLOCK_STATUS answer is not a valid extent list.
     #[error("invalid BLOCK_STATUS answer: {0}")]
     BadExtents(#[from] ExtentError),

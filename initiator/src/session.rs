@@ -32,7 +32,7 @@ use netdam_isa::wire::{
 use netdam_isa::{Duration, Instant, Opcode, Status};
 
 use crate::error::ClientError;
-use crate::hello::{hello_step, HelloStep, HELLO_ROUNDS};
+use crate::hello::{check_hello_answer, hello_step, HelloStep, HELLO_ROUNDS};
 use crate::op::Op;
 use crate::swift::{hops_from_ttl, Swift, SwiftConfig, SwiftMetrics};
 
@@ -802,11 +802,15 @@ impl Session {
     /// The HELLO under way was answered (or failed after its last attempt) at `now`.
     fn on_hello_answer(&mut self, now: Instant, result: Result<Reply, ClientError>) {
         let authenticated = self.config.credentials.is_some();
+        let offered = self.hello_size.unwrap_or(self.config.max_datagram_bytes as u32);
         let step = result.and_then(|reply| {
             let step = hello_step(&reply)?;
-            if authenticated && matches!(step, HelloStep::Established(_)) && !peek_is_sealed(reply.bytes()) {
-                // Only a target holding the tenant's key can seal the answer that opens a session.
-                return Err(ClientError::HelloRefused(Status::Unauthenticated));
+            if let HelloStep::Established(answer) = &step {
+                if authenticated && !peek_is_sealed(reply.bytes()) {
+                    // Only a target holding the tenant's key can seal the answer that opens a session.
+                    return Err(ClientError::HelloRefused(Status::Unauthenticated));
+                }
+                check_hello_answer(answer, offered)?;
             }
             Ok(step)
         });

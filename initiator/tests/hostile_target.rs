@@ -1,0 +1,459 @@
+//! The client against a target that answers what no honest target sends: a fake target on a
+//! real UDP socket answers the HELLO with generated values (datagram sizes, instruction
+//! limits, regions and namespaces with sizes and block sizes in and out of range) and every
+//! later request with an answer that is then mutated (bytes flipped, cut, appended, fields
+//! overwritten with extreme values, the sequence changed, answered twice or not at all), its
+//! CRC recomputed most of the time so that the mutation reaches the decoder and the session
+//! rather than stopping at the checksum. Anyone who can send to the client's port can send
+//! such datagrams to a session without authentication, and a buggy target can too: every
+//! client call must return, in bounded time, an answer or an error, never panic or hang, and
+//! a read must never report success with data of another length than asked.
+//!
+//! The test prints `SEED=`; `NETDAM_SEED=<seed>` repeats its cases.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration as StdDuration, Instant as StdInstant};
+
+use netdam_initiator::client::{Client, ClientOptions};
+use netdam_initiator::session::SessionConfig;
+use netdam_isa::block::{encode_extents, Extent, EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
+use netdam_isa::control::{decode_hello_operand, encode_hello_answer, NamespaceEntry, StatWriter, NO_COOKIE};
+use netdam_isa::wire::{datagram_crc, Request, ResponseWriter};
+use netdam_isa::{Duration, Opcode, Status};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+
+/// Where the CRC lies in every datagram (PROTOCOL.md, "Header").
+const CRC_FIELD: std::ops::Range<usize> = 28..32;
+/// The cookie the fake target hands out.
+const COOKIE: [u8; 24] = [0x5a; 24];
+/// How long one case's client calls may take together: each call's attempts are bounded by the
+/// short timeouts below, so anything near this is a hang.
+const CASE_WITHIN: StdDuration = StdDuration::from_secs(20);
+
+/// What the fake target says in its HELLO answer.
+#[derive(Debug, Clone)]
+struct HelloPlan {
+    session: u32,
+    max_datagram_bytes: u32,
+    max_instructions: u16,
+    regions: Vec<(u16, String, u64)>,
+    namespaces: Vec<(u16, String, u32, u64)>,
+    /// Applied to the encoded answer's datagram.
+    mutation: Mutation,
+}
+
+/// What is done to one answer datagram before it is sent.
+#[derive(Debug, Clone)]
+enum Mutation {
+    None,
+    FlipByte {
+        at: usize,
+        mask: u8,
+    },
+    Truncate {
+        at: usize,
+    },
+    Append(Vec<u8>),
+    /// Four bytes overwritten with an extreme value (a length, a count, a time).
+    Overwrite {
+        at: usize,
+        value: u32,
+    },
+    /// The answer names another sequence.
+    Sequence(u64),
+    /// The datagram's status byte.
+    DatagramStatus(u8),
+    /// Sent twice.
+    Twice,
+    /// Not sent.
+    Drop,
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    hello: HelloPlan,
+    /// Mutations of the answers after the HELLO's, taken in turn.
+    answers: Vec<Mutation>,
+    /// Whether a mutated datagram gets its CRC recomputed (the checksum then passes).
+    fix_crc: bool,
+}
+
+fn extreme_u32() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        Just(0u32),
+        Just(1),
+        Just(511),
+        Just(512),
+        Just(4095),
+        Just(4096),
+        Just(8192),
+        Just(9000),
+        Just(65_507),
+        Just(65_536),
+        Just(u32::MAX / 2),
+        Just(u32::MAX),
+        any::<u32>(),
+    ]
+}
+
+fn extreme_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(4096),
+        Just(1 << 20),
+        Just(1 << 40),
+        Just(u64::MAX / 512),
+        Just(u64::MAX),
+        any::<u64>()
+    ]
+}
+
+fn name() -> impl Strategy<Value = String> {
+    prop_oneof![Just("disk".to_string()), Just("r".to_string()), Just(String::new()), "[a-z]{1,32}"]
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        4 => Just(Mutation::None),
+        2 => (0usize..200, 1u8..=255).prop_map(|(at, mask)| Mutation::FlipByte { at, mask }),
+        1 => (0usize..200).prop_map(|at| Mutation::Truncate { at }),
+        1 => prop::collection::vec(any::<u8>(), 1..64).prop_map(Mutation::Append),
+        3 => (0usize..120, extreme_u32()).prop_map(|(at, value)| Mutation::Overwrite { at, value }),
+        1 => prop_oneof![Just(0u64), Just(1), Just(u64::MAX), any::<u64>()].prop_map(Mutation::Sequence),
+        1 => any::<u8>().prop_map(Mutation::DatagramStatus),
+        1 => Just(Mutation::Twice),
+        1 => Just(Mutation::Drop),
+    ]
+}
+
+fn hello_plan() -> impl Strategy<Value = HelloPlan> {
+    // Mostly what a target may answer, so that most cases get past the HELLO; the rest out of range.
+    let datagram = prop_oneof![6 => Just(9000u32), 1 => Just(4096), 1 => Just(65_507), 1 => extreme_u32()];
+    let instructions = prop_oneof![6 => Just(64u16), 1 => Just(1), 1 => Just(0), 1 => any::<u16>()];
+    let region = (prop_oneof![Just(0u16), any::<u16>()], name(), extreme_u64());
+    let block = prop_oneof![6 => Just(4096u32), 2 => Just(512), 1 => extreme_u32()];
+    let capacity = prop_oneof![4 => Just(1u64 << 18), 1 => extreme_u64()];
+    let namespace = (prop_oneof![Just(0u16), any::<u16>()], name(), block, capacity);
+    (
+        any::<u32>(),
+        datagram,
+        instructions,
+        prop::collection::vec(region, 0..3),
+        prop::collection::vec(namespace, 0..3),
+        prop_oneof![4 => Just(Mutation::None), 1 => mutation()],
+    )
+        .prop_map(|(session, max_datagram_bytes, max_instructions, regions, namespaces, mutation)| HelloPlan {
+            session,
+            max_datagram_bytes,
+            max_instructions,
+            regions,
+            namespaces,
+            mutation,
+        })
+}
+
+fn plan() -> impl Strategy<Value = Plan> {
+    (hello_plan(), prop::collection::vec(mutation(), 1..24), prop::bool::weighted(0.9))
+        .prop_map(|(hello, answers, fix_crc)| Plan { hello, answers, fix_crc })
+}
+
+/// The data a read of `len` bytes at `offset` gets from the fake target.
+fn pattern(offset: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|index| (offset.wrapping_add(index as u64).wrapping_mul(131) >> 3) as u8).collect()
+}
+
+/// A fake target on 127.0.0.1 answering by `plan` until stopped.
+struct FakeTarget {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeTarget {
+    fn start(plan: Plan) -> FakeTarget {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.set_read_timeout(Some(StdDuration::from_millis(20))).unwrap();
+        let addr = socket.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("fake-target".into())
+            .spawn(move || serve(&socket, &plan, &stopped))
+            .unwrap();
+        FakeTarget { addr, stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for FakeTarget {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            // The fake target's own panic is the harness's bug, not the client's: say so.
+            thread.join().expect("the fake target itself panicked");
+        }
+    }
+}
+
+fn serve(socket: &UdpSocket, plan: &Plan, stop: &AtomicBool) {
+    let mut request_buffer = vec![0u8; 70_000];
+    let mut answer_buffer = vec![0u8; 70_000];
+    let mut next_mutation = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let Ok((len, from)) = socket.recv_from(&mut request_buffer) else { continue };
+        let Ok(request) = Request::parse(&request_buffer[..len]) else { continue };
+        let header = request.header;
+        let mut writer = ResponseWriter::new(&mut answer_buffer, header.session, header.sequence);
+        let mut is_hello = false;
+        for instruction in request.instructions() {
+            let opcode = Opcode::from_u8(instruction.opcode);
+            let capacity = writer.data_capacity();
+            let (status, data_len) = match opcode {
+                Some(Opcode::Hello) => {
+                    is_hello = true;
+                    let Ok(hello) = decode_hello_operand(instruction.operand) else { break };
+                    if hello.cookie == NO_COOKIE {
+                        writer.data_area()[..COOKIE.len()].copy_from_slice(&COOKIE);
+                        (Status::Retry, COOKIE.len())
+                    } else {
+                        let plan = &plan.hello;
+                        let regions = plan.regions.iter().map(|(id, name, size)| (*id, name.as_str(), *size, false));
+                        let namespaces =
+                            plan.namespaces.iter().map(|(id, name, block_bytes, capacity_blocks)| NamespaceEntry {
+                                id: *id,
+                                name,
+                                block_bytes: *block_bytes,
+                                capacity_blocks: *capacity_blocks,
+                                reports_allocation: true,
+                            });
+                        match encode_hello_answer(
+                            writer.data_area(),
+                            plan.session,
+                            plan.max_datagram_bytes,
+                            plan.max_instructions,
+                            0,
+                            regions,
+                            namespaces,
+                        ) {
+                            Ok(len) => (Status::Ok, len),
+                            Err(status) => (status, 0),
+                        }
+                    }
+                }
+                Some(Opcode::Read) | Some(Opcode::BlockRead) => {
+                    let block = match opcode {
+                        Some(Opcode::BlockRead) => plan.hello.namespaces.first().map_or(1, |ns| ns.2 as usize),
+                        _ => 1,
+                    };
+                    let len = (instruction.length as usize).saturating_mul(block).min(capacity);
+                    writer.data_area()[..len].copy_from_slice(&pattern(instruction.offset, len));
+                    (Status::Ok, len)
+                }
+                Some(Opcode::Cas) | Some(Opcode::FetchAdd) => {
+                    writer.data_area()[..8].copy_from_slice(&0x0123_4567_89ab_cdefu64.to_le_bytes());
+                    (Status::Ok, 8)
+                }
+                Some(Opcode::Crc32) => {
+                    writer.data_area()[..4].copy_from_slice(&0xdead_beefu32.to_le_bytes());
+                    (Status::Ok, 4)
+                }
+                Some(Opcode::BlockStatus) => {
+                    let half = (instruction.length / 2).max(1);
+                    let extents = [
+                        Extent { num_blocks: half, flags: 0 },
+                        Extent {
+                            num_blocks: instruction.length.saturating_sub(half).max(1),
+                            flags: EXTENT_FLAG_HOLE | EXTENT_FLAG_ZERO,
+                        },
+                    ];
+                    (Status::Ok, encode_extents(&extents, writer.data_area()))
+                }
+                Some(Opcode::Stat) => {
+                    let Ok(mut stat) = StatWriter::new(writer.data_area()) else { break };
+                    let _ = stat.push("requests", 7);
+                    (Status::Ok, stat.finish())
+                }
+                _ => (Status::Ok, 0),
+            };
+            writer.commit(instruction.opcode, status, data_len);
+        }
+        let mut len = writer.finish(64, 1_500, 1);
+        let mutation = if is_hello && plan.hello.mutation.is_some_mutation() {
+            plan.hello.mutation.clone()
+        } else if is_hello {
+            Mutation::None
+        } else {
+            next_mutation += 1;
+            plan.answers[(next_mutation - 1) % plan.answers.len()].clone()
+        };
+        let mut times = 1;
+        match mutation {
+            Mutation::None => {}
+            Mutation::FlipByte { at, mask } => {
+                if at < len {
+                    answer_buffer[at] ^= mask;
+                }
+            }
+            Mutation::Truncate { at } => len = len.min(at),
+            Mutation::Append(bytes) => {
+                answer_buffer[len..len + bytes.len()].copy_from_slice(&bytes);
+                len += bytes.len();
+            }
+            Mutation::Overwrite { at, value } => {
+                let end = (at + 4).min(len);
+                if at < end {
+                    answer_buffer[at..end].copy_from_slice(&value.to_le_bytes()[..end - at]);
+                }
+            }
+            // The header's sequence is bytes 8..16 (PROTOCOL.md, "Header").
+            Mutation::Sequence(sequence) => answer_buffer[8..16].copy_from_slice(&sequence.to_le_bytes()),
+            // The datagram status is byte 2 of a response header.
+            Mutation::DatagramStatus(status) => answer_buffer[2] = status,
+            Mutation::Twice => times = 2,
+            Mutation::Drop => times = 0,
+        }
+        if plan.fix_crc && len >= CRC_FIELD.end {
+            let crc = datagram_crc(&answer_buffer[..len]);
+            answer_buffer[CRC_FIELD].copy_from_slice(&crc.to_le_bytes());
+        }
+        for _ in 0..times {
+            let _ = socket.send_to(&answer_buffer[..len], from);
+        }
+    }
+}
+
+impl Mutation {
+    fn is_some_mutation(&self) -> bool {
+        !matches!(self, Mutation::None)
+    }
+}
+
+/// Short timeouts, so that a case whose answers are all ignored fails in milliseconds.
+fn options() -> ClientOptions {
+    let session = SessionConfig {
+        initial_rto: Duration::from_millis(5),
+        min_rto: Duration::from_millis(2),
+        min_block_rto: Duration::from_millis(5),
+        min_hello_rto: Duration::from_millis(5),
+        max_rto: Duration::from_millis(20),
+        max_attempts: 3,
+        min_patience: Duration::ZERO,
+        max_in_progress_wait: Duration::from_millis(50),
+        max_busy_retries: 3,
+        reconnect_patience: Duration::ZERO,
+        ..SessionConfig::default()
+    };
+    ClientOptions { session, ..ClientOptions::default() }
+}
+
+/// Runs every kind of client call against a fake target answering by `plan`; fails on a
+/// read that succeeded with data of another length than asked, or on a case that takes too long.
+/// A panic anywhere in the client fails the case (proptest reports it).
+fn run_case(plan: Plan) -> Result<(), TestCaseError> {
+    let target = FakeTarget::start(plan);
+    let started = StdInstant::now();
+    let Ok(mut client) = Client::connect_with(target.addr, options()) else { return Ok(()) };
+    ESTABLISHED.fetch_add(1, Ordering::Relaxed);
+    let region = client.info().hello.regions.first().map(|region| region.id);
+    let namespace = client.info().hello.namespaces.first().cloned();
+    let _ = client.ping();
+    let _ = client.stat();
+    if let Some(space) = region {
+        for len in [1usize, 64, 5000, 20_000] {
+            let mut out = vec![0u8; len];
+            if client.read(space, 8, &mut out).is_ok() {
+                prop_assert_eq!(out.len(), len);
+                READS_ANSWERED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let _ = client.write(space, 0, &[1u8; 3000]);
+        let _ = client.cas(space, 8, 1, 2);
+        let _ = client.fetch_add(space, 16, 5);
+        let _ = client.crc32(space, 0, 100);
+        let _ = client.fill(space, 0, 100, 7);
+        let _ = client.memcpy(space, 0, space, 4096, 100);
+    }
+    if let Some(namespace) = namespace {
+        for len in [0usize, 512, 4096, 3 * 4096, 20_000] {
+            let mut out = vec![0u8; len];
+            let _ = client.block_read(&namespace, 0, &mut out);
+            let _ = client.block_write(&namespace, 1, &out, false);
+        }
+        if let Ok(extents) = client.block_status(&namespace, 0, 16) {
+            let covered: u64 = extents.iter().map(|extent| u64::from(extent.num_blocks)).sum();
+            prop_assert!((1..=16).contains(&covered), "extents cover {covered} of 16 blocks: {extents:?}");
+        }
+        let _ = client.block_flush(&namespace);
+        let _ = client.trim(&namespace, 0, 8);
+        let _ = client.write_zeroes(&namespace, 0, 8);
+    }
+    let _ = client.close();
+    prop_assert!(started.elapsed() < CASE_WITHIN, "the case took {:?}", started.elapsed());
+    Ok(())
+}
+
+fn seed() -> [u8; 32] {
+    let seed: u64 = match std::env::var("NETDAM_SEED") {
+        Ok(text) => text.parse().expect("NETDAM_SEED is a number"),
+        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+    };
+    println!("SEED={seed}");
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    bytes
+}
+
+/// Cases whose HELLO opened a session, and reads answered with success: the generated cases
+/// must reach past the HELLO, or the test would check the HELLO alone.
+static ESTABLISHED: AtomicUsize = AtomicUsize::new(0);
+static READS_ANSWERED: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn the_client_survives_a_hostile_target() {
+    const CASES: u32 = 200;
+    let config = Config { cases: CASES, failure_persistence: None, max_shrink_iters: 200, ..Config::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed()));
+    if let Err(error) = runner.run(&plan(), run_case) {
+        panic!("{error}");
+    }
+    let (established, reads) = (ESTABLISHED.load(Ordering::Relaxed), READS_ANSWERED.load(Ordering::Relaxed));
+    println!("{established} of {CASES} cases opened a session; {reads} reads succeeded");
+    assert!(established >= CASES as usize / 4, "only {established} of {CASES} cases got past the HELLO");
+    assert!(reads >= CASES as usize / 2, "only {reads} reads succeeded in {CASES} cases");
+}
+
+/// The fake target answers honestly when nothing is mutated: the client's reads get its
+/// pattern, so the hostile cases above exercise the paths an honest answer takes too.
+#[test]
+fn an_honest_fake_target_is_read_as_it_answers() {
+    let plan = Plan {
+        hello: HelloPlan {
+            session: 77,
+            max_datagram_bytes: 9000,
+            max_instructions: 64,
+            regions: vec![(0, "mem".into(), 1 << 20)],
+            namespaces: vec![(0, "disk".into(), 4096, 256)],
+            mutation: Mutation::None,
+        },
+        answers: vec![Mutation::None],
+        fix_crc: true,
+    };
+    let target = FakeTarget::start(plan);
+    let mut client = Client::connect_with(target.addr, options()).unwrap();
+    let mut out = vec![0u8; 20_000];
+    client.read(0, 100, &mut out).unwrap();
+    // Each piece is read at its own offset, so the whole matches the pattern at 100.
+    assert!(out == pattern(100, out.len()), "a read through the client returns the target's bytes");
+    assert_eq!(client.fetch_add(0, 8, 1).unwrap(), 0x0123_4567_89ab_cdef);
+    let namespace = client.namespace("disk").unwrap().clone();
+    let mut blocks = vec![0u8; 2 * 4096];
+    client.block_read(&namespace, 3, &mut blocks).unwrap();
+    assert!(blocks == pattern(3, blocks.len()), "a block read returns the target's bytes");
+    let extents = client.block_status(&namespace, 0, 16).unwrap();
+    assert_eq!(extents.iter().map(|extent| extent.num_blocks).sum::<u32>(), 16);
+    client.close().unwrap();
+}
