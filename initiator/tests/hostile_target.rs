@@ -7,18 +7,22 @@
 //! rather than stopping at the checksum. Anyone who can send to the client's port can send
 //! such datagrams to a session without authentication, and a buggy target can too: every
 //! client call must return, in bounded time, an answer or an error, never panic or hang, and
-//! a read must never report success with data of another length than asked.
+//! a read must never report success with data of another length than asked. The blocking
+//! client, the asynchronous one and a `Volume` over two sessions (what `netdam nbd` drives)
+//! each take their cases.
 //!
 //! The test prints `SEED=`; `NETDAM_SEED=<seed>` repeats its cases.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
+use netdam_initiator::async_client::AsyncClient;
 use netdam_initiator::client::{Client, ClientOptions};
 use netdam_initiator::session::SessionConfig;
+use netdam_initiator::volume::{Volume, VolumeOptions};
 use netdam_isa::block::{encode_extents, Extent, EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::{decode_hello_operand, encode_hello_answer, NamespaceEntry, StatWriter, NO_COOKIE};
 use netdam_isa::wire::{datagram_crc, Request, ResponseWriter};
@@ -396,6 +400,52 @@ fn run_case(plan: Plan) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// As [`run_case`], through the asynchronous client and a [`Volume`] (what `netdam nbd` drives),
+/// on a runtime of the case's own.
+fn run_async_case(plan: Plan) -> Result<(), TestCaseError> {
+    let target = FakeTarget::start(plan.clone());
+    let started = StdInstant::now();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let outcome: Result<(), TestCaseError> = runtime.block_on(async {
+        if let Ok(client) = AsyncClient::connect_with(target.addr, options()).await {
+            ESTABLISHED_ASYNC.fetch_add(1, Ordering::Relaxed);
+            if let Some(space) = client.info().hello.regions.first().map(|region| region.id) {
+                for len in [1usize, 5000, 20_000] {
+                    if let Ok(data) = client.read(space, 8, len).await {
+                        prop_assert_eq!(data.len(), len);
+                    }
+                }
+                let _ = client.write(space, 0, &[1u8; 3000]).await;
+                let _ = client.cas(space, 8, 1, 2).await;
+                let _ = client.fetch_add(space, 16, 5).await;
+                let _ = client.crc32(space, 0, 100).await;
+            }
+            client.close().await;
+        }
+        let Some(name) = plan.hello.namespaces.first().map(|namespace| namespace.1.clone()) else { return Ok(()) };
+        let options = VolumeOptions { sessions: 2, client: options() };
+        let Ok(volume) = Volume::open(target.addr, &name, options).await else { return Ok(()) };
+        VOLUMES_OPENED.fetch_add(1, Ordering::Relaxed);
+        for len in [0usize, 4096, 3 * 4096, 40_960] {
+            let mut out = vec![0u8; len];
+            let _ = volume.read(0, &mut out).await;
+            let _ = volume.write(4096, &out, len == 4096).await;
+        }
+        if let Ok(extents) = volume.block_status(0, 16 * u64::from(volume.block_bytes())).await {
+            let covered: u64 = extents.iter().map(|(bytes, _)| bytes).sum();
+            prop_assert!(covered <= 16 * u64::from(volume.block_bytes()), "extents cover {covered} bytes: {extents:?}");
+        }
+        let _ = volume.flush().await;
+        let _ = volume.trim(0, 8192).await;
+        let _ = volume.write_zeroes(0, 8192).await;
+        volume.close().await;
+        Ok(())
+    });
+    outcome?;
+    prop_assert!(started.elapsed() < CASE_WITHIN, "the case took {:?}", started.elapsed());
+    Ok(())
+}
+
 fn seed() -> [u8; 32] {
     let seed: u64 = match std::env::var("NETDAM_SEED") {
         Ok(text) => text.parse().expect("NETDAM_SEED is a number"),
@@ -424,6 +474,40 @@ fn the_client_survives_a_hostile_target() {
     println!("{established} of {CASES} cases opened a session; {reads} reads succeeded");
     assert!(established >= CASES as usize / 4, "only {established} of {CASES} cases got past the HELLO");
     assert!(reads >= CASES as usize / 2, "only {reads} reads succeeded in {CASES} cases");
+}
+
+/// Panics anywhere in this test binary: tokio catches a panic of a spawned task (a client's
+/// I/O task), which would otherwise pass unnoticed.
+static PANICS: AtomicUsize = AtomicUsize::new(0);
+
+fn count_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            previous(info);
+        }));
+    });
+}
+
+static ESTABLISHED_ASYNC: AtomicUsize = AtomicUsize::new(0);
+static VOLUMES_OPENED: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn the_async_client_and_a_volume_survive_a_hostile_target() {
+    const CASES: u32 = 100;
+    count_panics();
+    let config = Config { cases: CASES, failure_persistence: None, max_shrink_iters: 100, ..Config::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed()));
+    if let Err(error) = runner.run(&plan(), run_async_case) {
+        panic!("{error}");
+    }
+    let (established, volumes) = (ESTABLISHED_ASYNC.load(Ordering::Relaxed), VOLUMES_OPENED.load(Ordering::Relaxed));
+    println!("{established} of {CASES} cases opened a session, {volumes} a volume");
+    assert!(established >= CASES as usize / 4, "only {established} of {CASES} cases got past the HELLO");
+    assert!(volumes >= CASES as usize / 10, "only {volumes} of {CASES} cases opened a volume");
+    assert_eq!(PANICS.load(Ordering::SeqCst), 0, "a task panicked (printed above)");
 }
 
 /// The fake target answers honestly when nothing is mutated: the client's reads get its
