@@ -663,10 +663,15 @@ impl MetadataStore {
                             range_text(held.range)
                         )));
                     }
-                    // An `admin` that a record of an earlier version holds here never counted:
-                    // dropped on the way, not refused (the user did not name it now).
-                    let mut names: Vec<String> =
-                        held.permissions.iter().filter(|name| *name != "admin").cloned().collect();
+                    // An `admin` that a record of an earlier version holds on one space never
+                    // counted: dropped on the way, not refused (the user did not name it now).
+                    // On `all` it is the tenant's admin, kept like any permission held.
+                    let mut names: Vec<String> = held
+                        .permissions
+                        .iter()
+                        .filter(|name| grant.space == GrantSpace::All || *name != "admin")
+                        .cloned()
+                        .collect();
                     names.extend(permissions.iter().cloned());
                     space_permissions(tenant, &grant.space, &names)?
                 }
@@ -1535,6 +1540,25 @@ mod tests {
             GrantRecord { space: GrantSpace::Namespace("disk".into()), permissions: names(&["block"]), range: None };
         store.grant("bob", &disk, &configured()).unwrap();
         assert_eq!(store.tenant("bob").unwrap().grants.len(), 3);
+    }
+
+    /// `grant T all admin`, then `grant T all read`: the second adds to the first, and the
+    /// tenant stays its target's admin (the merge dropped `admin` on every space).
+    #[test]
+    fn a_grant_on_all_keeps_the_admin_held_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("ops", &key(1), &TenantSettings::default()).unwrap();
+        let known = configured();
+        let on_all =
+            |permissions: &[&str]| GrantRecord { space: GrantSpace::All, permissions: names(permissions), range: None };
+        store.grant("ops", &on_all(&["admin"]), &known).unwrap();
+        let merged = store.grant("ops", &on_all(&["read"]), &known).unwrap();
+        assert_eq!(merged.grants.len(), 1);
+        let held = &merged.grants[0].permissions;
+        assert!(held.contains(&"admin".to_string()) && held.contains(&"read".to_string()), "{held:?}");
+        let again = store.grant("ops", &on_all(&["write"]), &known).unwrap();
+        assert!(again.grants[0].permissions.contains(&"admin".to_string()), "{:?}", again.grants[0].permissions);
     }
 
     #[test]
