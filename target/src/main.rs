@@ -807,7 +807,7 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
             let stored = MetadataStore::load(&data_dir).map_err(|error| error.to_string())?;
             let configured = config.effective_regions().into_iter().map(|region| (region, "config", Ok(())));
             let stored = stored.regions.into_iter().map(|region| {
-                let checked = check_stored_region(&region);
+                let checked = check_stored_region(&region, &data_dir);
                 (region, "store", checked)
             });
             for (id, region, source, not_served) in numbered_as_served(configured.chain(stored)) {
@@ -870,7 +870,7 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
                 .namespaces
                 .into_iter()
                 .map(|namespace| {
-                    let checked = check_stored_namespace(&config, &namespace);
+                    let checked = check_stored_namespace(&config, &namespace, &data_dir);
                     (namespace, "store", checked)
                 })
                 .collect();

@@ -3,7 +3,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -143,11 +143,11 @@ impl Target {
             stored
                 .regions
                 .into_iter()
-                .filter(|region| servable_stored("region", &region.name, check_stored_region(region))),
+                .filter(|region| servable_stored("region", &region.name, check_stored_region(region, &data_dir))),
         );
         let mut namespace_configs = config.namespaces.clone();
         namespace_configs.extend(stored.namespaces.into_iter().filter(|namespace| {
-            servable_stored("namespace", &namespace.name, check_stored_namespace(config, namespace))
+            servable_stored("namespace", &namespace.name, check_stored_namespace(config, namespace, &data_dir))
         }));
         validate_spaces(&region_configs, &namespace_configs)?;
         check_distinct_backings(&region_configs, &namespace_configs, &data_dir)?;
@@ -525,14 +525,39 @@ pub fn create_data_dir(path: &std::path::Path) -> io::Result<()> {
 /// Today's checks of a stored region's own settings: one that fails them is not served
 /// ([`servable_stored`]), and takes no id. `region list` applies them too, so that the ids it
 /// shows are the ones a target serves.
-pub fn check_stored_region(region: &RegionConfig) -> Result<(), ConfigError> {
-    region.validate()
+pub fn check_stored_region(region: &RegionConfig, data_dir: &Path) -> Result<(), ConfigError> {
+    region.validate()?;
+    backing_present("region", &region.name, region.path.as_deref(), data_dir)
 }
 
 /// As [`check_stored_region`], for a stored namespace under `config` (its blocks must fit the
 /// datagrams).
-pub fn check_stored_namespace(config: &Config, namespace: &NamespaceConfig) -> Result<(), ConfigError> {
-    namespace.validate().and_then(|()| blocks_fit_datagrams(config.max_datagram_bytes, std::slice::from_ref(namespace)))
+pub fn check_stored_namespace(
+    config: &Config,
+    namespace: &NamespaceConfig,
+    data_dir: &Path,
+) -> Result<(), ConfigError> {
+    namespace.validate()?;
+    blocks_fit_datagrams(config.max_datagram_bytes, std::slice::from_ref(namespace))?;
+    backing_present("namespace", &namespace.name, Some(&namespace.path), data_dir)
+}
+
+/// A stored space's file or device was made by `region create` or `namespace create` (or named
+/// there, for a device): a start that finds it gone must not make an empty one in its place,
+/// which would serve zeroes where the data was (a file system not mounted yet, a file moved or
+/// deleted). A configured space's file is created at its first start instead.
+fn backing_present(kind: &str, name: &str, path: Option<&Path>, data_dir: &Path) -> Result<(), ConfigError> {
+    let Some(path) = path else { return Ok(()) };
+    let path = crate::namespaces::resolve(path, data_dir);
+    match std::fs::metadata(&path) {
+        Ok(_) => Ok(()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Err(ConfigError::Invalid(format!(
+            "its file {} is missing (a file system not mounted yet? a file moved or deleted?); the target does not \
+             create it again empty: restore it and restart, or remove the {kind} with `netdam-target {kind} delete {name}`",
+            path.display()
+        ))),
+        Err(error) => Err(ConfigError::Invalid(format!("its file {} cannot be read: {error}", path.display()))),
+    }
 }
 
 /// Whether a space from the metadata store passes today's checks of its own settings. One an
@@ -542,10 +567,15 @@ fn servable_stored(kind: &str, name: &str, checked: Result<(), ConfigError>) -> 
     match checked {
         Ok(()) => true,
         Err(error) => {
-            tracing::warn!(
-                "stored {kind} {name:?} is not served: {error}; `netdam-target {kind} delete {name}` removes it \
-                 (and create it again with settings that fit)"
-            );
+            // A missing file's message says what to do; a setting today's checks refuse does not.
+            let advice = if error.to_string().contains("netdam-target") {
+                String::new()
+            } else {
+                format!(
+                    "; `netdam-target {kind} delete {name}` removes it (and create it again with settings that fit)"
+                )
+            };
+            tracing::warn!("stored {kind} {name:?} is not served: {error}{advice}");
             false
         }
     }

@@ -226,9 +226,11 @@ fn a_stored_space_refused_today_is_left_out_with_a_warning_not_a_failed_start() 
         size: Some(ByteSize(1 << 20)),
         block_size,
     };
-    store.create_namespace(&namespace("old", 16_384)).unwrap();
-    store.create_namespace(&namespace("disk", 4096)).unwrap();
-    store.create_namespace(&namespace("after", 4096)).unwrap();
+    for (name, block_size) in [("old", 16_384), ("disk", 4096), ("after", 4096)] {
+        store.create_namespace(&namespace(name, block_size)).unwrap();
+        // As `namespace create` does: a stored space's file exists.
+        std::fs::File::create(dir.path().join(format!("{name}.img"))).unwrap().set_len(1 << 20).unwrap();
+    }
     drop(store);
     // `namespace list` numbers them as the target will: the one left out takes no id.
     let listed = target_admin(&["namespace", "list", "--data-dir", data]);
@@ -255,6 +257,88 @@ fn a_stored_space_refused_today_is_left_out_with_a_warning_not_a_failed_start() 
     assert!(banner.contains("namespace 0 \"disk\"") && banner.contains("namespace 1 \"after\""), "{banner}");
     assert!(!banner.contains("\"old\""), "{banner}");
     assert!(log.contains("\"old\" is not served") && log.contains("namespace delete old"), "{log}");
+}
+
+/// A stored namespace or region whose file is gone at start (its file system not mounted yet,
+/// the file moved) is not served, and its file is not made again empty: the log names the file
+/// and what to do, `namespace list` and `region list` say why it has no id, and once the file
+/// is back the next start serves it with its data.
+#[test]
+fn a_stored_space_whose_file_is_gone_is_not_made_again_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_text = data.to_str().unwrap();
+    let created = [
+        target_admin(&[
+            "namespace",
+            "create",
+            "disk",
+            "--backend",
+            "file",
+            "--path",
+            "disk.img",
+            "--size",
+            "1MiB",
+            "--data-dir",
+            data_text,
+        ]),
+        target_admin(&[
+            "region",
+            "create",
+            "vol",
+            "--backend",
+            "file",
+            "--path",
+            "vol.region",
+            "--size",
+            "1MiB",
+            "--data-dir",
+            data_text,
+        ]),
+    ];
+    for output in &created {
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let (disk, vol) = (data.join("disk.img"), data.join("vol.region"));
+    let mut kept = std::fs::read(&vol).unwrap();
+    kept[..4].copy_from_slice(b"kept");
+    std::fs::write(&vol, &kept).unwrap();
+    std::fs::rename(&disk, dir.path().join("disk.img")).unwrap();
+    std::fs::rename(&vol, dir.path().join("vol.region")).unwrap();
+
+    for (kind, path) in [("namespace", &disk), ("region", &vol)] {
+        let listed = target_admin(&[kind, "list", "--data-dir", data_text]);
+        let listed = String::from_utf8_lossy(&listed.stdout);
+        assert!(
+            listed.contains("(not served: ") && listed.contains(&format!("{} is missing", path.display())),
+            "{listed}"
+        );
+    }
+    let mut child = serving("127.0.0.1:0", &data)
+        .args(["--auth", "none"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let banner = read_banner(&mut child);
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(!banner.contains("\"disk\"") && !banner.contains("\"vol\""), "{banner}");
+    for (kind, name, path) in [("namespace", "disk", &disk), ("region", "vol", &vol)] {
+        assert!(log.contains(&format!("stored {kind} \"{name}\" is not served")), "{log}");
+        assert!(log.contains(&format!("{} is missing", path.display())), "{log}");
+        assert!(log.contains(&format!("netdam-target {kind} delete {name}")), "{log}");
+        assert!(!path.exists(), "the start made {} again", path.display());
+    }
+
+    std::fs::rename(dir.path().join("disk.img"), &disk).unwrap();
+    std::fs::rename(dir.path().join("vol.region"), &vol).unwrap();
+    let mut again = serving("127.0.0.1:0", &data);
+    again.args(["--auth", "none"]);
+    let banner = banner_of(again);
+    assert!(banner.contains("\"disk\"") && banner.contains("\"vol\""), "served again: {banner}");
+    assert_eq!(&std::fs::read(&vol).unwrap()[..4], b"kept");
 }
 
 /// A namespace or region refused for its own settings leaves a new data directory as it was: no
