@@ -213,41 +213,128 @@ impl KeyFile {
 
     /// Writes the key file at `path`, owner-only, durably (the file and its directory are
     /// synced). With `replace` an existing file is replaced atomically; without, an existing
-    /// file is an error.
+    /// file is an error. Nothing but `path` is left behind, even when the write fails.
     pub fn write(&self, path: &Path, replace: bool) -> Result<(), KeyFileError> {
-        let io = |source| KeyFileError::Io { path: path.to_path_buf(), source };
+        self.stage(path, replace)?.install().map_err(|error| match error {
+            // Dropping the staged file here removes the temporary: a caller of `write` has no
+            // use for it.
+            InstallError::NotMoved { staged, source } if source.kind() == std::io::ErrorKind::AlreadyExists => {
+                KeyFileError::Exists { path: staged.path.clone() }
+            }
+            InstallError::NotMoved { staged, source } => KeyFileError::Io { path: staged.path.clone(), source },
+            InstallError::NotSynced(error) => error,
+        })
+    }
+
+    /// Writes the key file to a temporary beside `path` (`.NAME.new`), owner-only and synced,
+    /// but does not put it in place: [`StagedKeyFile::install`] does, and dropping the staged
+    /// file removes the temporary. This lets a caller make the file the key file only once
+    /// whatever else must hold the same key (the target's metadata store) has committed.
+    /// Without `replace` an existing file at `path` is an error, now and at the install.
+    pub fn stage(&self, path: &Path, replace: bool) -> Result<StagedKeyFile, KeyFileError> {
+        self.stage_with(path, replace, |file, text| file.write_all(text))
+    }
+
+    /// [`KeyFile::stage`] with the bytes written by `write_text`, so that tests can fail the
+    /// write (a full file system) after the temporary was created.
+    fn stage_with(
+        &self,
+        path: &Path,
+        replace: bool,
+        write_text: impl FnOnce(&mut std::fs::File, &[u8]) -> std::io::Result<()>,
+    ) -> Result<StagedKeyFile, KeyFileError> {
         if !replace && path.exists() {
             return Err(KeyFileError::Exists { path: path.to_path_buf() });
         }
         let file_name = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
         let temporary = path.with_file_name(format!(".{file_name}.new"));
+        // One left by a crash between staging and installing holds no key in force.
         let _ = std::fs::remove_file(&temporary);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temporary)
-            .map_err(|source| KeyFileError::Io { path: temporary.clone(), source })?;
-        file.write_all(self.to_text().as_bytes()).and_then(|()| file.sync_all()).map_err(io)?;
-        drop(file);
-        if !replace {
-            // Linking fails if the path appeared meanwhile: never overwrite another key.
-            std::fs::hard_link(&temporary, path).map_err(|source| {
-                let _ = std::fs::remove_file(&temporary);
-                if source.kind() == std::io::ErrorKind::AlreadyExists {
-                    KeyFileError::Exists { path: path.to_path_buf() }
-                } else {
-                    io(source)
-                }
-            })?;
-            let _ = std::fs::remove_file(&temporary);
+        let io = |source| KeyFileError::Io { path: temporary.clone(), source };
+        let mut file =
+            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&temporary).map_err(io)?;
+        // From here the temporary is ours: if the write fails (a full file system), dropping
+        // `staged` removes it rather than leaving an empty or partial file.
+        let staged = StagedKeyFile { path: path.to_path_buf(), temporary: temporary.clone(), replace, pending: true };
+        write_text(&mut file, self.to_text().as_bytes()).and_then(|()| file.sync_all()).map_err(io)?;
+        Ok(staged)
+    }
+}
+
+/// A key file written to a temporary beside its path by [`KeyFile::stage`] and not yet put in
+/// place. Dropping it removes the temporary, unless it was installed or [`kept`](Self::keep).
+#[derive(Debug)]
+#[must_use = "dropping a staged key file removes it; install() puts it in place"]
+pub struct StagedKeyFile {
+    path: PathBuf,
+    temporary: PathBuf,
+    replace: bool,
+    /// Whether the temporary is still there and ours to remove.
+    pending: bool,
+}
+
+/// Why [`StagedKeyFile::install`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The temporary could not be moved to the key file's path (without `replace`: a file
+    /// appeared there, `AlreadyExists`). The temporary is still there, held by `staged`:
+    /// dropping it removes it, [`StagedKeyFile::keep`] keeps it.
+    #[error("cannot move {} to {}: {source}", .staged.temporary.display(), .staged.path.display())]
+    NotMoved { staged: StagedKeyFile, source: std::io::Error },
+    /// The key file is in place, but its directory could not be synced.
+    #[error(transparent)]
+    NotSynced(KeyFileError),
+}
+
+impl StagedKeyFile {
+    /// Where the key file goes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where the staged key file is until it is installed.
+    pub fn temporary(&self) -> &Path {
+        &self.temporary
+    }
+
+    /// Puts the staged file in place, durably: renamed over the path with `replace`, else
+    /// linked there so that a file which appeared meanwhile is never overwritten; then the
+    /// directory is synced.
+    pub fn install(mut self) -> Result<(), InstallError> {
+        let moved = if self.replace {
+            std::fs::rename(&self.temporary, &self.path)
         } else {
-            std::fs::rename(&temporary, path).map_err(io)?;
+            std::fs::hard_link(&self.temporary, &self.path)
+        };
+        if let Err(source) = moved {
+            return Err(InstallError::NotMoved { staged: self, source });
         }
-        if let Some(directory) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-            std::fs::File::open(directory).and_then(|directory| directory.sync_all()).map_err(io)?;
+        if !self.replace {
+            // The link is in place; failing to remove the other name only leaves a copy.
+            let _ = std::fs::remove_file(&self.temporary);
+        }
+        self.pending = false;
+        if let Some(directory) = self.path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+            std::fs::File::open(directory)
+                .and_then(|directory| directory.sync_all())
+                .map_err(|source| InstallError::NotSynced(KeyFileError::Io { path: self.path.clone(), source }))?;
         }
         Ok(())
+    }
+
+    /// Leaves the temporary where it is and returns its path: for a key that is in force
+    /// although it could not be installed, which the operator must then move by hand.
+    pub fn keep(mut self) -> PathBuf {
+        self.pending = false;
+        std::mem::take(&mut self.temporary)
+    }
+}
+
+impl Drop for StagedKeyFile {
+    fn drop(&mut self) {
+        if self.pending {
+            let _ = std::fs::remove_file(&self.temporary);
+        }
     }
 }
 
@@ -276,6 +363,71 @@ mod tests {
         let rotated = KeyFile { version: 3, key: TenantKey::from_bytes([1; KEY_BYTES]), ..sample() };
         rotated.write(&path, true).unwrap();
         assert_eq!(KeyFile::load(&path).unwrap(), rotated);
+    }
+
+    fn names_in(directory: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(directory)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_staged_key_file_replaces_the_old_one_only_once_installed() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("alice.key");
+        sample().write(&path, false).unwrap();
+        let old_bytes = std::fs::read(&path).unwrap();
+        let rotated = KeyFile { version: 3, key: TenantKey::from_bytes([1; KEY_BYTES]), ..sample() };
+        let staged = rotated.stage(&path, true).unwrap();
+        assert_eq!(staged.temporary(), directory.path().join(".alice.key.new"));
+        assert_eq!(KeyFile::load(staged.temporary()).unwrap(), rotated, "staged owner-only");
+        assert_eq!(std::fs::read(&path).unwrap(), old_bytes);
+        drop(staged);
+        assert_eq!(std::fs::read(&path).unwrap(), old_bytes, "a dropped staged file changes nothing");
+        assert_eq!(names_in(directory.path()), ["alice.key"], "and leaves no temporary");
+        rotated.stage(&path, true).unwrap().install().unwrap();
+        assert_eq!(KeyFile::load(&path).unwrap(), rotated);
+        assert_eq!(names_in(directory.path()), ["alice.key"]);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary_behind() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("alice.key");
+        let full = |_: &mut std::fs::File, _: &[u8]| Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+        let error = sample().stage_with(&path, false, full).unwrap_err();
+        assert!(error.to_string().contains(".alice.key.new"), "{error}");
+        assert!(names_in(directory.path()).is_empty(), "no empty temporary on a full file system");
+        sample().write(&path, false).unwrap();
+        let old_bytes = std::fs::read(&path).unwrap();
+        assert!(sample().stage_with(&path, true, full).is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), old_bytes);
+        assert_eq!(names_in(directory.path()), ["alice.key"]);
+    }
+
+    #[test]
+    fn a_staged_file_that_cannot_be_installed_can_be_kept() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("alice.key");
+        let staged = sample().stage(&path, false).unwrap();
+        std::fs::write(&path, "appeared meanwhile").unwrap();
+        let Err(InstallError::NotMoved { staged, source }) = staged.install() else {
+            panic!("a file that appeared meanwhile is not overwritten");
+        };
+        assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
+        let temporary = staged.keep();
+        assert_eq!(KeyFile::load(&temporary).unwrap(), sample(), "kept");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "appeared meanwhile");
+        std::fs::remove_file(&temporary).unwrap();
+        // Not kept, it is removed with the error, as `write` does.
+        let other = directory.path().join("other.key");
+        let staged = sample().stage(&other, false).unwrap();
+        std::fs::write(&other, "appeared meanwhile").unwrap();
+        drop(staged.install().unwrap_err());
+        assert_eq!(names_in(directory.path()), ["alice.key", "other.key"]);
     }
 
     #[test]

@@ -493,8 +493,9 @@ impl MetadataStore {
 
     /// Like [`MetadataStore::create_tenant`], the tenant holding `grants` (each checked as
     /// [`normalize_permissions`] does, on distinct spaces), and running `before_commit` on the
-    /// new record before the commit: the key file is written there, so a tenant is stored only
-    /// once its key file exists, and a key file that cannot be written leaves the store as it was.
+    /// new record before the commit: the key file is staged there (written beside its place,
+    /// installed once the commit succeeded: `tenant_admin`), so a key file that cannot be
+    /// written leaves the store as it was, and a failed commit leaves no key file.
     pub fn create_tenant_with(
         &self,
         name: &str,
@@ -599,7 +600,8 @@ impl MetadataStore {
     }
 
     /// Like [`MetadataStore::rotate_key`], running `before_commit` on the new record before the
-    /// commit (where the new key file is written: if it cannot be, the old key stays in force).
+    /// commit (where the new key file is staged: if it cannot be written, or the commit fails,
+    /// the old key and its file stay in force).
     pub fn rotate_key_with(
         &self,
         name: &str,

@@ -6,6 +6,7 @@
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use netdam_auth::keyfile::{InstallError, StagedKeyFile};
 use netdam_auth::{KeyFile, KeyFileError, TenantKey};
 
 use crate::metadata::{normalize_permissions, MetadataError, MetadataStore, TenantSettings};
@@ -26,6 +27,13 @@ pub enum TenantAdminError {
     /// A key file could not be read or written.
     #[error(transparent)]
     KeyFile(#[from] KeyFileError),
+    /// The store committed a new key, but its key file could not be put in place: the key is
+    /// in force and only in the temporary file, which is kept.
+    #[error(
+        "the metadata store holds tenant {tenant:?}'s new key (version {version}), but it could not be put in \
+         place as {path}: {source}. The new key is in {temporary}: move it to {path} by hand"
+    )]
+    KeyFileNotInstalled { tenant: String, version: u32, path: PathBuf, temporary: PathBuf, source: std::io::Error },
     /// A directory could not be made.
     #[error("cannot create {path}: {source}")]
     Directory { path: PathBuf, source: std::io::Error },
@@ -55,9 +63,46 @@ fn key_file_of(record: &TenantRecord, key: &TenantKey) -> KeyFile {
     KeyFile { tenant: record.name.clone(), id: record.id, version: record.key_version, key: *key }
 }
 
+/// Runs `store_step`, a change of the store that calls the `stage` it is given with the new key
+/// file before its commit, and puts that file in place at `key_file` only once the step has
+/// committed. A key file written before the commit would outlive a failed commit (a full file
+/// system): the tenant would hold a file the store does not know, or, rotating, lose its old
+/// key. A failed step drops the staged temporary, leaving any old key file as it was. The
+/// caller keeps the store open until this returns; as the store admits one process at a time,
+/// no other change stages over the temporary before it is installed.
+fn commit_then_install<T>(
+    key_file: &Path,
+    replace: bool,
+    store_step: impl FnOnce(&mut dyn FnMut(KeyFile) -> Result<(), String>) -> Result<T, MetadataError>,
+) -> Result<T, TenantAdminError> {
+    let mut staged: Option<(StagedKeyFile, KeyFile)> = None;
+    let committed = store_step(&mut |file| {
+        let temporary = file.stage(key_file, replace).map_err(|error| error.to_string())?;
+        staged = Some((temporary, file));
+        Ok(())
+    })?;
+    let Some((staged, file)) = staged else {
+        unreachable!("the store step commits only after staging the key file");
+    };
+    staged.install().map_err(|error| match error {
+        // The store holds the new key now, so the temporary is the only copy an initiator
+        // can use: keep it and say where it is.
+        InstallError::NotMoved { staged, source } => TenantAdminError::KeyFileNotInstalled {
+            tenant: file.tenant,
+            version: file.version,
+            path: key_file.to_path_buf(),
+            temporary: staged.keep(),
+            source,
+        },
+        InstallError::NotSynced(error) => error.into(),
+    })?;
+    Ok(committed)
+}
+
 /// Creates tenant `name` with `key` (a new one when `None`) and `settings`, and writes its key
-/// file to `key_file` (default: [`default_key_file`]), which must not exist. The tenant is
-/// committed only once the key file is written. Returns the record and the key file's path.
+/// file to `key_file` (default: [`default_key_file`]), which must not exist. The key file is
+/// staged beside its path before the tenant is committed and put in place after: a failure
+/// leaves neither tenant nor file. Returns the record and the key file's path.
 pub fn create_tenant(
     data_dir: &Path,
     name: &str,
@@ -94,14 +139,15 @@ fn create_with_grants(
         return Err(KeyFileError::Exists { path: key_file }.into());
     }
     create_key_directory(&key_file)?;
-    let record = store.create_tenant_with(name, &key, settings, grants, |record| {
-        key_file_of(record, &key).write(&key_file, replace_key_file).map_err(|error| error.to_string())
+    let record = commit_then_install(&key_file, replace_key_file, |stage| {
+        store.create_tenant_with(name, &key, settings, grants, |record| stage(key_file_of(record, &key)))
     })?;
     Ok((record, key_file))
 }
 
 /// Gives tenant `name` a new key and writes it to `key_file` (default: [`default_key_file`]),
-/// replacing that file; the new key is committed only once the file is written. Returns the
+/// replacing that file. The new file is staged beside it before the new key is committed and
+/// replaces it only after, so a failure leaves the old key and its file in force. Returns the
 /// record and the key file's path.
 pub fn rotate_key(
     data_dir: &Path,
@@ -111,9 +157,11 @@ pub fn rotate_key(
     let key_file = key_file.unwrap_or_else(|| default_key_file(data_dir, name));
     create_key_directory(&key_file)?;
     let store = MetadataStore::open(data_dir)?;
-    let (record, _) = store.rotate_key_with(name, |record| {
-        let key = TenantKey::from_hex(&record.key_hex).map_err(|error| error.to_string())?;
-        key_file_of(record, &key).write(&key_file, true).map_err(|error| error.to_string())
+    let (record, _) = commit_then_install(&key_file, true, |stage| {
+        store.rotate_key_with(name, |record| {
+            let key = TenantKey::from_hex(&record.key_hex).map_err(|error| error.to_string())?;
+            stage(key_file_of(record, &key))
+        })
     })?;
     Ok((record, key_file))
 }
@@ -384,6 +432,89 @@ mod tests {
         assert_eq!(deleted.key_file_removed, Some(key_file.clone()));
         assert!(deleted.was_last);
         assert!(!key_file.exists());
+    }
+
+    /// A store step as `create_tenant` or `rotate_key` runs it, whose commit fails after the
+    /// key file was staged (as on a full file system): the real store's transaction is dropped.
+    fn failing_commit(stage: &mut dyn FnMut(KeyFile) -> Result<(), String>, file: KeyFile) -> Result<(), String> {
+        stage(file)?;
+        Err("injected: no space left on device".into())
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|entry| entry.unwrap().file_name().to_string_lossy().into()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_rotation_whose_commit_fails_leaves_the_old_key_file_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let (record, key_file) = create_tenant(dir.path(), "bob", None, &TenantSettings::default(), None).unwrap();
+        let old_bytes = std::fs::read(&key_file).unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        let error = commit_then_install(&key_file, true, |stage| {
+            store.rotate_key_with("bob", |record| {
+                failing_commit(stage, key_file_of(record, &TenantKey::from_hex(&record.key_hex).unwrap()))
+            })
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("no space left"), "{error}");
+        assert_eq!(store.tenant("bob").unwrap().key_version, 1, "the store kept the old key");
+        drop(store);
+        assert_eq!(std::fs::read(&key_file).unwrap(), old_bytes, "and the key file too");
+        assert_eq!(names_in(key_file.parent().unwrap()), ["bob.key"], "no temporary left behind");
+        // The old key still works, and a later rotation goes through.
+        let (rotated, _) = rotate_key(dir.path(), "bob", None).unwrap();
+        assert_eq!((rotated.id, rotated.key_version), (record.id, 2));
+        assert_eq!(KeyFile::load(&key_file).unwrap().key.to_hex(), rotated.key_hex);
+    }
+
+    #[test]
+    fn a_create_whose_commit_fails_leaves_nothing_and_can_be_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_file = default_key_file(dir.path(), "t1");
+        create_key_directory(&key_file).unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        let key = TenantKey::generate().unwrap();
+        let error = commit_then_install(&key_file, false, |stage| {
+            store.create_tenant_with("t1", &key, &TenantSettings::default(), &[], |record| {
+                failing_commit(stage, key_file_of(record, &key))
+            })
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("no space left"), "{error}");
+        assert!(store.tenants().unwrap().is_empty());
+        drop(store);
+        assert!(names_in(key_file.parent().unwrap()).is_empty(), "neither key file nor temporary left behind");
+        let (record, again) = create_tenant(dir.path(), "t1", None, &TenantSettings::default(), None)
+            .expect("a create after a failed one is not refused for a key file left behind");
+        assert_eq!(again, key_file);
+        assert_eq!(KeyFile::load(&key_file).unwrap().key.to_hex(), record.key_hex);
+        assert_eq!(names_in(key_file.parent().unwrap()), ["t1.key"]);
+    }
+
+    #[test]
+    fn a_rotated_key_file_that_cannot_be_put_in_place_is_kept_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        create_tenant(dir.path(), "bob", None, &TenantSettings::default(), None).unwrap();
+        // A non-empty directory at the key file's path: staging beside it works, the rename
+        // after the commit fails.
+        let in_the_way = dir.path().join("in-the-way.key");
+        std::fs::create_dir_all(in_the_way.join("something")).unwrap();
+        let error = rotate_key(dir.path(), "bob", Some(in_the_way.clone())).unwrap_err();
+        let TenantAdminError::KeyFileNotInstalled { temporary, path, version, .. } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!((path, *version), (&in_the_way, 2));
+        assert_eq!(temporary, &dir.path().join(".in-the-way.key.new"));
+        let message = error.to_string();
+        assert!(message.contains("holds tenant \"bob\"'s new key (version 2)"), "{message}");
+        assert!(message.contains(&format!("The new key is in {}", temporary.display())), "{message}");
+        let kept = KeyFile::load(temporary).expect("the only copy of the key in force is kept, owner-only");
+        let stored = MetadataStore::open(dir.path()).unwrap().tenant("bob").unwrap();
+        assert_eq!((kept.version, kept.key.to_hex()), (stored.key_version, stored.key_hex));
     }
 
     #[test]
