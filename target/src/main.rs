@@ -632,7 +632,17 @@ fn main() -> ExitCode {
 }
 
 fn admin(command: impl FnOnce() -> Result<(), String>) -> ExitCode {
-    match command() {
+    // The store's reader (redb) panics on pages it cannot have written; the opens and reads a
+    // start makes say so by name (`metadata::guarded`), and a command that meets one in a later
+    // read says what it most likely means rather than ending on the panic alone.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(command)).unwrap_or_else(|_| {
+        Err(format!(
+            "the command stopped on the internal error above; where it came from the metadata store (redb), \
+             its file ({}) is damaged: restore it from a backup",
+            netdam_target::metadata::METADATA_FILE
+        ))
+    });
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("netdam-target: {message}");

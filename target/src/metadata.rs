@@ -242,7 +242,8 @@ impl MetadataStore {
     /// [`STORE_BUSY_WAIT`] while another process has it open.
     pub fn open(data_dir: &Path) -> Result<MetadataStore, MetadataError> {
         let path = data_dir.join(METADATA_FILE);
-        let db = wait_while_busy(&path, || Database::create(&path))?;
+        check_not_lost(data_dir, &path)?;
+        let db = guarded(&path, || wait_while_busy(&path, || Database::create(&path)))?;
         // It holds tenants' keys: owner-only, like a key file.
         let mode = std::fs::metadata(&path).map_err(|error| store_error(&path, error))?.permissions().mode();
         if mode & 0o077 != 0 {
@@ -256,13 +257,13 @@ impl MetadataStore {
     /// store holds nothing.
     pub fn load(data_dir: &Path) -> Result<Stored, MetadataError> {
         let path = data_dir.join(METADATA_FILE);
-        match open_to_read(&path)? {
+        guarded(&path, || match open_to_read(&path)? {
             Some(store) => Ok(Stored {
                 regions: store.list_spaces(&path, REGION_TABLES)?,
                 namespaces: store.list_spaces(&path, NAMESPACE_TABLES)?,
             }),
             None => Ok(Stored::default()),
-        }
+        })
     }
 
     /// Where the store lives.
@@ -413,20 +414,21 @@ impl MetadataStore {
 
     /// Reads `data_dir`'s key slots; an absent store holds none.
     pub fn load_crypto_keys(data_dir: &Path) -> Result<Vec<StoredKeySlot>, MetadataError> {
-        if !data_dir.join(METADATA_FILE).exists() {
+        let path = data_dir.join(METADATA_FILE);
+        if !path.exists() {
             return Ok(Vec::new());
         }
-        MetadataStore::open(data_dir)?.crypto_keys()
+        guarded(&path, || MetadataStore::open(data_dir)?.crypto_keys())
     }
 
     /// `data_dir`'s key slots with the versions of their keys (never the keys), read as
     /// [`read_tenants`] reads: read-only, so that listing works on a read-only data directory.
     pub fn read_crypto_key_slots(data_dir: &Path) -> Result<Vec<(u32, Vec<u32>)>, MetadataError> {
         let path = data_dir.join(METADATA_FILE);
-        let slots = match open_to_read(&path)? {
-            None => Vec::new(),
-            Some(store) => store.crypto_keys(&path)?,
-        };
+        let slots = guarded(&path, || match open_to_read(&path)? {
+            None => Ok(Vec::new()),
+            Some(store) => store.crypto_keys(&path),
+        })?;
         Ok(key_versions_only(slots))
     }
 
@@ -806,10 +808,10 @@ impl MetadataStore {
 /// which repairs it.
 pub fn read_tenants(data_dir: &Path) -> Result<Vec<TenantRecord>, MetadataError> {
     let path = data_dir.join(METADATA_FILE);
-    let mut tenants: Vec<TenantRecord> = match open_to_read(&path)? {
-        Some(store) => store.list(&path, TENANTS)?,
-        None => Vec::new(),
-    };
+    let mut tenants: Vec<TenantRecord> = guarded(&path, || match open_to_read(&path)? {
+        Some(store) => store.list(&path, TENANTS),
+        None => Ok(Vec::new()),
+    })?;
     tenants.sort_by_key(|tenant| tenant.id);
     Ok(tenants)
 }
@@ -1004,6 +1006,9 @@ enum ReadStore {
 /// when there is no store.
 fn open_to_read(path: &Path) -> Result<Option<ReadStore>, MetadataError> {
     if !path.exists() {
+        if let Some(data_dir) = path.parent() {
+            check_not_lost(data_dir, path)?;
+        }
         return Ok(None);
     }
     match wait_while_busy(path, || ReadOnlyDatabase::open(path)) {
@@ -1131,6 +1136,74 @@ fn wait_while_busy<T>(path: &Path, mut open: impl FnMut() -> Result<T, DatabaseE
             }
             result => return result.map_err(|error| store_error(path, error)),
         }
+    }
+}
+
+/// Refuses a store that is missing or empty in a data directory holding what only a store
+/// makes beside it (tenant key files in `tenants/`, crypto nonce reservations): the store was
+/// lost or moved, and starting a new one there would hand out a new default tenant with every
+/// permission and forget the stored spaces, the tenants and the crypto keys without a word.
+fn check_not_lost(data_dir: &Path, path: &Path) -> Result<(), MetadataError> {
+    let state = match std::fs::metadata(path) {
+        Ok(metadata) if metadata.len() > 0 => return Ok(()),
+        Ok(_) => "empty",
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => "missing",
+        Err(_) => return Ok(()),
+    };
+    let names_in = |dir: &Path, keep: &dyn Fn(&str) -> bool| -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(|entry| entry.ok())
+            .filter(|entry| keep(&entry.file_name().to_string_lossy()))
+            .map(|entry| entry.path())
+            .collect();
+        found.sort();
+        found
+    };
+    let mut left = names_in(&data_dir.join(crate::tenant_admin::TENANTS_DIR), &|name: &str| {
+        name.ends_with(".key") && !name.starts_with('.')
+    });
+    left.extend(names_in(data_dir, &|name: &str| name.starts_with(crate::crypto::NONCE_FILE_PREFIX)));
+    if left.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<String> = left.iter().take(3).map(|path| path.display().to_string()).collect();
+    let more = if left.len() > 3 { format!(" and {} more", left.len() - 3) } else { String::new() };
+    Err(MetadataError::Store {
+        path: path.to_path_buf(),
+        message: format!(
+            "the file is {state}, yet the data directory holds what only a store makes ({}{more}): the store was \
+             lost or moved. Put it back or restore it from a backup; nothing here creates a new one over the old \
+             one's keys. To start afresh, give the target another data directory",
+            shown.join(", ")
+        ),
+    })
+}
+
+/// Runs `read` (an open or a read of the store at `path`), turning a panic inside the database
+/// into an error that names the file: redb asserts and reaches `unreachable!` on a file that is
+/// truncated or whose pages were overwritten, where a start or an admin command should say the
+/// store is damaged and what to do, and a running target's tenant watcher must live on.
+pub fn guarded<T>(path: &Path, read: impl FnOnce() -> Result<T, MetadataError>) -> Result<T, MetadataError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|text| text.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_string());
+        Err(damaged(path, &what))
+    })
+}
+
+/// The error of a store whose file cannot be what redb wrote.
+pub fn damaged(path: &Path, what: &str) -> MetadataError {
+    MetadataError::Store {
+        path: path.to_path_buf(),
+        message: format!(
+            "the file is damaged ({what}): restore it from a backup; it holds the tenants and their keys, \
+             the stored regions and namespaces and the crypto keys (a data directory whose store is gone \
+             is refused, not started afresh)"
+        ),
     }
 }
 
@@ -1607,6 +1680,51 @@ mod tests {
         let tenants = read_tenants(dir.path()).unwrap();
         assert_eq!(tenants.iter().map(|tenant| tenant.name.as_str()).collect::<Vec<_>>(), ["left"]);
         assert!(ReadOnlyDatabase::open(&path).is_ok(), "repaired: the next read is read-only again");
+    }
+
+    /// A store cut short or with pages overwritten makes redb panic (an assertion when it opens,
+    /// `unreachable!` when it walks a page); the reads a start and the tenant watcher make, and
+    /// the open every admin command makes, return an error naming the file instead.
+    #[test]
+    fn a_damaged_store_is_an_error_that_names_the_file_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = MetadataStore::open(dir.path()).unwrap();
+            store.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
+            store.create_namespace(&namespace("disk")).unwrap();
+            store.create_crypto_key(3, &KeyMaterial([7; KEY_LEN])).unwrap();
+        }
+        let path = dir.path().join(METADATA_FILE);
+        let good = std::fs::read(&path).unwrap();
+        let overwritten = |from: usize| {
+            let mut bytes = good.clone();
+            bytes[from..].fill(0xde);
+            bytes
+        };
+        let mut panicked_somewhere = false;
+        for (what, bytes) in [
+            ("cut to 512 bytes", good[..512].to_vec()),
+            ("cut in half", good[..good.len() / 2].to_vec()),
+            ("pages overwritten from 4096", overwritten(4096)),
+            ("pages overwritten from 8192", overwritten(8192)),
+        ] {
+            std::fs::write(&path, &bytes).unwrap();
+            let reads: [(&str, Result<(), MetadataError>); 5] = [
+                ("load", MetadataStore::load(dir.path()).map(drop)),
+                ("read_tenants", read_tenants(dir.path()).map(drop)),
+                ("read_crypto_key_slots", MetadataStore::read_crypto_key_slots(dir.path()).map(drop)),
+                ("load_crypto_keys", MetadataStore::load_crypto_keys(dir.path()).map(drop)),
+                ("open", MetadataStore::open(dir.path()).map(drop)),
+            ];
+            for (read, result) in reads {
+                if let Err(error) = result {
+                    let message = error.to_string();
+                    assert!(message.contains(&path.display().to_string()), "{what}, {read}: {message}");
+                    panicked_somewhere |= message.contains("damaged");
+                }
+            }
+        }
+        assert!(panicked_somewhere, "no case made redb panic: the cases no longer test the guard");
     }
 
     #[test]

@@ -209,8 +209,9 @@ pub fn import_key(path: &Path) -> Result<TenantKey, TenantAdminError> {
 
 /// For a target that authenticates tenants: when the store of `data_dir` has never held a
 /// tenant, creates tenant [`DEFAULT_TENANT`] holding every permission on every space (`grant
-/// default all all`) and its key file at `<data_dir>/tenants/default.key` (replacing a file
-/// left there from an earlier store), and returns that path. Returns `None` when the store
+/// default all all`) and its key file at `<data_dir>/tenants/default.key`, and returns that
+/// path. A data directory whose store is gone while key files it made remain is refused
+/// (`MetadataStore::open`): a lost store is not a new start. Returns `None` when the store
 /// holds a tenant (or one was created meanwhile by another process), and when `tenant delete`
 /// removed its last one: an administrator who emptied the store meant to let no one in, and a
 /// restart must not re-open the target to a new key with every permission.
@@ -386,16 +387,19 @@ mod tests {
         assert_eq!(grant_advice("alice", &grant(GrantSpace::All, &["block"])), None);
     }
 
+    /// A store deleted beside the key file it made is a lost store, not a new start: no new
+    /// default tenant is made over the old key file (that gave whoever started the target a
+    /// new key with every permission, and lost the crypto keys without a word).
     #[test]
-    fn a_default_key_file_left_from_an_earlier_store_is_replaced() {
+    fn a_default_key_file_left_from_a_lost_store_is_not_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let key_file = ensure_default_tenant(dir.path()).unwrap().unwrap();
-        let old = KeyFile::load(&key_file).unwrap();
+        let old = std::fs::read(&key_file).unwrap();
         std::fs::remove_file(dir.path().join(crate::metadata::METADATA_FILE)).unwrap();
-        assert_eq!(ensure_default_tenant(dir.path()).unwrap(), Some(key_file.clone()));
-        let new = KeyFile::load(&key_file).unwrap();
-        assert_ne!(new.key, old.key);
-        assert_eq!(MetadataStore::open(dir.path()).unwrap().tenant(DEFAULT_TENANT).unwrap().key_hex, new.key.to_hex());
+        let error = ensure_default_tenant(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("the file is missing") && error.contains("default.key"), "{error}");
+        assert_eq!(std::fs::read(&key_file).unwrap(), old);
+        assert!(!dir.path().join(crate::metadata::METADATA_FILE).exists(), "no new store");
     }
 
     #[test]

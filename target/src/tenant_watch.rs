@@ -77,6 +77,7 @@ pub fn watch(
         records: Vec::new(),
         recent: false,
         failing: None,
+        failed_at: None,
     };
     watcher.reload(true).map_err(std::io::Error::other)?;
     let (stop, stopped) = mpsc::channel::<()>();
@@ -130,14 +131,23 @@ struct Watcher {
     recent: bool,
     /// The last read's error, logged once until a read succeeds.
     failing: Option<String>,
+    /// The file as it was when that read failed.
+    failed_at: Option<Stamp>,
 }
 
 impl Watcher {
     fn poll(&mut self) {
-        if stamp(&self.path) == self.seen && !self.recent {
+        let now = stamp(&self.path);
+        if now == self.seen && !self.recent {
+            return;
+        }
+        // A file that failed to read is read again once it changes, not at every poll (a
+        // damaged one would fail, and print redb's panic, five times a second).
+        if self.failing.is_some() && self.failed_at == Some(now) {
             return;
         }
         if let Err(error) = self.reload(false) {
+            self.failed_at = Some(now);
             let message = error.to_string();
             if self.failing.as_ref() != Some(&message) {
                 tracing::warn!(error = %message, "cannot re-read the tenants; the ones in force stay until a read succeeds");
@@ -150,6 +160,14 @@ impl Watcher {
     /// `always`). The stamp is taken before the read: a write during the read shows at the next poll.
     fn reload(&mut self, always: bool) -> Result<(), MetadataError> {
         let before = stamp(&self.path);
+        if before.is_none() && self.seen.is_some() {
+            // A store that was there and is gone (moved away, deleted) holds no tenants to read:
+            // taking it for an empty store would shut every tenant out on a mistake.
+            return Err(MetadataError::Store {
+                path: self.path.clone(),
+                message: "the file is gone: put it back; the tenants read before stay in force".into(),
+            });
+        }
         let records = read_tenants(&self.data_dir)?;
         self.seen = before;
         self.recent = changed_recently(&self.path);
@@ -263,6 +281,46 @@ mod tests {
         let started = Instant::now();
         drop(handle);
         assert!(started.elapsed() < POLL_INTERVAL * 2, "dropping the handle stops the thread promptly");
+    }
+
+    /// A store damaged under a running target (pages overwritten) or moved away leaves the
+    /// tenants in force: the watcher neither dies on redb's panic nor publishes "no tenants";
+    /// once the file is back, changes apply again.
+    #[test]
+    fn a_damaged_or_missing_store_keeps_the_tenants_in_force_until_it_is_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (regions, namespaces) = spaces(dir.path());
+        {
+            let store = MetadataStore::open(dir.path()).unwrap();
+            store.create_tenant("alice", &TenantKey::generate().unwrap(), &TenantSettings::default()).unwrap();
+            store.grant("alice", &grant(&["read", "write"]), &known()).unwrap();
+        }
+        let path = dir.path().join(METADATA_FILE);
+        let good = std::fs::read(&path).unwrap();
+        let cell = Arc::new(TenantCell::default());
+        let _handle = watch(dir.path(), regions, namespaces, cell.clone()).unwrap();
+        let (generation, _) = cell.load();
+
+        // Every page but the header overwritten, then the file moved away.
+        let mut damaged = good.clone();
+        damaged[4096..].fill(0xde);
+        std::fs::write(&path, &damaged).unwrap();
+        std::thread::sleep(RECENT_CHANGE + 3 * POLL_INTERVAL);
+        std::fs::rename(&path, dir.path().join("moved.redb")).unwrap();
+        std::thread::sleep(3 * POLL_INTERVAL);
+        let (now, snapshot) = cell.load();
+        assert_eq!(now, generation, "nothing was published while the store could not be read");
+        assert!(snapshot.iter().next().is_some_and(|alice| alice.name == "alice"), "alice stays in force");
+
+        std::fs::write(&path, &good).unwrap();
+        MetadataStore::open(dir.path())
+            .unwrap()
+            .revoke("alice", &GrantSpace::Region("scratch".into()), Some(&["write".into()]))
+            .unwrap();
+        wait_for_generation(&cell, generation, Duration::from_secs(2)).expect("the watcher reads the store again");
+        let (_, snapshot) = cell.load();
+        let held = snapshot.iter().next().unwrap().region_grant(0).unwrap();
+        assert!(!held.allows(Permissions::WRITE, 0, 1) && held.allows(Permissions::READ, 0, 1));
     }
 
     #[test]

@@ -341,6 +341,41 @@ fn a_stored_space_whose_file_is_gone_is_not_made_again_empty() {
     assert_eq!(&std::fs::read(&vol).unwrap()[..4], b"kept");
 }
 
+/// A data directory whose metadata store is gone (moved away) or emptied, while the tenants'
+/// key files are still there, is refused by name: a new store there would give out a new
+/// default tenant with every permission and forget the tenants, stored spaces and crypto keys.
+/// The old key file stays as it was, and the directory serves again once the store is back.
+#[test]
+fn a_data_directory_whose_store_is_gone_is_refused_not_started_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let first = banner_of(serving("127.0.0.1:0", &data));
+    assert!(first.contains("created tenant \"default\""), "{first}");
+    let (store, key) = (data.join("metadata.redb"), data.join("tenants/default.key"));
+    let key_bytes = std::fs::read(&key).unwrap();
+    std::fs::rename(&store, dir.path().join("kept.redb")).unwrap();
+    for state in ["missing", "empty"] {
+        if state == "empty" {
+            std::fs::write(&store, b"").unwrap();
+        }
+        let refused = serving("127.0.0.1:0", &data).output().unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{state}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{}: the file is {state}", store.display())) && stderr.contains("default.key"),
+            "{state}: {stderr}"
+        );
+        let listed = target_admin(&["tenant", "list", "--data-dir", data.to_str().unwrap()]);
+        assert!(!listed.status.success(), "{state}: tenant list is refused too");
+        assert_eq!(std::fs::read(&key).unwrap(), key_bytes, "{state}: the key file is untouched");
+        let size = std::fs::metadata(&store).map(|metadata| metadata.len()).ok();
+        assert_eq!(size, (state == "empty").then_some(0), "{state}: no new store was made");
+    }
+    std::fs::rename(dir.path().join("kept.redb"), &store).unwrap();
+    let again = banner_of(serving("127.0.0.1:0", &data));
+    assert!(again.contains("the default tenant's key file") && !again.contains("created tenant"), "{again}");
+}
+
 /// A namespace or region refused for its own settings leaves a new data directory as it was: no
 /// metadata store is created for nothing.
 #[test]
