@@ -214,6 +214,10 @@ fn datagram_refusal_hint(status: Status) -> &'static str {
 fn refusal_hint(opcode: u8, status: Status) -> &'static str {
     let atomic = [Opcode::Cas as u8, Opcode::FetchAdd as u8].contains(&opcode);
     match status {
+        Status::PermissionDenied if opcode == Opcode::Stat as u8 => {
+            " (STAT is for a tenant that holds admin: `netdam-target grant NAME all admin` gives it; \
+             `netdam-target tenant list` shows the grants)"
+        }
         Status::PermissionDenied => {
             " (the tenant of this key holds no grant for this on this space or range: \
              `netdam-target tenant list` shows its grants, `netdam-target grant` adds one)"
@@ -243,6 +247,10 @@ mod tests {
     fn refusals_carry_what_to_do() {
         let refused = |opcode: u8, status| ClientError::Refused { opcode, status }.to_string();
         assert!(refused(Opcode::Read as u8, Status::PermissionDenied).contains("netdam-target grant"));
+        assert!(
+            refused(Opcode::Stat as u8, Status::PermissionDenied).contains("grant NAME all admin"),
+            "STAT needs admin"
+        );
         assert!(refused(Opcode::FetchAdd as u8, Status::Unaligned).contains("multiple of 8"));
         assert!(refused(Opcode::Vadd as u8, Status::Unaligned).contains("lane size"));
         let extension = refused(netdam_isa::extension::reduce::REDUCE_OPCODE, Status::UnknownOpcode);

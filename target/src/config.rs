@@ -391,11 +391,43 @@ pub fn blocks_fit_datagrams(max_datagram_bytes: usize, namespaces: &[NamespaceCo
 #[serde(try_from = "SizeText", into = "SizeText")]
 pub struct ByteSize(pub u64);
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 enum SizeText {
     Number(u64),
     Text(String),
+}
+
+/// By hand rather than `untagged`, whose refusal of `-5` or `1e9` was "data did not match any
+/// variant of untagged enum SizeText".
+impl<'de> Deserialize<'de> for SizeText {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<SizeText, D::Error> {
+        struct Size;
+        impl serde::de::Visitor<'_> for Size {
+            type Value = SizeText;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a size: a whole number of bytes, or a string with a unit such as \"64MiB\" or \"1GiB\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, bytes: u64) -> Result<SizeText, E> {
+                Ok(SizeText::Number(bytes))
+            }
+            fn visit_i64<E: serde::de::Error>(self, bytes: i64) -> Result<SizeText, E> {
+                u64::try_from(bytes)
+                    .map(SizeText::Number)
+                    .map_err(|_| E::custom(format!("size {bytes}: a size cannot be negative")))
+            }
+            fn visit_f64<E: serde::de::Error>(self, bytes: f64) -> Result<SizeText, E> {
+                Err(E::custom(format!(
+                    "size {bytes}: a TOML float is not taken; write a whole number of bytes as an integer, or a \
+                     string with a unit such as \"1GiB\""
+                )))
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<SizeText, E> {
+                Ok(SizeText::Text(text.to_string()))
+            }
+        }
+        deserializer.deserialize_any(Size)
+    }
 }
 
 impl TryFrom<SizeText> for ByteSize {
@@ -840,6 +872,22 @@ mod tests {
         config.validate().unwrap();
         let back: Config = toml::from_str(&config.to_toml()).unwrap();
         assert_eq!(back, config);
+    }
+
+    #[test]
+    fn a_size_that_is_not_one_says_why() {
+        let refusal = |size: &str| {
+            let text = format!("[[region]]\nname = \"r\"\nbackend = \"mem\"\nsize = {size}");
+            toml::from_str::<Config>(&text).unwrap_err().to_string()
+        };
+        assert!(refusal("-5").contains("size -5: a size cannot be negative"), "{}", refusal("-5"));
+        assert!(refusal("1e9").contains("a TOML float is not taken"), "{}", refusal("1e9"));
+        assert!(refusal("true").contains("expected a size"), "{}", refusal("true"));
+        assert!(refusal("\"1GB\"").contains("1GB"), "{}", refusal("\"1GB\""));
+        for size in ["4096", "\"4KiB\""] {
+            let text = format!("[[region]]\nname = \"r\"\nbackend = \"mem\"\nsize = {size}");
+            assert_eq!(toml::from_str::<Config>(&text).unwrap().regions[0].size, ByteSize(4096));
+        }
     }
 
     #[test]

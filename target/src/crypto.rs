@@ -24,6 +24,7 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -126,8 +127,15 @@ impl NonceCounter {
         let start = read_reservation(path)?;
         let fail = |source| CryptoError::Reservation { path: path.to_path_buf(), source };
         let existed = path.exists();
-        let file =
-            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(fail)?;
+        // Owner-only, like the store that holds the keys it counts for.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(fail)?;
         let end = start
             .checked_add(block)
             .ok_or(CryptoError::Damaged { path: path.to_path_buf(), reason: "counter exhausted" })?;

@@ -732,7 +732,7 @@ fn after_change(data_dir: &std::path::Path) {
         Some(pid) => println!(
             "A target is running on the data directory {dir} (pid {pid}): it serves what it read at start; restart it to serve this change."
         ),
-        None => println!("A target on the data directory {dir} serves it from its next start."),
+        None => println!("A target started on the data directory {dir} takes this change at its start."),
     }
 }
 
@@ -1132,7 +1132,8 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
             let key = generate_key().map_err(|error| error.to_string())?;
             let version = metadata.rotate_crypto_key(slot, &key).map_err(text)?;
             println!(
-                "rotated key slot {slot}: ENCRYPT seals with key version {version}; DECRYPT still opens older versions"
+                "rotated key slot {slot} to key version {version}: ENCRYPT seals with it once the target has (re)started; \
+                 DECRYPT still opens older versions"
             );
             drop(metadata);
             after_change(&data_dir);

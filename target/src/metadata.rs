@@ -243,7 +243,14 @@ impl MetadataStore {
     pub fn open(data_dir: &Path) -> Result<MetadataStore, MetadataError> {
         let path = data_dir.join(METADATA_FILE);
         check_not_lost(data_dir, &path)?;
-        let db = guarded(&path, || wait_while_busy(&path, || Database::create(&path)))?;
+        let existed = path.exists();
+        let db = guarded(&path, || wait_while_busy(&path, || Database::create(&path))).inspect_err(|_| {
+            // A store this open began and could not finish (no space for its first pages) holds
+            // nothing, and would be refused as damaged by every later open: remove it.
+            if !existed {
+                let _ = std::fs::remove_file(&path);
+            }
+        })?;
         // It holds tenants' keys: owner-only, like a key file.
         let mode = std::fs::metadata(&path).map_err(|error| store_error(&path, error))?.permissions().mode();
         if mode & 0o077 != 0 {

@@ -3,6 +3,7 @@
 //! buffers), so workers share nothing but the backing store.
 
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -306,7 +307,8 @@ fn create_sparse_file(path: &Path, bytes: u64) -> io::Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
+    // Owner-only, as region files and the store are: it holds the initiators' data.
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
     file.set_len(bytes).and_then(|()| file.sync_all()).inspect_err(|_| {
         let _ = std::fs::remove_file(path);
     })

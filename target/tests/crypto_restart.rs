@@ -115,7 +115,7 @@ fn keys_and_nonce_counters_survive_sigkill_and_rotation() {
     write_config(dir);
     let created = admin_output(dir, &["crypto-key", "create", &SLOT.to_string()]);
     assert!(created.contains("created key slot 4: key version 1"), "{created}");
-    assert!(created.contains("next start"), "the command says when a target serves the key: {created}");
+    assert!(created.contains("at its start"), "the command says when a target serves the key: {created}");
 
     let plain: Vec<u8> = (0..ENCRYPTIONS * 64).map(|at| (at * 7 + 1) as u8).collect();
     let (daemon, addr, _) = start(dir, CONFIG);
