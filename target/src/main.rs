@@ -592,23 +592,27 @@ fn main() -> ExitCode {
     // creates the default tenant (every permission on every space) and its key file, which
     // `netdam` on this machine finds on its own when the data directory is the default one. A
     // store whose tenants were deleted stays closed.
-    // A taken port refuses the start before the default tenant's key file is written.
-    if let Err(error) = netdam_target::server::check_addresses_free(&config) {
-        eprintln!("netdam-target: {error}");
-        return ExitCode::FAILURE;
-    }
-    let default_key = match default_tenant(&config) {
-        Ok(created) => created,
-        Err(message) => {
-            eprintln!("netdam-target: {message}");
-            return ExitCode::FAILURE;
-        }
-    };
     block_stop_signals();
     let target = match Target::start(&config) {
         Ok(target) => target,
         Err(error) => {
             eprintln!("netdam-target: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Only once the start has succeeded (a taken port, a region that cannot be mapped: no key
+    // file is written for a target that never served), and in force before the banner says
+    // the target serves.
+    let default_key = match default_tenant(&config).and_then(|created| {
+        if created.is_some() {
+            target.reload_tenants().map_err(|error| error.to_string())?;
+        }
+        Ok(created)
+    }) {
+        Ok(created) => created,
+        Err(message) => {
+            eprintln!("netdam-target: {message}");
+            target.stop();
             return ExitCode::FAILURE;
         }
     };
@@ -1202,15 +1206,9 @@ fn default_tenant(config: &Config) -> Result<Option<PathBuf>, String> {
     if config.auth != AuthMode::Tenants {
         return Ok(None);
     }
+    // Called once this process's target holds the data directory (`Target::start` took its
+    // lock and made it): no other target serves it.
     let data_dir = config.data_dir().map_err(|error| error.to_string())?;
-    // Not in a directory another target serves: its start would be refused (`Target::start`
-    // holds the lock), after this had written a tenant and a key file into the other's store.
-    if let Some(pid) = running_target(&data_dir) {
-        return Err(netdam_target::StartError::DataDirInUse { path: data_dir, pid: Some(pid).filter(|&pid| pid != 0) }
-            .to_string());
-    }
-    netdam_target::server::create_data_dir(&data_dir)
-        .map_err(|error| format!("cannot create the data directory {}: {error}", data_dir.display()))?;
     tenant_admin::ensure_default_tenant(&data_dir).map_err(|error| error.to_string())
 }
 

@@ -1012,10 +1012,10 @@ enum ReadStore {
 /// Opens the store at `path` to read it, waiting while an admin command has it open; `None`
 /// when there is no store.
 fn open_to_read(path: &Path) -> Result<Option<ReadStore>, MetadataError> {
+    if let Some(data_dir) = path.parent() {
+        check_not_lost(data_dir, path)?;
+    }
     if !path.exists() {
-        if let Some(data_dir) = path.parent() {
-            check_not_lost(data_dir, path)?;
-        }
         return Ok(None);
     }
     match wait_while_busy(path, || ReadOnlyDatabase::open(path)) {

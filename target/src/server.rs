@@ -105,11 +105,25 @@ pub struct Target {
     metrics: Option<MetricsServer>,
     // Re-reads the tenants when the store changes; stopped with the workers.
     tenant_watch: Option<WatchHandle>,
+    data_dir: PathBuf,
 }
 
 impl Target {
     /// Validates `config`, opens its regions and namespaces (configured and stored), binds its
     /// workers and starts them.
+    /// Reads the tenants from the store now and puts them in force, without waiting for the
+    /// watcher's next poll: for a change this process made itself after the start (the default
+    /// tenant, created only once the start has succeeded, so that a failed start creates none).
+    pub fn reload_tenants(&self) -> Result<(), MetadataError> {
+        let (snapshot, warnings) =
+            tenant_watch::load_snapshot(&self.data_dir, &self.shared.regions, &self.shared.namespaces)?;
+        for warning in warnings {
+            tracing::warn!("{warning}");
+        }
+        self.shared.tenants.publish(snapshot);
+        Ok(())
+    }
+
     pub fn start(config: &Config) -> Result<Target, StartError> {
         Target::start_with(config, Vec::new())
     }
@@ -218,6 +232,7 @@ impl Target {
             engine_selection: why,
             metrics: None,
             tenant_watch: Some(tenant_watch),
+            data_dir: data_dir.clone(),
         };
         if let Some(addr) = config.metrics_listen.addr() {
             let build = BuildInfo {

@@ -1464,6 +1464,33 @@ fn a_start_refused_for_a_taken_port_creates_nothing() {
     );
 }
 
+/// A start that fails after it took the data directory (a region it cannot open) writes no
+/// default tenant: the key file would name a tenant of a target that never served.
+#[test]
+fn a_start_that_fails_on_a_region_creates_no_default_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("blocked.region")).unwrap();
+    let config = dir.path().join("target.toml");
+    std::fs::write(
+        &config,
+        "[[region]]\nname = \"r\"\nbackend = \"file\"\npath = \"blocked.region\"\nsize = \"1MiB\"\n",
+    )
+    .unwrap();
+    let failed = serving("127.0.0.1:0", &data).arg("--config").arg(&config).output().unwrap();
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success() && stderr.contains("blocked.region"), "{stderr}");
+    assert!(!data.join("tenants/default.key").exists(), "a failed start wrote the default tenant's key");
+    assert!(!data.join("metadata.redb").exists(), "a failed start made a store");
+    std::fs::remove_dir(data.join("blocked.region")).unwrap();
+    let banner = banner_of({
+        let mut command = serving("127.0.0.1:0", &data);
+        command.arg("--config").arg(&config);
+        command
+    });
+    assert!(banner.contains("created tenant \"default\""), "the first start that serves creates it: {banner}");
+}
+
 /// The banner's "Reach it with" command works as printed: with tenants required and a data
 /// directory other than the default, it names the default tenant's key file, which `netdam`
 /// would not find on its own (`stat` then said only "unauthenticated").
