@@ -53,6 +53,16 @@ pub struct UringDevice {
     /// Whether BLOCK_STATUS asks FIEMAP for allocated blocks without data; false from the file
     /// system's first refusal (tmpfs has no FIEMAP).
     fiemap: bool,
+    /// Whether WRITE_ZEROES zeroes in place (`FALLOC_FL_ZERO_RANGE`); false from the file
+    /// system's first refusal (tmpfs has none), after which it punches a hole, which reads as
+    /// zeroes too.
+    zero_in_place: bool,
+    /// By slot: the request's entry zeroes in place (so a refusal of it may be retried by a
+    /// punch, once).
+    zeroing_in_place: Vec<bool>,
+    /// Requests refused `EOPNOTSUPP` for zeroing in place during one `reap`, sent again as
+    /// punches after it; as long as the queue, so `reap` never allocates.
+    rezero: Vec<(u32, u64, BlockRequest)>,
 }
 
 impl std::fmt::Debug for UringDevice {
@@ -187,6 +197,9 @@ impl UringDevice {
             free_slots: (0..queue_depth).rev().collect(),
             stray_completions: 0,
             fiemap: true,
+            zero_in_place: true,
+            zeroing_in_place: vec![false; queue_depth as usize],
+            rezero: Vec::with_capacity(queue_depth as usize),
             unsubmitted: 0,
             queued_end: u64::MAX,
         })
@@ -234,12 +247,15 @@ impl UringDevice {
             }
             BlockRequest::WriteZeroes { offset_blocks, num_blocks } => {
                 let (offset, len) = geometry.byte_range(offset_blocks, num_blocks);
+                let mode = if self.zero_in_place { libc::FALLOC_FL_ZERO_RANGE } else { libc::FALLOC_FL_PUNCH_HOLE };
                 opcode::Fallocate::new(FIXED_FILE, len as u64)
                     .offset(offset)
-                    .mode(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE)
+                    .mode(mode | libc::FALLOC_FL_KEEP_SIZE)
                     .build()
             }
         };
+        self.zeroing_in_place[slot as usize] =
+            self.zero_in_place && matches!(request, BlockRequest::WriteZeroes { .. });
         entry.user_data(u64::from(slot))
     }
 }
@@ -338,8 +354,15 @@ impl BlockDevice for UringDevice {
                 self.stray_completions += 1;
                 continue;
             };
-            self.free_slots.push(slot as u32);
             let result = cqe.result();
+            if result == -libc::EOPNOTSUPP && self.zeroing_in_place[slot] {
+                // The file system cannot zero a range in place (tmpfs): from now on WRITE_ZEROES
+                // punches a hole instead, and this one is sent again as a punch after the loop.
+                self.zero_in_place = false;
+                self.rezero.push((slot as u32, tag, request));
+                continue;
+            }
+            self.free_slots.push(slot as u32);
             let outcome = if result < 0 {
                 Err(failure(&request, io::Error::from_raw_os_error(-result)))
             } else {
@@ -375,6 +398,22 @@ impl BlockDevice for UringDevice {
             };
             finished += 1;
             on_completion(Completion { tag, result: outcome });
+        }
+        drop(queue);
+        while let Some((slot, tag, request)) = self.rezero.pop() {
+            let entry = self.entry(slot, &request);
+            // SAFETY: a fallocate entry refers to no buffer.
+            let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok()
+                || (self.ring.submit().is_ok() && unsafe { self.ring.submission().push(&entry) }.is_ok());
+            if pushed {
+                self.slots[slot as usize] = Some((tag, request));
+                self.unsubmitted += 1;
+            } else {
+                self.free_slots.push(slot);
+                finished += 1;
+                let refused = io::Error::other("WRITE_ZEROES could not be sent again as a punched hole");
+                on_completion(Completion { tag, result: Err(failure(&request, refused)) });
+            }
         }
         finished
     }

@@ -167,6 +167,25 @@ fn random_data_round_trips_on_a_file_namespace_whose_rings_a_kernel_thread_submi
     verify_data_through_the_client(NamespaceBackend::File, "disk.img", 1);
 }
 
+/// A file namespace on tmpfs, which has neither O_DIRECT nor `FALLOC_FL_ZERO_RANGE`: buffered
+/// I/O, and WRITE_ZEROES by a punched hole (it was answered `io_error` there).
+#[test]
+fn random_data_round_trips_on_a_file_namespace_on_tmpfs() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() || !on_tmpfs(shm) {
+        eprintln!("skipped: /dev/shm is not a tmpfs here");
+        return;
+    }
+    let path = shm.join(format!("netdam-block-test-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let outcome =
+        std::panic::catch_unwind(|| verify_data_through_the_client(NamespaceBackend::File, path.to_str().unwrap(), 0));
+    let _ = std::fs::remove_file(&path);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 #[test]
 fn random_data_round_trips_on_a_pmem_namespace() {
     verify_data_through_the_client(NamespaceBackend::Pmem, "disk.region", 0);
