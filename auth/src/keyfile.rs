@@ -322,11 +322,24 @@ impl StagedKeyFile {
         Ok(())
     }
 
-    /// Leaves the temporary where it is and returns its path: for a key that is in force
-    /// although it could not be installed, which the operator must then move by hand.
+    /// Keeps the staged key, for a key that is in force although it could not be installed,
+    /// which the operator must then move by hand; returns where it is. It is renamed out of the
+    /// temporary's place (to `NAME.unplaced-<unique>`), which the next stage for this path
+    /// clears: a retried command must not delete the only copy of a key in force.
     pub fn keep(mut self) -> PathBuf {
         self.pending = false;
-        std::mem::take(&mut self.temporary)
+        let temporary = std::mem::take(&mut self.temporary);
+        let file_name = self.path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+        let unique = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|since| since.as_nanos())
+            .unwrap_or_default();
+        let kept = self.path.with_file_name(format!("{file_name}.unplaced-{unique}"));
+        // Where even the rename fails, the temporary is the copy, and its name is returned.
+        match std::fs::rename(&temporary, &kept) {
+            Ok(()) => kept,
+            Err(_) => temporary,
+        }
     }
 }
 

@@ -369,8 +369,9 @@ fn run_case(plan: Plan) -> Result<(), TestCaseError> {
     if let Some(space) = region {
         for len in [1usize, 64, 5000, 20_000] {
             let mut out = vec![0u8; len];
-            if client.read(space, 8, &mut out).is_ok() {
-                prop_assert_eq!(out.len(), len);
+            // A read that succeeds has every piece's data checked for length by the client; with
+            // answers left as they were it is the target's pattern, which some must be.
+            if client.read(space, 8, &mut out).is_ok() && out == pattern(8, len) {
                 READS_ANSWERED.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -457,23 +458,24 @@ fn seed() -> [u8; 32] {
     bytes
 }
 
-/// Cases whose HELLO opened a session, and reads answered with success: the generated cases
-/// must reach past the HELLO, or the test would check the HELLO alone.
+/// Cases whose HELLO opened a session, and reads that succeeded with the target's bytes: the
+/// generated cases must reach past the HELLO, and the client must still read right, or the
+/// test would check the HELLO alone.
 static ESTABLISHED: AtomicUsize = AtomicUsize::new(0);
 static READS_ANSWERED: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
 fn the_client_survives_a_hostile_target() {
-    const CASES: u32 = 200;
+    const CASES: u32 = 150;
     let config = Config { cases: CASES, failure_persistence: None, max_shrink_iters: 200, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed()));
     if let Err(error) = runner.run(&plan(), run_case) {
         panic!("{error}");
     }
     let (established, reads) = (ESTABLISHED.load(Ordering::Relaxed), READS_ANSWERED.load(Ordering::Relaxed));
-    println!("{established} of {CASES} cases opened a session; {reads} reads succeeded");
+    println!("{established} of {CASES} cases opened a session; {reads} reads returned the target's bytes");
     assert!(established >= CASES as usize / 4, "only {established} of {CASES} cases got past the HELLO");
-    assert!(reads >= CASES as usize / 2, "only {reads} reads succeeded in {CASES} cases");
+    assert!(reads >= CASES as usize / 4, "only {reads} reads returned the target's bytes in {CASES} cases");
 }
 
 /// Panics anywhere in this test binary: tokio catches a panic of a spawned task (a client's
@@ -496,7 +498,7 @@ static VOLUMES_OPENED: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
 fn the_async_client_and_a_volume_survive_a_hostile_target() {
-    const CASES: u32 = 100;
+    const CASES: u32 = 80;
     count_panics();
     let config = Config { cases: CASES, failure_persistence: None, max_shrink_iters: 100, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed()));

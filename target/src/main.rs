@@ -603,13 +603,16 @@ fn main() -> ExitCode {
     // Only once the start has succeeded (a taken port, a region that cannot be mapped: no key
     // file is written for a target that never served), and in force before the banner says
     // the target serves.
-    let default_key = match default_tenant(&config).and_then(|created| {
-        if created.is_some() {
-            target.reload_tenants().map_err(|error| error.to_string())?;
+    let default_key = match default_tenant(&config) {
+        Ok(created) => {
+            if created.is_some() {
+                if let Err(error) = target.reload_tenants() {
+                    // The watcher reads the store within a poll anyway.
+                    tracing::warn!(%error, "the default tenant is stored; it is put in force at the watcher's next read");
+                }
+            }
+            created
         }
-        Ok(created)
-    }) {
-        Ok(created) => created,
         Err(message) => {
             eprintln!("netdam-target: {message}");
             target.stop();
@@ -641,8 +644,8 @@ fn admin(command: impl FnOnce() -> Result<(), String>) -> ExitCode {
     // read says what it most likely means rather than ending on the panic alone.
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(command)).unwrap_or_else(|_| {
         Err(format!(
-            "the command stopped on the internal error above; where it came from the metadata store (redb), \
-             its file ({}) is damaged: restore it from a backup",
+            "the command stopped on the internal error above; if it came from the metadata store (redb), \
+             the store's file ({} in the data directory) is likely damaged: restore it from a backup",
             netdam_target::metadata::METADATA_FILE
         ))
     });

@@ -11,7 +11,7 @@
 //! ([`STORE_BUSY_WAIT`]) for the other to close it. Entries are stored as JSON of the same structs
 //! the TOML file uses, so both describe a space alike.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -243,13 +243,19 @@ impl MetadataStore {
     pub fn open(data_dir: &Path) -> Result<MetadataStore, MetadataError> {
         let path = data_dir.join(METADATA_FILE);
         check_not_lost(data_dir, &path)?;
-        let existed = path.exists();
-        let db = guarded(&path, || wait_while_busy(&path, || Database::create(&path))).inspect_err(|_| {
-            // A store this open began and could not finish (no space for its first pages) holds
-            // nothing, and would be refused as damaged by every later open: remove it.
-            if !existed {
-                let _ = std::fs::remove_file(&path);
-            }
+        // An empty file made here, which redb then makes a store of: a store this open began
+        // and could not finish (no space for its first pages) holds nothing, and would be
+        // refused as damaged by every later open, so it is removed again; one another process
+        // made (or holds: busy) is never removed.
+        let made_here = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).is_ok();
+        let db = guarded(&path, || {
+            wait_while_busy(&path, || {
+                Database::create(&path).inspect_err(|error| {
+                    if made_here && !matches!(error, DatabaseError::DatabaseAlreadyOpen) {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                })
+            })
         })?;
         // It holds tenants' keys: owner-only, like a key file.
         let mode = std::fs::metadata(&path).map_err(|error| store_error(&path, error))?.permissions().mode();
@@ -1179,9 +1185,10 @@ fn check_not_lost(data_dir: &Path, path: &Path) -> Result<(), MetadataError> {
     Err(MetadataError::Store {
         path: path.to_path_buf(),
         message: format!(
-            "the file is {state}, yet the data directory holds what only a store makes ({}{more}): the store was \
+            "the file is {state}, yet the data directory holds what a store makes ({}{more}): the store was \
              lost or moved. Put it back or restore it from a backup; nothing here creates a new one over the old \
-             one's keys. To start afresh, give the target another data directory",
+             one's keys. To start afresh, give the target another data directory (or, where those key files were \
+             copied here for `netdam` from another target, move them away)",
             shown.join(", ")
         ),
     })

@@ -541,7 +541,7 @@ pub fn create_data_dir(path: &std::path::Path) -> io::Result<()> {
 /// ([`servable_stored`]), and takes no id. `region list` applies them too, so that the ids it
 /// shows are the ones a target serves.
 pub fn check_stored_region(region: &RegionConfig, data_dir: &Path) -> Result<(), ConfigError> {
-    region.validate()?;
+    region.validate().map_err(|error| refused_today("region", &region.name, error))?;
     backing_present("region", &region.name, region.path.as_deref(), data_dir)
 }
 
@@ -552,9 +552,19 @@ pub fn check_stored_namespace(
     namespace: &NamespaceConfig,
     data_dir: &Path,
 ) -> Result<(), ConfigError> {
-    namespace.validate()?;
-    blocks_fit_datagrams(config.max_datagram_bytes, std::slice::from_ref(namespace))?;
+    namespace
+        .validate()
+        .and_then(|()| blocks_fit_datagrams(config.max_datagram_bytes, std::slice::from_ref(namespace)))
+        .map_err(|error| refused_today("namespace", &namespace.name, error))?;
     backing_present("namespace", &namespace.name, Some(&namespace.path), data_dir)
+}
+
+/// A stored space's settings that an older version accepted and today's checks refuse, with
+/// the way out.
+fn refused_today(kind: &str, name: &str, error: ConfigError) -> ConfigError {
+    ConfigError::Invalid(format!(
+        "{error}; `netdam-target {kind} delete {name}` removes it (and create it again with settings that fit)"
+    ))
 }
 
 /// A stored space's file or device was made by `region create` or `namespace create` (or named
@@ -571,7 +581,11 @@ fn backing_present(kind: &str, name: &str, path: Option<&Path>, data_dir: &Path)
              create it again empty: restore it and restart, or remove the {kind} with `netdam-target {kind} delete {name}`",
             path.display()
         ))),
-        Err(error) => Err(ConfigError::Invalid(format!("its file {} cannot be read: {error}", path.display()))),
+        Err(error) => Err(ConfigError::Invalid(format!(
+            "its file {} cannot be reached: {error}; make it reachable and restart, or remove the {kind} with \
+             `netdam-target {kind} delete {name}`",
+            path.display()
+        ))),
     }
 }
 
@@ -582,15 +596,8 @@ fn servable_stored(kind: &str, name: &str, checked: Result<(), ConfigError>) -> 
     match checked {
         Ok(()) => true,
         Err(error) => {
-            // A missing file's message says what to do; a setting today's checks refuse does not.
-            let advice = if error.to_string().contains("netdam-target") {
-                String::new()
-            } else {
-                format!(
-                    "; `netdam-target {kind} delete {name}` removes it (and create it again with settings that fit)"
-                )
-            };
-            tracing::warn!("stored {kind} {name:?} is not served: {error}{advice}");
+            // Each refusal says what to do (`refused_today`, `backing_present`).
+            tracing::warn!("stored {kind} {name:?} is not served: {error}");
             false
         }
     }

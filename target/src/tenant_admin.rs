@@ -31,7 +31,8 @@ pub enum TenantAdminError {
     /// in force and only in the temporary file, which is kept.
     #[error(
         "the metadata store holds tenant {tenant:?}'s new key (version {version}), but it could not be put in \
-         place as {path}: {source}. The new key is in {temporary}: move it to {path} by hand"
+         place as {path}: {source}. The new key is in {temporary}: hand that file to the tenant's initiators, \
+         moved where they read it ({path}, unless that path holds another file)"
     )]
     KeyFileNotInstalled { tenant: String, version: u32, path: PathBuf, temporary: PathBuf, source: std::io::Error },
     /// A directory could not be made.
@@ -512,13 +513,21 @@ mod tests {
             panic!("{error:?}");
         };
         assert_eq!((path, *version), (&in_the_way, 2));
-        assert_eq!(temporary, &dir.path().join(".in-the-way.key.new"));
+        let kept_name = temporary.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(kept_name.starts_with("in-the-way.key.unplaced-"), "kept out of the temporary's place: {kept_name}");
+        assert!(!dir.path().join(".in-the-way.key.new").exists());
         let message = error.to_string();
         assert!(message.contains("holds tenant \"bob\"'s new key (version 2)"), "{message}");
         assert!(message.contains(&format!("The new key is in {}", temporary.display())), "{message}");
         let kept = KeyFile::load(temporary).expect("the only copy of the key in force is kept, owner-only");
         let stored = MetadataStore::open(dir.path()).unwrap().tenant("bob").unwrap();
         assert_eq!((kept.version, kept.key.to_hex()), (stored.key_version, stored.key_hex));
+        // A retry that fails the same way keeps its own copy and leaves the first one alone.
+        let again = rotate_key(dir.path(), "bob", Some(in_the_way.clone())).unwrap_err();
+        let TenantAdminError::KeyFileNotInstalled { temporary: second, .. } = &again else { panic!("{again:?}") };
+        assert_ne!(second, temporary);
+        assert_eq!(KeyFile::load(temporary).unwrap().version, 2, "the first kept key is still there");
+        assert_eq!(KeyFile::load(second).unwrap().version, 3);
     }
 
     #[test]

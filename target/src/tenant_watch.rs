@@ -23,6 +23,9 @@ use crate::tenants::{TenantCell, TenantRecord, TenantSnapshot};
 /// force well within the one second promised.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
+/// How long a store that failed to read, and has not changed since, waits for the next try.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
+
 /// A file changed less than this long ago is read again at the next poll even if it looks the
 /// same: file times are kept at the kernel's clock tick, so a second write in the tick of the
 /// first, after the read, leaves time, size and inode as they were.
@@ -131,8 +134,8 @@ struct Watcher {
     recent: bool,
     /// The last read's error, logged once until a read succeeds.
     failing: Option<String>,
-    /// The file as it was when that read failed.
-    failed_at: Option<Stamp>,
+    /// The file as it was when that read failed, and when.
+    failed_at: Option<(Stamp, std::time::Instant)>,
 }
 
 impl Watcher {
@@ -141,13 +144,17 @@ impl Watcher {
         if now == self.seen && !self.recent {
             return;
         }
-        // A file that failed to read is read again once it changes, not at every poll (a
-        // damaged one would fail, and print redb's panic, five times a second).
-        if self.failing.is_some() && self.failed_at == Some(now) {
+        // A file that failed to read is read again once it changes, or after a while (a read
+        // can fail for a passing reason, such as an admin command holding the store longer
+        // than the wait), not at every poll: a damaged one would fail, and print redb's panic,
+        // five times a second.
+        if self.failing.is_some()
+            && self.failed_at.as_ref().is_some_and(|(stamp, at)| *stamp == now && at.elapsed() < RETRY_AFTER_FAILURE)
+        {
             return;
         }
         if let Err(error) = self.reload(false) {
-            self.failed_at = Some(now);
+            self.failed_at = Some((now, std::time::Instant::now()));
             let message = error.to_string();
             if self.failing.as_ref() != Some(&message) {
                 tracing::warn!(error = %message, "cannot re-read the tenants; the ones in force stay until a read succeeds");
