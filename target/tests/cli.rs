@@ -197,6 +197,16 @@ fn serving(listen: &str, data: impl AsRef<std::ffi::OsStr>) -> Command {
     command
 }
 
+/// Spawns `command` (a serving target), waits for its banner, and stops it: the banner and
+/// what it logged until then.
+fn banner_and_log(command: &mut Command) -> (String, String) {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let banner = read_banner(&mut child);
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    (banner, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
 /// Spawns `command` (a serving target), waits for its banner, and stops it: the banner.
 fn banner_of(mut command: Command) -> String {
     let mut child = command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
@@ -242,16 +252,7 @@ fn a_stored_space_refused_today_is_left_out_with_a_warning_not_a_failed_start() 
     assert_eq!(id_of("old").as_deref(), Some("-"), "{listed}");
     assert!(listed.contains("(not served: "), "{listed}");
     assert_eq!((id_of("disk").as_deref(), id_of("after").as_deref()), (Some("0"), Some("1")), "{listed}");
-    let mut child = serving("127.0.0.1:0", data)
-        .args(["--auth", "none"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let banner = read_banner(&mut child);
-    let _ = child.kill();
-    let output = child.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&output.stderr);
+    let (banner, log) = banner_and_log(serving("127.0.0.1:0", data).args(["--auth", "none"]));
     assert!(banner.contains("\"disk\""), "the other namespace is served: {banner} {log}");
     // With the ids the list showed.
     assert!(banner.contains("namespace 0 \"disk\"") && banner.contains("namespace 1 \"after\""), "{banner}");
@@ -314,16 +315,7 @@ fn a_stored_space_whose_file_is_gone_is_not_made_again_empty() {
             "{listed}"
         );
     }
-    let mut child = serving("127.0.0.1:0", &data)
-        .args(["--auth", "none"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let banner = read_banner(&mut child);
-    let _ = child.kill();
-    let output = child.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&output.stderr);
+    let (banner, log) = banner_and_log(serving("127.0.0.1:0", &data).args(["--auth", "none"]));
     assert!(!banner.contains("\"disk\"") && !banner.contains("\"vol\""), "{banner}");
     for (kind, name, path) in [("namespace", "disk", &disk), ("region", "vol", &vol)] {
         assert!(log.contains(&format!("stored {kind} \"{name}\" is not served")), "{log}");
