@@ -304,6 +304,24 @@ fn a_full_file_system_is_reported_as_no_space() {
     client.trim(&disk, 0, 8).unwrap();
     client.block_write(&disk, written, &block, true).expect("the write succeeds once room is freed");
 
+    // Through the command line, a write of many pieces refused part way says that it may be
+    // partly written (it said only no_space, while the pieces before the refusal had landed).
+    let netdam = PathBuf::from(env!("CARGO_BIN_EXE_netdam-target")).with_file_name("netdam");
+    if netdam.exists() {
+        let input = test.dir.path().join("large.bin");
+        std::fs::write(&input, vec![0x5a; 256 * BLOCK as usize]).unwrap();
+        let output = Command::new(&netdam)
+            .args(["--target", &test.target.local_addr().to_string(), "bwrite", "full", "512", "--file"])
+            .arg(&input)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "256 blocks fit where 8 were freed: {stderr}");
+        assert!(stderr.contains("no_space") && stderr.contains("may hold the new data"), "{stderr}");
+    } else {
+        println!("SKIPPED: the bwrite part: {} is missing (cargo build --workspace builds it)", netdam.display());
+    }
+
     if let Some(qemu_io) = tool("qemu-io", "qemu-utils") {
         let export = NbdExport::start(test.target.local_addr(), "full", test.dir.path());
         let output = qemu_io.run(&export.uri(), &["write -P 0x44 2m 256k"]);

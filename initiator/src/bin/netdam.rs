@@ -938,8 +938,22 @@ fn run(cli: &Cli) -> Result<(), String> {
                 bytes.resize(bytes.len() + block_bytes - partial, 0);
             }
             check_block_range("bwrite", &info, *lba, (bytes.len() / block_bytes) as u64)?;
+            let blocks = bytes.len() / block_bytes;
+            let per_request = client.info().blocks_per_transfer(info.block_bytes).max(1) as usize;
             let started = Instant::now();
-            client.block_write(&info, *lba, &bytes, *fua).map_err(text)?;
+            client.block_write(&info, *lba, &bytes, *fua).map_err(|error| {
+                if blocks <= per_request {
+                    return text(error);
+                }
+                // The pieces were in flight together: a refusal of one says nothing of the others.
+                format!(
+                    "{}; the write went as {} requests, several in flight at a time, so some of its {blocks} blocks from \
+                     block {lba} may hold the new data and others not (`netdam block-status` or `bread` shows \
+                     which)",
+                    text(error),
+                    blocks.div_ceil(per_request)
+                )
+            })?;
             report_blocks(
                 cli.json,
                 if *fua { "wrote (FUA)" } else { "wrote" },
