@@ -286,10 +286,8 @@ fn serve(socket: &UdpSocket, plan: &Plan, stop: &AtomicBool) {
             writer.commit(instruction.opcode, status, data_len);
         }
         let mut len = writer.finish(64, 1_500, 1);
-        let mutation = if is_hello && plan.hello.mutation.is_some_mutation() {
+        let mutation = if is_hello {
             plan.hello.mutation.clone()
-        } else if is_hello {
-            Mutation::None
         } else {
             next_mutation += 1;
             plan.answers[(next_mutation - 1) % plan.answers.len()].clone()
@@ -327,12 +325,6 @@ fn serve(socket: &UdpSocket, plan: &Plan, stop: &AtomicBool) {
         for _ in 0..times {
             let _ = socket.send_to(&answer_buffer[..len], from);
         }
-    }
-}
-
-impl Mutation {
-    fn is_some_mutation(&self) -> bool {
-        !matches!(self, Mutation::None)
     }
 }
 
@@ -447,6 +439,16 @@ fn run_async_case(plan: Plan) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Runs `run` on `cases` generated plans, seeded as [`seed`] says; a failure shrinks and panics
+/// with the smallest failing plan.
+fn run_cases(cases: u32, run: fn(Plan) -> Result<(), TestCaseError>) {
+    let config = Config { cases, failure_persistence: None, max_shrink_iters: 200, ..Config::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed()));
+    if let Err(error) = runner.run(&plan(), run) {
+        panic!("{error}");
+    }
+}
+
 fn seed() -> [u8; 32] {
     let seed: u64 = match std::env::var("NETDAM_SEED") {
         Ok(text) => text.parse().expect("NETDAM_SEED is a number"),
@@ -467,11 +469,7 @@ static READS_ANSWERED: AtomicUsize = AtomicUsize::new(0);
 #[test]
 fn the_client_survives_a_hostile_target() {
     const CASES: u32 = 150;
-    let config = Config { cases: CASES, failure_persistence: None, max_shrink_iters: 200, ..Config::default() };
-    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed()));
-    if let Err(error) = runner.run(&plan(), run_case) {
-        panic!("{error}");
-    }
+    run_cases(CASES, run_case);
     let (established, reads) = (ESTABLISHED.load(Ordering::Relaxed), READS_ANSWERED.load(Ordering::Relaxed));
     println!("{established} of {CASES} cases opened a session; {reads} reads returned the target's bytes");
     assert!(established >= CASES as usize / 4, "only {established} of {CASES} cases got past the HELLO");
@@ -500,11 +498,7 @@ static VOLUMES_OPENED: AtomicUsize = AtomicUsize::new(0);
 fn the_async_client_and_a_volume_survive_a_hostile_target() {
     const CASES: u32 = 80;
     count_panics();
-    let config = Config { cases: CASES, failure_persistence: None, max_shrink_iters: 100, ..Config::default() };
-    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed()));
-    if let Err(error) = runner.run(&plan(), run_async_case) {
-        panic!("{error}");
-    }
+    run_cases(CASES, run_async_case);
     let (established, volumes) = (ESTABLISHED_ASYNC.load(Ordering::Relaxed), VOLUMES_OPENED.load(Ordering::Relaxed));
     println!("{established} of {CASES} cases opened a session, {volumes} a volume");
     assert!(established >= CASES as usize / 4, "only {established} of {CASES} cases got past the HELLO");

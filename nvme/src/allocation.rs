@@ -316,20 +316,32 @@ mod tests {
         assert_eq!(extents(&mut file, 0, 5, 64), [(2, HOLE), (1, 0), (2, ZERO)]);
     }
 
+    /// A sparse file of 16 blocks of 64 KiB in `dir` (file systems that track holes coarsely,
+    /// xfs and btrfs, agree at that size too), and the block size.
+    fn sparse_file(dir: &std::path::Path) -> (File, u64) {
+        let path = dir.join("sparse");
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).unwrap();
+        let block = 64 * 1024u64;
+        file.set_len(16 * block).unwrap();
+        (file, block)
+    }
+
+    /// The walk over all 16 blocks of `file` as (blocks, flags), and whether FIEMAP answered.
+    fn walk_file(file: &File, block: u64) -> (Vec<(u32, u32)>, bool) {
+        let mut out = [Extent::default(); 8];
+        let mut fiemap = true;
+        let count = walk(&mut FileSeek { file, fiemap: &mut fiemap }, block as u32, 0, 16, &mut out).unwrap();
+        (out[..count].iter().map(|extent| (extent.num_blocks, extent.flags)).collect(), fiemap)
+    }
+
     #[test]
     fn the_real_file_system_agrees() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sparse");
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
-        let block = 64 * 1024u64;
-        file.set_len(16 * block).unwrap();
+        let (file, block) = sparse_file(dir.path());
         use std::os::unix::fs::FileExt;
         file.write_all_at(&vec![7u8; block as usize], 4 * block).unwrap();
         file.sync_all().unwrap();
-        let mut out = [Extent::default(); 8];
-        let mut fiemap = true;
-        let count = walk(&mut FileSeek { file: &file, fiemap: &mut fiemap }, block as u32, 0, 16, &mut out).unwrap();
-        let found: Vec<(u32, u32)> = out[..count].iter().map(|extent| (extent.num_blocks, extent.flags)).collect();
+        let (found, _) = walk_file(&file, block);
         // A file system without hole support reports everything as data; every one used here
         // (ext4, xfs, btrfs, tmpfs) tracks holes at least at 64 KiB.
         assert_eq!(found, [(4, HOLE), (1, 0), (11, HOLE)]);
@@ -340,10 +352,7 @@ mod tests {
     #[test]
     fn the_real_file_system_tells_zeroed_from_punched() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("zeroed");
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
-        let block = 64 * 1024u64;
-        file.set_len(16 * block).unwrap();
+        let (file, block) = sparse_file(dir.path());
         let fallocate = |mode: libc::c_int, from: u64, blocks: u64| {
             // SAFETY: fallocate on a descriptor `file` owns, inside its length.
             let result = unsafe {
@@ -359,10 +368,7 @@ mod tests {
         use std::os::unix::fs::FileExt;
         file.write_all_at(&vec![7u8; block as usize], 10 * block).unwrap();
         file.sync_all().unwrap();
-        let mut out = [Extent::default(); 8];
-        let mut fiemap = true;
-        let count = walk(&mut FileSeek { file: &file, fiemap: &mut fiemap }, block as u32, 0, 16, &mut out).unwrap();
-        let found: Vec<(u32, u32)> = out[..count].iter().map(|extent| (extent.num_blocks, extent.flags)).collect();
+        let (found, fiemap) = walk_file(&file, block);
         if !fiemap {
             eprintln!("skipped: the file system of {} does not answer FIEMAP", dir.path().display());
             assert_eq!(found, [(10, HOLE), (1, 0), (5, HOLE)], "without FIEMAP, lseek's view");

@@ -1198,27 +1198,23 @@ fn check_not_lost(data_dir: &Path, path: &Path) -> Result<(), MetadataError> {
 /// into an error that names the file: redb asserts and reaches `unreachable!` on a file that is
 /// truncated or whose pages were overwritten, where a start or an admin command should say the
 /// store is damaged and what to do, and a running target's tenant watcher must live on.
-pub fn guarded<T>(path: &Path, read: impl FnOnce() -> Result<T, MetadataError>) -> Result<T, MetadataError> {
+fn guarded<T>(path: &Path, read: impl FnOnce() -> Result<T, MetadataError>) -> Result<T, MetadataError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()
             .map(|text| text.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic".to_string());
-        Err(damaged(path, &what))
+        // A file redb cannot have written.
+        Err(MetadataError::Store {
+            path: path.to_path_buf(),
+            message: format!(
+                "the file is damaged ({what}): restore it from a backup; it holds the tenants and their keys, \
+                 the stored regions and namespaces and the crypto keys (a data directory whose store is gone \
+                 is refused, not started afresh)"
+            ),
+        })
     })
-}
-
-/// The error of a store whose file cannot be what redb wrote.
-pub fn damaged(path: &Path, what: &str) -> MetadataError {
-    MetadataError::Store {
-        path: path.to_path_buf(),
-        message: format!(
-            "the file is damaged ({what}): restore it from a backup; it holds the tenants and their keys, \
-             the stored regions and namespaces and the crypto keys (a data directory whose store is gone \
-             is refused, not started afresh)"
-        ),
-    }
 }
 
 fn store_error(path: &Path, error: impl Into<redb::Error>) -> MetadataError {

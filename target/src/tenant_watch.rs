@@ -241,15 +241,18 @@ mod tests {
         None
     }
 
+    /// Stores tenant alice holding read and write on `scratch`, and closes the store.
+    fn store_alice_with_read_write(dir: &Path) {
+        let store = MetadataStore::open(dir).unwrap();
+        store.create_tenant("alice", &TenantKey::generate().unwrap(), &TenantSettings::default()).unwrap();
+        store.grant("alice", &grant(&["read", "write"]), &known()).unwrap();
+    }
+
     #[test]
     fn a_changed_grant_is_published_within_a_second_and_nothing_holds_the_store() {
         let dir = tempfile::tempdir().unwrap();
         let (regions, namespaces) = spaces(dir.path());
-        {
-            let store = MetadataStore::open(dir.path()).unwrap();
-            store.create_tenant("alice", &TenantKey::generate().unwrap(), &TenantSettings::default()).unwrap();
-            store.grant("alice", &grant(&["read", "write"]), &known()).unwrap();
-        }
+        store_alice_with_read_write(dir.path());
         let cell = Arc::new(TenantCell::default());
         let handle = watch(dir.path(), regions, namespaces, cell.clone()).unwrap();
         let (generation, snapshot) = cell.load();
@@ -297,11 +300,7 @@ mod tests {
     fn a_damaged_or_missing_store_keeps_the_tenants_in_force_until_it_is_back() {
         let dir = tempfile::tempdir().unwrap();
         let (regions, namespaces) = spaces(dir.path());
-        {
-            let store = MetadataStore::open(dir.path()).unwrap();
-            store.create_tenant("alice", &TenantKey::generate().unwrap(), &TenantSettings::default()).unwrap();
-            store.grant("alice", &grant(&["read", "write"]), &known()).unwrap();
-        }
+        store_alice_with_read_write(dir.path());
         let path = dir.path().join(METADATA_FILE);
         let good = std::fs::read(&path).unwrap();
         let cell = Arc::new(TenantCell::default());
