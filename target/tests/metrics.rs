@@ -182,8 +182,15 @@ fn metrics_off_serves_nothing_and_records_no_histograms() {
     let mut client = Client::connect(test.target.local_addr()).unwrap();
     let mut out = [0u8; 64];
     client.read(0, 0, &mut out).unwrap();
-    // STAT still counts.
-    assert_eq!(test.target.stats().get("instructions_executed"), Some(3));
+    // STAT still counts: the two HELLOs of the cookie exchange and the READ, each answered once,
+    // or again for a datagram the client sent again when a loaded machine held the answer past
+    // its timeout (CI saw 4 once).
+    let resent = client.session_stats().retransmissions;
+    let executed = test.target.stats().get("instructions_executed").unwrap();
+    assert!(
+        (3..=3 + resent).contains(&executed),
+        "instructions_executed {executed}, expected 3 answers and at most {resent} more for the datagrams sent again"
+    );
 }
 
 /// The initiator's families, as `netdam nbd --metrics-listen` serves them: a `Volume` over two
