@@ -6,6 +6,7 @@
 //! (`MAP_POPULATE`) and locked (`mlock`) so the request path never takes a page fault; when the
 //! lock limit forbids it the region still works and the log says why.
 
+mod fault;
 mod flush;
 
 pub use flush::CacheLineFlush as CacheLineFlushProbe;
@@ -129,6 +130,8 @@ pub struct Region {
     locked: bool,
     /// The system page size, read once: `msync` works on whole pages.
     page_bytes: usize,
+    /// A file mapping's entry in the bus-error report (`fault`): taken out before the unmap.
+    fault_report: Option<fault::Registration>,
 }
 
 // SAFETY: the mapping is owned by the Region and lives until Drop; all access to its bytes goes
@@ -179,7 +182,20 @@ impl Region {
                 "could not lock the region in memory (RLIMIT_MEMLOCK too low?); it works, but requests may take page faults. Raise the limit (ulimit -l, LimitMEMLOCK=) or run with CAP_IPC_LOCK"
             );
         }
-        Ok(Region { name: name.to_string(), base, len, backing, persist_method, locked, page_bytes: page })
+        let fault_report = match &backing {
+            Backing::Anonymous => None,
+            Backing::File(path) | Backing::Dax(path) => Some(fault::register(base, len, name, path, size_bytes)),
+        };
+        Ok(Region {
+            name: name.to_string(),
+            base,
+            len,
+            backing,
+            persist_method,
+            locked,
+            page_bytes: page,
+            fault_report,
+        })
     }
 
     /// A crash-test region of `size_bytes` (anonymous memory, persistent as far as the target
@@ -295,6 +311,8 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
+        // Out of the report first: once unmapped, the addresses may be mapped again for another.
+        drop(self.fault_report.take());
         // SAFETY: base..base+len is our mapping and nothing borrows it past &self's lifetime.
         unsafe {
             if self.locked {

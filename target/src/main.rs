@@ -619,6 +619,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Err(error) = netdam_target::server::record_configured_files(&config) {
+        tracing::warn!(
+            %error,
+            "could not record which files the configured spaces are served from; a start that finds one of them gone will create it again empty"
+        );
+    }
     log_start(&target, &config);
     if config.auth == AuthMode::None {
         tracing::warn!(

@@ -53,6 +53,11 @@ const STORE_FACTS: TableDefinition<&str, &str> = TableDefinition::new("store_fac
 /// In [`STORE_FACTS`] once `tenant delete` removed the last tenant (its value names that
 /// tenant): the store was emptied on purpose, so a target does not create the default tenant.
 const TENANTS_EMPTIED: &str = "tenants_emptied";
+/// Files of configured spaces (the settings file's regions and namespaces, the embedded
+/// default region) that a start has served, by absolute path: a later start that finds one gone
+/// does not make it again empty (`server::check_configured_files`). The settings file cannot
+/// say whether a start came before; this table can.
+const CONFIGURED_FILES: TableDefinition<&str, &str> = TableDefinition::new("configured_files");
 /// Key slots of ENCRYPT and DECRYPT: slot number to its key versions, each 4 bytes of version
 /// (little-endian) then 32 bytes of AES-256 key, in increasing version order.
 const CRYPTO_KEYS: TableDefinition<u32, &[u8]> = TableDefinition::new("crypto_keys");
@@ -203,6 +208,21 @@ pub struct Stored {
     pub regions: Vec<RegionConfig>,
     /// Namespaces, by name.
     pub namespaces: Vec<NamespaceConfig>,
+    /// Files of configured spaces that a start has served ([`MetadataStore::record_configured_files`]).
+    pub configured_files: Vec<ConfiguredFile>,
+}
+
+/// The file of a configured space that a start served.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConfiguredFile {
+    /// Its absolute path.
+    pub path: PathBuf,
+    /// `region` or `namespace`.
+    pub kind: String,
+    /// The space's name then.
+    pub name: String,
+    /// Its size in bytes then.
+    pub size_bytes: u64,
 }
 
 /// An AES-256 key as stored: printed by no `Debug`, sent by no instruction or command.
@@ -274,6 +294,7 @@ impl MetadataStore {
             Some(store) => Ok(Stored {
                 regions: store.list_spaces(&path, REGION_TABLES)?,
                 namespaces: store.list_spaces(&path, NAMESPACE_TABLES)?,
+                configured_files: store.list(&path, CONFIGURED_FILES)?,
             }),
             None => Ok(Stored::default()),
         })
@@ -319,6 +340,23 @@ impl MetadataStore {
         table: TableDefinition<&str, &str>,
     ) -> Result<Vec<T>, MetadataError> {
         list_table(&self.db, &self.path, table)
+    }
+
+    /// Records, durably, that a start served the configured spaces from `files`, in place of
+    /// what was recorded before.
+    pub fn record_configured_files(&self, files: &[ConfiguredFile]) -> Result<(), MetadataError> {
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
+        {
+            write.delete_table(CONFIGURED_FILES).map_err(|error| fail(error.into()))?;
+            let mut table = write.open_table(CONFIGURED_FILES).map_err(|error| fail(error.into()))?;
+            for file in files {
+                let json = serde_json::to_string(file).expect("a path and names always serialize");
+                let key = file.path.to_string_lossy();
+                table.insert(key.as_ref(), json.as_str()).map_err(|error| fail(error.into()))?;
+            }
+        }
+        write.commit().map_err(|error| fail(error.into()))
     }
 
     fn insert_space<T: serde::Serialize>(

@@ -16,15 +16,15 @@ use netdam_metrics::MetricsServer;
 use netdam_pmem::{Region, RegionError};
 
 use crate::config::{
-    blocks_fit_datagrams, check_distinct_backings, validate_spaces, Config, ConfigError, EngineChoice, NamespaceConfig,
-    RegionConfig,
+    blocks_fit_datagrams, check_distinct_backings, validate_spaces, Config, ConfigError, EngineChoice,
+    NamespaceBackend, NamespaceConfig, RegionBackend, RegionConfig,
 };
 use crate::cookies::CookieJar;
 use crate::crypto::{CryptoError, KeyRing};
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
 use crate::fpga_engine::{DeviceNamespace, EngineState, FpgaEngine, FpgaSettings};
-use crate::metadata::{MetadataError, MetadataStore};
+use crate::metadata::{ConfiguredFile, MetadataError, MetadataStore};
 use crate::metrics::{BuildInfo, TargetCollector};
 use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
 use crate::regions::RegionTable;
@@ -152,6 +152,9 @@ impl Target {
             lock_process_memory();
         }
         let stored = MetadataStore::load(&data_dir)?;
+        let configured_files = configured_files(config, &data_dir);
+        check_configured_files(&configured_files, &stored.configured_files)?;
+        warn_of_configured_files_left(config, &data_dir, &configured_files, &stored.configured_files);
         let mut region_configs = config.effective_regions();
         region_configs.extend(
             stored
@@ -586,6 +589,121 @@ fn backing_present(kind: &str, name: &str, path: Option<&Path>, data_dir: &Path)
              `netdam-target {kind} delete {name}`",
             path.display()
         ))),
+    }
+}
+
+/// The files of the configured spaces (the settings file's and the embedded default region)
+/// that a start creates where missing, with absolute paths.
+pub fn configured_files(config: &Config, data_dir: &Path) -> Vec<ConfiguredFile> {
+    let file = |kind: &str, name: &str, path: &Path, size_bytes: u64| {
+        let path = crate::namespaces::resolve(path, data_dir);
+        ConfiguredFile {
+            path: std::path::absolute(&path).unwrap_or(path),
+            kind: kind.to_string(),
+            name: name.to_string(),
+            size_bytes,
+        }
+    };
+    let regions = config.effective_regions().into_iter().filter_map(|region| match (region.backend, &region.path) {
+        (RegionBackend::File | RegionBackend::Dax, Some(path)) => {
+            Some(file("region", &region.name, path, region.size.0))
+        }
+        _ => None,
+    });
+    let namespaces = config.namespaces.iter().filter_map(|namespace| match (namespace.backend, namespace.size) {
+        (NamespaceBackend::File | NamespaceBackend::Pmem, Some(size)) => {
+            Some(file("namespace", &namespace.name, &namespace.path, size.0))
+        }
+        _ => None,
+    });
+    regions.chain(namespaces).collect()
+}
+
+/// Records in the store, once `config`'s target serves, the files its configured spaces are
+/// served from, so that a later start refuses to make one of them again empty
+/// ([`check_configured_files`]). The record is replaced by what is served now (a file the
+/// settings no longer use was warned of once, [`warn_of_configured_files_left`]); it is written
+/// only when that differs from what it holds. The daemon calls it
+/// after a successful start (a start that failed served nothing from them); a library user
+/// that starts targets of its own leaves its stores alone.
+pub fn record_configured_files(config: &Config) -> Result<(), StartError> {
+    let data_dir = config.data_dir()?;
+    let files = configured_files(config, &data_dir);
+    let recorded = MetadataStore::load(&data_dir)?.configured_files;
+    if files.len() == recorded.len() && files.iter().all(|file| recorded.contains(file)) {
+        return Ok(());
+    }
+    MetadataStore::open(&data_dir)?.record_configured_files(&files)?;
+    Ok(())
+}
+
+/// A configured space's file that an earlier start served and that is gone now is not made
+/// again empty (as for a stored space, [`backing_present`]): that would serve zeroes where the
+/// data was, and on a file system not mounted yet, write beside it. The start is refused, as
+/// for any configured space that cannot be opened, saying how to start it empty on purpose.
+fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredFile]) -> Result<(), ConfigError> {
+    for file in files {
+        let Some(before) = served_before.iter().find(|before| before.path == file.path) else { continue };
+        if let Err(error) = std::fs::metadata(&file.path) {
+            if error.kind() != io::ErrorKind::NotFound {
+                continue;
+            }
+            let path = file.path.display();
+            let then = if before.kind == file.kind && before.name == file.name {
+                String::new()
+            } else {
+                format!(" as {} {:?}", before.kind, before.name)
+            };
+            return Err(ConfigError::Invalid(format!(
+                "{} {:?}: its file {path} is missing, but an earlier start served it{then} (a file system not mounted \
+                 yet? a file moved or deleted?); the target does not create it again empty. Restore it and start \
+                 again; to serve it empty from now on, make an empty file of its size there first: truncate -s {} {path}",
+                file.kind, file.name, file.size_bytes
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Warns of each file an earlier start served a configured space from that no configured space
+/// uses now: the settings changed the space's file or backend (to `mem`, say), or dropped it.
+/// Its data is then not served, which the settings alone do not show. The file is left alone.
+/// Once: the record then written ([`record_configured_files`]) no longer holds it.
+fn warn_of_configured_files_left(
+    config: &Config,
+    data_dir: &Path,
+    files: &[ConfiguredFile],
+    served_before: &[ConfiguredFile],
+) {
+    for before in served_before {
+        if files.iter().any(|file| file.path == before.path) {
+            continue;
+        }
+        let (kind, name, old) = (&before.kind, &before.name, before.path.display());
+        let now =
+            match kind.as_str() {
+                "region" => config.effective_regions().into_iter().find(|region| &region.name == name).map(|region| {
+                    match (region.backend, region.path) {
+                        (RegionBackend::Mem, _) | (_, None) => "kept in memory (volatile)".to_string(),
+                        (_, Some(path)) => {
+                            format!("served from {}", crate::namespaces::resolve(&path, data_dir).display())
+                        }
+                    }
+                }),
+                _ => config.namespaces.iter().find(|namespace| &namespace.name == name).map(|namespace| {
+                    format!("served from {}", crate::namespaces::resolve(&namespace.path, data_dir).display())
+                }),
+            };
+        match now {
+            Some(now) => tracing::warn!(
+                "{kind} {name:?}: an earlier start served it from {old}, and the settings now have it {now}; the data \
+                 in {old} is not served (the file is left as it is: put the old settings back to serve it)"
+            ),
+            None => tracing::warn!(
+                "{kind} {name:?}, which an earlier start served from {old}, is no longer in the settings; the data in \
+                 {old} is not served (the file is left as it is)"
+            ),
+        }
     }
 }
 

@@ -1540,3 +1540,120 @@ fn a_second_target_on_a_served_directory_writes_nothing_there() {
     assert!(stderr.contains("another target") && stderr.contains(data) && stderr.contains("--data-dir"), "{stderr}");
     assert!(!dir.path().join("tenants").exists(), "the refused target wrote a tenant into the served directory");
 }
+
+/// A region's file cut short under the running target (by someone else, or storage gone)
+/// leaves its mapping without bytes, and the next request that touches them is a bus error.
+/// The target still stops (it cannot answer with bytes it no longer holds), but it first says
+/// which region and which file, and what to do; before, it died with nothing in its log.
+#[test]
+fn a_region_file_cut_short_under_the_target_is_named_before_it_stops() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = dir.path().join("target.toml");
+    std::fs::write(&config, "[[region]]\nname = \"vol\"\nbackend = \"file\"\npath = \"vol.region\"\nsize = \"1MiB\"\n")
+        .unwrap();
+    let mut target = serving("127.0.0.1:0", &data)
+        .args(["--auth", "none", "--config"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let banner = read_banner(&mut target);
+    let addr = banner.split("serving on ").nth(1).and_then(|rest| rest.split_whitespace().next()).unwrap().to_string();
+    let region_file = data.join("vol.region");
+    std::fs::OpenOptions::new().write(true).open(&region_file).unwrap().set_len(0).unwrap();
+
+    let mut reader = Command::new(common::netdam_binary())
+        .args(["--target", &addr, "--key", "none", "read", "vol", "8192", "64"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = target.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the target kept running after its region's file was cut short");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let _ = reader.kill();
+    let _ = reader.wait();
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut target.stderr.take().unwrap(), &mut log).unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}: {log}");
+    let named = format!("region \"vol\": its file {} was cut short", region_file.display());
+    assert!(log.contains(&named) && log.contains("(1048576 bytes)"), "{log}");
+}
+
+/// A configured space's file that an earlier start served, gone at a later start (a file system
+/// not mounted yet, a file moved), is not made again empty: the start is refused naming the file
+/// and nothing is created there. Once the file is back it is served with its data; an empty
+/// file of its size, made on purpose as the refusal says, is served as a fresh one.
+#[test]
+fn a_configured_space_whose_file_is_gone_is_not_made_again_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = dir.path().join("target.toml");
+    std::fs::write(
+        &config,
+        "[[region]]\nname = \"vol\"\nbackend = \"file\"\npath = \"vol.region\"\nsize = \"1MiB\"\n\n\
+         [[namespace]]\nname = \"disk\"\nbackend = \"file\"\npath = \"disk.img\"\nsize = \"2MiB\"\n",
+    )
+    .unwrap();
+    let start = || {
+        let mut command = serving("127.0.0.1:0", &data);
+        command.args(["--auth", "none", "--config"]).arg(&config);
+        command
+    };
+    let first = banner_of(start());
+    assert!(first.contains("\"vol\"") && first.contains("\"disk\""), "{first}");
+    let (vol, disk) = (data.join("vol.region"), data.join("disk.img"));
+    let mut kept = std::fs::read(&vol).unwrap();
+    kept[..4].copy_from_slice(b"kept");
+    std::fs::write(&vol, &kept).unwrap();
+
+    for (kind, name, path, size) in [("region", "vol", &vol, 1 << 20), ("namespace", "disk", &disk, 2 << 20)] {
+        let away = dir.path().join(name);
+        std::fs::rename(path, &away).unwrap();
+        let refused = start().output().unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{stderr}");
+        let named =
+            format!("{kind} \"{name}\": its file {} is missing, but an earlier start served it", path.display());
+        assert!(stderr.contains(&named), "{stderr}");
+        assert!(stderr.contains(&format!("truncate -s {size} {}", path.display())), "{stderr}");
+        assert!(!path.exists(), "the refused start made {} again", path.display());
+        std::fs::rename(&away, path).unwrap();
+    }
+    let again = banner_of(start());
+    assert!(again.contains("\"vol\"") && again.contains("\"disk\""), "{again}");
+    assert_eq!(&std::fs::read(&vol).unwrap()[..4], b"kept", "the region's data is served again");
+
+    // Gone for good: the empty file the refusal names starts it afresh.
+    std::fs::remove_file(&disk).unwrap();
+    assert!(!start().output().unwrap().status.success());
+    std::fs::File::create(&disk).unwrap().set_len(2 << 20).unwrap();
+    let fresh = banner_of(start());
+    assert!(fresh.contains("\"disk\""), "{fresh}");
+
+    // Settings that now keep the region in memory: the next start says, once, that the data of
+    // the file it was served from is not served, and leaves the file alone.
+    std::fs::write(
+        &config,
+        "[[region]]\nname = \"vol\"\nbackend = \"mem\"\nsize = \"1MiB\"\n\n\
+         [[namespace]]\nname = \"disk\"\nbackend = \"file\"\npath = \"disk.img\"\nsize = \"2MiB\"\n",
+    )
+    .unwrap();
+    let (_, log) = banner_and_log(&mut start());
+    let left = format!(
+        "region \"vol\": an earlier start served it from {}, and the settings now have it kept in memory (volatile)",
+        vol.display()
+    );
+    assert!(log.contains(&left), "{log}");
+    let (_, log) = banner_and_log(&mut start());
+    assert!(!log.contains("an earlier start served it"), "said again: {log}");
+    assert_eq!(&std::fs::read(&vol).unwrap()[..4], b"kept");
+}
