@@ -8,15 +8,22 @@
 //!
 //! Every file mapping is registered in a fixed table of atomics that the signal handler reads
 //! without a lock or an allocation; each entry's message is formatted when the mapping is made.
-//! A fault outside every registered mapping goes to the handler that was installed before
-//! (Rust's stack-overflow report, or the default action).
+//! A fault outside every registered mapping, or one the kernel did not raise for an access (a
+//! `kill -BUS`, an asynchronous machine-check notice), goes to the handler that was installed
+//! before (the standard library's, which resets the default action) or takes the default.
 
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 
-/// Mappings that can be named at once; a file mapping beyond them still works, and its fault is
-/// reported without its name.
-const SLOTS: usize = 64;
+/// Mappings that can be named at once: every region and every pmem namespace a target may
+/// serve (`MAX_REGIONS` and `MAX_NAMESPACES`, 64 each). A mapping beyond them still works; its
+/// fault stops the process unnamed, and its registration says so in the log.
+const SLOTS: usize = 128;
+
+/// `si_code`s of a bus error the kernel raises for an access to a mapping: `BUS_ADRALN`,
+/// `BUS_ADRERR` (a page past the file's end, or one its storage failed to read),
+/// `BUS_OBJERR`, `BUS_MCEERR_AR` (asm-generic/siginfo.h; the libc crate lacks them on Linux).
+const ACCESS_FAULTS: core::ops::RangeInclusive<libc::c_int> = 1..=4;
 
 struct Slot {
     /// First byte of the mapping; 0 while the slot is free.
@@ -49,12 +56,23 @@ pub(crate) struct Registration {
     slot: Option<usize>,
 }
 
-/// Registers the mapping `base..base+len` of region `name` on `path` (`size_bytes` long), so
-/// that a SIGBUS inside it is reported by name before the process stops.
-pub(crate) fn register(base: *mut u8, len: usize, name: &str, path: &std::path::Path, size_bytes: u64) -> Registration {
+/// Registers the mapping `base..base+len` of `space` (`region "NAME"`, say) on `path`
+/// (`size_bytes` long), so that a SIGBUS inside it is reported by name before the process stops.
+pub(crate) fn register(
+    base: *mut u8,
+    len: usize,
+    space: &str,
+    path: &std::path::Path,
+    size_bytes: u64,
+) -> Registration {
     INSTALL.call_once(install_handler);
+    // The program's name, as the daemon's own lines begin with it.
+    let program = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.file_name().map(|name| name.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "netdam".to_string());
     let message = format!(
-        "netdam: region {name:?}: its file {} was cut short or its storage failed while the target ran \
+        "{program}: {space}: its file {} was cut short or its storage failed while the target ran \
          (a bus error touching the mapping); the target stops rather than answer with bytes it does not hold. \
          Put the file back at its size ({size_bytes} bytes), from a backup if its data is gone, then start again.\n",
         path.display()
@@ -63,6 +81,10 @@ pub(crate) fn register(base: *mut u8, len: usize, name: &str, path: &std::path::
     .into_boxed_slice();
     let _registering = REGISTERING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let Some(slot) = TABLE.iter().position(|slot| slot.start.load(Ordering::Acquire) == 0) else {
+        tracing::warn!(
+            "{space}: more than {SLOTS} file mappings are open; if its file is cut short while the target runs, \
+             the target stops without naming it"
+        );
         return Registration { slot: None };
     };
     let entry = &TABLE[slot];
@@ -110,17 +132,18 @@ fn install_handler() {
 
 extern "C" fn on_bus_error(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     // SAFETY: the kernel hands a valid siginfo_t to an SA_SIGINFO handler.
-    let address = unsafe { (*info).si_addr() } as usize;
-    let ours = TABLE.iter().find(|slot| {
+    let (address, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    let ours = ACCESS_FAULTS.contains(&code).then_some(()).and(TABLE.iter().find(|slot| {
         let start = slot.start.load(Ordering::Acquire);
         start != 0 && (start..slot.end.load(Ordering::Relaxed)).contains(&address)
-    });
+    }));
     match ours {
         Some(slot) => {
             let message = slot.message.load(Ordering::Relaxed);
             if !message.is_null() {
                 // SAFETY: the message of a taken slot is live (see Registration::drop).
-                unsafe { libc::write(2, message.cast(), slot.message_len.load(Ordering::Relaxed)) };
+                let message = unsafe { core::slice::from_raw_parts(message, slot.message_len.load(Ordering::Relaxed)) };
+                write_all_to_stderr(message);
             }
             // Returning re-runs the access, which now takes the default action: the process
             // stops with SIGBUS, as without this handler, so supervisors see the same signal.
@@ -141,6 +164,20 @@ extern "C" fn on_bus_error(signal: libc::c_int, info: *mut libc::siginfo_t, cont
             // Default or ignored: a fault cannot be ignored, so the default action.
             _ => reset_to_default(signal),
         },
+    }
+}
+
+/// `write(2)` until all of `bytes` is written, or it fails other than by an interruption.
+fn write_all_to_stderr(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: writes from a live slice; async-signal-safe.
+        let written = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        match usize::try_from(written) {
+            Ok(written) if written > 0 => bytes = &bytes[written..],
+            // errno is read through its thread-local location: async-signal-safe.
+            _ if written < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => continue,
+            _ => return,
+        }
     }
 }
 

@@ -154,6 +154,12 @@ fn last_error(name: &str, what: String) -> RegionError {
 impl Region {
     /// Maps a region of `size_bytes` named `name` on `backing`, creating a missing file.
     pub fn open(name: &str, backing: Backing, size_bytes: u64) -> Result<Region, RegionError> {
+        Region::open_as("region", name, backing, size_bytes)
+    }
+
+    /// As [`Region::open`], for a space of another `kind` mapped the same way (a pmem
+    /// namespace): a bus error in its mapping names it as that.
+    pub fn open_as(kind: &str, name: &str, backing: Backing, size_bytes: u64) -> Result<Region, RegionError> {
         let page = page_bytes();
         let len = usize::try_from(size_bytes).unwrap_or(usize::MAX);
         if len == 0 || len % page != 0 || len == usize::MAX {
@@ -184,7 +190,9 @@ impl Region {
         }
         let fault_report = match &backing {
             Backing::Anonymous => None,
-            Backing::File(path) | Backing::Dax(path) => Some(fault::register(base, len, name, path, size_bytes)),
+            Backing::File(path) | Backing::Dax(path) => {
+                Some(fault::register(base, len, &format!("{kind} {name:?}"), path, size_bytes))
+            }
         };
         Ok(Region {
             name: name.to_string(),

@@ -3,7 +3,8 @@
 //! `revoke`), kept in an embedded ACID database (redb) in the data directory. Every change is
 //! committed durably (fsync'd) before the command returns.
 //!
-//! The target reads regions and namespaces once at start-up and closes the store, so admin
+//! The target reads regions and namespaces once at start-up and closes the store (the daemon
+//! then writes which files its configured spaces were served from, when that changed), so admin
 //! commands can change it while a target runs; they tell the user to restart the target to
 //! serve a new space. Tenants are re-read by a running target whenever the file changes
 //! ([`crate::tenant_watch`]), each time opening the store only for the read. redb holds an
@@ -351,9 +352,16 @@ impl MetadataStore {
             write.delete_table(CONFIGURED_FILES).map_err(|error| fail(error.into()))?;
             let mut table = write.open_table(CONFIGURED_FILES).map_err(|error| fail(error.into()))?;
             for file in files {
-                let json = serde_json::to_string(file).expect("a path and names always serialize");
-                let key = file.path.to_string_lossy();
-                table.insert(key.as_ref(), json.as_str()).map_err(|error| fail(error.into()))?;
+                // JSON holds text: a path that is not UTF-8 cannot be recorded (nor keyed alike).
+                let (Some(key), Ok(json)) = (file.path.to_str(), serde_json::to_string(file)) else {
+                    return Err(MetadataError::Refused(format!(
+                        "{} {:?}: its file's path {} is not UTF-8 text, which the store keeps paths as",
+                        file.kind,
+                        file.name,
+                        file.path.display()
+                    )));
+                };
+                table.insert(key, json.as_str()).map_err(|error| fail(error.into()))?;
             }
         }
         write.commit().map_err(|error| fail(error.into()))

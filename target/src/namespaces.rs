@@ -216,7 +216,7 @@ pub fn open_namespace(config: &NamespaceConfig, data_dir: &Path) -> Result<Names
                 (None, Ok(metadata)) => metadata.len(),
                 (None, Err(error)) => return Err(fail(format!("{error}, and no size is given to create it"))),
             };
-            let region = Region::open(&config.name, Backing::File(path.clone()), size)
+            let region = Region::open_as("namespace", &config.name, Backing::File(path.clone()), size)
                 .map_err(|error| fail(error.to_string()))?;
             let region = Arc::new(region);
             // A region device answers at submission: there is no ring to hand over.

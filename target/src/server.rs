@@ -154,7 +154,17 @@ impl Target {
         let stored = MetadataStore::load(&data_dir)?;
         let configured_files = configured_files(config, &data_dir);
         check_configured_files(&configured_files, &stored.configured_files)?;
-        warn_of_configured_files_left(config, &data_dir, &configured_files, &stored.configured_files);
+        let stored_paths = stored.regions.iter().filter_map(|region| region.path.as_deref());
+        let served_now: Vec<PathBuf> = configured_files
+            .iter()
+            .map(|file| file.path.clone())
+            .chain(
+                stored_paths
+                    .chain(stored.namespaces.iter().map(|namespace| namespace.path.as_path()))
+                    .map(|path| stable_path(path, &data_dir)),
+            )
+            .collect();
+        warn_of_configured_files_left(config, &data_dir, &served_now, &stored.configured_files);
         let mut region_configs = config.effective_regions();
         region_configs.extend(
             stored
@@ -593,42 +603,54 @@ fn backing_present(kind: &str, name: &str, path: Option<&Path>, data_dir: &Path)
 }
 
 /// The files of the configured spaces (the settings file's and the embedded default region)
-/// that a start creates where missing, with absolute paths.
+/// that a start creates where missing, or serves as they are (a namespace without a size), by
+/// [`stable_path`].
 pub fn configured_files(config: &Config, data_dir: &Path) -> Vec<ConfiguredFile> {
-    let file = |kind: &str, name: &str, path: &Path, size_bytes: u64| {
-        let path = crate::namespaces::resolve(path, data_dir);
-        ConfiguredFile {
-            path: std::path::absolute(&path).unwrap_or(path),
-            kind: kind.to_string(),
-            name: name.to_string(),
-            size_bytes,
-        }
+    let file = |kind: &str, name: &str, path: &Path, size_bytes: Option<u64>| {
+        let path = stable_path(path, data_dir);
+        let size_bytes = size_bytes.or_else(|| std::fs::metadata(&path).ok().map(|metadata| metadata.len()))?;
+        Some(ConfiguredFile { path, kind: kind.to_string(), name: name.to_string(), size_bytes })
     };
     let regions = config.effective_regions().into_iter().filter_map(|region| match (region.backend, &region.path) {
         (RegionBackend::File | RegionBackend::Dax, Some(path)) => {
-            Some(file("region", &region.name, path, region.size.0))
+            file("region", &region.name, path, Some(region.size.0))
         }
         _ => None,
     });
-    let namespaces = config.namespaces.iter().filter_map(|namespace| match (namespace.backend, namespace.size) {
-        (NamespaceBackend::File | NamespaceBackend::Pmem, Some(size)) => {
-            Some(file("namespace", &namespace.name, &namespace.path, size.0))
+    let namespaces = config.namespaces.iter().filter_map(|namespace| match namespace.backend {
+        NamespaceBackend::File | NamespaceBackend::Pmem => {
+            file("namespace", &namespace.name, &namespace.path, namespace.size.map(|size| size.0))
         }
-        _ => None,
+        NamespaceBackend::Blockdev => None,
     });
     regions.chain(namespaces).collect()
+}
+
+/// `path` (relative ones under `data_dir`) spelt one way whatever way it was given: the
+/// directory it is in with symbolic links and `..` resolved, then its own name, kept as it is
+/// (a link to a file system not mounted yet is the file that is missing).
+fn stable_path(path: &Path, data_dir: &Path) -> PathBuf {
+    let path = crate::namespaces::resolve(path, data_dir);
+    let path = std::path::absolute(&path).unwrap_or(path);
+    match (path.parent().map(Path::canonicalize), path.file_name()) {
+        (Some(Ok(directory)), Some(name)) => directory.join(name),
+        _ => path,
+    }
 }
 
 /// Records in the store, once `config`'s target serves, the files its configured spaces are
 /// served from, so that a later start refuses to make one of them again empty
 /// ([`check_configured_files`]). The record is replaced by what is served now (a file the
-/// settings no longer use was warned of once, [`warn_of_configured_files_left`]); it is written
-/// only when that differs from what it holds. The daemon calls it
-/// after a successful start (a start that failed served nothing from them); a library user
-/// that starts targets of its own leaves its stores alone.
+/// settings no longer use was warned of once, [`warn_of_configured_files_left`]), and written
+/// only when that differs from what it holds. Files on tmpfs are left out: their data is gone
+/// after every reboot by design, and starting them empty then is what their users expect.
+///
+/// The daemon calls it after a successful start (a start that failed served nothing from
+/// them); a library user that starts targets of its own leaves its stores alone.
 pub fn record_configured_files(config: &Config) -> Result<(), StartError> {
     let data_dir = config.data_dir()?;
-    let files = configured_files(config, &data_dir);
+    let mut files = configured_files(config, &data_dir);
+    files.retain(|file| !on_memory_file_system(&file.path));
     let recorded = MetadataStore::load(&data_dir)?.configured_files;
     if files.len() == recorded.len() && files.iter().all(|file| recorded.contains(file)) {
         return Ok(());
@@ -637,62 +659,77 @@ pub fn record_configured_files(config: &Config) -> Result<(), StartError> {
     Ok(())
 }
 
-/// A configured space's file that an earlier start served and that is gone now is not made
-/// again empty (as for a stored space, [`backing_present`]): that would serve zeroes where the
-/// data was, and on a file system not mounted yet, write beside it. The start is refused, as
-/// for any configured space that cannot be opened, saying how to start it empty on purpose.
+/// Whether `path` is on tmpfs or ramfs, whose files do not outlive a reboot.
+fn on_memory_file_system(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: a zeroed statfs is a valid value of the plain C struct.
+    let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs writes into `stats`, which lives across the call; `path` is a C string.
+    let found = unsafe { libc::statfs(path.as_ptr(), &mut stats) } == 0;
+    // ramfs's magic number, which the libc crate lacks (linux/magic.h).
+    const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
+    found && (stats.f_type == libc::TMPFS_MAGIC || stats.f_type == RAMFS_MAGIC)
+}
+
+/// A configured space's file that an earlier start served, and that is gone now or cut to no
+/// bytes, is not made again empty (as for a stored space, [`backing_present`]): that would serve
+/// zeroes where the data was, and on a file system not mounted yet, write beside it. The start
+/// is refused, as for any configured space that cannot be opened, saying how to start it empty
+/// on purpose.
 fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredFile]) -> Result<(), ConfigError> {
     for file in files {
         let Some(before) = served_before.iter().find(|before| before.path == file.path) else { continue };
-        if let Err(error) = std::fs::metadata(&file.path) {
-            if error.kind() != io::ErrorKind::NotFound {
-                continue;
-            }
-            let path = file.path.display();
-            let then = if before.kind == file.kind && before.name == file.name {
-                String::new()
-            } else {
-                format!(" as {} {:?}", before.kind, before.name)
-            };
-            return Err(ConfigError::Invalid(format!(
-                "{} {:?}: its file {path} is missing, but an earlier start served it{then} (a file system not mounted \
-                 yet? a file moved or deleted?); the target does not create it again empty. Restore it and start \
-                 again; to serve it empty from now on, make an empty file of its size there first: truncate -s {} {path}",
-                file.kind, file.name, file.size_bytes
-            )));
-        }
+        let what = match std::fs::metadata(&file.path) {
+            Err(error) if error.kind() == io::ErrorKind::NotFound => "is missing",
+            // A region's or pmem namespace's file of no bytes would be sized and served as new.
+            Ok(metadata) if metadata.len() == 0 && before.size_bytes != 0 => "holds no bytes",
+            _ => continue,
+        };
+        let path = file.path.display();
+        let then = if before.kind == file.kind && before.name == file.name {
+            String::new()
+        } else {
+            format!(" as {} {:?}", before.kind, before.name)
+        };
+        return Err(ConfigError::Invalid(format!(
+            "{} {:?}: its file {path} {what}, but an earlier start served it{then} with {} bytes (a file system not \
+             mounted yet? a file moved, deleted or cut short?); the target does not serve it again empty. Restore it \
+             and start again, or take the {} out of the settings; to serve it empty from now on, make an empty \
+             file of its size there first: truncate -s {} {path}",
+            file.kind, file.name, before.size_bytes, file.kind, file.size_bytes
+        )));
     }
     Ok(())
 }
 
-/// Warns of each file an earlier start served a configured space from that no configured space
-/// uses now: the settings changed the space's file or backend (to `mem`, say), or dropped it.
-/// Its data is then not served, which the settings alone do not show. The file is left alone.
-/// Once: the record then written ([`record_configured_files`]) no longer holds it.
+/// Warns of each file an earlier start served a configured space from that no space uses now
+/// (`served_now`: the configured spaces' files and the stored spaces' paths): the settings
+/// changed the space's file or backend (to `mem`, say), or dropped it. Its data is then not
+/// served, which the settings alone do not show. The file is left alone. Once: the record then
+/// written ([`record_configured_files`]) no longer holds it.
 fn warn_of_configured_files_left(
     config: &Config,
     data_dir: &Path,
-    files: &[ConfiguredFile],
+    served_now: &[PathBuf],
     served_before: &[ConfiguredFile],
 ) {
-    for before in served_before {
-        if files.iter().any(|file| file.path == before.path) {
-            continue;
-        }
+    for before in served_before.iter().filter(|before| !served_now.contains(&before.path)) {
         let (kind, name, old) = (&before.kind, &before.name, before.path.display());
+        let from = |path: &Path| format!("served from {}", stable_path(path, data_dir).display());
         let now =
             match kind.as_str() {
                 "region" => config.effective_regions().into_iter().find(|region| &region.name == name).map(|region| {
                     match (region.backend, region.path) {
                         (RegionBackend::Mem, _) | (_, None) => "kept in memory (volatile)".to_string(),
-                        (_, Some(path)) => {
-                            format!("served from {}", crate::namespaces::resolve(&path, data_dir).display())
-                        }
+                        (_, Some(path)) => from(&path),
                     }
                 }),
-                _ => config.namespaces.iter().find(|namespace| &namespace.name == name).map(|namespace| {
-                    format!("served from {}", crate::namespaces::resolve(&namespace.path, data_dir).display())
-                }),
+                _ => config
+                    .namespaces
+                    .iter()
+                    .find(|namespace| &namespace.name == name)
+                    .map(|namespace| from(&namespace.path)),
             };
         match now {
             Some(now) => tracing::warn!(

@@ -1553,13 +1553,22 @@ fn a_region_file_cut_short_under_the_target_is_named_before_it_stops() {
     let config = dir.path().join("target.toml");
     std::fs::write(&config, "[[region]]\nname = \"vol\"\nbackend = \"file\"\npath = \"vol.region\"\nsize = \"1MiB\"\n")
         .unwrap();
-    let mut target = serving("127.0.0.1:0", &data)
-        .args(["--auth", "none", "--config"])
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let start = || {
+        let mut command = serving("127.0.0.1:0", &data);
+        command.args(["--auth", "none", "--config"]).arg(&config);
+        command
+    };
+    let mut serving_target = start();
+    // SAFETY: setrlimit only, between fork and exec: no core file of the bus error below.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        serving_target.pre_exec(|| {
+            let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            libc::setrlimit(libc::RLIMIT_CORE, &none);
+            Ok(())
+        });
+    }
+    let mut target = serving_target.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let banner = read_banner(&mut target);
     let addr = banner.split("serving on ").nth(1).and_then(|rest| rest.split_whitespace().next()).unwrap().to_string();
     let region_file = data.join("vol.region");
@@ -1584,8 +1593,16 @@ fn a_region_file_cut_short_under_the_target_is_named_before_it_stops() {
     let mut log = String::new();
     std::io::Read::read_to_string(&mut target.stderr.take().unwrap(), &mut log).unwrap();
     assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}: {log}");
-    let named = format!("region \"vol\": its file {} was cut short", region_file.display());
+    let named = format!("netdam-target: region \"vol\": its file {} was cut short", region_file.display());
     assert!(log.contains(&named) && log.contains("(1048576 bytes)"), "{log}");
+
+    // Restarted (by a supervisor, say), the target does not size the empty file again and
+    // serve zeroes as the region's data.
+    let restarted = start().output().unwrap();
+    let stderr = String::from_utf8_lossy(&restarted.stderr);
+    assert!(!restarted.status.success(), "{stderr}");
+    assert!(stderr.contains("holds no bytes, but an earlier start served it with 1048576 bytes"), "{stderr}");
+    assert_eq!(std::fs::metadata(&region_file).unwrap().len(), 0);
 }
 
 /// A configured space's file that an earlier start served, gone at a later start (a file system
@@ -1656,4 +1673,53 @@ fn a_configured_space_whose_file_is_gone_is_not_made_again_empty() {
     let (_, log) = banner_and_log(&mut start());
     assert!(!log.contains("an earlier start served it"), "said again: {log}");
     assert_eq!(&std::fs::read(&vol).unwrap()[..4], b"kept");
+}
+
+/// The record of configured files knows a file however its directory is spelt (here through a
+/// symbolic link to the data directory), and leaves out files on tmpfs, whose data a reboot
+/// takes by design: such a file gone is made again empty, as before.
+#[test]
+fn configured_files_are_known_through_links_and_those_on_tmpfs_start_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&data, &link).unwrap();
+    let shm = std::path::Path::new("/dev/shm");
+    let on_tmpfs = shm.is_dir() && {
+        let statfs = Command::new("stat").args(["-f", "-c", "%T"]).arg(shm).output().unwrap();
+        String::from_utf8_lossy(&statfs.stdout).trim() == "tmpfs"
+    };
+    let shm_file = shm.join(format!("netdam-cli-test-{}.region", std::process::id()));
+    let config = dir.path().join("target.toml");
+    let mut settings =
+        "[[region]]\nname = \"vol\"\nbackend = \"file\"\npath = \"vol.region\"\nsize = \"1MiB\"\n".to_string();
+    if on_tmpfs {
+        settings += &format!(
+            "\n[[region]]\nname = \"scratch\"\nbackend = \"file\"\npath = \"{}\"\nsize = \"1MiB\"\n",
+            shm_file.display()
+        );
+    } else {
+        eprintln!("skipped the tmpfs half: /dev/shm is not a tmpfs here");
+    }
+    std::fs::write(&config, settings).unwrap();
+    let start = |data: &Path| {
+        let mut command = serving("127.0.0.1:0", data);
+        command.args(["--auth", "none", "--config"]).arg(&config);
+        command
+    };
+    let first = banner_of(start(&link));
+    assert!(first.contains("\"vol\""), "{first}");
+
+    std::fs::remove_file(data.join("vol.region")).unwrap();
+    let refused = start(&data).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("is missing, but an earlier start served it"), "{stderr}");
+    std::fs::File::create(data.join("vol.region")).unwrap().set_len(1 << 20).unwrap();
+    if on_tmpfs {
+        std::fs::remove_file(&shm_file).unwrap();
+        let again = banner_of(start(&data));
+        let _ = std::fs::remove_file(&shm_file);
+        assert!(again.contains("\"scratch\""), "a tmpfs file gone is made again: {again}");
+    }
 }
