@@ -24,7 +24,7 @@ use crate::crypto::{CryptoError, KeyRing};
 use crate::dispatch::{Dispatcher, Shared};
 use crate::engine::SoftwareEngine;
 use crate::fpga_engine::{DeviceNamespace, EngineState, FpgaEngine, FpgaSettings};
-use crate::metadata::{ConfiguredFile, MetadataError, MetadataStore};
+use crate::metadata::{ConfiguredFile, MetadataError, MetadataStore, Stored};
 use crate::metrics::{BuildInfo, TargetCollector};
 use crate::namespaces::{Namespace, NamespaceError, NamespaceTable};
 use crate::regions::RegionTable;
@@ -152,18 +152,10 @@ impl Target {
             lock_process_memory();
         }
         let stored = MetadataStore::load(&data_dir)?;
+        check_names_apart(config, &stored)?;
         let configured_files = configured_files(config, &data_dir);
         check_configured_files(&configured_files, &stored.configured_files)?;
-        let stored_paths = stored.regions.iter().filter_map(|region| region.path.as_deref());
-        let served_now: Vec<PathBuf> = configured_files
-            .iter()
-            .map(|file| file.path.clone())
-            .chain(
-                stored_paths
-                    .chain(stored.namespaces.iter().map(|namespace| namespace.path.as_path()))
-                    .map(|path| stable_path(path, &data_dir)),
-            )
-            .collect();
+        let served_now = served_paths(&configured_files, &stored, &data_dir);
         warn_of_configured_files_left(config, &data_dir, &served_now, &stored.configured_files);
         let mut region_configs = config.effective_regions();
         region_configs.extend(
@@ -600,6 +592,51 @@ fn backing_present(kind: &str, name: &str, path: Option<&Path>, data_dir: &Path)
             path.display()
         ))),
     }
+}
+
+/// A configured space and a stored one of the same kind and name would both answer to it: the
+/// start is refused saying which is which and how to part them (`validate_spaces` says only that
+/// the name is used twice).
+fn check_names_apart(config: &Config, stored: &Stored) -> Result<(), ConfigError> {
+    let region = config
+        .effective_regions()
+        .into_iter()
+        .map(|region| region.name)
+        .find(|name| stored.regions.iter().any(|stored| &stored.name == name));
+    let namespace = || {
+        config
+            .namespaces
+            .iter()
+            .map(|namespace| namespace.name.clone())
+            .find(|name| stored.namespaces.iter().any(|stored| &stored.name == name))
+    };
+    let (kind, name) = match (region, namespace()) {
+        (Some(name), _) => ("region", name),
+        (None, Some(name)) => ("namespace", name),
+        (None, None) => return Ok(()),
+    };
+    let configured = if kind == "region" && config.regions.is_empty() {
+        "the embedded default region (served when the settings name no region)"
+    } else {
+        "in the settings file"
+    };
+    Err(ConfigError::Invalid(format!(
+        "{kind} {name:?} is {configured} and also in the metadata store (made by `netdam-target {kind} create`); \
+         one name cannot serve both: rename the one in the settings file, or remove the stored one with \
+         `netdam-target {kind} delete {name}`"
+    )))
+}
+
+/// The paths every space of this start is served from: the configured spaces' `files` and the
+/// stored spaces' paths, by [`stable_path`].
+fn served_paths(files: &[ConfiguredFile], stored: &Stored, data_dir: &Path) -> Vec<PathBuf> {
+    let stored_paths = stored
+        .regions
+        .iter()
+        .filter_map(|region| region.path.as_deref())
+        .chain(stored.namespaces.iter().map(|namespace| namespace.path.as_path()))
+        .map(|path| stable_path(path, data_dir));
+    files.iter().map(|file| file.path.clone()).chain(stored_paths).collect()
 }
 
 /// The files of the configured spaces (the settings file's and the embedded default region)

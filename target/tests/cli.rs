@@ -1723,3 +1723,25 @@ fn configured_files_are_known_through_links_and_those_on_tmpfs_start_afresh() {
         assert!(again.contains("\"scratch\""), "a tmpfs file gone is made again: {again}");
     }
 }
+
+/// A region in the settings file named like a stored one: the start is refused saying which is
+/// which and how to part them (it said only that the name was used twice).
+#[test]
+fn a_configured_space_named_like_a_stored_one_is_refused_saying_which_is_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_text = data.to_str().unwrap();
+    let created =
+        target_admin(&["region", "create", "vol", "--backend", "mem", "--size", "1MiB", "--data-dir", data_text]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let config = dir.path().join("target.toml");
+    std::fs::write(&config, "[[region]]\nname = \"vol\"\nbackend = \"mem\"\nsize = \"1MiB\"\n").unwrap();
+    let refused = serving("127.0.0.1:0", &data).args(["--auth", "none", "--config"]).arg(&config).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("region \"vol\" is in the settings file and also in the metadata store")
+            && stderr.contains("netdam-target region delete vol"),
+        "{stderr}"
+    );
+}
