@@ -159,6 +159,7 @@ impl AsyncClient {
             next_token: 0,
             connecting: Some(established),
             connecting_heard: Some(heard.clone()),
+            connect_abandoned: false,
             block_bytes: Vec::new(),
             metrics,
             silent_since: None,
@@ -241,6 +242,7 @@ impl AsyncClient {
 
     /// Reads `out.len()` bytes at `offset` into `out`, every chunk in flight at once.
     pub async fn read_into(&self, space: u16, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
+        self.info.check_byte_range(Opcode::Read, space, offset, out.len())?;
         let mut answers = Vec::new();
         for (at, position, piece) in chunks(offset, out.len(), self.info.read_chunk_bytes()) {
             answers.push((position, piece, self.submit(vec![Op::read(space, at, piece as u32)]).await?));
@@ -258,6 +260,7 @@ impl AsyncClient {
 
     /// Writes `data` at `offset`, every chunk in flight at once.
     pub async fn write(&self, space: u16, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        self.info.check_byte_range(Opcode::Write, space, offset, data.len())?;
         let mut answers = Vec::new();
         for (at, position, piece) in chunks(offset, data.len(), self.info.write_chunk_bytes()) {
             answers.push(self.submit(vec![Op::write(space, at, &data[position..position + piece])]).await?);
@@ -289,6 +292,7 @@ impl AsyncClient {
         lanes: &[u8],
         return_result: bool,
     ) -> Result<Vec<u8>, ClientError> {
+        self.info.check_byte_range(Opcode::Vadd, space, offset, lanes.len())?;
         let mut answers = Vec::new();
         for (at, position, piece) in chunks(offset, lanes.len(), self.info.vadd_chunk_bytes(lane, return_result)) {
             let op = Op::vadd(space, at, lane, &lanes[position..position + piece], return_result);
@@ -343,6 +347,8 @@ struct Driver {
     connecting: Option<oneshot::Sender<Result<HelloAnswer, ClientError>>>,
     /// Told, while `connecting`, that the target has answered something.
     connecting_heard: Option<Arc<AtomicBool>>,
+    /// Whether the caller stopped waiting for the connect while the HELLO was under way.
+    connect_abandoned: bool,
     /// Where completions are recorded, when the process serves `/metrics`.
     metrics: Option<Arc<SessionMetrics>>,
     /// When the target was last heard before a silence the task warned of, until it is heard
@@ -419,9 +425,22 @@ impl Driver {
             self.submit_what_fits();
             self.send_queued();
             if self.connecting.as_ref().is_some_and(|connecting| connecting.is_closed()) {
-                return;
+                // The caller stopped waiting for the connect (a timeout, a select). The target may
+                // already hold the session, or make it from a HELLO still on its way: the task
+                // sees the exchange to its end and then closes it, as for a dropped client.
+                // (Only then: a client dropped or closed while a restarted target is asked for
+                // a new session ends at once, as before, not after the HELLO's attempts.)
+                self.connecting = None;
+                self.connecting_heard = None;
+                self.connect_abandoned = true;
             }
-            if !open && self.waiting.is_empty() && self.backlog.is_empty() && self.connecting.is_none() {
+            let hello_pending = self.connect_abandoned && self.session.is_establishing();
+            if !open
+                && self.waiting.is_empty()
+                && self.backlog.is_empty()
+                && self.connecting.is_none()
+                && !hello_pending
+            {
                 close_session(&self.socket, &mut self.session, &self.clock, &mut buffer).await;
                 return;
             }

@@ -15,7 +15,7 @@ use netdam_isa::extension::reduce::{ReduceOp, REDUCE_MAX_BYTES, REDUCE_OPCODE};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::{peek_datagram_status, Instruction};
-use netdam_isa::{Duration, Instant, LaneType, Status};
+use netdam_isa::{Duration, Instant, LaneType, Opcode, Status};
 use netdam_udp::Train;
 
 use crate::error::ClientError;
@@ -521,6 +521,7 @@ impl Client {
 
     /// Reads `out.len()` bytes at `offset` of region `space`.
     pub fn read(&mut self, space: u16, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
+        self.info.check_byte_range(Opcode::Read, space, offset, out.len())?;
         let pieces: Vec<_> = chunks(offset, out.len(), self.info.read_chunk_bytes()).collect();
         let ops = pieces.iter().map(|(at, _, len)| Op::read(space, *at, *len as u32));
         self.pipeline(ops, |index, reply| {
@@ -536,6 +537,7 @@ impl Client {
 
     /// Writes `data` at `offset` of region `space`.
     pub fn write(&mut self, space: u16, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        self.info.check_byte_range(Opcode::Write, space, offset, data.len())?;
         let ops = chunks(offset, data.len(), self.info.write_chunk_bytes())
             .map(|(at, position, len)| Op::write(space, at, &data[position..position + len]));
         self.pipeline(ops, |_, reply| reply.data(0).map(|_| ()))
@@ -682,6 +684,7 @@ impl Client {
         lanes: &[u8],
         return_result: bool,
     ) -> Result<Vec<u8>, ClientError> {
+        self.info.check_byte_range(Opcode::Vadd, space, offset, lanes.len())?;
         let pieces: Vec<_> = chunks(offset, lanes.len(), self.info.vadd_chunk_bytes(lane, return_result)).collect();
         let ops = pieces
             .iter()
@@ -717,6 +720,9 @@ impl Client {
         if len == 0 {
             // No lanes: nothing to reduce, and the target refuses an empty range as malformed.
             return Err(refused(Status::Malformed));
+        }
+        if offset.checked_add(len as u64).is_none() {
+            return Err(refused(Status::OutOfRange));
         }
         let ops =
             chunks(offset, len, REDUCE_MAX_BYTES).map(|(at, _, piece)| Op::reduce(space, at, piece as u32, lane, op));

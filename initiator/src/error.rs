@@ -18,7 +18,7 @@ pub enum ClientError {
     #[error("socket error: {0}")]
     Io(#[from] io::Error),
     /// An idempotent request got no answer after every attempt.
-    #[error("no answer after {attempts} attempt(s): the target is down or unreachable")]
+    #[error("{}", timed_out_message(*attempts))]
     TimedOut {
         /// Transmissions made.
         attempts: u32,
@@ -141,10 +141,12 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// A copy for each of several callers a failure reaches (an `io::Error` cannot be cloned:
-    /// it is copied as its message).
+    /// A copy for each of several callers a failure reaches, of the same variant (callers match
+    /// on them: `TooLarge`, `Empty`); only an `io::Error`, which cannot be cloned, is copied as
+    /// its message.
     pub fn duplicate(&self) -> ClientError {
         match self {
+            ClientError::Io(error) => ClientError::Io(io::Error::new(error.kind(), error.to_string())),
             ClientError::NotListening(addr) => ClientError::NotListening(*addr),
             ClientError::TimedOut { attempts } => ClientError::TimedOut { attempts: *attempts },
             ClientError::OutcomeUnknown { attempts } => ClientError::OutcomeUnknown { attempts: *attempts },
@@ -155,8 +157,42 @@ impl ClientError {
             ClientError::DatagramRefused(status) => ClientError::DatagramRefused(*status),
             ClientError::Closed => ClientError::Closed,
             ClientError::Random => ClientError::Random,
-            other => ClientError::Io(io::Error::other(other.to_string())),
+            ClientError::CloseUnconfirmed { waited_ms } => ClientError::CloseUnconfirmed { waited_ms: *waited_ms },
+            ClientError::MissingResult(index) => ClientError::MissingResult(*index),
+            ClientError::Protocol(error) => ClientError::Protocol(*error),
+            ClientError::InvalidHello(what) => ClientError::InvalidHello(what.clone()),
+            ClientError::BadExtents(error) => ClientError::BadExtents(*error),
+            ClientError::TooLarge(bytes) => ClientError::TooLarge(*bytes),
+            ClientError::Empty => ClientError::Empty,
+            ClientError::WindowFull(requests) => ClientError::WindowFull(*requests),
+            ClientError::NoSuchRegion { name, available } => {
+                ClientError::NoSuchRegion { name: name.clone(), available: available.clone() }
+            }
+            ClientError::NoSuchNamespace { name, available } => {
+                ClientError::NoSuchNamespace { name: name.clone(), available: available.clone() }
+            }
+            ClientError::PartialBlock { len, block_bytes } => {
+                ClientError::PartialBlock { len: *len, block_bytes: *block_bytes }
+            }
+            ClientError::Unaligned { what, offset, len, block_bytes } => {
+                ClientError::Unaligned { what: what.clone(), offset: *offset, len: *len, block_bytes: *block_bytes }
+            }
+            ClientError::BeyondEnd { offset, len, size_bytes } => {
+                ClientError::BeyondEnd { offset: *offset, len: *len, size_bytes: *size_bytes }
+            }
+            ClientError::Setting(text) => ClientError::Setting(text.clone()),
         }
+    }
+}
+
+fn timed_out_message(attempts: u32) -> String {
+    if attempts == 0 {
+        // Failed with the others when the target stopped answering, before its turn to leave.
+        "not sent: the target stopped answering the requests before it (down or unreachable); it never ran, so it \
+         may be sent again"
+            .to_string()
+    } else {
+        format!("no answer after {attempts} attempt(s): the target is down or unreachable")
     }
 }
 

@@ -557,6 +557,9 @@ pub struct Session {
     refused_since: Option<Instant>,
     /// When the target was last heard from (an answer that parsed).
     last_heard: Option<Instant>,
+    /// When a request last ran out of attempts with nothing heard since its last transmission
+    /// (`handle_timeout`: a second such failure, unheard since, means the target is silent).
+    unanswered_failure: Option<Instant>,
     /// Keys of the session in use (an authenticated one), and of the one the HELLO under way
     /// will open.
     keys: Option<SessionKeys>,
@@ -610,6 +613,7 @@ impl Session {
             ever_established: false,
             refused_since: None,
             last_heard: None,
+            unanswered_failure: None,
             keys: None,
             hello_proof: None,
             hello_keys: None,
@@ -1412,11 +1416,23 @@ impl Session {
                         // The target is silent, not this one datagram lost: nothing was heard
                         // since it first left, and a request sent since is unanswered too.
                         let heard_since = self.last_heard.is_some_and(|heard| heard >= first_sent_at);
+                        let heard_since_last_sent = self.last_heard.is_some_and(|heard| heard >= request.sent_at);
                         let sequence = request.sequence;
                         let another_unanswered = self.requests.iter().any(|other| {
                             other.sequence != sequence && other.first_sent_at.is_some_and(|sent| sent >= first_sent_at)
                         });
-                        target_silent |= !heard_since && another_unanswered;
+                        // Or the second request in a row to run out with nothing heard since its
+                        // last transmission, nor since the first ran out. A lone request failing
+                        // may be a path that drops its datagram, so the one behind it gets its own
+                        // chance; when that one fails unanswered too, the target is silent. (Behind
+                        // a window that timeouts closed to one, the requests would otherwise fail
+                        // one patience apart: minutes at depth.)
+                        let silent_again = !heard_since_last_sent
+                            && self.unanswered_failure.is_some_and(|at| self.last_heard.is_none_or(|heard| heard < at));
+                        target_silent |= (!heard_since && another_unanswered) || silent_again;
+                        if !heard_since_last_sent {
+                            self.unanswered_failure = Some(now);
+                        }
                         let request = self.requests.swap_remove(index);
                         self.stats.timeouts += 1;
                         let error = if request.idempotent {

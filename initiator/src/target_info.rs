@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use netdam_isa::control::{HelloAnswer, NamespaceInfo, RegionInfo};
 use netdam_isa::limits::MAX_VADD_BYTES;
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
-use netdam_isa::LaneType;
+use netdam_isa::{LaneType, Opcode, Status};
 
 use crate::error::ClientError;
 use crate::session::Reply;
@@ -49,6 +49,26 @@ impl TargetInfo {
             let available = namespaces.iter().map(|namespace| (namespace.name.as_str(), namespace.id));
             ClientError::NoSuchNamespace { name: name.to_string(), available: names_and_ids(available) }
         })
+    }
+
+    /// Refuses, before anything is sent, `len` bytes at `offset` of region `space` that end past
+    /// 2^64, or past the region's end where HELLO gave its size, as the target would refuse them
+    /// (`out_of_range`). Split into pieces, the pieces inside would be executed while the caller
+    /// hears only that the whole failed, and a piece whose offset wrapped would land at the
+    /// region's start. A region HELLO did not list (a sessionless client's) is the target's to
+    /// refuse.
+    pub fn check_byte_range(&self, opcode: Opcode, space: u16, offset: u64, len: usize) -> Result<(), ClientError> {
+        let size = self.hello.regions.iter().find(|region| region.id == space).map(|region| region.size_bytes);
+        let inside = match (offset.checked_add(len as u64), size) {
+            (None, _) => false,
+            (Some(end), Some(size)) => end <= size,
+            (Some(_), None) => true,
+        };
+        if inside || len == 0 {
+            Ok(())
+        } else {
+            Err(ClientError::Refused { opcode: opcode as u8, status: Status::OutOfRange })
+        }
     }
 
     /// Most whole blocks one BREAD may return, or one BWRITE carry, within the datagram size.

@@ -100,6 +100,17 @@ impl Volume {
             sessions.push(AsyncClient::connect_sharing(target, options.client, shard, outstanding.clone()).await?);
         }
         let namespace = sessions[0].info().namespace(namespace)?.clone();
+        // Reads could still go, one block per datagram, but no write would fit: refused here,
+        // naming both sizes, not at every write.
+        if sessions[0].info().blocks_per_transfer(namespace.block_bytes) == 0 {
+            return Err(ClientError::Setting(format!(
+                "namespace {:?} has {}-byte blocks, and the datagram size this session negotiated ({} bytes) carries \
+                 no whole block with its headers: ask for larger datagrams (max_datagram_bytes)",
+                namespace.name,
+                namespace.block_bytes,
+                sessions[0].info().hello.max_datagram_bytes
+            )));
+        }
         Ok(Volume { sessions, namespace, next: AtomicUsize::new(0) })
     }
 
@@ -120,6 +131,7 @@ impl Volume {
 
     /// Bytes one BREAD or BWRITE carries at most: requests are split into pieces of this size.
     pub fn transfer_bytes(&self) -> u32 {
+        // At least one: `open` refused a namespace whose blocks no datagram carries.
         let blocks = self.sessions[0].info().blocks_per_transfer(self.namespace.block_bytes).max(1);
         blocks * self.namespace.block_bytes
     }
@@ -167,6 +179,13 @@ impl Volume {
     }
 
     /// Writes `data` at `offset`; with `fua` every byte is durable when this returns.
+    ///
+    /// Not cancel-safe, as a write handed to a device is not: dropping the future (a timeout, a
+    /// `select!`) does not call the write off. Its pieces already submitted still reach the
+    /// target, each executed at most once, and one may land after a later write to the same
+    /// blocks has completed: over another session of the volume, or, over the same session,
+    /// when its datagram was lost and sent again. A caller that abandons a write and writes the
+    /// range again reads it back before relying on it.
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ClientError> {
         self.check("write", offset, data.len() as u64)?;
         let block_bytes = self.block_bytes();

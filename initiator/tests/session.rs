@@ -678,6 +678,33 @@ fn a_lone_request_lost_again_and_again_fails_alone() {
 }
 
 #[test]
+fn the_second_request_in_a_row_to_fail_unanswered_fails_every_request_left() {
+    // A window of one (as timeouts close it) and four requests: the first fails alone, the one
+    // behind it gets its own chance, and when it fails unanswered too the target is silent:
+    // the two never sent fail with it, not one patience apart each.
+    let mut session = windowed(1.0);
+    for token in 1..=4 {
+        session.submit(&[Op::read(0, token * 8, 8)], token).unwrap();
+    }
+    let (first, _) = until_something_fails(&mut session, at_ms(0));
+    assert_eq!(first.iter().map(|completion| completion.token).collect::<Vec<_>>(), vec![1]);
+    let failed_at = session.poll_timeout().unwrap();
+    let (mut rest, transmissions) = until_something_fails(&mut session, failed_at);
+    rest.sort_by_key(|completion| completion.token);
+    assert_eq!(rest.iter().map(|completion| completion.token).collect::<Vec<_>>(), vec![2, 3, 4]);
+    assert!(
+        transmissions.iter().all(|&sequence| sequence == transmissions[0]),
+        "only request 2 went: {transmissions:?}"
+    );
+    for never_sent in &rest[1..] {
+        let error = never_sent.result.as_ref().unwrap_err();
+        assert!(matches!(error, ClientError::TimedOut { attempts: 0 }), "{error:?}");
+        assert!(error.to_string().starts_with("not sent: the target stopped answering"), "{error}");
+    }
+    assert_eq!(session.in_flight(), 0);
+}
+
+#[test]
 fn a_request_lost_while_the_target_answers_others_fails_alone() {
     let mut session = Session::new(config(), 9);
     session.submit(&[Op::read(0, 0, 8)], 1).unwrap();
