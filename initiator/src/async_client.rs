@@ -28,7 +28,7 @@ use crate::metrics::SessionMetrics;
 use crate::op::Op;
 use crate::session::{Reply, Session, SessionConfig};
 use crate::stamped;
-use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
+use crate::target_info::{check_byte_range, chunks, crc_result, word_result, TargetInfo};
 
 /// Requests waiting for the I/O task beyond the session window: back-pressure to callers.
 const COMMAND_QUEUE: usize = 1024;
@@ -235,6 +235,10 @@ impl AsyncClient {
 
     /// Reads `len` bytes at `offset`, every chunk in flight at once (the I/O task bounds them).
     pub async fn read(&self, space: u16, offset: u64, len: usize) -> Result<Vec<u8>, ClientError> {
+        // Only a range past 2^64 is refused here (as in the other byte methods): this client's
+        // HELLO answer is its first, and a target restarted since may serve the region at
+        // another size, so a range past its end is the target's to refuse.
+        check_byte_range(Opcode::Read as u8, offset, len, None)?;
         let mut out = vec![0u8; len];
         self.read_into(space, offset, &mut out).await?;
         Ok(out)
@@ -242,7 +246,7 @@ impl AsyncClient {
 
     /// Reads `out.len()` bytes at `offset` into `out`, every chunk in flight at once.
     pub async fn read_into(&self, space: u16, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
-        self.info.check_byte_range(Opcode::Read, space, offset, out.len())?;
+        check_byte_range(Opcode::Read as u8, offset, out.len(), None)?;
         let mut answers = Vec::new();
         for (at, position, piece) in chunks(offset, out.len(), self.info.read_chunk_bytes()) {
             answers.push((position, piece, self.submit(vec![Op::read(space, at, piece as u32)]).await?));
@@ -260,7 +264,7 @@ impl AsyncClient {
 
     /// Writes `data` at `offset`, every chunk in flight at once.
     pub async fn write(&self, space: u16, offset: u64, data: &[u8]) -> Result<(), ClientError> {
-        self.info.check_byte_range(Opcode::Write, space, offset, data.len())?;
+        check_byte_range(Opcode::Write as u8, offset, data.len(), None)?;
         let mut answers = Vec::new();
         for (at, position, piece) in chunks(offset, data.len(), self.info.write_chunk_bytes()) {
             answers.push(self.submit(vec![Op::write(space, at, &data[position..position + piece])]).await?);
@@ -292,7 +296,7 @@ impl AsyncClient {
         lanes: &[u8],
         return_result: bool,
     ) -> Result<Vec<u8>, ClientError> {
-        self.info.check_byte_range(Opcode::Vadd, space, offset, lanes.len())?;
+        check_byte_range(Opcode::Vadd as u8, offset, lanes.len(), None)?;
         let mut answers = Vec::new();
         for (at, position, piece) in chunks(offset, lanes.len(), self.info.vadd_chunk_bytes(lane, return_result)) {
             let op = Op::vadd(space, at, lane, &lanes[position..position + piece], return_result);
@@ -804,6 +808,9 @@ impl Driver {
         if let Some(connecting) = self.connecting.take() {
             let _ = connecting.send(Err(error.duplicate()));
         }
+        // Nothing listens, or the socket is unusable: an abandoned connect's HELLO has no
+        // session to close, so its task need not see the exchange out.
+        self.connect_abandoned = false;
     }
 }
 

@@ -24,7 +24,7 @@ use crate::op::Op;
 use crate::reduce::{self, ReduceValue};
 use crate::session::{Reply, Session, SessionConfig, SessionStats};
 use crate::stamped;
-use crate::target_info::{chunks, crc_result, word_result, TargetInfo};
+use crate::target_info::{check_byte_range, chunks, crc_result, word_result, TargetInfo};
 
 /// How a client waits for answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -521,7 +521,7 @@ impl Client {
 
     /// Reads `out.len()` bytes at `offset` of region `space`.
     pub fn read(&mut self, space: u16, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
-        self.info.check_byte_range(Opcode::Read, space, offset, out.len())?;
+        check_byte_range(Opcode::Read as u8, offset, out.len(), self.info.region_size(space))?;
         let pieces: Vec<_> = chunks(offset, out.len(), self.info.read_chunk_bytes()).collect();
         let ops = pieces.iter().map(|(at, _, len)| Op::read(space, *at, *len as u32));
         self.pipeline(ops, |index, reply| {
@@ -537,7 +537,7 @@ impl Client {
 
     /// Writes `data` at `offset` of region `space`.
     pub fn write(&mut self, space: u16, offset: u64, data: &[u8]) -> Result<(), ClientError> {
-        self.info.check_byte_range(Opcode::Write, space, offset, data.len())?;
+        check_byte_range(Opcode::Write as u8, offset, data.len(), self.info.region_size(space))?;
         let ops = chunks(offset, data.len(), self.info.write_chunk_bytes())
             .map(|(at, position, len)| Op::write(space, at, &data[position..position + len]));
         self.pipeline(ops, |_, reply| reply.data(0).map(|_| ()))
@@ -684,7 +684,7 @@ impl Client {
         lanes: &[u8],
         return_result: bool,
     ) -> Result<Vec<u8>, ClientError> {
-        self.info.check_byte_range(Opcode::Vadd, space, offset, lanes.len())?;
+        check_byte_range(Opcode::Vadd as u8, offset, lanes.len(), self.info.region_size(space))?;
         let pieces: Vec<_> = chunks(offset, lanes.len(), self.info.vadd_chunk_bytes(lane, return_result)).collect();
         let ops = pieces
             .iter()
@@ -721,9 +721,7 @@ impl Client {
             // No lanes: nothing to reduce, and the target refuses an empty range as malformed.
             return Err(refused(Status::Malformed));
         }
-        if offset.checked_add(len as u64).is_none() {
-            return Err(refused(Status::OutOfRange));
-        }
+        check_byte_range(REDUCE_OPCODE, offset, len, self.info.region_size(space))?;
         let ops =
             chunks(offset, len, REDUCE_MAX_BYTES).map(|(at, _, piece)| Op::reduce(space, at, piece as u32, lane, op));
         let mut total: Option<ReduceValue> = None;

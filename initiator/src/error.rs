@@ -133,6 +133,19 @@ pub enum ClientError {
         size_bytes: u64,
     },
     /// A client setting out of range; the message names it.
+    /// A byte range of a region that ends past it (or past 2^64), refused before anything was
+    /// sent: the target would have executed the pieces inside it.
+    #[error("{} of {len} bytes at offset {offset}: {}; nothing was sent", opcode_name(*opcode), range_end(*offset, *len, *size_bytes))]
+    OutsideRegion {
+        /// The instruction the range was for.
+        opcode: u8,
+        /// Its first byte.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The region's size, where the end past it (not past 2^64) is at fault.
+        size_bytes: Option<u64>,
+    },
     #[error("{0}")]
     Setting(String),
     /// The client's I/O task ended.
@@ -180,8 +193,18 @@ impl ClientError {
             ClientError::BeyondEnd { offset, len, size_bytes } => {
                 ClientError::BeyondEnd { offset: *offset, len: *len, size_bytes: *size_bytes }
             }
+            ClientError::OutsideRegion { opcode, offset, len, size_bytes } => {
+                ClientError::OutsideRegion { opcode: *opcode, offset: *offset, len: *len, size_bytes: *size_bytes }
+            }
             ClientError::Setting(text) => ClientError::Setting(text.clone()),
         }
+    }
+}
+
+fn range_end(offset: u64, len: u64, size_bytes: Option<u64>) -> String {
+    match (offset.checked_add(len), size_bytes) {
+        (Some(end), Some(size)) => format!("it ends at {end}, past the end of the {size}-byte region"),
+        _ => "its end would lie past 2^64".to_string(),
     }
 }
 

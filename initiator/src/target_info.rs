@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use netdam_isa::control::{HelloAnswer, NamespaceInfo, RegionInfo};
 use netdam_isa::limits::MAX_VADD_BYTES;
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
-use netdam_isa::{LaneType, Opcode, Status};
+use netdam_isa::LaneType;
 
 use crate::error::ClientError;
 use crate::session::Reply;
@@ -51,24 +51,10 @@ impl TargetInfo {
         })
     }
 
-    /// Refuses, before anything is sent, `len` bytes at `offset` of region `space` that end past
-    /// 2^64, or past the region's end where HELLO gave its size, as the target would refuse them
-    /// (`out_of_range`). Split into pieces, the pieces inside would be executed while the caller
-    /// hears only that the whole failed, and a piece whose offset wrapped would land at the
-    /// region's start. A region HELLO did not list (a sessionless client's) is the target's to
-    /// refuse.
-    pub fn check_byte_range(&self, opcode: Opcode, space: u16, offset: u64, len: usize) -> Result<(), ClientError> {
-        let size = self.hello.regions.iter().find(|region| region.id == space).map(|region| region.size_bytes);
-        let inside = match (offset.checked_add(len as u64), size) {
-            (None, _) => false,
-            (Some(end), Some(size)) => end <= size,
-            (Some(_), None) => true,
-        };
-        if inside || len == 0 {
-            Ok(())
-        } else {
-            Err(ClientError::Refused { opcode: opcode as u8, status: Status::OutOfRange })
-        }
+    /// The size of region `space` as the last HELLO gave it, if it listed the region (a
+    /// sessionless client's lists none).
+    pub fn region_size(&self, space: u16) -> Option<u64> {
+        self.hello.regions.iter().find(|region| region.id == space).map(|region| region.size_bytes)
     }
 
     /// Most whole blocks one BREAD may return, or one BWRITE carry, within the datagram size.
@@ -111,6 +97,23 @@ pub fn crc_result(reply: &Reply) -> Result<u32, ClientError> {
     let data = reply.data(0)?;
     let word: [u8; 4] = data.try_into().map_err(|_| ClientError::MissingResult(0))?;
     Ok(u32::from_le_bytes(word))
+}
+
+/// Refuses, before anything is sent, `len` bytes at `offset` that end past 2^64, or past
+/// `region_size` where the caller knows it. Split into pieces, the pieces inside would be
+/// executed while the caller hears only that the whole failed, and a piece whose offset wrapped
+/// would land at the region's start (in a build without overflow checks; a panic with them).
+pub fn check_byte_range(opcode: u8, offset: u64, len: usize, region_size: Option<u64>) -> Result<(), ClientError> {
+    let inside = match (offset.checked_add(len as u64), region_size) {
+        (None, _) => false,
+        (Some(end), Some(size)) => end <= size,
+        (Some(_), None) => true,
+    };
+    if inside || len == 0 {
+        Ok(())
+    } else {
+        Err(ClientError::OutsideRegion { opcode, offset, len: len as u64, size_bytes: region_size })
+    }
 }
 
 /// Splits `offset..offset + len` into pieces of at most `chunk` bytes: (offset, position, len).

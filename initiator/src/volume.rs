@@ -100,12 +100,13 @@ impl Volume {
             sessions.push(AsyncClient::connect_sharing(target, options.client, shard, outstanding.clone()).await?);
         }
         let namespace = sessions[0].info().namespace(namespace)?.clone();
-        // Reads could still go, one block per datagram, but no write would fit: refused here,
-        // naming both sizes, not at every write.
+        // No write would fit (and hardly a read): refused here, naming both sizes, not at
+        // every write.
         if sessions[0].info().blocks_per_transfer(namespace.block_bytes) == 0 {
             return Err(ClientError::Setting(format!(
                 "namespace {:?} has {}-byte blocks, and the datagram size this session negotiated ({} bytes) carries \
-                 no whole block with its headers: ask for larger datagrams (max_datagram_bytes)",
+                 no whole block with its headers: ask for larger datagrams (max_datagram_bytes), up to what the \
+                 target's max_datagram_bytes allows",
                 namespace.name,
                 namespace.block_bytes,
                 sessions[0].info().hello.max_datagram_bytes

@@ -615,15 +615,17 @@ fn check_names_apart(config: &Config, stored: &Stored) -> Result<(), ConfigError
         (None, Some(name)) => ("namespace", name),
         (None, None) => return Ok(()),
     };
-    let configured = if kind == "region" && config.regions.is_empty() {
-        "the embedded default region (served when the settings name no region)"
+    let (configured, part) = if kind == "region" && config.regions.is_empty() {
+        (
+            "the embedded default region (served when the settings name no region)",
+            "name a region in the settings file (which replaces the default)",
+        )
     } else {
-        "in the settings file"
+        ("in the settings file", "rename the one in the settings file")
     };
     Err(ConfigError::Invalid(format!(
         "{kind} {name:?} is {configured} and also in the metadata store (made by `netdam-target {kind} create`); \
-         one name cannot serve both: rename the one in the settings file, or remove the stored one with \
-         `netdam-target {kind} delete {name}`"
+         one name cannot serve both: {part}, or remove the stored one with `netdam-target {kind} delete {name}`"
     )))
 }
 
@@ -643,10 +645,17 @@ fn served_paths(files: &[ConfiguredFile], stored: &Stored, data_dir: &Path) -> V
 /// that a start creates where missing, or serves as they are (a namespace without a size), by
 /// [`stable_path`].
 pub fn configured_files(config: &Config, data_dir: &Path) -> Vec<ConfiguredFile> {
+    // A namespace without a size is served at its file's (0 while the file is missing: the
+    // start then fails on it anyway, and the check below says why).
     let file = |kind: &str, name: &str, path: &Path, size_bytes: Option<u64>| {
         let path = stable_path(path, data_dir);
-        let size_bytes = size_bytes.or_else(|| std::fs::metadata(&path).ok().map(|metadata| metadata.len()))?;
-        Some(ConfiguredFile { path, kind: kind.to_string(), name: name.to_string(), size_bytes })
+        let size_bytes = size_bytes.or_else(|| std::fs::metadata(&path).ok().map(|metadata| metadata.len()));
+        Some(ConfiguredFile {
+            path,
+            kind: kind.to_string(),
+            name: name.to_string(),
+            size_bytes: size_bytes.unwrap_or(0),
+        })
     };
     let regions = config.effective_regions().into_iter().filter_map(|region| match (region.backend, &region.path) {
         (RegionBackend::File | RegionBackend::Dax, Some(path)) => {
@@ -663,16 +672,31 @@ pub fn configured_files(config: &Config, data_dir: &Path) -> Vec<ConfiguredFile>
     regions.chain(namespaces).collect()
 }
 
-/// `path` (relative ones under `data_dir`) spelt one way whatever way it was given: the
-/// directory it is in with symbolic links and `..` resolved, then its own name, kept as it is
-/// (a link to a file system not mounted yet is the file that is missing).
+/// `path` (relative ones under `data_dir`) spelt one way whatever way it was given: its
+/// longest existing ancestor directory with symbolic links and `..` resolved, then the rest as
+/// written (`.` and `..` applied by name), like `realpath -m` but keeping the last component
+/// unresolved (a link to a file system not mounted yet is the file that is missing). So the
+/// file of a directory not mounted yet is still known by the name a start recorded.
 fn stable_path(path: &Path, data_dir: &Path) -> PathBuf {
+    use std::path::Component;
     let path = crate::namespaces::resolve(path, data_dir);
     let path = std::path::absolute(&path).unwrap_or(path);
-    match (path.parent().map(Path::canonicalize), path.file_name()) {
-        (Some(Ok(directory)), Some(name)) => directory.join(name),
-        _ => path,
+    let (Some(directory), Some(name)) = (path.parent(), path.file_name()) else { return path };
+    let components: Vec<Component> = directory.components().collect();
+    for existing in (1..=components.len()).rev() {
+        let Ok(mut stable) = components[..existing].iter().collect::<PathBuf>().canonicalize() else { continue };
+        for component in &components[existing..] {
+            match component {
+                Component::ParentDir => {
+                    stable.pop();
+                }
+                Component::Normal(part) => stable.push(part),
+                Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+            }
+        }
+        return stable.join(name);
     }
+    path
 }
 
 /// Records in the store, once `config`'s target serves, the files its configured spaces are
@@ -688,6 +712,20 @@ pub fn record_configured_files(config: &Config) -> Result<(), StartError> {
     let data_dir = config.data_dir()?;
     let mut files = configured_files(config, &data_dir);
     files.retain(|file| !on_memory_file_system(&file.path));
+    // The store keeps paths as text: one that is not is left out, and said once per start.
+    files.retain(|file| {
+        let text = file.path.to_str().is_some();
+        if !text {
+            tracing::warn!(
+                "{} {:?}: its file's path {} is not UTF-8 text, which the store keeps paths as; a start that finds \
+                 it gone will create it again empty",
+                file.kind,
+                file.name,
+                file.path.display()
+            );
+        }
+        text
+    });
     let recorded = MetadataStore::load(&data_dir)?.configured_files;
     if files.len() == recorded.len() && files.iter().all(|file| recorded.contains(file)) {
         return Ok(());
@@ -734,7 +772,11 @@ fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredF
              mounted yet? a file moved, deleted or cut short?); the target does not serve it again empty. Restore it \
              and start again, or take the {} out of the settings; to serve it empty from now on, make an empty \
              file of its size there first: truncate -s {} {path}",
-            file.kind, file.name, before.size_bytes, file.kind, file.size_bytes
+            file.kind,
+            file.name,
+            before.size_bytes,
+            file.kind,
+            if file.size_bytes == 0 { before.size_bytes } else { file.size_bytes }
         )));
     }
     Ok(())
@@ -909,4 +951,29 @@ fn bind_workers(listen: SocketAddr, workers: usize) -> Result<Vec<std::os::fd::O
         sockets.push(socket::bind_shared(actual).map_err(|source| listen_error(actual, source))?);
     }
     Ok(sockets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One file, however its directory is spelt: through a link, with `..`, relative to the
+    /// data directory, and in a directory that does not exist yet (a file system not mounted)
+    /// beneath a link, which keeps the name a start recorded through the link's target.
+    #[test]
+    fn a_file_is_known_by_one_path_however_its_directory_is_spelt() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().canonicalize().unwrap().join("real");
+        std::fs::create_dir_all(real.join("sub")).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+        let expected = real.join("sub/vol.region");
+        for spelt in ["link/sub/vol.region", "real/sub/../sub/vol.region", "link/./sub/vol.region"] {
+            assert_eq!(stable_path(Path::new(spelt), dir.path()), expected, "{spelt}");
+        }
+        assert_eq!(stable_path(&dir.path().join("link/sub/vol.region"), Path::new("/elsewhere")), expected);
+        let unmounted = real.join("mnt/disk/vol.region");
+        for spelt in ["link/mnt/disk/vol.region", "link/mnt/other/../disk/vol.region"] {
+            assert_eq!(stable_path(Path::new(spelt), dir.path()), unmounted, "{spelt}");
+        }
+    }
 }

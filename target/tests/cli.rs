@@ -216,6 +216,22 @@ fn banner_of(mut command: Command) -> String {
     banner
 }
 
+/// Runs `command`, a start expected to be refused, and its output; one that serves instead
+/// (a regression) is stopped after 30 s rather than waited for without end.
+fn refused_start(mut command: Command) -> Output {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!("the start was not refused: it served for 30 s; {}", String::from_utf8_lossy(&output.stderr));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
 fn target_admin(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_netdam-target")).args(args).output().expect("netdam-target runs")
 }
@@ -1598,7 +1614,7 @@ fn a_region_file_cut_short_under_the_target_is_named_before_it_stops() {
 
     // Restarted (by a supervisor, say), the target does not size the empty file again and
     // serve zeroes as the region's data.
-    let restarted = start().output().unwrap();
+    let restarted = refused_start(start());
     let stderr = String::from_utf8_lossy(&restarted.stderr);
     assert!(!restarted.status.success(), "{stderr}");
     assert!(stderr.contains("holds no bytes, but an earlier start served it with 1048576 bytes"), "{stderr}");
@@ -1635,7 +1651,7 @@ fn a_configured_space_whose_file_is_gone_is_not_made_again_empty() {
     for (kind, name, path, size) in [("region", "vol", &vol, 1 << 20), ("namespace", "disk", &disk, 2 << 20)] {
         let away = dir.path().join(name);
         std::fs::rename(path, &away).unwrap();
-        let refused = start().output().unwrap();
+        let refused = refused_start(start());
         let stderr = String::from_utf8_lossy(&refused.stderr);
         assert!(!refused.status.success(), "{stderr}");
         let named =
@@ -1651,7 +1667,7 @@ fn a_configured_space_whose_file_is_gone_is_not_made_again_empty() {
 
     // Gone for good: the empty file the refusal names starts it afresh.
     std::fs::remove_file(&disk).unwrap();
-    assert!(!start().output().unwrap().status.success());
+    assert!(!refused_start(start()).status.success());
     std::fs::File::create(&disk).unwrap().set_len(2 << 20).unwrap();
     let fresh = banner_of(start());
     assert!(fresh.contains("\"disk\""), "{fresh}");
@@ -1687,10 +1703,21 @@ fn configured_files_are_known_through_links_and_those_on_tmpfs_start_afresh() {
     std::os::unix::fs::symlink(&data, &link).unwrap();
     let shm = std::path::Path::new("/dev/shm");
     let on_tmpfs = shm.is_dir() && {
-        let statfs = Command::new("stat").args(["-f", "-c", "%T"]).arg(shm).output().unwrap();
-        String::from_utf8_lossy(&statfs.stdout).trim() == "tmpfs"
+        use std::os::unix::ffi::OsStrExt;
+        let name = std::ffi::CString::new(shm.as_os_str().as_bytes()).unwrap();
+        // SAFETY: statfs writes into `stats`, which lives across the call; `name` is a C string.
+        let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
+        unsafe { libc::statfs(name.as_ptr(), &mut stats) == 0 && stats.f_type == libc::TMPFS_MAGIC }
     };
-    let shm_file = shm.join(format!("netdam-cli-test-{}.region", std::process::id()));
+    /// Removes the file on tmpfs however the test ends.
+    struct RemovedAtEnd(std::path::PathBuf);
+    impl Drop for RemovedAtEnd {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let removed = RemovedAtEnd(shm.join(format!("netdam-cli-test-{}.region", std::process::id())));
+    let shm_file = &removed.0;
     let config = dir.path().join("target.toml");
     let mut settings =
         "[[region]]\nname = \"vol\"\nbackend = \"file\"\npath = \"vol.region\"\nsize = \"1MiB\"\n".to_string();
@@ -1712,14 +1739,13 @@ fn configured_files_are_known_through_links_and_those_on_tmpfs_start_afresh() {
     assert!(first.contains("\"vol\""), "{first}");
 
     std::fs::remove_file(data.join("vol.region")).unwrap();
-    let refused = start(&data).output().unwrap();
+    let refused = refused_start(start(&data));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && stderr.contains("is missing, but an earlier start served it"), "{stderr}");
     std::fs::File::create(data.join("vol.region")).unwrap().set_len(1 << 20).unwrap();
     if on_tmpfs {
-        std::fs::remove_file(&shm_file).unwrap();
+        std::fs::remove_file(shm_file).unwrap();
         let again = banner_of(start(&data));
-        let _ = std::fs::remove_file(&shm_file);
         assert!(again.contains("\"scratch\""), "a tmpfs file gone is made again: {again}");
     }
 }
@@ -1736,7 +1762,9 @@ fn a_configured_space_named_like_a_stored_one_is_refused_saying_which_is_which()
     assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
     let config = dir.path().join("target.toml");
     std::fs::write(&config, "[[region]]\nname = \"vol\"\nbackend = \"mem\"\nsize = \"1MiB\"\n").unwrap();
-    let refused = serving("127.0.0.1:0", &data).args(["--auth", "none", "--config"]).arg(&config).output().unwrap();
+    let mut start = serving("127.0.0.1:0", &data);
+    start.args(["--auth", "none", "--config"]).arg(&config);
+    let refused = refused_start(start);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
     assert!(

@@ -77,9 +77,10 @@ fn a_vadd_larger_than_the_negotiated_datagram_is_split_by_the_initiator() {
     let mut stored = vec![0u8; many.len()];
     client.read(0, 200_000, &mut stored).unwrap();
     assert_eq!(stored, many);
-    // A VADD reaching past the region is refused, whole.
+    // A VADD reaching past the region is refused, whole: by the client, which knows the
+    // region's size, before anything is sent.
     let refused = client.vadd(0, (1 << 20) - 4, LaneType::F32, &[0; 8], false).unwrap_err();
-    assert!(matches!(refused, ClientError::Refused { status: Status::OutOfRange, .. }), "{refused:?}");
+    assert!(matches!(refused, ClientError::OutsideRegion { size_bytes: Some(1048576), .. }), "{refused:?}");
 }
 
 /// The same through the async client: its VADD goes as several in-flight pieces, each the size
