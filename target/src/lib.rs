@@ -23,6 +23,7 @@
 
 pub mod block;
 pub mod config;
+pub mod configured_files;
 pub mod cookies;
 pub mod crypto;
 pub mod dispatch;

@@ -619,7 +619,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Err(error) = netdam_target::server::record_configured_files(&config) {
+    if let Err(error) = netdam_target::configured_files::record(&config) {
         tracing::warn!(
             %error,
             "could not record which files the configured spaces are served from; a start that finds one of them gone will create it again empty"

@@ -56,7 +56,7 @@ const STORE_FACTS: TableDefinition<&str, &str> = TableDefinition::new("store_fac
 const TENANTS_EMPTIED: &str = "tenants_emptied";
 /// Files of configured spaces (the settings file's regions and namespaces, the embedded
 /// default region) that a start has served, by absolute path: a later start that finds one gone
-/// does not make it again empty (`server::check_configured_files`). The settings file cannot
+/// does not make it again empty (`configured_files`). The settings file cannot
 /// say whether a start came before; this table can.
 const CONFIGURED_FILES: TableDefinition<&str, &str> = TableDefinition::new("configured_files");
 /// Key slots of ENCRYPT and DECRYPT: slot number to its key versions, each 4 bytes of version

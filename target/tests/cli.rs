@@ -1702,13 +1702,7 @@ fn configured_files_are_known_through_links_and_those_on_tmpfs_start_afresh() {
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(&data, &link).unwrap();
     let shm = std::path::Path::new("/dev/shm");
-    let on_tmpfs = shm.is_dir() && {
-        use std::os::unix::ffi::OsStrExt;
-        let name = std::ffi::CString::new(shm.as_os_str().as_bytes()).unwrap();
-        // SAFETY: statfs writes into `stats`, which lives across the call; `name` is a C string.
-        let mut stats: libc::statfs = unsafe { std::mem::zeroed() };
-        unsafe { libc::statfs(name.as_ptr(), &mut stats) == 0 && stats.f_type == libc::TMPFS_MAGIC }
-    };
+    let on_tmpfs = shm.is_dir() && netdam_target::configured_files::on_memory_file_system(shm);
     /// Removes the file on tmpfs however the test ends.
     struct RemovedAtEnd(std::path::PathBuf);
     impl Drop for RemovedAtEnd {
