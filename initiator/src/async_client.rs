@@ -438,7 +438,10 @@ impl Driver {
                 self.connecting_heard = None;
                 self.connect_abandoned = true;
             }
-            let hello_pending = self.connect_abandoned && self.session.is_establishing();
+            // A HELLO refused for want of a slot made no session: nothing is left to close,
+            // and asking again for `session_wait` would only take a slot nobody will use.
+            let hello_pending =
+                self.connect_abandoned && self.session.is_establishing() && !self.session.waits_for_a_slot();
             if !open
                 && self.waiting.is_empty()
                 && self.backlog.is_empty()

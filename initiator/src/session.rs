@@ -673,6 +673,17 @@ impl Session {
         self.hello.is_some()
     }
 
+    /// Whether the HELLO exchange under way was refused for want of a slot and waits to ask
+    /// again (`SessionConfig::session_wait`), with no HELLO on the wire: the target holds no
+    /// session of this exchange, so a driver whose caller gave up may stop here.
+    pub fn waits_for_a_slot(&self) -> bool {
+        self.hello_refused.is_some()
+            && self
+                .requests
+                .iter()
+                .all(|request| request.origin != Origin::Hello || matches!(request.state, State::Held { .. }))
+    }
+
     fn begin_hello(&mut self) {
         self.session_id = 0;
         self.hello = Some((NO_COOKIE, 0));

@@ -209,3 +209,30 @@ fn connects_given_up_on_leave_no_session_open() {
     }
     drop(runtime);
 }
+
+/// A connect given up on while its HELLO waits for a slot (refused `session_limit`, to be asked
+/// again for `session_wait`) stops asking: no session was made, so there is none to close, and
+/// a HELLO asked again later would take a slot nobody uses. Before, its task went on asking in
+/// the background for the whole `session_wait`.
+#[test]
+fn a_connect_given_up_on_while_it_waits_for_a_slot_stops_asking() {
+    let test = start_configured(vec![region("mem", REGION_BYTES, false)], |config| config.max_sessions_per_address = 1);
+    // Holds the address's one slot; idle for under a second, it keeps it.
+    let _holder = Client::connect(test.target.local_addr()).unwrap();
+    let runtime = runtime();
+    let refused = || test.target.stats().get("hello_refused_address_limit").unwrap();
+    runtime.block_on(async {
+        let mut options = netdam_initiator::ClientOptions::default();
+        options.session.session_wait = Duration::from_secs(5).into();
+        let connect = AsyncClient::connect_with(test.target.local_addr(), options);
+        let connect = tokio::time::timeout(Duration::from_millis(100), connect).await;
+        assert!(connect.is_err(), "the connect got a slot its address does not have: {connect:?}");
+        // Past the longest pause between two refused HELLOs (320 ms), once more than the
+        // target's count could lag behind its answer.
+        let given_up = refused();
+        assert!(given_up >= 2, "the target refused {given_up} HELLOs while the caller waited");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(refused(), given_up, "HELLOs were asked again after the caller gave up on the connect");
+    });
+    drop(runtime);
+}
