@@ -20,6 +20,7 @@ use crate::server::StartError;
 pub fn check_and_warn(config: &Config, data_dir: &Path, stored: &Stored) -> Result<(), ConfigError> {
     let files = configured_files(config, data_dir);
     check_configured_files(&files, &stored.configured_files)?;
+    warn_of_block_size_changes(&files, &stored.configured_files);
     let served_now = served_paths(&files, stored, data_dir);
     warn_of_configured_files_left(config, data_dir, &served_now, &stored.configured_files);
     Ok(())
@@ -43,20 +44,22 @@ fn served_paths(files: &[ConfiguredFile], stored: &Stored, data_dir: &Path) -> V
 fn configured_files(config: &Config, data_dir: &Path) -> Vec<ConfiguredFile> {
     // A namespace without a size is served at its file's (0 while the file is missing: the
     // start then fails on it anyway, and the check below says why).
-    let file = |kind: &str, name: &str, path: &Path, size_bytes: Option<u64>| {
+    let file = |kind: &str, name: &str, path: &Path, size_bytes: Option<u64>, block_bytes: Option<u32>| {
         let path = stable_path(path, data_dir);
         let size_bytes = size_bytes.or_else(|| std::fs::metadata(&path).ok().map(|metadata| metadata.len()));
-        ConfiguredFile { path, kind: kind.to_string(), name: name.to_string(), size_bytes: size_bytes.unwrap_or(0) }
+        let (kind, name, size_bytes) = (kind.to_string(), name.to_string(), size_bytes.unwrap_or(0));
+        ConfiguredFile { path, kind, name, size_bytes, block_bytes }
     };
     let regions = config.effective_regions().into_iter().filter_map(|region| match (region.backend, &region.path) {
         (RegionBackend::File | RegionBackend::Dax, Some(path)) => {
-            Some(file("region", &region.name, path, Some(region.size.0)))
+            Some(file("region", &region.name, path, Some(region.size.0), None))
         }
         _ => None,
     });
     let namespaces = config.namespaces.iter().filter_map(|namespace| match namespace.backend {
         NamespaceBackend::File | NamespaceBackend::Pmem => {
-            Some(file("namespace", &namespace.name, &namespace.path, namespace.size.map(|size| size.0)))
+            let size = namespace.size.map(|size| size.0);
+            Some(file("namespace", &namespace.name, &namespace.path, size, Some(namespace.block_size)))
         }
         NamespaceBackend::Blockdev => None,
     });
@@ -171,6 +174,36 @@ fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredF
         )));
     }
     Ok(())
+}
+
+/// Warns of a configured namespace whose file an earlier start served in blocks of another
+/// size. Its bytes are unchanged, and the start goes on: the change may be meant. But what was
+/// made on it may no longer work (a file system whose blocks are smaller than the device's
+/// does not mount; a partition table is read at block 1), and bytes past the last whole block
+/// are not served. Once: the record then written ([`record`]) holds the new size.
+fn warn_of_block_size_changes(files: &[ConfiguredFile], served_before: &[ConfiguredFile]) {
+    for file in files {
+        let Some(before) = served_before.iter().find(|before| before.path == file.path) else { continue };
+        let (Some(then), Some(now)) = (before.block_bytes, file.block_bytes) else { continue };
+        if then == now {
+            continue;
+        }
+        let len = std::fs::metadata(&file.path).map_or(file.size_bytes, |metadata| metadata.len());
+        let tail = len % u64::from(now);
+        let unserved = if tail == 0 {
+            String::new()
+        } else {
+            format!("; the file's last {tail} bytes are past its last whole block, and are not served")
+        };
+        tracing::warn!(
+            "namespace {:?}: an earlier start served {} in blocks of {then} bytes, and the settings now say \
+             block_size = {now}; the bytes are unchanged, but what was made on it in {then}-byte blocks (a file \
+             system, a partition table) may not be read the same way{unserved}. Put block_size = {then} back to \
+             serve it as before",
+            file.name,
+            file.path.display()
+        );
+    }
 }
 
 /// Warns of each file an earlier start served a configured space from that no space uses now

@@ -224,6 +224,9 @@ pub struct ConfiguredFile {
     pub name: String,
     /// Its size in bytes then.
     pub size_bytes: u64,
+    /// A namespace's block size then (`None` for a region, and in records older than it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_bytes: Option<u32>,
 }
 
 /// An AES-256 key as stored: printed by no `Debug`, sent by no instruction or command.

@@ -1691,6 +1691,41 @@ fn a_configured_space_whose_file_is_gone_is_not_made_again_empty() {
     assert_eq!(&std::fs::read(&vol).unwrap()[..4], b"kept");
 }
 
+/// A configured namespace served again in blocks of another size is warned of once, naming
+/// both sizes and the bytes past the last whole block; its bytes stay as they were. (A file
+/// system made in the old blocks may no longer mount: the change was taken without a word.)
+#[test]
+fn a_configured_namespace_served_in_blocks_of_another_size_is_warned_of_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let disk = data.join("disk.img");
+    let bytes: Vec<u8> = (0..(1u32 << 20) + 512).map(|index| (index % 253) as u8).collect();
+    std::fs::write(&disk, &bytes).unwrap();
+    let config = dir.path().join("target.toml");
+    let settings = |block_size: u32| {
+        let namespace = "[[namespace]]\nname = \"disk\"\nbackend = \"file\"\npath = \"disk.img\"\n";
+        std::fs::write(&config, format!("{namespace}block_size = {block_size}\n")).unwrap();
+        let mut command = serving("127.0.0.1:0", &data);
+        command.args(["--auth", "none", "--config"]).arg(&config);
+        command
+    };
+    let (banner, log) = banner_and_log(&mut settings(512));
+    assert!(banner.contains("\"disk\""), "{banner}");
+    assert!(!log.contains("block_size"), "{log}");
+    let (banner, log) = banner_and_log(&mut settings(4096));
+    assert!(banner.contains("\"disk\""), "{banner}");
+    let warned = format!(
+        "namespace \"disk\": an earlier start served {} in blocks of 512 bytes, and the settings now say block_size = 4096",
+        disk.canonicalize().unwrap().display()
+    );
+    assert!(log.contains(&warned), "{log}");
+    assert!(log.contains("the file's last 512 bytes are past its last whole block"), "{log}");
+    let (_, log) = banner_and_log(&mut settings(4096));
+    assert!(!log.contains("an earlier start served"), "said again: {log}");
+    assert!(std::fs::read(&disk).unwrap() == bytes, "the namespace's file changed");
+}
+
 /// The record of configured files knows a file however its directory is spelt (here through a
 /// symbolic link to the data directory), and leaves out files on tmpfs, whose data a reboot
 /// takes by design: such a file gone is made again empty, as before.
