@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the netdam fio ioengine, build/release/libnetdam_fio.so, for the fio that Debian bookworm
+# Builds the netdam fio ioengine, build/release/libnetdam_fio.so (build/debug/ with NETDAM_PROFILE=dev,
+# ops/lib/profile.sh), for the fio that Debian bookworm
 # ships (3.33), and prints its path on stdout (everything else goes to stderr), so that
 #   fio --ioengine=external:$(ops/fio-plugin.sh) ...
 # works. Idempotent: what is already installed, fetched or configured is left alone.
@@ -17,6 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
+# shellcheck source=lib/profile.sh
+. ops/lib/profile.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=never
 cache="$repo/build/fio-src"
@@ -109,11 +112,11 @@ fi
 
 # 4. The engine: Rust static library and C shim, linked into one shared object by build.rs.
 say "building the engine against $fio_source"
-if ! FIO_SOURCE="$fio_source" cargo build --release --locked --quiet --manifest-path initiator/fio/Cargo.toml >&2; then
+if ! FIO_SOURCE="$fio_source" cargo build --profile "$netdam_profile" --locked --quiet --manifest-path initiator/fio/Cargo.toml >&2; then
   say "cargo build of initiator/fio failed (see above)"
   exit 1
 fi
-library="$repo/build/release/libnetdam_fio.so"
+library="$repo/$netdam_bin/libnetdam_fio.so"
 [ -f "$library" ] || {
   say "the build did not produce $library"
   exit 1

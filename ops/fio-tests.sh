@@ -25,6 +25,8 @@
 # target's UDP port (default: a free one in 20000-39999).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/profile.sh
+. ops/lib/profile.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=never
 seconds="${NETDAM_FIO_SECONDS:-1}"
@@ -63,9 +65,9 @@ fi
 step "netdam-target"
 # Built every time (a no-op when up to date): the engine speaks the protocol of the initiator
 # source it was built from, and a target binary left from an older tree may not.
-if ! cargo build --release --locked --quiet --bin netdam-target --bin netdam; then
-  if [ -x build/release/netdam-target ] && [ -x build/release/netdam ]; then
-    echo "warning: building netdam-target failed; using the binaries already in build/release" >&2
+if ! cargo build --profile "$netdam_profile" --locked --quiet --bin netdam-target --bin netdam; then
+  if [ -x "$netdam_bin/netdam-target" ] && [ -x "$netdam_bin/netdam" ]; then
+    echo "warning: building netdam-target failed; using the binaries already in $netdam_bin" >&2
   else
     echo "cannot build netdam-target and netdam (see above)" >&2
     exit 1
@@ -125,14 +127,14 @@ name = "scratch"
 backend = "mem"
 size = "64MiB"
 EOF
-build/release/netdam-target --config "$work/target.toml" >"$work/target.log" 2>&1 &
+"$netdam_bin/netdam-target" --config "$work/target.toml" >"$work/target.log" 2>&1 &
 # The target requires tenants (the default) and created its default tenant's key file: the
 # netdam CLI and the fio engine take it from NETDAM_KEY.
 export NETDAM_KEY="$work/tenants/default.key"
 target_pid=$!
 ready=0
 for _ in $(seq 100); do
-  if build/release/netdam --target "$target" namespaces >/dev/null 2>&1; then
+  if "$netdam_bin/netdam" --target "$target" namespaces >/dev/null 2>&1; then
     ready=1
     break
   fi
@@ -295,7 +297,7 @@ done
 
 step "512-byte I/Os at depth 256: instructions answered busy are sent again, not failed"
 # The target's count of instructions it answered busy (STAT status_busy).
-answered_busy() { build/release/netdam --target "$target" stat | awk '$1 == "status_busy" { print $2 }'; }
+answered_busy() { "$netdam_bin/netdam" --target "$target" stat | awk '$1 == "status_busy" { print $2 }'; }
 for sessions in 1 4; do
   busy_before="$(answered_busy)"
   # Whether busy answers happen depends on timing (one session keeps within the worker's

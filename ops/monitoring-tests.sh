@@ -76,8 +76,10 @@ if [ -n "$missing" ]; then
   fi
 fi
 chromium=$(chromium_bin)
-bin=build/release
-[ -x "$bin/netdam" ] && [ -x "$bin/netdam-target" ] || fatal "build the binaries first: cargo build --release --bins"
+# shellcheck source=lib/profile.sh
+. ops/lib/profile.sh
+bin=$netdam_bin
+[ -x "$bin/netdam" ] && [ -x "$bin/netdam-target" ] || fatal "build the binaries first: cargo build --profile $netdam_profile --bins"
 prometheus --version 2>&1 | head -1
 
 work=$(mktemp -d -p "$( [ -w /dev/shm ] && echo /dev/shm || echo /tmp )" netdam-monitoring.XXXXXX)

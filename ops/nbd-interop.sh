@@ -17,8 +17,10 @@ fail() { echo "FAILED: $*" >&2; exit 1; }
 for tool in nbdinfo qemu-img nbdfuse fio losetup mkfs.ext4 fsck.ext4; do
   command -v "$tool" >/dev/null || skip "$tool is not installed (ops/test.sh installs libnbd-bin, qemu-utils, fio, e2fsprogs)"
 done
-bin=build/release
-[ -x "$bin/netdam" ] && [ -x "$bin/netdam-target" ] || fail "build the binaries first: cargo build --release --bins"
+# shellcheck source=lib/profile.sh
+. ops/lib/profile.sh
+bin=$netdam_bin
+[ -x "$bin/netdam" ] && [ -x "$bin/netdam-target" ] || fail "build the binaries first: cargo build --profile $netdam_profile --bins"
 
 # shellcheck source=lib/nbd-stack.sh
 . ops/lib/nbd-stack.sh

@@ -34,8 +34,10 @@ done
 [ "$(id -u)" = 0 ] || skip "needs root (losetup, mount)"
 [ -e /dev/fuse ] || skip "no /dev/fuse"
 losetup --find >/dev/null 2>&1 || skip "no free loop device"
-bin=build/release
-[ -x "$bin/netdam" ] && [ -x "$bin/netdam-target" ] || fail "build the binaries first: cargo build --release --bins"
+# shellcheck source=lib/profile.sh
+. ops/lib/profile.sh
+bin=$netdam_bin
+[ -x "$bin/netdam" ] && [ -x "$bin/netdam-target" ] || fail "build the binaries first: cargo build --profile $netdam_profile --bins"
 
 # shellcheck source=lib/nbd-stack.sh
 . ops/lib/nbd-stack.sh
