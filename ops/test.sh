@@ -62,7 +62,8 @@ if [ "$(id -u)" != 0 ]; then
 elif ! command -v losetup >/dev/null || ! losetup --find >/dev/null 2>&1; then
   skip "block-device backend: no free loop device (losetup --find failed)"
 else
-  cargo test -p netdam-nvme --test backends --locked -- --ignored 2>&1 | tee -a "$log"
+  # --workspace, as the test build above: -p would resolve features anew and build again.
+  cargo test --workspace --test backends --locked -- --ignored 2>&1 | tee -a "$log"
 fi
 
 step "fuzz (decoder, 10 s)"
