@@ -49,10 +49,18 @@ pub fn wake_receiver(fd: &OwnedFd) {
 /// Turns the received-TTL (hop limit) control message of a socket on or off. It costs every
 /// receive time even when not read (docs/DECISIONS.md), so an idle busy-polling worker turns it
 /// off while it serves lone requests (`worker`).
+///
+/// An IPv6 socket asks for both: a dual-stack one (bound to `[::]`) also receives IPv4
+/// datagrams, as mapped addresses, and the kernel gives their TTL only under the IPv4 option
+/// (without it every IPv4 initiator of such a target read as TTL 0, "unknown"). A socket that
+/// takes IPv6 alone may refuse the IPv4 option; it needs none.
 pub fn set_receive_ttl(fd: std::os::fd::RawFd, ipv4: bool, on: bool) -> io::Result<()> {
-    let (level, option) =
-        if ipv4 { (libc::IPPROTO_IP, libc::IP_RECVTTL) } else { (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT) };
-    set_int_option(fd, level, option, on.into())
+    if ipv4 {
+        return set_int_option(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, on.into());
+    }
+    set_int_option(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, on.into())?;
+    let _ = set_int_option(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, on.into());
+    Ok(())
 }
 
 /// Sets an integer socket option.

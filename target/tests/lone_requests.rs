@@ -50,3 +50,19 @@ fn lone_requests_to_a_busy_worker_are_answered_without_the_ttl_and_it_comes_back
     client.ping().unwrap();
     assert_eq!(client.ping().unwrap().response().header.ttl, 64, "the TTL is read again after a while");
 }
+
+/// A target bound to `[::]` serves IPv4 initiators too, as mapped addresses, and reads their
+/// TTL as it reads an IPv6 initiator's hop limit: every IPv4 ping of such a target said
+/// "received ttl unknown" (the socket asked for the IPv6 option alone).
+#[test]
+fn a_dual_stack_target_reads_the_ttl_of_ipv4_and_ipv6_initiators_alike() {
+    let test = start_configured(vec![region("mem", 1 << 20, false)], |config| {
+        config.listen = "[::]:0".parse().unwrap();
+        config.allow_unauthenticated_network = true;
+    });
+    let port = test.target.local_addr().port();
+    for addr in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+        let mut client = Client::connect(addr.parse().unwrap()).unwrap();
+        assert_eq!(client.ping().unwrap().response().header.ttl, 64, "the TTL of a ping from {addr}");
+    }
+}
