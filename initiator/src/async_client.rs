@@ -174,7 +174,7 @@ impl AsyncClient {
                 Err(_) => {
                     // The session keeps trying until its attempts run out; a user waiting on a
                     // silent command learns why.
-                    warn_still_trying(addr);
+                    warn_still_trying(addr, false);
                     break answer.await;
                 }
             }

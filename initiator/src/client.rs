@@ -185,14 +185,27 @@ const TIGHT_SPIN: Duration = Duration::from_micros(5);
 /// and the back-off after it by default, half a minute for `netdam`'s commands).
 pub(crate) const HELLO_PATIENCE_NOTICE: Duration = Duration::from_millis(2_000);
 
-/// Says that the target at `addr` has not answered yet, and what to check.
-pub(crate) fn warn_still_trying(addr: SocketAddr) {
-    tracing::warn!(
-        target = %addr,
-        "no answer from the target yet after {} ms; still trying (is netdam-target running at that address, \
-         reachable, and speaking this protocol?)",
-        HELLO_PATIENCE_NOTICE.as_nanos() / 1_000_000
-    );
+/// Says that the target at `addr` has not answered yet, and what to check: whether anything
+/// answers there at all, or, once it has answered in this session (`heard`), whether a long
+/// instruction holds it (a worker runs each instruction to completion, and a FILL, CRC or
+/// MEMCPY over gigabytes takes seconds; the command line warned "is netdam-target running?"
+/// of a target busy with its own 4 GiB FILL).
+pub(crate) fn warn_still_trying(addr: SocketAddr, heard: bool) {
+    let ms = HELLO_PATIENCE_NOTICE.as_nanos() / 1_000_000;
+    if heard {
+        tracing::warn!(
+            target = %addr,
+            "the target answered this session but has said nothing for {ms} ms since; still trying (a worker \
+             runs each instruction to completion, and a FILL, CRC or MEMCPY over gigabytes takes seconds; else \
+             the target stopped or became unreachable)"
+        );
+    } else {
+        tracing::warn!(
+            target = %addr,
+            "no answer from the target yet after {ms} ms; still trying (is netdam-target running at that address, \
+             reachable, and speaking this protocol?)"
+        );
+    }
 }
 
 /// A request submitted and not yet waited for.
@@ -327,7 +340,7 @@ impl Client {
         let now = self.clock.now();
         if now >= due && heard_until(self).is_none_or(|until| now >= until) {
             self.silence_noticed = true;
-            warn_still_trying(self.info.addr);
+            warn_still_trying(self.info.addr, self.session.last_heard().is_some());
         }
         Ok(())
     }

@@ -1038,6 +1038,56 @@ fn commands_whose_target_stays_silent_say_they_are_still_trying() {
     }
 }
 
+/// A command whose target answered its HELLO and then says nothing (a worker busy with one long
+/// instruction, a FILL of gigabytes, answers nothing else for seconds) is told so, not asked
+/// whether a target runs there at all. A relay passes the HELLOs and swallows the rest.
+#[test]
+fn a_command_whose_target_went_quiet_after_its_hello_is_not_told_nothing_runs_there() {
+    use netdam_isa::wire::Request;
+    let test = start_vol_and_disk();
+    let front = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let back = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    back.connect(test.target.local_addr()).unwrap();
+    for socket in [&front, &back] {
+        socket.set_read_timeout(Some(std::time::Duration::from_millis(20))).unwrap();
+    }
+    let relay_addr = front.local_addr().unwrap();
+    let mut child = netdam_command(test.dir.path())
+        .args(["--target", &relay_addr.to_string(), "read", "vol", "0", "8"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let first_line = std::thread::spawn(move || {
+        let mut line = String::new();
+        BufReader::new(stderr).read_line(&mut line).unwrap();
+        line
+    });
+    let (mut buffer, mut client, mut hellos) = (vec![0u8; 65_536], None, 0);
+    let started = std::time::Instant::now();
+    while !first_line.is_finished() && started.elapsed() < std::time::Duration::from_secs(10) {
+        if let Ok((len, from)) = front.recv_from(&mut buffer) {
+            client = Some(from);
+            let request = Request::parse(&buffer[..len]).unwrap();
+            let opcode = request.instructions().next().unwrap().opcode;
+            if opcode == netdam_isa::Opcode::Hello as u8 {
+                hellos += 1;
+                back.send(&buffer[..len]).unwrap();
+            }
+        }
+        if let (Ok(len), Some(client)) = (back.recv(&mut buffer), client) {
+            front.send_to(&buffer[..len], client).unwrap();
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = first_line.join().unwrap();
+    assert!(hellos >= 1, "the command said no HELLO");
+    assert!(line.contains("the target answered this session but has said nothing for 2000 ms"), "first line: {line}");
+    assert!(line.contains("runs each instruction to completion"), "first line: {line}");
+}
+
 /// Bytes of region "vol" and blocks of namespace "disk" of [`start_vol_and_disk`].
 const VOL_BYTES: u64 = 1 << 20;
 const DISK_BLOCKS: u64 = 64;
