@@ -187,3 +187,12 @@ impl<'a> SharedMemory<'a> {
         unsafe { AtomicU16::from_ptr(pointer.cast()) }
     }
 }
+
+/// The CRC32 (IEEE, as the CRC32 instruction answers) of two ranges one after the other, from
+/// the CRC of each and the second's length: what an initiator that split a long CRC32 into
+/// several instructions combines their answers with.
+pub fn crc32_combine(first: u32, second: u32, second_len: u64) -> u32 {
+    let mut whole = crc32fast::Hasher::new_with_initial_len(first, 0);
+    whole.combine(&crc32fast::Hasher::new_with_initial_len(second, second_len));
+    whole.finalize()
+}
