@@ -687,8 +687,14 @@ fn with_key_hint(cli: &Cli, message: String) -> String {
 /// Bytes CAS and FETCH_ADD address: one aligned 64-bit word.
 const WORD_BYTES: u64 = 8;
 
+/// `len` as an instruction's 32-bit length, or a refusal naming the largest one there is.
 fn u32_length(len: u64, what: &str) -> Result<u32, String> {
-    u32::try_from(len).map_err(|_| format!("{what} of {len} bytes is over the 4 GiB an instruction can address"))
+    u32::try_from(len).map_err(|_| {
+        format!(
+            "{what} of {len} bytes is more than the {} bytes (4 GiB - 1) one instruction can address; nothing was sent",
+            u32::MAX
+        )
+    })
 }
 
 fn region_id(client: &Client, name: &str) -> Result<u16, String> {
@@ -1677,5 +1683,23 @@ fn decode_lanes(bytes: &[u8], lane: Lane) -> Vec<LaneValue> {
             .chunks_exact(2)
             .map(|c| LaneValue::Float(netdam_isa::semantics::bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The most one instruction addresses is 4294967295 bytes, one short of 4 GiB: a length of
+    /// exactly 4 GiB is refused saying so, not as "over the 4 GiB".
+    #[test]
+    fn an_instruction_length_past_32_bits_is_refused_naming_the_largest() {
+        assert_eq!(u32_length(u64::from(u32::MAX), "CRC"), Ok(u32::MAX));
+        assert_eq!(
+            u32_length(1 << 32, "CRC"),
+            Err("CRC of 4294967296 bytes is more than the 4294967295 bytes (4 GiB - 1) one instruction can \
+                 address; nothing was sent"
+                .to_string())
+        );
     }
 }
