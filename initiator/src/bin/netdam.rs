@@ -20,6 +20,7 @@ use netdam_isa::control::NamespaceInfo;
 use netdam_isa::crypto::{Seal, SEAL_LEN};
 use netdam_isa::extension::reduce::ReduceOp;
 use netdam_isa::units::parse_bytes;
+use netdam_isa::wire::Header;
 use netdam_isa::LaneType;
 use netdam_metrics::{LogFormat, MetricsListen, MetricsServer};
 use serde_json::json;
@@ -141,6 +142,9 @@ struct Cli {
 enum Command {
     /// Measure round trips; shows the target's service time, its queueing, queue depth and the TTL it received.
     /// Needs no session, so it answers even when the target's session table is full.
+    ///
+    /// The queueing field stops at 65535 µs: a wait that long or longer shows as `≥ 65535 µs`
+    /// (with --json, `queueing_saturated` is true beside `queueing_us`).
     Ping {
         /// Round trips to make.
         #[arg(long, default_value_t = 1)]
@@ -831,25 +835,8 @@ fn run(cli: &Cli) -> Result<(), String> {
         Command::Ping { count } => {
             for _ in 0..*count {
                 let reply = client.ping().map_err(text)?;
-                let header = reply.response().header;
                 let rtt_us = reply.rtt.as_nanos() as f64 / 1e3;
-                let service_us = f64::from(header.service_time_ns) / 1e3;
-                let queueing_us = header.queueing_us;
-                if cli.json {
-                    println!(
-                        "{}",
-                        json!({"target": cli.target.to_string(), "rtt_us": rtt_us, "service_time_us": service_us,
-                               "queueing_us": queueing_us, "queue_depth": header.queue_depth, "received_ttl": header.ttl,
-                               "attempts": reply.attempts})
-                    );
-                } else {
-                    // 0: the target did not read it (a busy worker serving lone requests).
-                    let ttl = if header.ttl == 0 { "unknown".to_string() } else { header.ttl.to_string() };
-                    println!(
-                        "reply from {}: rtt {rtt_us:.1} µs, target service {service_us:.1} µs (queued {queueing_us} µs), queue depth {}, received ttl {ttl}",
-                        cli.target, header.queue_depth
-                    );
-                }
+                println!("{}", ping_report(cli.target, &reply.response().header, rtt_us, reply.attempts, cli.json));
             }
         }
         Command::Stat => {
@@ -1451,6 +1438,29 @@ fn serve_nbd(
     })
 }
 
+/// One `netdam ping` answer as printed: a line of text, or a JSON object (`json_out`). The
+/// queueing field saturates at its ceiling (docs/PROTOCOL.md), where the wait was at least that
+/// long: the text says `≥`, and the JSON's `queueing_saturated` is true beside the number.
+fn ping_report(target: SocketAddr, header: &Header, rtt_us: f64, attempts: u32, json_out: bool) -> String {
+    let service_us = f64::from(header.service_time_ns) / 1e3;
+    let queueing_us = header.queueing_us;
+    let queueing_saturated = queueing_us == u16::MAX;
+    if json_out {
+        return json!({"target": target.to_string(), "rtt_us": rtt_us, "service_time_us": service_us,
+                      "queueing_us": queueing_us, "queueing_saturated": queueing_saturated,
+                      "queue_depth": header.queue_depth, "received_ttl": header.ttl, "attempts": attempts})
+        .to_string();
+    }
+    // 0: the target did not read it (a busy worker serving lone requests).
+    let ttl = if header.ttl == 0 { "unknown".to_string() } else { header.ttl.to_string() };
+    let at_least = if queueing_saturated { "≥ " } else { "" };
+    format!(
+        "reply from {target}: rtt {rtt_us:.1} µs, target service {service_us:.1} µs (queued {at_least}{queueing_us} µs), \
+         queue depth {}, received ttl {ttl}",
+        header.queue_depth
+    )
+}
+
 fn report_transfer(
     json_out: bool,
     verb: &str,
@@ -1692,6 +1702,33 @@ mod tests {
 
     /// The most one instruction addresses is 4294967295 bytes, one short of 4 GiB: a length of
     /// exactly 4 GiB is refused saying so, not as "over the 4 GiB".
+    /// A queueing field at its ceiling (65535 µs) is a wait at least that long: shown as such,
+    /// where it read as an exact 65535 µs; below it, as the number it is.
+    #[test]
+    fn a_ping_queued_past_the_fields_ceiling_says_at_least() {
+        let target: SocketAddr = "192.0.2.1:7800".parse().unwrap();
+        let answer = |queueing_us| Header {
+            ttl: 64,
+            service_time_ns: 136_739_300,
+            queue_depth: 2,
+            queueing_us,
+            ..Header::default()
+        };
+        let text = ping_report(target, &answer(u16::MAX), 137_000.0, 1, false);
+        assert_eq!(
+            text,
+            "reply from 192.0.2.1:7800: rtt 137000.0 µs, target service 136739.3 µs (queued ≥ 65535 µs), queue depth \
+             2, received ttl 64"
+        );
+        assert!(ping_report(target, &answer(65_534), 137_000.0, 1, false).contains("(queued 65534 µs)"));
+        let json: serde_json::Value =
+            serde_json::from_str(&ping_report(target, &answer(u16::MAX), 137_000.0, 1, true)).unwrap();
+        assert_eq!((&json["queueing_us"], &json["queueing_saturated"]), (&json!(65535), &json!(true)), "{json}");
+        let json: serde_json::Value =
+            serde_json::from_str(&ping_report(target, &answer(120), 137_000.0, 1, true)).unwrap();
+        assert_eq!((&json["queueing_us"], &json["queueing_saturated"]), (&json!(120), &json!(false)), "{json}");
+    }
+
     #[test]
     fn an_instruction_length_past_32_bits_is_refused_naming_the_largest() {
         assert_eq!(u32_length(u64::from(u32::MAX), "CRC"), Ok(u32::MAX));
