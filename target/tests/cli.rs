@@ -1450,6 +1450,56 @@ fn trim_and_write_zeroes_cover_ranges_larger_than_one_instruction() {
     }
 }
 
+/// On a namespace of more than 2^32 blocks (512-byte blocks, 2 TiB and a bit of sparse file),
+/// `trim` and `block-status` take a count past 32 bits, and so does `write-zeroes`, where they
+/// were refused as "one command covers at most 4294967295 blocks"; the range goes as several
+/// instructions, and a hole longer than one BLOCK_STATUS answer covers shows as one extent.
+/// (`write-zeroes` is tried only where nothing is sent, or over a few blocks: zeroed blocks of
+/// a file are allocated, and 2 TiB of them would fill the disk.)
+#[test]
+fn block_counts_past_32_bits_cover_the_whole_range() {
+    const BLOCKS: u64 = (1 << 32) + 4096;
+    const FAR: u64 = (1 << 32) + 8;
+    let test = start_vol_and(netdam_target::config::NamespaceConfig {
+        block_size: 512,
+        size: Some(netdam_target::config::ByteSize(BLOCKS * 512)),
+        ..file_namespace("huge", 1)
+    });
+    let input = test.dir.path().join("in.bin");
+    // One 4 KiB block of the file system: eight of the namespace's, a data extent of its own.
+    std::fs::write(&input, Rng::new(seed()).bytes(4096)).unwrap();
+    for lba in ["0", &FAR.to_string()] {
+        netdam_ok(&test, &["bwrite", "huge", lba, "--file", input.to_str().unwrap()]);
+    }
+    let total = BLOCKS.to_string();
+    let extents = |test: &common::TestTarget| -> Vec<(u64, u64, bool)> {
+        let status = netdam_ok(test, &["--json", "block-status", "huge", "0", &total]);
+        let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+        let extents = status["extents"].as_array().unwrap_or_else(|| panic!("no extents: {status}"));
+        let field = |extent: &serde_json::Value, name: &str| extent[name].as_u64().unwrap();
+        extents.iter().map(|e| (field(e, "lba"), field(e, "blocks"), e["hole"].as_bool().unwrap())).collect()
+    };
+    assert_eq!(
+        extents(&test),
+        vec![(0, 8, false), (8, FAR - 8, true), (FAR, 8, false), (FAR + 8, BLOCKS - FAR - 8, true)],
+        "block-status over {BLOCKS} blocks"
+    );
+    let trimmed = netdam_ok(&test, &["trim", "huge", "0", &total]);
+    assert_eq!(
+        String::from_utf8_lossy(&trimmed.stdout),
+        format!("trimmed {BLOCKS} blocks at block 0 of namespace huge\n")
+    );
+    assert_eq!(extents(&test), vec![(0, BLOCKS, true)], "block-status after trimming all {BLOCKS} blocks");
+    let output = test.dir.path().join("out.bin");
+    netdam_ok(&test, &["bread", "huge", &FAR.to_string(), "8", "--out", output.to_str().unwrap()]);
+    assert!(std::fs::read(&output).unwrap() == vec![0u8; 4096], "trim left block {FAR}");
+    netdam_ok(&test, &["write-zeroes", "huge", &FAR.to_string(), "8"]);
+    // Past the end by a block: refused by the range, not by the count, and nothing sent.
+    let args = ["write-zeroes", "huge", "1", &total];
+    let refused = netdam_at(&test, &args);
+    assert_refused_out_of_range(&refused, &args, &format!("{BLOCKS} blocks at block 1"), "namespace \"huge\"");
+}
+
 /// `netdam nbd` whose --listen cannot be bound (a TCP port in use, a unix socket in a missing
 /// directory) says "cannot listen on" the address once, not twice.
 #[test]

@@ -207,8 +207,8 @@ enum Command {
         #[arg(value_parser = parse_blocks)]
         lba: u64,
         /// Number of blocks, at least 1 (16, 0x10, 4K = 4096).
-        #[arg(value_parser = parse_instruction_blocks)]
-        blocks: u32,
+        #[arg(value_parser = parse_blocks)]
+        blocks: u64,
     },
     /// Write zeroes over BLOCKS blocks from block LBA.
     WriteZeroes {
@@ -218,8 +218,8 @@ enum Command {
         #[arg(value_parser = parse_blocks)]
         lba: u64,
         /// Number of blocks, at least 1 (16, 0x10, 4K = 4096).
-        #[arg(value_parser = parse_instruction_blocks)]
-        blocks: u32,
+        #[arg(value_parser = parse_blocks)]
+        blocks: u64,
     },
     /// Show which of BLOCKS blocks from block LBA hold data and which are holes (file
     /// namespaces; others cannot tell).
@@ -230,8 +230,8 @@ enum Command {
         #[arg(value_parser = parse_blocks)]
         lba: u64,
         /// Number of blocks, at least 1 (16, 0x10, 4K = 4096).
-        #[arg(value_parser = parse_instruction_blocks)]
-        blocks: u32,
+        #[arg(value_parser = parse_blocks)]
+        blocks: u64,
     },
     /// Read bytes; prints a hex dump, or writes them raw to --out.
     Read {
@@ -606,12 +606,6 @@ fn parse_blocks(text: &str) -> Result<u64, String> {
     parse_bytes(text).map_err(|_| invalid())
 }
 
-/// A block count that one instruction carries (TRIM, WRITE_ZEROES, BLOCK_STATUS: 32 bits).
-fn parse_instruction_blocks(text: &str) -> Result<u32, String> {
-    u32::try_from(parse_blocks(text)?)
-        .map_err(|_| format!("{text:?}: one command covers at most {} blocks; split the range", u32::MAX))
-}
-
 fn parse_word(text: &str) -> Result<u64, String> {
     let parsed = match text.strip_prefix('-') {
         Some(negative) => negative.parse::<u64>().ok().map(u64::wrapping_neg),
@@ -971,12 +965,12 @@ fn run(cli: &Cli) -> Result<(), String> {
         Command::Trim { namespace, lba, blocks } | Command::WriteZeroes { namespace, lba, blocks } => {
             let trim = matches!(cli.command, Command::Trim { .. });
             let command = if trim { "trim" } else { "write-zeroes" };
-            let info = namespace_in_range(&client, command, namespace, *lba, u64::from(*blocks))?;
-            // One instruction zeroes a bounded range: larger ones go as several, in turn.
-            let block = u64::from(info.block_bytes);
-            let (offset, len) = (lba * block, u64::from(*blocks) * block);
-            for (at, done, piece) in pieces(offset, len, zeroing_piece_bytes(info.block_bytes)) {
-                let (at, done, piece) = (at / block, done / block, (piece / block) as u32);
+            let info = namespace_in_range(&client, command, namespace, *lba, *blocks)?;
+            // One instruction zeroes a bounded range (far fewer than 2^32 blocks): larger ones
+            // go as several, in turn. Counted in blocks, whose byte offsets could pass 2^64.
+            let piece_blocks = zeroing_piece_bytes(info.block_bytes) / u64::from(info.block_bytes);
+            for (at, done, piece) in pieces(*lba, *blocks, piece_blocks) {
+                let piece = u32::try_from(piece).expect("a zeroing piece is at most 64 MiB of blocks");
                 let result = if trim { client.trim(&info, at, piece) } else { client.write_zeroes(&info, at, piece) };
                 result.map_err(|error| format!("{command}: {error} at block {at} ({done} of {blocks} blocks done)"))?;
             }
@@ -988,15 +982,22 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::BlockStatus { namespace, lba, blocks } => {
-            let info = namespace_in_range(&client, "block-status", namespace, *lba, u64::from(*blocks))?;
-            // An answer may stop short (at most 64 extents): ask again from where it stopped.
-            let mut extents = Vec::new();
+            let info = namespace_in_range(&client, "block-status", namespace, *lba, *blocks)?;
+            // An answer may stop short (at most 64 extents), and one instruction asks for at
+            // most 2^32 - 1 blocks: ask again from where the last answer stopped. A run that
+            // goes on past where an answer stopped is one extent, as one answer would say.
+            let mut extents: Vec<(u64, u64, u32)> = Vec::new();
             let mut at = *lba;
-            let end = lba.saturating_add(u64::from(*blocks));
+            let end = lba + blocks;
             while at < end {
-                let answer = client.block_status(&info, at, (end - at) as u32).map_err(text)?;
-                for extent in answer {
-                    extents.push((at, extent));
+                let asked = u32::try_from(end - at).unwrap_or(u32::MAX);
+                for extent in client.block_status(&info, at, asked).map_err(text)? {
+                    match extents.last_mut() {
+                        Some((_, run_blocks, flags)) if *flags == extent.flags => {
+                            *run_blocks += u64::from(extent.num_blocks)
+                        }
+                        _ => extents.push((at, u64::from(extent.num_blocks), extent.flags)),
+                    }
                     at += u64::from(extent.num_blocks);
                 }
             }
@@ -1009,15 +1010,15 @@ fn run(cli: &Cli) -> Result<(), String> {
             if cli.json {
                 let list: Vec<_> = extents
                     .iter()
-                    .map(|(first, extent)| {
-                        json!({"lba": first, "blocks": extent.num_blocks,
-                               "hole": extent.flags & EXTENT_FLAG_HOLE != 0, "zero": extent.flags & EXTENT_FLAG_ZERO != 0})
+                    .map(|(first, run_blocks, flags)| {
+                        json!({"lba": first, "blocks": run_blocks,
+                               "hole": flags & EXTENT_FLAG_HOLE != 0, "zero": flags & EXTENT_FLAG_ZERO != 0})
                     })
                     .collect();
                 println!("{}", json!({"namespace": info.name, "extents": list}));
             } else {
-                for (first, extent) in &extents {
-                    println!("blocks {first}+{}: {}", extent.num_blocks, names(extent.flags));
+                for (first, run_blocks, flags) in &extents {
+                    println!("blocks {first}+{run_blocks}: {}", names(*flags));
                 }
             }
         }
