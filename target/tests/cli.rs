@@ -1500,6 +1500,92 @@ fn block_counts_past_32_bits_cover_the_whole_range() {
     assert_refused_out_of_range(&refused, &args, &format!("{BLOCKS} blocks at block 1"), "namespace \"huge\"");
 }
 
+/// Runs `netdam args` against `test`'s target, which must succeed; returns the most resident
+/// memory it was seen to hold, in bytes: its high-water mark (VmHWM) read every few ms while it
+/// runs. Not `ru_maxrss` from wait4: the kernel counts into that the memory of this test
+/// process, which the child shared between fork and exec.
+fn netdam_peak_memory_bytes(test: &common::TestTarget, args: &[&str]) -> u64 {
+    let mut child = netdam_command(test.dir.path())
+        .args(["--target", &test.target.local_addr().to_string()])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `spawn` returns once the child has exec'd: from here its status is netdam's own.
+    let status_path = format!("/proc/{}/status", child.id());
+    let mut peak_bytes = 0u64;
+    while child.try_wait().unwrap().is_none() {
+        let status = std::fs::read_to_string(&status_path).unwrap_or_default();
+        let high_water_kib = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().strip_suffix("kB").and_then(|kib| kib.trim().parse::<u64>().ok()));
+        peak_bytes = peak_bytes.max(high_water_kib.unwrap_or(0) * 1024);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "netdam {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    peak_bytes
+}
+
+/// `bread` and `read` of more than the piece they read at a time (16 MiB) stream to their
+/// output: the bytes come out whole and in order, into a file and to standard output, across
+/// the pieces' boundaries, while the command's memory stays near one piece, not the length (a
+/// 1 GiB bread held 1 GiB, and an 8 GiB one was refused).
+#[test]
+fn long_reads_stream_to_their_output_in_bounded_memory() {
+    const BLOCKS: u64 = 24_576; // 96 MiB of 4 KiB blocks: six pieces
+    const REGION_BYTES: u64 = 80 << 20;
+    const PIECE_BYTES: usize = 16 << 20;
+    const MEMORY_BOUND_BYTES: u64 = 64 << 20;
+    let test = common::start_with_namespaces(
+        vec![common::region("vol", REGION_BYTES, false)],
+        vec![file_namespace("big", BLOCKS)],
+        1,
+        9000,
+    );
+    let block_bytes = DISK_BLOCK_BYTES as usize;
+    let mut rng = Rng::new(seed());
+    let input = test.dir.path().join("in.bin");
+    let output = test.dir.path().join("out.bin");
+    let (input, output) = (input.to_str().unwrap(), output.to_str().unwrap());
+    // Data across the first pieces' boundary and in the last blocks; holes (zeroes) between.
+    let mut disk = vec![0u8; BLOCKS as usize * block_bytes];
+    let mut region = vec![0u8; REGION_BYTES as usize];
+    for at in [PIECE_BYTES - 5 * block_bytes, disk.len() - 3 * block_bytes] {
+        let data = rng.bytes(disk.len().min(at + 8 * block_bytes) - at);
+        std::fs::write(input, &data).unwrap();
+        netdam_ok(&test, &["bwrite", "big", &(at / block_bytes).to_string(), "--file", input]);
+        disk[at..at + data.len()].copy_from_slice(&data);
+    }
+    for at in [PIECE_BYTES - 1000, region.len() - 77] {
+        let data = rng.bytes(region.len().min(at + 5000) - at);
+        std::fs::write(input, &data).unwrap();
+        netdam_ok(&test, &["write", "vol", &at.to_string(), "--file", input]);
+        region[at..at + data.len()].copy_from_slice(&data);
+    }
+    let all_blocks = BLOCKS.to_string();
+    netdam_ok(&test, &["bread", "big", "0", &all_blocks, "--out", output]);
+    assert!(std::fs::read(output).unwrap() == disk, "bread of {BLOCKS} blocks into a file");
+    let from_block_1 = netdam_ok(&test, &["bread", "big", "1", &(BLOCKS - 1).to_string(), "--out", "-"]);
+    assert!(from_block_1.stdout == disk[block_bytes..], "bread of {} blocks to stdout", BLOCKS - 1);
+    // From an odd offset, so that no piece starts on a boundary of the region's.
+    let (offset, len) = (7, REGION_BYTES - 7);
+    netdam_ok(&test, &["read", "vol", &offset.to_string(), &len.to_string(), "--out", output]);
+    assert!(std::fs::read(output).unwrap() == region[offset..], "read of {len} bytes into a file");
+    let to_stdout = netdam_ok(&test, &["read", "vol", &offset.to_string(), &len.to_string(), "--out", "-"]);
+    assert!(to_stdout.stdout == region[offset..], "read of {len} bytes to stdout");
+
+    for args in [
+        ["bread", "big", "0", &all_blocks, "--out", "/dev/null"],
+        ["read", "vol", "0", &REGION_BYTES.to_string(), "--out", "/dev/null"],
+    ] {
+        let peak = netdam_peak_memory_bytes(&test, &args);
+        assert!(peak < MEMORY_BOUND_BYTES, "netdam {args:?} held {peak} bytes at its peak");
+    }
+}
+
 /// `netdam nbd` whose --listen cannot be bound (a TCP port in use, a unix socket in a missing
 /// directory) says "cannot listen on" the address once, not twice.
 #[test]

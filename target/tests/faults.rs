@@ -8,6 +8,8 @@
 //!   room.
 //! - A persistent region too big for its file system stops the start with a message, instead of
 //!   a SIGBUS on the first store the file system cannot back.
+//! - `netdam bread` failing midway (on the failing device) leaves in its --out file what it
+//!   read before, and says how many bytes that is.
 //!
 //! device-mapper's `dm-error` would fail a real block device the same way, but it needs the
 //! kernel's device-mapper driver, which the machines these tests run on lack; the in-process
@@ -223,6 +225,57 @@ fn a_failing_device_answers_io_error_and_the_rest_keeps_serving() {
         drop(export);
         still_serving(&mut client, &healthy, 4);
     }
+}
+
+/// `netdam bread` reads a piece (16 MiB) at a time and writes it out before reading the next:
+/// when a later piece fails (bad blocks past the first 16 MiB), its --out file holds the pieces
+/// before it, and the error says how many bytes that is and in which blocks the read failed.
+#[test]
+fn a_bread_failing_midway_says_how_much_its_output_holds() {
+    const BLOCKS: u64 = 6144; // 24 MiB: a whole piece, then the bad blocks in the second
+    const PIECE_BLOCKS: u64 = (16 << 20) / BLOCK as u64;
+    let image = CrashImage::new(BLOCK, BLOCKS);
+    let faults = Arc::new(Faults { bad_blocks: 5000..5001, flush_fails: AtomicBool::new(false) });
+    let device_image = image.clone();
+    let factory = Arc::new(move |max_transfer: usize, _: netdam_nvme::Submission| {
+        let device = FailingDevice {
+            inner: device_image.device(256, max_transfer)?,
+            faults: faults.clone(),
+            submitted: HashMap::new(),
+        };
+        Ok(Box::new(device) as Box<dyn BlockDevice>)
+    });
+    let test = start(Vec::new(), vec![Namespace::new("failing", "failing test device", BLOCK, BLOCKS, factory)]);
+    // Data at both ends of the first piece, to find in the output.
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    let disk = client.namespace("failing").unwrap().clone();
+    let mut rng = common::Rng::new(common::seed());
+    let (first, last) = (rng.bytes(4 * BLOCK as usize), rng.bytes(4 * BLOCK as usize));
+    client.block_write(&disk, 0, &first, false).unwrap();
+    client.block_write(&disk, PIECE_BLOCKS - 4, &last, false).unwrap();
+    drop(client);
+
+    let out = test.dir.path().join("out.bin");
+    let output = Command::new(common::netdam_binary())
+        .env("XDG_DATA_HOME", test.dir.path().join("home"))
+        .env_remove("NETDAM_KEY")
+        .args(["--target", &test.target.local_addr().to_string(), "bread", "failing", "0", &BLOCKS.to_string()])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{message}");
+    let piece_bytes = PIECE_BLOCKS * u64::from(BLOCK);
+    let says = format!(
+        "io_error (in blocks {PIECE_BLOCKS}+{}); {} holds only the first {piece_bytes} of the {} bytes",
+        BLOCKS - PIECE_BLOCKS,
+        out.display(),
+        BLOCKS * u64::from(BLOCK)
+    );
+    assert!(message.contains(&says), "the error does not say {says:?}: {message}");
+    let written = std::fs::read(&out).unwrap();
+    assert_eq!(written.len() as u64, piece_bytes, "{message}");
+    assert!(written[..first.len()] == first[..] && written[written.len() - last.len()..] == last[..]);
 }
 
 /// A tmpfs of `bytes` mounted on a fresh directory, unmounted on drop.

@@ -28,6 +28,8 @@ use serde_json::json;
 // Beside the binary's root, not in src/bin/ itself, where cargo would take it for a binary.
 #[path = "netdam/ranges.rs"]
 mod ranges;
+#[path = "netdam/streamed.rs"]
+mod streamed;
 
 /// What a one-shot command says when Ctrl-C or SIGTERM ends it (`netdam nbd` drains instead).
 mod interrupted {
@@ -100,6 +102,12 @@ mod interrupted {
             Command::Allreduce { .. } => {
                 "the Allreduce may be done in part: its area needs --prepare again before the next round".to_string()
             }
+            // Written a piece at a time as it is read.
+            Command::Bread { out: Some(path), .. } | Command::Read { out: Some(path), .. }
+                if path.as_os_str() != "-" =>
+            {
+                format!("{} may hold only the first part of the range", path.display())
+            }
             _ => return "\nnetdam: interrupted\n".to_string(),
         };
         format!("\nnetdam: interrupted: {said}; the target frees this command's session when it expires\n")
@@ -107,6 +115,7 @@ mod interrupted {
 }
 
 use ranges::{check_block_range, check_not_empty, check_region_range};
+use streamed::{piece_bytes, stream_read, Destination};
 
 /// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
 /// the target's memory regions. Regions are named as the target lists them (`netdam regions`)
@@ -169,7 +178,8 @@ enum Command {
         /// Number of blocks, at least 1 (16, 0x10, 4K = 4096).
         #[arg(value_parser = parse_blocks)]
         blocks: u64,
-        /// File to write the blocks to ("-" for raw stdout).
+        /// File to write the blocks to ("-" for raw stdout), 16 MiB at a time as they are read: a
+        /// read failing midway leaves what came before it, and says how many bytes that is.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
@@ -243,7 +253,8 @@ enum Command {
         /// Length in bytes, at least 1 (64, 0x40, 1MiB).
         #[arg(value_parser = parse_bytes)]
         len: u64,
-        /// File to write the bytes to ("-" for raw stdout).
+        /// File to write the bytes to ("-" for raw stdout), 16 MiB at a time as they are read: a
+        /// read failing midway leaves what came before it, and says how many bytes that is.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
@@ -750,17 +761,21 @@ fn namespace_in_range(
     Ok(namespace.clone())
 }
 
-/// A zeroed buffer for `len` bytes to read. The range was checked against its region or
-/// namespace, but those may be larger than this machine's memory: an allocation the system
-/// refuses outright is an error to report, not the abort a failed `vec!` would be. (One it
-/// grants under overcommit and cannot back is still the kernel's to refuse later.)
-fn read_buffer(command: &str, len: u64) -> Result<Vec<u8>, String> {
-    let too_large = || format!("{command}: cannot hold {len} bytes in memory here; read less at a time");
-    let len = usize::try_from(len).map_err(|_| too_large())?;
-    let mut buffer = Vec::new();
-    buffer.try_reserve_exact(len).map_err(|_| too_large())?;
-    buffer.resize(len, 0);
-    Ok(buffer)
+/// Where a read's bytes go: raw to standard output (`--out -`) or into a file (`--out FILE`),
+/// else as JSON with their hex beside `fields` (`--json`), else as a hex dump whose addresses
+/// start at `address`.
+fn destination(
+    out: Option<&std::path::Path>,
+    json_out: bool,
+    fields: serde_json::Value,
+    address: u64,
+) -> Destination<'_> {
+    match out {
+        Some(path) if path.as_os_str() == "-" => Destination::Stdout,
+        Some(path) => Destination::File(path),
+        None if json_out => Destination::Json(fields),
+        None => Destination::HexDump { address },
+    }
 }
 
 fn run(cli: &Cli) -> Result<(), String> {
@@ -888,21 +903,21 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Command::Bread { namespace, lba, blocks, out } => {
             let info = namespace_in_range(&client, "bread", namespace, *lba, *blocks)?;
-            // Saturating: a length past 64 bits is no more a buffer this machine holds than
-            // one just below, and read_buffer says so.
-            let mut buffer = read_buffer("bread", blocks.saturating_mul(u64::from(info.block_bytes)))?;
-            let len = buffer.len();
-            let started = Instant::now();
-            client.block_read(&info, *lba, &mut buffer).map_err(text)?;
-            let elapsed = started.elapsed();
+            let block = u64::from(info.block_bytes);
+            let len = blocks.checked_mul(block).ok_or_else(|| {
+                format!("bread: {blocks} blocks of {block} bytes are more than 2^64 bytes; read fewer at a time")
+            })?;
             let fields = json!({"namespace": info.name, "lba": lba, "blocks": blocks});
-            emit_read(
-                out.as_deref(),
-                &buffer,
-                cli.json.then_some(fields),
-                lba.saturating_mul(u64::from(info.block_bytes)),
-                |path| report_blocks(cli.json, "read", &info, *lba, len, elapsed, Some(path)),
-            )?;
+            let destination = destination(out.as_deref(), cli.json, fields, lba.saturating_mul(block));
+            let started = Instant::now();
+            stream_read("bread", &destination, len, piece_bytes(info.block_bytes), |position, piece| {
+                // The error names no block: the piece it failed in is what the CLI knows.
+                let (at, count) = (lba + position / block, piece.len() as u64 / block);
+                client.block_read(&info, at, piece).map_err(|error| format!("{error} (in blocks {at}+{count})"))
+            })?;
+            if let Destination::File(path) = destination {
+                report_blocks(cli.json, "read", &info, *lba, len, started.elapsed(), Some(path));
+            }
         }
         Command::Bwrite { namespace, lba, file, data, fua, pad } => {
             let info = client.namespace(namespace).map_err(text)?.clone();
@@ -946,7 +961,7 @@ fn run(cli: &Cli) -> Result<(), String> {
                 if *fua { "wrote (FUA)" } else { "wrote" },
                 &info,
                 *lba,
-                bytes.len(),
+                bytes.len() as u64,
                 started.elapsed(),
                 None,
             );
@@ -1024,15 +1039,16 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Command::Read { region, offset, len, out } => {
             let space = region_in_range(&client, "read", region, *offset, *len)?;
-            let mut buffer = read_buffer("read", *len)?;
-            let len = buffer.len();
-            let started = Instant::now();
-            client.read(space, *offset, &mut buffer).map_err(text)?;
-            let elapsed = started.elapsed();
             let fields = json!({"region": region, "offset": offset, "length": len});
-            emit_read(out.as_deref(), &buffer, cli.json.then_some(fields), *offset, |path| {
-                report_transfer(cli.json, "read", region, *offset, len, elapsed, Some(path))
+            let destination = destination(out.as_deref(), cli.json, fields, *offset);
+            let started = Instant::now();
+            stream_read("read", &destination, *len, piece_bytes(1), |position, piece| {
+                let at = offset + position;
+                client.read(space, at, piece).map_err(|error| format!("{error} (in bytes {at}+{})", piece.len()))
             })?;
+            if let Destination::File(path) = destination {
+                report_transfer(cli.json, "read", region, *offset, *len, started.elapsed(), Some(path));
+            }
         }
         Command::Write { region, offset, file, data } => {
             let info = client.region(region).map_err(|error| error.to_string())?;
@@ -1042,7 +1058,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             let space = region_in_range(&client, "write", region, *offset, bytes.len() as u64)?;
             let started = Instant::now();
             client.write(space, *offset, &bytes).map_err(text)?;
-            report_transfer(cli.json, "wrote", region, *offset, bytes.len(), started.elapsed(), None);
+            report_transfer(cli.json, "wrote", region, *offset, bytes.len() as u64, started.elapsed(), None);
         }
         Command::Cas { region, offset, expected, desired } => {
             let space = word_in_range(&client, "cas", region, *offset)?;
@@ -1467,7 +1483,7 @@ fn report_transfer(
     verb: &str,
     region: &str,
     offset: u64,
-    len: usize,
+    len: u64,
     elapsed: std::time::Duration,
     path: Option<&std::path::Path>,
 ) {
@@ -1483,38 +1499,6 @@ fn report_transfer(
             "{verb} {len} bytes at {offset} of region {region}{into} in {:.3} s ({mib_per_s:.1} MiB/s)",
             elapsed.as_secs_f64()
         );
-    }
-}
-
-/// Hands bytes read to the user: raw to standard output (`--out -`), into a file (then
-/// `report`), as JSON with their hex (`json` carries the other fields), or as a hex dump whose
-/// addresses start at `address`.
-fn emit_read(
-    out: Option<&std::path::Path>,
-    bytes: &[u8],
-    json: Option<serde_json::Value>,
-    address: u64,
-    report: impl FnOnce(&std::path::Path),
-) -> Result<(), String> {
-    match (out, json) {
-        (Some(path), _) if path.as_os_str() == "-" => {
-            std::io::stdout().write_all(bytes).map_err(|error| format!("writing stdout: {error}"))
-        }
-        (Some(path), _) => {
-            std::fs::write(path, bytes).map_err(|error| format!("writing {}: {error}", path.display()))?;
-            report(path);
-            Ok(())
-        }
-        (None, Some(mut fields)) => {
-            let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-            fields["hex"] = json!(hex);
-            println!("{fields}");
-            Ok(())
-        }
-        (None, None) => {
-            print_hex_dump(address, bytes);
-            Ok(())
-        }
     }
 }
 
@@ -1593,11 +1577,11 @@ fn report_blocks(
     verb: &str,
     namespace: &NamespaceInfo,
     lba: u64,
-    len: usize,
+    len: u64,
     elapsed: std::time::Duration,
     path: Option<&std::path::Path>,
 ) {
-    let blocks = len / namespace.block_bytes as usize;
+    let blocks = len / u64::from(namespace.block_bytes);
     let mib_per_s = len as f64 / (1 << 20) as f64 / elapsed.as_secs_f64().max(1e-9);
     if json_out {
         println!(
@@ -1611,17 +1595,6 @@ fn report_blocks(
             namespace.name,
             elapsed.as_secs_f64()
         );
-    }
-}
-
-fn print_hex_dump(offset: u64, bytes: &[u8]) {
-    for (line, chunk) in bytes.chunks(16).enumerate() {
-        let hex: Vec<String> = chunk.iter().map(|byte| format!("{byte:02x}")).collect();
-        let text: String = chunk
-            .iter()
-            .map(|byte| if byte.is_ascii_graphic() || *byte == b' ' { *byte as char } else { '.' })
-            .collect();
-        println!("{:012x}  {:<47}  |{text}|", offset + line as u64 * 16, hex.join(" "));
     }
 }
 

@@ -3,9 +3,9 @@
 //!
 //! The target checks every instruction's range too, but a long transfer goes as several
 //! pipelined instructions: the target refuses only the pieces past the end, after the pieces
-//! before it were written, so a refused write would still change data. A read's buffer is
-//! allocated before the first instruction goes, so only a check here keeps a mistyped length
-//! from asking for terabytes. Ends are computed in `u128`, where `offset + len` cannot wrap.
+//! before it were written, so a refused write would still change data. A read streams to its
+//! output, so a mistyped length would fill a file with what fits before the target refused
+//! the rest. Ends are computed in `u128`, where `offset + len` cannot wrap.
 
 use netdam_isa::control::{NamespaceInfo, RegionInfo};
 
