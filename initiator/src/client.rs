@@ -194,17 +194,17 @@ pub(crate) const HELLO_PATIENCE_NOTICE: Duration = Duration::from_millis(2_000);
 
 /// Says that the target at `addr` has not answered yet, and what to check: whether anything
 /// answers there at all, or, once it has answered in this session (`heard`), whether a long
-/// instruction holds it (a worker runs each instruction to completion, and a FILL, CRC or
-/// MEMCPY over gigabytes takes seconds; the command line warned "is netdam-target running?"
-/// of a target busy with its own 4 GiB FILL).
+/// instruction holds it (a worker runs each instruction to completion, and one over gigabytes,
+/// an ENCRYPT say, takes seconds; the command line warned "is netdam-target running?" of a
+/// target busy with its own 4 GiB FILL, which now goes in pieces).
 pub(crate) fn warn_still_trying(addr: SocketAddr, heard: bool) {
     let ms = HELLO_PATIENCE_NOTICE.as_nanos() / 1_000_000;
     if heard {
         tracing::warn!(
             target = %addr,
             "the target answered this session but has said nothing for {ms} ms since; still trying (a worker \
-             runs each instruction to completion, and a FILL, CRC or MEMCPY over gigabytes takes seconds; else \
-             the target stopped or became unreachable)"
+             runs each instruction to completion, and one over gigabytes, this initiator's or another's, takes \
+             seconds; else the target stopped or became unreachable)"
         );
     } else {
         tracing::warn!(

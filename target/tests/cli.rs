@@ -1039,7 +1039,7 @@ fn commands_whose_target_stays_silent_say_they_are_still_trying() {
 }
 
 /// A command whose target answered its HELLO and then says nothing (a worker busy with one long
-/// instruction, a FILL of gigabytes, answers nothing else for seconds) is told so, not asked
+/// instruction, an ENCRYPT of gigabytes, answers nothing else for seconds) is told so, not asked
 /// whether a target runs there at all. A relay passes the HELLOs and swallows the rest.
 #[test]
 fn a_command_whose_target_went_quiet_after_its_hello_is_not_told_nothing_runs_there() {
