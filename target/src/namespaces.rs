@@ -233,9 +233,29 @@ pub fn open_namespace(config: &NamespaceConfig, data_dir: &Path) -> Result<Names
     if capacity_blocks == 0 {
         return Err(fail(format!("it holds less than one block of {block_bytes} bytes")));
     }
+    warn_of_a_partial_last_block(config, &path);
     let backing = format!("{} {}", backend_name(config.backend), path.display());
     Ok(Namespace::new(&config.name, &backing, block_bytes, capacity_blocks, factory)
         .reporting_allocation(reports_allocation))
+}
+
+/// A namespace serves whole blocks: a file whose size is not a multiple of the block size (one
+/// named without a size, or made by hand) has bytes past its last whole block that no
+/// instruction reaches. Said at every start, as the file stays so; a `size` that is not a
+/// multiple is refused by the settings' check instead.
+fn warn_of_a_partial_last_block(config: &NamespaceConfig, path: &Path) {
+    let Ok(metadata) = std::fs::metadata(path) else { return };
+    let tail = metadata.len() % u64::from(config.block_size);
+    if metadata.is_file() && tail != 0 {
+        tracing::warn!(
+            namespace = %config.name,
+            path = %path.display(),
+            "the file holds {} bytes, {tail} past its last whole block of {} bytes: those are not served (truncate \
+             or extend the file to a multiple of block_size to serve all of it)",
+            metadata.len(),
+            config.block_size
+        );
+    }
 }
 
 fn backend_name(backend: NamespaceBackend) -> &'static str {

@@ -1912,6 +1912,27 @@ fn a_configured_namespace_served_in_blocks_of_another_size_is_warned_of_once() {
     assert!(std::fs::read(&disk).unwrap() == bytes, "the namespace's file changed");
 }
 
+/// A namespace made on a file whose size is not a multiple of its block size serves whole
+/// blocks only; the bytes past the last one are named, not dropped without a word (`size` in
+/// the settings must be a multiple, and is refused otherwise).
+#[test]
+fn a_namespace_file_with_a_partial_last_block_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::File::create(dir.path().join("odd.img")).unwrap().set_len((8 << 20) + 512).unwrap();
+    let data = dir.path().to_str().unwrap();
+    let create = ["namespace", "create", "odd", "--backend", "file", "--path", "odd.img", "--block-size", "4096"];
+    let output = target_admin(&[&create[..], &["--data-dir", data]].concat());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("2048 blocks of 4096 bytes"));
+    assert!(
+        stderr.contains(
+            "the file holds 8389120 bytes, 512 past its last whole block of 4096 bytes: those are not served"
+        ),
+        "{stderr}"
+    );
+}
+
 /// The record of configured files knows a file however its directory is spelt (here through a
 /// symbolic link to the data directory), and leaves out files on tmpfs, whose data a reboot
 /// takes by design: such a file gone is made again empty, as before.
