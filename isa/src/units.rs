@@ -1,4 +1,8 @@
-//! Parsing of byte counts and offsets as people write them: `4096`, `0x1000`, `64KiB`, `1MiB`.
+//! Parsing of what people write in flags and settings: byte counts and offsets (`4096`,
+//! `0x1000`, `64KiB`, `1MiB`), and the address a server listens on (`127.0.0.1:7800`,
+//! `[::]:7800`), refused with the reason rather than "invalid socket address syntax".
+
+use std::net::{IpAddr, SocketAddr};
 
 /// Parses a byte count or offset: a decimal or `0x` hexadecimal number, optionally followed by
 /// `K`/`KiB`, `M`/`MiB`, `G`/`GiB` or `T`/`TiB` (powers of 1024).
@@ -23,9 +27,57 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     value.checked_mul(multiplier).ok_or_else(|| format!("{text:?} does not fit in 64 bits"))
 }
 
+/// Parses the address a server listens on: an IP address and a port, an IPv6 address in
+/// brackets. Host names are refused rather than resolved (which of a name's addresses to listen
+/// on would be a guess), and every refusal says what is wrong: the port, the brackets, a scope.
+pub fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let examples = "(examples: 127.0.0.1:7800, 0.0.0.0:7800, [::1]:7800, [::]:7800)";
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!("{text:?} has no port: give an IP address and a port {examples}"));
+    };
+    port_number(port).map_err(|problem| format!("{text:?}: {problem}"))?;
+    let bare = host.strip_prefix('[').and_then(|host| host.strip_suffix(']')).unwrap_or(host);
+    Err(match bare.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) if bare == host => {
+            format!("{text:?}: an IPv6 address takes brackets before its port: [{host}]:{port}")
+        }
+        _ if bare.contains('%') => format!(
+            "{text:?}: scoped IPv6 addresses ({bare}) are not taken; listen on an address that needs no scope, or \
+             on [::]"
+        ),
+        _ if host.is_empty() => format!("{text:?} has no address before the port {examples}"),
+        _ => format!("{text:?}: {host:?} is not an IP address (host names are not taken here) {examples}"),
+    })
+}
+
+/// A port number: 0 to 65535, said so when it is out of range.
+pub fn port_number(text: &str) -> Result<u16, String> {
+    match text.parse::<u64>() {
+        Ok(port) => u16::try_from(port).map_err(|_| format!("port {port} is out of range (0 to 65535)")),
+        Err(_) => Err(format!("{text:?} is not a port number (0 to 65535)")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, parse_listen_addr};
+
+    #[test]
+    fn listen_addresses_are_taken_as_written_and_refused_with_the_reason() {
+        assert_eq!(parse_listen_addr("127.0.0.1:7800"), Ok("127.0.0.1:7800".parse().unwrap()));
+        assert_eq!(parse_listen_addr("[::]:7800"), Ok("[::]:7800".parse().unwrap()));
+        let refused = |text: &str| parse_listen_addr(text).unwrap_err();
+        assert!(refused("::1:7800").contains("takes brackets before its port: [::1]:7800"), "{}", refused("::1:7800"));
+        assert!(refused("localhost:7800").contains("\"localhost\" is not an IP address (host names are not taken"));
+        assert!(refused("127.0.0.1:99999").contains("port 99999 is out of range (0 to 65535)"));
+        assert!(refused("127.0.0.1:http").contains("\"http\" is not a port number"));
+        assert!(refused("127.0.0.1").contains("has no port"));
+        assert!(refused("[fe80::1%lo]:7800").contains("scoped IPv6 addresses (fe80::1%lo) are not taken"));
+        assert!(refused(":7800").contains("has no address before the port"));
+    }
 
     #[test]
     fn parses_what_people_write() {

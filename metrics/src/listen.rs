@@ -30,9 +30,9 @@ impl FromStr for MetricsListen {
         if text.eq_ignore_ascii_case("off") {
             return Ok(MetricsListen::Off);
         }
-        text.parse().map(MetricsListen::On).map_err(|_| {
-            format!("{text:?} is neither \"off\" nor an address with a port (e.g. 127.0.0.1:9464 or [::1]:9464)")
-        })
+        netdam_isa::units::parse_listen_addr(text)
+            .map(MetricsListen::On)
+            .map_err(|problem| format!("{problem}; or \"off\" for no metrics endpoint"))
     }
 }
 

@@ -413,8 +413,8 @@ struct SettingsArgs {
     /// file|blockdev|pmem, path, size, block_size). `netdam-target config` prints them all.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// UDP address to serve on [default: 127.0.0.1:7800].
-    #[arg(long, value_name = "ADDR")]
+    /// UDP address to serve on: an IP address and port, [::] or 0.0.0.0 for all [default: 127.0.0.1:7800].
+    #[arg(long, value_name = "ADDR", value_parser = netdam_isa::units::parse_listen_addr)]
     listen: Option<SocketAddr>,
     /// TCP address of the Prometheus /metrics endpoint, or "off" [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR|off")]

@@ -174,6 +174,16 @@ fn bad_settings_are_refused_with_the_setting_named() {
         .unwrap();
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && message.contains("--max-connections"), "{message}");
+    // A listen address is refused saying what is wrong with it, not "invalid socket address syntax".
+    for (flag, given, says) in [
+        ("--listen", "::1:7800", "takes brackets before its port: [::1]:7800"),
+        ("--listen", "localhost:7800", "is not an IP address (host names are not taken here)"),
+        ("--metrics-listen", "127.0.0.1:70000", "port 70000 is out of range"),
+    ] {
+        let refused = target_admin(&["config", flag, given]);
+        let message = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && message.contains(says), "{flag} {given}: {message}");
+    }
 }
 
 /// The banner a started `netdam-target` prints on standard output, up to its "Reach it with" line.
@@ -1613,7 +1623,12 @@ fn the_target_may_be_named_by_host_name() {
         netdam_command(test.dir.path()).args(["--target", &format!("localhost:{port}"), "regions"]).output().unwrap();
     assert!(named.status.success(), "netdam --target localhost:{port}: {}", String::from_utf8_lossy(&named.stderr));
     assert!(String::from_utf8_lossy(&named.stdout).contains("vol"), "{}", String::from_utf8_lossy(&named.stdout));
-    for (given, says) in [("no-such-host.invalid:7800", "cannot resolve"), ("localhost", "is not HOST:PORT")] {
+    let refusals = [
+        ("no-such-host.invalid:7800", "cannot resolve"),
+        ("localhost", "is not HOST:PORT"),
+        ("127.0.0.1:99999", "port 99999 is out of range"),
+    ];
+    for (given, says) in refusals {
         let refused = netdam_command(test.dir.path()).args(["--target", given, "ping"]).output().unwrap();
         let stderr = String::from_utf8_lossy(&refused.stderr);
         assert_eq!(refused.status.code(), Some(2), "{given}: {stderr}");

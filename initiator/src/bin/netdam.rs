@@ -580,8 +580,13 @@ fn parse_target(text: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr);
     }
-    if text.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
-        return Err(format!("{text:?} is not HOST:PORT (examples: 127.0.0.1:7800, [::1]:7800, storage1:7800)"));
+    let examples = "(examples: 127.0.0.1:7800, [::1]:7800, storage1:7800)";
+    let Some((host, port)) = text.rsplit_once(':').filter(|(host, _)| !host.is_empty()) else {
+        return Err(format!("{text:?} is not HOST:PORT {examples}"));
+    };
+    netdam_isa::units::port_number(port).map_err(|problem| format!("{text:?}: {problem}"))?;
+    if host.contains('%') {
+        return Err(format!("{text:?}: scoped IPv6 addresses are not taken; give one that needs no scope {examples}"));
     }
     use std::net::ToSocketAddrs;
     let addrs: Vec<SocketAddr> =
