@@ -82,7 +82,9 @@ fi
 # compile everything a second time (over three minutes here). Users and the benchmarks' own
 # runs (ops/performance.sh) get the release build, the scripts' default (ops/lib/profile.sh).
 export NETDAM_PROFILE=dev
-bin=build/debug
+# shellcheck source=lib/profile.sh
+. ops/lib/profile.sh
+bin=$netdam_bin
 
 step "incast on real links: 8 initiators in network namespaces, one tbf-limited link"
 # A test of function (every write completes, no failures, with Swift on and off); the numbers it

@@ -237,8 +237,8 @@ fn join(client: &mut Client, plan: &AllreducePlan) -> Result<(), AllreduceError>
 /// lane type's least value for a maximum, and the header naming the plan. Run once, before any
 /// worker starts, and again before each later round on the same area.
 pub fn prepare(client: &mut Client, plan: &AllreducePlan) -> Result<(), AllreduceError> {
-    // 1 MiB per FILL or WRITE: a short pause of the target's worker each.
-    let piece_bytes = 1 << 20;
+    // A short pause of the target's worker per FILL or WRITE.
+    let piece_bytes = netdam_isa::limits::LONG_INSTRUCTION_PIECE_BYTES;
     let (zeroed, accumulator) = match plan.op {
         AllreduceOp::Sum => (plan.area_bytes() as usize, 0),
         AllreduceOp::Max => ((HEADER_BYTES + plan.counters_bytes()) as usize, plan.len),

@@ -12,7 +12,9 @@ use netdam_isa::block::{decode_extents, Extent};
 use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo};
 use netdam_isa::crypto::Seal;
 use netdam_isa::extension::reduce::{ReduceOp, REDUCE_MAX_BYTES, REDUCE_OPCODE};
-use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES};
+use netdam_isa::limits::{
+    DEFAULT_DATAGRAM_BYTES, LONG_INSTRUCTION_PIECE_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES,
+};
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::{peek_datagram_status, Instruction};
 use netdam_isa::{Duration, Instant, LaneType, Opcode, Status};
@@ -175,13 +177,6 @@ pub(crate) fn connected_socket(addr: SocketAddr, local: Option<SocketAddr>) -> i
     Ok(socket)
 }
 
-/// The most bytes one FILL, CRC32 or MEMCPY of [`Client::fill`], [`Client::crc32`] and
-/// [`Client::memcpy`] covers; longer ranges go as several pipelined instructions. A worker runs
-/// each instruction to completion and answers nothing else meanwhile: one FILL of 4 GiB held a
-/// worker for 2.8 s, and a ping to the same worker waited 137 ms behind a later one. A MiB is
-/// a fraction of a millisecond of work, and a thousand such round trips cost little beside it.
-pub const LONG_INSTRUCTION_PIECE: usize = 1 << 20;
-
 /// How recent a spinning client's last empty poll must be for an answer read now to go without
 /// its kernel timestamp: the answer arrived after that poll began, so its wait is known to
 /// within this much (`Client::progress`).
@@ -194,17 +189,18 @@ pub(crate) const HELLO_PATIENCE_NOTICE: Duration = Duration::from_millis(2_000);
 
 /// Says that the target at `addr` has not answered yet, and what to check: whether anything
 /// answers there at all, or, once it has answered in this session (`heard`), whether a long
-/// instruction holds it (a worker runs each instruction to completion, and one over gigabytes,
-/// an ENCRYPT say, takes seconds; the command line warned "is netdam-target running?" of a
-/// target busy with its own 4 GiB FILL, which now goes in pieces).
+/// instruction holds it (a worker runs each instruction to completion, and a FILL, CRC32 or
+/// MEMCPY of gigabytes, which another initiator may send, takes seconds; the command line
+/// warned "is netdam-target running?" of a target busy with its own 4 GiB FILL, which now goes
+/// in pieces).
 pub(crate) fn warn_still_trying(addr: SocketAddr, heard: bool) {
     let ms = HELLO_PATIENCE_NOTICE.as_nanos() / 1_000_000;
     if heard {
         tracing::warn!(
             target = %addr,
             "the target answered this session but has said nothing for {ms} ms since; still trying (a worker \
-             runs each instruction to completion, and one over gigabytes, this initiator's or another's, takes \
-             seconds; else the target stopped or became unreachable)"
+             runs each instruction to completion, and a FILL, CRC32 or MEMCPY of gigabytes from another initiator \
+             takes seconds; else the target stopped or became unreachable)"
         );
     } else {
         tracing::warn!(
@@ -677,7 +673,7 @@ impl Client {
     }
 
     /// Copies `len` bytes within the target, as `memmove` would. Between ranges that do not
-    /// overlap, more than [`LONG_INSTRUCTION_PIECE`] bytes go as several pipelined MEMCPYs
+    /// overlap, more than [`LONG_INSTRUCTION_PIECE_BYTES`] bytes go as several pipelined MEMCPYs
     /// (overlapping ranges go as one: a piece resent late could copy bytes a later piece had
     /// already overwritten).
     pub fn memcpy(
@@ -691,25 +687,25 @@ impl Client {
         let apart = space != source_space
             || offset.saturating_add(u64::from(len)) <= source_offset
             || source_offset.saturating_add(u64::from(len)) <= offset;
-        if !apart || len as usize <= LONG_INSTRUCTION_PIECE {
+        if !apart || len as usize <= LONG_INSTRUCTION_PIECE_BYTES {
             return self.call(&[Op::memcpy(space, offset, source_space, source_offset, len)])?.data(0).map(|_| ());
         }
         check_byte_range(Opcode::Memcpy as u8, offset, len as usize, self.info.region_size(space))?;
         check_byte_range(Opcode::Memcpy as u8, source_offset, len as usize, self.info.region_size(source_space))?;
-        let pieces = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE).map(|(at, position, piece)| {
+        let pieces = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE_BYTES).map(|(at, position, piece)| {
             Op::memcpy(space, at, source_space, source_offset + position as u64, piece as u32)
         });
         self.pipeline(pieces, |_, reply| reply.data(0).map(|_| ()))
     }
 
-    /// Sets `len` bytes to `value`; more than [`LONG_INSTRUCTION_PIECE`] go as several
+    /// Sets `len` bytes to `value`; more than [`LONG_INSTRUCTION_PIECE_BYTES`] go as several
     /// pipelined FILLs.
     pub fn fill(&mut self, space: u16, offset: u64, len: u32, value: u8) -> Result<(), ClientError> {
-        if len as usize <= LONG_INSTRUCTION_PIECE {
+        if len as usize <= LONG_INSTRUCTION_PIECE_BYTES {
             return self.call(&[Op::fill(space, offset, len, value)])?.data(0).map(|_| ());
         }
         check_byte_range(Opcode::Fill as u8, offset, len as usize, self.info.region_size(space))?;
-        let pieces = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE)
+        let pieces = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE_BYTES)
             .map(|(at, _, piece)| Op::fill(space, at, piece as u32, value));
         self.pipeline(pieces, |_, reply| reply.data(0).map(|_| ()))
     }
@@ -810,11 +806,11 @@ impl Client {
 
     /// CRC32 of `len` bytes.
     pub fn crc32(&mut self, space: u16, offset: u64, len: u32) -> Result<u32, ClientError> {
-        if len as usize <= LONG_INSTRUCTION_PIECE {
+        if len as usize <= LONG_INSTRUCTION_PIECE_BYTES {
             return crc_result(&self.call(&[Op::crc32(space, offset, len)])?);
         }
         check_byte_range(Opcode::Crc32 as u8, offset, len as usize, self.info.region_size(space))?;
-        let pieces: Vec<_> = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE).collect();
+        let pieces: Vec<_> = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE_BYTES).collect();
         let mut whole = 0;
         self.pipeline(pieces.iter().map(|&(at, _, piece)| Op::crc32(space, at, piece as u32)), |index, reply| {
             whole = netdam_isa::memory::crc32_combine(whole, crc_result(&reply)?, pieces[index].2 as u64);

@@ -196,3 +196,23 @@ pub fn crc32_combine(first: u32, second: u32, second_len: u64) -> u32 {
     whole.combine(&crc32fast::Hasher::new_with_initial_len(second, second_len));
     whole.finalize()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::crc32_combine;
+
+    /// Pieces of any length, empty ones included, combine into the CRC of the whole.
+    #[test]
+    fn crc32_pieces_combine_into_the_crc_of_the_whole() {
+        let bytes: Vec<u8> = (0..10_000u32).map(|index| (index * 31 % 251) as u8).collect();
+        for cuts in [vec![0], vec![1], vec![4096, 4096], vec![0, 7, 0, 9_999], vec![3_333, 3_333, 3_334]] {
+            let (mut whole, mut at) = (0, 0);
+            for &cut in &cuts {
+                let cut = cut.min(bytes.len() - at);
+                whole = crc32_combine(whole, crc32fast::hash(&bytes[at..at + cut]), cut as u64);
+                at += cut;
+            }
+            assert_eq!(whole, crc32fast::hash(&bytes[..at]), "pieces {cuts:?}");
+        }
+    }
+}

@@ -28,28 +28,47 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
 }
 
 /// Parses the address a server listens on: an IP address and a port, an IPv6 address in
-/// brackets. Host names are refused rather than resolved (which of a name's addresses to listen
-/// on would be a guess), and every refusal says what is wrong: the port, the brackets, a scope.
+/// brackets (scoped by an interface's index, `[fe80::1%2]:7800`, where it needs one). Host
+/// names are refused rather than resolved (which of a name's addresses to listen on would be a
+/// guess), and every refusal says what is wrong: the port, the brackets, the scope.
 pub fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr);
     }
     let examples = "(examples: 127.0.0.1:7800, 0.0.0.0:7800, [::1]:7800, [::]:7800)";
+    let unbracketed = |host: &str| host.strip_prefix('[').and_then(|host| host.strip_suffix(']')).map(str::to_string);
+    let whole = unbracketed(text).unwrap_or_else(|| text.to_string());
+    if let Ok(address) = whole.parse::<IpAddr>() {
+        // `::1:7800` is an IPv6 address too; most likely its writer meant a port.
+        let port_meant = text.rsplit_once(':').filter(|(host, port)| {
+            address.is_ipv6() && !text.starts_with('[') && host.parse::<IpAddr>().is_ok() && port_number(port).is_ok()
+        });
+        return Err(match port_meant {
+            Some((host, port)) => format!("{text:?}: an IPv6 address takes brackets before its port: [{host}]:{port}"),
+            None => format!("{text:?} has no port: give an IP address and a port {examples}"),
+        });
+    }
     let Some((host, port)) = text.rsplit_once(':') else {
         return Err(format!("{text:?} has no port: give an IP address and a port {examples}"));
     };
+    let bare = unbracketed(host).unwrap_or_else(|| host.to_string());
+    let address = bare.split_once('%').map_or(bare.as_str(), |(address, _)| address);
+    if host.is_empty() {
+        return Err(format!("{text:?} has no address before the port {examples}"));
+    }
+    if address.parse::<IpAddr>().is_err() {
+        return Err(format!("{text:?}: {host:?} is not an IP address (host names are not taken here) {examples}"));
+    }
     port_number(port).map_err(|problem| format!("{text:?}: {problem}"))?;
-    let bare = host.strip_prefix('[').and_then(|host| host.strip_suffix(']')).unwrap_or(host);
-    Err(match bare.parse::<IpAddr>() {
+    Err(match address.parse::<IpAddr>() {
         Ok(IpAddr::V6(_)) if bare == host => {
             format!("{text:?}: an IPv6 address takes brackets before its port: [{host}]:{port}")
         }
-        _ if bare.contains('%') => format!(
-            "{text:?}: scoped IPv6 addresses ({bare}) are not taken; listen on an address that needs no scope, or \
-             on [::]"
-        ),
-        _ if host.is_empty() => format!("{text:?} has no address before the port {examples}"),
-        _ => format!("{text:?}: {host:?} is not an IP address (host names are not taken here) {examples}"),
+        Ok(IpAddr::V4(_)) if bare != host => format!("{text:?}: an IPv4 address takes no brackets: {bare}:{port}"),
+        _ if bare.contains('%') => {
+            format!("{text:?}: give a scope as the interface's index (`ip link` lists them), as in [fe80::1%2]:{port}")
+        }
+        _ => format!("{text:?} is not an IP address and port {examples}"),
     })
 }
 
@@ -75,8 +94,12 @@ mod tests {
         assert!(refused("127.0.0.1:99999").contains("port 99999 is out of range (0 to 65535)"));
         assert!(refused("127.0.0.1:http").contains("\"http\" is not a port number"));
         assert!(refused("127.0.0.1").contains("has no port"));
-        assert!(refused("[fe80::1%lo]:7800").contains("scoped IPv6 addresses (fe80::1%lo) are not taken"));
+        assert!(refused("[fe80::1%lo]:7800").contains("give a scope as the interface's index"));
+        assert_eq!(parse_listen_addr("[fe80::1%2]:7800").map(|addr| addr.port()), Ok(7800));
         assert!(refused(":7800").contains("has no address before the port"));
+        assert!(refused("::1").contains("has no port"), "{}", refused("::1"));
+        assert!(refused("[::1]").contains("has no port"));
+        assert!(refused("[127.0.0.1]:80").contains("an IPv4 address takes no brackets: 127.0.0.1:80"));
     }
 
     #[test]

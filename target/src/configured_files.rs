@@ -179,8 +179,8 @@ fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredF
 /// Warns of a configured namespace whose file an earlier start served in blocks of another
 /// size. Its bytes are unchanged, and the start goes on: the change may be meant. But what was
 /// made on it may no longer work (a file system whose blocks are smaller than the device's
-/// does not mount; a partition table is read at block 1), and bytes past the last whole block
-/// are not served. Once: the record then written ([`record`]) holds the new size.
+/// does not mount; a partition table is read at block 1). Once: the record then written
+/// ([`record`]) holds the new size.
 fn warn_of_block_size_changes(files: &[ConfiguredFile], served_before: &[ConfiguredFile]) {
     for file in files {
         let Some(before) = served_before.iter().find(|before| before.path == file.path) else { continue };
@@ -188,17 +188,12 @@ fn warn_of_block_size_changes(files: &[ConfiguredFile], served_before: &[Configu
         if then == now {
             continue;
         }
-        let len = std::fs::metadata(&file.path).map_or(file.size_bytes, |metadata| metadata.len());
-        let tail = len % u64::from(now);
-        let unserved = if tail == 0 {
-            String::new()
-        } else {
-            format!("; the file's last {tail} bytes are past its last whole block, and are not served")
-        };
+        // Bytes the new size leaves past the last whole block are named by the namespace's
+        // own check as it opens (`namespaces::open_namespace`).
         tracing::warn!(
             "namespace {:?}: an earlier start served {} in blocks of {then} bytes, and the settings now say \
              block_size = {now}; the bytes are unchanged, but what was made on it in {then}-byte blocks (a file \
-             system, a partition table) may not be read the same way{unserved}. Put block_size = {then} back to \
+             system, a partition table) may not be read the same way. Put block_size = {then} back to \
              serve it as before",
             file.name,
             file.path.display()

@@ -24,6 +24,10 @@ pub const BLOCKING_WAKE: std::time::Duration = std::time::Duration::from_secs(1)
 pub fn bind_shared(addr: SocketAddr) -> io::Result<OwnedFd> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     socket.set_reuse_port(true)?;
+    if addr.ip().is_unspecified() && addr.is_ipv6() {
+        // `[::]` serves IPv4 initiators too, whatever the host's net.ipv6.bindv6only says.
+        socket.set_only_v6(false)?;
+    }
     // Best effort: the kernel caps these at net.core.{r,w}mem_max.
     let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);

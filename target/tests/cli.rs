@@ -1049,7 +1049,7 @@ fn commands_whose_target_stays_silent_say_they_are_still_trying() {
 }
 
 /// A command whose target answered its HELLO and then says nothing (a worker busy with one long
-/// instruction, an ENCRYPT of gigabytes, answers nothing else for seconds) is told so, not asked
+/// instruction, another initiator's FILL of gigabytes, answers nothing else for seconds) is told so, not asked
 /// whether a target runs there at all. A relay passes the HELLOs and swallows the rest.
 #[test]
 fn a_command_whose_target_went_quiet_after_its_hello_is_not_told_nothing_runs_there() {
@@ -1893,7 +1893,8 @@ fn a_configured_space_whose_file_is_gone_is_not_made_again_empty() {
 }
 
 /// A configured namespace served again in blocks of another size is warned of once, naming
-/// both sizes and the bytes past the last whole block; its bytes stay as they were. (A file
+/// both sizes (and, as at every start, the bytes past the last whole block); its bytes stay
+/// as they were. (A file
 /// system made in the old blocks may no longer mount: the change was taken without a word.)
 #[test]
 fn a_configured_namespace_served_in_blocks_of_another_size_is_warned_of_once() {
@@ -1921,7 +1922,7 @@ fn a_configured_namespace_served_in_blocks_of_another_size_is_warned_of_once() {
         disk.canonicalize().unwrap().display()
     );
     assert!(log.contains(&warned), "{log}");
-    assert!(log.contains("the file's last 512 bytes are past its last whole block"), "{log}");
+    assert!(log.contains("512 past its last whole block of 4096 bytes"), "{log}");
     let (_, log) = banner_and_log(&mut settings(4096));
     assert!(!log.contains("an earlier start served"), "said again: {log}");
     assert!(std::fs::read(&disk).unwrap() == bytes, "the namespace's file changed");

@@ -276,6 +276,24 @@ fn a_bread_failing_midway_says_how_much_its_output_holds() {
     let written = std::fs::read(&out).unwrap();
     assert_eq!(written.len() as u64, piece_bytes, "{message}");
     assert!(written[..first.len()] == first[..] && written[written.len() - last.len()..] == last[..]);
+
+    // With --json, the object printed is closed as valid JSON that says it is incomplete, and
+    // the error object follows on a line of its own.
+    let output = Command::new(common::netdam_binary())
+        .env("XDG_DATA_HOME", test.dir.path().join("home"))
+        .env_remove("NETDAM_KEY")
+        .args(["--json", "--target", &test.target.local_addr().to_string(), "bread", "failing", "0"])
+        .arg(BLOCKS.to_string())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let objects: Vec<serde_json::Value> =
+        stdout.lines().map(|line| serde_json::from_str(line).expect("each line is a JSON object")).collect();
+    let read = objects.iter().find(|object| object.get("hex").is_some()).expect("the read's object");
+    assert_eq!(read["complete"], serde_json::json!(false));
+    assert_eq!(read["bytes_read"], serde_json::json!(piece_bytes));
+    assert_eq!(read["hex"].as_str().unwrap().len() as u64, 2 * piece_bytes);
 }
 
 /// A tmpfs of `bytes` mounted on a fresh directory, unmounted on drop.

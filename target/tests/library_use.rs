@@ -227,8 +227,10 @@ fn a_connect_given_up_on_while_it_waits_for_a_slot_stops_asking() {
         let connect = AsyncClient::connect_with(test.target.local_addr(), options);
         let connect = tokio::time::timeout(Duration::from_millis(100), connect).await;
         assert!(connect.is_err(), "the connect got a slot its address does not have: {connect:?}");
-        // Past the longest pause between two refused HELLOs (320 ms), once more than the
-        // target's count could lag behind its answer.
+        // A HELLO on the wire when the caller gave up is still answered: its refusal is
+        // counted once the longest pause between two HELLOs (320 ms) has passed, and none
+        // after that.
+        tokio::time::sleep(Duration::from_millis(400)).await;
         let given_up = refused();
         assert!(given_up >= 2, "the target refused {given_up} HELLOs while the caller waited");
         tokio::time::sleep(Duration::from_millis(800)).await;
@@ -259,7 +261,7 @@ fn long_fills_crcs_and_copies_go_in_pieces_with_the_result_of_one() {
     for (at, piece) in local.chunks(60_000).enumerate() {
         client.write(0, (at * 60_000) as u64, piece).unwrap();
     }
-    let piece = netdam_initiator::client::LONG_INSTRUCTION_PIECE as u64;
+    let piece = netdam_isa::limits::LONG_INSTRUCTION_PIECE_BYTES as u64;
     let (offset, len) = (7, 3 * piece as u32 + 5);
 
     pieces_of(&mut client, 4, "a fill of 3 MiB and 5 bytes", &|client| client.fill(0, offset, len, 0xA5).unwrap());
@@ -270,6 +272,13 @@ fn long_fills_crcs_and_copies_go_in_pieces_with_the_result_of_one() {
         crc.set(client.crc32(0, 3, len + 1000).unwrap())
     });
     assert_eq!(crc.get(), crc32fast::hash(&local[3..3 + len as usize + 1000]), "the CRC of the whole range");
+    let asynchronous = runtime().block_on(async {
+        let client = AsyncClient::connect(test.target.local_addr()).await.unwrap();
+        let crc = client.crc32(0, 3, len + 1000).await.unwrap();
+        client.close().await;
+        crc
+    });
+    assert_eq!(asynchronous, crc.get(), "the asynchronous client's CRC of the same range");
 
     let (to, from) = (5 << 20, 1 << 20);
     let copy = |client: &mut Client| client.memcpy(0, to, 0, from, 2 * piece as u32 + 9).unwrap();

@@ -28,7 +28,7 @@ use netdam_initiator::pieces::{pieces, zeroing_piece_bytes};
 use netdam_initiator::volume::check_request;
 use netdam_initiator::{Client, ClientError, ClientPoll, Op, Ticket};
 use netdam_isa::control::{NamespaceInfo, RegionInfo};
-use netdam_isa::limits::BLOCK_QUEUE_DEPTH;
+use netdam_isa::limits::{BLOCK_QUEUE_DEPTH, LONG_INSTRUCTION_PIECE_BYTES};
 use netdam_isa::wire::{Instruction, HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::Status;
 
@@ -817,10 +817,10 @@ impl Engine {
                 // A region acknowledges a write once it is as durable as the region can make it
                 // (persisted, on a persistent region): a sync has nothing left to wait for.
                 Io::Sync => {}
-                // Zeroed with FILL, in pieces no larger than a namespace's TRIM, so that one fio
-                // trim does not hold a target worker longer than a block trim would.
+                // Zeroed with FILL, in pieces that hold a target worker a fraction of a
+                // millisecond each (a worker runs each instruction to completion).
                 Io::Trim { offset, len } => {
-                    for (at, _, piece) in pieces(*offset, *len, zeroing_piece_bytes(1)) {
+                    for (at, _, piece) in pieces(*offset, *len, LONG_INSTRUCTION_PIECE_BYTES as u64) {
                         queue(Op::fill(info.id, at, piece as u32, 0), None, None);
                     }
                 }

@@ -575,7 +575,9 @@ fn parse_interval(text: &str) -> Result<f64, String> {
     }
 }
 
-/// `--target`: an IP address and port, or a host name and port resolved now.
+/// `--target`: an IP address and port, or a host name and port resolved now. The system's
+/// resolver also reads what Rust's address parser does not: a link-local address scoped by an
+/// interface's name (`[fe80::1%eth0]:7800`, brackets optional).
 fn parse_target(text: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr);
@@ -584,13 +586,13 @@ fn parse_target(text: &str) -> Result<SocketAddr, String> {
     let Some((host, port)) = text.rsplit_once(':').filter(|(host, _)| !host.is_empty()) else {
         return Err(format!("{text:?} is not HOST:PORT {examples}"));
     };
-    netdam_isa::units::port_number(port).map_err(|problem| format!("{text:?}: {problem}"))?;
-    if host.contains('%') {
-        return Err(format!("{text:?}: scoped IPv6 addresses are not taken; give one that needs no scope {examples}"));
-    }
+    let port = netdam_isa::units::port_number(port).map_err(|problem| format!("{text:?}: {problem}"))?;
+    let host = host.strip_prefix('[').and_then(|host| host.strip_suffix(']')).unwrap_or(host);
     use std::net::ToSocketAddrs;
-    let addrs: Vec<SocketAddr> =
-        text.to_socket_addrs().map_err(|error| format!("{text:?}: cannot resolve the host name: {error}"))?.collect();
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|error| format!("{text:?}: cannot resolve the host name: {error}"))?
+        .collect();
     // A target listens on IPv4 unless told otherwise, and a name with both (`localhost` is
     // ::1 first on many systems) would otherwise send to a port nobody listens on.
     addrs
@@ -1679,8 +1681,6 @@ fn decode_lanes(bytes: &[u8], lane: Lane) -> Vec<LaneValue> {
 mod tests {
     use super::*;
 
-    /// The most one instruction addresses is 4294967295 bytes, one short of 4 GiB: a length of
-    /// exactly 4 GiB is refused saying so, not as "over the 4 GiB".
     /// A queueing field at its ceiling (65535 µs) is a wait at least that long: shown as such,
     /// where it read as an exact 65535 µs; below it, as the number it is.
     #[test]
@@ -1708,6 +1708,8 @@ mod tests {
         assert_eq!((&json["queueing_us"], &json["queueing_saturated"]), (&json!(120), &json!(false)), "{json}");
     }
 
+    /// The most one instruction addresses is 4294967295 bytes, one short of 4 GiB: a length of
+    /// exactly 4 GiB is refused saying so, not as "over the 4 GiB".
     #[test]
     fn an_instruction_length_past_32_bits_is_refused_naming_the_largest() {
         assert_eq!(u32_length(u64::from(u32::MAX), "CRC"), Ok(u32::MAX));

@@ -77,7 +77,7 @@ pub fn stream_read(
         let piece = &mut buffer[..piece_len as usize];
         if let Err(error) = read(position, piece) {
             // What went before reaches the output, and the user learns how much it is.
-            sink.end_early();
+            sink.end_early(position);
             return Err(format!("{command}: {error}; {}", destination.holds(position, len)));
         }
         sink.write(position, piece).map_err(|error| {
@@ -120,13 +120,14 @@ impl Sink<'_> {
         writer.flush()
     }
 
-    /// Ends the output of a read that failed: what was written is flushed, and a JSON object
-    /// left open ends its line, so that the error object printed next stands on a line of its
-    /// own.
-    fn end_early(mut self) {
+    /// Ends the output of a read that failed after `written` bytes: what was written is
+    /// flushed, and a JSON object left open is closed as valid JSON that says so
+    /// (`"complete": false`, `"bytes_read"`), on a line of its own before the error object
+    /// printed next.
+    fn end_early(mut self, written: u64) {
         if let Some(mut writer) = self.writer.take() {
             if let Destination::Json(_) = self.destination {
-                let _ = writer.write_all(b"\n");
+                let _ = writeln!(writer, "\",\"complete\":false,\"bytes_read\":{written}}}");
             }
             let _ = writer.flush();
         }
