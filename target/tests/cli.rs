@@ -1596,6 +1596,59 @@ fn long_reads_stream_to_their_output_in_bounded_memory() {
     }
 }
 
+/// `bwrite` and `write` from a regular file longer than a piece (16 MiB) send it a piece at a
+/// time: the bytes land whole and in order across the pieces' boundaries, a last partial block
+/// zero-padded with --pad (refused before anything is sent without it), and the command's
+/// memory stays near one piece, not the file's length (the whole input was held, and one
+/// larger than memory refused).
+#[test]
+fn long_writes_from_a_file_stream_in_bounded_memory() {
+    const BLOCKS: u64 = 24_576; // 96 MiB of 4 KiB blocks: six pieces
+    const REGION_BYTES: u64 = 80 << 20;
+    const MEMORY_BOUND_BYTES: u64 = 64 << 20;
+    let test = common::start_with_namespaces(
+        vec![common::region("vol", REGION_BYTES, false)],
+        vec![file_namespace("big", BLOCKS)],
+        1,
+        9000,
+    );
+    let block_bytes = DISK_BLOCK_BYTES as usize;
+    let mut rng = Rng::new(seed());
+    let input_path = test.dir.path().join("in.bin");
+    let input = input_path.to_str().unwrap();
+
+    // From block 3 to the end, the last block a partial one.
+    let data = rng.bytes((BLOCKS as usize - 3) * block_bytes - 100);
+    std::fs::write(input, &data).unwrap();
+    let refused = netdam_at(&test, &["bwrite", "big", "3", "--file", input]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && message.contains("pass --pad"), "{message}");
+    netdam_ok(&test, &["bwrite", "big", "3", "--file", input, "--pad"]);
+    let back = netdam_ok(&test, &["bread", "big", "3", &(BLOCKS - 3).to_string(), "--out", "-"]).stdout;
+    assert_eq!(back.len(), (BLOCKS as usize - 3) * block_bytes);
+    assert!(back[..data.len()] == data[..], "bwrite of {} bytes from a file", data.len());
+    assert!(back[data.len()..].iter().all(|&byte| byte == 0), "the padding is zeroes");
+    let peak = netdam_peak_memory_bytes(&test, &["bwrite", "big", "3", "--file", input, "--pad"]);
+    assert!(peak < MEMORY_BOUND_BYTES, "bwrite of {} bytes held {peak} bytes at its peak", data.len());
+
+    // From an odd offset to the end of the region; one byte more is refused before anything is sent.
+    let data = rng.bytes(REGION_BYTES as usize - 7);
+    std::fs::write(input, &data).unwrap();
+    netdam_ok(&test, &["write", "vol", "7", "--file", input]);
+    let back = netdam_ok(&test, &["read", "vol", "7", &data.len().to_string(), "--out", "-"]).stdout;
+    assert!(back == data, "write of {} bytes from a file", data.len());
+    let mut longer = data.clone();
+    longer.push(1);
+    std::fs::write(input, &longer).unwrap();
+    let refused = netdam_at(&test, &["write", "vol", "7", "--file", input]);
+    assert!(!refused.status.success(), "a file one byte past the region was written");
+    let first = netdam_ok(&test, &["read", "vol", "7", "16", "--out", "-"]).stdout;
+    assert!(first == data[..16], "the refused write changed the region");
+    std::fs::write(input, &data).unwrap();
+    let peak = netdam_peak_memory_bytes(&test, &["write", "vol", "7", "--file", input]);
+    assert!(peak < MEMORY_BOUND_BYTES, "write of {} bytes held {peak} bytes at its peak", data.len());
+}
+
 /// `netdam nbd` whose --listen cannot be bound (a TCP port in use, a unix socket in a missing
 /// directory) says "cannot listen on" the address once, not twice.
 #[test]

@@ -115,7 +115,7 @@ mod interrupted {
 }
 
 use ranges::{check_block_range, check_not_empty, check_region_range};
-use streamed::{piece_bytes, stream_read, Destination};
+use streamed::{large_regular_file, piece_bytes, stream_read, stream_write_file, Destination, PIECE_BYTES};
 
 /// Client for a netdam storage target: byte-addressable reads, writes, atomics and compute on
 /// the target's memory regions. Regions are named as the target lists them (`netdam regions`)
@@ -928,6 +928,26 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         Command::Bwrite { namespace, lba, file, data, fua, pad } => {
             let info = client.namespace(namespace).map_err(text)?.clone();
+            let block = u64::from(info.block_bytes);
+            if let Some((mut opened, len)) = large_regular_file(file.as_deref(), piece_bytes(info.block_bytes))? {
+                // Sent a piece at a time, its length checked first (a stream is read whole, below).
+                if !len.is_multiple_of(block) && !pad {
+                    return Err(format!(
+                        "the input is {len} bytes, not a whole number of {block}-byte blocks: pass --pad to zero-fill the last block"
+                    ));
+                }
+                let blocks = len.div_ceil(block);
+                check_block_range("bwrite", &info, *lba, blocks)?;
+                let source = file.as_deref().map(|path| path.display().to_string()).unwrap_or_default();
+                let started = Instant::now();
+                let pieces = piece_bytes(info.block_bytes);
+                stream_write_file("bwrite", &mut opened, &source, len, pieces, block, |position, piece| {
+                    client.block_write(&info, *lba + position / block, piece, *fua).map_err(text)
+                })?;
+                let did = if *fua { "wrote (FUA)" } else { "wrote" };
+                report_blocks(cli.json, did, &info, *lba, blocks * block, started.elapsed(), None);
+                return Ok(());
+            }
             let room = info.capacity_blocks.saturating_sub(*lba).saturating_mul(u64::from(info.block_bytes));
             let past_end = |len: u64| {
                 check_block_range("bwrite", &info, *lba, len.div_ceil(u64::from(info.block_bytes)))
@@ -1058,6 +1078,17 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         }
         Command::Write { region, offset, file, data } => {
+            if let Some((mut opened, len)) = large_regular_file(file.as_deref(), PIECE_BYTES)? {
+                // Sent a piece at a time, its length checked first (a stream is read whole, below).
+                let space = region_in_range(&client, "write", region, *offset, len)?;
+                let source = file.as_deref().map(|path| path.display().to_string()).unwrap_or_default();
+                let started = Instant::now();
+                stream_write_file("write", &mut opened, &source, len, PIECE_BYTES, 1, |position, piece| {
+                    client.write(space, *offset + position, piece).map_err(text)
+                })?;
+                report_transfer(cli.json, "wrote", region, *offset, len, started.elapsed(), None);
+                return Ok(());
+            }
             let info = client.region(region).map_err(|error| error.to_string())?;
             let room = info.size_bytes.saturating_sub(*offset);
             let past_end = |len: u64| check_region_range("write", info, *offset, len).err().unwrap_or_default();

@@ -2,27 +2,29 @@
 //! in memory does not grow with what they read: a 1 GiB `bread` held 1 GiB, and an 8 GiB one
 //! was refused. The library pipelines each piece (many instructions in flight); the next piece
 //! is read once this one is written out. A read that fails midway leaves what came before it
-//! in the output, and says how much that is.
+//! in the output, and says how much that is. Writes from a regular file go the same way
+//! ([`stream_write_file`]).
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::Path;
 
 use netdam_initiator::pieces::pieces;
 
-/// The most bytes read before they are written out. Between two pieces the pipeline drains
-/// once: a round trip (tens of µs) per 16 MiB, which take tens of ms to move.
-pub const READ_PIECE_BYTES: u64 = 16 << 20;
+/// The most bytes a read holds before it writes them out, or a write from a file before it
+/// sends them. Between two pieces the pipeline drains once: a round trip (tens of µs) per
+/// 16 MiB, which take tens of ms to move.
+pub const PIECE_BYTES: u64 = 16 << 20;
 
 /// Bytes on one line of a hex dump.
 const HEX_LINE_BYTES: u64 = 16;
 
 /// The bytes of one piece of a read in units of `unit_bytes` (a namespace's block; 1 for a
 /// region): whole units, and whole lines of a hex dump, so that each piece starts a unit and a
-/// line; at most [`READ_PIECE_BYTES`] where a unit allows.
+/// line; at most [`PIECE_BYTES`] where a unit allows.
 pub fn piece_bytes(unit_bytes: u32) -> u64 {
     let step = u64::from(unit_bytes.max(1)) * HEX_LINE_BYTES;
-    (READ_PIECE_BYTES / step).max(1) * step
+    (PIECE_BYTES / step).max(1) * step
 }
 
 /// Where the bytes read go.
@@ -89,6 +91,48 @@ pub fn stream_read(
         })?;
     }
     sink.finish().map_err(|error| format!("{command}: writing {}: {error}", destination.name()))
+}
+
+/// A regular file of more than one piece to write, opened, and its length: such a file is sent
+/// a piece at a time ([`stream_write_file`]); `None` for any other input (shorter, `--data`,
+/// stdin, a pipe or a device), which is read whole first. A file's length is known before
+/// anything is sent, so its range is checked first as for a whole one; a stream's is not, and
+/// reading it whole lets one longer than its room be refused before anything is written.
+pub fn large_regular_file(path: Option<&Path>, piece_bytes: u64) -> Result<Option<(File, u64)>, String> {
+    let Some(path) = path else { return Ok(None) };
+    let opened = File::open(path).map_err(|error| format!("reading {}: {error}", path.display()))?;
+    let metadata = opened.metadata().map_err(|error| format!("reading {}: {error}", path.display()))?;
+    Ok((metadata.is_file() && metadata.len() > piece_bytes).then(|| (opened, metadata.len())))
+}
+
+/// Sends the `len` bytes of `file` (named `source`) a piece of at most `piece_bytes` at a time,
+/// `write(position, piece)` sending each, the last zero-padded to a multiple of `pad_to` bytes
+/// (a block; 1 pads nothing). An error starts with `command` and says how much of the file was
+/// written before the piece it failed in (that piece may be written in part).
+pub fn stream_write_file(
+    command: &str,
+    file: &mut File,
+    source: &str,
+    len: u64,
+    piece_bytes: u64,
+    pad_to: u64,
+    mut write: impl FnMut(u64, &[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut buffer = Vec::with_capacity(usize::try_from(piece_bytes).expect("a piece is at most 16 MiB"));
+    let before = |position: u64| match position {
+        0 => "nothing was written".to_string(),
+        _ => format!("the first {position} of its {len} bytes were written before it"),
+    };
+    for (_, position, piece_len) in pieces(0, len, piece_bytes) {
+        buffer.resize(piece_len as usize, 0);
+        file.read_exact(&mut buffer)
+            .map_err(|error| format!("{command}: reading {source}: {error}; {}", before(position)))?;
+        let padded = piece_len.next_multiple_of(pad_to.max(1));
+        buffer.resize(padded as usize, 0);
+        write(position, &buffer)
+            .map_err(|error| format!("{command}: {error}; {} (this piece may be written in part)", before(position)))?;
+    }
+    Ok(())
 }
 
 /// A [`Destination`] being written, opened with the first piece.
@@ -172,11 +216,11 @@ mod tests {
 
     #[test]
     fn a_piece_is_whole_units_and_whole_dump_lines() {
-        assert_eq!(piece_bytes(1), READ_PIECE_BYTES);
-        assert_eq!(piece_bytes(4096), READ_PIECE_BYTES);
+        assert_eq!(piece_bytes(1), PIECE_BYTES);
+        assert_eq!(piece_bytes(4096), PIECE_BYTES);
         let odd = piece_bytes(3000);
-        assert!(odd.is_multiple_of(3000) && odd.is_multiple_of(16) && odd <= READ_PIECE_BYTES, "{odd}");
-        assert_eq!(piece_bytes(0), READ_PIECE_BYTES, "a zero unit cannot make an empty piece");
+        assert!(odd.is_multiple_of(3000) && odd.is_multiple_of(16) && odd <= PIECE_BYTES, "{odd}");
+        assert_eq!(piece_bytes(0), PIECE_BYTES, "a zero unit cannot make an empty piece");
     }
 
     /// Pieces read one after the other, each at the position it covers, and a failure after
