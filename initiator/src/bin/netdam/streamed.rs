@@ -102,7 +102,7 @@ pub fn large_regular_file(path: Option<&Path>, piece_bytes: u64) -> Result<Optio
     let Some(path) = path else { return Ok(None) };
     let opened = File::open(path).map_err(|error| format!("reading {}: {error}", path.display()))?;
     let metadata = opened.metadata().map_err(|error| format!("reading {}: {error}", path.display()))?;
-    Ok((metadata.is_file() && metadata.len() > piece_bytes).then(|| (opened, metadata.len())))
+    Ok((metadata.is_file() && metadata.len() > piece_bytes).then_some((opened, metadata.len())))
 }
 
 /// Sends the `len` bytes of `file` (named `source`) a piece of at most `piece_bytes` at a time,
