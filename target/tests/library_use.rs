@@ -249,12 +249,25 @@ fn long_fills_crcs_and_copies_go_in_pieces_with_the_result_of_one() {
     let test = start_configured(vec![region("mem", BYTES, false)], |_| {});
     let mut client = Client::connect(test.target.local_addr()).unwrap();
     let executed = || test.target.stats().get("instructions_executed").unwrap();
+    // The count once it has stopped moving: a worker publishes its counts as it goes, and may
+    // still be counting what it answered a moment ago.
+    let settled = || {
+        let mut last = executed();
+        loop {
+            std::thread::sleep(Duration::from_millis(30));
+            let now = executed();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    };
     // Instructions executed by `run`: `n`, and any of its requests resent (a late answer) may
     // be counted again.
     let pieces_of = |client: &mut Client, n: u64, what: &str, run: &dyn Fn(&mut Client)| {
-        let (before, resent) = (executed(), client.session_stats().retransmissions);
+        let (before, resent) = (settled(), client.session_stats().retransmissions);
         run(client);
-        let (counted, resent) = (executed() - before, client.session_stats().retransmissions - resent);
+        let (counted, resent) = (settled() - before, client.session_stats().retransmissions - resent);
         assert!(counted >= n && counted <= n + resent, "{what}: {counted} instructions executed, {resent} resent");
     };
     let mut local: Vec<u8> = (0..BYTES as usize).map(|index| (index * 7 % 251) as u8).collect();
