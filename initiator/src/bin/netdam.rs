@@ -932,9 +932,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             if let Some((mut opened, len)) = large_regular_file(file.as_deref(), piece_bytes(info.block_bytes))? {
                 // Sent a piece at a time, its length checked first (a stream is read whole, below).
                 if !len.is_multiple_of(block) && !pad {
-                    return Err(format!(
-                        "the input is {len} bytes, not a whole number of {block}-byte blocks: pass --pad to zero-fill the last block"
-                    ));
+                    return Err(not_whole_blocks(len, block));
                 }
                 let blocks = len.div_ceil(block);
                 check_block_range("bwrite", &info, *lba, blocks)?;
@@ -959,10 +957,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             let partial = bytes.len() % block_bytes;
             if partial != 0 {
                 if !pad {
-                    return Err(format!(
-                        "the input is {} bytes, not a whole number of {block_bytes}-byte blocks: pass --pad to zero-fill the last block",
-                        bytes.len()
-                    ));
+                    return Err(not_whole_blocks(bytes.len() as u64, block));
                 }
                 bytes.resize(bytes.len() + block_bytes - partial, 0);
             }
@@ -1538,6 +1533,13 @@ fn report_transfer(
             elapsed.as_secs_f64()
         );
     }
+}
+
+/// The refusal of a `bwrite` input that is not whole blocks, without --pad.
+fn not_whole_blocks(len: u64, block: u64) -> String {
+    format!(
+        "the input is {len} bytes, not a whole number of {block}-byte blocks: pass --pad to zero-fill the last block"
+    )
 }
 
 /// The bytes a `write` or `bwrite` sends: FILE, else --data, else stdin. An empty input is

@@ -108,7 +108,7 @@ pub fn large_regular_file(path: Option<&Path>, piece_bytes: u64) -> Result<Optio
 /// Sends the `len` bytes of `file` (named `source`) a piece of at most `piece_bytes` at a time,
 /// `write(position, piece)` sending each, the last zero-padded to a multiple of `pad_to` bytes
 /// (a block; 1 pads nothing). An error starts with `command` and says how much of the file was
-/// written before the piece it failed in (that piece may be written in part).
+/// written: the pieces before the one it failed in, and that piece perhaps in part.
 pub fn stream_write_file(
     command: &str,
     file: &mut File,
@@ -119,18 +119,24 @@ pub fn stream_write_file(
     mut write: impl FnMut(u64, &[u8]) -> Result<(), String>,
 ) -> Result<(), String> {
     let mut buffer = Vec::with_capacity(usize::try_from(piece_bytes).expect("a piece is at most 16 MiB"));
-    let before = |position: u64| match position {
-        0 => "nothing was written".to_string(),
-        _ => format!("the first {position} of its {len} bytes were written before it"),
+    let written = |position: u64| match position {
+        0 => format!("nothing of {source} was written"),
+        _ => format!("the first {position} of the {len} bytes of {source} were written"),
     };
     for (_, position, piece_len) in pieces(0, len, piece_bytes) {
         buffer.resize(piece_len as usize, 0);
+        // Nothing of this piece is sent before it is read whole.
         file.read_exact(&mut buffer)
-            .map_err(|error| format!("{command}: reading {source}: {error}; {}", before(position)))?;
+            .map_err(|error| format!("{command}: reading {source}: {error}; {}", written(position)))?;
         let padded = piece_len.next_multiple_of(pad_to.max(1));
         buffer.resize(padded as usize, 0);
-        write(position, &buffer)
-            .map_err(|error| format!("{command}: {error}; {} (this piece may be written in part)", before(position)))?;
+        write(position, &buffer).map_err(|error| {
+            let end = position + piece_len;
+            format!(
+                "{command}: {error}; {} before, and bytes {position} to {end} may be written in part",
+                written(position)
+            )
+        })?;
     }
     Ok(())
 }
@@ -260,6 +266,42 @@ mod tests {
         let failed = stream_read("bread", &destination, 100, 32, |_, _| Err("io_error".to_string()));
         assert_eq!(failed, Err(format!("bread: io_error; nothing was written to {}", path.display())));
         assert_eq!(std::fs::read(&path).unwrap(), b"kept");
+    }
+
+    /// A file written a piece at a time: each piece at its position, the last padded; a
+    /// failure says what went before it and which bytes may be written in part; a file cut
+    /// short under the write says how much was sent.
+    #[test]
+    fn a_file_written_in_pieces_pads_the_last_and_a_failure_says_what_went_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.bin");
+        let bytes: Vec<u8> = (0..100u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let source = path.display().to_string();
+        let mut sent = Vec::new();
+        let mut file = File::open(&path).unwrap();
+        let result = stream_write_file("bwrite", &mut file, &source, 100, 32, 8, |position, piece| {
+            sent.push((position, piece.to_vec()));
+            Ok(())
+        });
+        assert_eq!(result, Ok(()));
+        let positions: Vec<(u64, usize)> = sent.iter().map(|(position, piece)| (*position, piece.len())).collect();
+        assert_eq!(positions, [(0, 32), (32, 32), (64, 32), (96, 8)], "the last piece padded to 8 bytes");
+        assert_eq!(sent[3].1, [96, 97, 98, 99, 0, 0, 0, 0]);
+
+        let mut file = File::open(&path).unwrap();
+        let failed = stream_write_file("bwrite", &mut file, &source, 100, 32, 1, |position, _| match position {
+            64 => Err("io_error".to_string()),
+            _ => Ok(()),
+        });
+        let said = format!("bwrite: io_error; the first 64 of the 100 bytes of {source} were written before, and bytes 64 to 96 may be written in part");
+        assert_eq!(failed, Err(said));
+
+        let mut file = File::open(&path).unwrap();
+        let failed = stream_write_file("write", &mut file, &source, 200, 64, 1, |_, _| Ok(()));
+        let error = failed.unwrap_err();
+        assert!(error.starts_with(&format!("write: reading {source}: ")), "{error}");
+        assert!(error.ends_with(&format!("; the first 64 of the 200 bytes of {source} were written")), "{error}");
     }
 
     #[test]
