@@ -1539,30 +1539,39 @@ fn netdam_peak_memory_bytes(test: &common::TestTarget, args: &[&str]) -> u64 {
     peak_bytes
 }
 
+/// Blocks of namespace "big" and bytes of region "vol" for the streaming tests: 96 MiB of 4 KiB
+/// blocks and 80 MiB, several of the 16 MiB pieces the command line streams; and the memory a
+/// streaming command stays under, less than either.
+const STREAM_BLOCKS: u64 = 24_576;
+const STREAM_REGION_BYTES: u64 = 80 << 20;
+const STREAM_MEMORY_BOUND_BYTES: u64 = 64 << 20;
+
+/// A target in this process serving region "vol" and namespace "big" (a file) of those sizes.
+fn start_for_streaming() -> common::TestTarget {
+    common::start_with_namespaces(
+        vec![common::region("vol", STREAM_REGION_BYTES, false)],
+        vec![file_namespace("big", STREAM_BLOCKS)],
+        1,
+        9000,
+    )
+}
+
 /// `bread` and `read` of more than the piece they read at a time (16 MiB) stream to their
 /// output: the bytes come out whole and in order, into a file and to standard output, across
 /// the pieces' boundaries, while the command's memory stays near one piece, not the length (a
 /// 1 GiB bread held 1 GiB, and an 8 GiB one was refused).
 #[test]
 fn long_reads_stream_to_their_output_in_bounded_memory() {
-    const BLOCKS: u64 = 24_576; // 96 MiB of 4 KiB blocks: six pieces
-    const REGION_BYTES: u64 = 80 << 20;
     const PIECE_BYTES: usize = 16 << 20;
-    const MEMORY_BOUND_BYTES: u64 = 64 << 20;
-    let test = common::start_with_namespaces(
-        vec![common::region("vol", REGION_BYTES, false)],
-        vec![file_namespace("big", BLOCKS)],
-        1,
-        9000,
-    );
+    let test = start_for_streaming();
     let block_bytes = DISK_BLOCK_BYTES as usize;
     let mut rng = Rng::new(seed());
     let input = test.dir.path().join("in.bin");
     let output = test.dir.path().join("out.bin");
     let (input, output) = (input.to_str().unwrap(), output.to_str().unwrap());
     // Data across the first pieces' boundary and in the last blocks; holes (zeroes) between.
-    let mut disk = vec![0u8; BLOCKS as usize * block_bytes];
-    let mut region = vec![0u8; REGION_BYTES as usize];
+    let mut disk = vec![0u8; STREAM_BLOCKS as usize * block_bytes];
+    let mut region = vec![0u8; STREAM_REGION_BYTES as usize];
     for at in [PIECE_BYTES - 5 * block_bytes, disk.len() - 3 * block_bytes] {
         let data = rng.bytes(disk.len().min(at + 8 * block_bytes) - at);
         std::fs::write(input, &data).unwrap();
@@ -1575,13 +1584,13 @@ fn long_reads_stream_to_their_output_in_bounded_memory() {
         netdam_ok(&test, &["write", "vol", &at.to_string(), "--file", input]);
         region[at..at + data.len()].copy_from_slice(&data);
     }
-    let all_blocks = BLOCKS.to_string();
+    let all_blocks = STREAM_BLOCKS.to_string();
     netdam_ok(&test, &["bread", "big", "0", &all_blocks, "--out", output]);
-    assert!(std::fs::read(output).unwrap() == disk, "bread of {BLOCKS} blocks into a file");
-    let from_block_1 = netdam_ok(&test, &["bread", "big", "1", &(BLOCKS - 1).to_string(), "--out", "-"]);
-    assert!(from_block_1.stdout == disk[block_bytes..], "bread of {} blocks to stdout", BLOCKS - 1);
+    assert!(std::fs::read(output).unwrap() == disk, "bread of {STREAM_BLOCKS} blocks into a file");
+    let from_block_1 = netdam_ok(&test, &["bread", "big", "1", &(STREAM_BLOCKS - 1).to_string(), "--out", "-"]);
+    assert!(from_block_1.stdout == disk[block_bytes..], "bread of {} blocks to stdout", STREAM_BLOCKS - 1);
     // From an odd offset, so that no piece starts on a boundary of the region's.
-    let (offset, len) = (7, REGION_BYTES - 7);
+    let (offset, len) = (7, STREAM_REGION_BYTES - 7);
     netdam_ok(&test, &["read", "vol", &offset.to_string(), &len.to_string(), "--out", output]);
     assert!(std::fs::read(output).unwrap() == region[offset..], "read of {len} bytes into a file");
     let to_stdout = netdam_ok(&test, &["read", "vol", &offset.to_string(), &len.to_string(), "--out", "-"]);
@@ -1589,10 +1598,10 @@ fn long_reads_stream_to_their_output_in_bounded_memory() {
 
     for args in [
         ["bread", "big", "0", &all_blocks, "--out", "/dev/null"],
-        ["read", "vol", "0", &REGION_BYTES.to_string(), "--out", "/dev/null"],
+        ["read", "vol", "0", &STREAM_REGION_BYTES.to_string(), "--out", "/dev/null"],
     ] {
         let peak = netdam_peak_memory_bytes(&test, &args);
-        assert!(peak < MEMORY_BOUND_BYTES, "netdam {args:?} held {peak} bytes at its peak");
+        assert!(peak < STREAM_MEMORY_BOUND_BYTES, "netdam {args:?} held {peak} bytes at its peak");
     }
 }
 
@@ -1603,36 +1612,28 @@ fn long_reads_stream_to_their_output_in_bounded_memory() {
 /// larger than memory refused).
 #[test]
 fn long_writes_from_a_file_stream_in_bounded_memory() {
-    const BLOCKS: u64 = 24_576; // 96 MiB of 4 KiB blocks: six pieces
-    const REGION_BYTES: u64 = 80 << 20;
-    const MEMORY_BOUND_BYTES: u64 = 64 << 20;
-    let test = common::start_with_namespaces(
-        vec![common::region("vol", REGION_BYTES, false)],
-        vec![file_namespace("big", BLOCKS)],
-        1,
-        9000,
-    );
+    let test = start_for_streaming();
     let block_bytes = DISK_BLOCK_BYTES as usize;
     let mut rng = Rng::new(seed());
     let input_path = test.dir.path().join("in.bin");
     let input = input_path.to_str().unwrap();
 
     // From block 3 to the end, the last block a partial one.
-    let data = rng.bytes((BLOCKS as usize - 3) * block_bytes - 100);
+    let data = rng.bytes((STREAM_BLOCKS as usize - 3) * block_bytes - 100);
     std::fs::write(input, &data).unwrap();
     let refused = netdam_at(&test, &["bwrite", "big", "3", "--file", input]);
     let message = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success() && message.contains("pass --pad"), "{message}");
     netdam_ok(&test, &["bwrite", "big", "3", "--file", input, "--pad"]);
-    let back = netdam_ok(&test, &["bread", "big", "3", &(BLOCKS - 3).to_string(), "--out", "-"]).stdout;
-    assert_eq!(back.len(), (BLOCKS as usize - 3) * block_bytes);
+    let back = netdam_ok(&test, &["bread", "big", "3", &(STREAM_BLOCKS - 3).to_string(), "--out", "-"]).stdout;
+    assert_eq!(back.len(), (STREAM_BLOCKS as usize - 3) * block_bytes);
     assert!(back[..data.len()] == data[..], "bwrite of {} bytes from a file", data.len());
     assert!(back[data.len()..].iter().all(|&byte| byte == 0), "the padding is zeroes");
     let peak = netdam_peak_memory_bytes(&test, &["bwrite", "big", "3", "--file", input, "--pad"]);
-    assert!(peak < MEMORY_BOUND_BYTES, "bwrite of {} bytes held {peak} bytes at its peak", data.len());
+    assert!(peak < STREAM_MEMORY_BOUND_BYTES, "bwrite of {} bytes held {peak} bytes at its peak", data.len());
 
     // From an odd offset to the end of the region; one byte more is refused before anything is sent.
-    let data = rng.bytes(REGION_BYTES as usize - 7);
+    let data = rng.bytes(STREAM_REGION_BYTES as usize - 7);
     std::fs::write(input, &data).unwrap();
     netdam_ok(&test, &["write", "vol", "7", "--file", input]);
     let back = netdam_ok(&test, &["read", "vol", "7", &data.len().to_string(), "--out", "-"]).stdout;
@@ -1646,7 +1647,7 @@ fn long_writes_from_a_file_stream_in_bounded_memory() {
     assert!(first == data[..16], "the refused write changed the region");
     std::fs::write(input, &data).unwrap();
     let peak = netdam_peak_memory_bytes(&test, &["write", "vol", "7", "--file", input]);
-    assert!(peak < MEMORY_BOUND_BYTES, "write of {} bytes held {peak} bytes at its peak", data.len());
+    assert!(peak < STREAM_MEMORY_BOUND_BYTES, "write of {} bytes held {peak} bytes at its peak", data.len());
 }
 
 /// `netdam nbd` whose --listen cannot be bound (a TCP port in use, a unix socket in a missing
