@@ -687,27 +687,46 @@ impl Client {
         let apart = space != source_space
             || offset.saturating_add(u64::from(len)) <= source_offset
             || source_offset.saturating_add(u64::from(len)) <= offset;
-        if !apart || len as usize <= LONG_INSTRUCTION_PIECE_BYTES {
+        if !apart {
             return self.call(&[Op::memcpy(space, offset, source_space, source_offset, len)])?.data(0).map(|_| ());
         }
-        check_byte_range(Opcode::Memcpy as u8, offset, len as usize, self.info.region_size(space))?;
-        check_byte_range(Opcode::Memcpy as u8, source_offset, len as usize, self.info.region_size(source_space))?;
-        let pieces = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE_BYTES).map(|(at, position, piece)| {
-            Op::memcpy(space, at, source_space, source_offset + position as u64, piece as u32)
-        });
-        self.pipeline(pieces, |_, reply| reply.data(0).map(|_| ()))
+        if len as usize > LONG_INSTRUCTION_PIECE_BYTES {
+            check_byte_range(Opcode::Memcpy as u8, source_offset, len as usize, self.info.region_size(source_space))?;
+        }
+        let copy =
+            |at, position: usize, piece| Op::memcpy(space, at, source_space, source_offset + position as u64, piece);
+        self.in_pieces(Opcode::Memcpy, space, offset, len, copy, |_, reply| reply.data(0).map(|_| ()))
     }
 
     /// Sets `len` bytes to `value`; more than [`LONG_INSTRUCTION_PIECE_BYTES`] go as several
     /// pipelined FILLs.
     pub fn fill(&mut self, space: u16, offset: u64, len: u32, value: u8) -> Result<(), ClientError> {
+        let fill = |at, _, piece| Op::fill(space, at, piece, value);
+        self.in_pieces(Opcode::Fill, space, offset, len, fill, |_, reply| reply.data(0).map(|_| ()))
+    }
+
+    /// Runs one instruction over `len` bytes at `offset` of `space`, or, over more than
+    /// [`LONG_INSTRUCTION_PIECE_BYTES`], pipelined pieces of at most that (a worker answers
+    /// nothing else while it runs one), the range checked first: `op(at, position, piece_len)`
+    /// makes each (`position` counted from `offset`), `on_reply(index, reply)` takes each answer
+    /// in order.
+    fn in_pieces(
+        &mut self,
+        opcode: Opcode,
+        space: u16,
+        offset: u64,
+        len: u32,
+        op: impl Fn(u64, usize, u32) -> Op,
+        on_reply: impl FnMut(usize, Reply) -> Result<(), ClientError>,
+    ) -> Result<(), ClientError> {
         if len as usize <= LONG_INSTRUCTION_PIECE_BYTES {
-            return self.call(&[Op::fill(space, offset, len, value)])?.data(0).map(|_| ());
+            let mut on_reply = on_reply;
+            return on_reply(0, self.call(&[op(offset, 0, len)])?);
         }
-        check_byte_range(Opcode::Fill as u8, offset, len as usize, self.info.region_size(space))?;
+        check_byte_range(opcode as u8, offset, len as usize, self.info.region_size(space))?;
         let pieces = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE_BYTES)
-            .map(|(at, _, piece)| Op::fill(space, at, piece as u32, value));
-        self.pipeline(pieces, |_, reply| reply.data(0).map(|_| ()))
+            .map(|(at, position, piece)| op(at, position, piece as u32));
+        self.pipeline(pieces, on_reply)
     }
 
     /// Adds `lanes` into memory lane by lane; returns the new values when `return_result`.
@@ -806,14 +825,12 @@ impl Client {
 
     /// CRC32 of `len` bytes.
     pub fn crc32(&mut self, space: u16, offset: u64, len: u32) -> Result<u32, ClientError> {
-        if len as usize <= LONG_INSTRUCTION_PIECE_BYTES {
-            return crc_result(&self.call(&[Op::crc32(space, offset, len)])?);
-        }
-        check_byte_range(Opcode::Crc32 as u8, offset, len as usize, self.info.region_size(space))?;
-        let pieces: Vec<_> = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE_BYTES).collect();
         let mut whole = 0;
-        self.pipeline(pieces.iter().map(|&(at, _, piece)| Op::crc32(space, at, piece as u32)), |index, reply| {
-            whole = netdam_isa::memory::crc32_combine(whole, crc_result(&reply)?, pieces[index].2 as u64);
+        let crc = |at, _, piece| Op::crc32(space, at, piece);
+        self.in_pieces(Opcode::Crc32, space, offset, len, crc, |index, reply| {
+            // Every piece but the last is a whole one.
+            let piece = (len as usize - index * LONG_INSTRUCTION_PIECE_BYTES).min(LONG_INSTRUCTION_PIECE_BYTES);
+            whole = netdam_isa::memory::crc32_combine(whole, crc_result(&reply)?, piece as u64);
             Ok(())
         })?;
         Ok(whole)
