@@ -238,7 +238,7 @@ fn join(client: &mut Client, plan: &AllreducePlan) -> Result<(), AllreduceError>
 /// worker starts, and again before each later round on the same area.
 pub fn prepare(client: &mut Client, plan: &AllreducePlan) -> Result<(), AllreduceError> {
     // A short pause of the target's worker per FILL or WRITE.
-    let piece_bytes = netdam_isa::limits::LONG_INSTRUCTION_PIECE_BYTES;
+    let piece_bytes = netdam_isa::limits::MAX_LONG_INSTRUCTION_BYTES;
     let (zeroed, accumulator) = match plan.op {
         AllreduceOp::Sum => (plan.area_bytes() as usize, 0),
         AllreduceOp::Max => ((HEADER_BYTES + plan.counters_bytes()) as usize, plan.len),

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use netdam_isa::control::{decode_stat_answer, HelloAnswer, RegionInfo};
-use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, LONG_INSTRUCTION_PIECE_BYTES, MAX_DATAGRAM_BYTES};
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_LONG_INSTRUCTION_BYTES};
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::{HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::{Duration, Instant, LaneType, Opcode};
@@ -316,16 +316,16 @@ impl AsyncClient {
         Ok(result)
     }
 
-    /// CRC32 of `len` bytes; more than [`LONG_INSTRUCTION_PIECE_BYTES`] go as several CRC32s
+    /// CRC32 of `len` bytes; more than [`MAX_LONG_INSTRUCTION_BYTES`] go as several CRC32s
     /// in flight at once, their answers combined (a worker answers nothing else while it runs
     /// one).
     pub async fn crc32(&self, space: u16, offset: u64, len: u32) -> Result<u32, ClientError> {
-        if len as usize <= LONG_INSTRUCTION_PIECE_BYTES {
+        if len as usize <= MAX_LONG_INSTRUCTION_BYTES {
             return crc_result(&self.call(vec![Op::crc32(space, offset, len)]).await?);
         }
         check_byte_range(Opcode::Crc32 as u8, offset, len as usize, None)?;
         let mut answers = Vec::new();
-        for (at, _, piece) in chunks(offset, len as usize, LONG_INSTRUCTION_PIECE_BYTES) {
+        for (at, _, piece) in chunks(offset, len as usize, MAX_LONG_INSTRUCTION_BYTES) {
             answers.push((piece, self.submit(vec![Op::crc32(space, at, piece as u32)]).await?));
         }
         let mut whole = 0;

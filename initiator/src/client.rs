@@ -12,9 +12,7 @@ use netdam_isa::block::{decode_extents, Extent};
 use netdam_isa::control::{decode_stat_answer, NamespaceInfo, RegionInfo};
 use netdam_isa::crypto::Seal;
 use netdam_isa::extension::reduce::{ReduceOp, REDUCE_MAX_BYTES, REDUCE_OPCODE};
-use netdam_isa::limits::{
-    DEFAULT_DATAGRAM_BYTES, LONG_INSTRUCTION_PIECE_BYTES, MAX_DATAGRAM_BYTES, MIN_DATAGRAM_BYTES,
-};
+use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_DATAGRAM_BYTES, MAX_LONG_INSTRUCTION_BYTES, MIN_DATAGRAM_BYTES};
 use netdam_isa::time::MonotonicClock;
 use netdam_isa::wire::{peek_datagram_status, Instruction};
 use netdam_isa::{Duration, Instant, LaneType, Opcode, Status};
@@ -188,19 +186,17 @@ const TIGHT_SPIN: Duration = Duration::from_micros(5);
 pub(crate) const HELLO_PATIENCE_NOTICE: Duration = Duration::from_millis(2_000);
 
 /// Says that the target at `addr` has not answered yet, and what to check: whether anything
-/// answers there at all, or, once it has answered in this session (`heard`), whether a long
-/// instruction holds it (a worker runs each instruction to completion, and a FILL, CRC32 or
-/// MEMCPY of gigabytes, which another initiator may send, takes seconds; the command line
-/// warned "is netdam-target running?" of a target busy with its own 4 GiB FILL, which now goes
-/// in pieces).
+/// answers there at all, or, once it has answered in this session (`heard`), what may have
+/// happened since (the command line once asked "is netdam-target running?" of a target that
+/// had answered and was busy with one 4 GiB FILL; the target now refuses an instruction that
+/// long, so a target that answered and went quiet stopped, became unreachable or stalled).
 pub(crate) fn warn_still_trying(addr: SocketAddr, heard: bool) {
     let ms = HELLO_PATIENCE_NOTICE.as_nanos() / 1_000_000;
     if heard {
         tracing::warn!(
             target = %addr,
-            "the target answered this session but has said nothing for {ms} ms since; still trying (a worker \
-             runs each instruction to completion, and a FILL, CRC32 or MEMCPY of gigabytes from another initiator \
-             takes seconds; else the target stopped or became unreachable)"
+            "the target answered this session but has said nothing for {ms} ms since; still trying (has \
+             netdam-target stopped or become unreachable, or is it stalled, by a slow disk for example?)"
         );
     } else {
         tracing::warn!(
@@ -672,10 +668,11 @@ impl Client {
         word_result(&self.call(&[Op::fetch_add(space, offset, addend)])?)
     }
 
-    /// Copies `len` bytes within the target, as `memmove` would. Between ranges that do not
-    /// overlap, more than [`LONG_INSTRUCTION_PIECE_BYTES`] bytes go as several pipelined MEMCPYs
-    /// (overlapping ranges go as one: a piece resent late could copy bytes a later piece had
-    /// already overwritten).
+    /// Copies `len` bytes within the target, as `memmove` would. More than
+    /// [`MAX_LONG_INSTRUCTION_BYTES`] go as several MEMCPYs: pipelined between ranges apart;
+    /// between overlapping ranges one at a time, each after the answer to the one before, in
+    /// the order that reads every source byte before a piece overwrites it (a piece resent late
+    /// could otherwise copy bytes a later piece had already overwritten).
     pub fn memcpy(
         &mut self,
         space: u16,
@@ -684,21 +681,30 @@ impl Client {
         source_offset: u64,
         len: u32,
     ) -> Result<(), ClientError> {
+        let copy =
+            |at, position: usize, piece| Op::memcpy(space, at, source_space, source_offset + position as u64, piece);
+        if len as usize <= MAX_LONG_INSTRUCTION_BYTES {
+            return self.call(&[copy(offset, 0, len)])?.data(0).map(|_| ());
+        }
+        check_byte_range(Opcode::Memcpy as u8, source_offset, len as usize, self.info.region_size(source_space))?;
         let apart = space != source_space
             || offset.saturating_add(u64::from(len)) <= source_offset
             || source_offset.saturating_add(u64::from(len)) <= offset;
-        if !apart {
-            return self.call(&[Op::memcpy(space, offset, source_space, source_offset, len)])?.data(0).map(|_| ());
+        if apart {
+            return self.in_pieces(Opcode::Memcpy, space, offset, len, copy, |_, reply| reply.data(0).map(|_| ()));
         }
-        if len as usize > LONG_INSTRUCTION_PIECE_BYTES {
-            check_byte_range(Opcode::Memcpy as u8, source_offset, len as usize, self.info.region_size(source_space))?;
+        check_byte_range(Opcode::Memcpy as u8, offset, len as usize, self.info.region_size(space))?;
+        let pieces: Vec<_> = chunks(offset, len as usize, MAX_LONG_INSTRUCTION_BYTES).collect();
+        // A destination below its source is copied from the start, one above it from the end.
+        let from_the_start = offset <= source_offset;
+        for index in 0..pieces.len() {
+            let (at, position, piece) = pieces[if from_the_start { index } else { pieces.len() - 1 - index }];
+            self.call(&[copy(at, position, piece as u32)])?.data(0)?;
         }
-        let copy =
-            |at, position: usize, piece| Op::memcpy(space, at, source_space, source_offset + position as u64, piece);
-        self.in_pieces(Opcode::Memcpy, space, offset, len, copy, |_, reply| reply.data(0).map(|_| ()))
+        Ok(())
     }
 
-    /// Sets `len` bytes to `value`; more than [`LONG_INSTRUCTION_PIECE_BYTES`] go as several
+    /// Sets `len` bytes to `value`; more than [`MAX_LONG_INSTRUCTION_BYTES`] go as several
     /// pipelined FILLs.
     pub fn fill(&mut self, space: u16, offset: u64, len: u32, value: u8) -> Result<(), ClientError> {
         let fill = |at, _, piece| Op::fill(space, at, piece, value);
@@ -706,7 +712,7 @@ impl Client {
     }
 
     /// Runs one instruction over `len` bytes at `offset` of `space`, or, over more than
-    /// [`LONG_INSTRUCTION_PIECE_BYTES`], pipelined pieces of at most that (a worker answers
+    /// [`MAX_LONG_INSTRUCTION_BYTES`], pipelined pieces of at most that (a worker answers
     /// nothing else while it runs one), the range checked first: `op(at, position, piece_len)`
     /// makes each (`position` counted from `offset`), `on_reply(index, reply)` takes each answer
     /// in order.
@@ -719,12 +725,12 @@ impl Client {
         op: impl Fn(u64, usize, u32) -> Op,
         on_reply: impl FnMut(usize, Reply) -> Result<(), ClientError>,
     ) -> Result<(), ClientError> {
-        if len as usize <= LONG_INSTRUCTION_PIECE_BYTES {
+        if len as usize <= MAX_LONG_INSTRUCTION_BYTES {
             let mut on_reply = on_reply;
             return on_reply(0, self.call(&[op(offset, 0, len)])?);
         }
         check_byte_range(opcode as u8, offset, len as usize, self.info.region_size(space))?;
-        let pieces = chunks(offset, len as usize, LONG_INSTRUCTION_PIECE_BYTES)
+        let pieces = chunks(offset, len as usize, MAX_LONG_INSTRUCTION_BYTES)
             .map(|(at, position, piece)| op(at, position, piece as u32));
         self.pipeline(pieces, on_reply)
     }
@@ -829,7 +835,7 @@ impl Client {
         let crc = |at, _, piece| Op::crc32(space, at, piece);
         self.in_pieces(Opcode::Crc32, space, offset, len, crc, |index, reply| {
             // Every piece but the last is a whole one.
-            let piece = (len as usize - index * LONG_INSTRUCTION_PIECE_BYTES).min(LONG_INSTRUCTION_PIECE_BYTES);
+            let piece = (len as usize - index * MAX_LONG_INSTRUCTION_BYTES).min(MAX_LONG_INSTRUCTION_BYTES);
             whole = netdam_isa::memory::crc32_combine(whole, crc_result(&reply)?, piece as u64);
             Ok(())
         })?;

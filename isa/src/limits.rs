@@ -26,13 +26,13 @@ pub const MAX_VADD_BYTES: usize = 2048 * 4;
 /// seals through a per-worker scratch buffer of this size (allocated at start-up).
 pub const MAX_CRYPTO_BYTES: usize = 16 * 1024;
 
-/// Most bytes one FILL, CRC32 or MEMCPY sent by this project's initiators covers; longer ranges
-/// go as several pipelined instructions (`Client::fill`, `crc32`, `memcpy`, the fio engine's
-/// region trims, Allreduce's preparation). The protocol lets one address up to 4 GiB - 1, and
-/// a worker runs each instruction to completion, answering nothing else meanwhile: one FILL of
-/// 4 GiB held a worker 2.8 s, and a ping to the same worker waited 137 ms behind a later one.
-/// A MiB is a fraction of a millisecond of work.
-pub const LONG_INSTRUCTION_PIECE_BYTES: usize = 1 << 20;
+/// Most bytes one FILL, CRC32 or MEMCPY may address; the target answers `too_large` beyond it
+/// (PROTOCOL.md, "Memory"). A worker runs each instruction to completion, answering nothing else
+/// meanwhile: one FILL of 4 GiB held a worker 2.8 s, and a ping to the same worker waited 137 ms
+/// behind a later one. A MiB is a fraction of a millisecond of work. This project's initiators
+/// send longer ranges as several instructions (`Client::fill`, `crc32`, `memcpy`, the fio
+/// engine's region trims, Allreduce's preparation).
+pub const MAX_LONG_INSTRUCTION_BYTES: usize = 1 << 20;
 
 /// Most associated-data bytes an ENCRYPT or DECRYPT operand may carry.
 pub const MAX_CRYPTO_AAD_BYTES: usize = 1024;

@@ -7,7 +7,7 @@
 //! Nothing is touched unless every check passes.
 
 use crate::compute;
-use crate::limits::MAX_VADD_BYTES;
+use crate::limits::{MAX_LONG_INSTRUCTION_BYTES, MAX_VADD_BYTES};
 use crate::memory::SharedMemory;
 use crate::opcode::{LaneType, Opcode, VADD_FLAG_RETURN_RESULT};
 use crate::status::Status;
@@ -139,6 +139,7 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
             let source = lookup(spaces, source_space)?;
             let start = within(&destination, instruction.offset, length)?;
             let source_start = within(&source, source_offset, length)?;
+            require(length <= MAX_LONG_INSTRUCTION_BYTES, Status::TooLarge)?;
             destination.copy_from(start, &source, source_start, length);
             Ok(Outcome { data_len: 0, written: Some(Written { space: instruction.space, offset: start, len: length }) })
         }
@@ -149,6 +150,7 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
             )?;
             let memory = lookup(spaces, instruction.space)?;
             let start = within(&memory, instruction.offset, length)?;
+            require(length <= MAX_LONG_INSTRUCTION_BYTES, Status::TooLarge)?;
             memory.fill(start, length, instruction.aux as u8);
             Ok(Outcome { data_len: 0, written: Some(Written { space: instruction.space, offset: start, len: length }) })
         }
@@ -178,7 +180,7 @@ pub fn execute(instruction: &Instruction<'_>, spaces: &impl AddressSpaces, out: 
             require(plain && instruction.operand.is_empty(), Status::Malformed)?;
             let memory = lookup(spaces, instruction.space)?;
             let start = within(&memory, instruction.offset, length)?;
-            require(out.len() >= 4, Status::TooLarge)?;
+            require(length <= MAX_LONG_INSTRUCTION_BYTES && out.len() >= 4, Status::TooLarge)?;
             out[..4].copy_from_slice(&memory.crc32(start, length).to_le_bytes());
             Ok(Outcome::data(4))
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{region, start_configured};
 use netdam_initiator::{AsyncClient, Client, ClientError, Op, Volume, VolumeOptions};
-use netdam_isa::{LaneType, Opcode};
+use netdam_isa::{LaneType, Opcode, Status};
 use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
 
 const REGION_BYTES: u64 = 1 << 20;
@@ -274,7 +274,7 @@ fn long_fills_crcs_and_copies_go_in_pieces_with_the_result_of_one() {
     for (at, piece) in local.chunks(60_000).enumerate() {
         client.write(0, (at * 60_000) as u64, piece).unwrap();
     }
-    let piece = netdam_isa::limits::LONG_INSTRUCTION_PIECE_BYTES as u64;
+    let piece = netdam_isa::limits::MAX_LONG_INSTRUCTION_BYTES as u64;
     let (offset, len) = (7, 3 * piece as u32 + 5);
 
     pieces_of(&mut client, 4, "a fill of 3 MiB and 5 bytes", &|client| client.fill(0, offset, len, 0xA5).unwrap());
@@ -297,9 +297,29 @@ fn long_fills_crcs_and_copies_go_in_pieces_with_the_result_of_one() {
     let copy = |client: &mut Client| client.memcpy(0, to, 0, from, 2 * piece as u32 + 9).unwrap();
     pieces_of(&mut client, 3, "a copy of 2 MiB and 9 bytes between ranges apart", &copy);
     local.copy_within(from as usize..from as usize + 2 * piece as usize + 9, to as usize);
-    let overlapping = |client: &mut Client| client.memcpy(0, 1000, 0, 0, 2 * piece as u32).unwrap();
-    pieces_of(&mut client, 1, "an overlapping copy of 2 MiB", &overlapping);
-    local.copy_within(0..2 * piece as usize, 1000);
+    // Overlapping ranges, the destination above the source and below it: memmove's result.
+    let upwards = |client: &mut Client| client.memcpy(0, 1000, 0, 0, 2 * piece as u32 + 3).unwrap();
+    pieces_of(&mut client, 3, "an overlapping copy of 2 MiB and 3 bytes, upwards", &upwards);
+    local.copy_within(0..2 * piece as usize + 3, 1000);
+    let downwards = |client: &mut Client| client.memcpy(0, 3 << 20, 0, (3 << 20) + 777, 2 * piece as u32 + 3).unwrap();
+    pieces_of(&mut client, 3, "an overlapping copy of 2 MiB and 3 bytes, downwards", &downwards);
+    local.copy_within((3 << 20) + 777..(3 << 20) + 777 + 2 * piece as usize + 3, 3 << 20);
+
+    // The target itself refuses one instruction over the bound, and changes nothing.
+    let limit = piece as u32;
+    for (what, op) in [
+        ("FILL", Op::fill(0, 0, limit + 1, 0x11)),
+        ("CRC32", Op::crc32(0, 0, limit + 1)),
+        ("MEMCPY", Op::memcpy(0, 4 << 20, 0, 0, limit + 1)),
+    ] {
+        let status = client.call(std::slice::from_ref(&op)).unwrap().results().unwrap()[0].status;
+        assert_eq!(status, Status::TooLarge, "one {what} of a MiB and a byte");
+    }
+    for op in [Op::fill(0, 0, limit, 0x5A), Op::memcpy(0, 5 << 20, 0, 1 << 20, limit)] {
+        assert_eq!(client.call(std::slice::from_ref(&op)).unwrap().results().unwrap()[0].status, Status::Ok);
+    }
+    local[..piece as usize].fill(0x5A);
+    local.copy_within(1 << 20..2 << 20, 5 << 20);
 
     let mut back = vec![0u8; BYTES as usize];
     for (at, piece) in back.chunks_mut(60_000).enumerate() {

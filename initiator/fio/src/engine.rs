@@ -28,7 +28,7 @@ use netdam_initiator::pieces::{pieces, zeroing_piece_bytes};
 use netdam_initiator::volume::check_request;
 use netdam_initiator::{Client, ClientError, ClientPoll, Op, Ticket};
 use netdam_isa::control::{NamespaceInfo, RegionInfo};
-use netdam_isa::limits::{BLOCK_QUEUE_DEPTH, LONG_INSTRUCTION_PIECE_BYTES};
+use netdam_isa::limits::{BLOCK_QUEUE_DEPTH, MAX_LONG_INSTRUCTION_BYTES};
 use netdam_isa::wire::{Instruction, HEADER_LEN, INSTRUCTION_HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN};
 use netdam_isa::Status;
 
@@ -820,7 +820,7 @@ impl Engine {
                 // Zeroed with FILL, in pieces that hold a target worker a fraction of a
                 // millisecond each (a worker runs each instruction to completion).
                 Io::Trim { offset, len } => {
-                    for (at, _, piece) in pieces(*offset, *len, LONG_INSTRUCTION_PIECE_BYTES as u64) {
+                    for (at, _, piece) in pieces(*offset, *len, MAX_LONG_INSTRUCTION_BYTES as u64) {
                         queue(Op::fill(info.id, at, piece as u32, 0), None, None);
                     }
                 }
