@@ -335,13 +335,16 @@ impl<E: Engine> Dispatcher<E> {
         self.worker
     }
 
-    /// Ends sessions silent past their timeout, a bounded share of the table at a time; the
-    /// driver calls it every loop pass (it does nothing until the sweep interval has passed).
+    /// Ends sessions silent past their timeout, a bounded share of the table at a time, and
+    /// those of a deleted tenant or a rotated key though they send nothing (else they counted as
+    /// open until their next datagram); the driver calls it every loop pass (it does nothing
+    /// until the sweep interval has passed).
     pub fn tick(&mut self, now: Instant) {
         let elapsed = now.saturating_since(self.last_sweep);
         if elapsed < SESSION_SWEEP_INTERVAL {
             return;
         }
+        self.refresh_tenants();
         // A worker that slept (blocking or adaptive polling) catches up: as many slots as the
         // time since the last sweep calls for, at most the whole table.
         let intervals = elapsed.as_nanos() / SESSION_SWEEP_INTERVAL.as_nanos();

@@ -59,6 +59,12 @@ const TENANTS_EMPTIED: &str = "tenants_emptied";
 /// does not make it again empty (`configured_files`). The settings file cannot
 /// say whether a start came before; this table can.
 const CONFIGURED_FILES: TableDefinition<&str, &str> = TableDefinition::new("configured_files");
+/// The highest key version a deleted tenant's id was used with, by id: a tenant created later
+/// with that id starts one above it, so no (id, key version) pair ever names two tenants. A
+/// session is bound to the pair it proved; with ids reused from version 1, a deleted tenant's
+/// session that sent nothing until another tenant took its id carried on under that tenant's
+/// grants.
+const RETIRED_TENANT_VERSIONS: TableDefinition<u32, u32> = TableDefinition::new("retired_tenant_versions");
 /// Key slots of ENCRYPT and DECRYPT: slot number to its key versions, each 4 bytes of version
 /// (little-endian) then 32 bytes of AES-256 key, in increasing version order.
 const CRYPTO_KEYS: TableDefinition<u32, &[u8]> = TableDefinition::new("crypto_keys");
@@ -543,8 +549,9 @@ impl MetadataStore {
         self.tenants()?.into_iter().find(|tenant| tenant.name == name).ok_or_else(|| self.missing_tenant(name))
     }
 
-    /// Adds a tenant holding `key` (key version 1) with `settings` over the defaults and no
-    /// grant, numbered with the lowest id free in 1..=[`MAX_TENANTS`]; durably. Refuses a name
+    /// Adds a tenant holding `key` with `settings` over the defaults and no grant, numbered with
+    /// the lowest id free in 1..=[`MAX_TENANTS`], its key version 1, or one above the last
+    /// version a deleted tenant used with that id ([`RETIRED_TENANT_VERSIONS`]); durably. Refuses a name
     /// already stored, a key another tenant holds, and a full store.
     pub fn create_tenant(
         &self,
@@ -605,10 +612,15 @@ impl MetadataStore {
                     "the store holds {MAX_TENANTS} tenants, the most it may: delete one first"
                 )));
             };
+            let retired = write.open_table(RETIRED_TENANT_VERSIONS).map_err(|error| fail(error.into()))?;
+            let retired = retired.get(id).map_err(|error| fail(error.into()))?.map_or(0, |version| version.value());
+            let key_version = retired.checked_add(1).ok_or_else(|| {
+                MetadataError::Refused(format!("tenant id {id} has used every key version: delete another tenant"))
+            })?;
             let record = TenantRecord {
                 name: name.to_string(),
                 id,
-                key_version: 1,
+                key_version,
                 key_hex: key.to_hex(),
                 class,
                 limits,
@@ -630,21 +642,25 @@ impl MetadataStore {
     pub fn delete_tenant(&self, name: &str) -> Result<TenantRecord, MetadataError> {
         let fail = |error: redb::Error| store_error(&self.path, error);
         let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
-        let json = {
+        let record = {
             let mut table = write.open_table(TENANTS).map_err(|error| fail(error.into()))?;
             let removed = table.remove(name).map_err(|error| fail(error.into()))?.map(|json| json.value().to_string());
             let Some(json) = removed else {
                 return Err(self.missing_tenant(name));
             };
+            let record = self.decode(name, &json)?;
+            let mut retired = write.open_table(RETIRED_TENANT_VERSIONS).map_err(|error| fail(error.into()))?;
+            let before =
+                retired.get(record.id).map_err(|error| fail(error.into()))?.map_or(0, |version| version.value());
+            retired.insert(record.id, before.max(record.key_version)).map_err(|error| fail(error.into()))?;
             if table.is_empty().map_err(|error| fail(error.into()))? {
                 let mut facts = write.open_table(STORE_FACTS).map_err(|error| fail(error.into()))?;
                 facts.insert(TENANTS_EMPTIED, name).map_err(|error| fail(error.into()))?;
             }
-            json
+            record
         };
         write.commit().map_err(|error| fail(error.into()))?;
-        serde_json::from_str(&json)
-            .map_err(|error| MetadataError::Store { path: self.path.clone(), message: error.to_string() })
+        Ok(record)
     }
 
     /// Whether `tenant delete` ever removed the last tenant of this store. A target that finds
@@ -1424,6 +1440,12 @@ mod tests {
         assert_eq!(store.delete_tenant("bob").unwrap(), bob);
         let dave = store.create_tenant("dave", &key(4), &TenantSettings::default()).unwrap();
         assert_eq!(dave.id, 2, "the lowest free id is reused");
+        assert_eq!(dave.key_version, 2, "above the deleted tenant's version: no (id, version) names two tenants");
+        let (_, _) = store.rotate_key("dave").unwrap();
+        let dave = store.delete_tenant("dave").unwrap();
+        assert_eq!(dave.key_version, 3);
+        let dave = store.create_tenant("dave", &key(4), &TenantSettings::default()).unwrap();
+        assert_eq!((dave.id, dave.key_version), (2, 4), "past the rotated version too");
         drop(store);
         assert_eq!(read_tenants(dir.path()).unwrap(), vec![alice.clone(), dave.clone(), carol.clone()]);
         let store = MetadataStore::open(dir.path()).unwrap();

@@ -407,3 +407,63 @@ fn a_running_target_applies_each_change_within_a_second_while_commands_keep_comi
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A tenant deleted while one of its sessions is open, and another created in its place (the
+/// lowest free id is its id again): the old session does not carry on under the new tenant's
+/// grants. It did, when the new tenant started at key version 1 as the old one had: a session
+/// is bound to the (id, key version) it proved, and the pair was the same.
+#[test]
+fn a_deleted_tenants_session_does_not_carry_on_under_the_tenant_given_its_id() {
+    use netdam_initiator::client::{Client, ClientOptions};
+    use netdam_initiator::error::ClientError;
+    use netdam_initiator::session::SessionConfig;
+    use netdam_isa::Status;
+
+    let served = common::start(vec![common::region("scratch", 1 << 20, false)], 1, 9000);
+    let dir = served.dir.path();
+    let cell = served.target.tenants();
+    ok(dir, &["tenant", "create", "reader"]);
+    ok(dir, &["grant", "reader", "all", "read"]);
+    let reader = KeyFile::load(&dir.join("tenants/reader.key")).unwrap();
+    let in_force = |what: &str, holds: &dyn Fn(&netdam_target::tenants::TenantSnapshot) -> bool| {
+        let start = Instant::now();
+        while !holds(&cell.load().1) {
+            assert!(start.elapsed() < Duration::from_secs(2), "{what} not in force after 2 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    in_force("reader's grant", &|tenants| tenants.tenant(reader.id).is_some_and(|t| t.region_grant(0).is_some()));
+    let connect = |credentials| {
+        let session = SessionConfig {
+            credentials: Some(credentials),
+            max_attempts: 3,
+            min_patience: netdam_isa::Duration::ZERO,
+            session_wait: netdam_isa::Duration::ZERO,
+            ..Default::default()
+        };
+        Client::connect_with(served.target.local_addr(), ClientOptions { session, ..Default::default() }).unwrap()
+    };
+    let mut old_session = connect(reader.credentials());
+    let mut byte = [0u8; 1];
+    old_session.read(0, 0, &mut byte).unwrap();
+    let refused = old_session.write(0, 0, b"x").unwrap_err();
+    assert!(matches!(refused, ClientError::Refused { status: Status::PermissionDenied, .. }), "{refused}");
+
+    ok(dir, &["tenant", "delete", "reader"]);
+    ok(dir, &["tenant", "create", "writer"]);
+    ok(dir, &["grant", "writer", "all", "all"]);
+    let writer = KeyFile::load(&dir.join("tenants/writer.key")).unwrap();
+    assert_eq!(writer.id, reader.id, "the lowest free id is the deleted tenant's");
+    assert!(writer.version > reader.version, "a version the deleted tenant never had: {}", writer.version);
+    in_force("writer's grant", &|tenants| {
+        tenants.tenant(writer.id).is_some_and(|t| t.key_version == writer.version && t.region_grant(0).is_some())
+    });
+
+    let after = old_session.write(0, 0, b"x").unwrap_err();
+    assert!(matches!(after, ClientError::HelloRefused(Status::Unauthenticated)), "the old session wrote: {after}");
+    let mut current = connect(writer.credentials());
+    current.read(0, 0, &mut byte).unwrap();
+    assert_eq!(byte, [0], "nothing written by the old session");
+    current.write(0, 0, b"y").unwrap();
+    assert!(served.target.stats().get("sessions_ended_by_tenant_change").unwrap() >= 1);
+}
