@@ -61,6 +61,12 @@ pub enum ClientError {
     /// silence) while a non-idempotent request was outstanding.
     #[error("the target no longer knows this session (restarted or evicted it); the non-idempotent request may or may not have executed before")]
     SessionLost,
+    /// The target answered a new HELLO (after it lost the session: a restart) with spaces other
+    /// than the first HELLO's: requests name regions and namespaces by id, and the ids this
+    /// client was told may now name others. Nothing more is sent in this session; connect again
+    /// to look the spaces up by name. The message names the first difference.
+    #[error("the target's spaces changed while this session was lost (a restart): {0}; nothing more is sent in this session (its requests name spaces by id, which could now address another): connect again")]
+    SpacesChanged(String),
     /// The target refused the whole datagram.
     #[error("target refused the datagram: {0}{hint}", hint = datagram_refusal_hint(*.0))]
     DatagramRefused(Status),
@@ -167,6 +173,7 @@ impl ClientError {
             ClientError::HelloRefused(status) => ClientError::HelloRefused(*status),
             ClientError::SessionLimit { kind, limit } => ClientError::SessionLimit { kind: *kind, limit: *limit },
             ClientError::SessionLost => ClientError::SessionLost,
+            ClientError::SpacesChanged(what) => ClientError::SpacesChanged(what.clone()),
             ClientError::DatagramRefused(status) => ClientError::DatagramRefused(*status),
             ClientError::Closed => ClientError::Closed,
             ClientError::Random => ClientError::Random,

@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use netdam_auth::{Credentials, HelloAuth, SessionKeys, TenantKey, TRAILER_BYTES};
-use netdam_isa::control::{Cookie, HelloAnswer, NO_COOKIE};
+use netdam_isa::control::{Cookie, HelloAnswer, NamespaceInfo, RegionInfo, NO_COOKIE};
 use netdam_isa::control::{HELLO_AUTH_ENCRYPT, HELLO_AUTH_LEN, HELLO_AUTH_MAC};
 use netdam_isa::limits::{DEFAULT_DATAGRAM_BYTES, MAX_IN_FLIGHT, REPLAY_WINDOW};
 use netdam_isa::wire::{
@@ -553,6 +553,11 @@ pub struct Session {
     established: Option<Result<HelloAnswer, ClientError>>,
     /// Whether a HELLO exchange has ever succeeded: only then may a refusal be a restart.
     ever_established: bool,
+    /// The regions and namespaces the first HELLO answer listed: the ids the caller was given.
+    first_spaces: Option<(Vec<RegionInfo>, Vec<NamespaceInfo>)>,
+    /// Set when a later HELLO answer listed them otherwise (`spaces_change`): every request
+    /// that addresses a space fails with it from then on.
+    spaces_changed: Option<String>,
     /// The first refusal since the last datagram received, while refusals count as loss.
     refused_since: Option<Instant>,
     /// When the target was last heard from (an answer that parsed).
@@ -611,6 +616,8 @@ impl Session {
             hello_refused: None,
             established: None,
             ever_established: false,
+            first_spaces: None,
+            spaces_changed: None,
             refused_since: None,
             last_heard: None,
             unanswered_failure: None,
@@ -748,6 +755,32 @@ impl Session {
                 // Less the trailer already, for an authenticated session (above).
                 self.establish(answer.session, answer.max_datagram_bytes as usize);
                 self.settle_reused_id();
+                match &self.first_spaces {
+                    None => self.first_spaces = Some((answer.regions.clone(), answer.namespaces.clone())),
+                    Some((regions, namespaces)) => {
+                        if let Some(change) = spaces_change(regions, namespaces, answer) {
+                            tracing::error!(
+                                "the target's spaces changed while the session was lost: {change}; its requests fail"
+                            );
+                            self.spaces_changed = Some(change);
+                        }
+                    }
+                }
+                if let Some(change) = &self.spaces_changed {
+                    // Every request made so far carries the old ids: sent again, or executed under
+                    // an old session id the restarted target handed out anew, it could address
+                    // another space.
+                    let mut index = 0;
+                    while index < self.requests.len() {
+                        if self.requests[index].origin == Origin::Caller {
+                            let request = self.requests.swap_remove(index);
+                            let error = ClientError::SpacesChanged(change.clone());
+                            self.completions.push_back(Completion { token: request.token, result: Err(error) });
+                        } else {
+                            index += 1;
+                        }
+                    }
+                }
                 let mut parked: Vec<usize> =
                     (0..self.requests.len()).filter(|&index| self.requests[index].state == State::Parked).collect();
                 parked.sort_by_key(|&index| self.requests[index].sequence);
@@ -866,7 +899,12 @@ impl Session {
         // An unsealed `no_session` may be forged in an authenticated session: a request that may
         // have run is then not sent again on its word, unless running twice is harmless.
         let believed = self.config.credentials.is_none() && request.attempts == 1;
-        if believed || request.idempotent {
+        if let Some(change) = &self.spaces_changed {
+            // Its ids are those of the target before the change: never sent again.
+            let error = ClientError::SpacesChanged(change.clone());
+            let request = self.requests.swap_remove(index);
+            self.completions.push_back(Completion { token: request.token, result: Err(error) });
+        } else if believed || request.idempotent {
             // This transmission did not run, and no other did (or running twice is harmless).
             self.requests[index].state = State::Parked;
             if !lost_current && self.hello.is_none() && self.session_id != 0 {
@@ -955,6 +993,14 @@ impl Session {
     ) -> Result<(), ClientError> {
         if !self.has_room() {
             return Err(ClientError::WindowFull(self.requests.len()));
+        }
+        if let Some(change) = &self.spaces_changed {
+            let addresses_a_space = (0..count).any(|index| {
+                !matches!(Opcode::from_u8(instruction(index).opcode), Some(Opcode::Ping | Opcode::Stat | Opcode::Close))
+            });
+            if addresses_a_space {
+                return Err(ClientError::SpacesChanged(change.clone()));
+            }
         }
         let datagram = self.encode(count, &instruction)?;
         let idempotent = (0..count).all(|index| instruction(index).is_idempotent());
@@ -1507,4 +1553,43 @@ impl Session {
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()
     }
+}
+
+/// How `answer` lists the spaces of the first HELLO answer (`regions`, `namespaces`)
+/// otherwise, if it does: the first region or namespace whose id now names another space, one
+/// of another size, or none. Spaces added after them change nothing the caller was told.
+fn spaces_change(regions: &[RegionInfo], namespaces: &[NamespaceInfo], answer: &HelloAnswer) -> Option<String> {
+    for before in regions {
+        let now = answer.regions.iter().find(|region| region.id == before.id);
+        let was = format!("region {} {:?} ({} bytes)", before.id, before.name, before.size_bytes);
+        match now {
+            None => return Some(format!("{was} is gone")),
+            Some(now) if now.name != before.name || now.size_bytes != before.size_bytes => {
+                return Some(format!("{was} is now {:?} ({} bytes)", now.name, now.size_bytes));
+            }
+            Some(_) => {}
+        }
+    }
+    for before in namespaces {
+        let now = answer.namespaces.iter().find(|namespace| namespace.id == before.id);
+        let was = format!(
+            "namespace {} {:?} ({} blocks of {} bytes)",
+            before.id, before.name, before.capacity_blocks, before.block_bytes
+        );
+        match now {
+            None => return Some(format!("{was} is gone")),
+            Some(now)
+                if now.name != before.name
+                    || now.capacity_blocks != before.capacity_blocks
+                    || now.block_bytes != before.block_bytes =>
+            {
+                return Some(format!(
+                    "{was} is now {:?} ({} blocks of {} bytes)",
+                    now.name, now.capacity_blocks, now.block_bytes
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    None
 }

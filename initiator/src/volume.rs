@@ -284,6 +284,9 @@ fn backend_error(error: ClientError) -> BackendError {
             BackendError::NotSupported(error.to_string())
         }
         ClientError::Refused { status: netdam_isa::Status::NoSpace, .. } => BackendError::NoSpace(error.to_string()),
+        ClientError::Refused { status: netdam_isa::Status::PermissionDenied, .. } => {
+            BackendError::NotPermitted(error.to_string())
+        }
         other => BackendError::Io(other.to_string()),
     }
 }
@@ -341,6 +344,18 @@ impl NbdBackend for Volume {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refusal for want of a grant reaches an NBD client as EPERM, which says what it is; it
+    /// was EIO, which a kernel or a file system takes for a failing medium.
+    #[test]
+    fn refusals_map_to_the_nbd_error_that_says_what_they_are() {
+        use netdam_isa::{Opcode, Status};
+        let refused = |status| ClientError::Refused { opcode: Opcode::BlockWrite as u8, status };
+        assert!(matches!(backend_error(refused(Status::PermissionDenied)), BackendError::NotPermitted(_)));
+        assert!(matches!(backend_error(refused(Status::NoSpace)), BackendError::NoSpace(_)));
+        assert!(matches!(backend_error(refused(Status::OutOfRange)), BackendError::Invalid(_)));
+        assert!(matches!(backend_error(ClientError::SessionLost), BackendError::Io(_)));
+    }
 
     #[test]
     fn requests_must_be_whole_blocks_inside_the_namespace() {

@@ -375,3 +375,34 @@ fn a_volume_rides_out_a_target_paused_for_seconds() {
     });
     drop(daemon);
 }
+
+/// A target that comes back with its spaces numbered otherwise (here its two regions listed the
+/// other way round; a `region delete` and a restart does the same): a live client's next
+/// requests would address the other region by the id it was given. They fail instead, naming
+/// the change, and nothing reaches the region that now holds the old id. A fio job and an NBD
+/// export wrote into another namespace this way, reporting no error.
+#[test]
+fn a_client_does_not_address_another_space_after_a_restart_renumbered_them() {
+    let listed = vec![common::region("alpha", 1 << 16, false), common::region("beta", 1 << 16, false)];
+    let target = common::start(listed, 1, 9000);
+    let addr = target.target.local_addr();
+    let mut client = Client::connect_with(addr, patient_options()).unwrap();
+    let beta = client.region("beta").unwrap().id;
+    client.write(beta, 0, b"before").unwrap();
+    drop(target);
+    let swapped = vec![common::region("beta", 1 << 16, false), common::region("alpha", 1 << 16, false)];
+    let target = common::start_configured(swapped, |config| config.listen = addr);
+    let error = client.write(beta, 0, b"after").unwrap_err();
+    assert!(matches!(error, ClientError::SpacesChanged(_)), "{error}");
+    let text = error.to_string();
+    assert!(text.contains("region 0 \"alpha\"") && text.contains("is now \"beta\""), "the first change: {text}");
+    let again = client.read(beta, 0, &mut [0u8; 5]).unwrap_err();
+    assert!(matches!(again, ClientError::SpacesChanged(_)), "every later request fails too: {again}");
+
+    let mut fresh = Client::connect(addr).unwrap();
+    assert_eq!(fresh.region("alpha").unwrap().id, beta, "the old id now names alpha");
+    let mut alpha = [0u8; 5];
+    fresh.read(beta, 0, &mut alpha).unwrap();
+    assert_eq!(alpha, [0; 5], "nothing written into alpha");
+    drop(target);
+}

@@ -21,6 +21,10 @@ pub enum BackendError {
     /// The operation is not supported (NBD `ENOTSUP`).
     #[error("not supported: {0}")]
     NotSupported(String),
+    /// The backend refused the operation to this export (NBD `EPERM`): the export's key holds
+    /// no grant for it.
+    #[error("not permitted: {0}")]
+    NotPermitted(String),
 }
 
 /// A disk an NBD export serves. Offsets and lengths are in bytes and are multiples of

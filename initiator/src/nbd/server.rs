@@ -980,9 +980,11 @@ async fn block_status<B: NbdBackend>(shared: &Shared<B>, offset: u64, len: u64, 
 
 /// The reply to a failed backend call, naming the call.
 fn failure(command: u16, offset: u64, len: u64, error: BackendError) -> OutBody {
-    let io = matches!(error, BackendError::Io(_));
+    // What an operator must look into (the device, a grant) is logged, not only answered.
+    let io = matches!(error, BackendError::Io(_) | BackendError::NotPermitted(_));
     let errno = match error {
         BackendError::Io(_) => Errno::Io,
+        BackendError::NotPermitted(_) => Errno::Perm,
         BackendError::Invalid(_) => Errno::Inval,
         BackendError::NoSpace(_) => Errno::NoSpc,
         BackendError::NotSupported(_) => Errno::NotSup,
@@ -993,23 +995,24 @@ fn failure(command: u16, offset: u64, len: u64, error: BackendError) -> OutBody 
         format!("{} at offset {offset} of {len} bytes: {error}", command_name(command))
     };
     if io {
-        log_io_failure(&message);
+        log_io_failure(if errno == Errno::Perm { "EPERM" } else { "EIO" }, &message);
     }
     OutBody::Error { errno, message }
 }
 
 /// Logs a request answered with an I/O error (the target silent past the reconnect timeout, or
-/// down, or its device failing): at most one line a second, with how many such answers there
-/// were since the line before, so an operator sees why clients get EIO without a line per
-/// request. Refusals of a client's own mistakes (unaligned, beyond the end) are not logged.
-fn log_io_failure(message: &str) {
+/// down, or its device failing) or refused for want of a grant (EPERM): at most one line a
+/// second, with how many such answers there were since the line before, so an operator sees why
+/// clients fail without a line per request. Refusals of a client's own mistakes (unaligned,
+/// beyond the end) are not logged.
+fn log_io_failure(errno: &str, message: &str) {
     static LAST_SECOND: AtomicU64 = AtomicU64::new(u64::MAX);
     static SINCE_LAST_LINE: AtomicU64 = AtomicU64::new(0);
     let second = netdam_isa::time::clock_ns(libc::CLOCK_MONOTONIC) / 1_000_000_000;
     let failed = SINCE_LAST_LINE.fetch_add(1, Ordering::Relaxed) + 1;
     if LAST_SECOND.swap(second, Ordering::Relaxed) != second {
         SINCE_LAST_LINE.fetch_sub(failed, Ordering::Relaxed);
-        tracing::warn!(requests_failed = failed, "answering an NBD client with EIO: {message}");
+        tracing::warn!(requests_failed = failed, "answering an NBD client with {errno}: {message}");
     }
 }
 
@@ -1187,6 +1190,7 @@ mod tests {
             (BackendError::Invalid("x".into()), Errno::Inval),
             (BackendError::NoSpace("full".into()), Errno::NoSpc),
             (BackendError::NotSupported("no".into()), Errno::NotSup),
+            (BackendError::NotPermitted("no grant".into()), Errno::Perm),
         ];
         for (error, expected) in cases {
             let OutBody::Error { errno, message } = failure(CMD_WRITE, 4096, 512, error) else {
