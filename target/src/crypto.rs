@@ -61,6 +61,15 @@ pub enum CryptoError {
          Rotate or recreate the key slot (netdam-target crypto-key rotate SLOT), then delete the file"
     )]
     Damaged { path: PathBuf, reason: &'static str },
+    /// A slot holds a key and its reservation file is gone (a store restored or copied without
+    /// it): the nonces its key used are unknown, and one used again breaks AES-GCM. The file is
+    /// made when the slot's key is created or rotated, so a slot with a key always has one.
+    #[error(
+        "nonce reservation file {path} of key slot {slot} is missing, though the slot holds a key: the nonces its \
+         key has used cannot be known, and one used twice would break AES-GCM. Rotate the key slot \
+         (netdam-target crypto-key rotate {slot}): a new key has used none"
+    )]
+    Missing { path: PathBuf, slot: u32 },
     /// A stored key is not a valid AES-256 key, or the OS random source failed.
     #[error("key slot {slot}: {reason}")]
     Key { slot: u32, reason: &'static str },
@@ -78,6 +87,23 @@ pub fn generate_key() -> Result<KeyMaterial, CryptoError> {
 /// Path of slot `slot`'s reservation file under `data_dir`.
 pub fn reservation_path(data_dir: &Path, slot: u32) -> PathBuf {
     data_dir.join(format!("{NONCE_FILE_PREFIX}{slot}"))
+}
+
+/// Makes slot `slot`'s reservation file under `data_dir`, durably, if it does not exist (one
+/// that does is kept: its end is never lowered). A key slot's create and rotate call it before
+/// they commit the new key, which has used no nonce: a target then refuses a slot holding a key
+/// whose file is missing ([`CryptoError::Missing`]).
+pub fn start_reservation(data_dir: &Path, slot: u32) -> Result<(), CryptoError> {
+    let path = reservation_path(data_dir, slot);
+    let fail = |source| CryptoError::Reservation { path: path.clone(), source };
+    let file = match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(error) => return Err(fail(error)),
+    };
+    file.write_all_at(&reservation_record(0), 0).map_err(fail)?;
+    file.sync_all().map_err(fail)?;
+    File::open(data_dir).and_then(|dir| dir.sync_all()).map_err(fail)
 }
 
 /// The reserved end a reservation file records (0 when it does not exist).
@@ -271,7 +297,11 @@ impl KeyRing {
                         .map_err(|_| CryptoError::Key { slot, reason: "not an AES-256 key" })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let nonces = NonceCounter::open(&reservation_path(data_dir, slot), block)?;
+            let path = reservation_path(data_dir, slot);
+            if !path.exists() {
+                return Err(CryptoError::Missing { path, slot });
+            }
+            let nonces = NonceCounter::open(&path, block)?;
             ring.slots[index] = Some(KeySlot { versions: keys, nonces });
         }
         Ok(ring)

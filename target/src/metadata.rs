@@ -442,6 +442,7 @@ impl MetadataStore {
                     where_: " (rotate it, or delete it first)",
                 });
             }
+            self.start_nonce_reservation(slot)?;
             versions.push((1, key.clone()));
             Ok(1)
         })
@@ -459,6 +460,8 @@ impl MetadataStore {
                 path: path.clone(),
                 message: format!("key slot {slot} has used every version number"),
             })?;
+            // A slot whose file was lost gets one again here: the new key has used no nonce.
+            self.start_nonce_reservation(slot)?;
             versions.push((version, key.clone()));
             Ok(version)
         })
@@ -473,6 +476,13 @@ impl MetadataStore {
             }
             Ok(std::mem::take(versions).into_iter().map(|(version, _)| version).collect())
         })
+    }
+
+    /// Makes key slot `slot`'s nonce reservation file beside the store if it is missing
+    /// (`crypto::start_reservation`), before a new key of the slot is committed.
+    fn start_nonce_reservation(&self, slot: u32) -> Result<(), MetadataError> {
+        let data_dir = self.path.parent().unwrap_or(Path::new("."));
+        crate::crypto::start_reservation(data_dir, slot).map_err(|error| MetadataError::Refused(error.to_string()))
     }
 
     /// Every key slot with its key versions: what a target loads at start.

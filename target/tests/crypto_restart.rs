@@ -174,3 +174,33 @@ fn keys_and_nonce_counters_survive_sigkill_and_rotation() {
         other => panic!("expected no_such_key, got {other:?}"),
     }
 }
+
+/// A slot holding a key whose reservation file is gone (a store restored or copied without it)
+/// is refused at start, naming the file and the way out; the target started anyway and
+/// counted from 0, so the first ENCRYPT after the restart used the first one's nonce again.
+/// Rotating the slot gives it a key that used no nonce, and the target starts.
+#[test]
+fn a_key_slot_whose_nonce_file_is_gone_is_refused_until_it_is_rotated() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    write_config(dir);
+    admin(dir, CONFIG, &["crypto-key", "create", &SLOT.to_string()]);
+    let file = reservation_path(dir, SLOT);
+    assert!(file.exists(), "crypto-key create makes the slot's reservation file");
+    let (daemon, addr, _) = start(dir, CONFIG);
+    let first = Client::connect(addr).unwrap().encrypt(0, 0, 64, SLOT, None, b"").unwrap();
+    daemon.kill();
+
+    std::fs::remove_file(&file).unwrap();
+    let refused = target_command(dir).args(["serve", "--config", CONFIG]).output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "the target started without the nonce file: {said}");
+    assert!(said.contains(&format!("crypto-nonces-{SLOT} of key slot {SLOT} is missing")), "{said}");
+    assert!(said.contains(&format!("crypto-key rotate {SLOT}")), "{said}");
+
+    admin(dir, CONFIG, &["crypto-key", "rotate", &SLOT.to_string()]);
+    assert!(file.exists(), "the rotation makes the file again");
+    let (_daemon, addr, _) = start(dir, CONFIG);
+    let after = Client::connect(addr).unwrap().encrypt(0, 0, 64, SLOT, None, b"").unwrap();
+    assert_eq!(after.nonce.key_version, first.nonce.key_version + 1, "sealed under the new key");
+}
