@@ -253,7 +253,8 @@ fn hello_refusal(status: Status) -> String {
         Status::Retry => "it kept answering with a new cookie; is the initiator's source address changing?".to_string(),
         Status::Unauthenticated => "unauthenticated: the target did not accept the tenant key: none was given \
                                     to a target that requires one, or the key is unknown there, wrong or \
-                                    rotated; give the tenant's key file (`netdam-target tenant create NAME` \
+                                    rotated (a running target takes a new tenant or key within a second \
+                                    of its command); give the tenant's key file (`netdam-target tenant create NAME` \
                                     writes one): --key FILE or NETDAM_KEY for `netdam`, key= for the fio \
                                     engine, SessionConfig::credentials (keys::resolve) for the library; \
                                     --key none for a target with auth = \"none\""

