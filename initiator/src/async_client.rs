@@ -425,6 +425,19 @@ struct Waiter {
     sent_bytes: u64,
 }
 
+impl Waiter {
+    /// The waiter of `command`, taken by the I/O task at `taken`.
+    fn of(command: Command, taken: Instant) -> Waiter {
+        Waiter {
+            opcode: command.ops.first().map_or(0, |op| op.opcode),
+            taken,
+            sent_bytes: command.ops.iter().map(|op| op.operand.len() as u64).sum(),
+            count: command.ops.len(),
+            reply: command.reply,
+        }
+    }
+}
+
 /// What one receive gave the driver (`Driver::take_received`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Received {
@@ -668,13 +681,7 @@ impl Driver {
                     command.ops.iter().chain(packed.iter().flat_map(|(command, _)| command.ops.iter())).collect();
                 self.session.submit_with(ops.len(), |index| ops[index].as_instruction(), token)
             };
-            let waiter = |command: Command, taken: Instant| Waiter {
-                opcode: command.ops.first().map_or(0, |op| op.opcode),
-                taken,
-                sent_bytes: command.ops.iter().map(|op| op.operand.len() as u64).sum(),
-                count: command.ops.len(),
-                reply: command.reply,
-            };
+            let waiter = Waiter::of;
             match submitted {
                 Ok(()) => {
                     let waiters = if packed.is_empty() {
@@ -688,8 +695,9 @@ impl Driver {
                     self.next_token += 1;
                 }
                 Err(error) => {
-                    for (command, _) in std::iter::once((command, taken)).chain(packed) {
-                        let _ = command.reply.send(Err(error.duplicate()));
+                    let now = self.clock.now();
+                    for (command, taken) in std::iter::once((command, taken)).chain(packed) {
+                        self.answer(waiter(command, taken), Err(error.duplicate()), now);
                     }
                 }
             }
@@ -805,22 +813,25 @@ impl Driver {
         }
     }
 
-    /// Fails every request, waiting or queued, with a copy of `error` (the socket is unusable).
+    /// Fails every request, waiting or queued, with a copy of `error` (the socket is unusable),
+    /// each counted in the metrics as an answered one is (an export's failures for want of a
+    /// listening target went uncounted, and its error-ratio alert with them).
     fn fail_all(&mut self, error: &ClientError) {
-        for (_, waiters) in self.waiting.drain() {
+        let now = self.clock.now();
+        let waiting: Vec<Waiters> = self.waiting.drain().map(|(_, waiters)| waiters).collect();
+        for waiters in waiting {
             match waiters {
-                Waiters::One(waiter) => {
-                    let _ = waiter.reply.send(Err(error.duplicate()));
-                }
+                Waiters::One(waiter) => self.answer(waiter, Err(error.duplicate()), now),
                 Waiters::Packed(waiters) => {
                     for waiter in waiters {
-                        let _ = waiter.reply.send(Err(error.duplicate()));
+                        self.answer(waiter, Err(error.duplicate()), now);
                     }
                 }
             }
         }
-        for (command, _) in self.backlog.drain(..) {
-            let _ = command.reply.send(Err(error.duplicate()));
+        let backlog: Vec<(Command, Instant)> = self.backlog.drain(..).collect();
+        for (command, taken) in backlog {
+            self.answer(Waiter::of(command, taken), Err(error.duplicate()), now);
         }
         if let Some(connecting) = self.connecting.take() {
             let _ = connecting.send(Err(error.duplicate()));

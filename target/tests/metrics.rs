@@ -307,3 +307,31 @@ fn promtool_accepts_the_text_format() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Requests failed for want of a listening target (the socket refused: no timeout runs out)
+/// are counted like answered ones: an export's metrics missed 23 of the 26 failures of a
+/// target outage, and its error-ratio alert with them.
+#[test]
+fn initiator_metrics_count_requests_failed_when_nothing_listens() {
+    use netdam_initiator::metrics::InitiatorMetrics;
+    use netdam_initiator::{AsyncClient, ClientError, ClientOptions};
+
+    let test = common::start(vec![common::region("mem", 1 << 16, false)], 1, 9000);
+    let addr = test.target.local_addr();
+    let metrics = std::sync::Arc::new(InitiatorMetrics::default());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut options = ClientOptions::default();
+        options.session.reconnect_patience = netdam_isa::Duration::ZERO;
+        let client = AsyncClient::connect_observed(addr, options, Some(metrics.new_session())).await.unwrap();
+        client.read(0, 0, 64).await.unwrap();
+        drop(test);
+        let failed = client.read(0, 0, 64).await.unwrap_err();
+        assert!(matches!(failed, ClientError::NotListening(_)), "{failed}");
+    });
+    let registry = InitiatorMetrics::registry(metrics);
+    let text = netdam_metrics::http::encode(&registry, netdam_metrics::http::Format::Prometheus).unwrap();
+    let samples = parse(&text);
+    assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"read\"}"), 2.0, "{text}");
+    assert_eq!(value(&samples, "netdam_initiator_errors_total{status=\"client_error\"}"), 1.0, "{text}");
+}
