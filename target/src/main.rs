@@ -819,9 +819,10 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
             }
             require_data_dir(&data_dir)?;
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
-            let region = metadata.delete_region(&name).map_err(|error| error.to_string())?;
+            let (region, ungranted) = metadata.delete_region(&name).map_err(|error| error.to_string())?;
             let kept = region.path.map(|path| format!("; its file {} is kept", resolve(&path, &data_dir).display()));
             println!("deleted region {name:?}{}", kept.unwrap_or_default());
+            say_grants_removed(&ungranted, &data_dir);
             drop(metadata);
             after_change(&data_dir);
         }
@@ -881,8 +882,9 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
             }
             require_data_dir(&data_dir)?;
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
-            let namespace = metadata.delete_namespace(&name).map_err(|error| error.to_string())?;
+            let (namespace, ungranted) = metadata.delete_namespace(&name).map_err(|error| error.to_string())?;
             println!("deleted namespace {name:?}; {} is left as it is", resolve(&namespace.path, &data_dir).display());
+            say_grants_removed(&ungranted, &data_dir);
             drop(metadata);
             after_change(&data_dir);
         }
@@ -928,6 +930,15 @@ fn numbered_as_served<T>(
         }
         Err(error) => ("-".to_string(), space, source, format!("  (not served: {error})")),
     })
+}
+
+/// Names the tenants whose grant on a deleted space went with it (a grant left behind would
+/// give its tenant a space created later under the same name).
+fn say_grants_removed(tenants: &[String], data_dir: &std::path::Path) {
+    if !tenants.is_empty() {
+        println!("removed the grants on it of {} tenant(s): {}", tenants.len(), tenants.join(", "));
+        after_tenant_change(data_dir);
+    }
 }
 
 /// Tells the user which data directory changed and when the change reaches a target. With a

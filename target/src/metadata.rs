@@ -335,14 +335,16 @@ impl MetadataStore {
         self.insert_space(NAMESPACE_TABLES, &namespace.name, namespace)
     }
 
-    /// Removes a region, durably, and returns what it was.
-    pub fn delete_region(&self, name: &str) -> Result<RegionConfig, MetadataError> {
-        self.remove_space(REGION_TABLES, name)
+    /// Removes a region and every tenant's grant on it, durably; returns what it was and the
+    /// tenants whose grant went with it.
+    pub fn delete_region(&self, name: &str) -> Result<(RegionConfig, Vec<String>), MetadataError> {
+        self.remove_space(REGION_TABLES, name, GrantSpace::Region(name.to_string()))
     }
 
-    /// Removes a namespace, durably, and returns what it was.
-    pub fn delete_namespace(&self, name: &str) -> Result<NamespaceConfig, MetadataError> {
-        self.remove_space(NAMESPACE_TABLES, name)
+    /// Removes a namespace and every tenant's grant on it, durably; returns what it was and
+    /// the tenants whose grant went with it.
+    pub fn delete_namespace(&self, name: &str) -> Result<(NamespaceConfig, Vec<String>), MetadataError> {
+        self.remove_space(NAMESPACE_TABLES, name, GrantSpace::Namespace(name.to_string()))
     }
 
     fn list<T: serde::de::DeserializeOwned>(
@@ -404,11 +406,15 @@ impl MetadataStore {
         write.commit().map_err(|error| fail(error.into()))
     }
 
+    /// Removes space `name` and, in the same commit, every tenant's grant on it (`space`): a
+    /// grant names a space, and one left behind would give its tenant a space created later
+    /// under the same name.
     fn remove_space<T: serde::de::DeserializeOwned>(
         &self,
         tables: SpaceTables,
         name: &str,
-    ) -> Result<T, MetadataError> {
+        space: GrantSpace,
+    ) -> Result<(T, Vec<String>), MetadataError> {
         let fail = |error: redb::Error| store_error(&self.path, error);
         let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
         let removed = {
@@ -422,9 +428,28 @@ impl MetadataStore {
             let kind = tables.kind;
             return Err(MetadataError::Missing { kind, name: name.to_string(), path: self.path.clone() });
         };
+        let mut ungranted = Vec::new();
+        {
+            let mut tenants = write.open_table(TENANTS).map_err(|error| fail(error.into()))?;
+            let mut changed = Vec::new();
+            for entry in tenants.iter().map_err(|error| fail(error.into()))? {
+                let (stored_name, json) = entry.map_err(|error| fail(error.into()))?;
+                let mut record = self.decode(stored_name.value(), json.value())?;
+                let held = record.grants.len();
+                record.grants.retain(|grant| grant.space != space);
+                if record.grants.len() != held {
+                    changed.push(record);
+                }
+            }
+            for record in changed {
+                tenants.insert(record.name.as_str(), encode(&record).as_str()).map_err(|error| fail(error.into()))?;
+                ungranted.push(record.name);
+            }
+        }
         write.commit().map_err(|error| fail(error.into()))?;
-        serde_json::from_str(&json)
-            .map_err(|error| MetadataError::Store { path: self.path.clone(), message: error.to_string() })
+        let removed = serde_json::from_str(&json)
+            .map_err(|error| MetadataError::Store { path: self.path.clone(), message: error.to_string() })?;
+        Ok((removed, ungranted))
     }
 }
 
@@ -1335,7 +1360,7 @@ mod tests {
         assert_eq!(stored.regions, vec![region.clone()]);
         assert_eq!(stored.namespaces, vec![namespace.clone()]);
         let store = MetadataStore::open(dir.path()).unwrap();
-        assert_eq!(store.delete_namespace("disk").unwrap(), namespace);
+        assert_eq!(store.delete_namespace("disk").unwrap(), (namespace, Vec::new()));
         let missing = store.delete_namespace("disk").unwrap_err().to_string();
         assert!(missing.contains("no namespace named \"disk\""), "{missing}");
         assert_eq!(store.namespaces().unwrap(), vec![]);

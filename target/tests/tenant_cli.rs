@@ -498,3 +498,33 @@ fn a_key_is_usable_as_soon_as_its_command_returns() {
         read_with(&key);
     }
 }
+
+/// Deleting a region or a namespace takes every tenant's grant on it along: a grant names its
+/// space, and one left behind gave its tenant a space created later under the same name.
+#[test]
+fn a_deleted_space_takes_its_grants_along() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    ok(dir, &["region", "create", "scratch", "--backend", "mem", "--size", "1MiB"]);
+    ok(dir, &["namespace", "create", "disk", "--backend", "file", "--path", "disk.img", "--size", "1MiB"]);
+    for tenant in ["alice", "bob"] {
+        ok(dir, &["tenant", "create", tenant]);
+        ok(dir, &["grant", tenant, "region:scratch", "read,write"]);
+    }
+    ok(dir, &["grant", "alice", "namespace:disk", "block,read"]);
+    ok(dir, &["grant", "bob", "region:default", "read"]);
+
+    let deleted = ok(dir, &["region", "delete", "scratch"]);
+    assert!(deleted.contains("removed the grants on it of 2 tenant(s): alice, bob"), "{deleted}");
+    let deleted = ok(dir, &["namespace", "delete", "disk"]);
+    assert!(deleted.contains("removed the grants on it of 1 tenant(s): alice"), "{deleted}");
+    let tenants = list_json(dir);
+    assert_eq!(tenants[0]["grants"], serde_json::json!([]), "alice: {tenants}");
+    assert_eq!(tenants[1]["grants"].as_array().unwrap().len(), 1, "bob keeps his grant elsewhere: {tenants}");
+    assert_eq!(tenants[1]["grants"][0]["space"]["region"], "default");
+
+    ok(dir, &["region", "create", "scratch", "--backend", "mem", "--size", "1MiB"]);
+    assert!(!list_json(dir).to_string().contains("scratch"), "a new region of the old name is nobody's");
+    let quiet = ok(dir, &["region", "delete", "scratch"]);
+    assert!(!quiet.contains("removed the grants"), "{quiet}");
+}
