@@ -1408,6 +1408,66 @@ fn empty_environment_settings_count_as_unset() {
     assert_eq!(netdam_ok(&test, &["read", "vol", "0", "3", "--out", "-"]).stdout, b"set");
 }
 
+/// NETDAM_ENCRYPT takes the boolean words a shell user writes (`NETDAM_ENCRYPT=1`, as the
+/// README and the fio engine's `encrypt=1` have it), where clap took only true and false. On
+/// a target with `auth = "none"`, without a key, a variable taken as true is refused for want
+/// of a key, and one taken as false connects in the clear.
+#[test]
+fn netdam_encrypt_takes_1_0_yes_no_on_off() {
+    let test = start_vol_and_disk();
+    let with_encrypt = |value: &str| {
+        netdam_command(test.dir.path())
+            .env("NETDAM_TARGET", test.target.local_addr().to_string())
+            .env("NETDAM_KEY", "none")
+            .env("NETDAM_ENCRYPT", value)
+            .arg("regions")
+            .output()
+            .unwrap()
+    };
+    for value in ["1", "true", "yes", "on", "TRUE"] {
+        let output = with_encrypt(value);
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "NETDAM_ENCRYPT={value}: encryption without a key was not refused");
+        assert!(message.contains("--encrypt: encryption needs a tenant key"), "NETDAM_ENCRYPT={value}: {message}");
+    }
+    for value in ["0", "false", "no", "off"] {
+        let output = with_encrypt(value);
+        assert!(output.status.success(), "NETDAM_ENCRYPT={value}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let output = with_encrypt("maybe");
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{message}");
+    assert!(message.contains("'maybe'") && message.contains("--encrypt"), "{message}");
+}
+
+/// A key slot the target cannot have (256 and up) is refused when the arguments are read, as
+/// `netdam-target crypto-key create 256` refuses it, instead of reaching the target and
+/// coming back `malformed`.
+#[test]
+fn a_key_slot_past_the_last_is_refused_before_anything_is_sent() {
+    // Nothing listens on the discard port: a command that sent anything would say so.
+    for (command, args) in [
+        ("encrypt", &["encrypt", "vol", "0", "4", "--slot", "257"][..]),
+        ("decrypt", &["decrypt", "vol", "0", "4", "--slot", "256", "--seal", &"0".repeat(56)]),
+    ] {
+        let home = tempfile::tempdir().unwrap();
+        let output =
+            netdam_command(home.path()).args(["--key", "none", "--target", "127.0.0.1:9"]).args(args).output().unwrap();
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{command}: {message}");
+        assert!(
+            message.contains("--slot")
+                && message.contains("is beyond the last slot, 255")
+                && !message.contains("target"),
+            "{command}: {message}"
+        );
+    }
+    let home = tempfile::tempdir().unwrap();
+    let output = netdam_command(home.path()).args(["encrypt", "vol", "0", "4", "--slot", "one"]).output().unwrap();
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.code() == Some(2) && message.contains("\"one\" is not a slot number"), "{message}");
+}
+
 /// Block numbers and counts take 0x hex, as byte offsets and lengths do.
 #[test]
 fn block_numbers_and_counts_take_hex() {

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use netdam_initiator::allreduce::{self, AllreduceOp, AllreducePlan};
 use netdam_initiator::metrics::{InitiatorMetrics, ObservedBackend};
 use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
@@ -19,6 +20,7 @@ use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::crypto::{Seal, SEAL_LEN};
 use netdam_isa::extension::reduce::ReduceOp;
+use netdam_isa::limits::CRYPTO_KEY_SLOTS;
 use netdam_isa::units::parse_bytes;
 use netdam_isa::wire::Header;
 use netdam_isa::LaneType;
@@ -137,8 +139,10 @@ struct Cli {
     #[arg(long, global = true, env = "NETDAM_KEY", value_name = "FILE")]
     key: Option<std::path::PathBuf>,
     /// With a key: also encrypt every datagram's instructions and results (the MAC alone
-    /// proves who sent them and that nothing changed; this hides them too).
-    #[arg(long, global = true, env = "NETDAM_ENCRYPT")]
+    /// proves who sent them and that nothing changed; this hides them too). NETDAM_ENCRYPT
+    /// takes 1/0, true/false, yes/no or on/off, as the fio engine's `encrypt=1` does; an empty
+    /// one counts as unset.
+    #[arg(long, global = true, env = "NETDAM_ENCRYPT", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
     encrypt: bool,
     /// Print machine-readable JSON instead of text.
     #[arg(long, global = true)]
@@ -518,7 +522,7 @@ enum Command {
 #[derive(Debug, Args)]
 struct CryptoArgs {
     /// Key slot, 0 to 255.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_slot)]
     slot: u32,
     /// Write the result into this region instead of in place.
     #[arg(long, value_name = "REGION")]
@@ -622,6 +626,17 @@ fn parse_blocks(text: &str) -> Result<u64, String> {
         return Err(format!("{}: counts blocks, so it takes no byte unit (B, KiB, ...)", invalid()));
     }
     parse_bytes(text).map_err(|_| invalid())
+}
+
+/// A key slot of ENCRYPT and DECRYPT, refused here when the target has no such slot: it would
+/// answer only `malformed`.
+fn parse_slot(text: &str) -> Result<u32, String> {
+    let slot: u32 =
+        text.parse().map_err(|_| format!("{text:?} is not a slot number (0 to {})", CRYPTO_KEY_SLOTS - 1))?;
+    if slot >= CRYPTO_KEY_SLOTS {
+        return Err(format!("slot {slot} is beyond the last slot, {}", CRYPTO_KEY_SLOTS - 1));
+    }
+    Ok(slot)
 }
 
 fn parse_word(text: &str) -> Result<u64, String> {
