@@ -11,8 +11,8 @@
 //! ```
 //!
 //! `version` counts rotations; the target states it in its refusals so a user holding an old
-//! file learns that the key was rotated. Files are written owner-only and a key file readable by
-//! group or others is refused, as ssh refuses such a private key.
+//! file learns that the key was rotated. Files are written owner-only and a key file readable or
+//! writable by group or others is refused, as ssh refuses such a private key.
 
 use std::fmt;
 use std::io::Write;
@@ -109,30 +109,75 @@ pub enum KeyFileError {
     /// A field is missing.
     #[error("key file {path} has no `{field}` line")]
     Missing { path: PathBuf, field: &'static str },
-    /// Others may read it.
+    /// Group or others may read, write or execute it.
     #[error(
-        "key file {path} is readable by group or others (mode {mode:o}); whoever reads it acts as the tenant: \
-         run `chmod 600 {path}`"
+        "key file {path} is {} (mode {mode:o}); whoever reads it acts as the tenant, and whoever writes it \
+         chooses the key: run `chmod 600 {path}`",
+        open_to(*.mode)
     )]
     TooOpen { path: PathBuf, mode: u32 },
+    /// A device, a FIFO or a socket, whose mode says nothing of who may read the key.
+    #[error("key file {path} is not a regular file ({kind}); give the path of a key file")]
+    NotRegular { path: PathBuf, kind: &'static str },
     /// It exists and would be overwritten.
     #[error("key file {path} exists already; remove it or choose another path")]
     Exists { path: PathBuf },
 }
 
-/// Checks that `path` is a file only its owner may read, as a key file (or a key to import)
-/// must be: whoever reads it acts as the tenant.
+/// Checks that `path` is a regular file only its owner may read or write, as a key file (or a
+/// key to import) must be: whoever reads it acts as the tenant, whoever writes it chooses the
+/// key. A device or FIFO is refused before its mode is looked at: `chmod` would not make it a
+/// key file.
 pub fn check_owner_only(path: &Path) -> Result<(), KeyFileError> {
     let io = |source| KeyFileError::Io { path: path.to_path_buf(), source };
     let metadata = std::fs::metadata(path).map_err(io)?;
     if metadata.is_dir() {
         return Err(io(std::io::Error::new(std::io::ErrorKind::IsADirectory, "this is a directory, not a key file")));
     }
+    if !metadata.is_file() {
+        return Err(KeyFileError::NotRegular { path: path.to_path_buf(), kind: file_kind(&metadata.file_type()) });
+    }
     let mode = metadata.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(KeyFileError::TooOpen { path: path.to_path_buf(), mode });
     }
     Ok(())
+}
+
+/// Who beyond the owner may do what with a file of `mode`: "readable by group", "readable by
+/// others and writable by group and others".
+fn open_to(mode: u32) -> String {
+    let holders = |bit: u32| {
+        let group = mode & (bit << 3) != 0;
+        let others = mode & bit != 0;
+        match (group, others) {
+            (true, true) => Some("group and others"),
+            (true, false) => Some("group"),
+            (false, true) => Some("others"),
+            (false, false) => None,
+        }
+    };
+    let access: Vec<String> = [(0o4, "readable"), (0o2, "writable"), (0o1, "executable")]
+        .into_iter()
+        .filter_map(|(bit, access)| holders(bit).map(|who| format!("{access} by {who}")))
+        .collect();
+    access.join(" and ")
+}
+
+/// What a file that is neither a regular file nor a directory is, for a refusal.
+fn file_kind(file_type: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_char_device() {
+        "a character device"
+    } else if file_type.is_block_device() {
+        "a block device"
+    } else if file_type.is_fifo() {
+        "a FIFO"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
+    }
 }
 
 /// What an initiator needs to authenticate: the tenant's number, its key and the key's
@@ -203,7 +248,8 @@ impl KeyFile {
         })
     }
 
-    /// Reads the key file at `path`, refusing one that group or others may read.
+    /// Reads the key file at `path`, refusing one that group or others may read or write, or
+    /// that is not a regular file.
     pub fn load(path: &Path) -> Result<KeyFile, KeyFileError> {
         let io = |source| KeyFileError::Io { path: path.to_path_buf(), source };
         check_owner_only(path)?;
@@ -452,6 +498,29 @@ mod tests {
         let error = KeyFile::load(&path).unwrap_err();
         assert!(matches!(error, KeyFileError::TooOpen { mode: 0o644, .. }), "{error}");
         assert!(error.to_string().contains("chmod 600"));
+    }
+
+    #[test]
+    fn a_key_file_group_or_others_can_write_is_refused_saying_so() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("open.key");
+        sample().write(&path, false).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).unwrap();
+        let error = KeyFile::load(&path).unwrap_err();
+        assert!(matches!(error, KeyFileError::TooOpen { mode: 0o620, .. }), "{error}");
+        let message = error.to_string();
+        assert!(message.contains("is writable by group (mode 620)") && message.contains("chmod 600"), "{message}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o646)).unwrap();
+        let message = KeyFile::load(&path).unwrap_err().to_string();
+        assert!(message.contains("is readable by group and others and writable by others (mode 646)"), "{message}");
+    }
+
+    #[test]
+    fn a_key_file_that_is_not_a_regular_file_is_refused_without_mode_advice() {
+        let error = KeyFile::load(Path::new("/dev/null")).unwrap_err();
+        assert!(matches!(error, KeyFileError::NotRegular { kind: "a character device", .. }), "{error}");
+        let message = error.to_string();
+        assert!(message.contains("/dev/null is not a regular file") && !message.contains("chmod"), "{message}");
     }
 
     #[test]
