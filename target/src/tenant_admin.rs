@@ -41,6 +41,13 @@ pub enum TenantAdminError {
     /// An imported key is neither a key file nor 64 hex digits.
     #[error("{path}: neither a netdam key file nor 64 hex digits ({message})")]
     Import { path: PathBuf, message: String },
+    /// An imported key's bytes are all the same: anyone would guess it.
+    #[error(
+        "{path}: the key's {} bytes are all {byte:#04x}, a key anyone could guess; import one of random bytes \
+         (`head -c 32 /dev/urandom | xxd -p -c 64`), or create the tenant without --import-key for a new one",
+        netdam_auth::KEY_BYTES
+    )]
+    WeakKey { path: PathBuf, byte: u8 },
 }
 
 /// Where tenant `name`'s key file goes unless a path is given: `<data_dir>/tenants/<name>.key`.
@@ -195,17 +202,23 @@ pub fn delete_tenant(data_dir: &Path, name: &str) -> Result<DeletedTenant, Tenan
 }
 
 /// Reads a key to import: a netdam key file, or a file holding 64 hex digits. Like a key file,
-/// it must be owner-only.
+/// it must be owner-only. A key of one byte repeated (all zeros, all 0xff) is refused: it is
+/// what a placeholder or a mistake gives, never a random key.
 pub fn import_key(path: &Path) -> Result<TenantKey, TenantAdminError> {
     let io = |source| KeyFileError::Io { path: path.to_path_buf(), source };
     netdam_auth::keyfile::check_owner_only(path)?;
     let text = std::fs::read_to_string(path).map_err(io)?;
-    if let Ok(key) = TenantKey::from_hex(&text) {
-        return Ok(key);
+    let key = match TenantKey::from_hex(&text) {
+        Ok(key) => key,
+        Err(_) => KeyFile::parse(&text, path)
+            .map(|file| file.key)
+            .map_err(|error| TenantAdminError::Import { path: path.to_path_buf(), message: error.to_string() })?,
+    };
+    let [first, rest @ ..] = key.as_bytes();
+    if rest.iter().all(|byte| byte == first) {
+        return Err(TenantAdminError::WeakKey { path: path.to_path_buf(), byte: *first });
     }
-    KeyFile::parse(&text, path)
-        .map(|file| file.key)
-        .map_err(|error| TenantAdminError::Import { path: path.to_path_buf(), message: error.to_string() })
+    Ok(key)
 }
 
 /// For a target that authenticates tenants: when the store of `data_dir` has never held a
@@ -534,7 +547,7 @@ mod tests {
     fn an_imported_key_is_a_key_file_or_hex_and_must_be_owner_only() {
         let dir = tempfile::tempdir().unwrap();
         let hex = dir.path().join("hex");
-        let key = TenantKey::from_bytes([7; 32]);
+        let key = TenantKey::from_bytes(std::array::from_fn(|index| index as u8 * 7));
         std::fs::write(&hex, format!("{}\n", key.to_hex())).unwrap();
         std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(import_key(&hex).unwrap(), key);
@@ -546,5 +559,24 @@ mod tests {
         std::fs::write(&hex, "not a key").unwrap();
         std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(matches!(import_key(&hex), Err(TenantAdminError::Import { .. })));
+    }
+
+    #[test]
+    fn an_imported_key_of_one_repeated_byte_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let hex = dir.path().join("weak.hex");
+        for (text, byte) in [("0".repeat(64), 0x00), ("ff".repeat(32), 0xff), ("5A".repeat(32), 0x5a)] {
+            std::fs::write(&hex, &text).unwrap();
+            std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let error = import_key(&hex).unwrap_err();
+            assert!(matches!(error, TenantAdminError::WeakKey { byte: found, .. } if found == byte), "{error}");
+            let message = error.to_string();
+            assert!(message.contains("weak.hex") && message.contains(&format!("all {byte:#04x}")), "{message}");
+        }
+        // In a key file too.
+        let file = dir.path().join("weak.key");
+        let weak = KeyFile { tenant: "x".into(), id: 3, version: 1, key: TenantKey::from_bytes([0; 32]) };
+        weak.write(&file, false).unwrap();
+        assert!(matches!(import_key(&file), Err(TenantAdminError::WeakKey { byte: 0, .. })));
     }
 }

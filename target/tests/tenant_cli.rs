@@ -164,7 +164,7 @@ fn bad_input_names_the_culprit() {
 fn keys_can_be_imported_and_written_elsewhere_and_spaces_come_from_the_settings_file() {
     let home = tempfile::tempdir().unwrap();
     let dir = home.path().join("data");
-    let key = TenantKey::from_bytes([0x5A; 32]);
+    let key = TenantKey::from_bytes(std::array::from_fn(|index| 0x5A ^ index as u8));
     let hex = home.path().join("imported.hex");
     std::fs::write(&hex, key.to_hex()).unwrap();
     std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -172,6 +172,13 @@ fn keys_can_be_imported_and_written_elsewhere_and_spaces_come_from_the_settings_
     let elsewhere = home.path().join("keys/bob.key");
     let args = ["tenant", "create", "bob", "--import-key", import, "--key-file", elsewhere.to_str().unwrap()];
     assert!(fails(&dir, &args).contains("chmod 600"), "an imported key others can read is refused");
+    // A key of one repeated byte (64 zeros) is refused, saying why; no tenant is made.
+    let zeros = home.path().join("zeros.hex");
+    std::fs::write(&zeros, "0".repeat(64)).unwrap();
+    std::fs::set_permissions(&zeros, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let refused = fails(&dir, &["tenant", "create", "zero", "--import-key", zeros.to_str().unwrap()]);
+    assert!(refused.contains("zeros.hex") && refused.contains("all 0x00, a key anyone could guess"), "{refused}");
+    assert!(!dir.join("tenants/zero.key").exists(), "a refused key leaves no key file");
     std::fs::set_permissions(&hex, std::fs::Permissions::from_mode(0o600)).unwrap();
     let created = ok(&dir, &args);
     assert!(created.contains("imported key") && created.contains(&elsewhere.display().to_string()), "{created}");
