@@ -551,7 +551,7 @@ pub struct Config {
     pub namespaces: Vec<NamespaceConfig>,
     /// Extension instructions to serve, by name (`reduce`); none by default, so an extension
     /// opcode is `unknown_opcode` until it is enabled here.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub extensions: Vec<String>,
     /// Permissions every session holds on every region until tenants exist: `read`, `write`,
     /// `atomic`, `compute`, `block`. Extension instructions are checked against them (a handler
@@ -564,7 +564,7 @@ pub struct Config {
     pub auth: AuthMode,
     /// With `auth = "none"`, listen on a non-loopback address anyway: anyone who can reach the
     /// port can then read and write everything.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub allow_unauthenticated_network: bool,
 }
 
@@ -840,11 +840,38 @@ impl Config {
         }
     }
 
-    /// The effective settings as TOML, for `netdam-target config`.
+    /// The effective settings as TOML, for `netdam-target config`: every one, those that are
+    /// unset and have no default value as comments (TOML has no null), so that the output
+    /// names every setting a file may hold.
     pub fn to_toml(&self) -> String {
         let mut shown = self.clone();
         shown.regions = self.effective_regions();
-        toml::to_string_pretty(&shown).expect("settings always serialize")
+        let text = toml::to_string_pretty(&shown).expect("settings always serialize");
+        let unset: Vec<&str> = [
+            (
+                self.data_dir.is_none(),
+                "# data_dir = \"PATH\"          # unset: $XDG_DATA_HOME/netdam or ~/.local/share/netdam",
+            ),
+            (
+                self.fpga_window.is_none(),
+                "# fpga_window = \"PATH\"       # unset: engine = \"auto\" looks for cards only",
+            ),
+            (
+                self.fpga_namespace.is_none(),
+                "# fpga_namespace = \"NAME\"    # unset: no namespace is served by the FPGA's SSD",
+            ),
+            (self.namespaces.is_empty(), "# [[namespace]] tables: none configured"),
+        ]
+        .into_iter()
+        .filter_map(|(is_unset, line)| is_unset.then_some(line))
+        .collect();
+        if unset.is_empty() {
+            return text;
+        }
+        // Top-level keys, even commented, belong before the first table.
+        let tables = text.find("\n[").unwrap_or(text.len());
+        let (keys, tables) = text.split_at(tables);
+        format!("{keys}{}\n{tables}", unset.join("\n"))
     }
 }
 
@@ -1006,6 +1033,60 @@ mod tests {
         let config: Config = toml::from_str("fpga_namespace = \"disk\"").unwrap();
         assert_eq!(config.fpga_namespace.as_deref(), Some("disk"));
         assert!(config.to_toml().contains("fpga_namespace = \"disk\""), "{}", config.to_toml());
+    }
+
+    /// `netdam-target config` names every setting: the defaults' values, and those unset without
+    /// a default as comments; the output reads back as the same settings.
+    #[test]
+    fn the_printed_settings_name_every_setting_and_read_back() {
+        let config = Config::default();
+        let text = config.to_toml();
+        for setting in [
+            "listen",
+            "metrics_listen",
+            "workers",
+            "poll",
+            "adaptive_spin_us",
+            "pin_workers",
+            "lock_memory",
+            "max_datagram_bytes",
+            "busy_threshold_us",
+            "block_sqpoll_idle_ms",
+            "answer_trains",
+            "sessions_per_worker",
+            "max_sessions_per_address",
+            "session_idle_timeout_ms",
+            "engine",
+            "fpga_progress_deadline_ms",
+            "extensions",
+            "session_permissions",
+            "auth",
+            "allow_unauthenticated_network",
+        ] {
+            assert!(text.lines().any(|line| line.starts_with(&format!("{setting} = "))), "{setting} missing:\n{text}");
+        }
+        for unset in ["data_dir", "fpga_window", "fpga_namespace"] {
+            assert!(text.lines().any(|line| line.starts_with(&format!("# {unset} = "))), "{unset} missing:\n{text}");
+        }
+        assert!(text.contains("# [[namespace]]"), "{text}");
+        // The comments stand before the first table, where their keys would belong.
+        assert!(text.find("# fpga_window").unwrap() < text.find("[[region]]").unwrap(), "{text}");
+        let back: Config = toml::from_str(&text).unwrap();
+        assert_eq!(back, Config { regions: config.effective_regions(), ..config });
+        // Set ones are shown as set, and not as comments.
+        let set = Config {
+            data_dir: Some("/var/lib/netdam".into()),
+            fpga_window: Some("/run/netdam/window".into()),
+            extensions: vec!["reduce".into()],
+            allow_unauthenticated_network: true,
+            ..Config::default()
+        };
+        let text = set.to_toml();
+        assert!(text.contains("data_dir = \"/var/lib/netdam\"") && !text.contains("# data_dir"), "{text}");
+        assert!(text.contains("fpga_window = \"/run/netdam/window\"") && !text.contains("# fpga_window"), "{text}");
+        assert!(text.contains("allow_unauthenticated_network = true") && text.contains("\"reduce\""), "{text}");
+        let back: Config = toml::from_str(&text).unwrap();
+        assert_eq!(back, Config { regions: set.effective_regions(), ..set });
     }
 
     #[test]

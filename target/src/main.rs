@@ -84,6 +84,7 @@ enum CryptoKeyCommand {
     /// Add a new random key version to a slot: ENCRYPT seals with it from the target's next
     /// start; DECRYPT still opens what older versions sealed (the nonce names the version).
     Rotate {
+        /// Slot number, 0 to 255, of a key made with `crypto-key create`.
         #[arg(value_parser = parse_slot)]
         slot: u32,
         #[command(flatten)]
@@ -91,6 +92,7 @@ enum CryptoKeyCommand {
     },
     /// Remove a slot and every version of its key: what they sealed can no longer be decrypted.
     Delete {
+        /// Slot number, 0 to 255, whose every key version is destroyed.
         #[arg(value_parser = parse_slot)]
         slot: u32,
         #[command(flatten)]
@@ -116,7 +118,8 @@ enum TenantCommand {
     /// Create a tenant with a new key (or an imported one) and write its key file, owner-only,
     /// committed durably before this returns. It holds no grant until `grant` gives it one.
     Create {
-        /// Unique name: 1 to 64 characters of A-Z a-z 0-9 _ . - (it names the key file too).
+        /// Unique name: 1 to 64 characters of A-Z a-z 0-9 _ . -, not starting with . (it names
+        /// the key file too).
         name: String,
         #[command(flatten)]
         settings: TenantSettingsArgs,
@@ -352,6 +355,7 @@ enum RegionCommand {
     },
     /// Remove a region from the store; its file is kept.
     Delete {
+        /// The region's name (`region list` lists them).
         name: String,
         #[command(flatten)]
         store: StoreArgs,
@@ -387,6 +391,7 @@ enum NamespaceCommand {
     },
     /// Remove a namespace from the store; its file or device is left as it is.
     Delete {
+        /// The namespace's name (`namespace list` lists them).
         name: String,
         #[command(flatten)]
         store: StoreArgs,

@@ -525,6 +525,69 @@ fn admin_refusals_say_where_the_fault_is() {
     assert!(!refused.status.success() && message.contains("a directory, not a key file"), "{message}");
 }
 
+/// Every argument of the admin commands says what it is in `--help`, and the tenant name's
+/// help states every rule its refusal enforces.
+#[test]
+fn admin_help_describes_every_argument() {
+    for command in [
+        &["region", "create"][..],
+        &["region", "delete"],
+        &["namespace", "create"],
+        &["namespace", "delete"],
+        &["tenant", "create"],
+        &["tenant", "delete"],
+        &["tenant", "rotate-key"],
+        &["tenant", "set"],
+        &["grant"],
+        &["revoke"],
+        &["crypto-key", "create"],
+        &["crypto-key", "rotate"],
+        &["crypto-key", "delete"],
+    ] {
+        let help = target_admin(&[command, &["--help"]].concat());
+        let help = String::from_utf8_lossy(&help.stdout);
+        let arguments = help.split("Arguments:\n").nth(1).and_then(|rest| rest.split("Options:").next()).unwrap_or("");
+        let lines: Vec<&str> = arguments.lines().collect();
+        for (index, line) in lines.iter().enumerate() {
+            if line.starts_with("  <") || line.starts_with("  [") {
+                let description = lines.get(index + 1).map_or("", |next| next.trim());
+                assert!(
+                    !description.is_empty(),
+                    "netdam-target {command:?} --help: {} has no description:\n{help}",
+                    line.trim()
+                );
+            }
+        }
+    }
+    let help = target_admin(&["tenant", "create", "--help"]);
+    assert!(String::from_utf8_lossy(&help.stdout).contains("not starting with ."));
+    let refused = target_admin(&["tenant", "create", ".hidden", "--data-dir", "/nonexistent"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not starting with ."));
+}
+
+/// `netdam-target config` prints every setting the settings file takes (as `--help` says):
+/// those unset with no default value as comments.
+#[test]
+fn config_prints_every_setting() {
+    let shown = target_admin(&["config", "--data-dir", "/tmp"]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    let help = target_admin(&["--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    // The list `--config`'s help gives: "TOML file with settings (listen, ..., extensions, [[region]] ...".
+    let listed = help.split("TOML file with settings (").nth(1).and_then(|rest| rest.split(", [[region]]").next());
+    let listed = listed.expect("--config's help lists the settings");
+    for setting in listed.split(", ") {
+        let set = format!("{setting} = ");
+        let commented = format!("# {setting} = ");
+        assert!(
+            shown.lines().any(|line| line.starts_with(&set) || line.starts_with(&commented)),
+            "netdam-target config omits {setting}:\n{shown}"
+        );
+    }
+    assert!(shown.contains("data_dir = \"/tmp\""), "{shown}");
+    assert!(shown.contains("# fpga_window = ") && shown.contains("allow_unauthenticated_network = false"), "{shown}");
+}
+
 /// An admin command whose reader has gone (`| head`) ends quietly on SIGPIPE, without a
 /// panic and its backtrace.
 #[test]
