@@ -1041,6 +1041,9 @@ impl<E: Engine> Dispatcher<E> {
                 BlockRequest::Read { offset_blocks, num_blocks, buffer }
             }
             (BlockOp::Write { offset_blocks, data, fua }, Some(buffer)) => {
+                if fua {
+                    self.shared.stats[self.worker].add(Counter::BlockFuaWrites, 1);
+                }
                 device.buffer(buffer)[..data.len()].copy_from_slice(data);
                 BlockRequest::Write { offset_blocks, num_blocks: (data.len() / block_bytes) as u32, buffer, fua }
             }
@@ -1186,7 +1189,12 @@ impl<E: Engine> Dispatcher<E> {
             BlockOp::Read { offset_blocks, .. } => {
                 ImmediateRequest::Read { offset_blocks, out: &mut out[..read_bytes] }
             }
-            BlockOp::Write { offset_blocks, data, fua } => ImmediateRequest::Write { offset_blocks, data, fua },
+            BlockOp::Write { offset_blocks, data, fua } => {
+                if fua {
+                    self.count(Counter::BlockFuaWrites);
+                }
+                ImmediateRequest::Write { offset_blocks, data, fua }
+            }
             BlockOp::Flush => ImmediateRequest::Flush,
             BlockOp::Trim { offset_blocks, num_blocks } => ImmediateRequest::Trim { offset_blocks, num_blocks },
             BlockOp::WriteZeroes { offset_blocks, num_blocks } => {

@@ -344,6 +344,13 @@ impl Collector for TargetCollector {
             None,
             [(no_labels(), self.sum(Counter::BlockDatagramsDeferred))],
         )?;
+        counters(
+            encoder,
+            "netdam_block_fua_writes",
+            "BWRITEs with FUA (durable before their answer) handed to a namespace's device",
+            None,
+            [(no_labels(), self.sum(Counter::BlockFuaWrites))],
+        )?;
         let namespaces: Vec<(usize, String)> = self
             .shared
             .namespaces

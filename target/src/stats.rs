@@ -64,6 +64,7 @@ counters! {
     DuplicatesInProgress => "duplicates_in_progress": "Retransmissions of a request still waiting for block I/O, answered in_progress (not executed again).",
     BlockDatagramsDeferred => "block_datagrams_deferred": "Datagrams with block instructions, answered when their I/O completed.",
     BlockRequestsSubmitted => "block_requests_submitted": "Block requests handed to a namespace's device.",
+    BlockFuaWrites => "block_fua_writes": "BWRITEs with FUA handed to a namespace's device: durable before their answer.",
     BusyBlockSlotsFull => "busy_block_slots_full": "Answered busy: every slot for datagrams waiting on block I/O was taken.",
     BusyTenantRate => "busy_tenant_rate": "Answered busy, not executed: the session's tenant had spent its cost_per_second (its token bucket was empty).",
     BusyTenantOverload => "busy_tenant_overload": "Answered busy, not executed: the session's tenant is best-effort and requests had started to queue.",

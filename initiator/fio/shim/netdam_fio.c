@@ -167,6 +167,7 @@ static struct netdam_fio_settings netdam_settings(struct thread_data *td)
 		.key = o->key,
 		.encrypt = o->encrypt,
 		.coalesce = o->coalesce,
+		.fua = td->o.sync_io != 0,
 	};
 
 	return settings;

@@ -38,6 +38,9 @@ struct netdam_fio_settings {
 	/* coalesce=1 (the default): while many other I/Os are outstanding, a datagram with room for
 	 * more I/Os waits briefly for the next one (see netdam_fio_commit); 0 sends each at once. */
 	uint32_t coalesce;
+	/* fio's own sync=1 (or sync=sync, sync=dsync): every write to a namespace carries FUA, so it
+	 * is durable when it completes, as an O_SYNC or O_DSYNC write to a file would be. */
+	uint32_t fua;
 };
 
 /* What netdam_fio_probe learned about the namespace or region. */

@@ -595,6 +595,9 @@ pub struct Engine {
     /// How `reap` waits: spinning, sleeping in `ppoll`, or spinning until `spin_until` and then
     /// sleeping.
     poll: ClientPoll,
+    /// Writes to a namespace carry FUA (fio's `sync=1`); fio once took the option and sent
+    /// plain writes.
+    fua: bool,
     /// I/Os in flight, by slot; at most fio's iodepth.
     slots: Vec<Option<Slot>>,
     free_slots: Vec<usize>,
@@ -692,6 +695,7 @@ impl Engine {
             errors: 0,
             session_errors: 0,
             coalescing: Coalescing { enabled: settings.coalesce, held_since: None },
+            fua: settings.fua,
             busy_holds: BusyHolds::new(
                 session_config.max_rto.to_std().min(BUSY_PAUSE_MAX),
                 session_config.min_patience.to_std(),
@@ -788,7 +792,7 @@ impl Engine {
                         check_request("write", *offset, buffer.len() as u64, info.block_bytes, size_bytes)?;
                         for (at, position, len) in pieces(*offset, buffer.len() as u64, *transfer_bytes) {
                             // The operand (the data) is added as a range of fio's buffer.
-                            let op = Op::block_write(info.id, at / block, info.block_bytes, &[], false);
+                            let op = Op::block_write(info.id, at / block, info.block_bytes, &[], self.fua);
                             queue(Op { length: (len / block) as u32, ..op }, Some((position, len)), None);
                         }
                     }

@@ -49,6 +49,8 @@ pub struct FioSettings {
     pub encrypt: u32,
     /// `coalesce=` (0 or 1).
     pub coalesce: u32,
+    /// fio's `sync=` other than none (0 or 1).
+    pub fua: u32,
 }
 
 /// `struct netdam_fio_space`.
@@ -121,6 +123,7 @@ unsafe fn settings_of(settings: *const FioSettings) -> Result<Settings, OpenErro
             key: text("key", settings.key).map_err(invalid)?,
             encrypt: settings.encrypt != 0,
             coalesce: settings.coalesce != 0,
+            fua: settings.fua != 0,
         }
     };
     Settings::parse(&raw).map_err(|error| invalid(error.0))

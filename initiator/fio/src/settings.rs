@@ -35,6 +35,8 @@ pub struct RawSettings<'a> {
     pub encrypt: bool,
     /// `coalesce=1` (fio's default for it).
     pub coalesce: bool,
+    /// fio's `sync=1` (`sync`, `dsync`): writes carry FUA.
+    pub fua: bool,
 }
 
 /// What fio's I/O addresses on the target.
@@ -77,6 +79,8 @@ pub struct Settings {
     pub encrypt: bool,
     /// Let a datagram with room wait briefly for the next I/O while many are in flight.
     pub coalesce: bool,
+    /// Writes to a namespace carry FUA (fio's `sync=`): durable when they complete.
+    pub fua: bool,
 }
 
 /// An option that cannot work; the message starts with the option (`sessions=0: ...`).
@@ -191,6 +195,7 @@ impl Settings {
             credentials,
             encrypt: raw.encrypt,
             coalesce: raw.coalesce,
+            fua: raw.fua,
         })
     }
 }
@@ -309,8 +314,10 @@ mod tests {
             key: None,
             encrypt: false,
             coalesce: true,
+            fua: true,
         };
         let settings = Settings::parse(&raw).unwrap();
+        assert!(settings.fua, "fio's sync=1 is carried through");
         assert_eq!(settings.space, SpaceName::Region("scratch".into()));
         assert_eq!(settings.space.option(), "region=scratch");
         assert_eq!((settings.sessions, settings.poll, settings.target.port()), (2, ClientPoll::Busy, 7801));

@@ -81,6 +81,8 @@ struct Settings {
     poll: CString,
     sessions: u32,
     coalesce: bool,
+    /// fio's `sync=1`.
+    fua: bool,
 }
 
 impl Settings {
@@ -94,6 +96,7 @@ impl Settings {
             poll: CString::new(poll).unwrap(),
             sessions,
             coalesce: true,
+            fua: false,
         }
     }
 
@@ -109,6 +112,7 @@ impl Settings {
             key: std::ptr::null(),
             encrypt: 0,
             coalesce: u32::from(self.coalesce),
+            fua: u32::from(self.fua),
         }
     }
 }
@@ -199,6 +203,25 @@ fn round_trip(space: &str, poll: &str, size_bytes: u64, block_bytes: u32) {
 
     // SAFETY: the engine came from `open` and is not used again.
     unsafe { netdam_fio_close(engine) };
+}
+
+/// fio's `sync=1` makes every write to a namespace carry FUA, as an O_SYNC write to a file is
+/// durable when it completes; without it none does. The engine once took `sync=1` and sent
+/// plain writes.
+#[test]
+fn writes_carry_fua_under_fios_sync_option() {
+    let test = start();
+    let fua_writes = || test.target.stats().get("block_fua_writes").unwrap();
+    for fua in [false, true] {
+        let settings = Settings { fua, ..Settings::new(&test.target, "namespace=disk", "blocking", 1) };
+        let engine = open(&settings).expect("open");
+        let before = fua_writes();
+        let mut writes: Vec<_> = (0..4).map(|index| (WRITE, (index * BLOCK) as u64, pattern(index))).collect();
+        assert_eq!(run(engine, &mut writes), all_ok(4));
+        assert_eq!(fua_writes() - before, if fua { 4 } else { 0 }, "sync={}", u8::from(fua));
+        // SAFETY: the engine came from `open` and is not used again.
+        unsafe { netdam_fio_close(engine) };
+    }
 }
 
 #[test]
