@@ -497,7 +497,8 @@ pub struct SessionStats {
     /// Those of requests with block instructions: a block I/O resent because its answer came
     /// later than its timeout (the rest are memory and control requests, HELLO included).
     pub block_retransmissions: u64,
-    /// Requests that failed after their last attempt.
+    /// Requests of the caller that failed after their last attempt (the session's own HELLOs
+    /// are not counted).
     pub timeouts: u64,
     /// BUSY answers received.
     pub busy: u64,
@@ -1491,7 +1492,6 @@ impl Session {
                             self.unanswered_failure = Some(now);
                         }
                         let request = self.requests.swap_remove(index);
-                        self.stats.timeouts += 1;
                         let error = if request.idempotent {
                             ClientError::TimedOut { attempts: request.attempts }
                         } else {
@@ -1499,6 +1499,8 @@ impl Session {
                         };
                         match request.origin {
                             Origin::Caller => {
+                                // A HELLO is the session's own, not a request of the caller's.
+                                self.stats.timeouts += 1;
                                 self.completions.push_back(Completion { token: request.token, result: Err(error) })
                             }
                             // Ended after the loop: ending it changes the request list.
@@ -1532,7 +1534,6 @@ impl Session {
         // In the order they were submitted (the list is kept by swap_remove).
         outstanding.sort_unstable_by_key(|request| request.sequence);
         for request in outstanding {
-            self.stats.timeouts += 1;
             let attempts = request.attempts;
             // One never sent never ran, nor did one parked for a new session (the target said
             // it did not, or it may run again): either can be retried whatever it does.
@@ -1542,7 +1543,10 @@ impl Session {
                 ClientError::OutcomeUnknown { attempts }
             };
             match request.origin {
-                Origin::Caller => self.completions.push_back(Completion { token: request.token, result: Err(error) }),
+                Origin::Caller => {
+                    self.stats.timeouts += 1;
+                    self.completions.push_back(Completion { token: request.token, result: Err(error) })
+                }
                 Origin::Hello => hello_failed = Some(error),
             }
         }

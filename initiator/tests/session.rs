@@ -656,8 +656,33 @@ fn when_a_request_fails_unanswered_by_a_silent_target_every_request_fails_with_i
     // Never sent, so never run: retrying them is safe, whatever they do.
     assert!(matches!(failed[2].result, Err(ClientError::TimedOut { attempts: 0 })));
     assert!(matches!(failed[3].result, Err(ClientError::TimedOut { attempts: 0 })));
+    assert_eq!(session.stats().timeouts, 4, "each request failed is counted");
     assert_eq!(session.in_flight(), 0);
     assert!(session.poll_transmit(at_ms(1_000)).is_none(), "nothing left to send");
+}
+
+#[test]
+fn a_hello_out_of_attempts_is_not_counted_as_a_request_timed_out() {
+    // The session's own HELLO is not a request of the caller's: a target down while it says
+    // HELLO again and again must not inflate the count of requests that timed out.
+    let mut session = Session::new(config(), 0);
+    session.start_hello(9000);
+    let mut now = at_ms(0);
+    let mut hellos = 0;
+    let refused = loop {
+        while session.poll_transmit(now).is_some() {
+            hellos += 1;
+        }
+        if let Some(outcome) = session.poll_established() {
+            break outcome.unwrap_err();
+        }
+        now = session.poll_timeout().expect("a retransmission or the failure is due");
+        session.handle_timeout(now);
+        assert!(now <= at_ms(1_000), "no end in sight at {now:?}");
+    };
+    assert!(matches!(refused, ClientError::TimedOut { .. }), "{refused:?}");
+    assert_eq!(hellos, 3, "every attempt went");
+    assert_eq!(session.stats().timeouts, 0, "no request of the caller's failed");
 }
 
 #[test]
