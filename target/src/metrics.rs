@@ -206,7 +206,7 @@ impl Collector for TargetCollector {
         counters(
             encoder,
             "netdam_responses_sent",
-            "Responses handed to the kernel (netdam_send_errors_total of them refused), by worker",
+            "Answers to datagrams received handed to the kernel (netdam_send_errors_total of them refused), by worker; the in-progress notices sent unasked for slow requests are not counted (netdam_in_progress_notices_total, cause slow)",
             None,
             per_worker(Counter::ResponsesSent),
         )?;
@@ -270,7 +270,7 @@ impl Collector for TargetCollector {
         counters(
             encoder,
             "netdam_duplicates",
-            "Retransmitted requests, by what the target did: answered from the replay window (non-idempotent) or executed again (idempotent); those still waiting on block I/O are dropped (netdam_datagrams_dropped_total)",
+            "Retransmitted requests, by what the target did: answered from the replay window (non-idempotent) or executed again (idempotent); those still waiting on block I/O are answered with an in-progress notice instead (netdam_in_progress_notices_total, cause duplicate)",
             None,
             self.by_reason(
                 "outcome",

@@ -37,7 +37,7 @@ macro_rules! counters {
 
 counters! {
     DatagramsReceived => "datagrams_received": "Datagrams taken from the socket.",
-    ResponsesSent => "responses_sent": "Responses handed to the kernel (send_errors of them refused).",
+    ResponsesSent => "responses_sent": "Answers to datagrams received handed to the kernel (send_errors of them refused); in_progress_notices are not among them.",
     InstructionsExecuted => "instructions_executed": "Instructions answered, whatever their status.",
     DroppedTooShort => "dropped_too_short": "Dropped: shorter than a header.",
     DroppedBadMagic => "dropped_bad_magic": "Dropped: wrong magic.",
