@@ -26,7 +26,7 @@ use netdam_isa::limits::{
 };
 use netdam_isa::wire::{
     peek_is_encrypted, peek_is_response, peek_is_sealed, peek_session_sequence, DecodeError, Disposition, Instruction,
-    Request, ResponseWriter, HEADER_LEN, RESPONSE_INSTRUCTION_HEADER_LEN,
+    Request, ResponseWriter, HEADER_LEN, MAGIC, RESPONSE_INSTRUCTION_HEADER_LEN,
 };
 use netdam_isa::{Duration, Instant, Opcode, Status};
 use netdam_nvme::{BlockDevice, BlockRequest, BufferIndex, ImmediateRequest};
@@ -436,8 +436,9 @@ impl<E: Engine> Dispatcher<E> {
         self.stats().add(Counter::DatagramsReceived, 1);
         self.pending_seal = None;
         self.current_tenant = None;
-        if peek_is_response(datagram) {
-            // Answering a response could start a loop between two targets.
+        // Answering a response could start a loop between two targets. Without the magic it is
+        // no one's response, whatever its flags say: foreign bytes, dropped as bad magic below.
+        if peek_is_response(datagram) && datagram.starts_with(&MAGIC) {
             self.stats().add(Counter::DroppedNotRequest, 1);
             return Handled::Dropped;
         }

@@ -98,6 +98,9 @@ fn bad_datagrams_are_answered_or_dropped_by_reason() {
     let mut magic = good.clone();
     magic[0] = b'X';
     probe.silent(&magic, "wrong magic");
+    // Foreign bytes whose flags byte happens to have the response bit are still foreign.
+    magic[3] = 0x01;
+    probe.silent(&magic, "wrong magic, response flag set");
     let mut garbled = good.clone();
     garbled[HEADER_LEN + 9] ^= 0x40;
     probe.silent(&garbled, "garbled: CRC mismatch");
@@ -166,13 +169,13 @@ fn bad_datagrams_are_answered_or_dropped_by_reason() {
 
     let after = test.target.stats();
     assert_eq!(delta(&before, &after, "dropped_too_short"), 1);
-    assert_eq!(delta(&before, &after, "dropped_bad_magic"), 1);
+    assert_eq!(delta(&before, &after, "dropped_bad_magic"), 2);
     assert_eq!(delta(&before, &after, "dropped_bad_crc"), 2);
     assert_eq!(delta(&before, &after, "dropped_oversized"), 1);
     assert_eq!(delta(&before, &after, "dropped_not_request"), 1);
     assert_eq!(delta(&before, &after, "answered_unsupported_version"), 1);
     assert_eq!(delta(&before, &after, "answered_malformed"), 3);
-    assert_eq!(delta(&before, &after, "datagrams_received"), 6 + 4 + cases.len() as u64 + 1);
+    assert_eq!(delta(&before, &after, "datagrams_received"), 7 + 4 + cases.len() as u64 + 1);
     let by_status = |status: Status| after.by_status[status as usize].1 - before.by_status[status as usize].1;
     assert_eq!(by_status(Status::UnknownOpcode), 2);
     assert_eq!(by_status(Status::OutOfRange), 2);
