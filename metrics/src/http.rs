@@ -30,6 +30,9 @@ pub const MAX_REQUEST_BYTES: usize = 8192;
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 /// Time a client has to take the whole answer.
 pub const WRITE_DEADLINE: Duration = Duration::from_secs(5);
+/// How long what a client still sends after an answer to a request not read to its end (431)
+/// is read and discarded, so that its connection is closed rather than reset.
+const LINGER: Duration = Duration::from_secs(1);
 /// Connections served at once, each on a thread with a request buffer of
 /// [`MAX_REQUEST_BYTES`]. A Prometheus server scrapes over one at a time; the rest is room for
 /// a few more scrapers (`netdam top`, `curl`) beside clients that hold a connection and say
@@ -314,7 +317,8 @@ struct RequestHead {
 }
 
 fn parse_head(head: &str) -> Option<RequestHead> {
-    let mut lines = head.split("\r\n");
+    // Lines end at LF, a CR before it dropped (RFC 7230 §3.5 lets a server accept a bare LF).
+    let mut lines = head.lines();
     let mut request_line = lines.next()?.split(' ');
     let method = request_line.next()?.to_string();
     let target = request_line.next()?;
@@ -330,13 +334,21 @@ fn parse_head(head: &str) -> Option<RequestHead> {
     Some(RequestHead { method, path, accept })
 }
 
+/// Where the head in `bytes` ends: before its blank line, whose line ends may be CRLF or a
+/// bare LF (RFC 7230 §3.5), or `None` while no blank line has arrived.
+fn head_end(bytes: &[u8]) -> Option<usize> {
+    let blank_line = |at: usize| bytes[at + 1..].starts_with(b"\n") || bytes[at + 1..].starts_with(b"\r\n");
+    let line_end = (0..bytes.len()).find(|&at| bytes[at] == b'\n' && blank_line(at))?;
+    Some(if line_end > 0 && bytes[line_end - 1] == b'\r' { line_end - 1 } else { line_end })
+}
+
 /// Reads the head (up to the blank line) within the deadline and the size bound.
 fn read_head(stream: &mut TcpStream) -> io::Result<Result<String, u16>> {
     let deadline = Instant::now() + REQUEST_DEADLINE;
     let mut buffer = [0u8; MAX_REQUEST_BYTES];
     let mut len = 0;
     loop {
-        if let Some(end) = buffer[..len].windows(4).position(|window| window == b"\r\n\r\n") {
+        if let Some(end) = head_end(&buffer[..len]) {
             return Ok(std::str::from_utf8(&buffer[..end]).map(str::to_string).map_err(|_| 400));
         }
         if len == buffer.len() {
@@ -362,7 +374,10 @@ fn serve_connection(mut stream: TcpStream, place: &Place, registry: &Mutex<Regis
     }
     let head = match head {
         Ok(head) => head,
-        Err(code) => return respond(&mut stream, code, "text/plain; charset=utf-8", b"bad request\n", true),
+        Err(code) => {
+            respond(&mut stream, code, "text/plain; charset=utf-8", b"bad request\n", true)?;
+            return close_unread(&mut stream);
+        }
     };
     let Some(head) = parse_head(&head) else {
         return respond(&mut stream, 400, "text/plain; charset=utf-8", b"bad request\n", true);
@@ -408,6 +423,31 @@ fn respond(stream: &mut TcpStream, code: u16, content_type: &str, body: &[u8], w
         write_before(stream, body, deadline)?;
     }
     Ok(())
+}
+
+/// Ends a connection answered before its request was read to its end: the write side first,
+/// then what the client still sends is read and discarded until it closes its side, for at
+/// most [`LINGER`]. A socket closed with bytes unread is reset, not closed, and a client still
+/// sending its request (a long head sent in pieces) then fails on its next send and
+/// never reads the answer.
+fn close_unread(stream: &mut TcpStream) -> io::Result<()> {
+    stream.shutdown(Shutdown::Write)?;
+    let deadline = Instant::now() + LINGER;
+    let mut discarded = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut discarded) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Ok(()),
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// Writes all of `bytes` unless `deadline` passes first (a client that reads a byte at a time
@@ -490,6 +530,20 @@ mod tests {
         assert_eq!(parse_head("GET /metrics"), None);
         assert_eq!(parse_head("GET /metrics SPDY/3 extra"), None);
         assert_eq!(parse_head(""), None);
+        // Bare LF line ends, as RFC 7230 §3.5 lets a server accept.
+        let head = parse_head("GET /metrics HTTP/1.1\nHost: a\nAccept: text/plain").unwrap();
+        assert_eq!((head.path.as_str(), head.accept.as_deref()), ("/metrics", Some("text/plain")));
+    }
+
+    #[test]
+    fn a_head_ends_at_a_blank_line_of_crlf_or_bare_lf() {
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"), Some(23));
+        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: a\n\n"), Some(22));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\n\r\n"), Some(23));
+        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: a\r\n\n"), Some(22));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n"), None, "no blank line yet");
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\r"), None);
+        assert_eq!(head_end(b""), None);
     }
 
     fn test_server() -> MetricsServer {
@@ -581,6 +635,38 @@ mod tests {
         connections.release(ids[0]);
         assert!(connections.admit(streams[MAX_CONNECTIONS].try_clone().unwrap()).is_some());
         assert_eq!(connections.open(), MAX_CONNECTIONS);
+    }
+
+    /// Sends `request` on a new connection to `server` in two pieces 200 ms apart (as a
+    /// client may send a long head), then reads the answer to its end.
+    fn exchange_in_two_pieces(server: &MetricsServer, request: &[u8]) -> String {
+        let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (first, second) = request.split_at(request.len() / 2);
+        stream.write_all(first).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        stream.write_all(second).expect("the rest of the request was taken");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).expect("the answer was read to its end");
+        String::from_utf8(answer).unwrap()
+    }
+
+    #[test]
+    fn a_head_with_bare_lf_line_ends_is_answered() {
+        let server = test_server();
+        let answer = exchange_in_two_pieces(&server, b"GET /metrics HTTP/1.1\nHost: x\nAccept: text/plain\n\n");
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.contains("\nnetdam_test_events_total 3\n"), "{answer}");
+    }
+
+    #[test]
+    fn a_head_too_long_is_answered_431_not_reset() {
+        let server = test_server();
+        let mut request = b"GET /metrics HTTP/1.1\r\nX-Long: ".to_vec();
+        request.extend([b'a'; 20 << 10]);
+        request.extend(b"\r\n\r\n");
+        let answer = exchange_in_two_pieces(&server, &request);
+        assert!(answer.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"), "{answer}");
     }
 
     #[test]
