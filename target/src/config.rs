@@ -491,6 +491,8 @@ pub struct Config {
     /// Lock the process's memory, present and future (`mlockall`), so that no buffer a request
     /// touches (receive batches, the replay ring, session tables) pays a page fault or is paged
     /// out. Affects the whole process: an application embedding a target may turn it off.
+    /// Regions are locked on their own (`mlock` of each mapping) whatever this says; the start
+    /// banner says whether each one is.
     #[serde(default = "default_lock_memory")]
     pub lock_memory: bool,
     /// Largest datagram the target receives or sends.
