@@ -171,7 +171,7 @@ pub struct LatencyArgs {
     pub ops: Vec<BenchOp>,
     /// Bytes moved per instruction, comma-separated: from 1 to what one datagram of the
     /// client's default size (9000 bytes) carries: READ 8960, WRITE 8944, VADD 8192 (2048 f32
-    /// lanes; sizes round down to whole lanes), BREAD and BWRITE 8704 (17 blocks), CRC32 32 MiB;
+    /// lanes; sizes round down to whole lanes), BREAD and BWRITE 8704 (17 blocks), CRC32 1 MiB;
     /// READ and WRITE 24 bytes less with `--auth` (the trailer). `floor` takes what one UDP
     /// datagram carries (READ 65467, WRITE 65451, BREAD and BWRITE 65024).
     #[arg(long, value_delimiter = ',', default_values_t = [64u32],
@@ -287,7 +287,10 @@ pub fn max_size(op: BenchOp, with_netdam: bool, auth: bool) -> Option<(u32, Stri
         BenchOp::Write => (operand_room, format!("its request: {carried}")),
         BenchOp::Vadd if with_netdam => (MAX_VADD_BYTES, "the largest VADD operand, 2048 f32 lanes".to_string()),
         BenchOp::Vadd => (operand_room, format!("its request: {carried}")),
-        BenchOp::Crc32 => (SPAN_BYTES as usize, "the 32 MiB of the region the benchmark addresses".to_string()),
+        BenchOp::Crc32 => (
+            netdam_isa::limits::MAX_LONG_INSTRUCTION_BYTES,
+            "the most one CRC32 may address (MAX_LONG_INSTRUCTION_BYTES)".to_string(),
+        ),
         BenchOp::Bread => (whole_blocks(answer_room), format!("whole 512-byte blocks in its answer: {carried}")),
         BenchOp::Bwrite => (whole_blocks(operand_room), format!("whole 512-byte blocks in its request: {carried}")),
     };

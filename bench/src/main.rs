@@ -524,6 +524,8 @@ mod tests {
         };
         assert_eq!(args.sizes, [64, 8704]);
         accepted("latency --ops crc32 --sizes 1048576");
+        // The target answers a longer CRC32 too_large: refused here, not a panic mid-run.
+        assert!(refusal("latency --ops crc32 --sizes 1048577").contains("CRC32 moves 1 to 1048576"));
     }
 
     #[test]

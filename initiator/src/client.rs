@@ -672,7 +672,9 @@ impl Client {
     /// [`MAX_LONG_INSTRUCTION_BYTES`] go as several MEMCPYs: pipelined between ranges apart;
     /// between overlapping ranges one at a time, each after the answer to the one before, in
     /// the order that reads every source byte before a piece overwrites it (a piece resent late
-    /// could otherwise copy bytes a later piece had already overwritten).
+    /// could otherwise copy bytes a later piece had already overwritten). Not atomic: in a
+    /// session without authentication, a duplicate of a piece delayed in the network past the
+    /// next piece is executed again (PROTOCOL.md, "Memory").
     pub fn memcpy(
         &mut self,
         space: u16,

@@ -398,6 +398,9 @@ struct Request {
     first_sent_at: Option<Instant>,
     /// Whether the target has said it holds the request (an in-progress notice was heeded).
     noticed: bool,
+    /// Whether an instruction of it names a region or namespace (all but PING, STAT, CLOSE and
+    /// HELLO): such a request fails once the target's spaces changed (`spaces_changed`).
+    addresses_space: bool,
 }
 
 /// What executes a request at the target, and so how long its service takes: memory answers
@@ -725,11 +728,12 @@ impl Session {
         };
         match (self.encode(1, &|_| hello.as_instruction()), at) {
             (Ok(datagram), None) => {
-                let sequence = self.push(Origin::Hello, 0, datagram, (true, ServiceKind::Memory), State::Waiting);
+                let sequence =
+                    self.push(Origin::Hello, 0, datagram, (true, ServiceKind::Memory, false), State::Waiting);
                 self.send_queue.push_front(sequence);
             }
             (Ok(datagram), Some(until)) => {
-                self.push(Origin::Hello, 0, datagram, (true, ServiceKind::Memory), State::Held { until });
+                self.push(Origin::Hello, 0, datagram, (true, ServiceKind::Memory, false), State::Held { until });
             }
             (Err(error), _) => self.end_hello(Err(error)),
         }
@@ -768,12 +772,12 @@ impl Session {
                     }
                 }
                 if let Some(change) = &self.spaces_changed {
-                    // Every request made so far carries the old ids: sent again, or executed under
-                    // an old session id the restarted target handed out anew, it could address
-                    // another space.
+                    // Every request made so far that names a space carries the old ids: sent
+                    // again, or executed under an old session id the restarted target handed out
+                    // anew, it could address another space. PING, STAT and CLOSE go on.
                     let mut index = 0;
                     while index < self.requests.len() {
-                        if self.requests[index].origin == Origin::Caller {
+                        if self.requests[index].addresses_space {
                             let request = self.requests.swap_remove(index);
                             let error = ClientError::SpacesChanged(change.clone());
                             self.completions.push_back(Completion { token: request.token, result: Err(error) });
@@ -900,7 +904,7 @@ impl Session {
         // An unsealed `no_session` may be forged in an authenticated session: a request that may
         // have run is then not sent again on its word, unless running twice is harmless.
         let believed = self.config.credentials.is_none() && request.attempts == 1;
-        if let Some(change) = &self.spaces_changed {
+        if let (Some(change), true) = (&self.spaces_changed, request.addresses_space) {
             // Its ids are those of the target before the change: never sent again.
             let error = ClientError::SpacesChanged(change.clone());
             let request = self.requests.swap_remove(index);
@@ -995,13 +999,9 @@ impl Session {
         if !self.has_room() {
             return Err(ClientError::WindowFull(self.requests.len()));
         }
-        if let Some(change) = &self.spaces_changed {
-            let addresses_a_space = (0..count).any(|index| {
-                !matches!(Opcode::from_u8(instruction(index).opcode), Some(Opcode::Ping | Opcode::Stat | Opcode::Close))
-            });
-            if addresses_a_space {
-                return Err(ClientError::SpacesChanged(change.clone()));
-            }
+        let addresses_space = (0..count).any(|index| addresses_a_space(instruction(index).opcode));
+        if let (Some(change), true) = (&self.spaces_changed, addresses_space) {
+            return Err(ClientError::SpacesChanged(change.clone()));
         }
         let datagram = self.encode(count, &instruction)?;
         let idempotent = (0..count).all(|index| instruction(index).is_idempotent());
@@ -1012,9 +1012,10 @@ impl Session {
                 // The last HELLO failed; this request asks again.
                 self.begin_hello();
             }
-            self.push(Origin::Caller, token, datagram, (idempotent, kind), State::Parked);
+            self.push(Origin::Caller, token, datagram, (idempotent, kind, addresses_space), State::Parked);
         } else {
-            let sequence = self.push(Origin::Caller, token, datagram, (idempotent, kind), State::Waiting);
+            let sequence =
+                self.push(Origin::Caller, token, datagram, (idempotent, kind, addresses_space), State::Waiting);
             self.send_queue.push_back(sequence);
         }
         self.stats.submitted += 1;
@@ -1109,7 +1110,7 @@ impl Session {
         origin: Origin,
         token: u64,
         datagram: Datagram,
-        (idempotent, kind): (bool, ServiceKind),
+        (idempotent, kind, addresses_space): (bool, ServiceKind, bool),
         state: State,
     ) -> u64 {
         let sequence = self.next_sequence;
@@ -1128,6 +1129,7 @@ impl Session {
             sent_at: Instant::ZERO,
             first_sent_at: None,
             noticed: false,
+            addresses_space,
         });
         sequence
     }
@@ -1557,6 +1559,12 @@ impl Session {
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()
     }
+}
+
+/// Whether an instruction of `opcode` names a region or namespace by id: all but the control
+/// opcodes (PING, STAT, CLOSE, HELLO), which name none.
+fn addresses_a_space(opcode: u8) -> bool {
+    !matches!(Opcode::from_u8(opcode), Some(Opcode::Ping | Opcode::Stat | Opcode::Close | Opcode::Hello))
 }
 
 /// How `answer` lists the spaces of the first HELLO answer (`regions`, `namespaces`)

@@ -827,8 +827,9 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
             let (region, ungranted) = metadata.delete_region(&name).map_err(|error| error.to_string())?;
             let kept = region.path.map(|path| format!("; its file {} is kept", resolve(&path, &data_dir).display()));
             println!("deleted region {name:?}{}", kept.unwrap_or_default());
-            say_grants_removed(&ungranted, &data_dir);
+            // Closed first: an open store holds off the running target's reading of the grants.
             drop(metadata);
+            say_grants_removed(&ungranted, &data_dir);
             after_change(&data_dir);
         }
         RegionCommand::List { store } => {
@@ -889,8 +890,8 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
             let metadata = MetadataStore::open(&data_dir).map_err(|error| error.to_string())?;
             let (namespace, ungranted) = metadata.delete_namespace(&name).map_err(|error| error.to_string())?;
             println!("deleted namespace {name:?}; {} is left as it is", resolve(&namespace.path, &data_dir).display());
-            say_grants_removed(&ungranted, &data_dir);
             drop(metadata);
+            say_grants_removed(&ungranted, &data_dir);
             after_change(&data_dir);
         }
         NamespaceCommand::List { store } => {
@@ -941,7 +942,11 @@ fn numbered_as_served<T>(
 /// give its tenant a space created later under the same name).
 fn say_grants_removed(tenants: &[String], data_dir: &std::path::Path) {
     if !tenants.is_empty() {
-        println!("removed the grants on it of {} tenant(s): {}", tenants.len(), tenants.join(", "));
+        println!(
+            "removed the grants on it of {} tenant(s): {} (the grants at once; the space itself at a restart)",
+            tenants.len(),
+            tenants.join(", ")
+        );
         after_tenant_change(data_dir);
     }
 }
