@@ -1571,37 +1571,70 @@ fn addresses_a_space(opcode: u8) -> bool {
 /// otherwise, if it does: the first region or namespace whose id now names another space, one
 /// of another size, or none. Spaces added after them change nothing the caller was told.
 fn spaces_change(regions: &[RegionInfo], namespaces: &[NamespaceInfo], answer: &HelloAnswer) -> Option<String> {
-    for before in regions {
-        let now = answer.regions.iter().find(|region| region.id == before.id);
-        let was = format!("region {} {:?} ({} bytes)", before.id, before.name, before.size_bytes);
-        match now {
-            None => return Some(format!("{was} is gone")),
-            Some(now) if now.name != before.name || now.size_bytes != before.size_bytes => {
-                return Some(format!("{was} is now {:?} ({} bytes)", now.name, now.size_bytes));
+    let region = |region: &RegionInfo| (region.id, region.name.clone(), format!("{} bytes", region.size_bytes));
+    let namespace = |namespace: &NamespaceInfo| {
+        let size = format!("{} blocks of {} bytes", namespace.capacity_blocks, namespace.block_bytes);
+        (namespace.id, namespace.name.clone(), size)
+    };
+    first_change("region", regions, &answer.regions, region)
+        .or_else(|| first_change("namespace", namespaces, &answer.namespaces, namespace))
+}
+
+/// The first space of `before` that `now` lists otherwise (`describe`: its id, name and size),
+/// said as "KIND ID NAME (SIZE) is gone" or "... is now NAME (SIZE)".
+fn first_change<T>(
+    kind: &str,
+    before: &[T],
+    now: &[T],
+    describe: impl Fn(&T) -> (u16, String, String),
+) -> Option<String> {
+    before.iter().find_map(|old| {
+        let (id, name, size) = describe(old);
+        let was = format!("{kind} {id} {name:?} ({size})");
+        match now.iter().map(&describe).find(|(new_id, _, _)| *new_id == id) {
+            None => Some(format!("{was} is gone")),
+            Some((_, new_name, new_size)) if new_name != name || new_size != size => {
+                Some(format!("{was} is now {new_name:?} ({new_size})"))
             }
-            Some(_) => {}
+            Some(_) => None,
         }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(regions: Vec<RegionInfo>, namespaces: Vec<NamespaceInfo>) -> HelloAnswer {
+        HelloAnswer { session: 1, max_datagram_bytes: 9000, max_instructions: 64, target_flags: 0, regions, namespaces }
     }
-    for before in namespaces {
-        let now = answer.namespaces.iter().find(|namespace| namespace.id == before.id);
-        let was = format!(
-            "namespace {} {:?} ({} blocks of {} bytes)",
-            before.id, before.name, before.capacity_blocks, before.block_bytes
+
+    fn region(id: u16, name: &str, size_bytes: u64) -> RegionInfo {
+        RegionInfo { id, name: name.into(), size_bytes, persistent: false }
+    }
+
+    fn namespace(id: u16, name: &str, capacity_blocks: u64) -> NamespaceInfo {
+        NamespaceInfo { id, name: name.into(), block_bytes: 4096, capacity_blocks, reports_allocation: true }
+    }
+
+    #[test]
+    fn a_space_whose_id_names_another_or_none_is_a_change_and_one_added_is_not() {
+        let regions = vec![region(0, "mem", 1 << 20)];
+        let namespaces = vec![namespace(0, "disk", 256), namespace(1, "log", 64)];
+        let change =
+            |regions_now, namespaces_now| spaces_change(&regions, &namespaces, &answer(regions_now, namespaces_now));
+        let same = change(regions.clone(), namespaces.clone());
+        assert_eq!(same, None);
+        let added = change(vec![region(0, "mem", 1 << 20), region(1, "new", 64)], namespaces.clone());
+        assert_eq!(added, None, "a space added after the first HELLO's changes nothing");
+        let renumbered = change(regions.clone(), vec![namespace(0, "log", 64)]).unwrap();
+        assert_eq!(
+            renumbered,
+            "namespace 0 \"disk\" (256 blocks of 4096 bytes) is now \"log\" (64 blocks of 4096 bytes)"
         );
-        match now {
-            None => return Some(format!("{was} is gone")),
-            Some(now)
-                if now.name != before.name
-                    || now.capacity_blocks != before.capacity_blocks
-                    || now.block_bytes != before.block_bytes =>
-            {
-                return Some(format!(
-                    "{was} is now {:?} ({} blocks of {} bytes)",
-                    now.name, now.capacity_blocks, now.block_bytes
-                ));
-            }
-            Some(_) => {}
-        }
+        let gone = change(regions.clone(), vec![namespace(0, "disk", 256)]).unwrap();
+        assert_eq!(gone, "namespace 1 \"log\" (64 blocks of 4096 bytes) is gone");
+        let resized = change(vec![region(0, "mem", 2 << 20)], namespaces.clone()).unwrap();
+        assert_eq!(resized, "region 0 \"mem\" (1048576 bytes) is now \"mem\" (2097152 bytes)");
     }
-    None
 }
