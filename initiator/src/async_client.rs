@@ -681,14 +681,13 @@ impl Driver {
                     command.ops.iter().chain(packed.iter().flat_map(|(command, _)| command.ops.iter())).collect();
                 self.session.submit_with(ops.len(), |index| ops[index].as_instruction(), token)
             };
-            let waiter = Waiter::of;
             match submitted {
                 Ok(()) => {
                     let waiters = if packed.is_empty() {
-                        Waiters::One(waiter(command, taken))
+                        Waiters::One(Waiter::of(command, taken))
                     } else {
-                        let first = waiter(command, taken);
-                        let rest = packed.into_iter().map(|(command, taken)| waiter(command, taken));
+                        let first = Waiter::of(command, taken);
+                        let rest = packed.into_iter().map(|(command, taken)| Waiter::of(command, taken));
                         Waiters::Packed(std::iter::once(first).chain(rest).collect())
                     };
                     self.waiting.insert(token, waiters);
@@ -697,7 +696,7 @@ impl Driver {
                 Err(error) => {
                     let now = self.clock.now();
                     for (command, taken) in std::iter::once((command, taken)).chain(packed) {
-                        self.answer(waiter(command, taken), Err(error.duplicate()), now);
+                        self.answer(Waiter::of(command, taken), Err(error.duplicate()), now);
                     }
                 }
             }

@@ -164,21 +164,26 @@ fn still_serving(client: &mut Client, healthy: &netdam_isa::control::NamespaceIn
     assert_eq!(memory, [round; 64]);
 }
 
-#[test]
-fn a_failing_device_answers_io_error_and_the_rest_keeps_serving() {
-    const BLOCKS: u64 = 256;
-    let image = CrashImage::new(BLOCK, BLOCKS);
-    let faults = Arc::new(Faults { bad_blocks: 100..110, flush_fails: AtomicBool::new(false) });
-    let (device_image, device_faults) = (image.clone(), faults.clone());
+/// Namespace "failing": `blocks` blocks of a fresh crash-test image behind a [`FailingDevice`]
+/// that fails what `faults` names.
+fn failing_namespace(blocks: u64, faults: Arc<Faults>) -> Namespace {
+    let image = CrashImage::new(BLOCK, blocks);
     let factory = Arc::new(move |max_transfer: usize, _: netdam_nvme::Submission| {
         let device = FailingDevice {
-            inner: device_image.device(256, max_transfer)?,
-            faults: device_faults.clone(),
+            inner: image.device(256, max_transfer)?,
+            faults: faults.clone(),
             submitted: HashMap::new(),
         };
         Ok(Box::new(device) as Box<dyn BlockDevice>)
     });
-    let failing = Namespace::new("failing", "failing test device", BLOCK, BLOCKS, factory);
+    Namespace::new("failing", "failing test device", BLOCK, blocks, factory)
+}
+
+#[test]
+fn a_failing_device_answers_io_error_and_the_rest_keeps_serving() {
+    const BLOCKS: u64 = 256;
+    let faults = Arc::new(Faults { bad_blocks: 100..110, flush_fails: AtomicBool::new(false) });
+    let failing = failing_namespace(BLOCKS, faults.clone());
     let test = start(vec![file_namespace("healthy", Path::new("healthy.img"), 256)], vec![failing]);
     let mut client = Client::connect(test.target.local_addr()).unwrap();
     let healthy = client.namespace("healthy").unwrap().clone();
@@ -234,18 +239,8 @@ fn a_failing_device_answers_io_error_and_the_rest_keeps_serving() {
 fn a_bread_failing_midway_says_how_much_its_output_holds() {
     const BLOCKS: u64 = 6144; // 24 MiB: a whole piece, then the bad blocks in the second
     const PIECE_BLOCKS: u64 = (16 << 20) / BLOCK as u64;
-    let image = CrashImage::new(BLOCK, BLOCKS);
     let faults = Arc::new(Faults { bad_blocks: 5000..5001, flush_fails: AtomicBool::new(false) });
-    let device_image = image.clone();
-    let factory = Arc::new(move |max_transfer: usize, _: netdam_nvme::Submission| {
-        let device = FailingDevice {
-            inner: device_image.device(256, max_transfer)?,
-            faults: faults.clone(),
-            submitted: HashMap::new(),
-        };
-        Ok(Box::new(device) as Box<dyn BlockDevice>)
-    });
-    let test = start(Vec::new(), vec![Namespace::new("failing", "failing test device", BLOCK, BLOCKS, factory)]);
+    let test = start(Vec::new(), vec![failing_namespace(BLOCKS, faults)]);
     // Data at both ends of the first piece, to find in the output.
     let mut client = Client::connect(test.target.local_addr()).unwrap();
     let disk = client.namespace("failing").unwrap().clone();
