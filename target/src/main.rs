@@ -952,16 +952,25 @@ fn say_grants_removed(tenants: &[String], data_dir: &std::path::Path) {
 }
 
 /// Tells the user which data directory changed and when the change reaches a target. With a
-/// target running there, it first waits for two of that target's looks at the store (it polls
-/// the file every `tenant_watch::POLL_INTERVAL`): a script that creates a tenant or rotates a
-/// key and uses the key at once was refused as unauthenticated 13 times in 15 without the wait.
+/// target running there, it first waits (up to `APPLY_WAIT`) until that target says it applied
+/// the tenants the store now holds (`tenant_watch::wait_until_applied`): a script that creates
+/// a tenant or rotates a key and uses the key at once was refused as unauthenticated 13 times
+/// in 15 without the wait.
 fn after_tenant_change(data_dir: &std::path::Path) {
+    const APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
     let dir = data_dir.display();
     match running_target(data_dir) {
         Some(pid) => {
-            std::thread::sleep(2 * netdam_target::tenant_watch::POLL_INTERVAL + std::time::Duration::from_millis(100));
             let pid = if pid == 0 { String::new() } else { format!(" (pid {pid})") };
-            println!("The target running on the data directory {dir}{pid} applies this within a second.")
+            if netdam_target::tenant_watch::wait_until_applied(data_dir, APPLY_WAIT) {
+                println!("The target running on the data directory {dir}{pid} has applied this.")
+            } else {
+                eprintln!(
+                    "warning: the target running on the data directory {dir}{pid} has not applied this after {} s; \
+                     it does when it next reads the store (its log says why it cannot)",
+                    APPLY_WAIT.as_secs()
+                );
+            }
         }
         None => println!("A target serving the data directory {dir} applies this within a second (or from its start)."),
     }

@@ -23,6 +23,47 @@ use crate::tenants::{TenantCell, TenantRecord, TenantSnapshot};
 /// force well within the one second promised.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
+/// The file in the data directory where a running target says which tenants it applied: a
+/// digest of the records it last published ([`records_digest`]). An admin command waits until
+/// it names what the command committed ([`wait_until_applied`]), so a key is usable once the
+/// command returns. File times cannot say it: they are kept at the kernel's clock tick, and two
+/// changes in one tick look alike.
+pub const APPLIED_FILE: &str = "tenants.applied";
+
+/// A digest of `records` as [`read_tenants`] returns them (SHA-256 of their JSON, in hex).
+pub fn records_digest(records: &[TenantRecord]) -> String {
+    let json = serde_json::to_vec(records).expect("tenant records always serialize");
+    ring::digest::digest(&ring::digest::SHA256, &json).as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Waits, at most `limit`, until the target running on `data_dir` has applied the tenants its
+/// store holds now (its [`APPLIED_FILE`] names them); whether it has.
+pub fn wait_until_applied(data_dir: &Path, limit: Duration) -> bool {
+    let Ok(records) = read_tenants(data_dir) else { return false };
+    let wanted = records_digest(&records);
+    let started = std::time::Instant::now();
+    loop {
+        if std::fs::read_to_string(data_dir.join(APPLIED_FILE)).is_ok_and(|applied| applied.trim() == wanted) {
+            return true;
+        }
+        if started.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Writes `records`' digest to `data_dir`'s [`APPLIED_FILE`] (beside it first, then renamed:
+/// a reader sees the old digest or the new one). Best effort: an admin command that cannot read
+/// it waits its limit and says so.
+fn note_applied(data_dir: &Path, records: &[TenantRecord]) {
+    let (path, staged) = (data_dir.join(APPLIED_FILE), data_dir.join(format!("{APPLIED_FILE}.new")));
+    let written = std::fs::write(&staged, records_digest(records)).and_then(|()| std::fs::rename(&staged, &path));
+    if let Err(error) = written {
+        tracing::debug!(path = %path.display(), %error, "cannot note the tenants applied");
+    }
+}
+
 /// How long a store that failed to read, and has not changed since, waits for the next try.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
@@ -196,6 +237,7 @@ impl Watcher {
         } else {
             tracing::warn!(tenants, generation, warnings = %warnings.join("; "), "tenants loaded from the metadata store, some left out");
         }
+        note_applied(&self.data_dir, &records);
         self.records = records;
         Ok(())
     }
@@ -246,6 +288,24 @@ mod tests {
         let store = MetadataStore::open(dir).unwrap();
         store.create_tenant("alice", &TenantKey::generate().unwrap(), &TenantSettings::default()).unwrap();
         store.grant("alice", &grant(&["read", "write"]), &known()).unwrap();
+    }
+
+    /// The watcher names what it applied, so an admin command can wait for it: a change is
+    /// applied once the watcher read it, and not while no watcher runs.
+    #[test]
+    fn the_tenants_applied_are_named_for_admin_commands_to_wait_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (regions, namespaces) = spaces(dir.path());
+        store_alice_with_read_write(dir.path());
+        let handle = watch(dir.path(), regions, namespaces, Arc::new(TenantCell::default())).unwrap();
+        assert!(wait_until_applied(dir.path(), Duration::ZERO), "applied at start");
+        MetadataStore::open(dir.path()).unwrap().revoke("alice", &GrantSpace::Region("scratch".into()), None).unwrap();
+        assert!(wait_until_applied(dir.path(), Duration::from_secs(5)), "the revoke is applied");
+        drop(handle);
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.grant("alice", &grant(&["read"]), &known()).unwrap();
+        drop(store);
+        assert!(!wait_until_applied(dir.path(), Duration::from_millis(300)), "no watcher applied the grant");
     }
 
     #[test]
