@@ -285,6 +285,11 @@ fn refusal_hint(opcode: u8, status: Status) -> &'static str {
             " (STAT is for a tenant that holds admin: `netdam-target grant NAME all admin` gives it; \
              `netdam-target tenant list` shows the grants)"
         }
+        Status::PermissionDenied if [Opcode::Encrypt as u8, Opcode::Decrypt as u8].contains(&opcode) => {
+            " (ENCRYPT and DECRYPT need a grant on the key slot (`netdam-target grant NAME key:SLOT \
+             encrypt,decrypt`) and read and write on the range's region (write on a destination's): \
+             `netdam-target tenant list` shows the grants)"
+        }
         Status::PermissionDenied => {
             " (the tenant of this key holds no grant for this on this space or range: \
              `netdam-target tenant list` shows its grants, `netdam-target grant` adds one)"
@@ -317,6 +322,10 @@ mod tests {
         assert!(
             refused(Opcode::Stat as u8, Status::PermissionDenied).contains("grant NAME all admin"),
             "STAT needs admin"
+        );
+        assert!(
+            refused(Opcode::Decrypt as u8, Status::PermissionDenied).contains("grant NAME key:SLOT encrypt,decrypt"),
+            "crypto needs the key slot"
         );
         assert!(refused(Opcode::FetchAdd as u8, Status::Unaligned).contains("multiple of 8"));
         assert!(refused(Opcode::Vadd as u8, Status::Unaligned).contains("lane size"));

@@ -1577,10 +1577,13 @@ impl<E: Engine> Dispatcher<E> {
             Some(Opcode::Cas | Opcode::FetchAdd) => region(Permissions::ATOMIC, offset, 8),
             Some(Opcode::Vadd) => region(Permissions::COMPUTE, offset, length),
             Some(Opcode::Encrypt | Opcode::Decrypt) => {
-                // The source is read and (in place) written; a destination is written. A
-                // malformed operand is the executor's to answer; it touches nothing.
-                let destination = netdam_isa::crypto::decode(instruction).ok().and_then(|request| request.destination);
-                region(Permissions::READ.union(Permissions::WRITE), offset, length)
+                // The key slot is used, so its use must be granted; the source is read and (in
+                // place) written; a destination is written. A malformed operand is the
+                // executor's to answer; it touches nothing.
+                let request = netdam_isa::crypto::decode(instruction).ok();
+                let destination = request.as_ref().and_then(|request| request.destination);
+                request.is_none_or(|request| tenant.key_slots.allows(request.slot, request.decrypt))
+                    && region(Permissions::READ.union(Permissions::WRITE), offset, length)
                     && destination.is_none_or(|to| {
                         tenant
                             .region_grant(to.space)

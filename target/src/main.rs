@@ -220,11 +220,13 @@ enum ClassArg {
 struct GrantArgs {
     /// The tenant's name.
     tenant: String,
-    /// region:NAME, namespace:NAME or all (every region and namespace, present and future).
+    /// region:NAME, namespace:NAME, key:SLOT (a key slot of ENCRYPT and DECRYPT, 0 to 255) or
+    /// all (every region, namespace and key slot, present and future).
     #[arg(value_parser = parse_space)]
     space: GrantSpace,
     /// Comma list of read, write, atomic, compute, block, admin (STAT and management; only on
-    /// `all`), or all. On a namespace, block goes with read (BREAD) and write (BWRITE).
+    /// `all`), or all. On a namespace, block goes with read (BREAD) and write (BWRITE). On a key
+    /// slot: encrypt, decrypt or all (ENCRYPT and DECRYPT also need read and write on the region).
     perms: String,
     /// Only the bytes [OFFSET, OFFSET+LEN) of the space, e.g. 0:64MiB (sizes as elsewhere:
     /// 4096, 0x1000, 64KiB); a space granted over one range cannot be granted over another.
@@ -238,11 +240,11 @@ struct GrantArgs {
 struct RevokeArgs {
     /// The tenant's name.
     tenant: String,
-    /// region:NAME, namespace:NAME or all, as granted.
+    /// region:NAME, namespace:NAME, key:SLOT or all, as granted.
     #[arg(value_parser = parse_space)]
     space: GrantSpace,
-    /// Comma list of permissions to take back (read, write, atomic, compute, block, admin, all)
-    /// [default: all, removing the grant].
+    /// Comma list of permissions to take back (read, write, atomic, compute, block, encrypt,
+    /// decrypt, admin, all) [default: all, removing the grant].
     perms: Option<String>,
     #[command(flatten)]
     store: StoreArgs,
@@ -938,12 +940,14 @@ fn numbered_as_served<T>(
     })
 }
 
-/// Names the tenants whose grant on a deleted space went with it (a grant left behind would
-/// give its tenant a space created later under the same name).
+/// Names the tenants whose grant on a deleted space or key slot went with it (a grant left
+/// behind would give its tenant a space created later under the same name, or a key created
+/// later in the same slot).
 fn say_grants_removed(tenants: &[String], data_dir: &std::path::Path) {
     if !tenants.is_empty() {
         println!(
-            "removed the grants on it of {} tenant(s): {} (the grants at once; the space itself at a restart)",
+            "removed the grants on it of {} tenant(s): {} (the grants at once, on a running target too; what was \
+             deleted, at the target's next start)",
             tenants.len(),
             tenants.join(", ")
         );
@@ -999,11 +1003,12 @@ fn class_text(class: QosClass) -> &'static str {
 }
 
 fn grant_text(grant: &GrantRecord) -> String {
-    let range = match grant.range {
-        Some(_) => format!("bytes {}", range_text(grant.range)),
-        None => range_text(None),
+    let range = match (&grant.space, grant.range) {
+        (GrantSpace::KeySlot(_), _) => String::new(),
+        (_, Some(range)) => format!("  (bytes {})", range_text(Some(range))),
+        (_, None) => format!("  ({})", range_text(None)),
     };
-    format!("{}  {}  ({range})", space_text(&grant.space), grant.permissions.join(","))
+    format!("{}  {}{range}", space_text(&grant.space), grant.permissions.join(","))
 }
 
 fn tenant_command(command: TenantCommand) -> Result<(), String> {
@@ -1188,11 +1193,12 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
         CryptoKeyCommand::Delete { slot, store } => {
             let (_, data_dir) = existing_store_context(&store)?;
             let metadata = MetadataStore::open(&data_dir).map_err(text)?;
-            let versions = metadata.delete_crypto_key(slot).map_err(text)?;
+            let (versions, ungranted) = metadata.delete_crypto_key(slot).map_err(text)?;
             println!(
                 "deleted key slot {slot} (key versions {versions:?}): what they sealed can no longer be decrypted"
             );
             drop(metadata);
+            say_grants_removed(&ungranted, &data_dir);
             after_change(&data_dir);
         }
         CryptoKeyCommand::List { store } => {

@@ -25,7 +25,8 @@ use redb::{
 
 use crate::config::{Config, NamespaceConfig, RegionConfig};
 use crate::tenants::{
-    GrantRecord, GrantSpace, QosClass, TenantLimits, TenantRecord, MAX_GRANTS_PER_TENANT, MAX_TENANTS,
+    GrantRecord, GrantSpace, QosClass, TenantLimits, TenantRecord, KEY_PERMISSION_NAMES, MAX_GRANTS_PER_TENANT,
+    MAX_TENANTS,
 };
 
 const REGIONS: TableDefinition<&str, &str> = TableDefinition::new("regions");
@@ -79,8 +80,9 @@ pub const STORE_BUSY_WAIT: Duration = Duration::from_secs(5);
 const STORE_BUSY_PAUSE_MAX: Duration = Duration::from_millis(50);
 
 /// Permission names a grant may hold, in the order they are stored and shown. `all` stands for
-/// every one of them.
-pub const PERMISSION_NAMES: [&str; 6] = ["read", "write", "atomic", "compute", "block", "admin"];
+/// every one of them that the grant's space takes ([`space_permissions`]): `encrypt` and
+/// `decrypt` are a key slot's, `admin` the whole target's.
+pub const PERMISSION_NAMES: [&str; 8] = ["read", "write", "atomic", "compute", "block", "encrypt", "decrypt", "admin"];
 
 /// Longest tenant name: a tenant's name is also its key file's name.
 pub const MAX_TENANT_NAME_BYTES: usize = 64;
@@ -134,6 +136,7 @@ impl KnownSpaces {
             GrantSpace::Region(name) => (&self.regions, name),
             GrantSpace::Namespace(name) => (&self.namespaces, name),
             GrantSpace::All => return Some(None),
+            GrantSpace::KeySlot(_) => return None,
         };
         list.iter().find(|(known, _)| known == name).map(|(_, size)| *size)
     }
@@ -428,28 +431,33 @@ impl MetadataStore {
             let kind = tables.kind;
             return Err(MetadataError::Missing { kind, name: name.to_string(), path: self.path.clone() });
         };
-        let mut ungranted = Vec::new();
-        {
-            let mut tenants = write.open_table(TENANTS).map_err(|error| fail(error.into()))?;
-            let mut changed = Vec::new();
-            for entry in tenants.iter().map_err(|error| fail(error.into()))? {
-                let (stored_name, json) = entry.map_err(|error| fail(error.into()))?;
-                let mut record = self.decode(stored_name.value(), json.value())?;
-                let held = record.grants.len();
-                record.grants.retain(|grant| grant.space != space);
-                if record.grants.len() != held {
-                    changed.push(record);
-                }
-            }
-            for record in changed {
-                tenants.insert(record.name.as_str(), encode(&record).as_str()).map_err(|error| fail(error.into()))?;
-                ungranted.push(record.name);
-            }
-        }
+        let ungranted = self.drop_grants(&write, &space)?;
         write.commit().map_err(|error| fail(error.into()))?;
         let removed = serde_json::from_str(&json)
             .map_err(|error| MetadataError::Store { path: self.path.clone(), message: error.to_string() })?;
         Ok((removed, ungranted))
+    }
+
+    /// Removes every tenant's grant on `space` within `write`; returns the tenants that held one.
+    fn drop_grants(&self, write: &redb::WriteTransaction, space: &GrantSpace) -> Result<Vec<String>, MetadataError> {
+        let fail = |error: redb::Error| store_error(&self.path, error);
+        let mut tenants = write.open_table(TENANTS).map_err(|error| fail(error.into()))?;
+        let mut changed = Vec::new();
+        for entry in tenants.iter().map_err(|error| fail(error.into()))? {
+            let (stored_name, json) = entry.map_err(|error| fail(error.into()))?;
+            let mut record = self.decode(stored_name.value(), json.value())?;
+            let held = record.grants.len();
+            record.grants.retain(|grant| grant.space != *space);
+            if record.grants.len() != held {
+                changed.push(record);
+            }
+        }
+        let mut ungranted = Vec::new();
+        for record in changed {
+            tenants.insert(record.name.as_str(), encode(&record).as_str()).map_err(|error| fail(error.into()))?;
+            ungranted.push(record.name);
+        }
+        Ok(ungranted)
     }
 }
 
@@ -471,6 +479,7 @@ impl MetadataStore {
             versions.push((1, key.clone()));
             Ok(1)
         })
+        .map(|(version, _)| version)
     }
 
     /// Adds the next version of key slot `slot`, durably; the older versions stay, so what they
@@ -490,10 +499,13 @@ impl MetadataStore {
             versions.push((version, key.clone()));
             Ok(version)
         })
+        .map(|(version, _)| version)
     }
 
-    /// Removes key slot `slot` and every version of its key, durably; returns the versions.
-    pub fn delete_crypto_key(&self, slot: u32) -> Result<Vec<u32>, MetadataError> {
+    /// Removes key slot `slot` and every version of its key, and in the same commit every
+    /// tenant's grant on the slot (one left behind would give its tenant a key created later in
+    /// the slot), durably; returns the versions and the tenants whose grant went.
+    pub fn delete_crypto_key(&self, slot: u32) -> Result<(Vec<u32>, Vec<String>), MetadataError> {
         let path = self.path.clone();
         self.change_crypto_key(slot, |versions| {
             if versions.is_empty() {
@@ -536,14 +548,16 @@ impl MetadataStore {
     }
 
     /// Reads slot `slot`'s versions, lets `change` edit them, and commits the result durably
-    /// (an empty list removes the slot) unless `change` refuses.
+    /// unless `change` refuses. An empty list removes the slot and every tenant's grant on it,
+    /// whose names come back beside `change`'s result.
     fn change_crypto_key<T>(
         &self,
         slot: u32,
         change: impl FnOnce(&mut Vec<(u32, KeyMaterial)>) -> Result<T, MetadataError>,
-    ) -> Result<T, MetadataError> {
+    ) -> Result<(T, Vec<String>), MetadataError> {
         let fail = |error: redb::Error| store_error(&self.path, error);
         let write = self.db.begin_write().map_err(|error| fail(error.into()))?;
+        let mut ungranted = Vec::new();
         let result = {
             let mut table = write.open_table(CRYPTO_KEYS).map_err(|error| fail(error.into()))?;
             let stored = table.get(slot).map_err(|error| fail(error.into()))?.map(|bytes| bytes.value().to_vec());
@@ -554,6 +568,8 @@ impl MetadataStore {
             let result = change(&mut versions)?;
             if versions.is_empty() {
                 table.remove(slot).map_err(|error| fail(error.into()))?;
+                drop(table);
+                ungranted = self.drop_grants(&write, &GrantSpace::KeySlot(slot))?;
             } else {
                 let mut bytes = Vec::with_capacity(versions.len() * KEY_ENTRY_LEN);
                 for (version, key) in &versions {
@@ -567,7 +583,7 @@ impl MetadataStore {
         // `open` keeps the store owner-only: it holds keys.
         // redb's default durability fsyncs the commit before returning.
         write.commit().map_err(|error| fail(error.into()))?;
-        Ok(result)
+        Ok((result, ungranted))
     }
 }
 
@@ -758,6 +774,12 @@ impl MetadataStore {
                     "a range applies to one region or namespace, not to `all`: grant each space its range".into(),
                 ));
             }
+            if let GrantSpace::KeySlot(_) = grant.space {
+                return Err(MetadataError::Refused(format!(
+                    "a range applies to a region or namespace, not to {}: a key slot is granted whole",
+                    space_text(&grant.space)
+                )));
+            }
             let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
                 MetadataError::Refused(format!("range {offset}:{len}: give a length above 0 that ends below 2^64"))
             })?;
@@ -867,8 +889,23 @@ impl MetadataStore {
         Ok(record)
     }
 
-    /// The size of `space` in bytes where known; an error when the space is unknown.
+    /// The size of `space` in bytes where known; an error when the space is unknown (a key slot:
+    /// one that holds no key, since a grant left on an empty slot would give a key created
+    /// there later).
     fn space_size(&self, space: &GrantSpace, configured: &KnownSpaces) -> Result<Option<u64>, MetadataError> {
+        if let GrantSpace::KeySlot(slot) = *space {
+            let slots = self.crypto_keys()?;
+            if slots.iter().any(|(held, _)| *held == slot) {
+                return Ok(None);
+            }
+            let held: Vec<String> = slots.iter().map(|(held, _)| held.to_string()).collect();
+            return Err(MetadataError::Refused(format!(
+                "key slot {slot} holds no key in the metadata store {} (slots with a key: {}); create one with  \
+                 netdam-target crypto-key create {slot}",
+                self.path.display(),
+                if held.is_empty() { "none".to_string() } else { held.join(", ") }
+            )));
+        }
         if let Some(size) = configured.size_of(space) {
             return Ok(size);
         }
@@ -1034,20 +1071,44 @@ pub fn normalize_permissions(names: &[String]) -> Result<Vec<String>, MetadataEr
 }
 
 /// Permission names for a grant on `space`, in stored form ([`normalize_permissions`]).
+/// `encrypt` and `decrypt` are about a key slot: they count on `key:SLOT` (which takes nothing
+/// else) and on `all` (every slot), and are refused on one region or namespace.
 /// `admin` is about the whole target (STAT and management), so it counts only on `all`: named
 /// on one region or namespace it is refused, saying where it applies, and `all` there stands
 /// for every permission on that space, without `admin`.
 pub fn space_permissions(tenant: &str, space: &GrantSpace, names: &[String]) -> Result<Vec<String>, MetadataError> {
     let mut permissions = normalize_permissions(names)?;
-    if *space != GrantSpace::All {
-        if names.iter().any(|name| name == "admin") {
-            return Err(MetadataError::Refused(format!(
-                "admin is a permission on the whole target (STAT and management), not on {}: grant it on every \
-                 space with  netdam-target grant {tenant} all admin",
-                space_text(space)
-            )));
+    let named = |wanted: &[&str]| names.iter().find(|name| wanted.contains(&name.as_str())).cloned();
+    match space {
+        GrantSpace::All => {}
+        GrantSpace::KeySlot(slot) => {
+            if let Some(name) =
+                names.iter().find(|name| *name != "all" && !KEY_PERMISSION_NAMES.contains(&name.as_str()))
+            {
+                return Err(MetadataError::Refused(format!(
+                    "{name} is not a permission on a key slot: key:{slot} takes encrypt (ENCRYPT with its key) and \
+                     decrypt (DECRYPT), or all for both; the region the bytes are in needs its own grant"
+                )));
+            }
+            permissions.retain(|name| KEY_PERMISSION_NAMES.contains(&name.as_str()));
         }
-        permissions.retain(|name| name != "admin");
+        GrantSpace::Region(_) | GrantSpace::Namespace(_) => {
+            if named(&["admin"]).is_some() {
+                return Err(MetadataError::Refused(format!(
+                    "admin is a permission on the whole target (STAT and management), not on {}: grant it on every \
+                     space with  netdam-target grant {tenant} all admin",
+                    space_text(space)
+                )));
+            }
+            if let Some(name) = named(&KEY_PERMISSION_NAMES) {
+                return Err(MetadataError::Refused(format!(
+                    "{name} is a permission on a key slot, not on {}: grant it with  netdam-target grant {tenant} \
+                     key:SLOT encrypt,decrypt  (ENCRYPT and DECRYPT also need read and write on the region)",
+                    space_text(space)
+                )));
+            }
+            permissions.retain(|name| name != "admin" && !KEY_PERMISSION_NAMES.contains(&name.as_str()));
+        }
     }
     Ok(permissions)
 }
@@ -1057,6 +1118,7 @@ pub fn space_text(space: &GrantSpace) -> String {
     match space {
         GrantSpace::Region(name) => format!("region:{name}"),
         GrantSpace::Namespace(name) => format!("namespace:{name}"),
+        GrantSpace::KeySlot(slot) => format!("key:{slot}"),
         GrantSpace::All => "all".to_string(),
     }
 }
@@ -1596,6 +1658,56 @@ mod tests {
     }
 
     #[test]
+    fn key_slots_are_granted_for_encrypt_and_decrypt_only_while_they_hold_a_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_tenant("alice", &key(1), &TenantSettings::default()).unwrap();
+        store.create_tenant("bob", &key(2), &TenantSettings::default()).unwrap();
+        let slot = |slot: u32, permissions: &[&str]| GrantRecord {
+            space: GrantSpace::KeySlot(slot),
+            permissions: names(permissions),
+            range: None,
+        };
+        let refused = |grant: GrantRecord| store.grant("alice", &grant, &configured()).unwrap_err().to_string();
+        // An empty slot: a grant there would give a key created later.
+        let empty = refused(slot(3, &["encrypt"]));
+        assert!(empty.contains("key slot 3 holds no key") && empty.contains("crypto-key create 3"), "{empty}");
+        store.create_crypto_key(3, &KeyMaterial([1; KEY_LEN])).unwrap();
+        store.create_crypto_key(4, &KeyMaterial([2; KEY_LEN])).unwrap();
+        let wrong = refused(slot(3, &["encrypt", "read"]));
+        assert!(wrong.contains("read is not a permission on a key slot"), "{wrong}");
+        let ranged = refused(GrantRecord { range: Some((0, 4096)), ..slot(3, &["encrypt"]) });
+        assert!(ranged.contains("not to key:3"), "{ranged}");
+        let on_region = refused(region_grant("scratch", &["read", "decrypt"], None));
+        assert!(on_region.contains("decrypt is a permission on a key slot, not on region:scratch"), "{on_region}");
+        assert!(store.tenant("alice").unwrap().grants.is_empty(), "nothing refused was stored");
+        // `all` on a key slot is its two uses; on a region, no key use; on `all`, every one.
+        let record = store.grant("alice", &slot(3, &["all"]), &configured()).unwrap();
+        assert_eq!(record.grants[0].permissions, ["encrypt", "decrypt"]);
+        let record = store.grant("alice", &region_grant("scratch", &["all"], None), &configured()).unwrap();
+        assert_eq!(record.grants[1].permissions, ["read", "write", "atomic", "compute", "block"]);
+        let everything = GrantRecord { space: GrantSpace::All, permissions: names(&["all"]), range: None };
+        let record = store.grant("bob", &everything, &configured()).unwrap();
+        let all = ["read", "write", "atomic", "compute", "block", "encrypt", "decrypt", "admin"];
+        assert_eq!(record.grants[0].permissions, all);
+        store.grant("bob", &slot(4, &["decrypt"]), &configured()).unwrap();
+        let record = store.revoke("alice", &GrantSpace::KeySlot(3), Some(&names(&["decrypt"]))).unwrap();
+        assert_eq!(record.grants[0].permissions, ["encrypt"]);
+        // Deleting a slot takes its grants with it, in the same commit; `all` stays.
+        assert_eq!(store.delete_crypto_key(3).unwrap(), (vec![1], vec!["alice".to_string()]));
+        assert_eq!(store.tenant("alice").unwrap().grants.len(), 1, "the region grant stays");
+        assert_eq!(store.delete_crypto_key(4).unwrap(), (vec![1], vec!["bob".to_string()]));
+        assert_eq!(store.tenant("bob").unwrap().grants, [everything_stored(&all)]);
+        drop(store);
+        let store = MetadataStore::open(dir.path()).unwrap();
+        assert!(!store.tenant("alice").unwrap().grants.iter().any(|grant| grant.space == GrantSpace::KeySlot(3)));
+    }
+
+    fn everything_stored(permissions: &[&str]) -> GrantRecord {
+        GrantRecord { space: GrantSpace::All, permissions: names(permissions), range: None }
+    }
+
+    #[test]
     fn an_unknown_space_points_to_the_settings_file() {
         let dir = tempfile::tempdir().unwrap();
         let store = MetadataStore::open(dir.path()).unwrap();
@@ -1888,7 +2000,7 @@ mod tests {
         );
         assert!(!format!("{keys:?}").contains("1, 1, 1"), "Debug never shows key bytes");
         let store = MetadataStore::open(dir.path()).unwrap();
-        assert_eq!(store.delete_crypto_key(3).unwrap(), vec![1, 2]);
+        assert_eq!(store.delete_crypto_key(3).unwrap(), (vec![1, 2], Vec::new()));
         assert!(store.delete_crypto_key(3).is_err());
         drop(store);
         // What `crypto-key list` shows, read read-only: versions, never keys.

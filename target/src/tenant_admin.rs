@@ -289,13 +289,21 @@ pub fn range_advice(namespace: &str, (offset, len): (u64, u64), block_bytes: u64
     ))
 }
 
-/// A space as the command line names it: `region:NAME`, `namespace:NAME` or `all`.
+/// A space as the command line names it: `region:NAME`, `namespace:NAME`, `key:SLOT` (a key
+/// slot of ENCRYPT and DECRYPT, 0 to 255) or `all`.
 pub fn parse_space(text: &str) -> Result<GrantSpace, String> {
-    let bad = || format!("space {text:?}: write region:NAME, namespace:NAME or all");
+    let bad = || format!("space {text:?}: write region:NAME, namespace:NAME, key:SLOT or all");
     match text.split_once(':') {
         None if text == "all" => Ok(GrantSpace::All),
         Some(("region", name)) if !name.is_empty() => Ok(GrantSpace::Region(name.to_string())),
         Some(("namespace", name)) if !name.is_empty() => Ok(GrantSpace::Namespace(name.to_string())),
+        Some(("key", slot)) => match slot.parse::<u32>() {
+            Ok(slot) if slot < netdam_isa::limits::CRYPTO_KEY_SLOTS => Ok(GrantSpace::KeySlot(slot)),
+            _ => Err(format!(
+                "space {text:?}: a key slot is a number from 0 to {}",
+                netdam_isa::limits::CRYPTO_KEY_SLOTS - 1
+            )),
+        },
         _ => Err(bad()),
     }
 }
@@ -341,11 +349,14 @@ mod tests {
         assert_eq!(parse_space("all"), Ok(GrantSpace::All));
         assert_eq!(parse_space("region:scratch"), Ok(GrantSpace::Region("scratch".into())));
         assert_eq!(parse_space("namespace:disk"), Ok(GrantSpace::Namespace("disk".into())));
-        for bad in ["region:", "disk", "volume:x", "all:x"] {
+        assert_eq!(parse_space("key:0"), Ok(GrantSpace::KeySlot(0)));
+        assert_eq!(parse_space("key:255"), Ok(GrantSpace::KeySlot(255)));
+        for bad in ["region:", "disk", "volume:x", "all:x", "key:", "key:256", "key:-1", "key:one"] {
             assert!(parse_space(bad).unwrap_err().contains(&format!("{bad:?}")), "{bad}");
         }
+        assert!(parse_space("key:256").unwrap_err().contains("from 0 to 255"));
         assert_eq!(parse_permission_list("write, read").unwrap(), ["read", "write"]);
-        assert_eq!(parse_permission_list("all").unwrap().len(), 6);
+        assert_eq!(parse_permission_list("all").unwrap().len(), 8);
         let unknown = parse_permission_list("read,wirte").unwrap_err();
         assert!(unknown.contains("\"wirte\""), "{unknown}");
         assert_eq!(parse_range("4KiB:0x1000"), Ok((4096, 4096)));

@@ -67,7 +67,10 @@ pub enum GrantSpace {
     Region(String),
     /// A namespace by name.
     Namespace(String),
-    /// Every region and namespace, present and future.
+    /// An ENCRYPT and DECRYPT key slot by number (0 to 255): a key is the target's, and using it
+    /// is granted per tenant, so one tenant cannot open what another sealed.
+    KeySlot(u32),
+    /// Every region and namespace, and every key slot, present and future.
     All,
 }
 
@@ -167,8 +170,42 @@ pub struct Tenant {
     pub regions: Vec<Option<Grant>>,
     /// Grants by namespace id, in bytes.
     pub namespaces: Vec<Option<Grant>>,
+    /// Which key slots it may seal and open with.
+    pub key_slots: KeySlotGrants,
     /// May read the target's counters (STAT) and manage it.
     pub admin: bool,
+}
+
+/// Which key slots a tenant may ENCRYPT and DECRYPT with: one bit per slot and use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeySlotGrants {
+    encrypt: [u64; 4],
+    decrypt: [u64; 4],
+}
+
+impl KeySlotGrants {
+    /// Whether slot `slot` may be used to decrypt (`decrypt`) or encrypt (else); a slot of 256
+    /// or more is allowed nothing.
+    pub fn allows(&self, slot: u32, decrypt: bool) -> bool {
+        let bits = if decrypt { &self.decrypt } else { &self.encrypt };
+        let (word, bit) = (slot as usize / 64, slot % 64);
+        bits.get(word).is_some_and(|word| word & (1 << bit) != 0)
+    }
+
+    /// Grants `slot` (every slot when `None`) for the uses named in `permissions`.
+    fn grant(&mut self, slot: Option<u32>, permissions: &[String]) {
+        let has = |name: &str| permissions.iter().any(|held| held == name || held == "all");
+        for (bits, used) in [(&mut self.encrypt, has("encrypt")), (&mut self.decrypt, has("decrypt"))] {
+            if !used {
+                continue;
+            }
+            match slot {
+                None => *bits = [u64::MAX; 4],
+                Some(slot) if (slot as usize) < 256 => bits[slot as usize / 64] |= 1 << (slot % 64),
+                Some(_) => {}
+            }
+        }
+    }
 }
 
 impl Tenant {
@@ -237,9 +274,25 @@ impl TenantSnapshot {
                 limits: record.limits,
                 regions: vec![None; regions.iter().len()],
                 namespaces: vec![None; namespaces.iter().len()],
+                key_slots: KeySlotGrants::default(),
                 admin: false,
             };
             for grant in &record.grants {
+                match grant.space {
+                    GrantSpace::KeySlot(slot) => {
+                        if grant.permissions.iter().all(|name| KEY_PERMISSION_NAMES.contains(&name.as_str())) {
+                            tenant.key_slots.grant(Some(slot), &grant.permissions);
+                        } else {
+                            warnings.push(format!(
+                                "tenant {:?}: key slot {slot} granted {:?}; a key slot takes only encrypt and decrypt",
+                                record.name, grant.permissions
+                            ));
+                        }
+                        continue;
+                    }
+                    GrantSpace::All => tenant.key_slots.grant(None, &grant.permissions),
+                    GrantSpace::Region(_) | GrantSpace::Namespace(_) => {}
+                }
                 let mut admin = false;
                 let Some(permissions) = parse_permissions(&grant.permissions, &mut admin) else {
                     warnings.push(format!("tenant {:?}: unknown permission in {:?}", record.name, grant.permissions));
@@ -324,12 +377,18 @@ fn merge(existing: Option<Grant>, new: Grant) -> Result<Grant, Grant> {
     }
 }
 
-/// Permission names to a set; `admin` is kept apart (it is not a permission on a space).
+/// The permissions a key slot takes: sealing with its key, and opening what it sealed.
+pub const KEY_PERMISSION_NAMES: [&str; 2] = ["encrypt", "decrypt"];
+
+/// Permission names to a set on a region or namespace; `admin` is kept apart (it is not a
+/// permission on a space), and the key slots' `encrypt` and `decrypt` (those of an `all` grant)
+/// are read by `KeySlotGrants`.
 pub fn parse_permissions(names: &[String], admin: &mut bool) -> Option<Permissions> {
     let mut permissions = Permissions::NONE;
     for name in names {
         match name.as_str() {
             "admin" => *admin = true,
+            "encrypt" | "decrypt" => {}
             // Every permission on the space (and `admin` with a grant on every space).
             "all" => {
                 *admin = true;
@@ -430,5 +489,59 @@ mod tests {
         assert!(!first_half.allows(read, REGION_BYTES, 16), "past the space's end");
         assert!(!first_half.allows(read, u64::MAX, 1), "overflowing");
         assert!(!first_half.allows(read, 16, u64::MAX), "overflowing from within the grant");
+    }
+
+    #[test]
+    fn key_slots_are_used_as_granted_on_the_slot_or_on_all() {
+        let names = |list: &[&str]| list.iter().map(|name| name.to_string()).collect::<Vec<_>>();
+        let record = |id: u32, grants: Vec<GrantRecord>| TenantRecord {
+            name: format!("t{id}"),
+            id,
+            key_version: 1,
+            key_hex: TenantKey::from_bytes([id as u8; 32]).to_hex(),
+            class: QosClass::default(),
+            limits: TenantLimits::default(),
+            grants,
+        };
+        let grant = |space: GrantSpace, permissions: &[&str]| GrantRecord {
+            space,
+            permissions: names(permissions),
+            range: None,
+        };
+        let records = [
+            record(
+                1,
+                vec![
+                    grant(GrantSpace::KeySlot(3), &["encrypt"]),
+                    grant(GrantSpace::KeySlot(200), &["encrypt", "decrypt"]),
+                ],
+            ),
+            record(2, vec![grant(GrantSpace::All, &["read", "decrypt"])]),
+            record(3, vec![grant(GrantSpace::All, &["read", "write", "admin"])]),
+            // Written otherwise than by the store: a key slot holding a region's permission.
+            record(4, vec![grant(GrantSpace::KeySlot(5), &["read"])]),
+        ];
+        let (snapshot, warnings) = TenantSnapshot::resolve(
+            &records,
+            &RegionTable::open(&[], std::path::Path::new(".")).unwrap(),
+            &NamespaceTable::default(),
+        );
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("key slot 5") && warnings[0].contains("encrypt and decrypt"), "{warnings:?}");
+        let keys = |id: u32| snapshot.tenant(id).unwrap().key_slots;
+        let (encrypt, decrypt) = (false, true);
+        assert!(keys(1).allows(3, encrypt) && !keys(1).allows(3, decrypt), "only the use granted");
+        assert!(keys(1).allows(200, encrypt) && keys(1).allows(200, decrypt));
+        assert!(!keys(1).allows(4, encrypt) && !keys(1).allows(256, encrypt), "only the slots granted");
+        assert!(
+            (0..256).all(|slot| keys(2).allows(slot, decrypt) && !keys(2).allows(slot, encrypt)),
+            "all: every slot"
+        );
+        assert!(
+            (0..256).all(|slot| !keys(3).allows(slot, encrypt) && !keys(3).allows(slot, decrypt)),
+            "admin is no key use"
+        );
+        assert!(!keys(4).allows(5, encrypt) && !keys(4).allows(5, decrypt), "a bad grant grants nothing");
+        assert!(!keys(2).allows(u32::MAX, decrypt), "past the slots");
     }
 }

@@ -285,55 +285,79 @@ fn service_time_of_4_and_16_kib_encrypts_and_decrypts() {
     }
 }
 
+/// Tenants with grants, on a target serving `regions` with key slots `slots`.
+mod tenanted {
+    use super::*;
+    use common::TestTarget;
+    use netdam_auth::{Credentials, TenantKey};
+    use netdam_initiator::{ClientOptions, SessionConfig};
+    use netdam_target::config::AuthMode;
+    use netdam_target::config::RegionConfig;
+    pub use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
+
+    pub fn grant(space: GrantSpace, permissions: &[&str], range: Option<(u64, u64)>) -> GrantRecord {
+        GrantRecord { space, permissions: permissions.iter().map(|name| name.to_string()).collect(), range }
+    }
+
+    pub fn region_grant(region: &str, permissions: &[&str], range: Option<(u64, u64)>) -> GrantRecord {
+        grant(GrantSpace::Region(region.into()), permissions, range)
+    }
+
+    /// Tenant `id`, whose key is 32 bytes of `id`.
+    pub fn record(name: &str, id: u32, grants: Vec<GrantRecord>) -> TenantRecord {
+        TenantRecord {
+            name: name.into(),
+            id,
+            key_version: 1,
+            key_hex: TenantKey::from_bytes([id as u8; 32]).to_hex(),
+            class: Default::default(),
+            limits: Default::default(),
+            grants,
+        }
+    }
+
+    pub fn start(regions: Vec<RegionConfig>, slots: &[u32]) -> TestTarget {
+        start_with_keys(regions, slots, |config| config.auth = AuthMode::Tenants)
+    }
+
+    /// Puts `records` in force on `test`'s target, as its store watcher would.
+    pub fn publish(test: &TestTarget, records: &[TenantRecord]) {
+        let (snapshot, warnings) = TenantSnapshot::resolve(records, test.target.regions(), test.target.namespaces());
+        assert!(warnings.is_empty(), "{warnings:?}");
+        test.target.tenants().publish(snapshot);
+    }
+
+    pub fn connect(test: &TestTarget, tenant: u32) -> Client {
+        let credentials = Credentials { tenant, key_version: 1, key: TenantKey::from_bytes([tenant as u8; 32]) };
+        let session = SessionConfig { credentials: Some(credentials), ..Default::default() };
+        Client::connect_with(test.target.local_addr(), ClientOptions { session, ..Default::default() }).unwrap()
+    }
+}
+
 /// With tenants, ENCRYPT and DECRYPT need `read` and `write` on the region and `write` on a
 /// destination region, over the ranges addressed; a refusal writes nothing.
 #[test]
 fn tenants_need_read_and_write_on_the_source_and_write_on_the_destination() {
-    use netdam_auth::{Credentials, TenantKey};
-    use netdam_initiator::{ClientOptions, SessionConfig};
-    use netdam_target::config::AuthMode;
-    use netdam_target::tenants::{GrantRecord, GrantSpace, TenantRecord, TenantSnapshot};
-
-    let grant = |region: &str, permissions: &[&str], range: Option<(u64, u64)>| GrantRecord {
-        space: GrantSpace::Region(region.into()),
-        permissions: permissions.iter().map(|name| name.to_string()).collect(),
-        range,
-    };
-    let record = |name: &str, id: u32, key: u8, grants: Vec<GrantRecord>| TenantRecord {
-        name: name.into(),
-        id,
-        key_version: 1,
-        key_hex: TenantKey::from_bytes([key; 32]).to_hex(),
-        class: Default::default(),
-        limits: Default::default(),
-        grants,
-    };
+    use tenanted::*;
     // Alice owns "own" and may read and write the first 64 KiB of "shared"; Bob may only read
-    // "own".
+    // "own". Both may use the key slot.
+    let key = || grant(GrantSpace::KeySlot(SLOT), &["encrypt", "decrypt"], None);
     let records = vec![
         record(
             "alice",
             1,
-            0xA1,
-            vec![grant("own", &["read", "write"], None), grant("shared", &["read", "write"], Some((0, 65_536)))],
+            vec![
+                region_grant("own", &["read", "write"], None),
+                region_grant("shared", &["read", "write"], Some((0, 65_536))),
+                key(),
+            ],
         ),
-        record("bob", 2, 0xB0, vec![grant("own", &["read"], None)]),
+        record("bob", 2, vec![region_grant("own", &["read"], None), key()]),
     ];
-    let test = start_with_keys(
-        vec![region("own", REGION_BYTES, false), region("shared", REGION_BYTES, false)],
-        &[SLOT],
-        |config| config.auth = AuthMode::Tenants,
-    );
-    let (snapshot, warnings) = TenantSnapshot::resolve(&records, test.target.regions(), test.target.namespaces());
-    assert!(warnings.is_empty(), "{warnings:?}");
-    test.target.tenants().publish(snapshot);
-    let connect = |tenant: u32, key: u8| {
-        let credentials = Credentials { tenant, key_version: 1, key: TenantKey::from_bytes([key; 32]) };
-        let session = SessionConfig { credentials: Some(credentials), ..Default::default() };
-        Client::connect_with(test.target.local_addr(), ClientOptions { session, ..Default::default() }).unwrap()
-    };
-    let mut alice = connect(1, 0xA1);
-    let mut bob = connect(2, 0xB0);
+    let test = start(vec![region("own", REGION_BYTES, false), region("shared", REGION_BYTES, false)], &[SLOT]);
+    publish(&test, &records);
+    let mut alice = connect(&test, 1);
+    let mut bob = connect(&test, 2);
 
     let plain = Rng::new(5).bytes(1024);
     alice.write(0, 0, &plain).unwrap();
@@ -357,4 +381,56 @@ fn tenants_need_read_and_write_on_the_source_and_write_on_the_destination() {
     assert_eq!(refused_with(bob.encrypt(0, 0, 1024, SLOT, None, b"")), Status::PermissionDenied);
     assert_eq!(refused_with(bob.decrypt(0, 0, 1024, SLOT, &seal, None, b"")), Status::PermissionDenied);
     assert_eq!(read(&mut alice, 0, 0, 1024), cipher, "Bob changed nothing");
+}
+
+/// A key slot is used only as granted: a tenant with every permission on its own region, but
+/// no grant on the slot another tenant sealed with, can neither open that tenant's ciphertext
+/// (copied into its region) nor seal with the slot; a grant of `decrypt` alone opens and does
+/// not seal. Nothing is written by a refusal.
+#[test]
+fn a_key_slot_seals_and_opens_only_for_tenants_granted_it() {
+    use tenanted::*;
+    let alice_grants = vec![
+        region_grant("alice", &["read", "write"], None),
+        grant(GrantSpace::KeySlot(SLOT), &["encrypt", "decrypt"], None),
+    ];
+    let bob_region = region_grant("bob", &["read", "write", "atomic", "compute"], None);
+    let bob_other_slot = grant(GrantSpace::KeySlot(OTHER_SLOT), &["encrypt", "decrypt"], None);
+    let test =
+        start(vec![region("alice", REGION_BYTES, false), region("bob", REGION_BYTES, false)], &[SLOT, OTHER_SLOT]);
+    publish(
+        &test,
+        &[record("alice", 1, alice_grants.clone()), record("bob", 2, vec![bob_region.clone(), bob_other_slot.clone()])],
+    );
+    let mut alice = connect(&test, 1);
+    let mut bob = connect(&test, 2);
+
+    let plain = Rng::new(11).bytes(4096);
+    alice.write(0, 0, &plain).unwrap();
+    let seal = alice.encrypt(0, 0, 4096, SLOT, None, b"tenant").unwrap();
+    let cipher = read(&mut alice, 0, 0, 4096);
+    assert_ne!(cipher, plain);
+    bob.write(1, 0, &cipher).unwrap();
+    // Bob holds the ciphertext and every permission on his region, and a key of his own.
+    assert_eq!(refused_with(bob.decrypt(1, 0, 4096, SLOT, &seal, None, b"tenant")), Status::PermissionDenied);
+    assert_eq!(refused_with(bob.encrypt(1, 0, 4096, SLOT, None, b"")), Status::PermissionDenied);
+    assert_eq!(read(&mut bob, 1, 0, 4096), cipher, "a refusal writes nothing");
+    // His own slot seals and opens in his region, and does not open Alice's ciphertext.
+    let own_seal = bob.encrypt(1, 8192, 4096, OTHER_SLOT, None, b"").unwrap();
+    bob.decrypt(1, 8192, 4096, OTHER_SLOT, &own_seal, None, b"").unwrap();
+    assert_eq!(
+        refused_with(bob.decrypt(1, 0, 4096, OTHER_SLOT, &seal, None, b"tenant")),
+        Status::AuthFailed,
+        "another slot's key does not open it"
+    );
+    // `decrypt` on the slot: he opens what Alice sealed, and still cannot seal with it.
+    let bob_decrypts = grant(GrantSpace::KeySlot(SLOT), &["decrypt"], None);
+    publish(
+        &test,
+        &[record("alice", 1, alice_grants), record("bob", 2, vec![bob_region, bob_other_slot, bob_decrypts])],
+    );
+    bob.decrypt(1, 0, 4096, SLOT, &seal, None, b"tenant").unwrap();
+    assert_eq!(read(&mut bob, 1, 0, 4096), plain);
+    assert_eq!(refused_with(bob.encrypt(1, 0, 4096, SLOT, None, b"")), Status::PermissionDenied);
+    assert_eq!(read(&mut bob, 1, 0, 4096), plain, "a refusal writes nothing");
 }

@@ -506,6 +506,34 @@ fn a_key_is_usable_as_soon_as_its_command_returns() {
     }
 }
 
+/// A key slot is granted by number, only while it holds a key, for encrypt and decrypt only;
+/// deleting the slot takes its grants along (a key created later in the slot is nobody's).
+#[test]
+fn key_slots_are_granted_and_deleting_one_takes_its_grants_along() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    ok(dir, &["tenant", "create", "alice"]);
+    let empty = fails(dir, &["grant", "alice", "key:3", "encrypt"]);
+    assert!(empty.contains("key slot 3 holds no key") && empty.contains("crypto-key create 3"), "{empty}");
+    ok(dir, &["crypto-key", "create", "3"]);
+    let granted = ok(dir, &["grant", "alice", "key:3", "encrypt"]);
+    assert!(granted.contains("tenant \"alice\" now holds key:3  encrypt\n"), "{granted}");
+    let wrong = fails(dir, &["grant", "alice", "key:3", "write"]);
+    assert!(wrong.contains("write is not a permission on a key slot"), "{wrong}");
+    let out_of_slots = fails(dir, &["grant", "alice", "key:256", "encrypt"]);
+    assert!(out_of_slots.contains("from 0 to 255"), "{out_of_slots}");
+    let on_region = fails(dir, &["grant", "alice", "region:default", "decrypt"]);
+    assert!(on_region.contains("grant alice key:SLOT encrypt,decrypt"), "{on_region}");
+    assert!(ok(dir, &["tenant", "list"]).contains("key:3  encrypt\n"));
+    assert_eq!(list_json(dir)[0]["grants"][0]["space"], serde_json::json!({ "key-slot": 3 }));
+
+    let deleted = ok(dir, &["crypto-key", "delete", "3"]);
+    assert!(deleted.contains("removed the grants on it of 1 tenant(s): alice"), "{deleted}");
+    assert_eq!(list_json(dir)[0]["grants"], serde_json::json!([]));
+    ok(dir, &["crypto-key", "create", "3"]);
+    assert_eq!(list_json(dir)[0]["grants"], serde_json::json!([]), "a new key in the slot is nobody's");
+}
+
 /// Deleting a region or a namespace takes every tenant's grant on it along: a grant names its
 /// space, and one left behind gave its tenant a space created later under the same name.
 #[test]
