@@ -93,7 +93,10 @@ pub enum ClientError {
     #[error("{0} requests already in flight")]
     WindowFull(usize),
     /// No region with that name or id.
-    #[error("the target has no region {name:?} (it has, by name and id: {available})")]
+    #[error(
+        "the target has no region {name:?} (it has, by name and id: {available}; a tenant is told only of the spaces \
+         granted to it)"
+    )]
     NoSuchRegion {
         /// What was asked for.
         name: String,
@@ -101,7 +104,10 @@ pub enum ClientError {
         available: String,
     },
     /// No namespace with that name or id.
-    #[error("the target has no namespace {name:?} (it has, by name and id: {available})")]
+    #[error(
+        "the target has no namespace {name:?} (it has, by name and id: {available}; a tenant is told only of the \
+         spaces granted to it)"
+    )]
     NoSuchNamespace {
         /// What was asked for.
         name: String,

@@ -211,11 +211,13 @@ pub fn encode_hello_answer<'r>(
     max_datagram_bytes: u32,
     max_instructions: u16,
     target_flags: u16,
-    regions: impl ExactSizeIterator<Item = (u16, &'r str, u64, bool)>,
-    namespaces: impl ExactSizeIterator<Item = NamespaceEntry<'r>>,
+    regions: impl Iterator<Item = (u16, &'r str, u64, bool)> + Clone,
+    namespaces: impl Iterator<Item = NamespaceEntry<'r>> + Clone,
 ) -> Result<usize, Status> {
-    let count = u16::try_from(regions.len()).map_err(|_| Status::TooLarge)?;
-    let namespace_count = u16::try_from(namespaces.len()).map_err(|_| Status::TooLarge)?;
+    // Counted on a copy of each iterator: a target lists only the spaces a tenant may use, and
+    // a filtered list knows its length only by walking it (no allocation for it).
+    let count = u16::try_from(regions.clone().count()).map_err(|_| Status::TooLarge)?;
+    let namespace_count = u16::try_from(namespaces.clone().count()).map_err(|_| Status::TooLarge)?;
     if out.len() < HELLO_ANSWER_FIXED_LEN {
         return Err(Status::TooLarge);
     }

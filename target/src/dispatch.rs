@@ -42,7 +42,7 @@ use crate::qos::{Shed, UsageTable};
 use crate::regions::RegionTable;
 use crate::sessions::{Admission, OpenRefusal, RecordTicket, SessionAuth, SessionLimits, SessionTable};
 use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
-use crate::tenants::{QosClass, TenantCell, TenantSnapshot};
+use crate::tenants::{Grant, QosClass, TenantCell, TenantSnapshot};
 
 /// STAT entries that describe the target rather than count events.
 pub const TARGET_STAT_ENTRIES: usize = 7;
@@ -1463,6 +1463,7 @@ impl<E: Engine> Dispatcher<E> {
             }
             Err(refusal) => return self.refuse_hello(now, context.from, refusal, out),
         };
+        let listed_for = auth.as_ref().map(|proven| proven.area.tenant);
         let out = match auth {
             Some(proven) => {
                 let tenant = proven.area.tenant;
@@ -1506,16 +1507,26 @@ impl<E: Engine> Dispatcher<E> {
             None => out,
         };
         let negotiated = (hello.max_datagram_bytes as usize).min(self.shared.settings.max_datagram_bytes) as u32;
-        let regions = self.shared.regions.iter().map(|(id, region)| {
+        // A tenant is told of the spaces it holds a grant on (every one, for an admin): a
+        // tenant learns nothing of a space outside its grants, not even that it exists. Without
+        // tenants, every space.
+        let tenant = listed_for.and_then(|id| self.tenants.tenant(id));
+        let usable = |grant: Option<Grant>| grant.is_some_and(|grant| grant.permissions != Permissions::NONE);
+        let listed_region = |id: u16| tenant.is_none_or(|tenant| tenant.admin || usable(tenant.region_grant(id)));
+        let listed_namespace = |id: u16| tenant.is_none_or(|tenant| tenant.admin || usable(tenant.namespace_grant(id)));
+        let regions = self.shared.regions.iter().filter(move |(id, _)| listed_region(*id)).map(|(id, region)| {
             (id, region.name(), region.len() as u64, region.durability() == Durability::Persistent)
         });
-        let namespaces = self.shared.namespaces.iter().map(|(id, namespace)| NamespaceEntry {
-            id,
-            name: namespace.name(),
-            block_bytes: namespace.block_bytes(),
-            capacity_blocks: namespace.capacity_blocks(),
-            reports_allocation: namespace.reports_allocation(),
-        });
+        let namespaces =
+            self.shared.namespaces.iter().filter(move |(id, _)| listed_namespace(*id)).map(|(id, namespace)| {
+                NamespaceEntry {
+                    id,
+                    name: namespace.name(),
+                    block_bytes: namespace.block_bytes(),
+                    capacity_blocks: namespace.capacity_blocks(),
+                    reports_allocation: namespace.reports_allocation(),
+                }
+            });
         let target_flags = if self.shared.engine.on_fpga() { TARGET_FLAG_FPGA } else { 0 };
         let max_instructions = MAX_INSTRUCTIONS_PER_DATAGRAM as u16;
         match encode_hello_answer(out, session, negotiated, max_instructions, target_flags, regions, namespaces) {

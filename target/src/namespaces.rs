@@ -133,7 +133,7 @@ impl NamespaceTable {
     }
 
     /// Every namespace with its id.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (u16, &Namespace)> {
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (u16, &Namespace)> + Clone {
         // Config validation bounds the count by MAX_NAMESPACES, which fits u16.
         self.namespaces.iter().enumerate().map(|(id, namespace)| (id as u16, namespace))
     }

@@ -44,7 +44,7 @@ impl RegionTable {
     }
 
     /// Every region with its id.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (u16, &Region)> {
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (u16, &Region)> + Clone {
         // Config::validate bounds the count by MAX_REGIONS, which fits u16.
         self.regions.iter().enumerate().map(|(id, region)| (id as u16, region))
     }

@@ -191,6 +191,52 @@ fn a_revoked_grant_or_a_rotated_key_applies_to_live_sessions() {
     client(&target, Some(new_key)).expect("the rotated key opens a session").write(0, 0, b"x").unwrap();
 }
 
+/// A tenant is told of the spaces it holds a grant on, and of every space if it holds `admin`:
+/// nothing about a space outside its grants, not even its name. A space that a later HELLO no
+/// longer lists (its grant revoked while the session was lost) is refused by the target, not
+/// taken for a renumbering: granted again, it serves the same session again.
+#[test]
+fn a_hello_lists_only_the_spaces_granted_and_one_no_longer_granted_comes_back_when_granted_again() {
+    let regions = vec![common::region("alice", REGION, false), common::region("shared", REGION, false)];
+    let target = common::start_configured(regions, |config| {
+        config.auth = AuthMode::Tenants;
+        config.session_idle_timeout_ms = 1_000;
+    });
+    let mut tenants = records();
+    tenants.push(record("keys-only", 4, 0x44, vec![grant(GrantSpace::All, &["encrypt", "decrypt"], None)]));
+    tenants.push(record("nothing", 5, 0x55, Vec::new()));
+    tenants.push(record("admin-only", 6, 0x66, vec![grant(GrantSpace::All, &["admin"], None)]));
+    publish(&target, &tenants);
+    let listed = |tenant: u32, key_byte: u8| {
+        let client = client(&target, Some(credentials(tenant, key_byte))).unwrap();
+        let names: Vec<(u16, String)> =
+            client.info().hello.regions.iter().map(|region| (region.id, region.name.clone())).collect();
+        names
+    };
+    let both = vec![(0, "alice".to_string()), (1, "shared".to_string())];
+    assert_eq!(listed(1, 0xA1), both, "alice holds grants on both");
+    assert_eq!(listed(2, 0xB0), [(1, "shared".to_string())], "bob holds one on shared only, listed by its own id");
+    assert_eq!(listed(3, 0x77), both, "root holds all");
+    assert_eq!(listed(4, 0x44), [], "key slots are no region");
+    assert_eq!(listed(5, 0x55), [], "no grant, no space");
+    assert_eq!(listed(6, 0x66), both, "an admin sees every space");
+
+    let mut bob = client(&target, Some(credentials(2, 0xB0))).unwrap();
+    let mut word = [0u8; 8];
+    bob.read(1, 0, &mut word).unwrap();
+    let mut revoked = tenants.clone();
+    revoked[1].grants.clear();
+    publish(&target, &revoked);
+    // Silent past the idle timeout: the session ends; the next request opens another, whose
+    // HELLO lists no region.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let error = bob.read(1, 0, &mut word).unwrap_err();
+    assert!(matches!(error, ClientError::Refused { status: Status::PermissionDenied, .. }), "{error}");
+    assert!(stat(&target, "sessions_expired") >= 1, "the session did end");
+    publish(&target, &tenants);
+    bob.read(1, 0, &mut word).expect("granted again, the same client reads again");
+}
+
 /// A raw authenticated session: what a client does, by hand, so datagrams can be forged.
 struct Raw {
     socket: UdpSocket,

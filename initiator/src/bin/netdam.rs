@@ -893,6 +893,11 @@ fn run(cli: &Cli) -> Result<(), String> {
                     )
                     .collect();
                 println!("{}", json!(list));
+            } else if regions.is_empty() {
+                println!(
+                    "no region to list: with tenants, the target grants none to this key's tenant (netdam-target \
+                     grant TENANT region:NAME read,write)"
+                );
             } else {
                 for region in regions {
                     let durability = if region.persistent { "persistent" } else { "volatile" };
@@ -912,7 +917,11 @@ fn run(cli: &Cli) -> Result<(), String> {
                     .collect();
                 println!("{}", json!(list));
             } else if namespaces.is_empty() {
-                println!("the target serves no namespaces (create one with: netdam-target namespace create --help)");
+                println!(
+                    "no namespace to list: the target serves none (create one with: netdam-target namespace create \
+                     --help), or, with tenants, grants none to this key's tenant (netdam-target grant TENANT \
+                     namespace:NAME block,read,write)"
+                );
             } else {
                 for namespace in namespaces {
                     let bytes = namespace.capacity_blocks * u64::from(namespace.block_bytes);
