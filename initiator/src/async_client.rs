@@ -516,9 +516,7 @@ impl Driver {
             self.session.handle_timeout(now);
             self.answer_completed(now);
             self.note_silence(now);
-            if let Some(metrics) = &self.metrics {
-                metrics.update(&self.session.stats());
-            }
+            self.publish_stats();
             if let Some(outcome) = self.session.poll_established() {
                 if let Ok(answer) = &outcome {
                     self.block_bytes =
@@ -799,6 +797,13 @@ impl Driver {
         self.outstanding.as_ref().map_or(0, |count| count.load(Ordering::Relaxed))
     }
 
+    /// Copies the session's counters and state into its metrics, if it has them.
+    fn publish_stats(&self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.update(&self.session.stats());
+        }
+    }
+
     /// A receive failed: nothing listens at the target's address, or the socket is unusable.
     fn receive_failed(&mut self, error: std::io::Error) {
         if error.kind() == std::io::ErrorKind::ConnectionRefused {
@@ -816,6 +821,9 @@ impl Driver {
     /// each counted in the metrics as an answered one is (an export's failures for want of a
     /// listening target went uncounted, and its error-ratio alert with them).
     fn fail_all(&mut self, error: &ClientError) {
+        // The session is no longer open (nothing listens, or the socket is unusable): a scrape
+        // says so even if nothing else happens before the client is dropped.
+        self.publish_stats();
         let now = self.clock.now();
         let waiting: Vec<Waiters> = self.waiting.drain().map(|(_, waiters)| waiters).collect();
         for waiters in waiting {

@@ -47,6 +47,8 @@ pub struct SessionMetrics {
     busy: Cell,
     in_progress_notices: Cell,
     sessions_lost: Cell,
+    /// 1 while the session is open (holds an id from a HELLO), else 0.
+    open: Cell,
     /// f64 bits of the window, in requests.
     window_bits: Cell,
     fabric_target_ns: Cell,
@@ -69,6 +71,7 @@ impl SessionMetrics {
             busy: Cell::new(),
             in_progress_notices: Cell::new(),
             sessions_lost: Cell::new(),
+            open: Cell::new(),
             window_bits: Cell::new(),
             fabric_target_ns: Cell::new(),
             endpoint_delay_ns: Cell::new(),
@@ -119,6 +122,7 @@ impl SessionMetrics {
         self.busy.set(stats.busy);
         self.in_progress_notices.set(stats.in_progress_notices);
         self.sessions_lost.set(stats.sessions_lost);
+        self.open.set(u64::from(stats.open));
         self.window_bits.set(stats.window.to_bits());
         self.smoothed_rtt_ns.set(stats.smoothed_rtt.as_nanos());
         if let Some(swift) = &stats.swift {
@@ -364,7 +368,14 @@ impl Collector for InitiatorCollector {
         gauges(
             encoder,
             "netdam_initiator_sessions",
-            "Sessions to the target",
+            "Sessions to the target that are open: hold an id from a HELLO the target has not said it lost",
+            None,
+            [(no_labels(), sum(&|s| s.open.get()) as f64)],
+        )?;
+        gauges(
+            encoder,
+            "netdam_initiator_sessions_configured",
+            "Sessions this initiator keeps to the target (--sessions), open or not",
             None,
             [(no_labels(), sessions.len() as f64)],
         )?;
@@ -435,6 +446,7 @@ mod tests {
         second.complete(read, Duration::from_micros(40), 0, &Err(ClientError::SessionLost));
         second.complete(Opcode::Flush as u8, Duration::from_micros(50), 0, &Err(ClientError::Closed));
         metrics.nbd.connections.store(3, Ordering::Relaxed);
+        first.update(&SessionStats { open: true, ..SessionStats::default() });
         let registry = InitiatorMetrics::registry(metrics);
         let mut text = String::new();
         prometheus_client::encoding::prometheus_text::encode(&mut text, &registry).unwrap();
@@ -445,7 +457,8 @@ mod tests {
             "netdam_initiator_errors_total{status=\"client_error\"} 2\n",
             "netdam_initiator_errors_total{status=\"busy\"} 0\n",
             "netdam_initiator_latency_seconds_count{opcode=\"bread\"} 2\n",
-            "netdam_initiator_sessions 2.0\n",
+            "netdam_initiator_sessions 1.0\n",
+            "netdam_initiator_sessions_configured 2.0\n",
             "netdam_initiator_window{session=\"1\"} 0.0\n",
             "netdam_nbd_connections 3.0\n",
         ] {

@@ -512,6 +512,10 @@ pub struct SessionStats {
     pub ignored: u64,
     /// Times the target no longer knew the session and it said HELLO again.
     pub sessions_lost: u64,
+    /// Whether the session holds an id a HELLO gave it that the target has not said it lost,
+    /// and the target's port has not refused a datagram since it was last heard from (nothing
+    /// listening there knows the session): open, as far as the initiator knows.
+    pub open: bool,
     /// Smoothed RTT.
     pub smoothed_rtt: Duration,
     /// Current retransmission timeout of the slower kind of request learned so far (memory or
@@ -961,6 +965,7 @@ impl Session {
             rto: self.timeouts.largest(&self.config),
             window: self.swift.as_ref().map_or(self.config.max_in_flight as f64, Swift::window),
             swift: self.swift.as_ref().map(Swift::metrics),
+            open: self.session_id != 0 && self.refused_since.is_none(),
             ..self.stats
         }
     }

@@ -248,7 +248,8 @@ fn initiator_and_block_families_count_volume_requests() {
         "the transfers of one write, ready together, left in trains"
     );
     assert_eq!(value(&samples, "netdam_initiator_errors_total{status=\"timeout\"}"), 0.0);
-    assert_eq!(value(&samples, "netdam_initiator_sessions"), 2.0);
+    assert_eq!(value(&samples, "netdam_initiator_sessions"), 2.0, "both sessions open");
+    assert_eq!(value(&samples, "netdam_initiator_sessions_configured"), 2.0);
     assert!(value(&samples, "netdam_initiator_window{session=\"0\"}") > 0.0);
     assert!(value(&samples, "netdam_initiator_window{session=\"1\"}") > 0.0);
     assert!(samples.contains_key("netdam_initiator_target_delay_seconds{session=\"0\"}"));
@@ -334,4 +335,6 @@ fn initiator_metrics_count_requests_failed_when_nothing_listens() {
     let samples = parse(&text);
     assert_eq!(value(&samples, "netdam_initiator_requests_total{opcode=\"read\"}"), 2.0, "{text}");
     assert_eq!(value(&samples, "netdam_initiator_errors_total{status=\"client_error\"}"), 1.0, "{text}");
+    assert_eq!(value(&samples, "netdam_initiator_sessions"), 0.0, "nothing listening knows the session: {text}");
+    assert_eq!(value(&samples, "netdam_initiator_sessions_configured"), 1.0, "{text}");
 }
