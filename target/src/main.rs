@@ -19,7 +19,7 @@ use netdam_target::metadata::{
 use netdam_target::namespaces::{open_namespace, resolve};
 use netdam_target::server::{check_stored_namespace, check_stored_region, running_target};
 use netdam_target::tenant_admin::{self, parse_permission_list, parse_range, parse_space};
-use netdam_target::tenants::{GrantRecord, GrantSpace, QosClass, TenantRecord};
+use netdam_target::tenants::{GrantRecord, GrantSpace, QosClass, TenantRecord, KEY_PERMISSION_NAMES};
 use netdam_target::{AuthMode, Config, PollMode, Target};
 
 /// A disaggregated storage target with low, deterministic latency: memory regions and block
@@ -58,8 +58,8 @@ enum Command {
     /// and limits. A running target applies every change within a second.
     #[command(subcommand)]
     Tenant(TenantCommand),
-    /// Give a tenant permissions on a region, a namespace or every space (added to what it
-    /// holds there). A running target applies it within a second.
+    /// Give a tenant permissions on a region, a namespace, a key slot or every space (added to
+    /// what it holds there). A running target applies it within a second.
     Grant(GrantArgs),
     /// Take permissions (all when none are named) on a space back from a tenant. A running
     /// target applies it within a second, to live sessions too.
@@ -90,7 +90,8 @@ enum CryptoKeyCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// Remove a slot and every version of its key: what they sealed can no longer be decrypted.
+    /// Remove a slot and every version of its key (what they sealed can no longer be decrypted),
+    /// and every tenant's grant on the slot.
     Delete {
         /// Slot number, 0 to 255, whose every key version is destroyed.
         #[arg(value_parser = parse_slot)]
@@ -98,8 +99,13 @@ enum CryptoKeyCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
-    /// List the slots that hold a key, with their key versions (never the keys).
+    /// List the slots that hold a key, with their key versions, the nonces reserved and the
+    /// tenants granted each slot by number (never the keys).
     List {
+        /// Print JSON instead of a table: `slots` (each with its versions, nonces reserved and
+        /// the tenants granted it by number) and `every_slot_granted` (through `all`).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -278,7 +284,7 @@ impl Command {
                 CryptoKeyCommand::Create { store, .. }
                 | CryptoKeyCommand::Rotate { store, .. }
                 | CryptoKeyCommand::Delete { store, .. }
-                | CryptoKeyCommand::List { store },
+                | CryptoKeyCommand::List { store, .. },
             ) => ("crypto-key", store),
         };
         Some(named)
@@ -1201,17 +1207,85 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
             say_grants_removed(&ungranted, &data_dir);
             after_change(&data_dir);
         }
-        CryptoKeyCommand::List { store } => {
+        CryptoKeyCommand::List { json, store } => {
             let (_, data_dir) = read_context(&store)?;
             let slots = MetadataStore::read_crypto_key_slots(&data_dir).map_err(text)?;
-            if slots.is_empty() {
-                println!("no key slot holds a key (netdam-target crypto-key create SLOT makes one)");
-            }
+            let tenants = read_tenants(&data_dir).map_err(text)?;
+            // Who holds `key:SLOT`, with the uses granted; an `all` grant naming a use covers
+            // every slot and is shown once, below.
+            let granted = |slot: u32| -> Vec<(String, String)> {
+                tenants
+                    .iter()
+                    .flat_map(|tenant| {
+                        tenant
+                            .grants
+                            .iter()
+                            .filter(move |grant| grant.space == GrantSpace::KeySlot(slot))
+                            .map(|grant| (tenant.name.clone(), grant.permissions.join(",")))
+                    })
+                    .collect()
+            };
+            let every_slot: Vec<(String, String)> = tenants
+                .iter()
+                .flat_map(|tenant| {
+                    tenant.grants.iter().filter(|grant| grant.space == GrantSpace::All).filter_map(|grant| {
+                        let uses: Vec<&str> = grant
+                            .permissions
+                            .iter()
+                            .map(String::as_str)
+                            .filter(|name| KEY_PERMISSION_NAMES.contains(name))
+                            .collect();
+                        (!uses.is_empty()).then(|| (tenant.name.clone(), uses.join(",")))
+                    })
+                })
+                .collect();
+            let mut listed = Vec::new();
             for (slot, versions) in slots {
-                let current = versions.last().copied().unwrap_or_default();
                 let reserved =
                     read_reservation(&reservation_path(&data_dir, slot)).map_err(|error| error.to_string())?;
-                println!("{slot:>3}  key version {current:<4} versions {versions:?}  nonces reserved up to {reserved}");
+                listed.push((slot, versions, reserved, granted(slot)));
+            }
+            let named = |grants: &[(String, String)]| -> Vec<serde_json::Value> {
+                grants.iter().map(|(tenant, uses)| serde_json::json!({ "tenant": tenant, "uses": uses })).collect()
+            };
+            if json {
+                let shown: Vec<serde_json::Value> = listed
+                    .iter()
+                    .map(|(slot, versions, reserved, grants)| {
+                        serde_json::json!({
+                            "slot": slot,
+                            "key_version": versions.last(),
+                            "versions": versions,
+                            "nonces_reserved_up_to": reserved,
+                            "granted": named(grants),
+                        })
+                    })
+                    .collect();
+                let shown = serde_json::json!({ "slots": shown, "every_slot_granted": named(&every_slot) });
+                println!("{}", serde_json::to_string_pretty(&shown).expect("JSON values always serialize"));
+                return Ok(());
+            }
+            if listed.is_empty() {
+                println!("no key slot holds a key (netdam-target crypto-key create SLOT makes one)");
+            }
+            let said = |grants: &[(String, String)]| {
+                let said: Vec<String> = grants.iter().map(|(tenant, uses)| format!("{tenant} ({uses})")).collect();
+                if said.is_empty() {
+                    "nobody by number".to_string()
+                } else {
+                    said.join(", ")
+                }
+            };
+            for (slot, versions, reserved, grants) in &listed {
+                let current = versions.last().copied().unwrap_or_default();
+                println!(
+                    "{slot:>3}  key version {current:<4} versions {versions:?}  nonces reserved up to {reserved}  \
+                     granted to {}",
+                    said(grants)
+                );
+            }
+            if !every_slot.is_empty() {
+                println!("every slot, through all: {}", said(&every_slot));
             }
         }
     }

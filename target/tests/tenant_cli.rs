@@ -526,10 +526,22 @@ fn key_slots_are_granted_and_deleting_one_takes_its_grants_along() {
     assert!(on_region.contains("grant alice key:SLOT encrypt,decrypt"), "{on_region}");
     assert!(ok(dir, &["tenant", "list"]).contains("key:3  encrypt\n"));
     assert_eq!(list_json(dir)[0]["grants"][0]["space"], serde_json::json!({ "key-slot": 3 }));
+    ok(dir, &["tenant", "create", "ops"]);
+    ok(dir, &["grant", "ops", "all", "all"]);
+    let slots: serde_json::Value = serde_json::from_str(&ok(dir, &["crypto-key", "list", "--json"])).unwrap();
+    assert_eq!(slots["slots"][0]["slot"], 3, "{slots}");
+    assert_eq!(slots["slots"][0]["granted"], serde_json::json!([{ "tenant": "alice", "uses": "encrypt" }]), "{slots}");
+    assert_eq!(slots["every_slot_granted"], serde_json::json!([{ "tenant": "ops", "uses": "encrypt,decrypt" }]));
+    let table = ok(dir, &["crypto-key", "list"]);
+    assert!(
+        table.contains("granted to alice (encrypt)") && table.contains("through all: ops (encrypt,decrypt)"),
+        "{table}"
+    );
 
     let deleted = ok(dir, &["crypto-key", "delete", "3"]);
     assert!(deleted.contains("removed the grants on it of 1 tenant(s): alice"), "{deleted}");
     assert_eq!(list_json(dir)[0]["grants"], serde_json::json!([]));
+    assert!(ok(dir, &["crypto-key", "list"]).contains("no key slot holds a key"));
     ok(dir, &["crypto-key", "create", "3"]);
     assert_eq!(list_json(dir)[0]["grants"], serde_json::json!([]), "a new key in the slot is nobody's");
 }
