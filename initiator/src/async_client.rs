@@ -821,8 +821,9 @@ impl Driver {
     /// each counted in the metrics as an answered one is (an export's failures for want of a
     /// listening target went uncounted, and its error-ratio alert with them).
     fn fail_all(&mut self, error: &ClientError) {
-        // The session is no longer open (nothing listens, or the socket is unusable): a scrape
-        // says so even if nothing else happens before the client is dropped.
+        // What the session's stats say now reaches its metrics even if nothing else happens
+        // before the client is dropped (a refusal from the target's port has made the session
+        // not open).
         self.publish_stats();
         let now = self.clock.now();
         let waiting: Vec<Waiters> = self.waiting.drain().map(|(_, waiters)| waiters).collect();

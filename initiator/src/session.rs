@@ -773,12 +773,6 @@ impl Session {
                             );
                             self.spaces_changed = Some(change);
                         }
-                        for gone in spaces_gone(regions, namespaces, answer) {
-                            tracing::warn!(
-                                "after the session was lost, {gone} by the target: deleted, or no longer granted to \
-                                 this tenant; the target refuses requests to it"
-                            );
-                        }
                     }
                 }
                 if let Some(change) = &self.spaces_changed {
@@ -1579,55 +1573,38 @@ fn addresses_a_space(opcode: u8) -> bool {
 }
 
 /// How `answer` lists the spaces of the first HELLO answer (`regions`, `namespaces`)
-/// otherwise, if it does: the first region or namespace whose id now names another space or
-/// one of another size. A space no longer listed is not such a change (see `spaces_gone`), nor
-/// is one added after them.
+/// otherwise, if it does: the first region or namespace whose id now names another space, one
+/// of another size, or none. Spaces added after them change nothing the caller was told.
+///
+/// A space no longer listed is a change too, though its id may name nothing now: a tenant is
+/// told only of the spaces granted to it, so an id it is no longer told of may name another
+/// space after a restart that renumbered them (one deleted before it), which a grant given later
+/// would open to the session's old requests.
 fn spaces_change(regions: &[RegionInfo], namespaces: &[NamespaceInfo], answer: &HelloAnswer) -> Option<String> {
-    space_differences(regions, namespaces, answer).find_map(|(gone, what)| (!gone).then_some(what))
-}
-
-/// The spaces of the first HELLO answer that `answer` no longer lists: deleted, or (a tenant is
-/// told only of the spaces granted to it) no longer granted. Their ids name nothing the session
-/// could reach, so requests to them are the target's to refuse (`no_such_space`,
-/// `permission_denied`), and a later answer listing one of them otherwise is a change again.
-fn spaces_gone(regions: &[RegionInfo], namespaces: &[NamespaceInfo], answer: &HelloAnswer) -> Vec<String> {
-    space_differences(regions, namespaces, answer).filter_map(|(gone, what)| gone.then_some(what)).collect()
-}
-
-/// Each space of the first answer that `answer` lists otherwise: whether it is gone, and what
-/// happened, said as "KIND ID NAME (SIZE) is not listed" or "... is now NAME (SIZE)".
-fn space_differences<'a>(
-    regions: &'a [RegionInfo],
-    namespaces: &'a [NamespaceInfo],
-    answer: &'a HelloAnswer,
-) -> impl Iterator<Item = (bool, String)> + 'a {
     let region = |region: &RegionInfo| (region.id, region.name.clone(), format!("{} bytes", region.size_bytes));
     let namespace = |namespace: &NamespaceInfo| {
         let size = format!("{} blocks of {} bytes", namespace.capacity_blocks, namespace.block_bytes);
         (namespace.id, namespace.name.clone(), size)
     };
-    differences("region", regions, &answer.regions, region).chain(differences(
-        "namespace",
-        namespaces,
-        &answer.namespaces,
-        namespace,
-    ))
+    first_change("region", regions, &answer.regions, region)
+        .or_else(|| first_change("namespace", namespaces, &answer.namespaces, namespace))
 }
 
-/// The spaces of `before` that `now` lists otherwise (`describe`: its id, name and size).
-fn differences<'a, T>(
-    kind: &'a str,
-    before: &'a [T],
-    now: &'a [T],
-    describe: impl Fn(&T) -> (u16, String, String) + 'a,
-) -> impl Iterator<Item = (bool, String)> + 'a {
-    before.iter().filter_map(move |old| {
+/// The first space of `before` that `now` lists otherwise (`describe`: its id, name and size),
+/// said as "KIND ID NAME (SIZE) is not listed (...)" or "... is now NAME (SIZE)".
+fn first_change<T>(
+    kind: &str,
+    before: &[T],
+    now: &[T],
+    describe: impl Fn(&T) -> (u16, String, String),
+) -> Option<String> {
+    before.iter().find_map(|old| {
         let (id, name, size) = describe(old);
         let was = format!("{kind} {id} {name:?} ({size})");
         match now.iter().map(&describe).find(|(new_id, _, _)| *new_id == id) {
-            None => Some((true, format!("{was} is not listed"))),
+            None => Some(format!("{was} is not listed (deleted, or no longer granted to this tenant)")),
             Some((_, new_name, new_size)) if new_name != name || new_size != size => {
-                Some((false, format!("{was} is now {new_name:?} ({new_size})")))
+                Some(format!("{was} is now {new_name:?} ({new_size})"))
             }
             Some(_) => None,
         }
@@ -1651,7 +1628,7 @@ mod tests {
     }
 
     #[test]
-    fn a_space_whose_id_names_another_is_a_change_and_one_added_or_not_listed_is_not() {
+    fn a_space_whose_id_names_another_or_none_is_a_change_and_one_added_is_not() {
         let regions = vec![region(0, "mem", 1 << 20)];
         let namespaces = vec![namespace(0, "disk", 256), namespace(1, "log", 64)];
         let change =
@@ -1665,13 +1642,16 @@ mod tests {
             renumbered,
             "namespace 0 \"disk\" (256 blocks of 4096 bytes) is now \"log\" (64 blocks of 4096 bytes)"
         );
-        let without_log = answer(regions.clone(), vec![namespace(0, "disk", 256)]);
-        assert_eq!(spaces_change(&regions, &namespaces, &without_log), None, "a space not listed is no change");
+        let gone = change(regions.clone(), vec![namespace(0, "disk", 256)]).unwrap();
         assert_eq!(
-            spaces_gone(&regions, &namespaces, &without_log),
-            ["namespace 1 \"log\" (64 blocks of 4096 bytes) is not listed"]
+            gone,
+            "namespace 1 \"log\" (64 blocks of 4096 bytes) is not listed (deleted, or no longer granted to this tenant)"
         );
-        assert!(spaces_gone(&regions, &namespaces, &answer(regions.clone(), namespaces.clone())).is_empty());
+        // What a tenant granted only "log" sees after a restart that deleted "disk" before it:
+        // id 0 no longer listed (it names another namespace, not granted to it).
+        let only_log = [namespace(1, "log", 64)];
+        let renumbered_unseen = spaces_change(&[], &only_log, &answer(Vec::new(), Vec::new()));
+        assert!(renumbered_unseen.is_some_and(|what| what.contains("not listed")));
         let resized = change(vec![region(0, "mem", 2 << 20)], namespaces.clone()).unwrap();
         assert_eq!(resized, "region 0 \"mem\" (1048576 bytes) is now \"mem\" (2097152 bytes)");
     }

@@ -37,7 +37,7 @@ use netdam_isa::Status;
 use ring::aead::{Aad, LessSafeKey, UnboundKey, AES_256_GCM};
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::metadata::{KeyMaterial, StoredKeySlot};
+use crate::metadata::{KeyMaterial, StoredKeyDigests, StoredKeySlot};
 
 /// What ENCRYPT and DECRYPT need on the regions they address: read the source, write the
 /// result (in place, or at the destination).
@@ -235,11 +235,23 @@ impl NonceCounter {
     }
 }
 
+/// A digest (SHA-256) of a key: what tells a running target that the store's key of a slot
+/// is not the one it loaded, without keeping a second copy of the key.
+pub fn key_digest(key: &KeyMaterial) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, key.bytes());
+    digest.as_ref().try_into().expect("SHA-256 gives 32 bytes")
+}
+
 /// One key slot: every version of its key, and its nonce counter.
 pub struct KeySlot {
     /// Versions, oldest first; the last seals.
     versions: Vec<(u32, LessSafeKey)>,
+    /// Each version's [`key_digest`].
+    digests: Vec<(u32, [u8; 32])>,
     nonces: NonceCounter,
+    /// Set once the store no longer holds the keys loaded (the slot was deleted, or deleted and
+    /// made again): the slot serves no more, until a restart loads what the store holds.
+    withdrawn: AtomicBool,
 }
 
 impl std::fmt::Debug for KeySlot {
@@ -289,6 +301,7 @@ impl KeyRing {
             if versions.is_empty() {
                 continue;
             }
+            let digests = versions.iter().map(|(version, material)| (*version, key_digest(material))).collect();
             let keys = versions
                 .into_iter()
                 .map(|(version, material)| {
@@ -302,7 +315,7 @@ impl KeyRing {
                 return Err(CryptoError::Missing { path, slot });
             }
             let nonces = NonceCounter::open(&path, block)?;
-            ring.slots[index] = Some(KeySlot { versions: keys, nonces });
+            ring.slots[index] = Some(KeySlot { versions: keys, digests, nonces, withdrawn: AtomicBool::new(false) });
         }
         Ok(ring)
     }
@@ -312,9 +325,37 @@ impl KeyRing {
         self.slots.iter().enumerate().filter_map(|(index, slot)| slot.as_ref().map(|slot| (index as u32, slot)))
     }
 
-    /// Slot `slot`, if it holds a key.
+    /// Slot `slot`, if it holds a key that was not withdrawn.
     pub fn slot(&self, slot: u32) -> Option<&KeySlot> {
-        self.slots.get(usize::try_from(slot).ok()?)?.as_ref()
+        self.slots.get(usize::try_from(slot).ok()?)?.as_ref().filter(|slot| !slot.withdrawn.load(Ordering::Acquire))
+    }
+
+    /// Withdraws every loaded slot whose keys `stored` (the store's slots, as
+    /// [`crate::metadata::MetadataStore::read_crypto_key_digests`] reads them) no longer holds,
+    /// each version with the same key: a slot deleted, or deleted and made anew, while the
+    /// target runs. A withdrawn slot answers `no_such_key` from the next instruction on. A
+    /// rotation adds a version and keeps the others, so it withdraws nothing (the new version
+    /// seals from the next start). Returns the slots withdrawn now.
+    pub fn withdraw_changed(&self, stored: &[StoredKeyDigests]) -> Vec<u32> {
+        let mut withdrawn = Vec::new();
+        for (number, slot) in self.loaded() {
+            if slot.withdrawn.load(Ordering::Acquire) {
+                continue;
+            }
+            let held = stored.iter().find(|(stored, _)| *stored == number).map(|(_, versions)| versions);
+            let kept = held.is_some_and(|held| slot.digests.iter().all(|loaded| held.contains(loaded)));
+            if !kept {
+                slot.withdrawn.store(true, Ordering::Release);
+                withdrawn.push(number);
+            }
+        }
+        withdrawn
+    }
+
+    /// Whether slot `slot` was withdrawn ([`KeyRing::withdraw_changed`]).
+    pub fn is_withdrawn(&self, slot: u32) -> bool {
+        let index = usize::try_from(slot).unwrap_or(usize::MAX);
+        self.slots.get(index).and_then(Option::as_ref).is_some_and(|slot| slot.withdrawn.load(Ordering::Acquire))
     }
 }
 
@@ -418,6 +459,38 @@ mod tests {
         assert!(reopened.peek() > highest);
         assert_eq!(reopened.peek(), reserved, "a reopened counter starts at the reserved end");
         assert_eq!(read_reservation(&path).unwrap(), reserved + 64, "and reserves its first block at once");
+    }
+
+    #[test]
+    fn a_slot_is_withdrawn_when_the_store_no_longer_holds_its_loaded_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let (one, two, three) = (KeyMaterial([1; 32]), KeyMaterial([2; 32]), KeyMaterial([3; 32]));
+        for slot in [1, 2, 3, 4] {
+            start_reservation(dir.path(), slot).unwrap();
+        }
+        let stored = vec![
+            (1, vec![(1, one.clone())]),
+            (2, vec![(1, one.clone()), (2, two.clone())]),
+            (3, vec![(1, three.clone())]),
+            (4, vec![(1, one.clone())]),
+        ];
+        let ring = KeyRing::load(stored, dir.path(), 64).unwrap();
+        let digests = |versions: &[(u32, &KeyMaterial)]| -> Vec<(u32, [u8; 32])> {
+            versions.iter().map(|(version, key)| (*version, key_digest(key))).collect()
+        };
+        let now = vec![
+            // 1: rotated, the loaded version kept.
+            (1, digests(&[(1, &one), (2, &two)])),
+            // 2: its first version gone.
+            (2, digests(&[(2, &two)])),
+            // 3: deleted and made anew (version 1 again, another key). 4: deleted.
+            (3, digests(&[(1, &one)])),
+        ];
+        assert_eq!(ring.withdraw_changed(&now), [2, 3, 4]);
+        assert!(ring.slot(1).is_some() && !ring.is_withdrawn(1));
+        assert!((2..=4).all(|slot| ring.slot(slot).is_none() && ring.is_withdrawn(slot)));
+        assert!(ring.withdraw_changed(&now).is_empty(), "withdrawn once");
+        assert!(!ring.is_withdrawn(5) && !ring.is_withdrawn(u32::MAX), "an empty slot is not withdrawn");
     }
 
     #[test]

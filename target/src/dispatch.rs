@@ -42,7 +42,7 @@ use crate::qos::{Shed, UsageTable};
 use crate::regions::RegionTable;
 use crate::sessions::{Admission, OpenRefusal, RecordTicket, SessionAuth, SessionLimits, SessionTable};
 use crate::stats::{Counter, WorkerStats, STATUS_COUNTER_PREFIX};
-use crate::tenants::{Grant, QosClass, TenantCell, TenantSnapshot};
+use crate::tenants::{Grant, QosClass, Tenant, TenantCell, TenantSnapshot};
 
 /// STAT entries that describe the target rather than count events.
 pub const TARGET_STAT_ENTRIES: usize = 7;
@@ -181,8 +181,8 @@ impl Shared {
     }
 
     /// The same state serving the key slots of `keys`.
-    pub fn with_keys(self, keys: KeyRing) -> Shared {
-        Shared { keys: Arc::new(keys), ..self }
+    pub fn with_keys(self, keys: Arc<KeyRing>) -> Shared {
+        Shared { keys, ..self }
     }
 
     /// The same state applying the tenants of `cell`.
@@ -1510,10 +1510,16 @@ impl<E: Engine> Dispatcher<E> {
         // A tenant is told of the spaces it holds a grant on (every one, for an admin): a
         // tenant learns nothing of a space outside its grants, not even that it exists. Without
         // tenants, every space.
-        let tenant = listed_for.and_then(|id| self.tenants.tenant(id));
+        // (A tenant proven but gone from the snapshot is told of nothing: failing closed.)
+        let tenant = listed_for.map(|id| self.tenants.tenant(id));
         let usable = |grant: Option<Grant>| grant.is_some_and(|grant| grant.permissions != Permissions::NONE);
-        let listed_region = |id: u16| tenant.is_none_or(|tenant| tenant.admin || usable(tenant.region_grant(id)));
-        let listed_namespace = |id: u16| tenant.is_none_or(|tenant| tenant.admin || usable(tenant.namespace_grant(id)));
+        let listed = move |grant_of: &dyn Fn(&Tenant) -> Option<Grant>| match tenant {
+            None => true,
+            Some(None) => false,
+            Some(Some(tenant)) => tenant.admin || usable(grant_of(tenant)),
+        };
+        let listed_region = move |id: u16| listed(&|tenant: &Tenant| tenant.region_grant(id));
+        let listed_namespace = move |id: u16| listed(&|tenant: &Tenant| tenant.namespace_grant(id));
         let regions = self.shared.regions.iter().filter(move |(id, _)| listed_region(*id)).map(|(id, region)| {
             (id, region.name(), region.len() as u64, region.durability() == Durability::Persistent)
         });

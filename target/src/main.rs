@@ -837,7 +837,7 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
             println!("deleted region {name:?}{}", kept.unwrap_or_default());
             // Closed first: an open store holds off the running target's reading of the grants.
             drop(metadata);
-            say_grants_removed(&ungranted, &data_dir);
+            say_grants_removed(&ungranted, &data_dir, "the space itself at the target's next start");
             after_change(&data_dir);
         }
         RegionCommand::List { store } => {
@@ -899,7 +899,7 @@ fn namespace_command(command: NamespaceCommand) -> Result<(), String> {
             let (namespace, ungranted) = metadata.delete_namespace(&name).map_err(|error| error.to_string())?;
             println!("deleted namespace {name:?}; {} is left as it is", resolve(&namespace.path, &data_dir).display());
             drop(metadata);
-            say_grants_removed(&ungranted, &data_dir);
+            say_grants_removed(&ungranted, &data_dir, "the space itself at the target's next start");
             after_change(&data_dir);
         }
         NamespaceCommand::List { store } => {
@@ -949,11 +949,10 @@ fn numbered_as_served<T>(
 /// Names the tenants whose grant on a deleted space or key slot went with it (a grant left
 /// behind would give its tenant a space created later under the same name, or a key created
 /// later in the same slot).
-fn say_grants_removed(tenants: &[String], data_dir: &std::path::Path) {
+fn say_grants_removed(tenants: &[String], data_dir: &std::path::Path, when_deleted: &str) {
     if !tenants.is_empty() {
         println!(
-            "removed the grants on it of {} tenant(s): {} (the grants at once, on a running target too; what was \
-             deleted, at the target's next start)",
+            "removed the grants on it of {} tenant(s): {} (the grants at once, on a running target too; {when_deleted})",
             tenants.len(),
             tenants.join(", ")
         );
@@ -1204,8 +1203,14 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
                 "deleted key slot {slot} (key versions {versions:?}): what they sealed can no longer be decrypted"
             );
             drop(metadata);
-            say_grants_removed(&ungranted, &data_dir);
-            after_change(&data_dir);
+            say_grants_removed(&ungranted, &data_dir, "the slot, within a second");
+            match running_target(&data_dir) {
+                Some(pid) => println!(
+                    "The target running on the data directory {} (pid {pid}) stops serving slot {slot} within a second.",
+                    data_dir.display()
+                ),
+                None => println!("A target started on the data directory {} serves no slot {slot}.", data_dir.display()),
+            }
         }
         CryptoKeyCommand::List { json, store } => {
             let (_, data_dir) = read_context(&store)?;

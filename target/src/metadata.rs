@@ -258,6 +258,9 @@ impl std::fmt::Debug for KeyMaterial {
 /// A key slot and its key versions, oldest first.
 pub type StoredKeySlot = (u32, Vec<(u32, KeyMaterial)>);
 
+/// A key slot with a digest of each version's key instead of the key.
+pub type StoredKeyDigests = (u32, Vec<(u32, [u8; 32])>);
+
 /// An open store; holds the database's file lock while it lives.
 pub struct MetadataStore {
     db: Database,
@@ -534,6 +537,23 @@ impl MetadataStore {
             return Ok(Vec::new());
         }
         guarded(&path, || MetadataStore::open(data_dir)?.crypto_keys())
+    }
+
+    /// `data_dir`'s key slots with each key version's digest ([`crate::crypto::key_digest`]),
+    /// read as [`MetadataStore::read_crypto_key_slots`] reads: what a running target compares
+    /// with the keys it loaded, to stop serving a slot deleted or replaced since.
+    pub fn read_crypto_key_digests(data_dir: &Path) -> Result<Vec<StoredKeyDigests>, MetadataError> {
+        let path = data_dir.join(METADATA_FILE);
+        let slots = guarded(&path, || match open_to_read(&path)? {
+            None => Ok(Vec::new()),
+            Some(store) => store.crypto_keys(&path),
+        })?;
+        Ok(slots
+            .into_iter()
+            .map(|(slot, versions)| {
+                (slot, versions.iter().map(|(version, key)| (*version, crate::crypto::key_digest(key))).collect())
+            })
+            .collect())
     }
 
     /// `data_dir`'s key slots with the versions of their keys (never the keys), read as
@@ -1000,6 +1020,12 @@ fn check_record(record: &TenantRecord) -> Result<(), String> {
         if record.grants[..index].iter().any(|other| other.space == grant.space) {
             return Err(format!("tenant {:?}: two grants on {}", record.name, space_text(&grant.space)));
         }
+        if let GrantSpace::KeySlot(slot) = grant.space {
+            let key_uses_only = grant.permissions.iter().all(|name| KEY_PERMISSION_NAMES.contains(&name.as_str()));
+            if slot >= netdam_isa::limits::CRYPTO_KEY_SLOTS || !key_uses_only || grant.range.is_some() {
+                return Err(format!("tenant {:?}: grant on key slot {slot} is not a key slot's", record.name));
+            }
+        }
     }
     Ok(())
 }
@@ -1011,13 +1037,20 @@ fn check_no_widening(tenant: &str, record: &TenantRecord, new: &GrantRecord) -> 
     let lacking = |wide: &GrantRecord, ranged: &GrantRecord| {
         ranged.range.is_some() && ranged.permissions.iter().any(|name| !wide.permissions.contains(name))
     };
+    // An `all` grant of `admin` or key uses only grants nothing on regions and namespaces.
+    let on_spaces = |grant: &GrantRecord| {
+        grant.permissions.iter().any(|name| netdam_isa::extension::Permissions::from_name(name).is_some())
+    };
     let (all, ranged) = if new.space == GrantSpace::All {
+        if !on_spaces(new) {
+            return Ok(());
+        }
         match record.grants.iter().find(|held| held.space != GrantSpace::All && lacking(new, held)) {
             Some(held) => (new, held),
             None => return Ok(()),
         }
     } else {
-        match record.grants.iter().find(|held| held.space == GrantSpace::All && lacking(held, new)) {
+        match record.grants.iter().find(|held| held.space == GrantSpace::All && on_spaces(held) && lacking(held, new)) {
             Some(held) => (held, new),
             None => return Ok(()),
         }
@@ -1701,6 +1734,15 @@ mod tests {
         drop(store);
         let store = MetadataStore::open(dir.path()).unwrap();
         assert!(!store.tenant("alice").unwrap().grants.iter().any(|grant| grant.space == GrantSpace::KeySlot(3)));
+        // An `all` grant of key uses only grants nothing on spaces: a ranged grant beside it
+        // does not clash, in either order.
+        store.create_tenant("carol", &key(3), &TenantSettings::default()).unwrap();
+        let key_uses = GrantRecord { space: GrantSpace::All, permissions: names(&["encrypt"]), range: None };
+        store.grant("carol", &key_uses, &configured()).unwrap();
+        store.grant("carol", &region_grant("scratch", &["read"], Some((0, 4096))), &configured()).unwrap();
+        store.create_tenant("dave", &key(4), &TenantSettings::default()).unwrap();
+        store.grant("dave", &region_grant("scratch", &["read"], Some((0, 4096))), &configured()).unwrap();
+        store.grant("dave", &key_uses, &configured()).unwrap();
     }
 
     fn everything_stored(permissions: &[&str]) -> GrantRecord {

@@ -190,13 +190,15 @@ impl Target {
             .unwrap_or(0);
         let cookies = CookieJar::from_os_random().map_err(StartError::Random)?;
         let extensions = crate::extensions::registry(&config.extensions).map_err(StartError::Config)?;
-        let tenants = Arc::new(TenantCell::default());
-        let tenant_watch = tenant_watch::watch(&data_dir, regions.clone(), namespaces.clone(), tenants.clone())
-            .map_err(StartError::Tenants)?;
-        // Key slots are read once, like the spaces; each slot's nonce counter resumes past its
-        // reservation file and reserves its first block before any worker starts.
+        // Key slots are read at start, like the spaces; each slot's nonce counter resumes past
+        // its reservation file and reserves its first block before any worker starts. The
+        // store watcher withdraws a slot deleted while the target runs.
         let stored_keys = MetadataStore::load_crypto_keys(&data_dir)?;
-        let keys = KeyRing::load(stored_keys, &data_dir, NONCE_RESERVATION_BLOCK)?;
+        let keys = Arc::new(KeyRing::load(stored_keys, &data_dir, NONCE_RESERVATION_BLOCK)?);
+        let tenants = Arc::new(TenantCell::default());
+        let watched =
+            tenant_watch::Watched { regions: regions.clone(), namespaces: namespaces.clone(), keys: keys.clone() };
+        let tenant_watch = tenant_watch::watch(&data_dir, watched, tenants.clone()).map_err(StartError::Tenants)?;
         let device_namespaces = device_namespaces(config, &namespaces);
         let Selection { engine, state: engine_state, why } =
             select_engine(config, Arc::clone(&regions), &device_namespaces)?;

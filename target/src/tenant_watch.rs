@@ -1,6 +1,9 @@
 //! Applying tenant changes to a running target: a thread polls the metadata store's file and,
 //! when it changed, re-reads the tenants and publishes a new [`TenantSnapshot`] through the
 //! target's [`TenantCell`], so a revoked grant or a rotated key is in force within a second.
+//! It also withdraws a key slot deleted (or deleted and made anew) in the store meanwhile
+//! ([`KeyRing::withdraw_changed`]): a grant given on a slot made anew must not open what the
+//! deleted key sealed.
 //!
 //! The target never keeps the store open: redb locks the file while it is open, and an admin
 //! command must be able to change it. Each read opens it read-only for a few milliseconds
@@ -14,7 +17,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
-use crate::metadata::{read_tenants, MetadataError, METADATA_FILE};
+use crate::crypto::KeyRing;
+use crate::metadata::{read_tenants, MetadataError, MetadataStore, METADATA_FILE};
 use crate::namespaces::NamespaceTable;
 use crate::regions::RegionTable;
 use crate::tenants::{TenantCell, TenantRecord, TenantSnapshot};
@@ -102,20 +106,29 @@ impl Drop for WatchHandle {
     }
 }
 
+/// What the tenants are resolved against, and the key slots loaded at start.
+#[derive(Debug, Clone)]
+pub struct Watched {
+    /// The regions served.
+    pub regions: Arc<RegionTable>,
+    /// The namespaces served.
+    pub namespaces: Arc<NamespaceTable>,
+    /// The key slots loaded.
+    pub keys: Arc<KeyRing>,
+}
+
 /// Reads the tenants of `data_dir`'s store, publishes them into `cell`, and starts a thread
-/// that publishes them again whenever the store file changes, until the handle drops. Fails
-/// when the store cannot be read now, or the thread cannot start.
-pub fn watch(
-    data_dir: &Path,
-    regions: Arc<RegionTable>,
-    namespaces: Arc<NamespaceTable>,
-    cell: Arc<TenantCell>,
-) -> std::io::Result<WatchHandle> {
+/// that publishes them again whenever the store file changes (and withdraws key slots the store
+/// no longer holds), until the handle drops. Fails when the store cannot be read now, or the
+/// thread cannot start.
+pub fn watch(data_dir: &Path, watched: Watched, cell: Arc<TenantCell>) -> std::io::Result<WatchHandle> {
+    let Watched { regions, namespaces, keys } = watched;
     let mut watcher = Watcher {
         data_dir: data_dir.to_path_buf(),
         path: data_dir.join(METADATA_FILE),
         regions,
         namespaces,
+        keys,
         cell,
         seen: None,
         records: Vec::new(),
@@ -166,6 +179,7 @@ struct Watcher {
     path: PathBuf,
     regions: Arc<RegionTable>,
     namespaces: Arc<NamespaceTable>,
+    keys: Arc<KeyRing>,
     cell: Arc<TenantCell>,
     /// The file as it was before the last successful read.
     seen: Stamp,
@@ -217,6 +231,18 @@ impl Watcher {
             });
         }
         let records = read_tenants(&self.data_dir)?;
+        if self.keys.loaded().next().is_some() {
+            // Before the tenants are published (and noted applied): a command that deleted a
+            // slot and granted it anew finds the old key gone once it returns.
+            let stored = MetadataStore::read_crypto_key_digests(&self.data_dir)?;
+            for slot in self.keys.withdraw_changed(&stored) {
+                tracing::warn!(
+                    slot,
+                    "key slot {slot} was deleted from the metadata store: it serves no more ENCRYPT or DECRYPT \
+                     (a key made anew in the slot serves from the target's next start)"
+                );
+            }
+        }
         self.seen = before;
         self.recent = changed_recently(&self.path);
         if self.failing.take().is_some() {
@@ -252,6 +278,10 @@ mod tests {
     use netdam_auth::TenantKey;
     use netdam_isa::extension::Permissions;
     use std::time::Instant;
+
+    fn watched(regions: Arc<RegionTable>, namespaces: Arc<NamespaceTable>) -> Watched {
+        Watched { regions, namespaces, keys: Arc::new(KeyRing::default()) }
+    }
 
     fn spaces(dir: &Path) -> (Arc<RegionTable>, Arc<NamespaceTable>) {
         let scratch =
@@ -297,7 +327,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (regions, namespaces) = spaces(dir.path());
         store_alice_with_read_write(dir.path());
-        let handle = watch(dir.path(), regions, namespaces, Arc::new(TenantCell::default())).unwrap();
+        let handle = watch(dir.path(), watched(regions, namespaces), Arc::new(TenantCell::default())).unwrap();
         assert!(wait_until_applied(dir.path(), Duration::ZERO), "applied at start");
         MetadataStore::open(dir.path()).unwrap().revoke("alice", &GrantSpace::Region("scratch".into()), None).unwrap();
         assert!(wait_until_applied(dir.path(), Duration::from_secs(5)), "the revoke is applied");
@@ -314,7 +344,7 @@ mod tests {
         let (regions, namespaces) = spaces(dir.path());
         store_alice_with_read_write(dir.path());
         let cell = Arc::new(TenantCell::default());
-        let handle = watch(dir.path(), regions, namespaces, cell.clone()).unwrap();
+        let handle = watch(dir.path(), watched(regions, namespaces), cell.clone()).unwrap();
         let (generation, snapshot) = cell.load();
         let alice = snapshot.iter().next().expect("alice is published at start");
         let held = alice.region_grant(0).expect("alice holds scratch");
@@ -364,7 +394,7 @@ mod tests {
         let path = dir.path().join(METADATA_FILE);
         let good = std::fs::read(&path).unwrap();
         let cell = Arc::new(TenantCell::default());
-        let _handle = watch(dir.path(), regions, namespaces, cell.clone()).unwrap();
+        let _handle = watch(dir.path(), watched(regions, namespaces), cell.clone()).unwrap();
         let (generation, _) = cell.load();
 
         // Every page but the header overwritten, then the file moved away.
@@ -398,7 +428,7 @@ mod tests {
             .create_tenant("busy", &TenantKey::generate().unwrap(), &TenantSettings::default())
             .unwrap();
         let cell = Arc::new(TenantCell::default());
-        let _handle = watch(dir.path(), regions, namespaces, cell.clone()).unwrap();
+        let _handle = watch(dir.path(), watched(regions, namespaces), cell.clone()).unwrap();
         let start_generation = cell.generation();
         // Every change makes the watcher read (and read again while the file is recent), so
         // commands and reads keep meeting on the file lock; each command must still succeed.
@@ -433,7 +463,7 @@ mod tests {
         let (snapshot, warnings) = load_snapshot(dir.path(), &regions, &namespaces).unwrap();
         assert!(snapshot.is_empty() && warnings.is_empty());
         let cell = Arc::new(TenantCell::default());
-        let _handle = watch(dir.path(), regions.clone(), namespaces.clone(), cell.clone()).unwrap();
+        let _handle = watch(dir.path(), watched(regions.clone(), namespaces.clone()), cell.clone()).unwrap();
         let (generation, snapshot) = cell.load();
         assert!(snapshot.is_empty());
         assert!(!dir.path().join(METADATA_FILE).exists(), "the watcher creates no store");

@@ -304,6 +304,11 @@ impl TenantSnapshot {
                 if every_space && (admin || grant.permissions.iter().any(|name| name == "all")) {
                     tenant.admin = true;
                 }
+                if permissions == Permissions::NONE {
+                    // Only `admin` or key uses (an `all` grant): nothing on any region or
+                    // namespace, so no grant there to combine with a ranged one.
+                    continue;
+                }
                 let mut widen = |slot: &mut Option<Grant>, size: u64, kind: &str, name: &str| {
                     // A range reaching the space's end is unbounded, as the whole space is: an
                     // access beyond the end is the engine's `out_of_range`, not a grant's

@@ -434,3 +434,34 @@ fn a_key_slot_seals_and_opens_only_for_tenants_granted_it() {
     assert_eq!(refused_with(bob.encrypt(1, 0, 4096, SLOT, None, b"")), Status::PermissionDenied);
     assert_eq!(read(&mut bob, 1, 0, 4096), plain, "a refusal writes nothing");
 }
+
+/// A key slot deleted from the store while the target runs serves no more within a second
+/// (`no_such_key`), and a key made anew in the slot does not bring the deleted one back: a
+/// grant given on the new slot must not open what the old key sealed. A rotation of another
+/// slot withdraws nothing.
+#[test]
+fn a_key_slot_deleted_while_the_target_runs_serves_no_more() {
+    use netdam_target::metadata::MetadataStore;
+    let test = start_with_keys(vec![region("a", REGION_BYTES, false)], &[SLOT, OTHER_SLOT], |_| {});
+    let mut client = Client::connect(test.target.local_addr()).unwrap();
+    client.write(0, 0, &Rng::new(3).bytes(4096)).unwrap();
+    let seal = client.encrypt(0, 0, 4096, SLOT, None, b"").unwrap();
+    let cipher = read(&mut client, 0, 0, 4096);
+    {
+        let store = MetadataStore::open(test.dir.path()).unwrap();
+        store.delete_crypto_key(SLOT).unwrap();
+        store.create_crypto_key(SLOT, &netdam_target::crypto::generate_key().unwrap()).unwrap();
+        store.rotate_crypto_key(OTHER_SLOT, &netdam_target::crypto::generate_key().unwrap()).unwrap();
+    }
+    let started = std::time::Instant::now();
+    while !test.target.keys().is_withdrawn(SLOT) {
+        assert!(started.elapsed() < Duration::from_secs(3), "the deleted slot still serves after 3 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(refused_with(client.decrypt(0, 0, 4096, SLOT, &seal, None, b"")), Status::NoSuchKey);
+    assert_eq!(refused_with(client.encrypt(0, 0, 4096, SLOT, None, b"")), Status::NoSuchKey);
+    assert_eq!(read(&mut client, 0, 0, 4096), cipher, "nothing was written");
+    assert!(!test.target.keys().is_withdrawn(OTHER_SLOT), "a rotation keeps what was loaded");
+    let other = client.encrypt(0, 8192, 4096, OTHER_SLOT, None, b"").unwrap();
+    client.decrypt(0, 8192, 4096, OTHER_SLOT, &other, None, b"").unwrap();
+}
