@@ -414,6 +414,16 @@ fn a_key_slot_seals_and_opens_only_for_tenants_granted_it() {
     // Bob holds the ciphertext and every permission on his region, and a key of his own.
     assert_eq!(refused_with(bob.decrypt(1, 0, 4096, SLOT, &seal, None, b"tenant")), Status::PermissionDenied);
     assert_eq!(refused_with(bob.encrypt(1, 0, 4096, SLOT, None, b"")), Status::PermissionDenied);
+    // Operands too malformed to name a slot are the executor's `malformed`: nothing executes.
+    let malformed = [
+        Op { flags: 0x02, ..Op::encrypt(1, 0, 4096, SLOT, None, b"") },
+        Op { operand: vec![0; SEAL_LEN - 1], ..Op::decrypt(1, 0, 4096, SLOT, &seal, None, b"") },
+        Op::encrypt(1, 0, 4096, CRYPTO_KEY_SLOTS, None, b""),
+    ];
+    for op in malformed {
+        let reply = bob.call(&[op]).unwrap();
+        assert_eq!(refused_with(reply.data(0)), Status::Malformed);
+    }
     assert_eq!(read(&mut bob, 1, 0, 4096), cipher, "a refusal writes nothing");
     // His own slot seals and opens in his region, and does not open Alice's ciphertext.
     let own_seal = bob.encrypt(1, 8192, 4096, OTHER_SLOT, None, b"").unwrap();
