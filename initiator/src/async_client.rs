@@ -448,6 +448,16 @@ enum Received {
     Failed,
 }
 
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // The task is over (the session closed, or given up): its metrics shard stays in the
+        // registry with its counters, and must not count as an open session.
+        if let Some(metrics) = &self.metrics {
+            metrics.ended();
+        }
+    }
+}
+
 impl Driver {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         let mut buffer = vec![0u8; MAX_DATAGRAM_BYTES];

@@ -33,6 +33,7 @@ pub mod swift;
 pub mod target_info;
 pub mod top;
 pub mod volume;
+pub mod volume_by_name;
 
 pub use async_client::AsyncClient;
 pub use client::{Client, ClientOptions, ClientPoll, Ticket};

@@ -49,6 +49,8 @@ pub struct SessionMetrics {
     sessions_lost: Cell,
     /// 1 while the session is open (holds an id from a HELLO), else 0.
     open: Cell,
+    /// 1 once the client of the session is gone (`ended`).
+    ended: Cell,
     /// f64 bits of the window, in requests.
     window_bits: Cell,
     fabric_target_ns: Cell,
@@ -72,6 +74,7 @@ impl SessionMetrics {
             in_progress_notices: Cell::new(),
             sessions_lost: Cell::new(),
             open: Cell::new(),
+            ended: Cell::new(),
             window_bits: Cell::new(),
             fabric_target_ns: Cell::new(),
             endpoint_delay_ns: Cell::new(),
@@ -113,6 +116,12 @@ impl SessionMetrics {
         self.spun_for.get()
     }
 
+    /// Marks the session ended: not open, whatever its last stats said.
+    pub fn ended(&self) {
+        self.ended.set(1);
+        self.open.set(0);
+    }
+
     /// Copies the session's own counters and controller state.
     pub fn update(&self, stats: &SessionStats) {
         self.retransmissions.set(stats.retransmissions);
@@ -122,7 +131,7 @@ impl SessionMetrics {
         self.busy.set(stats.busy);
         self.in_progress_notices.set(stats.in_progress_notices);
         self.sessions_lost.set(stats.sessions_lost);
-        self.open.set(u64::from(stats.open));
+        self.open.set(u64::from(stats.open && self.ended.get() == 0));
         self.window_bits.set(stats.window.to_bits());
         self.smoothed_rtt_ns.set(stats.smoothed_rtt.as_nanos());
         if let Some(swift) = &stats.swift {
@@ -375,9 +384,9 @@ impl Collector for InitiatorCollector {
         gauges(
             encoder,
             "netdam_initiator_sessions_configured",
-            "Sessions this initiator keeps to the target (--sessions), open or not",
+            "Sessions this initiator keeps to the target (--sessions), open or not; not those ended (a volume opened again ends its old ones)",
             None,
-            [(no_labels(), sessions.len() as f64)],
+            [(no_labels(), sessions.iter().filter(|session| session.ended.get() == 0).count() as f64)],
         )?;
         let per_session = |read: &dyn Fn(&SessionMetrics) -> f64| {
             sessions

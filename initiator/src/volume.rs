@@ -276,7 +276,7 @@ impl Volume {
 }
 
 /// How the NBD export reports a failed volume request.
-fn backend_error(error: ClientError) -> BackendError {
+pub(crate) fn backend_error(error: ClientError) -> BackendError {
     match error {
         ClientError::Unaligned { .. } | ClientError::BeyondEnd { .. } => BackendError::Invalid(error.to_string()),
         ClientError::Refused { status: netdam_isa::Status::OutOfRange, .. } => BackendError::Invalid(error.to_string()),

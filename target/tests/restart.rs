@@ -376,6 +376,67 @@ fn a_volume_rides_out_a_target_paused_for_seconds() {
     drop(daemon);
 }
 
+/// What the NBD export serves, a namespace by name, finds its namespace again when a restart
+/// renumbered the namespaces (here listed the other way round; a `namespace delete` and a
+/// restart does the same), and serves on with its new id: every write reaches the namespace it
+/// was meant for, none the one that took its old id. A namespace of another size is not served
+/// on: the request fails (EIO), naming the change.
+#[test]
+fn an_export_volume_finds_its_namespace_again_by_name_after_a_renumbering_restart() {
+    use netdam_initiator::nbd::{BackendError, NbdBackend};
+    use netdam_initiator::volume_by_name::VolumeByName;
+    use netdam_target::config::{ByteSize, NamespaceBackend, NamespaceConfig};
+
+    let namespace = |name: &str, size: u64| NamespaceConfig {
+        name: name.into(),
+        backend: NamespaceBackend::File,
+        path: format!("{name}.img").into(),
+        size: Some(ByteSize(size)),
+        block_size: 4096,
+    };
+    let served = |dir: tempfile::TempDir, addr: Option<SocketAddr>, namespaces: Vec<NamespaceConfig>| {
+        common::start_configured_in(dir, Vec::new(), |config| {
+            config.namespaces = namespaces;
+            if let Some(addr) = addr {
+                config.listen = addr;
+            }
+        })
+    };
+    let common::TestTarget { target, dir } =
+        served(tempfile::tempdir().unwrap(), None, vec![namespace("first", 1 << 20), namespace("second", 1 << 20)]);
+    let addr = target.local_addr();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let options = VolumeOptions { sessions: 2, client: patient_options() };
+    let volume = runtime.block_on(VolumeByName::open(addr, "second", options, None)).unwrap();
+    let (before, after) = (pattern(1, 0, 1, 4096), pattern(1, 1, 1, 4096));
+    runtime.block_on(volume.write(0, &before, true)).unwrap();
+    drop(target);
+
+    let common::TestTarget { target, dir } =
+        served(dir, Some(addr), vec![namespace("second", 1 << 20), namespace("first", 1 << 20)]);
+    runtime.block_on(volume.write(4096, &after, true)).expect("served on under the namespace's new id");
+    let mut both = vec![0u8; 8192];
+    runtime.block_on(volume.read(0, &mut both)).unwrap();
+    assert_eq!((&both[..4096], &both[4096..]), (&before[..], &after[..]));
+    let mut client = Client::connect(addr).unwrap();
+    let first = client.namespace("first").unwrap().clone();
+    let mut untouched = vec![1u8; 8192];
+    client.block_read(&first, 0, &mut untouched).unwrap();
+    assert!(untouched.iter().all(|&byte| byte == 0), "nothing reached the namespace that took the old id");
+    drop(client);
+    drop(target);
+
+    // "second" on a new file of twice the size.
+    let larger = NamespaceConfig { path: "second-larger.img".into(), ..namespace("second", 2 << 20) };
+    let _target = served(dir, Some(addr), vec![namespace("first", 1 << 20), larger]);
+    let error = runtime.block_on(volume.write(0, &after, true)).unwrap_err();
+    assert!(
+        matches!(&error, BackendError::Io(what) if what.contains("is now 512 blocks of 4096 bytes, not 256")),
+        "{error}"
+    );
+    runtime.block_on(volume.close());
+}
+
 /// A target that comes back with its spaces numbered otherwise (here its two regions listed the
 /// other way round; a `region delete` and a restart does the same): a live client's next
 /// requests would address the other region by the id it was given. They fail instead, naming

@@ -15,7 +15,8 @@ use netdam_initiator::nbd::{serve_counting, ExportOptions, Listen, NbdListener};
 use netdam_initiator::pieces::{pieces, zeroing_piece_bytes};
 use netdam_initiator::reduce::ReduceValue;
 use netdam_initiator::top::{Snapshot, View};
-use netdam_initiator::{Client, ClientError, ClientOptions, ClientPoll, Volume, VolumeOptions};
+use netdam_initiator::volume_by_name::VolumeByName;
+use netdam_initiator::{Client, ClientError, ClientOptions, ClientPoll, VolumeOptions};
 use netdam_isa::block::{EXTENT_FLAG_HOLE, EXTENT_FLAG_ZERO};
 use netdam_isa::control::NamespaceInfo;
 use netdam_isa::crypto::{Seal, SEAL_LEN};
@@ -1445,10 +1446,11 @@ fn serve_nbd(
     };
     let runtime = builder.enable_all().build().map_err(|error| format!("cannot start the I/O runtime: {error}"))?;
     runtime.block_on(async {
-        let observed = metrics_server.is_some().then_some(&*metrics);
-        let volume = Volume::open_observed(target, namespace, volume_options, observed)
-            .await
-            .map_err(|error| error.to_string())?;
+        let observed = metrics_server.is_some().then(|| metrics.clone());
+        // By name: a target restarted with its spaces renumbered is served on (see the type).
+        let named =
+            VolumeByName::open(target, namespace, volume_options, observed).await.map_err(|error| error.to_string())?;
+        let volume = named.current();
         // The error already says "cannot listen on" the address (or what it found there).
         let listener = NbdListener::bind(listen).map_err(|error| format!("{error} (--listen)"))?;
         let endpoint = listener.endpoint().unwrap_or_else(|| listen.clone());
@@ -1483,7 +1485,8 @@ fn serve_nbd(
             }
             tracing::info!("stopping: finishing the requests in flight");
         };
-        let volume = Arc::new(volume);
+        drop(volume);
+        let volume = Arc::new(named);
         let backend = Arc::new(ObservedBackend::new(volume.clone(), metrics.clone()));
         let report = serve_counting(listener, backend, options, shutdown, &metrics.nbd.connections)
             .await
