@@ -388,9 +388,12 @@ impl Collector for InitiatorCollector {
             None,
             [(no_labels(), sessions.iter().filter(|session| session.ended.get() == 0).count() as f64)],
         )?;
+        // The state of sessions that are there: an ended one's (a volume opened again) is not
+        // shown, while its counters stay in the sums above.
         let per_session = |read: &dyn Fn(&SessionMetrics) -> f64| {
             sessions
                 .iter()
+                .filter(|session| session.ended.get() == 0)
                 .map(|session| (label("session", session.index.to_string()), read(session)))
                 .collect::<Vec<_>>()
         };

@@ -164,19 +164,33 @@ impl Volume {
         self.check("read", offset, out.len() as u64)?;
         let block = u64::from(self.block_bytes());
         let mut pending: Vec<(usize, usize, Pending)> = Vec::new();
+        // Every piece submitted is waited for, even after one failed: none is left in flight
+        // when this returns, so a caller that makes the request again races no piece of it.
+        let mut first_error = None;
         for (at, position, len) in pieces(offset, out.len() as u64, u64::from(self.transfer_bytes())) {
             let op = Op::block_read(self.namespace.id, at / block, (len / block) as u32);
-            pending.push((position as usize, len as usize, self.session().submit(vec![op]).await?));
+            match self.session().submit(vec![op]).await {
+                Ok(answer) => pending.push((position as usize, len as usize, answer)),
+                Err(error) => {
+                    first_error = Some(error);
+                    break;
+                }
+            }
         }
         for (position, len, answer) in pending {
-            let reply = answer.wait().await?;
-            let data = reply.data(0)?;
-            if data.len() != len {
-                return Err(ClientError::MissingResult(0));
+            let piece = answer.wait().await.and_then(|reply| match reply.data(0) {
+                Ok(data) if data.len() == len => {
+                    out[position..position + len].copy_from_slice(data);
+                    Ok(())
+                }
+                Ok(_) => Err(ClientError::MissingResult(0)),
+                Err(error) => Err(error),
+            });
+            if let Err(error) = piece {
+                first_error.get_or_insert(error);
             }
-            out[position..position + len].copy_from_slice(data);
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Writes `data` at `offset`; with `fua` every byte is durable when this returns.
@@ -195,12 +209,12 @@ impl Volume {
         for (at, position, len) in pieces(offset, data.len() as u64, u64::from(self.transfer_bytes())) {
             let bytes = &data[position as usize..(position + len) as usize];
             let op = Op::block_write(self.namespace.id, at / block, block_bytes, bytes, fua);
-            pending.push(self.session().submit(vec![op]).await?);
+            match self.session().submit(vec![op]).await {
+                Ok(answer) => pending.push(answer),
+                Err(error) => return settle(pending).await.and(Err(error)),
+            }
         }
-        for answer in pending {
-            answer.wait().await?.data(0)?;
-        }
-        Ok(())
+        settle(pending).await
     }
 
     /// Makes every write answered before it durable, whichever session (or process) sent it:
@@ -266,13 +280,26 @@ impl Volume {
         let mut pending = Vec::new();
         for (at, _, piece) in pieces(offset, len, zeroing_piece_bytes(self.block_bytes())) {
             let request = op(self.namespace.id, at / block, (piece / block) as u32);
-            pending.push(self.session().submit(vec![request]).await?);
+            match self.session().submit(vec![request]).await {
+                Ok(answer) => pending.push(answer),
+                Err(error) => return settle(pending).await.and(Err(error)),
+            }
         }
-        for answer in pending {
-            answer.wait().await?.data(0)?;
-        }
-        Ok(())
+        settle(pending).await
     }
+}
+
+/// Waits for every piece of a request, even after one failed, and gives the first failure: none
+/// is left in flight when the request returns, so a caller that makes it again (the export after
+/// a spaces change, `VolumeByName`) races no piece of it to the same blocks.
+async fn settle(pending: Vec<Pending>) -> Result<(), ClientError> {
+    let mut first_error = None;
+    for answer in pending {
+        if let Err(error) = answer.wait().await.and_then(|reply| reply.data(0).map(|_| ())) {
+            first_error.get_or_insert(error);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 /// How the NBD export reports a failed volume request.

@@ -14,14 +14,21 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use netdam_isa::control::NamespaceInfo;
+
+use crate::async_client::AsyncClient;
 use crate::error::ClientError;
 use crate::metrics::InitiatorMetrics;
 use crate::nbd::backend::{BackendError, NbdBackend};
 use crate::volume::{backend_error, Volume, VolumeOptions};
 
-/// How soon a failed re-open is tried again: the requests that meet the change meanwhile fail at
-/// once, instead of each opening sessions against a target that just refused.
+/// How soon a failed re-open is tried again, at first: the requests that meet the change
+/// meanwhile fail at once, instead of each opening sessions against a target that just refused.
+/// Each failure in a row doubles it, up to [`REOPEN_RETRY_MAX`].
 const REOPEN_RETRY: Duration = Duration::from_secs(1);
+
+/// The longest wait between re-opens that keep failing (a namespace gone for good).
+const REOPEN_RETRY_MAX: Duration = Duration::from_secs(16);
 
 /// Re-opens one request may cause before it fails (targets restarting over and over).
 const MAX_REOPENS: usize = 3;
@@ -34,7 +41,27 @@ pub struct VolumeByName {
     options: VolumeOptions,
     metrics: Option<Arc<InitiatorMetrics>>,
     /// One re-open at a time; what it found is in `current`.
-    reopening: tokio::sync::Mutex<Option<Instant>>,
+    reopening: tokio::sync::Mutex<Failures>,
+}
+
+/// Re-opens that failed in a row, and when the last did.
+#[derive(Debug, Default)]
+struct Failures {
+    last: Option<Instant>,
+    in_a_row: u32,
+}
+
+impl Failures {
+    /// Whether the next re-open must wait still.
+    fn backing_off(&self) -> bool {
+        let wait = REOPEN_RETRY.saturating_mul(1 << self.in_a_row.saturating_sub(1).min(4)).min(REOPEN_RETRY_MAX);
+        self.last.is_some_and(|at| at.elapsed() < wait)
+    }
+
+    fn failed(&mut self) {
+        self.last = Some(Instant::now());
+        self.in_a_row = self.in_a_row.saturating_add(1);
+    }
 }
 
 impl VolumeByName {
@@ -52,7 +79,7 @@ impl VolumeByName {
             target,
             options,
             metrics,
-            reopening: tokio::sync::Mutex::new(None),
+            reopening: tokio::sync::Mutex::new(Failures::default()),
         })
     }
 
@@ -72,38 +99,40 @@ impl VolumeByName {
     /// A volume to make again a request that `failed` answered with `SpacesChanged` (`why`):
     /// the one another request re-opened meanwhile, or a new one on the same namespace, found
     /// by name with the same geometry. An error when it cannot be (the namespace is gone, not
-    /// granted, of another size, or a re-open failed less than [`REOPEN_RETRY`] ago).
+    /// granted, of another geometry, or a re-open failed a moment ago: see [`Failures`]).
     async fn reopen(&self, failed: &Arc<Volume>, why: &str) -> Result<Arc<Volume>, ClientError> {
-        let mut last_failure = self.reopening.lock().await;
+        let mut failures = self.reopening.lock().await;
         let current = self.current();
         if !Arc::ptr_eq(&current, failed) {
             return Ok(current);
         }
         let name = failed.namespace().name.clone();
         let refused = |what: String| ClientError::SpacesChanged(format!("{why}; namespace {name:?} {what}"));
-        if last_failure.is_some_and(|at| at.elapsed() < REOPEN_RETRY) {
-            return Err(refused("could not be opened again a moment ago".into()));
+        if failures.backing_off() {
+            return Err(refused("could not be opened again a moment ago (tried again shortly)".into()));
+        }
+        // First one unobserved session, to look the namespace up: a re-open that keeps failing
+        // then opens no volume's worth of sessions, nor adds their metrics, each time.
+        if let Err(what) = self.probe(failed, &name).await {
+            failures.failed();
+            tracing::error!(namespace = %name, "the target's spaces changed ({why}); the namespace {what}; its requests fail");
+            return Err(refused(what));
         }
         let opened = Volume::open_observed(self.target, &name, self.options, self.metrics.as_deref()).await;
         let volume = match opened {
-            Ok(volume) => volume,
-            Err(error) => {
-                *last_failure = Some(Instant::now());
-                tracing::error!(namespace = %name, %error, "the target's spaces changed ({why}); cannot open the namespace again: its requests fail");
-                return Err(refused(format!("could not be opened again: {error}")));
+            Ok(volume) if same_geometry(volume.namespace(), failed.namespace()) => volume,
+            other => {
+                failures.failed();
+                let what = match other {
+                    Err(error) => error.to_string(),
+                    Ok(_) => "its geometry changed again while it was opened".to_string(),
+                };
+                tracing::error!(namespace = %name, "the target's spaces changed ({why}); cannot open the namespace again: {what}");
+                return Err(refused(format!("could not be opened again: {what}")));
             }
         };
+        *failures = Failures::default();
         let (was, now) = (failed.namespace(), volume.namespace());
-        if (now.block_bytes, now.capacity_blocks) != (was.block_bytes, was.capacity_blocks) {
-            *last_failure = Some(Instant::now());
-            let what = format!(
-                "is now {} blocks of {} bytes, not {} of {}: restart what serves it",
-                now.capacity_blocks, now.block_bytes, was.capacity_blocks, was.block_bytes
-            );
-            tracing::error!(namespace = %name, "the target's spaces changed ({why}); the namespace {what}");
-            return Err(refused(what));
-        }
-        *last_failure = None;
         tracing::warn!(
             namespace = %name,
             id = now.id,
@@ -115,6 +144,40 @@ impl VolumeByName {
         // The old volume's sessions end when the last request holding it is done.
         *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::clone(&volume);
         Ok(volume)
+    }
+}
+
+/// Whether `now` has the geometry of `was`: what an NBD client negotiated (size, block size,
+/// whether holes are reported).
+fn same_geometry(now: &NamespaceInfo, was: &NamespaceInfo) -> bool {
+    (now.block_bytes, now.capacity_blocks, now.reports_allocation)
+        == (was.block_bytes, was.capacity_blocks, was.reports_allocation)
+}
+
+impl VolumeByName {
+    /// Looks namespace `name` up over one session without metrics: `Err` says why it cannot
+    /// be served on (gone, not granted, another geometry, the target unreachable).
+    async fn probe(&self, failed: &Volume, name: &str) -> Result<(), String> {
+        let client = AsyncClient::connect_with(self.target, self.options.client)
+            .await
+            .map_err(|error| format!("could not be looked up again: {error}"))?;
+        let found = client.info().namespace(name).cloned();
+        client.close().await;
+        let now = found.map_err(|error| format!("could not be found again: {error}"))?;
+        let was = failed.namespace();
+        if same_geometry(&now, was) {
+            return Ok(());
+        }
+        let holes = match (now.reports_allocation, was.reports_allocation) {
+            (true, false) => ", and now reports holes",
+            (false, true) => ", and no longer reports holes",
+            _ => "",
+        };
+        Err(format!(
+            "is now {} blocks of {} bytes, not {} of {}{holes}: it is not served on (restart the export to serve it \
+             as it is)",
+            now.capacity_blocks, now.block_bytes, was.capacity_blocks, was.block_bytes
+        ))
     }
 }
 

@@ -129,6 +129,7 @@ pub fn watch(data_dir: &Path, watched: Watched, cell: Arc<TenantCell>) -> std::i
         regions,
         namespaces,
         keys,
+        keys_checked: true,
         cell,
         seen: None,
         records: Vec::new(),
@@ -180,6 +181,9 @@ struct Watcher {
     regions: Arc<RegionTable>,
     namespaces: Arc<NamespaceTable>,
     keys: Arc<KeyRing>,
+    /// Whether the last read compared the store's keys with those loaded (see
+    /// `withdraw_deleted_keys`).
+    keys_checked: bool,
     cell: Arc<TenantCell>,
     /// The file as it was before the last successful read.
     seen: Stamp,
@@ -194,6 +198,29 @@ struct Watcher {
 }
 
 impl Watcher {
+    /// Withdraws the loaded key slots that the store no longer holds with the same keys
+    /// ([`KeyRing::withdraw_changed`]); whether the store's keys could be read to compare.
+    fn withdraw_deleted_keys(&self) -> bool {
+        if self.keys.loaded().next().is_none() {
+            return true;
+        }
+        let stored = match MetadataStore::read_crypto_key_digests(&self.data_dir) {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the key slots to compare them with those loaded; no tenant uses a key slot until they can be");
+                return false;
+            }
+        };
+        for slot in self.keys.withdraw_changed(&stored) {
+            tracing::warn!(
+                slot,
+                "key slot {slot} was deleted from the metadata store: it serves no more ENCRYPT or DECRYPT (a key \
+                 made anew in the slot serves from the target's next start)"
+            );
+        }
+        true
+    }
+
     fn poll(&mut self) {
         let now = stamp(&self.path);
         if now == self.seen && !self.recent {
@@ -231,27 +258,23 @@ impl Watcher {
             });
         }
         let records = read_tenants(&self.data_dir)?;
-        if self.keys.loaded().next().is_some() {
-            // Before the tenants are published (and noted applied): a command that deleted a
-            // slot and granted it anew finds the old key gone once it returns.
-            let stored = MetadataStore::read_crypto_key_digests(&self.data_dir)?;
-            for slot in self.keys.withdraw_changed(&stored) {
-                tracing::warn!(
-                    slot,
-                    "key slot {slot} was deleted from the metadata store: it serves no more ENCRYPT or DECRYPT \
-                     (a key made anew in the slot serves from the target's next start)"
-                );
-            }
-        }
+        // Before the tenants are published (and noted applied): a command that deleted a slot
+        // and granted it anew finds the old key gone once it returns.
+        let keys_checked = self.withdraw_deleted_keys();
         self.seen = before;
-        self.recent = changed_recently(&self.path);
+        // Keys not compared are read again at the next poll, changed or not.
+        self.recent = changed_recently(&self.path) || !keys_checked;
         if self.failing.take().is_some() {
             tracing::info!("the tenants can be read again");
         }
-        if !always && records == self.records {
+        if !always && records == self.records && keys_checked == self.keys_checked {
             return Ok(());
         }
         let (snapshot, warnings) = TenantSnapshot::resolve(&records, &self.regions, &self.namespaces);
+        // Keys that could not be compared with the store may be deleted ones: no tenant uses
+        // any until they can, and the tenants' other changes (a revoke) still apply.
+        let snapshot = if keys_checked { snapshot } else { snapshot.without_key_slots() };
+        self.keys_checked = keys_checked;
         let tenants = snapshot.iter().count();
         self.cell.publish(snapshot);
         let generation = self.cell.generation();

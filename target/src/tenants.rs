@@ -238,6 +238,15 @@ impl TenantSnapshot {
         self.tenants.iter().flatten()
     }
 
+    /// The same tenants with no use of any key slot: what is in force while the store's keys
+    /// cannot be compared with those loaded (see `tenant_watch`).
+    pub fn without_key_slots(mut self) -> TenantSnapshot {
+        for tenant in self.tenants.iter_mut().flatten() {
+            tenant.key_slots = KeySlotGrants::default();
+        }
+        self
+    }
+
     /// Whether there is no tenant.
     pub fn is_empty(&self) -> bool {
         self.iter().next().is_none()

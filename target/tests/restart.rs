@@ -434,6 +434,11 @@ fn an_export_volume_finds_its_namespace_again_by_name_after_a_renumbering_restar
         matches!(&error, BackendError::Io(what) if what.contains("is now 512 blocks of 4096 bytes, not 256")),
         "{error}"
     );
+    let soon = runtime.block_on(volume.write(0, &after, true)).unwrap_err();
+    assert!(
+        matches!(&soon, BackendError::Io(what) if what.contains("a moment ago")),
+        "not looked for again at once: {soon}"
+    );
     runtime.block_on(volume.close());
 }
 
