@@ -64,6 +64,15 @@ fn start() -> common::TestTarget {
     target
 }
 
+/// As [`start`] with no tenant published yet, its sessions ending after 1 s of silence.
+fn start_expiring() -> common::TestTarget {
+    let regions = vec![common::region("alice", REGION, false), common::region("shared", REGION, false)];
+    common::start_configured(regions, |config| {
+        config.auth = AuthMode::Tenants;
+        config.session_idle_timeout_ms = 1_000;
+    })
+}
+
 fn publish(target: &common::TestTarget, records: &[TenantRecord]) {
     let (snapshot, warnings) = TenantSnapshot::resolve(records, target.target.regions(), target.target.namespaces());
     assert!(warnings.is_empty(), "{warnings:?}");
@@ -198,11 +207,7 @@ fn a_revoked_grant_or_a_rotated_key_applies_to_live_sessions() {
 /// that gave the id to another space. A new client, once the grant is back, is served.
 #[test]
 fn a_hello_lists_only_the_spaces_granted_and_a_session_told_of_a_space_no_longer_listed_stops() {
-    let regions = vec![common::region("alice", REGION, false), common::region("shared", REGION, false)];
-    let target = common::start_configured(regions, |config| {
-        config.auth = AuthMode::Tenants;
-        config.session_idle_timeout_ms = 1_000;
-    });
+    let target = start_expiring();
     let mut tenants = records();
     tenants.push(record("keys-only", 4, 0x44, vec![grant(GrantSpace::All, &["encrypt", "decrypt"], None)]));
     tenants.push(record("nothing", 5, 0x55, Vec::new()));
@@ -414,11 +419,7 @@ fn a_datagram_replayed_after_a_restart_finds_no_session() {
 
 #[test]
 fn a_datagram_of_an_expired_session_finds_no_session_and_adds_nothing() {
-    let regions = vec![common::region("alice", REGION, false), common::region("shared", REGION, false)];
-    let target = common::start_configured(regions, |config| {
-        config.auth = AuthMode::Tenants;
-        config.session_idle_timeout_ms = 1_000;
-    });
+    let target = start_expiring();
     publish(&target, &records());
     let mut raw = Raw::open(&target, 1, 0xA1);
     let one = 1u64.to_le_bytes();
