@@ -129,10 +129,21 @@ impl AsyncClient {
         metrics: Option<Arc<SessionMetrics>>,
         outstanding: Arc<AtomicUsize>,
     ) -> Result<AsyncClient, ClientError> {
-        options.session.check()?;
-        let socket = connected_socket(addr, options.local_addr)?;
-        socket.set_nonblocking(true)?;
-        let socket = UdpSocket::from_std(socket)?;
+        let prepared = options.session.check().and_then(|()| {
+            let socket = connected_socket(addr, options.local_addr)?;
+            socket.set_nonblocking(true)?;
+            Ok(UdpSocket::from_std(socket)?)
+        });
+        let socket = match prepared {
+            Ok(socket) => socket,
+            Err(error) => {
+                // No task will own the shard: it must not count as a session kept.
+                if let Some(metrics) = &metrics {
+                    metrics.ended();
+                }
+                return Err(error);
+            }
+        };
         let session_config = fit_window_to_socket_buffers(&socket2::SockRef::from(&socket), options.session);
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
         let mut session =

@@ -351,4 +351,11 @@ fn initiator_metrics_count_requests_failed_when_nothing_listens() {
     assert_eq!(value(&samples, "netdam_initiator_errors_total{status=\"client_error\"}"), 1.0, "{text}");
     assert_eq!(value(&samples, "netdam_initiator_sessions"), 0.0, "nothing listening knows the session: {text}");
     assert_eq!(value(&samples, "netdam_initiator_sessions_configured"), 1.0, "{text}");
+    // A session that could not even be set up (a setting refused) is no session kept.
+    let mut refused = ClientOptions::default();
+    refused.session.max_in_flight = 0;
+    let others = std::sync::Arc::new(InitiatorMetrics::default());
+    let setup = runtime.block_on(AsyncClient::connect_observed(addr, refused, Some(others.new_session())));
+    assert!(matches!(setup, Err(ClientError::Setting(_))), "{setup:?}");
+    assert_eq!(sessions(&scrape(&others)), (0.0, 0.0), "the refused one is not counted");
 }
