@@ -300,6 +300,10 @@ fn refusal_hint(opcode: u8, status: Status) -> &'static str {
             " (the tenant of this key holds no grant for this on this space or range: \
              `netdam-target tenant list` shows its grants, `netdam-target grant` adds one)"
         }
+        Status::NoSuchKey => {
+            " (the running target holds no key in this slot: `netdam-target crypto-key list` shows the slots; a \
+             slot created after the target started serves from its next start, and a deleted one serves no more)"
+        }
         Status::Unaligned if atomic => " (atomics work on 8-byte words: give an offset that is a multiple of 8)",
         Status::Unaligned => " (lane-wise instructions need an offset that is a multiple of the lane size)",
         Status::UnknownOpcode | Status::NotSupported if Opcode::from_u8(opcode).is_none() => {
@@ -333,6 +337,7 @@ mod tests {
             refused(Opcode::Decrypt as u8, Status::PermissionDenied).contains("grant NAME key:SLOT encrypt,decrypt"),
             "crypto needs the key slot"
         );
+        assert!(refused(Opcode::Encrypt as u8, Status::NoSuchKey).contains("serves from its next start"));
         assert!(refused(Opcode::FetchAdd as u8, Status::Unaligned).contains("multiple of 8"));
         assert!(refused(Opcode::Vadd as u8, Status::Unaligned).contains("lane size"));
         let extension = refused(netdam_isa::extension::reduce::REDUCE_OPCODE, Status::UnknownOpcode);
