@@ -18,7 +18,7 @@ use netdam_target::metadata::{
 };
 use netdam_target::namespaces::{open_namespace, resolve};
 use netdam_target::server::{check_stored_namespace, check_stored_region, running_target};
-use netdam_target::tenant_admin::{self, parse_permission_list, parse_range, parse_space};
+use netdam_target::tenant_admin::{self, parse_key_slot, parse_permission_list, parse_range, parse_space};
 use netdam_target::tenants::{GrantRecord, GrantSpace, QosClass, TenantRecord, KEY_PERMISSION_NAMES};
 use netdam_target::{AuthMode, Config, PollMode, Target};
 
@@ -76,7 +76,7 @@ enum CryptoKeyCommand {
     /// Put a new random key (version 1) in an empty slot, committed durably before this returns.
     Create {
         /// Slot number, 0 to 255: ENCRYPT's and DECRYPT's aux field.
-        #[arg(value_parser = parse_slot)]
+        #[arg(value_parser = parse_key_slot)]
         slot: u32,
         #[command(flatten)]
         store: StoreArgs,
@@ -85,7 +85,7 @@ enum CryptoKeyCommand {
     /// start; DECRYPT still opens what older versions sealed (the nonce names the version).
     Rotate {
         /// Slot number, 0 to 255, of a key made with `crypto-key create`.
-        #[arg(value_parser = parse_slot)]
+        #[arg(value_parser = parse_key_slot)]
         slot: u32,
         #[command(flatten)]
         store: StoreArgs,
@@ -94,7 +94,7 @@ enum CryptoKeyCommand {
     /// and every tenant's grant on the slot.
     Delete {
         /// Slot number, 0 to 255, whose every key version is destroyed.
-        #[arg(value_parser = parse_slot)]
+        #[arg(value_parser = parse_key_slot)]
         slot: u32,
         #[command(flatten)]
         store: StoreArgs,
@@ -109,14 +109,6 @@ enum CryptoKeyCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
-}
-
-fn parse_slot(text: &str) -> Result<u32, String> {
-    let slot: u32 = text.parse().map_err(|_| format!("{text:?} is not a slot number"))?;
-    if slot >= netdam_isa::limits::CRYPTO_KEY_SLOTS {
-        return Err(format!("slot {slot} is beyond the last slot, {}", netdam_isa::limits::CRYPTO_KEY_SLOTS - 1));
-    }
-    Ok(slot)
 }
 
 #[derive(Debug, Subcommand)]
@@ -1216,39 +1208,14 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
             let (_, data_dir) = read_context(&store)?;
             let slots = MetadataStore::read_crypto_key_slots(&data_dir).map_err(text)?;
             let tenants = read_tenants(&data_dir).map_err(text)?;
-            // Who holds `key:SLOT`, with the uses granted; an `all` grant naming a use covers
-            // every slot and is shown once, below.
-            let granted = |slot: u32| -> Vec<(String, String)> {
-                tenants
-                    .iter()
-                    .flat_map(|tenant| {
-                        tenant
-                            .grants
-                            .iter()
-                            .filter(move |grant| grant.space == GrantSpace::KeySlot(slot))
-                            .map(|grant| (tenant.name.clone(), grant.permissions.join(",")))
-                    })
-                    .collect()
-            };
-            let every_slot: Vec<(String, String)> = tenants
-                .iter()
-                .flat_map(|tenant| {
-                    tenant.grants.iter().filter(|grant| grant.space == GrantSpace::All).filter_map(|grant| {
-                        let uses: Vec<&str> = grant
-                            .permissions
-                            .iter()
-                            .map(String::as_str)
-                            .filter(|name| KEY_PERMISSION_NAMES.contains(name))
-                            .collect();
-                        (!uses.is_empty()).then(|| (tenant.name.clone(), uses.join(",")))
-                    })
-                })
-                .collect();
+            // Who holds `key:SLOT`; an `all` grant naming a use covers every slot and is shown
+            // once, below.
+            let every_slot = key_users(&tenants, &GrantSpace::All);
             let mut listed = Vec::new();
             for (slot, versions) in slots {
                 let reserved =
                     read_reservation(&reservation_path(&data_dir, slot)).map_err(|error| error.to_string())?;
-                listed.push((slot, versions, reserved, granted(slot)));
+                listed.push((slot, versions, reserved, key_users(&tenants, &GrantSpace::KeySlot(slot))));
             }
             let named = |grants: &[(String, String)]| -> Vec<serde_json::Value> {
                 grants.iter().map(|(tenant, uses)| serde_json::json!({ "tenant": tenant, "uses": uses })).collect()
@@ -1295,6 +1262,26 @@ fn crypto_key_command(command: CryptoKeyCommand) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The tenants holding a grant on `space` that names a use of key slots, with those uses
+/// (`encrypt,decrypt`): what `crypto-key list` says of a slot (`key:SLOT`) or of every slot
+/// (`all`).
+fn key_users(tenants: &[TenantRecord], space: &GrantSpace) -> Vec<(String, String)> {
+    tenants
+        .iter()
+        .flat_map(|tenant| {
+            tenant.grants.iter().filter(|grant| &grant.space == space).filter_map(|grant| {
+                let uses: Vec<&str> = grant
+                    .permissions
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|name| KEY_PERMISSION_NAMES.contains(name))
+                    .collect();
+                (!uses.is_empty()).then(|| (tenant.name.clone(), uses.join(",")))
+            })
+        })
+        .collect()
 }
 
 /// The one log line at start: the settings in force and where the metrics are.

@@ -543,12 +543,7 @@ impl MetadataStore {
     /// read as [`MetadataStore::read_crypto_key_slots`] reads: what a running target compares
     /// with the keys it loaded, to stop serving a slot deleted or replaced since.
     pub fn read_crypto_key_digests(data_dir: &Path) -> Result<Vec<StoredKeyDigests>, MetadataError> {
-        let path = data_dir.join(METADATA_FILE);
-        let slots = guarded(&path, || match open_to_read(&path)? {
-            None => Ok(Vec::new()),
-            Some(store) => store.crypto_keys(&path),
-        })?;
-        Ok(slots
+        Ok(read_crypto_keys(data_dir)?
             .into_iter()
             .map(|(slot, versions)| {
                 (slot, versions.iter().map(|(version, key)| (*version, crate::crypto::key_digest(key))).collect())
@@ -559,12 +554,7 @@ impl MetadataStore {
     /// `data_dir`'s key slots with the versions of their keys (never the keys), read as
     /// [`read_tenants`] reads: read-only, so that listing works on a read-only data directory.
     pub fn read_crypto_key_slots(data_dir: &Path) -> Result<Vec<(u32, Vec<u32>)>, MetadataError> {
-        let path = data_dir.join(METADATA_FILE);
-        let slots = guarded(&path, || match open_to_read(&path)? {
-            None => Ok(Vec::new()),
-            Some(store) => store.crypto_keys(&path),
-        })?;
-        Ok(key_versions_only(slots))
+        Ok(key_versions_only(read_crypto_keys(data_dir)?))
     }
 
     /// Reads slot `slot`'s versions, lets `change` edit them, and commits the result durably
@@ -1175,6 +1165,16 @@ fn crypto_key_table(db: &impl ReadableDatabase, path: &Path) -> Result<Vec<Store
         slots.push((slot.value(), decode_key_versions(path, slot.value(), bytes.value())?));
     }
     Ok(slots)
+}
+
+/// `data_dir`'s key slots with their keys, the store opened read-only as [`read_tenants`] opens
+/// it (an absent store holds none): what the listing and the running target's comparison read.
+fn read_crypto_keys(data_dir: &Path) -> Result<Vec<StoredKeySlot>, MetadataError> {
+    let path = data_dir.join(METADATA_FILE);
+    guarded(&path, || match open_to_read(&path)? {
+        None => Ok(Vec::new()),
+        Some(store) => store.crypto_keys(&path),
+    })
 }
 
 fn key_versions_only(slots: Vec<StoredKeySlot>) -> Vec<(u32, Vec<u32>)> {

@@ -297,15 +297,21 @@ pub fn parse_space(text: &str) -> Result<GrantSpace, String> {
         None if text == "all" => Ok(GrantSpace::All),
         Some(("region", name)) if !name.is_empty() => Ok(GrantSpace::Region(name.to_string())),
         Some(("namespace", name)) if !name.is_empty() => Ok(GrantSpace::Namespace(name.to_string())),
-        Some(("key", slot)) => match slot.parse::<u32>() {
-            Ok(slot) if slot < netdam_isa::limits::CRYPTO_KEY_SLOTS => Ok(GrantSpace::KeySlot(slot)),
-            _ => Err(format!(
-                "space {text:?}: a key slot is a number from 0 to {}",
-                netdam_isa::limits::CRYPTO_KEY_SLOTS - 1
-            )),
-        },
+        Some(("key", slot)) => {
+            parse_key_slot(slot).map(GrantSpace::KeySlot).map_err(|error| format!("space {text:?}: {error}"))
+        }
         _ => Err(bad()),
     }
+}
+
+/// A key slot number, 0 to 255, as `crypto-key` and `grant key:SLOT` take it.
+pub fn parse_key_slot(text: &str) -> Result<u32, String> {
+    let last = netdam_isa::limits::CRYPTO_KEY_SLOTS - 1;
+    let slot: u32 = text.parse().map_err(|_| format!("{text:?} is not a slot number (slots run from 0 to {last})"))?;
+    if slot > last {
+        return Err(format!("slot {slot} is beyond the last slot, {last} (slots run from 0 to {last})"));
+    }
+    Ok(slot)
 }
 
 /// A comma list of permission names (`read,write` or `all`), in stored form.
