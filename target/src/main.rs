@@ -242,7 +242,8 @@ struct RevokeArgs {
     #[arg(value_parser = parse_space)]
     space: GrantSpace,
     /// Comma list of permissions to take back (read, write, atomic, compute, block, encrypt,
-    /// decrypt, admin, all) [default: all, removing the grant].
+    /// decrypt, admin, all) [default: all, removing the grant]. One the tenant does not hold
+    /// there refuses the whole revoke; `all` takes whatever it holds.
     perms: Option<String>,
     #[command(flatten)]
     store: StoreArgs,
@@ -1151,6 +1152,10 @@ fn grant_command(args: GrantArgs) -> Result<(), String> {
 fn revoke_command(args: RevokeArgs) -> Result<(), String> {
     let RevokeArgs { tenant, space, perms, store } = args;
     let permissions = perms.as_deref().map(parse_permission_list).transpose()?;
+    // `all` takes whatever is held, as naming no permission does; listed one by one, a
+    // permission not held would refuse the revoke.
+    let every = perms.as_deref().is_some_and(|text| text.split(',').any(|name| name.trim() == "all"));
+    let permissions = permissions.filter(|_| !every);
     let (_, data_dir) = existing_store_context(&store)?;
     let record = MetadataStore::open(&data_dir)
         .and_then(|metadata| metadata.revoke(&tenant, &space, permissions.as_deref()))

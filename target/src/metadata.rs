@@ -859,6 +859,22 @@ impl MetadataStore {
                     if held.is_empty() { "nothing".to_string() } else { held.join(", ") }
                 )));
             };
+            // A permission named but not held is refused, not skipped: a revoke that changes
+            // nothing because of a typo'd space or permission would otherwise look done.
+            // Naming `all` takes whatever is held.
+            let every = permissions.is_some_and(|names| names.iter().any(|name| name == "all"));
+            if let Some(taken) = taken.as_ref().filter(|_| !every) {
+                let held = &record.grants[index].permissions;
+                let missing: Vec<&str> = taken.iter().filter(|name| !held.contains(name)).map(String::as_str).collect();
+                if !missing.is_empty() {
+                    return Err(MetadataError::Refused(format!(
+                        "tenant {tenant:?} holds no {} on {} (it holds {} there): nothing revoked",
+                        missing.join(","),
+                        space_text(space),
+                        held.join(",")
+                    )));
+                }
+            }
             let left: Vec<String> = match &taken {
                 None => Vec::new(),
                 Some(taken) => {
@@ -1853,7 +1869,7 @@ mod tests {
         assert_eq!(record.grants[3].permissions, PERMISSION_NAMES);
 
         let scratch = GrantSpace::Region("scratch".into());
-        let record = store.revoke("alice", &scratch, Some(&names(&["write", "compute"]))).unwrap();
+        let record = store.revoke("alice", &scratch, Some(&names(&["write"]))).unwrap();
         assert_eq!(record.grants[0], region_grant("scratch", &["read"], None));
         let record = store.revoke("alice", &scratch, Some(&names(&["read"]))).unwrap();
         assert!(record.grants.iter().all(|grant| grant.space != scratch), "a grant left with nothing is removed");
@@ -1865,8 +1881,16 @@ mod tests {
         let record = store.revoke("alice", &GrantSpace::All, None).unwrap();
         assert_eq!(record.grants.len(), 2);
         assert!(store.revoke("alice", &GrantSpace::Namespace("disk".into()), Some(&names(&["blok"]))).is_err());
+        let unheld = store
+            .revoke("alice", &GrantSpace::Region("stored".into()), Some(&names(&["read", "compute"])))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unheld.contains("holds no compute on region:stored (it holds read,atomic there): nothing revoked"),
+            "{unheld}"
+        );
         drop(store);
-        assert_eq!(read_tenants(dir.path()).unwrap()[0], record, "committed");
+        assert_eq!(read_tenants(dir.path()).unwrap()[0], record, "committed, and the refused revoke took nothing");
     }
 
     #[test]

@@ -158,6 +158,12 @@ fn bad_input_names_the_culprit() {
     // `all` on one space is every permission on it, which `admin` is not.
     let granted = ok(dir, &["grant", "alice", "region:default", "all"]);
     assert!(granted.contains("region:default  read,write,atomic,compute,block  (the whole space)"), "{granted}");
+    // A revoke of a permission not held changes nothing and says so, rather than looking done.
+    ok(dir, &["revoke", "alice", "region:default", "write,compute"]);
+    let unheld = fails(dir, &["revoke", "alice", "region:default", "read,write"]);
+    assert!(unheld.contains("holds no write on region:default (it holds read,atomic,block there)"), "{unheld}");
+    assert!(ok(dir, &["tenant", "list"]).contains("region:default  read,atomic,block"), "nothing was taken");
+    ok(dir, &["revoke", "alice", "region:default", "all"]);
 }
 
 #[test]
