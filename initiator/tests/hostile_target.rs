@@ -84,6 +84,9 @@ struct Plan {
     answers: Vec<Mutation>,
     /// Whether a mutated datagram gets its CRC recomputed (the checksum then passes).
     fix_crc: bool,
+    /// When set, a BWRITE at block 0 fails (`io_error`) at once and the answer of any other
+    /// BWRITE is held this long: a request whose first piece fails while another is in flight.
+    held_block_writes: Option<StdDuration>,
 }
 
 fn extreme_u32() -> impl Strategy<Value = u32> {
@@ -163,7 +166,7 @@ fn hello_plan() -> impl Strategy<Value = HelloPlan> {
 
 fn plan() -> impl Strategy<Value = Plan> {
     (hello_plan(), prop::collection::vec(mutation(), 1..24), prop::bool::weighted(0.9))
-        .prop_map(|(hello, answers, fix_crc)| Plan { hello, answers, fix_crc })
+        .prop_map(|(hello, answers, fix_crc)| Plan { hello, answers, fix_crc, held_block_writes: None })
 }
 
 /// The data a read of `len` bytes at `offset` gets from the fake target.
@@ -175,6 +178,8 @@ fn pattern(offset: u64, len: usize) -> Vec<u8> {
 struct FakeTarget {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// Held answers sent so far ([`Plan::held_block_writes`]).
+    released: Arc<AtomicUsize>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -184,12 +189,13 @@ impl FakeTarget {
         socket.set_read_timeout(Some(StdDuration::from_millis(20))).unwrap();
         let addr = socket.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
+        let released = Arc::new(AtomicUsize::new(0));
+        let (stopped, counted) = (stop.clone(), released.clone());
         let thread = std::thread::Builder::new()
             .name("fake-target".into())
-            .spawn(move || serve(&socket, &plan, &stopped))
+            .spawn(move || serve(&socket, &plan, &stopped, &counted))
             .unwrap();
-        FakeTarget { addr, stop, thread: Some(thread) }
+        FakeTarget { addr, stop, released, thread: Some(thread) }
     }
 }
 
@@ -203,16 +209,24 @@ impl Drop for FakeTarget {
     }
 }
 
-fn serve(socket: &UdpSocket, plan: &Plan, stop: &AtomicBool) {
+fn serve(socket: &UdpSocket, plan: &Plan, stop: &AtomicBool, released: &AtomicUsize) {
     let mut request_buffer = vec![0u8; 70_000];
     let mut answer_buffer = vec![0u8; 70_000];
     let mut next_mutation = 0;
+    let mut held: Vec<(StdInstant, Vec<u8>, SocketAddr)> = Vec::new();
     while !stop.load(Ordering::SeqCst) {
+        let now = StdInstant::now();
+        for (_, answer, to) in held.extract_if(.., |(due, _, _)| *due <= now) {
+            // Counted before it leaves, so a client that has it has seen the count move.
+            released.fetch_add(1, Ordering::SeqCst);
+            let _ = socket.send_to(&answer, to);
+        }
         let Ok((len, from)) = socket.recv_from(&mut request_buffer) else { continue };
         let Ok(request) = Request::parse(&request_buffer[..len]) else { continue };
         let header = request.header;
         let mut writer = ResponseWriter::new(&mut answer_buffer, header.session, header.sequence);
         let mut is_hello = false;
+        let mut hold = None;
         for instruction in request.instructions() {
             let opcode = Opcode::from_u8(instruction.opcode);
             let capacity = writer.data_capacity();
@@ -276,6 +290,14 @@ fn serve(socket: &UdpSocket, plan: &Plan, stop: &AtomicBool) {
                     ];
                     (Status::Ok, encode_extents(&extents, writer.data_area()))
                 }
+                Some(Opcode::BlockWrite) if plan.held_block_writes.is_some() => {
+                    if instruction.offset == 0 {
+                        (Status::IoError, 0)
+                    } else {
+                        hold = plan.held_block_writes;
+                        (Status::Ok, 0)
+                    }
+                }
                 Some(Opcode::Stat) => {
                     let Ok(mut stat) = StatWriter::new(writer.data_area()) else { break };
                     let _ = stat.push("requests", 7);
@@ -321,6 +343,10 @@ fn serve(socket: &UdpSocket, plan: &Plan, stop: &AtomicBool) {
         if plan.fix_crc && len >= CRC_FIELD.end {
             let crc = datagram_crc(&answer_buffer[..len]);
             answer_buffer[CRC_FIELD].copy_from_slice(&crc.to_le_bytes());
+        }
+        if let Some(delay) = hold {
+            held.push((StdInstant::now() + delay, answer_buffer[..len].to_vec(), from));
+            continue;
         }
         for _ in 0..times {
             let _ = socket.send_to(&answer_buffer[..len], from);
@@ -521,6 +547,7 @@ fn an_honest_fake_target_is_read_as_it_answers() {
         },
         answers: vec![Mutation::None],
         fix_crc: true,
+        held_block_writes: None,
     };
     let target = FakeTarget::start(plan);
     let mut client = Client::connect_with(target.addr, options()).unwrap();
@@ -536,4 +563,50 @@ fn an_honest_fake_target_is_read_as_it_answers() {
     let extents = client.block_status(&namespace, 0, 16).unwrap();
     assert_eq!(extents.iter().map(|extent| extent.num_blocks).sum::<u32>(), 16);
     client.close().unwrap();
+}
+
+/// A volume request whose first piece fails returns only once every other piece it sent has
+/// been answered: the export makes a failed request again after a spaces change, and a piece
+/// of the first attempt still in flight could then land after the new one. The fake target
+/// fails the piece at block 0 at once and holds the other piece's answer 200 ms; timeouts far
+/// longer than that, so the held piece ends by its answer, not by giving up.
+#[test]
+fn a_volume_request_returns_only_once_every_piece_is_answered() {
+    let plan = Plan {
+        hello: HelloPlan {
+            session: 78,
+            max_datagram_bytes: 9000,
+            max_instructions: 64,
+            regions: Vec::new(),
+            namespaces: vec![(0, "disk".into(), 4096, 256)],
+            mutation: Mutation::None,
+        },
+        answers: vec![Mutation::None],
+        fix_crc: true,
+        held_block_writes: Some(StdDuration::from_millis(200)),
+    };
+    let target = FakeTarget::start(plan);
+    let session = SessionConfig {
+        initial_rto: Duration::from_millis(2_000),
+        min_rto: Duration::from_millis(2_000),
+        min_block_rto: Duration::from_millis(2_000),
+        max_rto: Duration::from_millis(4_000),
+        ..SessionConfig::default()
+    };
+    let options = VolumeOptions { sessions: 2, client: ClientOptions { session, ..ClientOptions::default() } };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let volume = Volume::open(target.addr, "disk", options).await.unwrap();
+        let transfer = volume.transfer_bytes() as usize;
+        assert!(transfer < 64 * 4096, "the write below needs at least two pieces");
+        // Two pieces at least: the first (block 0) fails, the rest are held.
+        let data = vec![7u8; 2 * transfer];
+        let error = volume.write(0, &data, false).await.unwrap_err();
+        assert!(error.to_string().contains("io_error"), "the first piece's failure is what returns: {error}");
+        assert!(
+            target.released.load(Ordering::SeqCst) >= 1,
+            "the write returned before the answer of its held piece was even sent"
+        );
+        volume.close().await;
+    });
 }
