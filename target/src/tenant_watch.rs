@@ -531,4 +531,63 @@ mod tests {
         assert!(warnings.is_empty(), "{warnings:?}");
         assert!(snapshot.tenant(1).unwrap().region_grant(0).unwrap().allows(Permissions::READ, 0, 65536));
     }
+
+    /// Key slots the store's keys can no longer be compared with (a slot's record unreadable)
+    /// may be deleted ones: no tenant uses any until the keys can be read again, while the
+    /// tenants' other changes still apply; once readable, the grants on slots come back.
+    #[test]
+    fn unreadable_keys_stop_key_slot_grants_until_they_can_be_read_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let (regions, namespaces) = spaces(dir.path());
+        store_alice_with_read_write(dir.path());
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.create_crypto_key(1, &crate::metadata::KeyMaterial([9; 32])).unwrap();
+        let on_slot = GrantRecord { space: GrantSpace::KeySlot(1), permissions: vec!["encrypt".into()], range: None };
+        store.grant("alice", &on_slot, &known()).unwrap();
+        drop(store);
+        let keys =
+            Arc::new(KeyRing::load(MetadataStore::load_crypto_keys(dir.path()).unwrap(), dir.path(), 64).unwrap());
+        let cell = Arc::new(TenantCell::default());
+        let _handle = watch(dir.path(), Watched { regions, namespaces, keys }, cell.clone()).unwrap();
+        let (generation, snapshot) = cell.load();
+        let alice = snapshot.iter().next().expect("alice is published at start").id;
+        assert!(snapshot.tenant(alice).unwrap().key_slots.allows(1, false), "alice seals with slot 1");
+
+        // Another slot's record damaged (a length no key entry has): the keys cannot be read.
+        // The table is opened by its name and types, as the store defines it.
+        let table: redb::TableDefinition<u32, &[u8]> = redb::TableDefinition::new("crypto_keys");
+        let damage = |bytes: Option<&[u8]>| {
+            let db = redb::Database::open(dir.path().join(METADATA_FILE)).unwrap();
+            let write = db.begin_write().unwrap();
+            {
+                let mut opened = write.open_table(table).unwrap();
+                match bytes {
+                    Some(bytes) => drop(opened.insert(2, bytes).unwrap()),
+                    None => drop(opened.remove(2).unwrap()),
+                }
+            }
+            write.commit().unwrap();
+        };
+        damage(Some(&[1, 2, 3, 4, 5]));
+        wait_for_generation(&cell, generation, Duration::from_secs(2)).expect("published within 2 s");
+        let (generation, snapshot) = cell.load();
+        let held = snapshot.tenant(alice).unwrap();
+        assert!(!held.key_slots.allows(1, false), "no key slot is used while the keys cannot be compared");
+        assert!(held.region_grant(0).unwrap().allows(Permissions::WRITE, 0, 1), "the region grant stays");
+
+        // A revoke still applies meanwhile.
+        let store = MetadataStore::open(dir.path()).unwrap();
+        store.revoke("alice", &GrantSpace::Region("scratch".into()), Some(&["write".into()])).unwrap();
+        drop(store);
+        wait_for_generation(&cell, generation, Duration::from_secs(2)).expect("the revoke is published");
+        let (generation, snapshot) = cell.load();
+        let held = snapshot.tenant(alice).unwrap();
+        assert!(!held.region_grant(0).unwrap().allows(Permissions::WRITE, 0, 1), "the revoke applied");
+        assert!(!held.key_slots.allows(1, false), "still no key slot");
+
+        // Readable again: slot 1's grant is back (its key never changed).
+        damage(None);
+        wait_for_generation(&cell, generation, Duration::from_secs(2)).expect("published once readable");
+        assert!(cell.load().1.tenant(alice).unwrap().key_slots.allows(1, false), "slot 1 serves alice again");
+    }
 }
