@@ -1399,6 +1399,14 @@ fn print_banner(target: &Target, config: &Config, default_key: Option<&std::path
         );
     }
     for (slot, keys) in target.keys().loaded() {
+        if target.keys().is_withdrawn(slot) {
+            // Deleted from the store between the load and the store watcher's first read.
+            let _ = writeln!(
+                banner,
+                "  key slot {slot}: withdrawn (deleted from the metadata store as the target started)"
+            );
+            continue;
+        }
         let _ = writeln!(banner, "  key slot {slot}: AES-256-GCM, nonces from {}", keys.nonces().peek());
     }
     if let Some(metrics) = target.metrics_addr() {
