@@ -146,9 +146,23 @@ pub fn on_memory_file_system(path: &Path) -> bool {
 /// would serve zeroes where the data was, and on a file system not mounted yet, write beside
 /// it. The start is refused, as for any configured space that cannot be opened, saying how to
 /// start it empty on purpose.
+///
+/// The same holds for a space an earlier start served from another path and whose file here is
+/// missing: a data directory moved or restored without the space's file (the embedded default
+/// region's file is in the data directory), or settings that moved it. Its data is elsewhere,
+/// and serving zeroes under its name would look like a loss; the refusal names both files.
 fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredFile]) -> Result<(), ConfigError> {
     for file in files {
-        let Some(before) = served_before.iter().find(|before| before.path == file.path) else { continue };
+        let same_path = served_before.iter().find(|before| before.path == file.path);
+        let elsewhere = || {
+            served_before.iter().find(|before| {
+                before.kind == file.kind
+                    && before.name == file.name
+                    && before.size_bytes != 0
+                    && before.path != file.path
+            })
+        };
+        let Some(before) = same_path.or_else(elsewhere) else { continue };
         let what = match std::fs::metadata(&file.path) {
             Err(error) if error.kind() == io::ErrorKind::NotFound => "is missing",
             // A region's or pmem namespace's file of no bytes would be sized and served as new.
@@ -156,6 +170,18 @@ fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredF
             _ => continue,
         };
         let path = file.path.display();
+        let size = if file.size_bytes == 0 { before.size_bytes } else { file.size_bytes };
+        if same_path.is_none() {
+            let old = before.path.display();
+            return Err(ConfigError::Invalid(format!(
+                "{} {:?}: its file {path} {what}, but an earlier start served it from {old} with {} bytes (a data \
+                 directory moved or restored without its file? settings that moved it?); the target does not serve \
+                 it empty. Copy its file there (cp --sparse=always {old} {path}) or put the old path back, and start \
+                 again; to serve it empty from now on, make an empty file of its size there first: truncate -s {size} \
+                 {path}",
+                file.kind, file.name, before.size_bytes
+            )));
+        }
         let then = if before.kind == file.kind && before.name == file.name {
             String::new()
         } else {
@@ -166,11 +192,7 @@ fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredF
              mounted yet? a file moved, deleted or cut short?); the target does not serve it again empty. Restore it \
              and start again, or take the {} out of the settings; to serve it empty from now on, make an empty \
              file of its size there first: truncate -s {} {path}",
-            file.kind,
-            file.name,
-            before.size_bytes,
-            file.kind,
-            if file.size_bytes == 0 { before.size_bytes } else { file.size_bytes }
+            file.kind, file.name, before.size_bytes, file.kind, size
         )));
     }
     Ok(())

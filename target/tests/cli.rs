@@ -2069,6 +2069,46 @@ fn a_configured_space_whose_file_is_gone_is_not_made_again_empty() {
     assert_eq!(&std::fs::read(&vol).unwrap()[..4], b"kept");
 }
 
+/// A data directory copied without the embedded default region's file (a store restored from
+/// a backup elsewhere, say) is refused rather than served with an empty region under the name:
+/// the refusal names the file the region was served from and how to bring it. With the file
+/// copied, the region is served with its data.
+#[test]
+fn a_data_directory_moved_without_its_region_file_is_refused_not_served_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+    banner_of(serving("127.0.0.1:0", &old));
+    let old = old.canonicalize().unwrap();
+    let region = old.join("default.region");
+    let mut bytes = std::fs::read(&region).unwrap();
+    bytes[..4].copy_from_slice(b"kept");
+    std::fs::write(&region, &bytes).unwrap();
+    std::fs::create_dir(&new).unwrap();
+    let new = new.canonicalize().unwrap();
+    for entry in std::fs::read_dir(&old).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() && entry.file_name() != "default.region" {
+            std::fs::copy(entry.path(), new.join(entry.file_name())).unwrap();
+        }
+    }
+    let refused = refused_start(serving("127.0.0.1:0", &new));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    let named = format!(
+        "region \"default\": its file {} is missing, but an earlier start served it from {} with {} bytes",
+        new.join("default.region").display(),
+        region.display(),
+        bytes.len()
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    assert!(stderr.contains("cp --sparse=always") && stderr.contains("truncate -s"), "{stderr}");
+    assert!(!new.join("default.region").exists(), "the refused start made the region's file anew");
+
+    std::fs::copy(&region, new.join("default.region")).unwrap();
+    assert!(banner_of(serving("127.0.0.1:0", &new)).contains("\"default\""));
+    assert_eq!(&std::fs::read(new.join("default.region")).unwrap()[..4], b"kept", "served with its data");
+}
+
 /// A configured namespace served again in blocks of another size is warned of once, naming
 /// both sizes (and, as at every start, the bytes past the last whole block); its bytes stay
 /// as they were. (A file
