@@ -473,3 +473,104 @@ fn a_client_does_not_address_another_space_after_a_restart_renumbered_them() {
     assert_eq!(alpha, [0; 5], "nothing written into alpha");
     drop(target);
 }
+
+/// `netdam nbd` stops cleanly on SIGHUP (a closed terminal) as on SIGTERM, saying how long it
+/// drains; while a request waits for a target that does not answer (its host paused), a second
+/// signal ends the drain at once instead of after its 30 s.
+#[test]
+fn the_export_stops_on_sighup_and_a_second_signal_ends_its_drain() {
+    use std::io::{Read, Write};
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    write_config(
+        dir,
+        &format!(
+            "metrics_listen = \"off\"\n\
+             [[namespace]]\nname = \"{NAMESPACE}\"\nbackend = \"file\"\npath = \"drain.img\"\nsize = \"1MiB\"\n"
+        ),
+    );
+    let (daemon, addr, _) = start(dir, CONFIG);
+    let socket = dir.join("drain.sock");
+    let log = dir.join("export.log");
+    let export = || {
+        let child = std::process::Command::new(common::netdam_binary())
+            .args(["--target", &addr.to_string(), "nbd", "--namespace", NAMESPACE, "--metrics-listen", "off"])
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "netdam nbd did not listen on {}", socket.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    };
+    let signal = |pid: u32, signal| {
+        // SAFETY: a signal to a child of this test that has not been reaped.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, signal) }, 0);
+    };
+    let exited_within = |child: &mut std::process::Child, within: Duration| {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    let mut child = export();
+    signal(child.id(), libc::SIGHUP);
+    let status = exited_within(&mut child, Duration::from_secs(20)).expect("netdam nbd stopped on SIGHUP");
+    assert!(status.success(), "{status:?}: {}", logged());
+    assert!(logged().contains("stopping (SIGHUP): finishing the requests in flight for at most 30s"), "{}", logged());
+    assert!(!socket.exists(), "the socket is removed as on any clean stop");
+
+    // A read in flight to a target whose host is paused: the drain would wait 30 s for it.
+    let mut child = export();
+    let mut client = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut greeting = [0u8; 18];
+    client.read_exact(&mut greeting).unwrap();
+    assert_eq!(&greeting[..8], b"NBDMAGIC");
+    // Fixed newstyle, no zeroes; NBD_OPT_EXPORT_NAME with the export's name (the namespace's).
+    client.write_all(&3u32.to_be_bytes()).unwrap();
+    let mut option = Vec::new();
+    option.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes());
+    option.extend_from_slice(&1u32.to_be_bytes());
+    option.extend_from_slice(&(NAMESPACE.len() as u32).to_be_bytes());
+    option.extend_from_slice(NAMESPACE.as_bytes());
+    client.write_all(&option).unwrap();
+    let mut export_info = [0u8; 10];
+    client.read_exact(&mut export_info).unwrap();
+    signal(daemon.pid(), libc::SIGSTOP);
+    let mut read = Vec::new();
+    read.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    read.extend_from_slice(&0u16.to_be_bytes()); // flags
+    read.extend_from_slice(&0u16.to_be_bytes()); // NBD_CMD_READ
+    read.extend_from_slice(&7u64.to_be_bytes()); // cookie
+    read.extend_from_slice(&0u64.to_be_bytes()); // offset
+    read.extend_from_slice(&4096u32.to_be_bytes());
+    client.write_all(&read).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    signal(child.id(), libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !logged().contains("stopping (SIGTERM)") {
+        assert!(Instant::now() < deadline, "no stopping line: {}", logged());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(exited_within(&mut child, Duration::from_secs(2)).is_none(), "it drains the read first: {}", logged());
+    signal(child.id(), libc::SIGTERM);
+    let status = exited_within(&mut child, Duration::from_secs(5)).expect("the second SIGTERM ends the drain at once");
+    assert!(!status.success(), "a drain cut short is not a clean stop: {}", logged());
+    assert!(logged().contains("stopped by a second SIGTERM"), "{}", logged());
+    signal(daemon.pid(), libc::SIGCONT);
+    drop(daemon);
+}

@@ -160,13 +160,16 @@ enum Command {
     /// The queueing field stops at 65535 µs: a wait that long or longer shows as `≥ 65535 µs`
     /// (with --json, `queueing_saturated` is true beside `queueing_us`).
     Ping {
-        /// Round trips to make.
-        #[arg(long, default_value_t = 1)]
+        /// Round trips to make (at least 1).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         count: u32,
     },
-    /// Show the target's counters (requests, drops by reason, sessions, statuses). Needs no
-    /// session, but a target that requires tenants shows them only to a tenant that holds
-    /// `admin` (the default tenant does): pass its key (--key).
+    /// Show the target's counters (requests, drops by reason, sessions, statuses). Without a
+    /// key it needs no session, so a target run with --auth none answers it even when its
+    /// session table is full. A target that requires tenants (the default) shows them only to
+    /// a tenant that holds `admin` (the default tenant does): pass its key (--key), and STAT
+    /// then goes through an authenticated session like any other command (when every slot is
+    /// taken, the target's /metrics still answers).
     Stat,
     /// List the target's regions.
     Regions,
@@ -397,8 +400,9 @@ enum Command {
     },
     /// Serve a namespace as an NBD export to the stock NBD clients: the kernel's nbd-client,
     /// qemu (`-drive file=nbd+unix:///?socket=PATH,format=raw`), nbdfuse, nbdinfo, qemu-img,
-    /// fio's nbd engine. Runs until SIGINT or SIGTERM, then finishes the requests in flight
-    /// (new ones are answered NBD_ESHUTDOWN) and exits.
+    /// fio's nbd engine. Runs until SIGINT, SIGTERM or SIGHUP, then finishes the requests in
+    /// flight (new ones are answered NBD_ESHUTDOWN) for at most 30 s, and exits; a second
+    /// signal stops it at once.
     Nbd {
         /// The namespace to export (its name, or its id; `netdam namespaces` lists them).
         #[arg(long)]
@@ -1408,7 +1412,7 @@ fn nbd_client_options(reconnect_timeout: std::time::Duration) -> ClientOptions {
 /// How long a stopping export waits for its sessions to close after the drain.
 const SESSIONS_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// `netdam nbd`: opens the volume, listens, serves until SIGINT or SIGTERM, drains.
+/// `netdam nbd`: opens the volume, listens, serves until SIGINT, SIGTERM or SIGHUP, drains.
 fn serve_nbd(
     target: SocketAddr,
     namespace: &str,
@@ -1472,18 +1476,21 @@ fn serve_nbd(
             options.name,
             if options.read_only { ", read-only" } else { "" }
         );
-        let shutdown = async {
-            let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async {
-                    match terminate.as_mut() {
-                        Some(terminate) => { terminate.recv().await; }
-                        None => std::future::pending::<()>().await,
-                    }
-                } => {}
-            }
-            tracing::info!("stopping: finishing the requests in flight");
+        let drain_timeout = options.drain_timeout;
+        let shutdown = async move {
+            // SIGHUP too (a closed terminal), as the target takes it: a clean stop, not a cut.
+            let name = stop_signal().await;
+            tracing::info!(
+                "stopping ({name}): finishing the requests in flight for at most {}s; another SIGINT, SIGTERM \
+                 or SIGHUP stops at once",
+                drain_timeout.as_secs()
+            );
+            // A second signal ends the drain: whoever sends it has chosen not to wait.
+            tokio::spawn(async {
+                let name = stop_signal().await;
+                tracing::warn!("stopped by a second {name} before the requests in flight finished");
+                std::process::exit(1);
+            });
         };
         drop(volume);
         let volume = Arc::new(named);
@@ -1513,6 +1520,28 @@ fn serve_nbd(
         );
         Ok(())
     })
+}
+
+/// Waits for SIGINT, SIGTERM or SIGHUP and names the one that came. A kind whose handler
+/// cannot be installed is not waited for.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let wait = |kind: SignalKind| {
+        let mut stream = signal(kind).ok();
+        async move {
+            match stream.as_mut() {
+                Some(stream) => {
+                    stream.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+    };
+    tokio::select! {
+        _ = wait(SignalKind::interrupt()) => "SIGINT",
+        _ = wait(SignalKind::terminate()) => "SIGTERM",
+        _ = wait(SignalKind::hangup()) => "SIGHUP",
+    }
 }
 
 /// One `netdam ping` answer as printed: a line of text, or a JSON object (`json_out`). The
