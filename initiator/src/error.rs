@@ -304,6 +304,13 @@ fn refusal_hint(opcode: u8, status: Status) -> &'static str {
             " (the running target holds no key in this slot: `netdam-target crypto-key list` shows the slots; a \
              slot created after the target started serves from its next start, and a deleted one serves no more)"
         }
+        Status::AuthFailed if opcode == Opcode::Decrypt as u8 => {
+            " (the bytes did not open: the ciphertext, its seal, the associated data (--aad) or the key slot \
+             differ from what ENCRYPT sealed; nothing was written)"
+        }
+        Status::NotSupported if opcode == Opcode::BlockStatus as u8 => {
+            " (this namespace cannot tell holes from data: only a namespace on a file reports its allocation)"
+        }
         Status::Unaligned if atomic => " (atomics work on 8-byte words: give an offset that is a multiple of 8)",
         Status::Unaligned => " (lane-wise instructions need an offset that is a multiple of the lane size)",
         Status::UnknownOpcode | Status::NotSupported if Opcode::from_u8(opcode).is_none() => {
@@ -339,6 +346,8 @@ mod tests {
         );
         assert!(refused(Opcode::Encrypt as u8, Status::NoSuchKey).contains("serves from its next start"));
         assert!(refused(Opcode::FetchAdd as u8, Status::Unaligned).contains("multiple of 8"));
+        assert!(refused(Opcode::Decrypt as u8, Status::AuthFailed).contains("(--aad)"));
+        assert!(refused(Opcode::BlockStatus as u8, Status::NotSupported).contains("on a file reports"));
         assert!(refused(Opcode::Vadd as u8, Status::Unaligned).contains("lane size"));
         let extension = refused(netdam_isa::extension::reduce::REDUCE_OPCODE, Status::UnknownOpcode);
         assert!(

@@ -768,8 +768,11 @@ impl Session {
                     None => self.first_spaces = Some((answer.regions.clone(), answer.namespaces.clone())),
                     Some((regions, namespaces)) => {
                         if let Some(change) = spaces_change(regions, namespaces, answer) {
-                            tracing::error!(
-                                "the target's spaces changed while the session was lost: {change}; its requests fail"
+                            // A warning: a caller that looks its space up again by name (the
+                            // export does) serves on; one that cannot gets the error itself.
+                            tracing::warn!(
+                                "the target's spaces changed while the session was lost: {change}; this session's \
+                                 requests that name a space fail, until its caller looks the space up again by name"
                             );
                             self.spaces_changed = Some(change);
                         }

@@ -765,11 +765,37 @@ fn check_beside_the_others(
     namespace: Option<&NamespaceConfig>,
 ) -> Result<(), String> {
     let text = |error: MetadataError| error.to_string();
+    let (stored_regions, stored_namespaces) = (metadata.regions().map_err(text)?, metadata.namespaces().map_err(text)?);
+    // A name taken says so, and where, before the checks of the whole list ("used twice").
+    let taken = |kind: &str, name: &str, stored: bool| {
+        let place = if stored {
+            "in the metadata store"
+        } else {
+            "in the settings (the settings file, or the built-in default region)"
+        };
+        format!("a {kind} named {name:?} already exists {place}: pick another name (netdam-target {kind} list)")
+    };
+    if let Some(region) = region {
+        if let Some(stored) = [(&config.effective_regions(), false), (&stored_regions, true)]
+            .into_iter()
+            .find_map(|(list, stored)| list.iter().any(|other| other.name == region.name).then_some(stored))
+        {
+            return Err(taken("region", &region.name, stored));
+        }
+    }
+    if let Some(namespace) = namespace {
+        if let Some(stored) = [(&config.namespaces, false), (&stored_namespaces, true)]
+            .into_iter()
+            .find_map(|(list, stored)| list.iter().any(|other| other.name == namespace.name).then_some(stored))
+        {
+            return Err(taken("namespace", &namespace.name, stored));
+        }
+    }
     let mut regions = config.effective_regions();
-    regions.extend(metadata.regions().map_err(text)?);
+    regions.extend(stored_regions);
     regions.extend(region.cloned());
     let mut namespaces = config.namespaces.clone();
-    namespaces.extend(metadata.namespaces().map_err(text)?);
+    namespaces.extend(stored_namespaces);
     namespaces.extend(namespace.cloned());
     validate_spaces(&regions, &namespaces).map_err(|error| error.to_string())?;
     check_distinct_backings(&regions, &namespaces, data_dir).map_err(|error| error.to_string())
@@ -806,10 +832,10 @@ fn region_command(command: RegionCommand) -> Result<(), String> {
             }
             metadata.create_region(&region).map_err(|error| error.to_string())?;
             println!(
-                "created region {:?}: {} bytes, {:?} ({})",
+                "created region {:?}: {} bytes, backend {} ({})",
                 region.name,
                 region.size.0,
-                region.backend,
+                format!("{:?}", region.backend).to_lowercase(),
                 metadata.path().display()
             );
             drop(metadata);

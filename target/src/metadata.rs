@@ -1428,6 +1428,10 @@ fn guarded<T>(path: &Path, read: impl FnOnce() -> Result<T, MetadataError>) -> R
     })
 }
 
+/// What a store that cannot be read as one is, and what to do.
+const DAMAGED: &str = " (the file is damaged: restore it from a backup copy of metadata.redb; the spaces' own \
+                       files are not in it and stay as they are)";
+
 fn store_error(path: &Path, error: impl Into<redb::Error>) -> MetadataError {
     let error: redb::Error = error.into();
     let message = match &error {
@@ -1437,6 +1441,8 @@ fn store_error(path: &Path, error: impl Into<redb::Error>) -> MetadataError {
                 STORE_BUSY_WAIT.as_secs()
             )
         }
+        redb::Error::Corrupted(_) => format!("{error}{DAMAGED}"),
+        redb::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => format!("{error}{DAMAGED}"),
         other => other.to_string(),
     };
     MetadataError::Store { path: path.to_path_buf(), message }

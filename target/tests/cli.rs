@@ -491,7 +491,7 @@ fn vadd_lanes_are_taken_as_written_and_refusals_say_what_to_do() {
         (&["fetch-add", "default", "3", "5"][..], "multiple of 8"),
         (&["cas", "default", "12", "0", "1"][..], "multiple of 8"),
         (&["encrypt", "default", "0", "16385", "--slot", "1"][..], "at most 16384 bytes"),
-        (&["reduce", "default", "0", "0"][..], "whole number of F32 lanes"),
+        (&["reduce", "default", "0", "0"][..], "whole number of f32 lanes"),
         (&["fetch-add", "default", "0", "18446744073709551616"][..], "not a 64-bit value"),
         (&["top", "--once", "--metrics", "127.0.0.1:1"][..], "http://127.0.0.1:1/metrics"),
         (&["top", "--once", "--metrics", "https://127.0.0.1:1/metrics"][..], "plain http"),
@@ -904,7 +904,17 @@ fn admin_commands_store_namespaces_that_the_target_serves() {
         data,
     ]);
     let message = String::from_utf8_lossy(&twice.stderr);
-    assert!(!twice.status.success() && message.contains("\"disk\" is used twice"), "{message}");
+    assert!(
+        !twice.status.success() && message.contains("a namespace named \"disk\" already exists in the metadata store"),
+        "{message}"
+    );
+    let builtin =
+        target_admin(&["region", "create", "default", "--backend", "mem", "--size", "1MiB", "--data-dir", data]);
+    let message = String::from_utf8_lossy(&builtin.stderr);
+    assert!(
+        !builtin.status.success() && message.contains("a region named \"default\" already exists in the settings"),
+        "{message}"
+    );
     let bad_block = target_admin(&[
         "namespace",
         "create",

@@ -240,7 +240,7 @@ fn the_netdam_cli_reduces_a_range() {
         assert!(output.status.success(), "netdam {args:?}: {}", String::from_utf8_lossy(&output.stderr));
         String::from_utf8(output.stdout).unwrap()
     };
-    assert_eq!(run(&["reduce", "mem", "64", "12", "--type", "f32", "--op", "max"]).trim(), "max of F32 lanes: 7.25");
+    assert_eq!(run(&["reduce", "mem", "64", "12", "--type", "f32", "--op", "max"]).trim(), "max of f32 lanes: 7.25");
     let json: serde_json::Value =
         serde_json::from_str(&run(&["--json", "reduce", "mem", "64", "12", "--op", "sum"])).unwrap();
     assert_eq!(json["value"], serde_json::json!(8.75));

@@ -461,9 +461,10 @@ enum Command {
     /// BUSY answers, sessions and block I/O in flight (and per-session windows when pointed at
     /// a `netdam nbd --metrics-listen` endpoint). With --once --json, one JSON snapshot.
     Top {
-        /// The /metrics URL to read (HOST:PORT alone means http://HOST:PORT/metrics).
-        #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:9464/metrics")]
-        metrics: String,
+        /// The /metrics URL to read (HOST:PORT alone means http://HOST:PORT/metrics) [default:
+        /// the --target's host, on the target's default metrics port: http://HOST:9464/metrics].
+        #[arg(long, value_name = "URL")]
+        metrics: Option<String>,
         /// Seconds between refreshes (and the interval the rates and quantiles cover).
         #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
         interval: f64,
@@ -839,7 +840,11 @@ fn run(cli: &Cli) -> Result<(), String> {
         return serve_nbd(cli.target, namespace, listen, options, volume, usize::from(*io_threads), observe);
     }
     if let Command::Top { metrics, interval, once } = &cli.command {
-        return top(metrics, std::time::Duration::from_secs_f64(*interval), *once, cli.json);
+        // The target's host unless told otherwise: its metrics port is not its UDP port.
+        let url = metrics
+            .clone()
+            .unwrap_or_else(|| format!("http://{}/metrics", SocketAddr::new(cli.target.ip(), DEFAULT_METRICS_PORT)));
+        return top(&url, std::time::Duration::from_secs_f64(*interval), *once, cli.json);
     }
     // A one-shot command's warnings (a target that does not answer yet) go to standard error.
     netdam_metrics::logging::init_for_command();
@@ -1156,7 +1161,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             } else if *return_result {
                 println!("{}", values.iter().map(LaneValue::to_string).collect::<Vec<_>>().join(","));
             } else {
-                println!("added {count} {lane:?} lanes at {offset}");
+                println!("added {count} {} lanes at {offset}", format!("{lane:?}").to_lowercase());
             }
         }
         Command::Crc { region, offset, len } => {
@@ -1213,7 +1218,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         Command::Reduce { region, offset, len, lane, op } => {
             let lane_bytes = lane.lane_type().lane_bytes() as u64;
             if *len == 0 || !len.is_multiple_of(lane_bytes) {
-                return Err(format!("reduce of {len} bytes: give a whole number of {lane:?} lanes ({lane_bytes} bytes each), at least one; nothing was sent"));
+                return Err(format!("reduce of {len} bytes: give a whole number of {} lanes ({lane_bytes} bytes each), at least one; nothing was sent", format!("{lane:?}").to_lowercase()));
             }
             let space = region_in_range(&client, "reduce", region, *offset, *len)?;
             let reduce_op = match op {
@@ -1232,7 +1237,11 @@ fn run(cli: &Cli) -> Result<(), String> {
                     json!({"op": format!("{op:?}").to_lowercase(), "lane": format!("{lane:?}").to_lowercase(), "value": value})
                 );
             } else {
-                println!("{} of {lane:?} lanes: {value}", format!("{op:?}").to_lowercase());
+                println!(
+                    "{} of {} lanes: {value}",
+                    format!("{op:?}").to_lowercase(),
+                    format!("{lane:?}").to_lowercase()
+                );
             }
         }
         Command::Fill { region, offset, len, byte } => {
@@ -1543,6 +1552,9 @@ async fn stop_signal() -> &'static str {
         _ = wait(SignalKind::hangup()) => "SIGHUP",
     }
 }
+
+/// The port a target serves /metrics on unless its `metrics_listen` says otherwise.
+const DEFAULT_METRICS_PORT: u16 = 9464;
 
 /// One `netdam ping` answer as printed: a line of text, or a JSON object (`json_out`). The
 /// queueing field saturates at its ceiling (docs/PROTOCOL.md), where the wait was at least that
