@@ -309,7 +309,8 @@ fn refusal_hint(opcode: u8, status: Status) -> &'static str {
              differ from what ENCRYPT sealed; nothing was written)"
         }
         Status::NotSupported if opcode == Opcode::BlockStatus as u8 => {
-            " (this namespace cannot tell holes from data: only a namespace on a file reports its allocation)"
+            " (this namespace cannot tell holes from data: only a namespace of backend `file` reports its \
+             allocation; `netdam namespaces --json` shows `reports_allocation`)"
         }
         Status::Unaligned if atomic => " (atomics work on 8-byte words: give an offset that is a multiple of 8)",
         Status::Unaligned => " (lane-wise instructions need an offset that is a multiple of the lane size)",
@@ -347,7 +348,7 @@ mod tests {
         assert!(refused(Opcode::Encrypt as u8, Status::NoSuchKey).contains("serves from its next start"));
         assert!(refused(Opcode::FetchAdd as u8, Status::Unaligned).contains("multiple of 8"));
         assert!(refused(Opcode::Decrypt as u8, Status::AuthFailed).contains("(--aad)"));
-        assert!(refused(Opcode::BlockStatus as u8, Status::NotSupported).contains("on a file reports"));
+        assert!(refused(Opcode::BlockStatus as u8, Status::NotSupported).contains("of backend `file` reports"));
         assert!(refused(Opcode::Vadd as u8, Status::Unaligned).contains("lane size"));
         let extension = refused(netdam_isa::extension::reduce::REDUCE_OPCODE, Status::UnknownOpcode);
         assert!(

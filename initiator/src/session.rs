@@ -772,7 +772,8 @@ impl Session {
                             // export does) serves on; one that cannot gets the error itself.
                             tracing::warn!(
                                 "the target's spaces changed while the session was lost: {change}; this session's \
-                                 requests that name a space fail, until its caller looks the space up again by name"
+                                 requests that name a space fail from now on (a caller that opens new sessions and \
+                                 looks its space up by name, as `netdam nbd` does, serves on)"
                             );
                             self.spaces_changed = Some(change);
                         }

@@ -19,9 +19,9 @@ use crate::server::StartError;
 /// no space is served from any more: called by the start with the store as it found it.
 pub fn check_and_warn(config: &Config, data_dir: &Path, stored: &Stored) -> Result<(), ConfigError> {
     let files = configured_files(config, data_dir);
-    check_configured_files(&files, &stored.configured_files)?;
-    warn_of_block_size_changes(&files, &stored.configured_files);
     let served_now = served_paths(&files, stored, data_dir);
+    check_configured_files(&files, &stored.configured_files, &served_now)?;
+    warn_of_block_size_changes(&files, &stored.configured_files);
     warn_of_configured_files_left(config, data_dir, &served_now, &stored.configured_files);
     Ok(())
 }
@@ -150,8 +150,14 @@ pub fn on_memory_file_system(path: &Path) -> bool {
 /// The same holds for a space an earlier start served from another path and whose file here is
 /// missing: a data directory moved or restored without the space's file (the embedded default
 /// region's file is in the data directory), or settings that moved it. Its data is elsewhere,
-/// and serving zeroes under its name would look like a loss; the refusal names both files.
-fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredFile]) -> Result<(), ConfigError> {
+/// and serving zeroes under its name would look like a loss; the refusal names both files. An
+/// old file that another space of this start is served from (`served_now`) is that space's now
+/// (a space renamed, and a new one given the old name): the new one is new.
+fn check_configured_files(
+    files: &[ConfiguredFile],
+    served_before: &[ConfiguredFile],
+    served_now: &[PathBuf],
+) -> Result<(), ConfigError> {
     for file in files {
         let same_path = served_before.iter().find(|before| before.path == file.path);
         let elsewhere = || {
@@ -160,6 +166,7 @@ fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredF
                     && before.name == file.name
                     && before.size_bytes != 0
                     && before.path != file.path
+                    && !served_now.contains(&before.path)
             })
         };
         let Some(before) = same_path.or_else(elsewhere) else { continue };
@@ -173,12 +180,18 @@ fn check_configured_files(files: &[ConfiguredFile], served_before: &[ConfiguredF
         let size = if file.size_bytes == 0 { before.size_bytes } else { file.size_bytes };
         if same_path.is_none() {
             let old = before.path.display();
+            let bring = if before.path.exists() {
+                format!(
+                    "Copy its file there (cp --sparse=always {old} {path}) or put the old path back in the settings"
+                )
+            } else {
+                format!("{old} is gone too: restore the file from a backup to either path")
+            };
             return Err(ConfigError::Invalid(format!(
                 "{} {:?}: its file {path} {what}, but an earlier start served it from {old} with {} bytes (a data \
                  directory moved or restored without its file? settings that moved it?); the target does not serve \
-                 it empty. Copy its file there (cp --sparse=always {old} {path}) or put the old path back, and start \
-                 again; to serve it empty from now on, make an empty file of its size there first: truncate -s {size} \
-                 {path}",
+                 it empty. {bring}, and start again; to serve it empty from now on, make an empty file of its size \
+                 there first: truncate -s {size} {path}",
                 file.kind, file.name, before.size_bytes
             )));
         }
@@ -286,5 +299,42 @@ mod tests {
         for spelt in ["link/mnt/disk/vol.region", "link/mnt/other/../disk/vol.region"] {
             assert_eq!(stable_path(Path::new(spelt), dir.path()), unmounted, "{spelt}");
         }
+    }
+
+    /// A space served before from another file, whose file here is missing, is refused with
+    /// what to do; unless that other file is another space's now (a space renamed, and a new
+    /// one given its old name), which is no reason to refuse the new one.
+    #[test]
+    fn a_space_served_before_from_another_file_is_refused_unless_that_file_is_served_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new) = (dir.path().join("a.region"), dir.path().join("a2.region"));
+        std::fs::write(&old, [7u8; 4096]).unwrap();
+        let file = |name: &str, path: &Path| ConfiguredFile {
+            path: path.to_path_buf(),
+            kind: "region".into(),
+            name: name.into(),
+            size_bytes: 4096,
+            block_bytes: None,
+        };
+        let before = [file("a", &old)];
+        // Renamed to b on its file, and a new a elsewhere: served.
+        let renamed = [file("a", &new), file("b", &old)];
+        assert!(check_configured_files(&renamed, &before, &[new.clone(), old.clone()]).is_ok());
+        // a moved to a new file that is missing: refused, naming both and how to copy.
+        let moved = [file("a", &new)];
+        let refused = check_configured_files(&moved, &before, std::slice::from_ref(&new)).unwrap_err().to_string();
+        assert!(
+            refused.contains(&format!("served it from {} with 4096 bytes", old.display()))
+                && refused.contains(&format!("cp --sparse=always {} {}", old.display(), new.display()))
+                && refused.contains(&format!("truncate -s 4096 {}", new.display())),
+            "{refused}"
+        );
+        // Its old file gone too: no copy to advise.
+        std::fs::remove_file(&old).unwrap();
+        let refused = check_configured_files(&moved, &before, std::slice::from_ref(&new)).unwrap_err().to_string();
+        assert!(refused.contains("is gone too") && !refused.contains("cp --sparse"), "{refused}");
+        // Its file made on purpose: served.
+        std::fs::write(&new, [0u8; 4096]).unwrap();
+        assert!(check_configured_files(&moved, &before, std::slice::from_ref(&new)).is_ok());
     }
 }

@@ -557,7 +557,17 @@ mod tests {
         // The table is opened by its name and types, as the store defines it.
         let table: redb::TableDefinition<u32, &[u8]> = redb::TableDefinition::new("crypto_keys");
         let damage = |bytes: Option<&[u8]>| {
-            let db = redb::Database::open(dir.path().join(METADATA_FILE)).unwrap();
+            // The watcher opens the store for its reads (five a second just after a change): wait
+            // for it, as the admin commands do.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let db = loop {
+                match redb::Database::open(dir.path().join(METADATA_FILE)) {
+                    Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(2))
+                    }
+                    opened => break opened.unwrap(),
+                }
+            };
             let write = db.begin_write().unwrap();
             {
                 let mut opened = write.open_table(table).unwrap();

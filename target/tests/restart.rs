@@ -475,11 +475,21 @@ fn a_client_does_not_address_another_space_after_a_restart_renumbered_them() {
 }
 
 /// `netdam nbd` stops cleanly on SIGHUP (a closed terminal) as on SIGTERM, saying how long it
-/// drains; while a request waits for a target that does not answer (its host paused), a second
-/// signal ends the drain at once instead of after its 30 s.
+/// drains, unless SIGHUP was ignored when it started (`nohup`); while a request waits for a
+/// target that does not answer (its host paused), a second SIGTERM ends the drain at once
+/// instead of after its 30 s.
 #[test]
 fn the_export_stops_on_sighup_and_a_second_signal_ends_its_drain() {
     use std::io::{Read, Write};
+    use std::os::unix::process::CommandExt;
+    /// The export's process, killed if the test fails before it exits.
+    struct Export(std::process::Child);
+    impl Drop for Export {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let home = tempfile::tempdir().unwrap();
     let dir = home.path();
     write_config(
@@ -492,18 +502,31 @@ fn the_export_stops_on_sighup_and_a_second_signal_ends_its_drain() {
     let (daemon, addr, _) = start(dir, CONFIG);
     let socket = dir.join("drain.sock");
     let log = dir.join("export.log");
-    let export = || {
-        let child = std::process::Command::new(common::netdam_binary())
-            .args(["--target", &addr.to_string(), "nbd", "--namespace", NAMESPACE, "--metrics-listen", "off"])
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+    // `ignore_hangup`: started as `nohup` starts it.
+    let export = |ignore_hangup: bool| {
+        let mut command = std::process::Command::new(common::netdam_binary());
+        command
+            .args(["--target", &addr.to_string(), "nbd", "--namespace", NAMESPACE, "--metrics-listen", "127.0.0.1:0"])
             .arg("--listen")
             .arg(format!("unix:{}", socket.display()))
+            .env_remove("NETDAM_LOG")
+            .env_remove("RUST_LOG")
             .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+            .stderr(std::fs::File::create(&log).unwrap());
+        if ignore_hangup {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::signal(libc::SIGHUP, libc::SIG_IGN);
+                    Ok(())
+                });
+            }
+        }
+        let child = Export(command.spawn().unwrap());
         let deadline = Instant::now() + START_TIMEOUT;
-        while !socket.exists() {
-            assert!(Instant::now() < deadline, "netdam nbd did not listen on {}", socket.display());
+        while !logged().contains("exporting namespace") {
+            assert!(Instant::now() < deadline, "netdam nbd did not start: {}", logged());
             std::thread::sleep(Duration::from_millis(20));
         }
         child
@@ -512,10 +535,10 @@ fn the_export_stops_on_sighup_and_a_second_signal_ends_its_drain() {
         // SAFETY: a signal to a child of this test that has not been reaped.
         assert_eq!(unsafe { libc::kill(pid as libc::pid_t, signal) }, 0);
     };
-    let exited_within = |child: &mut std::process::Child, within: Duration| {
+    let exited_within = |child: &mut Export, within: Duration| {
         let deadline = Instant::now() + within;
         loop {
-            if let Some(status) = child.try_wait().unwrap() {
+            if let Some(status) = child.0.try_wait().unwrap() {
                 return Some(status);
             }
             if Instant::now() > deadline {
@@ -524,17 +547,41 @@ fn the_export_stops_on_sighup_and_a_second_signal_ends_its_drain() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
 
-    let mut child = export();
-    signal(child.id(), libc::SIGHUP);
+    let mut child = export(false);
+    signal(child.0.id(), libc::SIGHUP);
     let status = exited_within(&mut child, Duration::from_secs(20)).expect("netdam nbd stopped on SIGHUP");
     assert!(status.success(), "{status:?}: {}", logged());
     assert!(logged().contains("stopping (SIGHUP): finishing the requests in flight for at most 30s"), "{}", logged());
     assert!(!socket.exists(), "the socket is removed as on any clean stop");
 
+    // Under nohup the hangup is not taken: the export serves on until a SIGTERM.
+    let mut child = export(true);
+    signal(child.0.id(), libc::SIGHUP);
+    assert!(exited_within(&mut child, Duration::from_secs(1)).is_none(), "a SIGHUP ignored at start: {}", logged());
+    assert!(socket.exists());
+    signal(child.0.id(), libc::SIGTERM);
+    let status = exited_within(&mut child, Duration::from_secs(20)).expect("netdam nbd stopped on SIGTERM");
+    assert!(status.success() && logged().contains("stopping (SIGTERM)"), "{status:?}: {}", logged());
+
     // A read in flight to a target whose host is paused: the drain would wait 30 s for it.
-    let mut child = export();
+    let mut child = export(false);
+    let metrics = logged()
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("metrics=http://"))
+        .and_then(|rest| rest.split('/').next())
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no metrics address in the log: {}", logged()));
+    let in_flight = || {
+        let mut http = std::net::TcpStream::connect(&metrics).unwrap();
+        http.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut page = String::new();
+        http.read_to_string(&mut page).unwrap();
+        page.lines()
+            .find_map(|line| line.strip_prefix("netdam_nbd_requests_in_flight "))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     let mut client = std::os::unix::net::UnixStream::connect(&socket).unwrap();
     client.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut greeting = [0u8; 18];
@@ -559,15 +606,19 @@ fn the_export_stops_on_sighup_and_a_second_signal_ends_its_drain() {
     read.extend_from_slice(&0u64.to_be_bytes()); // offset
     read.extend_from_slice(&4096u32.to_be_bytes());
     client.write_all(&read).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    signal(child.id(), libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_flight() < 1.0 {
+        assert!(Instant::now() < deadline, "the read never reached the export: {}", logged());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(child.0.id(), libc::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !logged().contains("stopping (SIGTERM)") {
         assert!(Instant::now() < deadline, "no stopping line: {}", logged());
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(exited_within(&mut child, Duration::from_secs(2)).is_none(), "it drains the read first: {}", logged());
-    signal(child.id(), libc::SIGTERM);
+    signal(child.0.id(), libc::SIGTERM);
     let status = exited_within(&mut child, Duration::from_secs(5)).expect("the second SIGTERM ends the drain at once");
     assert!(!status.success(), "a drain cut short is not a clean stop: {}", logged());
     assert!(logged().contains("stopped by a second SIGTERM"), "{}", logged());

@@ -70,17 +70,3 @@ fn top_names_an_unreachable_endpoint() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(&format!("http://{port}/metrics")), "{stderr}");
 }
-
-/// Without --metrics, `top` reads the --target's host on the target's default metrics port,
-/// rather than this machine's whatever --target says.
-#[test]
-fn top_reads_the_targets_host_by_default() {
-    let output = Command::new(netdam_binary())
-        .args(["--target", "127.0.0.3:7800", "top", "--once"])
-        .env_remove("NETDAM_TARGET")
-        .output()
-        .expect("netdam runs");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "nothing serves metrics on 127.0.0.3: {stderr}");
-    assert!(stderr.contains("http://127.0.0.3:9464/metrics"), "{stderr}");
-}

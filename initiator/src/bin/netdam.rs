@@ -400,9 +400,10 @@ enum Command {
     },
     /// Serve a namespace as an NBD export to the stock NBD clients: the kernel's nbd-client,
     /// qemu (`-drive file=nbd+unix:///?socket=PATH,format=raw`), nbdfuse, nbdinfo, qemu-img,
-    /// fio's nbd engine. Runs until SIGINT, SIGTERM or SIGHUP, then finishes the requests in
-    /// flight (new ones are answered NBD_ESHUTDOWN) for at most 30 s, and exits; a second
-    /// signal stops it at once.
+    /// fio's nbd engine. Runs until SIGINT, SIGTERM or SIGHUP (one ignored when it started, as
+    /// `nohup` ignores SIGHUP, stays ignored), then finishes the requests in flight (new ones
+    /// are answered NBD_ESHUTDOWN) for at most 30 s, closes its sessions (5 s at most) and
+    /// exits; a second SIGINT or SIGTERM stops it at once.
     Nbd {
         /// The namespace to export (its name, or its id; `netdam namespaces` lists them).
         #[arg(long)]
@@ -462,7 +463,8 @@ enum Command {
     /// a `netdam nbd --metrics-listen` endpoint). With --once --json, one JSON snapshot.
     Top {
         /// The /metrics URL to read (HOST:PORT alone means http://HOST:PORT/metrics) [default:
-        /// the --target's host, on the target's default metrics port: http://HOST:9464/metrics].
+        /// port 9464, the target's default, on 127.0.0.1 for a --target on this machine, else on
+        /// the --target's host, whose metrics_listen must then name an address reachable from here].
         #[arg(long, value_name = "URL")]
         metrics: Option<String>,
         /// Seconds between refreshes (and the interval the rates and quantiles cover).
@@ -840,10 +842,10 @@ fn run(cli: &Cli) -> Result<(), String> {
         return serve_nbd(cli.target, namespace, listen, options, volume, usize::from(*io_threads), observe);
     }
     if let Command::Top { metrics, interval, once } = &cli.command {
-        // The target's host unless told otherwise: its metrics port is not its UDP port.
-        let url = metrics
-            .clone()
-            .unwrap_or_else(|| format!("http://{}/metrics", SocketAddr::new(cli.target.ip(), DEFAULT_METRICS_PORT)));
+        // The target's metrics port is not its UDP port; see `metrics_host` for the host.
+        let url = metrics.clone().unwrap_or_else(|| {
+            format!("http://{}/metrics", SocketAddr::new(metrics_host(cli.target.ip()), DEFAULT_METRICS_PORT))
+        });
         return top(&url, std::time::Duration::from_secs_f64(*interval), *once, cli.json);
     }
     // A one-shot command's warnings (a target that does not answer yet) go to standard error.
@@ -1464,6 +1466,9 @@ fn serve_nbd(
         let named =
             VolumeByName::open(target, namespace, volume_options, observed).await.map_err(|error| error.to_string())?;
         let volume = named.current();
+        // Taken over before the socket exists: a stop signal from here on drains (and removes
+        // the socket) rather than killing the process. Until here nothing needed a drain.
+        let mut signals = StopSignals::install();
         // The error already says "cannot listen on" the address (or what it found there).
         let listener = NbdListener::bind(listen).map_err(|error| format!("{error} (--listen)"))?;
         let endpoint = listener.endpoint().unwrap_or_else(|| listen.clone());
@@ -1487,16 +1492,17 @@ fn serve_nbd(
         );
         let drain_timeout = options.drain_timeout;
         let shutdown = async move {
-            // SIGHUP too (a closed terminal), as the target takes it: a clean stop, not a cut.
-            let name = stop_signal().await;
+            let name = signals.first().await;
             tracing::info!(
-                "stopping ({name}): finishing the requests in flight for at most {}s; another SIGINT, SIGTERM \
-                 or SIGHUP stops at once",
-                drain_timeout.as_secs()
+                "stopping ({name}): finishing the requests in flight for at most {}s (then {}s at most to close \
+                 the sessions); another SIGINT or SIGTERM stops at once",
+                drain_timeout.as_secs(),
+                SESSIONS_CLOSE_WAIT.as_secs()
             );
-            // A second signal ends the drain: whoever sends it has chosen not to wait.
-            tokio::spawn(async {
-                let name = stop_signal().await;
+            // A second SIGINT or SIGTERM ends the drain: whoever sends it has chosen not to wait.
+            // Not a second SIGHUP: a closed terminal may send more than one.
+            tokio::spawn(async move {
+                let name = signals.again().await;
                 tracing::warn!("stopped by a second {name} before the requests in flight finished");
                 std::process::exit(1);
             });
@@ -1531,30 +1537,81 @@ fn serve_nbd(
     })
 }
 
-/// Waits for SIGINT, SIGTERM or SIGHUP and names the one that came. A kind whose handler
-/// cannot be installed is not waited for.
-async fn stop_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let wait = |kind: SignalKind| {
-        let mut stream = signal(kind).ok();
-        async move {
-            match stream.as_mut() {
-                Some(stream) => {
-                    stream.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
+/// The signals that stop `netdam nbd`: SIGINT, SIGTERM and SIGHUP (a closed terminal, as the
+/// target takes it), each unless it was ignored when the export started (`nohup` ignores SIGHUP;
+/// a job started in the background by a non-interactive shell ignores SIGINT): such a signal
+/// keeps being ignored. Installed once, so that no signal falls between two waits.
+struct StopSignals {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+    hangup: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn install() -> StopSignals {
+        use tokio::signal::unix::{signal, SignalKind};
+        let taken =
+            |number: libc::c_int, kind: SignalKind| (!signal_ignored(number)).then(|| signal(kind).ok()).flatten();
+        StopSignals {
+            interrupt: taken(libc::SIGINT, SignalKind::interrupt()),
+            terminate: taken(libc::SIGTERM, SignalKind::terminate()),
+            hangup: taken(libc::SIGHUP, SignalKind::hangup()),
         }
-    };
-    tokio::select! {
-        _ = wait(SignalKind::interrupt()) => "SIGINT",
-        _ = wait(SignalKind::terminate()) => "SIGTERM",
-        _ = wait(SignalKind::hangup()) => "SIGHUP",
+    }
+
+    /// Waits for the first stop signal and names it.
+    async fn first(&mut self) -> &'static str {
+        tokio::select! {
+            _ = next(&mut self.interrupt) => "SIGINT",
+            _ = next(&mut self.terminate) => "SIGTERM",
+            _ = next(&mut self.hangup) => "SIGHUP",
+        }
+    }
+
+    /// Waits for a SIGINT or SIGTERM after the first signal.
+    async fn again(&mut self) -> &'static str {
+        tokio::select! {
+            _ = next(&mut self.interrupt) => "SIGINT",
+            _ = next(&mut self.terminate) => "SIGTERM",
+        }
+    }
+}
+
+/// The next delivery of `signal`; never, for a signal not taken.
+async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// Whether `signal` was set to be ignored when this process started (by `nohup`, a shell).
+fn signal_ignored(signal: libc::c_int) -> bool {
+    // SAFETY: a query (null new action) into a zeroed, valid sigaction.
+    unsafe {
+        let mut old = std::mem::zeroed::<libc::sigaction>();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
     }
 }
 
 /// The port a target serves /metrics on unless its `metrics_listen` says otherwise.
 const DEFAULT_METRICS_PORT: u16 = 9464;
+
+/// Where `netdam top` looks for the /metrics of a target at `target` by default: a target on
+/// this machine (an address of its own) serves them on 127.0.0.1 unless its `metrics_listen`
+/// says otherwise; another machine's on its own address, which its `metrics_listen` must name.
+fn metrics_host(target: std::net::IpAddr) -> std::net::IpAddr {
+    let local = target.is_loopback()
+        || target.is_unspecified()
+        || std::net::UdpSocket::bind(SocketAddr::new(target, 0)).is_ok();
+    if local {
+        std::net::IpAddr::from([127, 0, 0, 1])
+    } else {
+        target
+    }
+}
 
 /// One `netdam ping` answer as printed: a line of text, or a JSON object (`json_out`). The
 /// queueing field saturates at its ceiling (docs/PROTOCOL.md), where the wait was at least that
@@ -1781,6 +1838,19 @@ fn decode_lanes(bytes: &[u8], lane: Lane) -> Vec<LaneValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `netdam top` looks on 127.0.0.1 for a target on this machine, however it is addressed,
+    /// and on the target's host for one elsewhere.
+    #[test]
+    fn top_looks_for_metrics_where_the_target_serves_them() {
+        let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+        for local in ["127.0.0.3", "::1", "0.0.0.0"] {
+            assert_eq!(metrics_host(local.parse().unwrap()), loopback, "{local}");
+        }
+        // TEST-NET-1: an address of no machine here.
+        let remote: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!(metrics_host(remote), remote);
+    }
 
     /// A queueing field at its ceiling (65535 µs) is a wait at least that long: shown as such,
     /// where it read as an exact 65535 µs; below it, as the number it is.
