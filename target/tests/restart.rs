@@ -53,6 +53,20 @@ fn write_config(dir: &std::path::Path, rest: &str) -> u16 {
     port
 }
 
+/// Starts the target daemon in `dir` (metrics off) serving one file namespace, `NAMESPACE`, on
+/// `file` of `size`.
+fn start_with_one_namespace(dir: &std::path::Path, file: &str, size: &str) -> (common::daemon::Daemon, SocketAddr) {
+    write_config(
+        dir,
+        &format!(
+            "metrics_listen = \"off\"\n\
+             [[namespace]]\nname = \"{NAMESPACE}\"\nbackend = \"file\"\npath = \"{file}\"\nsize = \"{size}\"\n"
+        ),
+    );
+    let (daemon, addr, _) = start(dir, CONFIG);
+    (daemon, addr)
+}
+
 fn patient_options() -> ClientOptions {
     let mut options = ClientOptions::default();
     options.session.min_patience = PATIENCE;
@@ -311,14 +325,7 @@ fn a_volume_rides_out_a_target_paused_for_seconds() {
     const PAUSED_BLOCKS: u64 = 1024;
     let home = tempfile::tempdir().unwrap();
     let dir = home.path();
-    write_config(
-        dir,
-        &format!(
-            "metrics_listen = \"off\"\n\
-             [[namespace]]\nname = \"{NAMESPACE}\"\nbackend = \"file\"\npath = \"paused.img\"\nsize = \"4MiB\"\n"
-        ),
-    );
-    let (daemon, addr, _) = start(dir, CONFIG);
+    let (daemon, addr) = start_with_one_namespace(dir, "paused.img", "4MiB");
     let signal = |signal| {
         // SAFETY: a signal to our own child, which has not been reaped (the daemon holds it).
         assert_eq!(unsafe { libc::kill(daemon.pid() as libc::pid_t, signal) }, 0);
@@ -492,14 +499,7 @@ fn the_export_stops_on_sighup_and_a_second_signal_ends_its_drain() {
     }
     let home = tempfile::tempdir().unwrap();
     let dir = home.path();
-    write_config(
-        dir,
-        &format!(
-            "metrics_listen = \"off\"\n\
-             [[namespace]]\nname = \"{NAMESPACE}\"\nbackend = \"file\"\npath = \"drain.img\"\nsize = \"1MiB\"\n"
-        ),
-    );
-    let (daemon, addr, _) = start(dir, CONFIG);
+    let (daemon, addr) = start_with_one_namespace(dir, "drain.img", "1MiB");
     let socket = dir.join("drain.sock");
     let log = dir.join("export.log");
     let logged = || std::fs::read_to_string(&log).unwrap_or_default();
