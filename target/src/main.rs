@@ -766,32 +766,29 @@ fn check_beside_the_others(
 ) -> Result<(), String> {
     let text = |error: MetadataError| error.to_string();
     let (stored_regions, stored_namespaces) = (metadata.regions().map_err(text)?, metadata.namespaces().map_err(text)?);
+    let configured_regions = config.effective_regions();
     // A name taken says so, and where, before the checks of the whole list ("used twice").
-    let taken = |kind: &str, name: &str, stored: bool| {
-        let place = if stored {
+    let refuse_taken = |kind: &str, name: &str, configured: Vec<&str>, stored: Vec<&str>| {
+        let place = if configured.contains(&name) {
+            "in the settings (the settings file, or the built-in default region)"
+        } else if stored.contains(&name) {
             "in the metadata store"
         } else {
-            "in the settings (the settings file, or the built-in default region)"
+            return Ok(());
         };
-        format!("a {kind} named {name:?} already exists {place}: pick another name (netdam-target {kind} list)")
+        Err(format!("a {kind} named {name:?} already exists {place}: pick another name (netdam-target {kind} list)"))
     };
     if let Some(region) = region {
-        if let Some(stored) = [(&config.effective_regions(), false), (&stored_regions, true)]
-            .into_iter()
-            .find_map(|(list, stored)| list.iter().any(|other| other.name == region.name).then_some(stored))
-        {
-            return Err(taken("region", &region.name, stored));
-        }
+        let configured = configured_regions.iter().map(|other| other.name.as_str()).collect();
+        let stored = stored_regions.iter().map(|other| other.name.as_str()).collect();
+        refuse_taken("region", &region.name, configured, stored)?;
     }
     if let Some(namespace) = namespace {
-        if let Some(stored) = [(&config.namespaces, false), (&stored_namespaces, true)]
-            .into_iter()
-            .find_map(|(list, stored)| list.iter().any(|other| other.name == namespace.name).then_some(stored))
-        {
-            return Err(taken("namespace", &namespace.name, stored));
-        }
+        let configured = config.namespaces.iter().map(|other| other.name.as_str()).collect();
+        let stored = stored_namespaces.iter().map(|other| other.name.as_str()).collect();
+        refuse_taken("namespace", &namespace.name, configured, stored)?;
     }
-    let mut regions = config.effective_regions();
+    let mut regions = configured_regions;
     regions.extend(stored_regions);
     regions.extend(region.cloned());
     let mut namespaces = config.namespaces.clone();
@@ -1177,11 +1174,13 @@ fn grant_command(args: GrantArgs) -> Result<(), String> {
 
 fn revoke_command(args: RevokeArgs) -> Result<(), String> {
     let RevokeArgs { tenant, space, perms, store } = args;
-    let permissions = perms.as_deref().map(parse_permission_list).transpose()?;
-    // `all` takes whatever is held, as naming no permission does; listed one by one, a
-    // permission not held would refuse the revoke.
-    let every = perms.as_deref().is_some_and(|text| text.split(',').any(|name| name.trim() == "all"));
-    let permissions = permissions.filter(|_| !every);
+    // Checked before the store is opened; passed as given, since the store reads `all` as
+    // whatever is held and refuses a permission named but not held.
+    if let Some(text) = &perms {
+        parse_permission_list(text)?;
+    }
+    let permissions: Option<Vec<String>> =
+        perms.map(|text| text.split(',').map(|name| name.trim().to_string()).collect());
     let (_, data_dir) = existing_store_context(&store)?;
     let record = MetadataStore::open(&data_dir)
         .and_then(|metadata| metadata.revoke(&tenant, &space, permissions.as_deref()))

@@ -51,13 +51,12 @@ mod interrupted {
     pub fn say_on_interrupt(command: &Command) {
         let _ = MESSAGE.set(message(command).into_bytes());
         for signal in [libc::SIGINT, libc::SIGTERM] {
-            // SAFETY: reading and setting a disposition before any thread of ours starts; the
-            // handler does only what a signal handler may (write, signal, sigprocmask, raise).
+            if super::signal_ignored(signal) {
+                continue;
+            }
+            // SAFETY: setting a disposition before any thread of ours starts; the handler does
+            // only what a signal handler may (write, signal, sigprocmask, raise).
             unsafe {
-                let mut old: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(signal, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
-                    continue;
-                }
                 libc::signal(signal, on_signal as *const () as libc::sighandler_t);
             }
         }
@@ -551,6 +550,15 @@ enum Lane {
 }
 
 impl Lane {
+    /// As the command line spells it.
+    fn name(self) -> &'static str {
+        match self {
+            Lane::F32 => "f32",
+            Lane::I32 => "i32",
+            Lane::Bf16 => "bf16",
+        }
+    }
+
     fn lane_type(self) -> LaneType {
         match self {
             Lane::F32 => LaneType::F32,
@@ -1163,7 +1171,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             } else if *return_result {
                 println!("{}", values.iter().map(LaneValue::to_string).collect::<Vec<_>>().join(","));
             } else {
-                println!("added {count} {} lanes at {offset}", format!("{lane:?}").to_lowercase());
+                println!("added {count} {} lanes at {offset}", lane.name());
             }
         }
         Command::Crc { region, offset, len } => {
@@ -1220,7 +1228,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         Command::Reduce { region, offset, len, lane, op } => {
             let lane_bytes = lane.lane_type().lane_bytes() as u64;
             if *len == 0 || !len.is_multiple_of(lane_bytes) {
-                return Err(format!("reduce of {len} bytes: give a whole number of {} lanes ({lane_bytes} bytes each), at least one; nothing was sent", format!("{lane:?}").to_lowercase()));
+                return Err(format!("reduce of {len} bytes: give a whole number of {} lanes ({lane_bytes} bytes each), at least one; nothing was sent", lane.name()));
             }
             let space = region_in_range(&client, "reduce", region, *offset, *len)?;
             let reduce_op = match op {
@@ -1234,16 +1242,9 @@ fn run(cli: &Cli) -> Result<(), String> {
                     ReduceValue::Integer(value) => json!(value),
                     ReduceValue::Float(value) => json!(value),
                 };
-                println!(
-                    "{}",
-                    json!({"op": format!("{op:?}").to_lowercase(), "lane": format!("{lane:?}").to_lowercase(), "value": value})
-                );
+                println!("{}", json!({"op": format!("{op:?}").to_lowercase(), "lane": lane.name(), "value": value}));
             } else {
-                println!(
-                    "{} of {} lanes: {value}",
-                    format!("{op:?}").to_lowercase(),
-                    format!("{lane:?}").to_lowercase()
-                );
+                println!("{} of {} lanes: {value}", format!("{op:?}").to_lowercase(), lane.name());
             }
         }
         Command::Fill { region, offset, len, byte } => {
