@@ -1349,7 +1349,10 @@ fn list_spaces<T: serde::de::DeserializeOwned>(
 /// Runs `open` until it does not fail with [`DatabaseError::DatabaseAlreadyOpen`] (what redb 3
 /// returns when another process holds the file's lock), pausing a little longer each time, for
 /// at most [`STORE_BUSY_WAIT`].
-fn wait_while_busy<T>(path: &Path, mut open: impl FnMut() -> Result<T, DatabaseError>) -> Result<T, MetadataError> {
+pub(crate) fn wait_while_busy<T>(
+    path: &Path,
+    mut open: impl FnMut() -> Result<T, DatabaseError>,
+) -> Result<T, MetadataError> {
     let deadline = Instant::now() + STORE_BUSY_WAIT;
     let mut pause = Duration::from_millis(1);
     loop {

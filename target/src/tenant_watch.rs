@@ -559,15 +559,8 @@ mod tests {
         let damage = |bytes: Option<&[u8]>| {
             // The watcher opens the store for its reads (five a second just after a change): wait
             // for it, as the admin commands do.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let db = loop {
-                match redb::Database::open(dir.path().join(METADATA_FILE)) {
-                    Err(redb::DatabaseError::DatabaseAlreadyOpen) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(2))
-                    }
-                    opened => break opened.unwrap(),
-                }
-            };
+            let path = dir.path().join(METADATA_FILE);
+            let db = crate::metadata::wait_while_busy(&path, || redb::Database::open(&path)).unwrap();
             let write = db.begin_write().unwrap();
             {
                 let mut opened = write.open_table(table).unwrap();
